@@ -5,7 +5,11 @@
 //!                                                         # here, KJV Genesis+Exodus text
 //! cargo run --release --example gpt2 -- --model my.onnx   # your own exported GPT-2
 //! cargo run --release --example gpt2 -- --bench           # throughput table only
+//! cargo run --release --example gpt2 -- --config run.toml --steps 50   # file, then flags
 //! ```
+//! Flags override the config file only when given; the file overrides this example's
+//! defaults only in the fields it sets. `--steps` counts optimizer updates, as in
+//! `onnx-train train`.
 //! The text is tokenized with the GPT-2 BPE (tiktoken `r50k_base`), split 90/10 into
 //! training and evaluation token shards (`<output>/data/{train,test}/tokens.npy`), and fed
 //! to the [`TrainingRunner`]: AdamW with warm-up and cosine decay, global-norm clipping,
@@ -24,6 +28,7 @@ use burn_onnx_train::npy::write_npy;
 use burn_onnx_train::train::config::{LrConfig, ScheduleKind};
 use burn_onnx_train::train::data::{Dataset, TokenDataset};
 use burn_onnx_train::train::TrainingConfig;
+use burn_onnx_train::train::flags::TrainFlags;
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::{OnnxError, Value};
 use clap::Parser;
@@ -31,40 +36,15 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(about = "Train GPT-2 from an ONNX file on English text, on the CPU")]
 struct Args {
-    /// ONNX GPT-2 to train (input `input_ids` [batch, seq], output `logits`); default: build one.
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Training text (UTF-8).
+    #[command(flatten)]
+    run: TrainFlags,
+    /// Training text (UTF-8); default: the bundled KJV Genesis+Exodus.
     #[arg(long)]
     text: Option<PathBuf>,
-    /// TOML/JSON TrainingConfig; the flags below override it.
+    /// Tokens per sequence (`seq_len`; default 64).
     #[arg(long)]
-    config: Option<PathBuf>,
-    /// Output directory.
-    #[arg(long, default_value = "runs/gpt2")]
-    output_dir: PathBuf,
-    /// Optimizer updates.
-    #[arg(long, default_value_t = 400)]
-    steps: usize,
-    /// Sequences per micro-batch.
-    #[arg(long, default_value_t = 8)]
-    batch_size: usize,
-    /// Tokens per sequence.
-    #[arg(long, default_value_t = 64)]
-    seq_len: usize,
-    /// Gradient accumulation steps.
-    #[arg(long, default_value_t = 1)]
-    accumulation: usize,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 1e-3)]
-    lr: f64,
-    /// Evaluate every N updates.
-    #[arg(long, default_value_t = 100)]
-    eval_period: usize,
-    /// Checkpoint every N updates.
-    #[arg(long, default_value_t = 100)]
-    checkpoint_period: usize,
-    /// Built model: layers.
+    seq_len: Option<usize>,
+    /// Built model (when no --model): layers.
     #[arg(long, default_value_t = 2)]
     layers: usize,
     /// Built model: attention heads.
@@ -73,13 +53,30 @@ struct Args {
     /// Built model: width.
     #[arg(long, default_value_t = 128)]
     width: usize,
-    /// Data-parallel ranks: worker threads of this process, or the ranks of `mpirun -np N`
-    /// (build with `--features mpi`). Each rank takes `--batch-size` sequences per step.
-    #[arg(long, default_value_t = 1)]
-    dp: usize,
     /// Measure throughput over a short run and print a table instead of training fully.
     #[arg(long)]
     bench: bool,
+}
+
+/// This example's defaults: 400 updates of 8 x 64 tokens, AdamW at 1e-3 with 5% warm-up
+/// and cosine decay, evaluation and checkpoints every 100 updates.
+fn defaults() -> TrainingConfig {
+    TrainingConfig {
+        output_dir: "runs/gpt2".into(),
+        input_name: "input_ids".into(),
+        output_name: "logits".into(),
+        loss: LossKind::LmCrossEntropy,
+        batch_size: 8,
+        eval_batch_size: 8,
+        seq_len: 64,
+        num_train_steps: 400,
+        display_loss_steps: 10,
+        evaluation_period: 100,
+        checkpoint_period: 100,
+        lr: LrConfig { initial_lr: 1e-3, warmup_ratio: 0.05, mode: ScheduleKind::Cosine, ..Default::default() },
+        histogram_weights: vec!["transformer.h.0.attn.c_attn.weight".into()],
+        ..Default::default()
+    }
 }
 
 fn default_text() -> PathBuf {
@@ -98,34 +95,17 @@ fn write_shard(dir: &Path, tokens: &[i64]) -> Result<(), OnnxError> {
     write_npy(dir.join("tokens.npy"), &Value::Int(a))
 }
 
-fn config(args: &Args, model: PathBuf, data: &Path) -> Result<TrainingConfig, OnnxError> {
-    let base = match &args.config {
-        Some(p) => TrainingConfig::from_file(p)?,
-        None => TrainingConfig::default(),
-    };
-    let (eval, ckpt) = if args.bench { (0, 0) } else { (args.eval_period, args.checkpoint_period) };
-    Ok(TrainingConfig {
-        model_path: model,
-        train_data_dir: data.join("train"),
-        test_data_dir: data.join("test"),
-        output_dir: common::output_dir(&args.output_dir, args.bench)?,
-        input_name: "input_ids".into(),
-        output_name: "logits".into(),
-        loss: LossKind::LmCrossEntropy,
-        batch_size: args.batch_size,
-        eval_batch_size: args.batch_size,
-        seq_len: args.seq_len,
-        num_train_steps: args.steps * args.accumulation,
-        gradient_accumulation_steps: args.accumulation,
-        display_loss_steps: if args.bench { args.steps } else { 10 },
-        evaluation_period: eval,
-        checkpoint_period: ckpt,
-        data_parallel_size: args.dp,
-        lr: LrConfig { initial_lr: args.lr, warmup_ratio: 0.05, mode: ScheduleKind::Cosine, ..base.lr.clone() },
-        histogram_weights: vec!["transformer.h.0.attn.c_attn.weight".into()],
-        progress: !args.bench,
-        ..base
-    })
+fn config(args: &Args) -> Result<TrainingConfig, OnnxError> {
+    let mut c = args.run.apply(defaults())?;
+    c.seq_len = args.seq_len.unwrap_or(c.seq_len);
+    c.output_dir = common::output_dir(&c.output_dir, args.bench)?;
+    c.train_data_dir = c.output_dir.join("data/train");
+    c.test_data_dir = c.output_dir.join("data/test");
+    if args.bench {
+        (c.evaluation_period, c.checkpoint_period, c.display_loss_steps, c.progress) = (0, 0, c.num_updates(), false);
+        c.histogram_weights.clear();
+    }
+    Ok(c)
 }
 
 fn main() -> std::process::ExitCode {
@@ -133,23 +113,17 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(args: Args) -> Result<(), OnnxError> {
+    let mut config = config(&args)?;
     let tokens = tokenize(args.text.as_deref().unwrap_or(&default_text()))?;
     let split = tokens.len() * 9 / 10;
-    let data_dir = args.output_dir.join("data");
-    write_shard(&data_dir.join("train"), &tokens[..split])?;
-    write_shard(&data_dir.join("test"), &tokens[split..])?;
-    let model = match &args.model {
-        Some(p) => p.clone(),
-        None => {
-            let c = Gpt2Config { n_layer: args.layers, n_head: args.heads, n_embd: args.width, n_positions: args.seq_len.max(64), ..Default::default() };
-            let path = args.output_dir.join("gpt2.onnx");
-            std::fs::create_dir_all(&args.output_dir).map_err(|e| OnnxError::io(&args.output_dir, e))?;
-            write_gpt2(&c, &path)?;
-            tracing::info!(layers = c.n_layer, heads = c.n_head, width = c.n_embd, vocab = c.vocab_size, path = %path.display(), "built GPT-2");
-            path
-        }
-    };
-    let config = config(&args, model, &data_dir)?;
+    write_shard(&config.train_data_dir, &tokens[..split])?;
+    write_shard(&config.test_data_dir, &tokens[split..])?;
+    if config.model_path.as_os_str().is_empty() {
+        let c = Gpt2Config { n_layer: args.layers, n_head: args.heads, n_embd: args.width, n_positions: config.seq_len.max(64), ..Default::default() };
+        config.model_path = config.output_dir.join("gpt2.onnx");
+        write_gpt2(&c, &config.model_path)?;
+        tracing::info!(layers = c.n_layer, heads = c.n_head, width = c.n_embd, vocab = c.vocab_size, path = %config.model_path.display(), "built GPT-2");
+    }
     let train: Arc<dyn Dataset> = Arc::new(TokenDataset::load(&config.train_data_dir, config.seq_len)?);
     let test: Arc<dyn Dataset> = Arc::new(TokenDataset::load(&config.test_data_dir, config.seq_len)?);
     tracing::info!(train_tokens = split, test_tokens = tokens.len() - split, "tokenized with the GPT-2 BPE");

@@ -4,6 +4,7 @@
 //! cargo run --release --example squeezenet
 //! cargo run --release --example squeezenet -- --model my_squeezenet.onnx --steps 200
 //! ```
+//! The training flags are the same as the GPT-2 example's and `onnx-train train`'s.
 //! The default model is the torchvision SqueezeNet 1.1 export with a dynamic batch shipped
 //! in the test data (seeded random weights). The data set is generated deterministically:
 //! ten classes of oriented colour stripes under noise, 224x224 RGB, produced per sample
@@ -19,7 +20,8 @@ use std::sync::Arc;
 use burn_onnx_train::host_tensor::HostTensor;
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind, ScheduleKind};
-use burn_onnx_train::train::data::{Batch, Dataset, Target};
+use burn_onnx_train::train::data::{Batch, Dataset, Target, TargetKind};
+use burn_onnx_train::train::flags::TrainFlags;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::{OnnxError, Result};
@@ -29,27 +31,11 @@ use ndarray::{ArrayD, IxDyn};
 #[derive(Parser, Debug)]
 #[command(about = "Train SqueezeNet 1.1 from an ONNX file on generated images, on the CPU")]
 struct Args {
-    /// ONNX classifier with input `input` [batch, 3, 224, 224] and output `logits`.
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Output directory.
-    #[arg(long, default_value = "runs/squeezenet")]
-    output_dir: PathBuf,
-    /// Optimizer updates.
-    #[arg(long, default_value_t = 120)]
-    steps: usize,
-    /// Images per batch.
-    #[arg(long, default_value_t = 8)]
-    batch_size: usize,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 1e-3)]
-    lr: f64,
+    #[command(flatten)]
+    run: TrainFlags,
     /// Training images generated.
     #[arg(long, default_value_t = 512)]
     train_images: usize,
-    /// Data-parallel ranks (threads, or the ranks of `mpirun -np N` with `--features mpi`).
-    #[arg(long, default_value_t = 1)]
-    dp: usize,
     /// Measure throughput only (no evaluation or checkpoints).
     #[arg(long)]
     bench: bool,
@@ -111,6 +97,14 @@ impl Dataset for StripeImages {
     fn unit(&self) -> &'static str {
         "images"
     }
+
+    fn target_kind(&self) -> TargetKind {
+        TargetKind::Classes
+    }
+
+    fn max_id(&self) -> Option<i64> {
+        Some(CLASSES as i64 - 1)
+    }
 }
 
 fn default_model() -> PathBuf {
@@ -121,27 +115,36 @@ fn main() -> std::process::ExitCode {
     common::main_with(run)
 }
 
-fn run(args: Args) -> Result<()> {
-    let config = TrainingConfig {
-        model_path: args.model.clone().unwrap_or_else(default_model),
-        output_dir: common::output_dir(&args.output_dir, args.bench)?,
+/// This example's defaults: the refkit SqueezeNet, 120 updates of 8 images, AdamW at 1e-3
+/// with 10% warm-up and cosine decay, evaluation and checkpoints every 20 updates.
+fn defaults() -> TrainingConfig {
+    TrainingConfig {
+        model_path: default_model(),
+        output_dir: "runs/squeezenet".into(),
         input_name: "input".into(),
         output_name: "logits".into(),
         loss: LossKind::CrossEntropy,
-        batch_size: args.batch_size,
-        eval_batch_size: args.batch_size,
-        num_train_steps: args.steps,
-        display_loss_steps: if args.bench { args.steps } else { 5 },
-        evaluation_period: if args.bench { 0 } else { 20 },
+        batch_size: 8,
+        eval_batch_size: 8,
+        num_train_steps: 120,
+        display_loss_steps: 5,
+        evaluation_period: 20,
         eval_batches: 4,
-        checkpoint_period: if args.bench { 0 } else { 20 },
+        checkpoint_period: 20,
         optimizer: OptimizerConfig { kind: OptimizerKind::Adamw, weight_decay: 1e-4, ..Default::default() },
-        lr: LrConfig { initial_lr: args.lr, warmup_ratio: 0.1, mode: ScheduleKind::Cosine, ..Default::default() },
+        lr: LrConfig { initial_lr: 1e-3, warmup_ratio: 0.1, mode: ScheduleKind::Cosine, ..Default::default() },
         histogram_weights: vec!["features.0.weight".into()],
-        progress: !args.bench,
-        data_parallel_size: args.dp,
         ..Default::default()
-    };
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let mut config = args.run.apply(defaults())?;
+    config.output_dir = common::output_dir(&config.output_dir, args.bench)?;
+    if args.bench {
+        (config.evaluation_period, config.checkpoint_period, config.display_loss_steps, config.progress) = (0, 0, config.num_updates(), false);
+        config.histogram_weights.clear();
+    }
     let model_path = config.model_path.clone();
     let train: Arc<dyn Dataset> = Arc::new(StripeImages { len: args.train_images, seed: 1 });
     let test: Arc<dyn Dataset> = Arc::new(StripeImages { len: 64, seed: 2 });

@@ -16,11 +16,14 @@ pub enum OnnxError {
         /// The cause.
         source: std::io::Error,
     },
-    /// The bytes are not a valid ONNX `ModelProto`.
-    #[error("{path}: not a valid ONNX model: {message}")]
+    /// A file's bytes do not decode as what they should be (an ONNX model, a config, a
+    /// `.npy` array, a checkpoint part).
+    #[error("{path}: not a valid {what}: {message}")]
     Decode {
         /// The file.
         path: PathBuf,
+        /// What the file should hold, e.g. `ONNX model` or `training config (TOML)`.
+        what: &'static str,
         /// What the protobuf decoder or the structural check said.
         message: String,
     },

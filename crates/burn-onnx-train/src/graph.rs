@@ -15,7 +15,7 @@ use onnx_ir::{Message, ModelProto, ValueInfoProto};
 use crate::attributes::{Attr, Attributes};
 use crate::error::{OnnxError, Result};
 use crate::functions::inline_functions;
-use crate::host_tensor::HostTensor;
+use crate::host_tensor::{ExternalData, HostTensor};
 use crate::ops::{self, OpFn};
 
 /// A dimension of a declared graph input or output.
@@ -138,9 +138,9 @@ impl Graph {
     pub fn from_bytes(bytes: &[u8], source: Option<&Path>) -> Result<Self> {
         let label = source.map_or_else(|| PathBuf::from("<memory>"), Path::to_path_buf);
         let model = ModelProto::parse_from_bytes(bytes)
-            .map_err(|e| OnnxError::Decode { path: label.clone(), message: e.to_string() })?;
+            .map_err(|e| OnnxError::Decode { path: label.clone(), what: "ONNX model", message: e.to_string() })?;
         Self::from_proto(model, source).map_err(|e| match e {
-            OnnxError::Field { field, message } => OnnxError::Decode { path: label, message: format!("{field}: {message}") },
+            OnnxError::Field { field, message } => OnnxError::Decode { path: label, what: "ONNX model", message: format!("{field}: {message}") },
             other => other,
         })
     }
@@ -156,7 +156,7 @@ impl Graph {
             .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
             .map(|o| o.version)
             .ok_or_else(|| OnnxError::field("model.opset_import", "no ai.onnx opset declared"))?;
-        let base_dir = source.and_then(Path::parent);
+        let external = source.map(|s| ExternalData::new(s.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))));
 
         let mut initializers = Vec::with_capacity(g.initializer.len());
         let mut defined: HashSet<String> = HashSet::new();
@@ -167,7 +167,7 @@ impl Graph {
             if !defined.insert(t.name.clone()) {
                 return Err(OnnxError::field(format!("initializer '{}'", t.name), "defined twice"));
             }
-            initializers.push((t.name.clone(), HostTensor::from_proto(t, base_dir)?));
+            initializers.push((t.name.clone(), HostTensor::from_proto(t, external.as_ref())?));
         }
         let inputs: Vec<TensorInfo> =
             g.input.iter().filter(|vi| !defined.contains(&vi.name)).map(tensor_info).collect();

@@ -5,9 +5,14 @@
 //! `TensorProto`s in every layout exporters use (`raw_data`, typed fields, external data)
 //! and encodes trained values back.
 
-use std::path::Path;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use half::{bf16, f16};
+use memmap2::Mmap;
 use ndarray::{ArrayD, IxDyn};
 use onnx_ir::TensorProto;
 
@@ -103,19 +108,21 @@ impl HostTensor {
         }
     }
 
-    /// Decode an ONNX `TensorProto`. `base_dir` resolves external data files.
-    pub fn from_proto(proto: &TensorProto, base_dir: Option<&Path>) -> Result<Self> {
+    /// Decode an ONNX `TensorProto` with inline data (`external` resolves external data;
+    /// `None` makes external data an error).
+    pub fn from_proto(proto: &TensorProto, external: Option<&ExternalData>) -> Result<Self> {
         let field = || format!("tensor '{}'", proto.name);
         let shape = proto
             .dims
             .iter()
             .map(|&d| usize::try_from(d).map_err(|_| OnnxError::field(field(), format!("negative dimension {d}"))))
             .collect::<Result<Vec<_>>>()?;
-        let numel: usize = shape.iter().product();
-        let external;
+        let numel = checked_numel(&shape).ok_or_else(|| OnnxError::field(field(), format!("dims {shape:?} overflow the address space")))?;
+        let mapped;
         let raw: &[u8] = if proto.data_location.value() == 1 {
-            external = read_external(proto, base_dir)?;
-            &external
+            let ext = external.ok_or_else(|| OnnxError::field(field(), "external data, but the model was not loaded from a file"))?;
+            mapped = ext.bytes(proto)?;
+            mapped.as_ref()
         } else {
             &proto.raw_data
         };
@@ -141,7 +148,8 @@ impl HostTensor {
     /// as `raw_data`. Used by export to put trained weights back.
     pub fn write_float_into(values: &[f32], proto: &mut TensorProto) -> Result<()> {
         let field = format!("tensor '{}'", proto.name);
-        let numel: usize = proto.dims.iter().map(|&d| d.max(0) as usize).product();
+        let dims: Vec<usize> = proto.dims.iter().map(|&d| d.max(0) as usize).collect();
+        let numel = checked_numel(&dims).ok_or_else(|| OnnxError::field(&field, format!("dims {dims:?} overflow")))?;
         if numel != values.len() {
             return Err(OnnxError::field(field, format!("expected {numel} values, got {}", values.len())));
         }
@@ -162,26 +170,78 @@ impl HostTensor {
     }
 }
 
-fn read_external(proto: &TensorProto, base_dir: Option<&Path>) -> Result<Vec<u8>> {
-    let field = format!("tensor '{}' external data", proto.name);
-    let get = |key: &str| proto.external_data.iter().find(|e| e.key == key).map(|e| e.value.clone());
-    let location = get("location").ok_or_else(|| OnnxError::field(&field, "no 'location' entry"))?;
-    let parse = |key: &str| -> Result<Option<u64>> {
-        get(key)
-            .map(|v| v.parse::<u64>().map_err(|_| OnnxError::field(&field, format!("bad '{key}': {v}"))))
-            .transpose()
-    };
-    let offset = parse("offset")?.unwrap_or(0);
-    let length = parse("length")?;
-    let dir = base_dir.ok_or_else(|| OnnxError::field(&field, "model was not loaded from a file"))?;
-    let path = dir.join(&location);
-    let bytes = std::fs::read(&path).map_err(|e| OnnxError::io(&path, e))?;
-    let start = offset as usize;
-    let end = length.map_or(bytes.len(), |l| start + l as usize);
-    bytes
-        .get(start..end)
-        .map(<[u8]>::to_vec)
-        .ok_or_else(|| OnnxError::field(field, format!("range {start}..{end} outside {} ({} bytes)", path.display(), bytes.len())))
+/// The product of `dims`, or `None` on overflow (a crafted file must not wrap it around).
+pub fn checked_numel(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
+/// The external data files of one model: locations resolve inside the model's directory
+/// only, and each file is memory-mapped once however many tensors it holds.
+pub struct ExternalData {
+    dir: PathBuf,
+    files: RefCell<HashMap<PathBuf, Arc<Mmap>>>,
+}
+
+/// A tensor's bytes inside a mapped external file.
+pub struct MappedSlice {
+    map: Arc<Mmap>,
+    range: std::ops::Range<usize>,
+}
+
+impl AsRef<[u8]> for MappedSlice {
+    fn as_ref(&self) -> &[u8] {
+        &self.map[self.range.clone()]
+    }
+}
+
+impl ExternalData {
+    /// External data of a model file in `dir`.
+    pub fn new(dir: &Path) -> Self {
+        ExternalData { dir: dir.to_path_buf(), files: RefCell::new(HashMap::new()) }
+    }
+
+    /// The bytes `proto`'s `external_data` entries point at.
+    pub fn bytes(&self, proto: &TensorProto) -> Result<MappedSlice> {
+        let field = format!("tensor '{}' external data", proto.name);
+        let get = |key: &str| proto.external_data.iter().find(|e| e.key == key).map(|e| e.value.clone());
+        let location = get("location").ok_or_else(|| OnnxError::field(&field, "no 'location' entry"))?;
+        let parse = |key: &str| -> Result<Option<usize>> {
+            get(key).map(|v| v.parse::<usize>().map_err(|_| OnnxError::field(&field, format!("bad '{key}': {v}")))).transpose()
+        };
+        let offset = parse("offset")?.unwrap_or(0);
+        let length = parse("length")?;
+        let relative = Path::new(&location);
+        if relative.is_absolute() || !relative.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir)) {
+            return Err(OnnxError::field(&field, format!("location '{location}' must be a path inside the model's directory")));
+        }
+        let path = self.dir.join(relative);
+        let map = self.map(&path, &field)?;
+        let end = match length {
+            Some(l) => offset.checked_add(l),
+            None => Some(map.len()),
+        };
+        match end {
+            Some(end) if offset <= end && end <= map.len() => Ok(MappedSlice { map, range: offset..end }),
+            _ => Err(OnnxError::field(field, format!("offset {offset} length {length:?} outside {} ({} bytes)", path.display(), map.len()))),
+        }
+    }
+
+    fn map(&self, path: &Path, field: &str) -> Result<Arc<Mmap>> {
+        if let Some(m) = self.files.borrow().get(path) {
+            return Ok(m.clone());
+        }
+        let real = path.canonicalize().map_err(|e| OnnxError::io(path, e))?;
+        let dir = self.dir.canonicalize().map_err(|e| OnnxError::io(&self.dir, e))?;
+        if !real.starts_with(&dir) {
+            return Err(OnnxError::field(field, format!("{} resolves outside the model's directory {}", path.display(), dir.display())));
+        }
+        let file = File::open(&real).map_err(|e| OnnxError::io(path, e))?;
+        // SAFETY: the map is read-only; a file truncated by another process while mapped
+        // is outside what a model loader can defend against (as in every mmap-based loader).
+        let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(|e| OnnxError::io(path, e))?);
+        self.files.borrow_mut().insert(path.to_path_buf(), map.clone());
+        Ok(map)
+    }
 }
 
 fn vec1n<T>(numel: usize, v: Vec<T>) -> std::result::Result<ArrayD<T>, String> {
@@ -189,7 +249,7 @@ fn vec1n<T>(numel: usize, v: Vec<T>) -> std::result::Result<ArrayD<T>, String> {
 }
 
 fn check_len(raw: &[u8], numel: usize, width: usize) -> std::result::Result<(), String> {
-    if raw.len() != numel * width {
+    if numel.checked_mul(width) != Some(raw.len()) {
         return Err(format!("raw_data has {} bytes, expected {} ({} elements x {} bytes)", raw.len(), numel * width, numel, width));
     }
     Ok(())

@@ -4,9 +4,10 @@
 //!
 //! * [`Graph`] decodes and checks an `.onnx` file (unsupported ops and malformed files are
 //!   load-time errors that name the node or field).
-//! * [`OnnxModel`] is a Burn `Module`: every float initializer is a `Param` keyed by its
-//!   ONNX name, and `forward` interprets the graph with Burn tensor ops, so autodiff yields
-//!   gradients for every weight, embedding tables included.
+//! * [`OnnxModel`] is a Burn `Module`: float initializers are `Param`s keyed by their ONNX
+//!   names, trained where a framework would have made them parameters ([`trainability`]),
+//!   and `forward` interprets the graph with Burn tensor ops, so autodiff yields gradients
+//!   for every weight, embedding tables included.
 //! * [`loss`] attaches a loss to the outputs; [`export`] writes the trained inference model.
 //!
 //! ```no_run
@@ -35,9 +36,10 @@ pub mod ops;
 pub mod proto_presence;
 pub mod tensorboard;
 pub mod train;
+pub mod trainability;
 pub mod value;
 
 pub use error::{OnnxError, Result};
 pub use graph::Graph;
-pub use model::{ForwardOutput, Mode, OnnxModel, ParamInfo, ParamRole};
+pub use model::{ConstantInfo, ForwardOutput, Mode, OnnxModel, ParamInfo, ParamRole};
 pub use value::{FloatValue, Value};

@@ -1,13 +1,15 @@
 //! [`OnnxModel`]: an ONNX graph as a trainable Burn [`Module`].
 //!
-//! Every float initializer becomes a [`Param`], keyed by its ONNX name; an initializer read
-//! by several nodes (a tied embedding) is one parameter. Float initializers that only feed
-//! setting inputs (Resize scales, Clip bounds, Dropout ratio, ...) stay constants. Batch-norm running statistics are
-//! parameters that never require gradients (module state, saved and exported like weights).
+//! Float initializers become [`Param`]s, keyed by their ONNX names; an initializer read by
+//! several nodes (a tied embedding) is one parameter. Which of them train follows the rule
+//! in [`crate::trainability`]: weights train, while scalars, graph constants and batch-norm
+//! running statistics are parameters that never require gradients (saved and exported like
+//! weights). Float initializers read only as settings (Resize scales, Clip bounds, shapes)
+//! and integer/bool initializers stay host constants.
 //! The graph itself is immutable and shared. `forward` interprets it node by node with Burn
 //! tensor ops, so autodiff gives a gradient for every trainable initializer.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use crate::error::{OnnxError, OpError, Result};
 use crate::graph::{Dim, Graph, TensorInfo};
 use crate::host_tensor::{HostTensor, dtype};
 use crate::ops::{Inputs, OpContext};
+use crate::trainability::{DefaultRole, Usage};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 
 /// What a parameter is for.
@@ -31,6 +34,21 @@ pub enum ParamRole {
     Frozen,
     /// Updated by the forward pass, not by gradients (batch-norm running statistics).
     State,
+    /// A graph constant by the default rule (scalars, values no gradient reaches); trained
+    /// only when named in weights_to_train.
+    Constant,
+}
+
+impl ParamRole {
+    /// Lower-case name, as `inspect` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ParamRole::Trainable => "trainable",
+            ParamRole::Frozen => "frozen",
+            ParamRole::State => "state",
+            ParamRole::Constant => "constant",
+        }
+    }
 }
 
 /// Description of one parameter.
@@ -42,6 +60,19 @@ pub struct ParamInfo {
     pub shape: Vec<usize>,
     /// Role.
     pub role: ParamRole,
+    /// Why it has that role (e.g. `scalar or one-element tensor`).
+    pub reason: &'static str,
+}
+
+/// An initializer the model holds as a host constant (never trained), for `inspect`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConstantInfo {
+    /// ONNX initializer name.
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Why it is a constant.
+    pub reason: &'static str,
 }
 
 /// Where a graph edge that is not computed by a node comes from.
@@ -56,6 +87,7 @@ enum Source {
 struct Spec {
     graph: Arc<Graph>,
     params: Vec<ParamInfo>,
+    constants: Vec<ConstantInfo>,
     sources: HashMap<String, Source>,
 }
 
@@ -98,46 +130,6 @@ pub struct OnnxModel {
     spec: Arc<Spec>,
 }
 
-/// Input slots of ops that hold state rather than weights: (op type, slot).
-const STATE_SLOTS: &[(&str, usize)] = &[("BatchNormalization", 3), ("BatchNormalization", 4)];
-
-/// Input slots that are settings, not differentiable data (scales, bounds, ratios,
-/// shapes, indices). A float initializer used only in such slots is a constant, not a
-/// parameter.
-const SETTING_SLOTS: &[(&str, &[usize])] = &[
-    ("Resize", &[1, 2, 3]),
-    ("Clip", &[1, 2]),
-    ("Pad", &[1, 2, 3]),
-    ("Dropout", &[1, 2]),
-    ("Range", &[0, 1, 2]),
-    ("ConstantOfShape", &[0]),
-    ("Reshape", &[1]),
-    ("Expand", &[1]),
-    ("Tile", &[1]),
-    ("Slice", &[1, 2, 3, 4]),
-    ("Gather", &[1]),
-    ("GatherElements", &[1]),
-    ("Where", &[0]),
-];
-
-/// Names of the initializers that every node reads only through a setting slot.
-fn settings_only(graph: &Graph) -> HashSet<String> {
-    let mut setting = HashSet::new();
-    let mut data = HashSet::new();
-    for n in &graph.nodes {
-        let slots = SETTING_SLOTS.iter().find(|(op, _)| *op == n.op_type).map_or(&[][..], |(_, s)| *s);
-        for (slot, name) in n.inputs.iter().enumerate() {
-            if slots.contains(&slot) {
-                setting.insert(name.clone());
-            } else {
-                data.insert(name.clone());
-            }
-        }
-    }
-    setting.retain(|n| !data.contains(n));
-    setting
-}
-
 impl OnnxModel {
     /// Load an ONNX file onto `device` (use an autodiff device to train).
     pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
@@ -151,37 +143,31 @@ impl OnnxModel {
     /// initializers (export writes the parameters' current values there), so a model holds
     /// its weights once, not three times.
     pub fn from_graph(mut graph: Graph, device: &Device) -> Result<Self> {
-        let mut state_names = HashSet::new();
-        for n in &graph.nodes {
-            for (op, slot) in STATE_SLOTS {
-                if n.op_type == *op
-                    && let Some(name) = n.inputs.get(*slot)
-                {
-                    state_names.insert(name.clone());
-                }
-            }
-        }
-        let settings = settings_only(&graph);
+        let usage = Usage::of(&graph);
         let mut params = Vec::new();
         let mut infos = Vec::new();
+        let mut constants = Vec::new();
         let mut sources = HashMap::new();
         for (name, t) in std::mem::take(&mut graph.initializers) {
-            match t {
-                HostTensor::Float(a) if !settings.contains(&name) => {
-                    let shape = a.shape().to_vec();
-                    let phys = padded(&shape).map_err(|e| OnnxError::field(format!("initializer '{name}'"), e.0))?;
-                    let values = a.as_standard_layout().into_owned().into_raw_vec_and_offset().0;
-                    let role = if state_names.contains(&name) { ParamRole::State } else { ParamRole::Trainable };
-                    let mut param = Param::from_data(TensorData::new(values, phys.to_vec()), device).set_require_grad(role == ParamRole::Trainable);
-                    param.id = stable_param_id(&name);
-                    sources.insert(name.clone(), Source::Param(params.len()));
-                    params.push(param);
-                    infos.push(ParamInfo { name, shape, role });
+            let shape = t.shape().to_vec();
+            let (role, reason) = match usage.default_role(&name, matches!(t, HostTensor::Float(_)), shape.iter().product()) {
+                DefaultRole::HostConstant(reason) => {
+                    constants.push(ConstantInfo { name: name.clone(), shape, reason });
+                    sources.insert(name, Source::Constant(t));
+                    continue;
                 }
-                other => {
-                    sources.insert(name, Source::Constant(other));
-                }
-            }
+                DefaultRole::Trainable => (ParamRole::Trainable, "weight"),
+                DefaultRole::State => (ParamRole::State, "batch-norm running statistic"),
+                DefaultRole::Constant(reason) => (ParamRole::Constant, reason),
+            };
+            let HostTensor::Float(a) = t else { unreachable!("default_role keeps non-float tensors on the host") };
+            let phys = padded(&shape).map_err(|e| OnnxError::field(format!("initializer '{name}'"), e.0))?;
+            let values = a.as_standard_layout().into_owned().into_raw_vec_and_offset().0;
+            let mut param = Param::from_data(TensorData::new(values, phys.to_vec()), device).set_require_grad(role == ParamRole::Trainable);
+            param.id = stable_param_id(&name);
+            sources.insert(name.clone(), Source::Param(params.len()));
+            params.push(param);
+            infos.push(ParamInfo { name, shape, role, reason });
         }
         if let Some(g) = graph.model.graph.as_mut() {
             for init in g.initializer.iter_mut().filter(|i| matches!(sources.get(&i.name), Some(Source::Param(_)))) {
@@ -194,7 +180,7 @@ impl OnnxModel {
         for (name, t) in &graph.constants {
             sources.insert(name.clone(), Source::Constant(t.clone()));
         }
-        Ok(OnnxModel { params, spec: Arc::new(Spec { graph: Arc::new(graph), params: infos, sources }) })
+        Ok(OnnxModel { params, spec: Arc::new(Spec { graph: Arc::new(graph), params: infos, constants, sources }) })
     }
 
     /// The checked graph.
@@ -231,9 +217,32 @@ impl OnnxModel {
         &self.params
     }
 
-    /// Restrict training to the parameters for which `train` returns true (ORT's
-    /// weights_to_train / weights_not_to_train). State parameters are never trained.
-    pub fn with_trainable(mut self, train: impl Fn(&str) -> bool) -> Self {
+    /// Initializers held as host constants (integer/bool tensors, settings), in file order.
+    pub fn constant_infos(&self) -> &[ConstantInfo] {
+        &self.spec.constants
+    }
+
+    /// ORT's weights_to_train / weights_not_to_train. When `to_train` is not empty, exactly
+    /// the parameters it names train (graph constants included: this overrides the default
+    /// rule); otherwise the default rule's trainable set. Parameters named in
+    /// `not_to_train` are frozen. State parameters never train. A name that is not a float
+    /// parameter is an error naming it and the field (`to_train_field` / `not_to_train_field`).
+    pub fn select_trainable(mut self, to_train: &[String], not_to_train: &[String], fields: (&str, &str)) -> Result<Self> {
+        for (list, field) in [(to_train, fields.0), (not_to_train, fields.1)] {
+            for name in list {
+                match self.spec.sources.get(name) {
+                    Some(Source::Param(i)) if self.spec.params[*i].role == ParamRole::State => {
+                        return Err(OnnxError::field(field, format!("'{name}' is a batch-norm running statistic, updated by the forward pass, not trained")));
+                    }
+                    Some(Source::Param(_)) => {}
+                    Some(Source::Constant(_)) => {
+                        let reason = self.spec.constants.iter().find(|c| &c.name == name).map_or("constant", |c| c.reason);
+                        return Err(OnnxError::field(field, format!("'{name}' cannot be trained: {reason}")));
+                    }
+                    None => return Err(OnnxError::field(field, format!("'{name}' is not an initializer of the model"))),
+                }
+            }
+        }
         let mut spec_params = self.spec.params.clone();
         let params = std::mem::take(&mut self.params);
         self.params = params
@@ -243,13 +252,21 @@ impl OnnxModel {
                 if info.role == ParamRole::State {
                     return p;
                 }
-                info.role = if train(&info.name) { ParamRole::Trainable } else { ParamRole::Frozen };
+                (info.role, info.reason) = if not_to_train.contains(&info.name) {
+                    (ParamRole::Frozen, "weights_not_to_train")
+                } else if to_train.contains(&info.name) {
+                    (ParamRole::Trainable, "weights_to_train")
+                } else if !to_train.is_empty() {
+                    (ParamRole::Frozen, "not in weights_to_train")
+                } else {
+                    (info.role, info.reason)
+                };
                 p.set_require_grad(info.role == ParamRole::Trainable)
             })
             .collect();
-        let spec = Spec { graph: self.spec.graph.clone(), params: spec_params, sources: self.spec.sources.clone() };
+        let spec = Spec { graph: self.spec.graph.clone(), params: spec_params, constants: self.spec.constants.clone(), sources: self.spec.sources.clone() };
         self.spec = Arc::new(spec);
-        self
+        Ok(self)
     }
 
     /// Replace parameter values by name (shapes must match); unknown names and wrong
@@ -295,8 +312,15 @@ impl OnnxModel {
         self.params.first().map_or_else(Device::default, |p| p.val().device())
     }
 
-    /// Run the graph. `inputs` maps graph input names to values.
+    /// Run the graph. `inputs` maps graph input names to values. Randomness (training-mode
+    /// dropout) uses seed 0: see [`OnnxModel::forward_seeded`].
     pub fn forward(&self, inputs: Vec<(String, Value)>, mode: Mode) -> Result<ForwardOutput> {
+        self.forward_seeded(inputs, mode, 0)
+    }
+
+    /// Run the graph with the random streams of this pass derived from `seed` (each node's
+    /// dropout mask is a pure function of `seed` and the node's index).
+    pub fn forward_seeded(&self, inputs: Vec<(String, Value)>, mode: Mode, seed: u64) -> Result<ForwardOutput> {
         let graph = &self.spec.graph;
         let device = self.device();
         let mut env: HashMap<String, Value> = HashMap::new();
@@ -325,6 +349,7 @@ impl OnnxModel {
                 opset: graph.opset,
                 attrs: &node.attrs,
                 num_outputs: node.outputs.len(),
+                seed: mix_seed(seed, i as u64),
             };
             let result = catch_unwind(AssertUnwindSafe(|| (node.op)(&ctx, Inputs(args))))
                 .unwrap_or_else(|panic| Err(OpError(format!("internal error: {}", panic_message(&panic)))));
@@ -365,6 +390,14 @@ impl OnnxModel {
             None => Err(OpError(format!("value '{name}' was not computed (an optional output this importer does not produce?)"))),
         }
     }
+}
+
+/// Combine two values into a well-spread seed (SplitMix64 finalizer of `a ^ rotated b`).
+pub fn mix_seed(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// A parameter id derived from the ONNX initializer name (FNV-1a), so optimizer state saved

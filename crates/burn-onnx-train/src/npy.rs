@@ -14,7 +14,7 @@ use crate::host_tensor::HostTensor;
 use crate::value::Value;
 
 fn bad(path: &Path, m: impl std::fmt::Display) -> OnnxError {
-    OnnxError::Decode { path: path.to_path_buf(), message: m.to_string() }
+    OnnxError::Decode { path: path.to_path_buf(), what: ".npy/.npz array", message: m.to_string() }
 }
 
 fn read_array<R: Read>(npy: NpyFile<R>, path: &Path) -> Result<HostTensor> {

@@ -21,7 +21,8 @@ fn inspect_lists_inputs_ops_and_parameters() {
     assert!(text.contains("input_ids int64 [batch, seq]"), "{text}");
     assert!(text.contains("LayerNormalization       5"), "{text}");
     assert!(text.contains("m.transformer.wte.weight") && text.contains("[1024, 128]"), "{text}");
-    assert!(text.contains("29 tensors, 675328 trainable elements"), "{text}");
+    assert!(text.contains("29 parameters (675328 trainable elements, 0 state, 0 constant)"), "{text}");
+    assert!(text.contains("m.transformer.wte.weight") && text.contains("trainable: weight"), "{text}");
 }
 
 #[test]

@@ -76,6 +76,8 @@ fn equivalence(case: &str, np: usize, per_rank: usize) {
     for ((name, a), (_, b)) in onnx_params(dir.join("one").join(&file)).iter().zip(onnx_params(dir.join("many").join(&file))) {
         assert_close(&format!("mpirun -np {np} {case}: {name}"), &b, a, 1e-5, 0.0);
     }
+    let initial = refkit(&format!("models/{}.onnx", if case == "gpt2" { "gpt2_tiny" } else { "mlp" }));
+    assert_moved(&initial, &dir.join("one").join(&file), 1e-3);
 }
 
 #[test]
@@ -96,6 +98,20 @@ fn mpi_two_ranks_equal_one_process_mlp() {
 #[test]
 fn mpi_four_ranks_equal_one_process_mlp() {
     equivalence("mlp", 4, 2);
+}
+
+#[test]
+fn an_op_error_on_a_rank_is_printed_before_the_job_ends() {
+    // Sequences of 200 tokens index gpt2_tiny's 128-row position table out of range: the
+    // Gather node fails at run time on every rank.
+    let dir = tempdir("mpi-op-error");
+    let cfg = setup(&dir, "gpt2", 2);
+    let text = std::fs::read_to_string(&cfg).unwrap().replace("seq_len = 16", "seq_len = 200");
+    std::fs::write(&cfg, text).unwrap();
+    let out = mpirun(2).arg(onnx_train()).args(["train", "--config", cfg.to_str().unwrap(), "--dp", "2", "--batch-size", "1"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("node `") && err.contains("(Gather)"), "the op error must name the node and op:\n{err}");
 }
 
 #[test]

@@ -181,7 +181,7 @@ fn invalid_configs_name_the_field() {
     assert_eq!(field_of(c.validate(1).unwrap_err()), "config.lr.warmup_ratio");
     let mut c = ok.clone();
     c.optimizer.beta2 = 1.0;
-    assert_eq!(field_of(c.validate(1).unwrap_err()), "config.optimizer.beta1");
+    assert_eq!(field_of(c.validate(1).unwrap_err()), "config.optimizer.beta2");
     assert!(ok.validate(1).is_ok());
 
     // Files: unknown fields and bad values are decode errors naming the file.

@@ -4,7 +4,8 @@
 //! contribution under a mutex, the last to arrive completes the collective, and all leave
 //! with the result. A rank that is dropped (its thread returned an error or panicked)
 //! marks the group broken and wakes everyone, so the others fail at once with an error
-//! naming it; a rank that stops answering makes the others fail after `timeout`.
+//! naming it; a rank that stops answering makes the others fail after `timeout`
+//! (`Duration::MAX`: never, for launchers where a live rank is a working rank).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -63,12 +64,18 @@ impl ThreadCommunicator {
         what: &str,
         mut ready: impl FnMut(&mut State) -> bool,
     ) -> DistResult<MutexGuard<'a, State>> {
-        let deadline = Instant::now() + self.shared.timeout;
+        // `Duration::MAX` (no deadline): wait as long as the peers live; a departed peer
+        // breaks the group, so only a live but stuck rank could make this wait forever.
+        let deadline = Instant::now().checked_add(self.shared.timeout);
         while !ready(&mut st) {
             if let Some(b) = &st.broken {
                 return Err(self.peer(b.clone()));
             }
             let now = Instant::now();
+            let Some(deadline) = deadline else {
+                st = self.shared.cv.wait(st).map_err(|_| self.peer("lock poisoned".into()))?;
+                continue;
+            };
             if now >= deadline {
                 let msg = format!("{what}: no answer within {:?}", self.shared.timeout);
                 st.broken = Some(msg.clone());

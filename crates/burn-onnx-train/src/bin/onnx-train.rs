@@ -4,6 +4,7 @@
 //! onnx-train inspect MODEL.onnx
 //! onnx-train run MODEL.onnx --input NAME=FILE.npy ... --output-dir DIR
 //! onnx-train train --config run.toml [--dp N]        # or: mpirun -np N onnx-train train ...
+//! onnx-train export --checkpoint DIR --output trained.onnx [--model MODEL.onnx]
 //! ```
 
 use std::path::PathBuf;
@@ -14,7 +15,10 @@ use burn_onnx_train::graph::Dim;
 use burn_onnx_train::host_tensor::dtype;
 use burn_onnx_train::npy::{read_npy, write_npy};
 use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::export::export_onnx;
 use burn_onnx_train::train::TrainingConfig;
+use burn_onnx_train::train::checkpoint::{read_params, read_state};
+use burn_onnx_train::train::flags::TrainFlags;
 use burn_onnx_train::train::data::{Dataset, ImageDataset, TokenDataset};
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::{Graph, Mode, OnnxError, OnnxModel, ParamRole, Value};
@@ -47,30 +51,27 @@ enum Command {
         output_dir: PathBuf,
     },
     /// Train as a TOML/JSON TrainingConfig says (token shards for `lm_cross_entropy`, image
-    /// shards for `cross_entropy`); the flags override the file.
+    /// shards for `cross_entropy` and `mse`); flags override the file only when given.
     Train(TrainArgs),
+    /// Export the trained model held in a checkpoint directory as an ONNX file.
+    Export {
+        /// The checkpoint directory (`ckpt-NNNNNNNNN`).
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// The ONNX file to write.
+        #[arg(long)]
+        output: PathBuf,
+        /// The model the checkpoint was trained from (default: the `model_path` of the run
+        /// that wrote it).
+        #[arg(long)]
+        model: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
 struct TrainArgs {
-    /// The TrainingConfig file.
-    #[arg(long)]
-    config: PathBuf,
-    /// Override `model_path`.
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Override `output_dir`.
-    #[arg(long)]
-    output_dir: Option<PathBuf>,
-    /// Override `num_train_steps`.
-    #[arg(long)]
-    steps: Option<usize>,
-    /// Override `batch_size` (per rank).
-    #[arg(long)]
-    batch_size: Option<usize>,
-    /// Override `data_parallel_size` (threads here, or the ranks of `mpirun -np N`).
-    #[arg(long)]
-    dp: Option<usize>,
+    #[command(flatten)]
+    run: TrainFlags,
 }
 
 fn dims(d: &[Dim]) -> String {
@@ -105,18 +106,18 @@ fn inspect(path: PathBuf) -> Result<(), OnnxError> {
     let infos = model.param_infos();
     let count = |role| infos.iter().filter(|p| p.role == role).map(|p| p.shape.iter().product::<usize>()).sum::<usize>();
     println!(
-        "parameters: {} tensors, {} trainable elements, {} state elements",
+        "initializers: {} parameters ({} trainable elements, {} state, {} constant), {} host constants",
         infos.len(),
         count(ParamRole::Trainable),
-        count(ParamRole::State)
+        count(ParamRole::State),
+        count(ParamRole::Constant),
+        model.constant_infos().len()
     );
     for p in infos {
-        let role = match p.role {
-            ParamRole::Trainable => "trainable",
-            ParamRole::Frozen => "frozen",
-            ParamRole::State => "state",
-        };
-        println!("  {:<48} {:<16} {role}", p.name, format!("{:?}", p.shape));
+        println!("  {:<48} {:<16} {}: {}", p.name, format!("{:?}", p.shape), p.role.name(), p.reason);
+    }
+    for c in model.constant_infos() {
+        println!("  {:<48} {:<16} constant: {}", c.name, format!("{:?}", c.shape), c.reason);
     }
     Ok(())
 }
@@ -149,23 +150,18 @@ fn sanitize(name: &str) -> String {
 }
 
 fn train(args: TrainArgs) -> Result<(), OnnxError> {
-    let mut c = TrainingConfig::from_file(&args.config)?;
-    c.model_path = args.model.unwrap_or(c.model_path);
-    c.output_dir = args.output_dir.unwrap_or(c.output_dir);
-    c.num_train_steps = args.steps.unwrap_or(c.num_train_steps);
-    c.batch_size = args.batch_size.unwrap_or(c.batch_size);
-    c.data_parallel_size = args.dp.unwrap_or(c.data_parallel_size);
-    let (train, test): (Arc<dyn Dataset>, Option<Arc<dyn Dataset>>) = match c.loss {
-        LossKind::LmCrossEntropy => (
-            Arc::new(TokenDataset::load(&c.train_data_dir, c.seq_len)?),
-            test_dir(&c).map(|d| TokenDataset::load(d, c.seq_len).map(|t| Arc::new(t) as Arc<dyn Dataset>)).transpose()?,
-        ),
-        LossKind::CrossEntropy => (
-            Arc::new(ImageDataset::load(&c.train_data_dir)?),
-            test_dir(&c).map(|d| ImageDataset::load(d).map(|t| Arc::new(t) as Arc<dyn Dataset>)).transpose()?,
-        ),
-        LossKind::Mse => return Err(OnnxError::field("config.loss", "mse needs float targets, which the shard formats do not carry yet")),
+    if args.run.config.is_none() {
+        return Err(OnnxError::field("--config", "is required: the TrainingConfig file (TOML or JSON)"));
+    }
+    let c = args.run.apply(TrainingConfig::default())?;
+    let load = |dir: &std::path::Path| -> Result<Arc<dyn Dataset>, OnnxError> {
+        Ok(match c.loss {
+            LossKind::LmCrossEntropy => Arc::new(TokenDataset::load(dir, c.seq_len)?),
+            LossKind::CrossEntropy | LossKind::Mse => Arc::new(ImageDataset::load(dir)?),
+        })
     };
+    let train = load(&c.train_data_dir)?;
+    let test = test_dir(&c).map(load).transpose()?;
     let summary = launch(c, train, test)?;
     if let (Some(first), Some(last)) = (summary.losses.first(), summary.losses.last()) {
         println!("loss {:.6} (update {}) -> {:.6} (update {})", first.1, first.0, last.1, last.0);
@@ -173,6 +169,17 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
     if let Some(p) = summary.exported {
         println!("exported {}", p.display());
     }
+    Ok(())
+}
+
+fn export(checkpoint: PathBuf, output: PathBuf, model: Option<PathBuf>) -> Result<(), OnnxError> {
+    let model_path = match model {
+        Some(m) => m,
+        None => TrainingConfig::from_toml(&read_state(&checkpoint)?.config_toml, &checkpoint)?.model_path,
+    };
+    let model = read_params(&checkpoint, OnnxModel::load(&model_path, &Device::flex())?)?;
+    export_onnx(&model, &output)?;
+    println!("exported {} (model {}, checkpoint {})", output.display(), model_path.display(), checkpoint.display());
     Ok(())
 }
 
@@ -187,11 +194,14 @@ fn test_dir(c: &TrainingConfig) -> Option<&std::path::Path> {
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { model } => inspect(model),
         Command::Run { model, inputs, output_dir } => run(model, inputs, output_dir),
         Command::Train(args) => train(args),
+        Command::Export { checkpoint, output, model } => export(checkpoint, output, model),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

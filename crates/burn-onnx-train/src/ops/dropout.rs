@@ -1,8 +1,11 @@
 //! `Dropout`: identity in evaluation, inverted dropout (`x * mask / (1 - ratio)`) in
 //! training mode. Training mode comes from the runner, or from the node's own
-//! `training_mode` input when the exporter set it.
+//! `training_mode` input when the exporter set it. The mask is drawn on the host from the
+//! node's seed (ChaCha8), so it is the same on every device and launcher.
 
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::{Tensor, TensorData};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
@@ -29,8 +32,9 @@ pub fn dropout(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         let mask = ndarray::ArrayD::from_elem(ndarray::IxDyn(&shape), true);
         return Ok(vec![Value::Float(x), Value::Bool(mask)].into());
     }
-    let keep: Tensor<{ crate::value::MAX_RANK }> =
-        Tensor::random(x.tensor.shape(), Distribution::Bernoulli(1.0 - ratio as f64), ctx.device);
+    let mut rng = ChaCha8Rng::seed_from_u64(ctx.seed);
+    let mask: Vec<f32> = (0..x.numel()).map(|_| if rng.random::<f32>() >= ratio { 1.0 } else { 0.0 }).collect();
+    let keep: Tensor<{ crate::value::MAX_RANK }> = Tensor::from_data(TensorData::new(mask, x.tensor.shape()), ctx.device);
     let y = x.tensor * keep.clone().mul_scalar(1.0 / (1.0 - ratio));
     let y = Value::Float(FloatValue::new(y, shape.len()));
     if ctx.num_outputs < 2 {

@@ -48,6 +48,9 @@ pub struct OpContext<'a> {
     pub attrs: &'a Attributes,
     /// How many outputs the node declares.
     pub num_outputs: usize,
+    /// Seed for this node's randomness (dropout masks): a pure function of the forward
+    /// pass's seed and the node's position, so masks do not depend on threads or devices.
+    pub seed: u64,
 }
 
 /// What an op returns.

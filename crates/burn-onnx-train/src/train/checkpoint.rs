@@ -155,37 +155,43 @@ pub struct LoadedCheckpoint {
     pub optim: ModuleOptimizer,
 }
 
-/// Load the checkpoint in `path` into `model` and `optim`.
-pub fn load_checkpoint(path: &Path, model: OnnxModel, optim: ModuleOptimizer) -> Result<LoadedCheckpoint> {
+/// Read a checkpoint's counters and metadata.
+pub fn read_state(path: &Path) -> Result<CheckpointState> {
     let state_path = path.join(STATE_FILE);
     let text = fs::read(&state_path).map_err(io(&state_path))?;
-    let state: CheckpointState =
-        serde_json::from_slice(&text).map_err(|e| OnnxError::Decode { path: state_path.clone(), message: e.to_string() })?;
+    serde_json::from_slice(&text).map_err(|e| OnnxError::Decode { path: state_path.clone(), what: "checkpoint state (JSON)", message: e.to_string() })
+}
+
+/// Set `model`'s parameters to the checkpoint's (every parameter must be there, in f32 and
+/// with the model's shape).
+pub fn read_params(path: &Path, model: OnnxModel) -> Result<OnnxModel> {
     let model_path = path.join(MODEL_FILE);
     let bytes = fs::read(&model_path).map_err(io(&model_path))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| OnnxError::Decode { path: model_path.clone(), message: e.to_string() })?;
+    let bad = |message: String| OnnxError::Decode { path: model_path.clone(), what: "checkpoint model (safetensors)", message };
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
     let device = model.device();
     let mut values = HashMap::new();
     for info in model.param_infos() {
-        let view = st
-            .tensor(&info.name)
-            .map_err(|e| OnnxError::Decode { path: model_path.clone(), message: format!("parameter '{}': {e}", info.name) })?;
+        let view = st.tensor(&info.name).map_err(|e| bad(format!("parameter '{}': {e}", info.name)))?;
         if view.dtype() != Dtype::F32 || view.shape() != info.shape.as_slice() {
-            return Err(OnnxError::Decode {
-                path: model_path.clone(),
-                message: format!("parameter '{}' is {:?} {:?}, the model has f32 {:?}", info.name, view.dtype(), view.shape(), info.shape),
-            });
+            return Err(bad(format!("parameter '{}' is {:?} {:?}, the model has f32 {:?}", info.name, view.dtype(), view.shape(), info.shape)));
         }
         let data: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&info.shape), data).map_err(|e| OnnxError::field(&info.name, e.to_string()))?;
         let v = FloatValue::from_array(&array, &device).map_err(|e| OnnxError::field(&info.name, e.0))?;
         values.insert(info.name.clone(), v);
     }
-    let model = model.set_params(&values)?;
+    model.set_params(&values)
+}
+
+/// Load the checkpoint in `path` into `model` and `optim`.
+pub fn load_checkpoint(path: &Path, model: OnnxModel, optim: ModuleOptimizer) -> Result<LoadedCheckpoint> {
+    let state = read_state(path)?;
+    let model = read_params(path, model)?;
     let optim_path = path.join(OPTIM_FILE);
     let ob = fs::read(&optim_path).map_err(io(&optim_path))?;
     let optim = optim
         .from_bytes(Bytes::from_bytes_vec(ob))
-        .map_err(|e| OnnxError::Decode { path: optim_path.clone(), message: format!("{e:?}") })?;
+        .map_err(|e| OnnxError::Decode { path: optim_path.clone(), what: "checkpoint optimizer record", message: format!("{e:?}") })?;
     Ok(LoadedCheckpoint { path: path.to_path_buf(), state, model, optim })
 }

@@ -140,6 +140,10 @@ pub struct TrainingConfig {
     pub seq_len: usize,
     /// Number of micro-steps (forward+backward); updates = num_train_steps / accumulation.
     pub num_train_steps: usize,
+    /// Train for this many passes over the training data instead (0: use
+    /// `num_train_steps`). An epoch is the full batches each rank's share of the data fills;
+    /// the micro-steps are rounded down to a multiple of `gradient_accumulation_steps`.
+    pub num_train_epochs: usize,
     /// Micro-steps accumulated per optimizer update.
     pub gradient_accumulation_steps: usize,
     /// Print the loss every this many updates.
@@ -148,6 +152,9 @@ pub struct TrainingConfig {
     pub evaluation_period: usize,
     /// Number of evaluation batches (0 = the whole test set).
     pub eval_batches: usize,
+    /// Split the evaluation batches across the data-parallel ranks and all-reduce the
+    /// metrics (`true`), or have every rank evaluate all of them (`false`, "replicated").
+    pub eval_partitioned: bool,
     /// Optimizer.
     pub optimizer: OptimizerConfig,
     /// Learning rate.
@@ -176,6 +183,10 @@ pub struct TrainingConfig {
     pub log_dir: Option<PathBuf>,
     /// Weights whose histograms are logged at each evaluation.
     pub histogram_weights: Vec<String>,
+    /// Weights whose L2 norm and gradient norm are logged to TensorBoard every
+    /// `display_loss_steps` updates (`norms/weight/<name>`, `norms/gradient/<name>`; ORT's
+    /// norm summaries). `"*"` selects every trainable weight.
+    pub norm_weights: Vec<String>,
     /// Train only these initializers (empty: all float initializers).
     pub weights_to_train: Vec<String>,
     /// Never train these initializers.
@@ -200,10 +211,12 @@ impl Default for TrainingConfig {
             eval_batch_size: 8,
             seq_len: 64,
             num_train_steps: 100,
+            num_train_epochs: 0,
             gradient_accumulation_steps: 1,
             display_loss_steps: 10,
             evaluation_period: 50,
             eval_batches: 8,
+            eval_partitioned: true,
             optimizer: OptimizerConfig::default(),
             lr: LrConfig::default(),
             max_grad_norm: 1.0,
@@ -218,10 +231,23 @@ impl Default for TrainingConfig {
             checkpoint_to_load_path: None,
             log_dir: None,
             histogram_weights: Vec::new(),
+            norm_weights: Vec::new(),
             weights_to_train: Vec::new(),
             weights_not_to_train: Vec::new(),
             seed: 42,
             progress: true,
+        }
+    }
+}
+
+/// Overlay `top` on `base`, merging tables recursively.
+fn merge(base: &mut toml::Table, top: toml::Table) {
+    for (k, v) in top {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(t)) => merge(b, t),
+            (_, v) => {
+                base.insert(k, v);
+            }
         }
     }
 }
@@ -233,17 +259,49 @@ fn invalid(field: &str, message: impl Into<String>) -> OnnxError {
 impl TrainingConfig {
     /// Read a `.toml` or `.json` file (by extension).
     pub fn from_file(path: &Path) -> Result<Self> {
+        Self::from_file_over(TrainingConfig::default(), path)
+    }
+
+    /// `base` with the fields that the `.toml` / `.json` file at `path` sets replaced (nested
+    /// tables merge field by field): how a front end's defaults meet a user's config file.
+    pub fn from_file_over(base: TrainingConfig, path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| OnnxError::io(path, e))?;
-        let parsed: std::result::Result<Self, String> = match path.extension().and_then(|e| e.to_str()) {
-            Some("json") => serde_json::from_str(&text).map_err(|e| e.to_string()),
-            _ => toml::from_str(&text).map_err(|e| e.to_string()),
+        let bad = |m: String| OnnxError::Decode { path: path.to_path_buf(), what: "training config", message: m };
+        let file: toml::Table = match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?,
+            _ => toml::from_str(&text).map_err(|e| bad(e.to_string()))?,
         };
-        parsed.map_err(|m| OnnxError::Decode { path: path.to_path_buf(), message: m })
+        let mut merged: toml::Table = toml::Table::try_from(&base).map_err(|e| bad(e.to_string()))?;
+        merge(&mut merged, file);
+        toml::Value::Table(merged).try_into().map_err(|e: toml::de::Error| bad(e.to_string()))
+    }
+
+    /// Parse TOML held in memory (a checkpoint's copy of its run's config); `source` names
+    /// where it came from in errors.
+    pub fn from_toml(text: &str, source: &Path) -> Result<Self> {
+        toml::from_str(text).map_err(|e| OnnxError::Decode { path: source.to_path_buf(), what: "training config", message: e.to_string() })
     }
 
     /// Serialise as TOML (written next to checkpoints so a run documents itself).
     pub fn to_toml(&self) -> Result<String> {
         toml::to_string_pretty(self).map_err(|e| OnnxError::field("config", e.to_string()))
+    }
+
+    /// With `num_train_epochs` set, fix `num_train_steps` for a data set whose every rank
+    /// fills `batches_per_epoch` batches per epoch.
+    pub fn resolve_epochs(&mut self, batches_per_epoch: usize) -> Result<()> {
+        if self.num_train_epochs == 0 {
+            return Ok(());
+        }
+        let k = self.gradient_accumulation_steps.max(1);
+        self.num_train_steps = self.num_train_epochs * batches_per_epoch / k * k;
+        if self.num_train_steps == 0 {
+            return Err(invalid(
+                "num_train_epochs",
+                format!("{} epoch(s) of {batches_per_epoch} batch(es) per rank make no update of {k} accumulated micro-step(s)", self.num_train_epochs),
+            ));
+        }
+        Ok(())
     }
 
     /// Number of optimizer updates.
@@ -265,6 +323,34 @@ impl TrainingConfig {
         }
     }
 
+    /// Can this run continue a checkpoint written by a run with `saved` on `saved_world`
+    /// ranks? The data stream and the optimizer state depend on the world size, the batch
+    /// geometry, the seed and the optimizer: those must match (`checkpoint` names the
+    /// checkpoint in the error). Step counts, schedules, periods and paths may change.
+    pub fn check_resume(&self, saved: &TrainingConfig, saved_world: usize, world: usize, checkpoint: &Path) -> Result<()> {
+        let here = checkpoint.display();
+        if saved_world != world {
+            return Err(invalid(
+                "data_parallel_size",
+                format!("{here} was written by a run of {saved_world} rank(s); this run has {world} (resuming on another world size needs a resharding checkpoint, not available yet)"),
+            ));
+        }
+        let pairs = [
+            ("batch_size", format!("{}", saved.batch_size), format!("{}", self.batch_size)),
+            ("seq_len", format!("{}", saved.seq_len), format!("{}", self.seq_len)),
+            ("gradient_accumulation_steps", format!("{}", saved.gradient_accumulation_steps), format!("{}", self.gradient_accumulation_steps)),
+            ("seed", format!("{}", saved.seed), format!("{}", self.seed)),
+            ("loss", format!("{:?}", saved.loss), format!("{:?}", self.loss)),
+            ("optimizer.kind", format!("{:?}", saved.optimizer.kind), format!("{:?}", self.optimizer.kind)),
+        ];
+        for (field, was, is) in pairs {
+            if was != is {
+                return Err(invalid(field, format!("{is} differs from {was} in the run that wrote {here}: the run cannot resume from it (use a fresh output_dir or checkpoints_dir)")));
+            }
+        }
+        Ok(())
+    }
+
     /// Check every field; `world_size` is the number of processes the run has.
     pub fn validate(&self, world_size: usize) -> Result<()> {
         if self.model_path.as_os_str().is_empty() {
@@ -284,7 +370,7 @@ impl TrainingConfig {
                 return Err(invalid(field, "must be at least 1"));
             }
         }
-        if self.num_train_steps % self.gradient_accumulation_steps != 0 {
+        if self.num_train_epochs == 0 && self.num_train_steps % self.gradient_accumulation_steps != 0 {
             return Err(invalid(
                 "num_train_steps",
                 format!("{} is not a multiple of gradient_accumulation_steps ({})", self.num_train_steps, self.gradient_accumulation_steps),
@@ -300,14 +386,20 @@ impl TrainingConfig {
                 ),
             ));
         }
-        if self.horizontal_parallel_size > 1 || self.pipeline_parallel_size > 1 {
-            return Err(invalid("horizontal_parallel_size", "tensor and pipeline parallelism are not implemented yet; use 1"));
+        if self.horizontal_parallel_size > 1 {
+            return Err(invalid("horizontal_parallel_size", "tensor parallelism is not implemented yet; use 1"));
+        }
+        if self.pipeline_parallel_size > 1 {
+            return Err(invalid("pipeline_parallel_size", "pipeline parallelism is not implemented yet; use 1"));
         }
         if matches!(self.loss, LossKind::LmCrossEntropy) && self.seq_len < 2 {
             return Err(invalid("seq_len", "must be at least 2 for the language-model loss"));
         }
         if !(0.0..1.0).contains(&self.lr.warmup_ratio) {
             return Err(invalid("lr.warmup_ratio", format!("{} is outside [0, 1)", self.lr.warmup_ratio)));
+        }
+        if self.lr.warmup_ratio > 0.0 && self.lr.mode == ScheduleKind::None {
+            return Err(invalid("lr.warmup_ratio", format!("{} has no effect with lr.mode = \"none\" (no warm-up); use mode \"constant\" for warm-up then a constant rate", self.lr.warmup_ratio)));
         }
         if !(self.lr.initial_lr > 0.0 && self.lr.initial_lr.is_finite()) {
             return Err(invalid("lr.initial_lr", format!("{} must be a positive number", self.lr.initial_lr)));
@@ -316,8 +408,10 @@ impl TrainingConfig {
             return Err(invalid("max_grad_norm", format!("{} must be >= 0 (0 disables clipping)", self.max_grad_norm)));
         }
         let o = &self.optimizer;
-        if !(0.0..1.0).contains(&o.beta1) || !(0.0..1.0).contains(&o.beta2) {
-            return Err(invalid("optimizer.beta1", format!("betas ({}, {}) must be in [0, 1)", o.beta1, o.beta2)));
+        for (field, beta) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&beta) {
+                return Err(invalid(field, format!("{beta} is outside [0, 1)")));
+            }
         }
         if o.epsilon <= 0.0 {
             return Err(invalid("optimizer.epsilon", "must be positive"));

@@ -4,8 +4,9 @@
 //! * **Token shards** (language models): every `*.npy` in the directory, in file-name
 //!   order, is a 1-D integer array (uint16, uint32, int32 or int64) of token ids; the shards
 //!   are concatenated into one stream, cut into non-overlapping windows of `seq_len` tokens.
-//! * **Image shards** (classifiers): pairs `images_<k>.npy` (float32 `[N, ...]`, e.g.
-//!   `[N, C, H, W]` images or `[N, features]` vectors) and `labels_<k>.npy` (integer `[N]`).
+//! * **Image shards** (classifiers and regressors): `images_<k>.npy` (float32 `[N, ...]`,
+//!   e.g. `[N, C, H, W]` images or `[N, features]` vectors) paired with `labels_<k>.npy`
+//!   (integer `[N]`, for cross-entropy) or `targets_<k>.npy` (float32 `[N, ...]`, for MSE).
 //!
 //! ## Sampling ([`DistributedSampler`] semantics, as `torch.utils.data.DistributedSampler`)
 //! Every rank shuffles the sample indices with the same seed for the same epoch
@@ -36,6 +37,8 @@ pub enum Target {
     NextToken,
     /// Class ids, one per sample.
     Classes(ArrayD<i64>),
+    /// Float targets, one row per sample (regression).
+    Values(ArrayD<f32>),
 }
 
 /// One batch on the host.
@@ -61,6 +64,23 @@ pub trait Dataset: Send + Sync {
     fn batch(&self, indices: &[usize]) -> Result<Batch>;
     /// Unit of [`Batch::items`] (`tokens` or `images`).
     fn unit(&self) -> &'static str;
+    /// What kind of targets the batches carry (checked against the loss before training).
+    fn target_kind(&self) -> TargetKind;
+    /// The largest token id or class label, to check against the model before training.
+    fn max_id(&self) -> Option<i64> {
+        None
+    }
+}
+
+/// The kind of [`Target`] a data set yields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetKind {
+    /// Next-token prediction on integer ids.
+    NextToken,
+    /// Integer class labels.
+    Classes,
+    /// Float targets.
+    Values,
 }
 
 fn shard_files(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
@@ -132,58 +152,118 @@ impl Dataset for TokenDataset {
     fn unit(&self) -> &'static str {
         "tokens"
     }
+
+    fn target_kind(&self) -> TargetKind {
+        TargetKind::NextToken
+    }
+
+    fn max_id(&self) -> Option<i64> {
+        Some(self.max_token())
+    }
 }
 
-/// Images and labels held in memory.
+/// Images (or feature vectors) with their labels or float targets, held in memory.
 pub struct ImageDataset {
     images: ArrayD<f32>,
-    labels: ArrayD<i64>,
+    targets: Target,
+}
+
+fn concat<T: Clone>(parts: &[ArrayD<T>], dir: &Path) -> Result<ArrayD<T>> {
+    let views: Vec<_> = parts.iter().map(|a| a.view()).collect();
+    concatenate(Axis(0), &views).map_err(|e| OnnxError::field(dir.display().to_string(), format!("shards disagree in shape: {e}")))
 }
 
 impl ImageDataset {
-    /// Load every `images_*.npy` / `labels_*.npy` pair of `dir`.
+    /// Load every `images_<k>.npy` of `dir` with its `labels_<k>.npy` (or `targets_<k>.npy`).
     pub fn load(dir: &Path) -> Result<Self> {
-        let mut images = Vec::new();
-        let mut labels = Vec::new();
+        let (mut images, mut labels, mut values) = (Vec::new(), Vec::new(), Vec::new());
         for f in shard_files(dir, "images_")? {
-            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default().replacen("images_", "labels_", 1);
-            let lf = f.with_file_name(name);
+            let sibling = |prefix: &str| {
+                let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default().replacen("images_", prefix, 1);
+                f.with_file_name(name)
+            };
             let bad = |p: &Path, m: String| OnnxError::field(p.display().to_string(), m);
             let HostTensor::Float(img) = read_npy(&f)? else { return Err(bad(&f, "images must be float32".into())) };
-            let HostTensor::Int(lab) = read_npy(&lf)? else { return Err(bad(&lf, "labels must be integers".into())) };
-            if img.ndim() < 2 || lab.ndim() != 1 || img.shape()[0] != lab.shape()[0] {
-                return Err(bad(&f, format!("images {:?} and labels {:?} do not pair up as [N, ...] and [N]", img.shape(), lab.shape())));
+            let (lf, tf) = (sibling("labels_"), sibling("targets_"));
+            let n = match (lf.is_file(), tf.is_file()) {
+                (true, false) => {
+                    let HostTensor::Int(lab) = read_npy(&lf)? else { return Err(bad(&lf, "labels must be integers".into())) };
+                    if lab.ndim() != 1 {
+                        return Err(bad(&lf, format!("labels must be 1-D [N], got {:?}", lab.shape())));
+                    }
+                    labels.push(lab);
+                    labels.last().map(|l| l.len())
+                }
+                (false, true) => {
+                    let HostTensor::Float(t) = read_npy(&tf)? else { return Err(bad(&tf, "targets must be float32".into())) };
+                    values.push(t);
+                    values.last().and_then(|t| t.shape().first().copied())
+                }
+                (true, true) => return Err(bad(&f, format!("has both {} and {}: keep one", lf.display(), tf.display()))),
+                (false, false) => return Err(bad(&f, format!("has neither {} nor {}", lf.display(), tf.display()))),
+            };
+            if img.ndim() < 2 || n != Some(img.shape()[0]) {
+                return Err(bad(&f, format!("{:?} images and {n:?} labels/targets: the first dimensions must agree", img.shape())));
             }
             images.push(img);
-            labels.push(lab);
         }
-        let err = |e: ndarray::ShapeError| OnnxError::field(dir.display().to_string(), format!("shards disagree in shape: {e}"));
-        let iv: Vec<_> = images.iter().map(|a| a.view()).collect();
-        let lv: Vec<_> = labels.iter().map(|a| a.view()).collect();
-        Ok(ImageDataset { images: concatenate(Axis(0), &iv).map_err(err)?, labels: concatenate(Axis(0), &lv).map_err(err)? })
+        if !labels.is_empty() && !values.is_empty() {
+            return Err(OnnxError::field(dir.display().to_string(), "some shards have labels_*.npy and others targets_*.npy"));
+        }
+        let targets = if values.is_empty() { Target::Classes(concat(&labels, dir)?) } else { Target::Values(concat(&values, dir)?) };
+        Self::new(concat(&images, dir)?, targets)
     }
 
-    /// Wrap in-memory arrays.
-    pub fn new(images: ArrayD<f32>, labels: ArrayD<i64>) -> Self {
-        ImageDataset { images, labels }
+    /// Wrap in-memory arrays: images `[N, ...]` with `Target::Classes` `[N]` or
+    /// `Target::Values` `[N, ...]`.
+    pub fn new(images: ArrayD<f32>, targets: Target) -> Result<Self> {
+        let n = match &targets {
+            Target::Classes(l) if l.ndim() == 1 => Some(l.len()),
+            Target::Values(v) if v.ndim() >= 1 => Some(v.shape()[0]),
+            _ => None,
+        };
+        if images.ndim() < 2 || n != Some(images.shape()[0]) {
+            return Err(OnnxError::field("data set", format!("images {:?} do not pair up with their labels/targets", images.shape())));
+        }
+        Ok(ImageDataset { images, targets })
+    }
+
+    /// Largest label (to check against the number of classes), if the targets are labels.
+    pub fn max_label(&self) -> Option<i64> {
+        match &self.targets {
+            Target::Classes(l) => l.iter().copied().max(),
+            _ => None,
+        }
     }
 }
 
 impl Dataset for ImageDataset {
     fn len(&self) -> usize {
-        self.labels.len()
+        self.images.shape()[0]
     }
 
     fn batch(&self, indices: &[usize]) -> Result<Batch> {
-        Ok(Batch {
-            input: HostTensor::Float(self.images.select(Axis(0), indices)),
-            target: Target::Classes(self.labels.select(Axis(0), indices)),
-            items: indices.len(),
-        })
+        let targets = match &self.targets {
+            Target::Classes(l) => Target::Classes(l.select(Axis(0), indices)),
+            Target::Values(v) => Target::Values(v.select(Axis(0), indices)),
+            Target::NextToken => Target::NextToken,
+        };
+        Ok(Batch { input: HostTensor::Float(self.images.select(Axis(0), indices)), target: targets, items: indices.len() })
     }
 
     fn unit(&self) -> &'static str {
         "images"
+    }
+
+    fn target_kind(&self) -> TargetKind {
+        match self.targets {
+            Target::Values(_) => TargetKind::Values,
+            _ => TargetKind::Classes,
+        }
+    }
+
+    fn max_id(&self) -> Option<i64> {
+        self.max_label()
     }
 }
 

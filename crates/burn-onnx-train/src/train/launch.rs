@@ -13,9 +13,11 @@ use super::data::Dataset;
 use super::runner::{RunSummary, TrainingRunner};
 use crate::error::{OnnxError, Result};
 
-/// How long a thread rank waits for a silent peer before failing the run. Evaluation on
-/// rank 0 happens while the others wait, so this is generous.
-pub const THREAD_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a thread rank waits for a peer: without limit. The ranks are threads of this
+/// process, so a rank that fails, panics or returns leaves the group and every waiting
+/// rank fails at once; a rank that has not arrived is still working (writing a checkpoint
+/// of a big model, say), and a deadline would kill a healthy run.
+pub const THREAD_TIMEOUT: Duration = Duration::MAX;
 
 /// The communicator of this process when started by an MPI launcher.
 #[cfg(feature = "mpi")]

@@ -4,12 +4,16 @@
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod evaluate;
+pub mod flags;
 pub mod launch;
 pub mod optimizer;
 pub mod perf;
+pub mod preflight;
 pub mod runner;
 pub mod schedule;
 pub mod step;
+pub mod summaries;
 
 pub use config::TrainingConfig;
 pub use runner::{RunSummary, TrainingRunner};

@@ -41,7 +41,8 @@ pub struct PerfReport {
     pub gradient_accumulation_steps: usize,
     /// Ranks.
     pub world_size: usize,
-    /// Rayon threads per rank.
+    /// Threads of the compute pool (rayon) this rank ran on. Thread ranks (`--dp N` without
+    /// mpirun) share one pool of this size; MPI ranks each have their own.
     pub threads: usize,
 }
 
@@ -86,7 +87,7 @@ impl PerfMeter {
             seq_len: c.seq_len,
             gradient_accumulation_steps: c.gradient_accumulation_steps,
             world_size,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: rayon::current_num_threads(),
         }
     }
 }

@@ -7,9 +7,9 @@ use super::config::TrainingConfig;
 use super::data::{Batch, Target};
 use crate::error::{OnnxError, Result};
 use crate::host_tensor::HostTensor;
-use crate::loss::{LossKind, cross_entropy, lm_cross_entropy};
+use crate::loss::{LossKind, cross_entropy, lm_cross_entropy, mse};
 use crate::model::{Mode, OnnxModel};
-use crate::value::{PhysTensor, Value};
+use crate::value::{FloatValue, PhysTensor, Value};
 
 /// Loss of one batch, with what else the step needs.
 pub struct StepOutput {
@@ -21,10 +21,11 @@ pub struct StepOutput {
     pub correct: Option<usize>,
 }
 
-/// Forward `batch` through `model` and apply the configured loss.
-pub fn forward_loss(model: &OnnxModel, batch: &Batch, config: &TrainingConfig, device: &Device, mode: Mode) -> Result<StepOutput> {
+/// Forward `batch` through `model` and apply the configured loss; `seed` drives the pass's
+/// randomness (dropout).
+pub fn forward_loss(model: &OnnxModel, batch: &Batch, config: &TrainingConfig, device: &Device, mode: Mode, seed: u64) -> Result<StepOutput> {
     let input = Value::from_host(&batch.input, device).map_err(|e| OnnxError::field("batch", e.0))?;
-    let out = model.forward(vec![(config.input_name.clone(), input)], mode)?;
+    let out = model.forward_seeded(vec![(config.input_name.clone(), input)], mode, seed)?;
     let Some(Value::Float(pred)) = out.get(&config.output_name).cloned() else {
         return Err(OnnxError::field("config.output_name", format!("'{}' is not a float output of the model", config.output_name)));
     };
@@ -33,6 +34,10 @@ pub fn forward_loss(model: &OnnxModel, batch: &Batch, config: &TrainingConfig, d
         (LossKind::CrossEntropy, Target::Classes(labels), _) => {
             let correct = if mode == Mode::Eval { Some(count_correct(&pred, labels)?) } else { None };
             (cross_entropy(pred, labels)?, correct)
+        }
+        (LossKind::Mse, Target::Values(t), _) => {
+            let t = FloatValue::from_array(t, device).map_err(|e| OnnxError::field("batch targets", e.0))?;
+            (mse(pred, t)?, None)
         }
         (kind, _, _) => {
             return Err(OnnxError::field("config.loss", format!("loss {kind:?} does not fit this data set's targets")));

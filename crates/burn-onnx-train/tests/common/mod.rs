@@ -127,3 +127,19 @@ pub fn onnx_params(path: PathBuf) -> Vec<(String, ArrayD<f32>)> {
     let m = burn_onnx_train::OnnxModel::load(&path, &Device::flex()).unwrap_or_else(|e| panic!("{e}"));
     m.param_infos().iter().enumerate().map(|(i, p)| (p.name.clone(), m.param_value(i).unwrap().to_array().unwrap())).collect()
 }
+
+/// Every parameter of `trained` differs from `initial` somewhere, and the largest change over
+/// all parameters exceeds `min_move`: a training run that silently updated nothing (or only
+/// some parameters) cannot pass an equivalence test with it.
+pub fn assert_moved(initial: &std::path::Path, trained: &std::path::Path, min_move: f32) {
+    let before = onnx_params(initial.to_path_buf());
+    let after = onnx_params(trained.to_path_buf());
+    assert_eq!(before.len(), after.len(), "{}: parameter count", trained.display());
+    let mut largest = 0.0f32;
+    for ((name, a), (_, b)) in before.iter().zip(&after) {
+        let d = max_abs_diff(a, b);
+        assert!(d > 0.0, "{}: parameter {name} did not move", trained.display());
+        largest = largest.max(d);
+    }
+    assert!(largest > min_move, "{}: parameters moved by at most {largest} (want > {min_move})", trained.display());
+}

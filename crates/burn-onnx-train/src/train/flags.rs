@@ -1,0 +1,88 @@
+//! The command-line flags every front end shares (`onnx-train train` and the examples):
+//! each overrides its config field only when given, over the config file, over the front
+//! end's own defaults.
+
+use std::path::PathBuf;
+
+use super::config::TrainingConfig;
+use crate::error::{OnnxError, Result};
+
+/// Flags that override a [`TrainingConfig`].
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TrainFlags {
+    /// TOML/JSON TrainingConfig file; fields it leaves out keep this front end's defaults,
+    /// and the flags below override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The ONNX model to train (`model_path`).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Output directory (`output_dir`): checkpoints, TensorBoard, perf.json, export.
+    #[arg(long)]
+    pub output_dir: Option<PathBuf>,
+    /// Optimizer updates; sets `num_train_steps` (micro-steps) = N x accumulation.
+    #[arg(long, value_name = "N")]
+    pub steps: Option<usize>,
+    /// Train for N passes over the training data instead of a step count (`num_train_epochs`).
+    #[arg(long, value_name = "N")]
+    pub epochs: Option<usize>,
+    /// Samples per micro-batch and rank (`batch_size`; also `eval_batch_size`).
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Micro-batches accumulated per update (`gradient_accumulation_steps`).
+    #[arg(long)]
+    pub accumulation: Option<usize>,
+    /// Peak learning rate (`lr.initial_lr`).
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Log the loss every N updates (`display_loss_steps`).
+    #[arg(long, value_name = "N")]
+    pub display_loss_steps: Option<usize>,
+    /// Evaluate every N updates (`evaluation_period`; 0 = only at the end).
+    #[arg(long, value_name = "N")]
+    pub eval_period: Option<usize>,
+    /// Checkpoint every N updates (`checkpoint_period`; 0 = never).
+    #[arg(long, value_name = "N")]
+    pub checkpoint_period: Option<usize>,
+    /// Seed of data order and dropout (`seed`).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Data-parallel ranks (`data_parallel_size`): worker threads of this process, or the
+    /// ranks of `mpirun -np N` (build with `--features mpi`).
+    #[arg(long)]
+    pub dp: Option<usize>,
+}
+
+impl TrainFlags {
+    /// `defaults`, overlaid with the config file's fields (if `--config`), overlaid with
+    /// the flags that were given.
+    pub fn apply(&self, defaults: TrainingConfig) -> Result<TrainingConfig> {
+        let mut c = match &self.config {
+            Some(path) => TrainingConfig::from_file_over(defaults, path)?,
+            None => defaults,
+        };
+        let set = |field: &mut usize, v: Option<usize>| {
+            if let Some(v) = v {
+                *field = v;
+            }
+        };
+        c.model_path = self.model.clone().unwrap_or(c.model_path);
+        c.output_dir = self.output_dir.clone().unwrap_or(c.output_dir);
+        set(&mut c.gradient_accumulation_steps, self.accumulation);
+        if let Some(n) = self.steps {
+            c.num_train_steps = n.checked_mul(c.gradient_accumulation_steps).ok_or_else(|| OnnxError::field("--steps", "too large"))?;
+            c.num_train_epochs = 0;
+        }
+        set(&mut c.num_train_epochs, self.epochs);
+        if let Some(b) = self.batch_size {
+            (c.batch_size, c.eval_batch_size) = (b, b);
+        }
+        c.lr.initial_lr = self.lr.unwrap_or(c.lr.initial_lr);
+        set(&mut c.display_loss_steps, self.display_loss_steps);
+        set(&mut c.evaluation_period, self.eval_period);
+        set(&mut c.checkpoint_period, self.checkpoint_period);
+        c.seed = self.seed.unwrap_or(c.seed);
+        set(&mut c.data_parallel_size, self.dp);
+        Ok(c)
+    }
+}

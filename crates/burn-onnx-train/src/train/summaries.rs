@@ -1,0 +1,86 @@
+//! What a run writes to TensorBoard (rank 0): per update the loss, learning rate, global
+//! gradient norm and throughput; every `display_loss_steps` the per-tensor weight and
+//! gradient norms selected by `norm_weights` (ORT's norm summaries); per evaluation the
+//! metrics and the histograms of `histogram_weights`.
+
+use burn::optim::GradientsParams;
+
+use super::config::TrainingConfig;
+use super::evaluate::EvalMetrics;
+use crate::error::{OnnxError, Result};
+use crate::model::{OnnxModel, ParamRole};
+use crate::tensorboard::EventWriter;
+use crate::value::MAX_RANK;
+
+/// The run's TensorBoard writer; every method is a no-op when logging is off (other ranks,
+/// or `log_dir = ""`).
+pub struct Summaries {
+    writer: Option<EventWriter>,
+    histogram_weights: Vec<String>,
+    norm_weights: Vec<String>,
+}
+
+impl Summaries {
+    /// Open the config's log directory when `enabled`.
+    pub fn open(c: &TrainingConfig, enabled: bool) -> Result<Self> {
+        let writer = if enabled { c.log_dir().map(|d| EventWriter::create(&d)).transpose()? } else { None };
+        Ok(Summaries { writer, histogram_weights: c.histogram_weights.clone(), norm_weights: c.norm_weights.clone() })
+    }
+
+    /// Scalars of one optimizer update.
+    pub fn update(&mut self, step: usize, loss: f64, lr: f64, grad_norm: f32, rate: f64, unit: &str) -> Result<()> {
+        let Some(w) = self.writer.as_mut() else { return Ok(()) };
+        let step = step as i64;
+        w.add_scalar("train/loss", loss as f32, step)?;
+        w.add_scalar("train/learning_rate", lr as f32, step)?;
+        w.add_scalar("train/grad_norm", grad_norm, step)?;
+        w.add_scalar(&format!("train/{unit}_per_sec"), rate as f32, step)
+    }
+
+    /// Should [`Summaries::norms`] run at this update?
+    pub fn wants_norms(&self) -> bool {
+        self.writer.is_some() && !self.norm_weights.is_empty()
+    }
+
+    /// L2 norms of the selected weights and of their (synchronised, unclipped) gradients.
+    pub fn norms(&mut self, model: &OnnxModel, grads: &GradientsParams, step: usize) -> Result<()> {
+        let Some(w) = self.writer.as_mut() else { return Ok(()) };
+        let all = self.norm_weights.iter().any(|n| n == "*");
+        for (info, p) in model.param_infos().iter().zip(model.params()) {
+            let selected = if all { info.role == ParamRole::Trainable } else { self.norm_weights.contains(&info.name) };
+            if !selected {
+                continue;
+            }
+            let norm = |t: burn::tensor::Tensor<MAX_RANK>| t.square().sum().sqrt().into_scalar::<f32>();
+            w.add_scalar(&format!("norms/weight/{}", info.name), norm(p.val()), step as i64)?;
+            if let Some(g) = grads.get::<MAX_RANK>(p.id) {
+                w.add_scalar(&format!("norms/gradient/{}", info.name), norm(g), step as i64)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An evaluation's metrics and the weight histograms.
+    pub fn eval(&mut self, m: &EvalMetrics, model: &OnnxModel) -> Result<()> {
+        let Some(w) = self.writer.as_mut() else { return Ok(()) };
+        let step = m.step as i64;
+        w.add_scalar("eval/loss", m.loss as f32, step)?;
+        if let Some(p) = m.perplexity {
+            w.add_scalar("eval/perplexity", p as f32, step)?;
+        }
+        if let Some(a) = m.accuracy {
+            w.add_scalar("eval/accuracy", a as f32, step)?;
+        }
+        for name in &self.histogram_weights {
+            let v = model.param_by_name(name).ok_or_else(|| OnnxError::field("config.histogram_weights", format!("'{name}' is not a parameter")))?;
+            let a = v.to_array().map_err(|e| OnnxError::field(name, e.0))?;
+            w.add_histogram(&format!("weights/{name}"), a.as_slice().unwrap_or(&[]), step)?;
+        }
+        w.flush()
+    }
+
+    /// Write what is buffered.
+    pub fn flush(&mut self) -> Result<()> {
+        self.writer.as_mut().map_or(Ok(()), EventWriter::flush)
+    }
+}

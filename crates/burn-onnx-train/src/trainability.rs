@@ -1,0 +1,169 @@
+//! Which initializers a model trains, by the rule the source framework implies.
+//!
+//! An ONNX file does not say which initializers were parameters: exporters also write graph
+//! constants as initializers (PyTorch's dynamo exporter writes the attention scale, GELU
+//! coefficients and mask fill values as scalar initializers such as `val_5`). Training those
+//! would move them away from the framework's run from the first update (AdamW moves every
+//! element by about `lr` whatever its gradient). The default rule trains an initializer only
+//! where a framework would have made it a parameter:
+//! - integer and bool tensors are constants;
+//! - float initializers read only through setting inputs (shapes, axes, indices, scales,
+//!   bounds, ratios, conditions) are constants kept on the host;
+//! - batch-norm running statistics are state (updated by the forward pass, not trained);
+//! - scalars and one-element tensors are constants;
+//! - float initializers from which no gradient path reaches a graph output (they only feed
+//!   comparisons, shapes, casts to integers, ...) are constants;
+//! - everything else is trainable.
+//!
+//! `weights_to_train` / `weights_not_to_train` override the rule both ways (see
+//! `OnnxModel::select_trainable`).
+
+use std::collections::HashSet;
+
+use crate::graph::Graph;
+use crate::host_tensor::dtype;
+
+/// Input slots that are settings, not differentiable data (scales, bounds, ratios, shapes,
+/// axes, indices, conditions): no gradient flows through them.
+const SETTING_SLOTS: &[(&str, &[usize])] = &[
+    ("Resize", &[1, 2, 3]),
+    ("Clip", &[1, 2]),
+    ("Pad", &[1, 2, 3]),
+    ("Dropout", &[1, 2]),
+    ("Range", &[0, 1, 2]),
+    ("ConstantOfShape", &[0]),
+    ("Reshape", &[1]),
+    ("Expand", &[1]),
+    ("Tile", &[1]),
+    ("Slice", &[1, 2, 3, 4]),
+    ("Gather", &[1]),
+    ("GatherElements", &[1]),
+    ("Where", &[0]),
+    ("Squeeze", &[1]),
+    ("Unsqueeze", &[1]),
+    ("Split", &[1]),
+    ("ReduceMean", &[1]),
+    ("ReduceSum", &[1]),
+    ("ReduceMax", &[1]),
+    ("ReduceMin", &[1]),
+    ("ReduceL2", &[1]),
+    ("ReduceSumSquare", &[1]),
+    ("ReduceLogSumExp", &[1]),
+    ("CumSum", &[1]),
+    ("Trilu", &[1]),
+    ("Shape", &[0]),
+    ("Size", &[0]),
+];
+
+/// Input slots that hold state updated by the forward pass (batch-norm running statistics).
+const STATE_SLOTS: &[(&str, &[usize])] = &[("BatchNormalization", &[3, 4])];
+
+/// Ops whose outputs never carry a gradient (integer, boolean or piecewise-constant results).
+const NO_GRADIENT_OPS: &[&str] = &[
+    "Shape", "Size", "Range", "ConstantOfShape", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And",
+    "Or", "ArgMax", "ArgMin", "Floor", "Ceil", "Round", "Sign",
+];
+
+fn listed(table: &[(&str, &[usize])], op: &str, slot: usize) -> bool {
+    table.iter().any(|(o, slots)| *o == op && slots.contains(&slot))
+}
+
+/// Is input `slot` of `op` a setting (no gradient flows through it)?
+pub fn is_setting_slot(op: &str, slot: usize) -> bool {
+    listed(SETTING_SLOTS, op, slot)
+}
+
+/// Is input `slot` of `op` forward-updated state?
+pub fn is_state_slot(op: &str, slot: usize) -> bool {
+    listed(STATE_SLOTS, op, slot)
+}
+
+/// The role an initializer takes under the default rule, with the reason `inspect` shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DefaultRole {
+    /// Trained.
+    Trainable,
+    /// Forward-updated state.
+    State,
+    /// A constant held as a (non-trained) parameter: it can still be trained on request.
+    Constant(&'static str),
+    /// A constant held on the host (integer, bool, or read only as a setting): never trained.
+    HostConstant(&'static str),
+}
+
+/// What the graph tells about its initializers: which are read only as settings, which as
+/// state, and which can send a gradient to a graph output.
+pub struct Usage {
+    setting_only: HashSet<String>,
+    state: HashSet<String>,
+    differentiable: HashSet<String>,
+}
+
+impl Usage {
+    /// Analyse `graph`.
+    pub fn of(graph: &Graph) -> Self {
+        let mut setting = HashSet::new();
+        let mut data = HashSet::new();
+        let mut state = HashSet::new();
+        for n in &graph.nodes {
+            for (slot, name) in n.inputs.iter().enumerate().filter(|(_, n)| !n.is_empty()) {
+                if is_state_slot(&n.op_type, slot) {
+                    state.insert(name.clone());
+                }
+                if is_setting_slot(&n.op_type, slot) {
+                    setting.insert(name.clone());
+                } else {
+                    data.insert(name.clone());
+                }
+            }
+        }
+        setting.retain(|n| !data.contains(n));
+        Usage { setting_only: setting, state, differentiable: differentiable_edges(graph) }
+    }
+
+    /// The default role of initializer `name` with `elements` elements of ONNX type `elem_type`
+    /// (`float` tells whether the importer holds it as a float tensor).
+    pub fn default_role(&self, name: &str, float: bool, elements: usize) -> DefaultRole {
+        if !float {
+            return DefaultRole::HostConstant("integer or bool tensor");
+        }
+        if self.setting_only.contains(name) {
+            return DefaultRole::HostConstant("only read as a setting (shape, axes, indices, scale, bound, ratio or condition)");
+        }
+        if self.state.contains(name) {
+            return DefaultRole::State;
+        }
+        match elements {
+            0 => DefaultRole::Constant("empty"),
+            1 => DefaultRole::Constant("scalar or one-element tensor"),
+            _ if !self.differentiable.contains(name) => DefaultRole::Constant("no gradient path to a graph output"),
+            _ => DefaultRole::Trainable,
+        }
+    }
+}
+
+/// Edges from which a gradient can flow to a float graph output: walk the nodes backwards
+/// from the outputs, through every input that is neither a setting nor state, skipping ops
+/// whose outputs carry no gradient and casts to non-float types.
+fn differentiable_edges(graph: &Graph) -> HashSet<String> {
+    let mut live: HashSet<String> = graph
+        .outputs
+        .iter()
+        .filter(|o| o.elem_type == 0 || dtype::is_float(o.elem_type))
+        .map(|o| o.name.clone())
+        .collect();
+    for n in graph.nodes.iter().rev() {
+        if NO_GRADIENT_OPS.contains(&n.op_type.as_str()) || !n.outputs.iter().any(|o| live.contains(o)) {
+            continue;
+        }
+        if n.op_type == "Cast" && !n.attrs.int("to", 0).is_ok_and(|to| dtype::is_float(to as i32)) {
+            continue;
+        }
+        for (slot, input) in n.inputs.iter().enumerate() {
+            if !input.is_empty() && !is_setting_slot(&n.op_type, slot) && !is_state_slot(&n.op_type, slot) {
+                live.insert(input.clone());
+            }
+        }
+    }
+    live
+}
