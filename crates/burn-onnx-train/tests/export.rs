@@ -44,7 +44,7 @@ fn untrained_export_reproduces_onnxruntime_output() {
         assert_close(name, &y.to_array().unwrap(), &want, 1e-4, 1e-4);
         // With the onnx package: nodes, attributes (field presence included), opsets and
         // graph inputs/outputs are exactly the original's, and the file passes the checker.
-        if let Some(python) = std::env::var_os("ONNX_TRAIN_PYTHON") {
+        if let Some(python) = python_for("ONNX_TRAIN_PYTHON", "onnx.checker node identity") {
             let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/onnx_nodes_equal.py");
             let out = Command::new(python).arg(script).arg(refkit(&format!("models/{name}.onnx"))).arg(&path).output().unwrap();
             assert!(out.status.success(), "{name}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -86,10 +86,7 @@ fn trained_export_round_trips_through_importer_and_onnxruntime() {
     assert_close("reloaded vs in-memory", &ours, &in_memory, 1e-6, 0.0);
 
     // onnxruntime on the exported file, when a Python with onnxruntime is available.
-    let Some(python) = std::env::var_os("ONNX_TRAIN_PYTHON") else {
-        eprintln!("ONNX_TRAIN_PYTHON not set: onnxruntime cross-check skipped (importer round trip checked above)");
-        return;
-    };
+    let Some(python) = python_for("ONNX_TRAIN_PYTHON", "onnxruntime export") else { return };
     let input = dir.join("input.npy");
     write_npy(&input, &x_eval).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/ort_run.py");

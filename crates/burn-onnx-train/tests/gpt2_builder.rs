@@ -385,10 +385,7 @@ fn ort_logits(python: &std::ffi::OsStr, model: &Path, ids: &ArrayD<i64>, dir: &P
 
 #[test]
 fn onnxruntime_agrees_with_our_importer() {
-    let Some(python) = std::env::var_os("ONNX_TRAIN_PYTHON") else {
-        eprintln!("ONNX_TRAIN_PYTHON not set: onnxruntime cross-check skipped (the f64 reference test covers the semantics)");
-        return;
-    };
+    let Some(python) = python_for("ONNX_TRAIN_PYTHON", "onnxruntime GPT-2 builder") else { return };
     let dir = tempdir("gpt2-builder-ort");
     let (cfg, default) = (small(), Gpt2Config::default());
     let built = dir.join("built.onnx");

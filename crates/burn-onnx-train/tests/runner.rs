@@ -8,52 +8,25 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use burn::tensor::Device;
-use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::tensorboard::{read_events, scalars};
 use burn_onnx_train::train::checkpoint::list_checkpoints;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind, ScheduleKind};
-use burn_onnx_train::train::data::{Dataset, TokenDataset};
+use burn_onnx_train::train::data::Dataset;
 use burn_onnx_train::train::{TrainingConfig, TrainingRunner};
 use burn_onnx_train::{OnnxModel, OnnxError};
 use burn_ort_dist::LocalCommunicator;
 use common::*;
 
-/// Deterministic pseudo-random token stream below gpt2_tiny's vocabulary.
 fn tokens() -> Arc<dyn Dataset> {
-    let mut x: u64 = 12345;
-    let ids = (0..4096)
-        .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((x >> 33) % 1024) as i64
-        })
-        .collect();
-    Arc::new(TokenDataset::from_tokens(ids, 16).unwrap())
+    gpt2_tokens()
 }
 
 fn config(out: &Path) -> TrainingConfig {
-    TrainingConfig {
-        model_path: refkit("models/gpt2_tiny.onnx"),
-        output_dir: out.to_path_buf(),
-        input_name: "input_ids".into(),
-        output_name: "logits".into(),
-        loss: LossKind::LmCrossEntropy,
-        batch_size: 4,
-        eval_batch_size: 4,
-        seq_len: 16,
-        num_train_steps: 6,
-        display_loss_steps: 1,
-        evaluation_period: 0,
-        eval_batches: 2,
-        optimizer: OptimizerConfig { kind: OptimizerKind::Adamw, ..Default::default() },
-        log_dir: Some(PathBuf::new()),
-        progress: false,
-        ..Default::default()
-    }
+    gpt2_config(out)
 }
 
 fn run(c: TrainingConfig) -> burn_onnx_train::train::RunSummary {
-    let runner = TrainingRunner::new(c, Arc::new(LocalCommunicator), Device::flex().autodiff()).unwrap();
-    runner.run(tokens(), Some(tokens())).unwrap()
+    run_local(c)
 }
 
 #[test]

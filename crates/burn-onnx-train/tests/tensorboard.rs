@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::tempdir;
+use common::{python_for, tempdir};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -112,10 +112,7 @@ fn scalars_and_histogram_round_trip() {
     }
 
     // TensorBoard itself, when available.
-    let Some(python) = std::env::var_os("TENSORBOARD_PYTHON") else {
-        eprintln!("TENSORBOARD_PYTHON not set: TensorBoard EventAccumulator cross-check skipped");
-        return;
-    };
+    let Some(python) = python_for("TENSORBOARD_PYTHON", "TensorBoard EventAccumulator") else { return };
     let script = r#"
 import json, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -143,3 +143,55 @@ pub fn assert_moved(initial: &std::path::Path, trained: &std::path::Path, min_mo
     }
     assert!(largest > min_move, "{}: parameters moved by at most {largest} (want > {min_move})", trained.display());
 }
+
+/// The Python named by `var` (`ONNX_TRAIN_PYTHON`: onnxruntime + onnx; `TENSORBOARD_PYTHON`:
+/// tensorboard) for a cross-check. Outside CI a missing one is reported and the check is
+/// left out; with `CI` set (`.ci/run` provides both) a missing one fails the test.
+pub fn python_for(var: &str, check: &str) -> Option<std::ffi::OsString> {
+    match std::env::var_os(var) {
+        Some(p) => Some(p),
+        None if std::env::var_os("CI").is_some() => panic!("{var} is not set, but CI must run the {check} cross-check"),
+        None => {
+            eprintln!("{var} not set: {check} cross-check left out (CI runs it)");
+            None
+        }
+    }
+}
+
+/// Deterministic pseudo-random stream of 4096 tokens below gpt2_tiny's vocabulary, in
+/// windows of 16.
+pub fn gpt2_tokens() -> std::sync::Arc<dyn burn_onnx_train::train::data::Dataset> {
+    let mut next = lcg(12345);
+    let ids = (0..4096).map(|_| (next() % 1024) as i64).collect();
+    std::sync::Arc::new(burn_onnx_train::train::data::TokenDataset::from_tokens(ids, 16).unwrap())
+}
+
+/// A quiet 6-update AdamW run of gpt2_tiny on 4 x 16 tokens writing into `out` (no
+/// TensorBoard, no evaluation unless asked).
+pub fn gpt2_config(out: &std::path::Path) -> burn_onnx_train::train::TrainingConfig {
+    use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
+    burn_onnx_train::train::TrainingConfig {
+        model_path: refkit("models/gpt2_tiny.onnx"),
+        output_dir: out.to_path_buf(),
+        input_name: "input_ids".into(),
+        output_name: "logits".into(),
+        loss: burn_onnx_train::loss::LossKind::LmCrossEntropy,
+        batch_size: 4,
+        eval_batch_size: 4,
+        seq_len: 16,
+        num_train_steps: 6,
+        display_loss_steps: 1,
+        evaluation_period: 0,
+        eval_batches: 2,
+        optimizer: OptimizerConfig { kind: OptimizerKind::Adamw, ..Default::default() },
+        log_dir: Some(PathBuf::new()),
+        progress: false,
+        ..Default::default()
+    }
+}
+
+/// Run `c` in this process (one rank) on [`gpt2_tokens`], evaluating on the same stream.
+pub fn run_local(c: burn_onnx_train::train::TrainingConfig) -> burn_onnx_train::train::RunSummary {
+    let runner = burn_onnx_train::train::TrainingRunner::new(c, std::sync::Arc::new(burn_ort_dist::LocalCommunicator), Device::flex().autodiff()).unwrap();
+    runner.run(gpt2_tokens(), Some(gpt2_tokens())).unwrap()
+}

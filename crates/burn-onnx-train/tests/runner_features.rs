@@ -1,0 +1,261 @@
+//! Config fields of the runner, each exercised end to end on gpt2_tiny or the MLP: frozen
+//! and selected weights, `checkpoint_to_load_path`, a custom `checkpoints_dir`, MSE
+//! training, `histogram_weights` and `norm_weights`, `num_train_epochs`, evaluation split
+//! across thread ranks, and the checks that refuse a run before its first step.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use burn::tensor::Device;
+use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::tensorboard::{EventKind, ValueKind, read_events, scalars};
+use burn_onnx_train::train::checkpoint::list_checkpoints;
+use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind, ScheduleKind};
+use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
+use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::{TrainingConfig, TrainingRunner};
+use burn_onnx_train::{Mode, OnnxModel, Value};
+use burn_ort_dist::LocalCommunicator;
+use common::*;
+use ndarray::{ArrayD, IxDyn};
+
+const WPE: &str = "m.transformer.wpe.weight";
+const WTE: &str = "m.transformer.wte.weight";
+
+fn trained(out: &Path) -> Vec<(String, ArrayD<f32>)> {
+    onnx_params(out.join("gpt2_tiny_trained.onnx"))
+}
+
+fn try_run(c: TrainingConfig, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>) -> Result<(), String> {
+    let runner = TrainingRunner::new(c, Arc::new(LocalCommunicator), Device::flex().autodiff()).map_err(|e| e.to_string())?;
+    runner.run(train, test).map(|_| ()).map_err(|e| e.to_string())
+}
+
+#[test]
+fn frozen_weights_stay_bit_identical_and_the_rest_moves() {
+    let out = tempdir("feat-frozen");
+    run_local(TrainingConfig { weights_not_to_train: vec![WPE.into()], ..gpt2_config(&out) });
+    let init = onnx_params(refkit("models/gpt2_tiny.onnx"));
+    for ((name, a), (_, b)) in init.iter().zip(trained(&out)) {
+        if name == WPE {
+            assert_eq!(a, &b, "frozen {name} changed");
+        } else {
+            assert!(max_abs_diff(a, &b) > 0.0, "{name} did not train");
+        }
+    }
+}
+
+#[test]
+fn weights_to_train_trains_exactly_those() {
+    let out = tempdir("feat-only");
+    run_local(TrainingConfig { weights_to_train: vec![WTE.into()], ..gpt2_config(&out) });
+    for ((name, a), (_, b)) in onnx_params(refkit("models/gpt2_tiny.onnx")).iter().zip(trained(&out)) {
+        assert_eq!(name == WTE, max_abs_diff(a, &b) > 0.0, "{name}: trained iff listed");
+    }
+}
+
+#[test]
+fn checkpoint_to_load_path_resumes_from_that_checkpoint_in_a_custom_dir() {
+    let (full, ckpts, resumed) = (tempdir("feat-ckpt-full"), tempdir("feat-ckpt-dir"), tempdir("feat-ckpt-resumed"));
+    let c = TrainingConfig { checkpoint_period: 2, max_num_checkpoints: 5, checkpoints_dir: Some(ckpts.clone()), ..gpt2_config(&full) };
+    let first = run_local(c.clone());
+    assert!(!full.join("checkpoints").exists(), "checkpoints go to checkpoints_dir, not <output_dir>/checkpoints");
+    assert_eq!(list_checkpoints(&ckpts).iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![2, 4, 6]);
+    // Resume from the step-2 checkpoint explicitly, although newer ones exist.
+    let again = run_local(TrainingConfig {
+        output_dir: resumed.clone(),
+        checkpoints_dir: Some(resumed.join("ck")),
+        checkpoint_to_load_path: Some(ckpts.join("ckpt-000000002")),
+        ..c
+    });
+    assert_eq!(again.start_step, 2);
+    assert_eq!(again.losses.len(), 4);
+    assert_eq!(again.losses[3].1, first.losses[5].1);
+    for ((name, a), (_, b)) in trained(&full).iter().zip(trained(&resumed)) {
+        assert_eq!(a, &b, "{name} differs after resuming from checkpoint_to_load_path");
+    }
+}
+
+#[test]
+fn resuming_a_checkpoint_of_an_incompatible_run_is_an_error() {
+    let out = tempdir("feat-incompatible");
+    let c = TrainingConfig { num_train_steps: 2, checkpoint_period: 2, ..gpt2_config(&out) };
+    run_local(c.clone());
+    let err = try_run(TrainingConfig { batch_size: 2, num_train_steps: 4, ..c.clone() }, gpt2_tokens(), None).unwrap_err();
+    assert!(err.contains("config.batch_size") && err.contains("ckpt-000000002"), "{err}");
+    // Two thread ranks cannot continue a single-process checkpoint.
+    let err = launch(TrainingConfig { data_parallel_size: 2, batch_size: 2, num_train_steps: 4, ..c }, gpt2_tokens(), None).err().unwrap().to_string();
+    assert!(err.contains("1 rank(s)") && err.contains("this run has 2"), "{err}");
+}
+
+#[test]
+fn mse_trains_end_to_end_with_the_loss_numpy_would_compute() {
+    let mut next = lcg(3);
+    let x = ArrayD::from_shape_fn(IxDyn(&[32, 784]), |_| (next() % 1000) as f32 / 1000.0 - 0.5);
+    let t = ArrayD::from_shape_fn(IxDyn(&[32, 10]), |_| (next() % 1000) as f32 / 500.0 - 1.0);
+    let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x.clone(), Target::Values(t.clone())).unwrap());
+    let out = tempdir("feat-mse");
+    let c = TrainingConfig {
+        model_path: refkit("models/mlp.onnx"),
+        input_name: "input".into(),
+        loss: LossKind::Mse,
+        batch_size: 32,
+        num_train_steps: 10,
+        optimizer: OptimizerConfig { kind: OptimizerKind::Sgd, momentum: 0.9, weight_decay: 0.0, ..Default::default() },
+        lr: LrConfig { initial_lr: 0.05, ..Default::default() },
+        max_grad_norm: 0.0,
+        ..gpt2_config(&out)
+    };
+    let runner = TrainingRunner::new(c, Arc::new(LocalCommunicator), Device::flex().autodiff()).unwrap();
+    let summary = runner.run(data, None).unwrap();
+    // The first update's loss is mean((f(x) - t)^2) over the whole batch, in f64 on the host.
+    let model = OnnxModel::load(refkit("models/mlp.onnx"), &Device::flex()).unwrap();
+    let y = model.forward(vec![("input".into(), Value::Float(burn_onnx_train::FloatValue::from_array(&x, &Device::flex()).unwrap()))], Mode::Eval).unwrap();
+    let Some(Value::Float(y)) = y.first().cloned() else { panic!() };
+    let y = y.to_array().unwrap();
+    let want: f64 = y.iter().zip(t.iter()).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum::<f64>() / y.len() as f64;
+    assert!((summary.losses[0].1 - want).abs() < 1e-5 * want.max(1.0), "{} vs {want}", summary.losses[0].1);
+    assert!(summary.losses[9].1 < 0.9 * summary.losses[0].1, "MSE did not decrease: {:?}", summary.losses);
+    assert_moved(&refkit("models/mlp.onnx"), &out.join("mlp_trained.onnx"), 1e-3);
+}
+
+#[test]
+fn histograms_and_norm_summaries_reach_tensorboard() {
+    let out = tempdir("feat-tb");
+    run_local(TrainingConfig {
+        log_dir: None,
+        display_loss_steps: 2,
+        evaluation_period: 3,
+        histogram_weights: vec![WPE.into()],
+        norm_weights: vec![WPE.into(), "*".into()],
+        ..gpt2_config(&out)
+    });
+    let file = std::fs::read_dir(out.join("tensorboard")).unwrap().next().unwrap().unwrap().path();
+    let events = read_events(&file).unwrap();
+    let s = scalars(&events);
+    let norms: Vec<_> = s.iter().filter(|(t, _, _)| *t == format!("norms/weight/{WPE}")).collect();
+    assert_eq!(norms.iter().map(|(_, step, _)| *step).collect::<Vec<_>>(), vec![2, 4, 6], "every display step");
+    assert!(s.iter().any(|(t, step, v)| *t == format!("norms/gradient/{WTE}") && *step == 2 && *v > 0.0), "'*' selects every weight");
+    // The weight norm logged at update 2 is that of the weights after update 1: recompute it
+    // from a 1-update run.
+    let one = tempdir("feat-tb-one");
+    run_local(TrainingConfig { num_train_steps: 1, ..gpt2_config(&one) });
+    let w1 = trained(&one).into_iter().find(|(n, _)| n == WPE).unwrap().1;
+    let want = w1.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+    assert!((f64::from(norms[0].2) - want).abs() < 1e-4 * want, "{} vs {want}", norms[0].2);
+    let histos: Vec<i64> = events
+        .iter()
+        .filter_map(|e| match &e.what {
+            Some(EventKind::Summary(sm)) if sm.value.iter().any(|v| v.tag == format!("weights/{WPE}") && matches!(v.value, Some(ValueKind::Histo(_)))) => Some(e.step),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(histos, vec![3, 6], "a histogram at each evaluation");
+}
+
+#[test]
+fn epochs_set_the_number_of_updates() {
+    let out = tempdir("feat-epochs");
+    // 256 windows of 16 tokens, batch 4: 64 batches per epoch; accumulation 3 rounds down.
+    let summary = run_local(TrainingConfig { num_train_epochs: 1, num_train_steps: 1, gradient_accumulation_steps: 3, ..gpt2_config(&out) });
+    assert_eq!(summary.losses.len(), 21);
+}
+
+#[test]
+fn evaluation_split_across_thread_ranks_equals_the_single_process_one() {
+    let (one, two, rep) = (tempdir("feat-eval-1"), tempdir("feat-eval-2"), tempdir("feat-eval-rep"));
+    let base = |out: &Path, dp: usize| TrainingConfig {
+        optimizer: OptimizerConfig { kind: OptimizerKind::Sgd, weight_decay: 0.0, ..Default::default() },
+        max_grad_norm: 0.0,
+        batch_size: 4 / dp,
+        data_parallel_size: dp,
+        evaluation_period: 3,
+        eval_batches: 5,
+        ..gpt2_config(out)
+    };
+    let a = launch(base(&one, 1), gpt2_tokens(), Some(gpt2_tokens())).unwrap();
+    let b = launch(base(&two, 2), gpt2_tokens(), Some(gpt2_tokens())).unwrap();
+    let c = launch(TrainingConfig { eval_partitioned: false, ..base(&rep, 2) }, gpt2_tokens(), Some(gpt2_tokens())).unwrap();
+    assert_eq!(a.evals.len(), 2);
+    for (x, y) in a.evals.iter().zip(&b.evals).chain(a.evals.iter().zip(&c.evals)) {
+        assert_eq!(x.step, y.step);
+        assert!((x.loss - y.loss).abs() < 1e-5, "eval loss {} vs {}", x.loss, y.loss);
+    }
+}
+
+#[test]
+fn bad_data_and_configs_fail_before_the_first_step() {
+    let out = tempdir("feat-preflight");
+    let c = gpt2_config(&out);
+    // Token ids beyond the embedding table.
+    let big: Arc<dyn Dataset> = Arc::new(TokenDataset::from_tokens((0..512).map(|i| if i == 300 { 5000 } else { i % 1000 }).collect(), 16).unwrap());
+    let err = try_run(c.clone(), big, None).unwrap_err();
+    assert!(err.contains("config.train_data_dir") && err.contains("5000") && err.contains(WTE) && err.contains("1024"), "{err}");
+    // A loss that does not fit the data.
+    let err = try_run(TrainingConfig { loss: LossKind::Mse, ..c.clone() }, gpt2_tokens(), None).unwrap_err();
+    assert!(err.contains("config.loss") && err.contains("targets_"), "{err}");
+    // A test set that cannot fill one evaluation batch fails at start, not at the first evaluation.
+    let small: Arc<dyn Dataset> = Arc::new(TokenDataset::from_tokens((0..48).collect(), 16).unwrap());
+    let err = try_run(c.clone(), gpt2_tokens(), Some(small)).unwrap_err();
+    assert!(err.contains("config.eval_batch_size"), "{err}");
+    assert!(list_checkpoints(&out.join("checkpoints")).is_empty());
+    // A warm-up ratio the schedule would ignore.
+    let bad = TrainingConfig { lr: LrConfig { warmup_ratio: 0.1, mode: ScheduleKind::None, ..Default::default() }, ..c.clone() };
+    assert!(bad.validate(1).unwrap_err().to_string().contains("lr.warmup_ratio"));
+    // Weight lists name their own fields.
+    let err = try_run(TrainingConfig { weights_not_to_train: vec!["nope".into()], ..c.clone() }, gpt2_tokens(), None).unwrap_err();
+    assert!(err.contains("config.weights_not_to_train") && err.contains("'nope'"), "{err}");
+    let err = try_run(TrainingConfig { histogram_weights: vec!["nope".into()], ..c.clone() }, gpt2_tokens(), None).unwrap_err();
+    assert!(err.contains("config.histogram_weights"), "{err}");
+    let pp = TrainingConfig { pipeline_parallel_size: 2, ..c.clone() };
+    assert!(pp.validate(2).unwrap_err().to_string().starts_with("config.pipeline_parallel_size"));
+    // Images and labels that do not pair up.
+    let err = ImageDataset::new(ArrayD::zeros(IxDyn(&[4, 3])), Target::Classes(ArrayD::zeros(IxDyn(&[5])))).err().unwrap().to_string();
+    assert!(err.contains("do not pair up"), "{err}");
+}
+
+#[test]
+fn files_of_the_wrong_kind_are_named_as_what_they_should_be() {
+    let dir = tempdir("feat-decode");
+    let toml = dir.join("run.toml");
+    std::fs::write(&toml, "batch_size = [").unwrap();
+    let err = TrainingConfig::from_file(&toml).unwrap_err().to_string();
+    assert!(err.contains("run.toml: not a valid training config"), "{err}");
+    let npy = dir.join("tokens.npy");
+    std::fs::write(&npy, b"not numpy").unwrap();
+    let err = burn_onnx_train::npy::read_npy(&npy).unwrap_err().to_string();
+    assert!(err.contains("tokens.npy: not a valid .npy"), "{err}");
+    let out = tempdir("feat-decode-ckpt");
+    let c = TrainingConfig { num_train_steps: 2, checkpoint_period: 2, ..gpt2_config(&out) };
+    run_local(c.clone());
+    std::fs::write(out.join("checkpoints/ckpt-000000002/state.json"), b"{").unwrap();
+    let err = try_run(TrainingConfig { num_train_steps: 4, ..c }, gpt2_tokens(), None).unwrap_err();
+    assert!(err.contains("state.json: not a valid checkpoint state"), "{err}");
+}
+
+#[test]
+fn dropout_masks_depend_on_the_seed_only_not_on_threads() {
+    let path = data("ops/dropout_training_13.onnx");
+    let arrays = npz(data("ops/dropout_training_13.npz"));
+    let mask = |seed: u64| {
+        let m = OnnxModel::load(&path, &Device::flex()).unwrap();
+        let feeds: Vec<_> = arrays.iter().filter_map(|(k, v)| k.strip_prefix("in_").map(|n| (n.to_string(), Value::from_host(v, &Device::flex()).unwrap()))).collect();
+        let Some(Value::Float(y)) = m.forward_seeded(feeds, Mode::Train, seed).unwrap().first().cloned() else { panic!() };
+        y.to_array().unwrap().mapv(|v| v != 0.0)
+    };
+    let reference: Vec<_> = (0..4).map(mask).collect();
+    assert_ne!(reference[0], reference[1], "different seeds, different masks");
+    let masks = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4).map(|seed| s.spawn(move || (0..5).map(|_| mask(seed)).collect::<Vec<_>>())).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    });
+    for (seed, runs) in masks.iter().enumerate() {
+        for m in runs {
+            assert_eq!(m, &reference[seed], "seed {seed}: a mask drawn on a racing thread differs");
+        }
+    }
+    let kept = reference[0].iter().filter(|k| **k).count() as f64 / reference[0].len() as f64;
+    assert!(kept > 0.2 && kept < 0.9, "kept fraction {kept}");
+}
