@@ -50,3 +50,58 @@ fn bad_file_fails_with_its_name() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("Cargo.toml") && err.contains("not a valid ONNX model"), "{err}");
 }
+
+/// Token shards and a 4-update config for gpt2_tiny under `dir`, checkpointing every 2.
+fn train_setup(dir: &std::path::Path) -> std::path::PathBuf {
+    use burn_onnx_train::npy::write_npy;
+    use burn_onnx_train::train::TrainingConfig;
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut next = lcg(7);
+    let ids: Vec<i64> = (0..16 * 32).map(|_| (next() % 1024) as i64).collect();
+    write_npy(data.join("tokens.npy"), &burn_onnx_train::Value::Int(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[ids.len()]), ids).unwrap())).unwrap();
+    let c = TrainingConfig { train_data_dir: data, num_train_steps: 4, checkpoint_period: 2, display_loss_steps: 2, ..gpt2_config(&dir.join("out")) };
+    let path = dir.join("run.toml");
+    std::fs::write(&path, c.to_toml().unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn train_logs_its_run_and_export_rebuilds_the_model_from_a_checkpoint() {
+    let dir = tempdir("cli-train");
+    let cfg = train_setup(&dir);
+    let out = onnx_train(&["train", "--config", cfg.to_str().unwrap()]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert_eq!(log.matches(" train ").count(), 2, "a loss line every display_loss_steps (2 of 4 updates):\n{log}");
+    assert!(log.contains("loss=") && log.contains("checkpoint") && log.contains("exported"), "{log}");
+    let exported = dir.join("from_ckpt.onnx");
+    let ckpt = dir.join("out/checkpoints/ckpt-000000004");
+    let out = onnx_train(&["export", "--checkpoint", ckpt.to_str().unwrap(), "--output", exported.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for ((name, a), (_, b)) in onnx_params(dir.join("out/gpt2_tiny_trained.onnx")).iter().zip(onnx_params(exported)) {
+        assert_eq!(a, &b, "{name}: the checkpoint export differs from the run's export");
+    }
+    // The checkpoint of step 2 differs: the export really reads the checkpoint.
+    let early = dir.join("early.onnx");
+    let ckpt2 = dir.join("out/checkpoints/ckpt-000000002");
+    assert!(onnx_train(&["export", "--checkpoint", ckpt2.to_str().unwrap(), "--output", early.to_str().unwrap(), "--model", refkit("models/gpt2_tiny.onnx").to_str().unwrap()]).status.success());
+    assert_ne!(onnx_params(early), onnx_params(dir.join("out/gpt2_tiny_trained.onnx")));
+}
+
+#[test]
+fn flags_override_the_config_file_only_when_given() {
+    use burn_onnx_train::train::TrainingConfig;
+    use burn_onnx_train::train::flags::TrainFlags;
+    let dir = tempdir("cli-flags");
+    let file = dir.join("run.toml");
+    std::fs::write(&file, "batch_size = 3\n[lr]\nwarmup_ratio = 0.2\n").unwrap();
+    let defaults = TrainingConfig { batch_size: 8, seq_len: 64, num_train_steps: 400, lr: burn_onnx_train::train::config::LrConfig { initial_lr: 5e-4, ..Default::default() }, ..Default::default() };
+    let flags = TrainFlags { config: Some(file.clone()), ..Default::default() };
+    let c = flags.apply(defaults.clone()).unwrap();
+    assert_eq!((c.batch_size, c.seq_len, c.num_train_steps), (3, 64, 400), "the file sets batch_size only");
+    assert_eq!((c.lr.warmup_ratio, c.lr.initial_lr), (0.2, 5e-4), "nested tables merge field by field");
+    let flags = TrainFlags { config: Some(file), batch_size: Some(5), steps: Some(10), accumulation: Some(2), ..Default::default() };
+    let c = flags.apply(defaults).unwrap();
+    assert_eq!((c.batch_size, c.num_train_steps, c.gradient_accumulation_steps, c.num_updates()), (5, 20, 2, 10), "--steps counts updates");
+}
