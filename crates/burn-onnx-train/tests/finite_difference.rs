@@ -15,19 +15,31 @@ use burn_onnx_train::value::{FloatValue, MAX_RANK, padded};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use common::*;
 
-/// `sum(output * weights)` with fixed pseudo-random weights, so every output element matters.
-fn objective(model: &OnnxModel, inputs: &HashMap<String, HostTensor>, device: &Device, mode: Mode) -> Tensor<1> {
+/// Fixed pseudo-random weights, so every output element matters.
+fn weight(i: usize) -> f32 {
+    ((i * 7919 % 113) as f32 / 113.0) - 0.5
+}
+
+fn output(model: &OnnxModel, inputs: &HashMap<String, HostTensor>, device: &Device, mode: Mode) -> FloatValue {
     let feeds = inputs.iter().map(|(k, v)| (k.clone(), Value::from_host(v, device).unwrap())).collect();
     let out = model.forward(feeds, mode).unwrap();
     let Some(Value::Float(y)) = out.first().cloned() else { panic!("float output") };
-    let n = y.numel();
-    let w: Vec<f32> = (0..n).map(|i| ((i * 7919 % 113) as f32 / 113.0) - 0.5).collect();
+    y
+}
+
+/// `sum(output * weights)`, differentiable.
+fn objective(model: &OnnxModel, inputs: &HashMap<String, HostTensor>, device: &Device, mode: Mode) -> Tensor<1> {
+    let y = output(model, inputs, device, mode);
+    let w: Vec<f32> = (0..y.numel()).map(weight).collect();
     let w: Tensor<MAX_RANK> = Tensor::from_data(TensorData::new(w, padded(&y.shape()).unwrap().to_vec()), device);
     (y.tensor * w).sum()
 }
 
-fn value_of(t: Tensor<1>) -> f64 {
-    t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()[0] as f64
+/// The same objective summed in f64 on the host, so the finite difference carries only the
+/// rounding of the outputs themselves.
+fn objective_f64(model: &OnnxModel, inputs: &HashMap<String, HostTensor>, device: &Device, mode: Mode) -> f64 {
+    let y = output(model, inputs, device, mode).to_array().unwrap();
+    y.iter().enumerate().map(|(i, v)| f64::from(*v) * f64::from(weight(i))).sum()
 }
 
 fn check(case: &str, mode: Mode) {
@@ -46,6 +58,7 @@ fn check(case: &str, mode: Mode) {
     let eps = 1e-2f32;
     for (name, g) in grads {
         let g = g.to_array().unwrap();
+        let scale = g.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs())));
         let p0 = base.param_by_name(&name).unwrap().to_array().unwrap();
         let n = p0.len();
         for k in (0..n).step_by((n / 8).max(1)) {
@@ -54,11 +67,15 @@ fn check(case: &str, mode: Mode) {
                 *p.iter_mut().nth(k).unwrap() += delta;
                 let v = FloatValue::from_array(&p, &dev).unwrap();
                 let m = base.clone().set_params(&HashMap::from([(name.clone(), v)])).unwrap();
-                value_of(objective(&m, &inputs, &dev, mode))
+                objective_f64(&m, &inputs, &dev, mode)
             };
             let fd = (shifted(eps) - shifted(-eps)) / (2.0 * eps as f64);
             let ad = *g.iter().nth(k).unwrap() as f64;
-            assert!((fd - ad).abs() <= 2e-2 * ad.abs().max(1.0), "{case}: d/d {name}[{k}]: autodiff {ad}, finite difference {fd}");
+            // A 1% error in any gradient element larger than a tenth of the tensor's largest
+            // would exceed this bound (checked by scaling the autodiff gradient by 1.01:
+            // every case fails).
+            let tol = 3e-3 * ad.abs() + 1e-3 * scale + 1e-5;
+            assert!((fd - ad).abs() <= tol, "{case}: d/d {name}[{k}]: autodiff {ad}, finite difference {fd} (tolerance {tol:.2e})");
         }
     }
 }
