@@ -195,3 +195,16 @@ pub fn run_local(c: burn_onnx_train::train::TrainingConfig) -> burn_onnx_train::
     let runner = burn_onnx_train::train::TrainingRunner::new(c, std::sync::Arc::new(burn_ort_dist::LocalCommunicator), Device::flex().autodiff()).unwrap();
     runner.run(gpt2_tokens(), Some(gpt2_tokens())).unwrap()
 }
+
+/// The refkit README's rule for optimizer trajectories: elements whose step-0 gradient
+/// exceeds 1e-6 within `atol`; the others (which Adam moves by an arbitrary fraction of lr
+/// under any rounding change) within 1e-4. `atol` 1e-5 tells AdamW's weight decay on from
+/// off (it moves a weight by lr * wd * |w| ~ 1e-5 per step).
+pub fn assert_close_where_grad(what: &str, got: &ArrayD<f32>, want: &ArrayD<f32>, grad0: &ArrayD<f32>, atol: f32) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape mismatch");
+    assert_eq!(grad0.shape(), want.shape(), "{what}: gradient shape mismatch");
+    for (i, ((g, w), d)) in got.iter().zip(want.iter()).zip(grad0.iter()).enumerate() {
+        let tol = if d.abs() > 1e-6 { atol } else { atol.max(1e-4) };
+        assert!((g - w).abs() <= tol, "{what}: element {i}: got {g}, want {w} (|grad0| {}, tolerance {tol})", d.abs());
+    }
+}
