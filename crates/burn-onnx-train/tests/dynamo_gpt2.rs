@@ -1,6 +1,7 @@
 //! A GPT-2 with a tied embedding exported by PyTorch's dynamo exporter (opset 18), whose
 //! graph constants (attention scale, GELU coefficients, mask values) are scalar
-//! initializers: the default rule trains exactly PyTorch's parameters, and 10 AdamW steps
+//! initializers and whose Linear weights are pre-transposed copies (`val_N`): the default
+//! rule trains exactly the initializers that hold PyTorch's parameters, and 10 AdamW steps
 //! through the runner's optimizer match PyTorch's trajectory (losses 1e-5; parameters 1e-5
 //! where the step-0 gradient exceeds 1e-6). Fixture: `tools/gen_train_refs.py`.
 
@@ -52,7 +53,7 @@ fn inspect_shows_each_initializers_role_and_reason() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success());
     assert!(text.contains("constant: scalar or one-element tensor"), "{text}");
-    assert!(text.contains("transformer.wte.weight") && text.contains("trainable: weight"), "{text}");
+    assert!(text.contains("lm_head.weight") && text.contains("trainable: weight"), "{text}");
 }
 
 #[test]
@@ -78,7 +79,8 @@ fn ten_adamw_steps_match_pytorch() {
                 assert_close(&format!("grad {name}"), &g.to_array().unwrap(), w, 1e-6, 1e-4);
             }
         }
-        model = optim.step(1e-3, model, GradientsParams::from_grads(grads, &model));
+        let grads = GradientsParams::from_grads(grads, &model);
+        model = optim.step(1e-3, model, grads);
     }
     let want = npz(path("adamw_step10.npz"));
     let init = npz(path("params_init.npz"));
