@@ -138,10 +138,10 @@ fn histograms_and_norm_summaries_reach_tensorboard() {
     let norms: Vec<_> = s.iter().filter(|(t, _, _)| *t == format!("norms/weight/{WPE}")).collect();
     assert_eq!(norms.iter().map(|(_, step, _)| *step).collect::<Vec<_>>(), vec![2, 4, 6], "every display step");
     assert!(s.iter().any(|(t, step, v)| *t == format!("norms/gradient/{WTE}") && *step == 2 && *v > 0.0), "'*' selects every weight");
-    // The weight norm logged at update 2 is that of the weights after update 1: recompute it
-    // from a 1-update run.
+    // The weight norm logged at update 2 is that of the weights after update 2: recompute it
+    // from a 2-update run.
     let one = tempdir("feat-tb-one");
-    run_local(TrainingConfig { num_train_steps: 1, ..gpt2_config(&one) });
+    run_local(TrainingConfig { num_train_steps: 2, ..gpt2_config(&one) });
     let w1 = trained(&one).into_iter().find(|(n, _)| n == WPE).unwrap().1;
     let want = w1.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
     assert!((f64::from(norms[0].2) - want).abs() < 1e-4 * want, "{} vs {want}", norms[0].2);

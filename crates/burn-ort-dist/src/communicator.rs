@@ -24,20 +24,10 @@ pub trait Communicator: Send + Sync {
     fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()>;
     /// Concatenate every rank's `send` (all the same length) into `recv`, in rank order.
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()>;
-    /// Reduce `send` across ranks and leave chunk `rank` of the result (`send.len()` must
-    /// be a multiple of the world size) in `recv`.
-    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        let world = self.world_size();
-        let n = recv.len();
-        if send.len() != n * world {
-            return Err(DistError::Invalid { rank: self.rank(), message: format!("reduce_scatter of {} into chunks of {n} for {world} ranks", send.len()) });
-        }
-        let mut all = send.to_vec();
-        self.all_reduce(&mut all, op)?;
-        let r = self.rank();
-        recv.copy_from_slice(&all[r * n..(r + 1) * n]);
-        Ok(())
-    }
+    /// Reduce `send` across ranks and leave chunk `rank` of the result in `recv`
+    /// (`send.len()` must be `recv.len() * world_size`): ZeRO-2's gradient sharding. Every
+    /// rank ends with only its chunk, unlike an all-reduce.
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()>;
     /// Wait until every rank arrives.
     fn barrier(&self) -> DistResult<()>;
     /// Send `buf` to rank `dest` (pipeline stages pass activations this way).
@@ -52,6 +42,22 @@ pub trait Communicator: Send + Sync {
     /// terminates every rank with `code`; threads: peers fail at their next collective).
     fn abort(&self, code: i32) {
         let _ = code;
+    }
+}
+
+/// The error for a `reduce_scatter` whose buffers do not fit the group, if they do not.
+pub fn check_reduce_scatter(rank: usize, world: usize, send: usize, recv: usize) -> DistResult<()> {
+    if recv.checked_mul(world) == Some(send) {
+        return Ok(());
+    }
+    Err(DistError::Invalid { rank, message: format!("reduce_scatter of {send} values into chunks of {recv} for {world} ranks") })
+}
+
+/// Divide by the group size (the `Mean` of a sum), as every communicator does.
+pub fn scale_mean(buf: &mut [f32], op: ReduceOp, world: usize) {
+    if op == ReduceOp::Mean {
+        let n = world as f32;
+        buf.iter_mut().for_each(|x| *x /= n);
     }
 }
 
@@ -83,6 +89,12 @@ impl Communicator for LocalCommunicator {
         if recv.len() != send.len() {
             return Err(DistError::Invalid { rank: 0, message: format!("all_gather receive buffer of {} for 1 x {}", recv.len(), send.len()) });
         }
+        recv.copy_from_slice(send);
+        Ok(())
+    }
+
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], _op: ReduceOp) -> DistResult<()> {
+        check_reduce_scatter(0, 1, send.len(), recv.len())?;
         recv.copy_from_slice(send);
         Ok(())
     }

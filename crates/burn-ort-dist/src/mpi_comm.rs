@@ -16,7 +16,7 @@ use mpi::point_to_point::{Destination, Source};
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Root};
 
-use crate::communicator::{Communicator, ReduceOp};
+use crate::communicator::{Communicator, ReduceOp, check_reduce_scatter, scale_mean};
 use crate::error::{DistError, DistResult};
 
 /// The world of an MPI job.
@@ -92,10 +92,14 @@ impl Communicator for MpiCommunicator {
         send.clear();
         send.extend_from_slice(buf);
         self.with_world(|w| w.all_reduce_into(&send[..], buf, SystemOperation::sum()))?;
-        if op == ReduceOp::Mean {
-            let n = self.size as f32;
-            buf.iter_mut().for_each(|x| *x /= n);
-        }
+        scale_mean(buf, op, self.size);
+        Ok(())
+    }
+
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        check_reduce_scatter(self.rank, self.size, send.len(), recv.len())?;
+        self.with_world(|w| w.reduce_scatter_block_into(send, recv, SystemOperation::sum()))?;
+        scale_mean(recv, op, self.size);
         Ok(())
     }
 

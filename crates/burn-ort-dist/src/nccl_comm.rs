@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
 
-use crate::communicator::{Communicator, ReduceOp};
+use crate::communicator::{Communicator, ReduceOp, check_reduce_scatter, scale_mean};
 use crate::error::{DistError, DistResult};
 use crate::mpi_comm::MpiCommunicator;
 
@@ -81,6 +81,16 @@ impl Communicator for NcclCommunicator {
         let mut dev = self.stream.clone_htod(buf).map_err(|e| self.err("host to device", e))?;
         self.with_comm(|c| c.all_reduce_in_place(&mut dev, &op).map(|_| ()).map_err(|e| self.err("ncclAllReduce", e)))?;
         self.stream.memcpy_dtoh(&dev, buf).map_err(|e| self.err("device to host", e))?;
+        self.stream.synchronize().map_err(|e| self.err("synchronize", e))
+    }
+
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        check_reduce_scatter(self.rank, self.size, send.len(), recv.len())?;
+        let op = if op == ReduceOp::Mean { NcclOp::Avg } else { NcclOp::Sum };
+        let src = self.stream.clone_htod(send).map_err(|e| self.err("host to device", e))?;
+        let mut dst = self.stream.alloc_zeros::<f32>(recv.len()).map_err(|e| self.err("device alloc", e))?;
+        self.with_comm(|c| c.reduce_scatter(&src, &mut dst, &op).map(|_| ()).map_err(|e| self.err("ncclReduceScatter", e)))?;
+        self.stream.memcpy_dtoh(&dst, recv).map_err(|e| self.err("device to host", e))?;
         self.stream.synchronize().map_err(|e| self.err("synchronize", e))
     }
 

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::communicator::{Communicator, ReduceOp};
+use crate::communicator::{Communicator, ReduceOp, check_reduce_scatter, scale_mean};
 use crate::error::{DistError, DistResult};
 
 struct State {
@@ -95,12 +95,16 @@ impl ThreadCommunicator {
         DistError::Peer { rank: self.rank, message }
     }
 
-    /// Contribute with `deposit`, wait for everyone, return the finished result.
+    /// Contribute with `deposit`, wait for everyone, return the finished result. Ranks
+    /// deposit in rank order, so sums are added in the same order every time: results are
+    /// deterministic, whatever order the threads arrive in.
     fn rendezvous(&self, len: usize, deposit: impl FnOnce(&mut Vec<f32>)) -> DistResult<Arc<Vec<f32>>> {
-        let mut st = self.lock()?;
+        let st = self.lock()?;
         if let Some(b) = &st.broken {
             return Err(self.peer(b.clone()));
         }
+        let rank = self.rank;
+        let mut st = self.wait_until(st, &format!("collective waiting for rank {} to deposit first", rank.saturating_sub(1)), |st| st.arrived == rank)?;
         if st.arrived == 0 {
             st.acc.clear();
             st.acc.resize(len, 0.0);
@@ -112,6 +116,8 @@ impl ThreadCommunicator {
         }
         deposit(&mut st.acc);
         st.arrived += 1;
+        // Wake the next rank in deposit order.
+        self.shared.cv.notify_all();
         let generation = st.generation;
         if st.arrived == self.shared.world {
             st.result = Arc::new(std::mem::take(&mut st.acc));
@@ -157,10 +163,17 @@ impl Communicator for ThreadCommunicator {
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
         let result = self.rendezvous(buf.len(), |acc| acc.iter_mut().zip(buf.iter()).for_each(|(a, b)| *a += *b))?;
         buf.copy_from_slice(&result);
-        if op == ReduceOp::Mean {
-            let n = self.shared.world as f32;
-            buf.iter_mut().for_each(|x| *x /= n);
-        }
+        scale_mean(buf, op, self.shared.world);
+        Ok(())
+    }
+
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        check_reduce_scatter(self.rank, self.shared.world, send.len(), recv.len())?;
+        // The ranks sum into one shared buffer; each copies out only its own chunk.
+        let result = self.rendezvous(send.len(), |acc| acc.iter_mut().zip(send.iter()).for_each(|(a, b)| *a += *b))?;
+        let n = recv.len();
+        recv.copy_from_slice(&result[self.rank * n..(self.rank + 1) * n]);
+        scale_mean(recv, op, self.shared.world);
         Ok(())
     }
 

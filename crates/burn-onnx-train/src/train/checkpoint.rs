@@ -3,23 +3,24 @@
 //! A checkpoint is a directory `ckpt-<update step, 9 digits>/` holding
 //! * `model.safetensors`: every parameter (trained weights and state such as batch-norm
 //!   running statistics) under its ONNX initializer name, f32, ONNX shape;
-//! * `optimizer.bpk`: Burn's optimizer record (moments, step counters), keyed by parameter
-//!   ids derived from the ONNX names, so any process that loads the same model can use it;
+//! * the update strategy's optimizer state: `optimizer.bpk` (Burn's optimizer record,
+//!   keyed by parameter ids derived from the ONNX names) for replicated runs, or one
+//!   `zero-<rank>.bin` shard per rank plus `zero.json` for ZeRO runs;
 //! * `state.json`: update and micro-step counters, seed (data order and dropout are pure
 //!   functions of seed and step, so this is the whole RNG state), loss-scaler state, the
-//!   world size and the rank that wrote it, and the run's config.
+//!   world size, the ZeRO stage, and the run's config.
 //!
-//! It is written as `.ckpt-<step>.tmp-<pid>/`, every file fsynced, then renamed into place
-//! and the parent directory fsynced: a run killed at any point leaves the previous
-//! checkpoints intact, and a leftover temporary directory is ignored and removed.
+//! Every rank takes part: rank 0 makes `.ckpt-<step>.tmp/`, each rank writes its files
+//! into it (fsynced), then rank 0 writes the model and state, renames the directory into
+//! place and fsyncs the parent: a run killed at any point leaves the previous checkpoints
+//! intact, and a leftover temporary directory is ignored and removed.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use burn::optim::ModuleOptimizer;
-use burn::tensor::Bytes;
+use burn_ort_dist::Communicator;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -41,14 +42,16 @@ pub struct CheckpointState {
     pub loss_scale: Option<f32>,
     /// World size of the run that wrote it.
     pub world_size: usize,
-    /// The rank that wrote it (rank 0 writes; data-parallel replicas are identical).
+    /// The rank that wrote the model and this state (rank 0; the replicas are identical).
     pub written_by_rank: usize,
+    /// ZeRO stage of the run (0: replicated optimizer record).
+    #[serde(default)]
+    pub zero_stage: usize,
     /// The config of that run, as TOML.
     pub config_toml: String,
 }
 
 const MODEL_FILE: &str = "model.safetensors";
-const OPTIM_FILE: &str = "optimizer.bpk";
 const STATE_FILE: &str = "state.json";
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> OnnxError + '_ {
@@ -97,37 +100,48 @@ fn model_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
     safetensors::serialize(views, None).map_err(|e| OnnxError::field("checkpoint", e.to_string()))
 }
 
-/// Write a checkpoint atomically into `dir`, then delete all but the newest `keep`.
+/// Write a checkpoint atomically into `dir`, then delete all but the newest `keep`. A
+/// collective: every rank calls it with the optimizer-state `files` it owns.
 pub fn save_checkpoint(
     dir: &Path,
     model: &OnnxModel,
-    optim: &ModuleOptimizer,
+    files: Vec<(String, Vec<u8>)>,
     state: &CheckpointState,
     keep: usize,
+    comm: &dyn Communicator,
 ) -> Result<PathBuf> {
-    fs::create_dir_all(dir).map_err(io(dir))?;
     let name = checkpoint_name(state.update_step);
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&tmp);
-    fs::create_dir(&tmp).map_err(io(&tmp))?;
-    write_synced(&tmp.join(MODEL_FILE), &model_bytes(model)?)?;
-    let optim_bytes = optim.into_bytes().map_err(|e| OnnxError::field("checkpoint optimizer", format!("{e:?}")))?;
-    write_synced(&tmp.join(OPTIM_FILE), &optim_bytes)?;
-    let json = serde_json::to_vec_pretty(state).map_err(|e| OnnxError::field("checkpoint state", e.to_string()))?;
-    write_synced(&tmp.join(STATE_FILE), &json)?;
-    File::open(&tmp).and_then(|d| d.sync_all()).map_err(io(&tmp))?;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let root = comm.rank() == 0;
+    if root {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        let _ = fs::remove_dir_all(&tmp);
+        fs::create_dir(&tmp).map_err(io(&tmp))?;
+    }
+    comm.barrier()?;
+    for (file, bytes) in files {
+        write_synced(&tmp.join(file), &bytes)?;
+    }
+    comm.barrier()?;
     let target = dir.join(&name);
-    if target.exists() {
-        fs::remove_dir_all(&target).map_err(io(&target))?;
+    if root {
+        write_synced(&tmp.join(MODEL_FILE), &model_bytes(model)?)?;
+        let json = serde_json::to_vec_pretty(state).map_err(|e| OnnxError::field("checkpoint state", e.to_string()))?;
+        write_synced(&tmp.join(STATE_FILE), &json)?;
+        File::open(&tmp).and_then(|d| d.sync_all()).map_err(io(&tmp))?;
+        if target.exists() {
+            fs::remove_dir_all(&target).map_err(io(&target))?;
+        }
+        fs::rename(&tmp, &target).map_err(io(&target))?;
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        let all = list_checkpoints(dir);
+        for (_, old) in all.iter().take(all.len().saturating_sub(keep)) {
+            fs::remove_dir_all(old).map_err(io(old))?;
+        }
     }
-    fs::rename(&tmp, &target).map_err(io(&target))?;
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    let all = list_checkpoints(dir);
-    for (_, old) in all.iter().take(all.len().saturating_sub(keep)) {
-        fs::remove_dir_all(old).map_err(io(old))?;
-    }
+    comm.barrier()?;
     Ok(target)
 }
 
@@ -136,23 +150,11 @@ pub fn remove_stale_temporaries(dir: &Path) {
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
             let n = e.file_name();
-            if n.to_str().is_some_and(|n| n.starts_with(".ckpt-") && n.contains(".tmp-")) {
+            if n.to_str().is_some_and(|n| n.starts_with(".ckpt-") && n.contains(".tmp")) {
                 let _ = fs::remove_dir_all(e.path());
             }
         }
     }
-}
-
-/// A checkpoint read back.
-pub struct LoadedCheckpoint {
-    /// Its directory.
-    pub path: PathBuf,
-    /// Counters and metadata.
-    pub state: CheckpointState,
-    /// The model with the checkpoint's parameters.
-    pub model: OnnxModel,
-    /// The optimizer with the checkpoint's state.
-    pub optim: ModuleOptimizer,
 }
 
 /// Read a checkpoint's counters and metadata.
@@ -184,14 +186,3 @@ pub fn read_params(path: &Path, model: OnnxModel) -> Result<OnnxModel> {
     model.set_params(&values)
 }
 
-/// Load the checkpoint in `path` into `model` and `optim`.
-pub fn load_checkpoint(path: &Path, model: OnnxModel, optim: ModuleOptimizer) -> Result<LoadedCheckpoint> {
-    let state = read_state(path)?;
-    let model = read_params(path, model)?;
-    let optim_path = path.join(OPTIM_FILE);
-    let ob = fs::read(&optim_path).map_err(io(&optim_path))?;
-    let optim = optim
-        .from_bytes(Bytes::from_bytes_vec(ob))
-        .map_err(|e| OnnxError::Decode { path: optim_path.clone(), what: "checkpoint optimizer record", message: format!("{e:?}") })?;
-    Ok(LoadedCheckpoint { path: path.to_path_buf(), state, model, optim })
-}

@@ -171,6 +171,10 @@ pub struct TrainingConfig {
     pub pipeline_parallel_size: usize,
     /// Combine data-parallel gradients with Adasum instead of averaging them.
     pub enable_adasum: bool,
+    /// ZeRO stage (ORT: `deepspeed_zero_stage`): 0 replicates the optimizer state on every
+    /// rank; 1 shards it across the data-parallel ranks; 2 also shards the gradients.
+    #[serde(alias = "deepspeed_zero_stage")]
+    pub zero_stage: usize,
     /// Checkpoint directory (default `<output_dir>/checkpoints`).
     pub checkpoints_dir: Option<PathBuf>,
     /// Checkpoint every this many updates (0 = never).
@@ -225,6 +229,7 @@ impl Default for TrainingConfig {
             horizontal_parallel_size: 1,
             pipeline_parallel_size: 1,
             enable_adasum: false,
+            zero_stage: 0,
             checkpoints_dir: None,
             checkpoint_period: 0,
             max_num_checkpoints: 3,
@@ -324,19 +329,31 @@ impl TrainingConfig {
     }
 
     /// Can this run continue a checkpoint written by a run with `saved` on `saved_world`
-    /// ranks? The data stream and the optimizer state depend on the world size, the batch
-    /// geometry, the seed and the optimizer: those must match (`checkpoint` names the
-    /// checkpoint in the error). Step counts, schedules, periods and paths may change.
-    pub fn check_resume(&self, saved: &TrainingConfig, saved_world: usize, world: usize, checkpoint: &Path) -> Result<()> {
+    /// ranks at ZeRO stage `saved_zero`? The data stream and the optimizer state depend on
+    /// the batch geometry, the seed and the optimizer: those must match (`checkpoint` names
+    /// the checkpoint in the error). A replicated (stage 0) checkpoint resumes only on the
+    /// same world size and stage 0; a ZeRO checkpoint reshards onto any world size and stage
+    /// 1 or 2, keeping the global batch (`batch_size` x ranks). Step counts, schedules,
+    /// periods and paths may change.
+    pub fn check_resume(&self, saved: &TrainingConfig, saved_world: usize, saved_zero: usize, world: usize, checkpoint: &Path) -> Result<()> {
         let here = checkpoint.display();
-        if saved_world != world {
+        if (saved_zero == 0) != (self.zero_stage == 0) {
             return Err(invalid(
-                "data_parallel_size",
-                format!("{here} was written by a run of {saved_world} rank(s); this run has {world} (resuming on another world size needs a resharding checkpoint, not available yet)"),
+                "zero_stage",
+                format!("{} cannot continue {here}, written at zero_stage {saved_zero}: a replicated optimizer record and ZeRO shards do not convert", self.zero_stage),
             ));
         }
+        if saved_zero == 0 && saved_world != world {
+            return Err(invalid(
+                "data_parallel_size",
+                format!("{here} was written by a run of {saved_world} rank(s); this run has {world} (only ZeRO checkpoints, zero_stage >= 1, reshard onto another world size)"),
+            ));
+        }
+        let (was, is) = (saved.batch_size * saved_world, self.batch_size * world);
+        if was != is {
+            return Err(invalid("batch_size", format!("{} per rank x {world} rank(s) = {is} samples per micro-step, but {here} was trained with {was}", self.batch_size)));
+        }
         let pairs = [
-            ("batch_size", format!("{}", saved.batch_size), format!("{}", self.batch_size)),
             ("seq_len", format!("{}", saved.seq_len), format!("{}", self.seq_len)),
             ("gradient_accumulation_steps", format!("{}", saved.gradient_accumulation_steps), format!("{}", self.gradient_accumulation_steps)),
             ("seed", format!("{}", saved.seed), format!("{}", self.seed)),
@@ -388,6 +405,15 @@ impl TrainingConfig {
         }
         if self.horizontal_parallel_size > 1 {
             return Err(invalid("horizontal_parallel_size", "tensor parallelism is not implemented yet; use 1"));
+        }
+        if self.zero_stage > 2 {
+            return Err(invalid("zero_stage", format!("{} is not available: use 0, 1 or 2 (stage 3, sharded parameters, is not implemented yet)", self.zero_stage)));
+        }
+        if self.zero_stage >= 2 && self.enable_adasum {
+            return Err(invalid(
+                "enable_adasum",
+                "Adasum needs each rank's whole per-tensor gradient, but ZeRO-2 reduce-scatters the gradient so no rank holds another's: use zero_stage 1 or mean reduction",
+            ));
         }
         if self.pipeline_parallel_size > 1 {
             return Err(invalid("pipeline_parallel_size", "pipeline parallelism is not implemented yet; use 1"));

@@ -51,6 +51,10 @@ pub struct TrainFlags {
     /// ranks of `mpirun -np N` (build with `--features mpi`).
     #[arg(long)]
     pub dp: Option<usize>,
+    /// ZeRO stage (`zero_stage`): 0 replicated, 1 optimizer state sharded across the
+    /// data-parallel ranks, 2 gradients sharded too.
+    #[arg(long, value_name = "STAGE")]
+    pub zero: Option<usize>,
 }
 
 impl TrainFlags {
@@ -83,6 +87,7 @@ impl TrainFlags {
         set(&mut c.checkpoint_period, self.checkpoint_period);
         c.seed = self.seed.unwrap_or(c.seed);
         set(&mut c.data_parallel_size, self.dp);
+        set(&mut c.zero_stage, self.zero);
         Ok(c)
     }
 }

@@ -2,17 +2,22 @@
 //! PyTorch's for the settings used here, see the tests), weight decay skipped on the
 //! parameters named in `no_weight_decay` (a second parameter group), and global
 //! gradient-norm clipping (Burn's own clipping is per tensor; ORT and PyTorch clip by
-//! the norm over all gradients).
+//! the norm over all gradients); and the update strategy a run uses (replicated, or a ZeRO
+//! stage with the same rule over flat buffers).
 
-use burn::module::ParamGroup;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use burn::module::{ParamGroup, ParamId};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, LambConfig, ModuleOptimizer, SgdConfig};
-use burn::tensor::Tensor;
+use burn_ort_dist::zero::flat_optim::Rule;
+use burn_ort_dist::{Communicator, DataParallel, Reduction, Replicated, UpdateStrategy, Zero};
 
-use super::config::{OptimizerConfig, OptimizerKind};
+use super::config::{OptimizerConfig, OptimizerKind, TrainingConfig};
+use crate::error::Result;
 use crate::model::{OnnxModel, ParamRole};
-use crate::value::MAX_RANK;
 
 fn sgd(c: &OptimizerConfig, weight_decay: f32) -> SgdConfig {
     SgdConfig::new()
@@ -72,24 +77,36 @@ pub fn build_optimizer(c: &OptimizerConfig, model: &OnnxModel) -> ModuleOptimize
 
 /// Clip gradients to a global L2 norm (`torch.nn.utils.clip_grad_norm_`): if the norm over
 /// all gradients exceeds `max_norm`, every gradient is scaled by `max_norm / (norm + 1e-6)`.
-/// Returns the norm before clipping.
-pub fn clip_global_norm(grads: &mut GradientsParams, model: &OnnxModel, max_norm: f32) -> f32 {
-    let ids: Vec<_> = model.params().iter().map(|p| p.id).collect();
-    let mut total = 0.0f64;
-    for id in &ids {
-        if let Some(g) = grads.get::<MAX_RANK>(*id) {
-            total += g.square().sum().into_scalar::<f32>() as f64;
-        }
+/// Returns the norm before clipping (summed in f64, as every update strategy does).
+pub fn clip_global_norm(grads: &mut GradientsParams, model: &OnnxModel, max_norm: f32) -> Result<f32> {
+    Ok(burn_ort_dist::clip_grad_norm(model, grads, max_norm)?)
+}
+
+/// The flat-buffer rule for ZeRO with the same update as [`build_optimizer`]'s.
+pub fn flat_rule(c: &OptimizerConfig) -> Rule {
+    let (beta1, beta2, epsilon) = (c.beta1, c.beta2, c.epsilon);
+    match c.kind {
+        OptimizerKind::Sgd => Rule::Sgd { momentum: c.momentum },
+        OptimizerKind::Adam => Rule::Adam { beta1, beta2, epsilon },
+        OptimizerKind::Adamw => Rule::AdamW { beta1, beta2, epsilon },
+        OptimizerKind::Lamb => Rule::Lamb { beta1, beta2, epsilon },
     }
-    let norm = total.sqrt() as f32;
-    if max_norm > 0.0 && norm > max_norm {
-        let scale = max_norm / (norm + 1e-6);
-        for id in ids {
-            if let Some(g) = grads.remove::<MAX_RANK>(id) {
-                let g: Tensor<MAX_RANK> = g.mul_scalar(scale);
-                grads.register(id, g);
-            }
-        }
+}
+
+/// The update strategy of a run: ZeRO stage 0 (replicated, Burn's optimizer from
+/// [`build_optimizer`]) or stages 1-2 (sharded flat buffers), over `comm`.
+pub fn build_strategy(c: &TrainingConfig, model: &OnnxModel, comm: Arc<dyn Communicator>) -> Result<Box<dyn UpdateStrategy<OnnxModel>>> {
+    let reduction = if c.enable_adasum { Reduction::Adasum } else { Reduction::Mean };
+    if c.zero_stage == 0 {
+        let ddp = DataParallel::new(comm).with_reduction(reduction);
+        return Ok(Box::new(Replicated::new(ddp, build_optimizer(&c.optimizer, model))));
     }
-    norm
+    let decay: HashMap<ParamId, f32> = model
+        .param_infos()
+        .iter()
+        .zip(model.params())
+        .map(|(info, p)| (p.id, if skips_weight_decay(&c.optimizer, &info.name) { 0.0 } else { c.optimizer.weight_decay }))
+        .collect();
+    let decay_of = Box::new(move |id: ParamId| decay.get(&id).copied().unwrap_or(0.0));
+    Ok(Box::new(Zero::new(c.zero_stage, comm, flat_rule(&c.optimizer), reduction, decay_of)?))
 }

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use burn_ort_dist::{Communicator, MemoryUse};
+
 use super::config::TrainingConfig;
 use crate::atomic_file::write_atomic;
 use crate::error::{OnnxError, Result};
@@ -26,9 +28,10 @@ pub struct PerfReport {
     pub throughput_per_sec: f64,
     /// Mean wall time per optimizer update, in milliseconds.
     pub avg_update_ms: f64,
-    /// Of which gradient synchronisation across ranks (not overlapped with compute: Burn's
-    /// backward returns all gradients at once), in milliseconds.
-    pub avg_grad_sync_ms: f64,
+    /// Of which the update strategy: gradient synchronisation across ranks (not overlapped
+    /// with compute: Burn's backward returns all gradients at once), clipping and the
+    /// optimizer step, in milliseconds.
+    pub avg_sync_and_update_ms: f64,
     /// Updates measured (the last half).
     pub updates_measured: usize,
     /// Updates in the run.
@@ -44,6 +47,48 @@ pub struct PerfReport {
     /// Threads of the compute pool (rayon) this rank ran on. Thread ranks (`--dp N` without
     /// mpirun) share one pool of this size; MPI ranks each have their own.
     pub threads: usize,
+    /// ZeRO stage.
+    pub zero_stage: usize,
+    /// Memory per rank, in rank order.
+    #[serde(flatten)]
+    pub memory: MemoryReport,
+}
+
+/// Bytes each rank holds, one value per rank in rank order.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MemoryReport {
+    /// Optimizer state (moments, velocities; Burn's record size when replicated).
+    pub optimizer_state_bytes: Vec<u64>,
+    /// Gradients held through the update.
+    pub gradient_bytes: Vec<u64>,
+    /// Parameters.
+    pub parameter_bytes: Vec<u64>,
+    /// Peak resident set of the rank's process (`VmHWM`; thread ranks share one process).
+    pub peak_rss_bytes: Vec<u64>,
+}
+
+impl MemoryReport {
+    /// Collect every rank's figures (a collective).
+    pub fn gather(m: MemoryUse, comm: &dyn Communicator) -> Result<Self> {
+        let mine = [m.optimizer_state_bytes as u64, m.gradient_bytes as u64, m.parameter_bytes as u64, peak_rss_bytes()];
+        // Each value as two 24-bit halves, exact in f32 (values below 2^48).
+        let send: Vec<f32> = mine.iter().flat_map(|v| [(v >> 24) as f32, (v & 0xff_ffff) as f32]).collect();
+        let mut all = vec![0.0f32; send.len() * comm.world_size()];
+        comm.all_gather(&send, &mut all)?;
+        let value = |rank: usize, k: usize| ((all[rank * 8 + 2 * k] as u64) << 24) | all[rank * 8 + 2 * k + 1] as u64;
+        let column = |k: usize| (0..comm.world_size()).map(|r| value(r, k)).collect();
+        Ok(MemoryReport { optimizer_state_bytes: column(0), gradient_bytes: column(1), parameter_bytes: column(2), peak_rss_bytes: column(3) })
+    }
+}
+
+/// This process's peak resident set size (Linux `VmHWM`; 0 where unavailable).
+pub fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 impl PerfMeter {
@@ -71,7 +116,7 @@ impl PerfMeter {
     }
 
     /// The report over the last half of the updates.
-    pub fn report(&self, c: &TrainingConfig, world_size: usize) -> PerfReport {
+    pub fn report(&self, c: &TrainingConfig, world_size: usize, memory: MemoryReport) -> PerfReport {
         let half = self.steps.len() / 2;
         let measured = &self.steps[half..];
         let sync = &self.sync[half..];
@@ -80,7 +125,7 @@ impl PerfMeter {
             unit: self.unit.to_string(),
             throughput_per_sec: Self::rate(measured),
             avg_update_ms: ms,
-            avg_grad_sync_ms: sync.iter().map(Duration::as_secs_f64).sum::<f64>() * 1000.0 / sync.len().max(1) as f64,
+            avg_sync_and_update_ms: sync.iter().map(Duration::as_secs_f64).sum::<f64>() * 1000.0 / sync.len().max(1) as f64,
             updates_measured: measured.len(),
             updates_total: self.steps.len(),
             batch_size: c.batch_size,
@@ -88,6 +133,8 @@ impl PerfMeter {
             gradient_accumulation_steps: c.gradient_accumulation_steps,
             world_size,
             threads: rayon::current_num_threads(),
+            zero_stage: c.zero_stage,
+            memory,
         }
     }
 }

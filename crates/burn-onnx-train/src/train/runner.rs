@@ -2,30 +2,31 @@
 //!
 //! Per optimizer update: `gradient_accumulation_steps` micro-steps (fetch batch, forward,
 //! loss, backward, accumulate; session mode `GradientAccumulateStep`, no optimizer step and
-//! no communication), then gradient synchronisation across data-parallel ranks, global norm
-//! clipping, the optimizer step at the scheduled learning rate (`ModelUpdateStep`).
+//! no communication), then the update strategy (replicated or a ZeRO stage) synchronises
+//! the gradients across data-parallel ranks, clips them to the global norm and updates at
+//! the scheduled learning rate (`ModelUpdateStep`).
 //! Every `display_loss_steps` updates the loss is logged; every `evaluation_period` the test
-//! set is evaluated by all ranks together (`EvaluateStep`); every `checkpoint_period` rank 0
-//! writes a checkpoint. At the end rank 0 exports `<model stem>_trained.onnx` and a
+//! set is evaluated by all ranks together (`EvaluateStep`); every `checkpoint_period` the
+//! ranks write a checkpoint together (rank 0 the model, each rank its optimizer state). At the end rank 0 exports `<model stem>_trained.onnx` and a
 //! throughput report `perf.json`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
-use burn_ort_dist::{Communicator, DataParallel, Reduction};
+use burn_ort_dist::{Communicator, DataParallel, UpdateStrategy};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use super::checkpoint::{CheckpointState, list_checkpoints, load_checkpoint, remove_stale_temporaries, save_checkpoint};
+use super::checkpoint::{CheckpointState, list_checkpoints, read_params, read_state, remove_stale_temporaries, save_checkpoint};
 use super::config::TrainingConfig;
 use super::data::{Dataset, DistributedSampler, Prefetcher};
 pub use super::evaluate::EvalMetrics;
 use super::evaluate::evaluate;
-use super::optimizer::{build_optimizer, clip_global_norm};
-use super::perf::PerfMeter;
+use super::optimizer::build_strategy;
+use super::perf::{MemoryReport, PerfMeter};
 use super::preflight::{check_data, check_weight_names};
 use super::schedule::LrSchedule;
 use super::step::{forward_loss, scalar};
@@ -139,8 +140,9 @@ impl TrainingRunner {
         )?;
         check_weight_names(&c, &model)?;
         check_data(&c, &model, train.as_ref(), test.as_deref())?;
-        let (model, mut optim, mut update, mut micro) = self.resume(&c, model)?;
-        let ddp = DataParallel::new(self.comm.clone()).with_reduction(if c.enable_adasum { Reduction::Adasum } else { Reduction::Mean });
+        let mut strategy = build_strategy(&c, &model, self.comm.clone())?;
+        let (model, mut update, mut micro) = self.resume(&c, model, strategy.as_mut())?;
+        let ddp = DataParallel::new(self.comm.clone());
         ddp.check_consistent(c.to_toml()?.as_bytes())?;
         let mut model = ddp.broadcast_parameters(model)?;
         let (start_step, total) = (update, c.num_updates());
@@ -157,18 +159,17 @@ impl TrainingRunner {
 
         while update < total {
             let started = Instant::now();
-            let mut acc = self.micro_steps(&c, &mut model, &prefetch, &mut micro, update)?;
-            let sync_started = Instant::now();
-            ddp.sync(&model, &mut acc.grads)?;
-            let sync_time = sync_started.elapsed();
+            let acc = self.micro_steps(&c, &mut model, &prefetch, &mut micro, update)?;
             let display = (update + 1) % c.display_loss_steps.max(1) == 0 || update + 1 == total;
-            if display && out.tb.wants_norms() {
-                out.tb.norms(&model, &acc.grads, update + 1)?;
-            }
-            let norm = clip_global_norm(&mut acc.grads, &model, c.max_grad_norm);
-            let lr = schedule.lr(update);
-            model = optim.step(lr, model, acc.grads);
+            let (lr, update_started) = (schedule.lr(update), Instant::now());
+            let (next, report) = strategy.update(lr, model, acc.grads, c.max_grad_norm, display && out.tb.wants_norms())?;
+            let sync_time = update_started.elapsed();
+            model = next;
             update += 1;
+            if display && out.tb.wants_norms() {
+                out.tb.norms(&model, &report.tensor_grad_norms, update)?;
+            }
+            let norm = report.grad_norm;
             if !acc.loss.is_finite() {
                 return Err(OnnxError::field("training", format!("loss became {} at update {update}", acc.loss)));
             }
@@ -178,52 +179,60 @@ impl TrainingRunner {
             if let Some(test) = test.as_ref().filter(|_| eval_due || update == total) {
                 out.eval(evaluate(&c, self.comm.as_ref(), &model, test.as_ref(), update)?, &model)?;
             }
-            if self.is_root() && c.checkpoint_period > 0 && (update % c.checkpoint_period == 0 || update == total) {
+            if c.checkpoint_period > 0 && (update % c.checkpoint_period == 0 || update == total) {
                 let state = CheckpointState {
                     update_step: update,
                     micro_step: micro,
                     seed: c.seed,
                     loss_scale: None,
                     world_size: world,
-                    written_by_rank: rank,
+                    written_by_rank: 0,
+                    zero_stage: c.zero_stage,
                     config_toml: c.to_toml()?,
                 };
-                let path = save_checkpoint(&c.checkpoints_dir(), &model, &optim, &state, c.max_num_checkpoints)?;
-                out.bar.suspend(|| tracing::info!(step = update, path = %path.display(), "checkpoint"));
+                let path = save_checkpoint(&c.checkpoints_dir(), &model, strategy.state_files()?, &state, c.max_num_checkpoints, self.comm.as_ref())?;
+                if self.is_root() {
+                    out.bar.suspend(|| tracing::info!(step = update, path = %path.display(), "checkpoint"));
+                }
             }
         }
         out.bar.finish_and_clear();
         out.tb.flush()?;
+        let memory = MemoryReport::gather(strategy.memory(), self.comm.as_ref())?;
         if self.is_root() {
             out.summary.exported = Some(self.export(&c, &model)?);
-            let report = out.perf.report(&c, world);
+            let report = out.perf.report(&c, world, memory);
             report.write(&c.output_dir.join("perf.json"))?;
             out.summary.perf = Some(report);
         }
         Ok(out.summary)
     }
 
-    /// The model and optimizer to start from, with the update and micro-step counters: a
-    /// fresh start, or the checkpoint named by `checkpoint_to_load_path`, or the newest in
-    /// the checkpoint directory (which must come from a compatible run).
-    fn resume(&self, c: &TrainingConfig, model: OnnxModel) -> Result<(OnnxModel, ModuleOptimizer, usize, usize)> {
-        let optim = build_optimizer(&c.optimizer, &model);
+    /// The model to start from with the update and micro-step counters, the strategy's
+    /// optimizer state loaded: a fresh start, or the checkpoint named by
+    /// `checkpoint_to_load_path`, or the newest in the checkpoint directory (which must come
+    /// from a compatible run).
+    fn resume(&self, c: &TrainingConfig, model: OnnxModel, strategy: &mut dyn UpdateStrategy<OnnxModel>) -> Result<(OnnxModel, usize, usize)> {
         let dir = c.checkpoints_dir();
-        remove_stale_temporaries(&dir);
+        if self.is_root() {
+            remove_stale_temporaries(&dir);
+        }
         let Some(path) = c.checkpoint_to_load_path.clone().or_else(|| list_checkpoints(&dir).pop().map(|(_, p)| p)) else {
-            return Ok((model, optim, 0, 0));
+            return Ok((model, 0, 0));
         };
-        let loaded = load_checkpoint(&path, model, optim)?;
-        let saved = TrainingConfig::from_toml(&loaded.state.config_toml, &path)?;
-        c.check_resume(&saved, loaded.state.world_size, self.comm.world_size(), &path)?;
-        let (update, micro) = (loaded.state.update_step, loaded.state.micro_step);
+        let state = read_state(&path)?;
+        let saved = TrainingConfig::from_toml(&state.config_toml, &path)?;
+        c.check_resume(&saved, state.world_size, state.zero_stage, self.comm.world_size(), &path)?;
+        let model = read_params(&path, model)?;
+        strategy.load_state(&model, &path)?;
+        let (update, micro) = (state.update_step, state.micro_step);
         if self.is_root() {
             tracing::info!(checkpoint = %path.display(), update, total = c.num_updates(), "resumed");
             if update >= c.num_updates() {
                 tracing::warn!("the checkpoint is already at the last update: nothing to train (raise num_train_steps or use a fresh output_dir)");
             }
         }
-        Ok((loaded.model, loaded.optim, update, micro))
+        Ok((model, update, micro))
     }
 
     /// The `gradient_accumulation_steps` forward+backward passes of one update. Dropout

@@ -3,7 +3,7 @@
 //! gradient norms selected by `norm_weights` (ORT's norm summaries); per evaluation the
 //! metrics and the histograms of `histogram_weights`.
 
-use burn::optim::GradientsParams;
+use burn::module::ParamId;
 
 use super::config::TrainingConfig;
 use super::evaluate::EvalMetrics;
@@ -42,8 +42,9 @@ impl Summaries {
         self.writer.is_some() && !self.norm_weights.is_empty()
     }
 
-    /// L2 norms of the selected weights and of their (synchronised, unclipped) gradients.
-    pub fn norms(&mut self, model: &OnnxModel, grads: &GradientsParams, step: usize) -> Result<()> {
+    /// L2 norms of the selected weights and of their (synchronised, unclipped) gradients,
+    /// `grad_norms` by parameter id as the update strategy measured them.
+    pub fn norms(&mut self, model: &OnnxModel, grad_norms: &[(ParamId, f32)], step: usize) -> Result<()> {
         let Some(w) = self.writer.as_mut() else { return Ok(()) };
         let all = self.norm_weights.iter().any(|n| n == "*");
         for (info, p) in model.param_infos().iter().zip(model.params()) {
@@ -53,8 +54,8 @@ impl Summaries {
             }
             let norm = |t: burn::tensor::Tensor<MAX_RANK>| t.square().sum().sqrt().into_scalar::<f32>();
             w.add_scalar(&format!("norms/weight/{}", info.name), norm(p.val()), step as i64)?;
-            if let Some(g) = grads.get::<MAX_RANK>(p.id) {
-                w.add_scalar(&format!("norms/gradient/{}", info.name), norm(g), step as i64)?;
+            if let Some((_, g)) = grad_norms.iter().find(|(id, _)| *id == p.id) {
+                w.add_scalar(&format!("norms/gradient/{}", info.name), *g, step as i64)?;
             }
         }
         Ok(())

@@ -1,0 +1,126 @@
+//! ZeRO stages 1 and 2 on thread ranks against plain data parallelism (stage 0) on the same
+//! samples: 10 updates of AdamW (with its no-decay group and global clipping), SGD and LAMB
+//! on gpt2_tiny and the MLP; memory per rank in `perf.json`; sharded checkpoints that resume
+//! on another world size and stage.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
+use burn_onnx_train::train::data::{Dataset, ImageDataset, Target};
+use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::TrainingConfig;
+use common::*;
+use ndarray::{ArrayD, IxDyn};
+
+fn gpt2(out: &Path, ranks: usize, stage: usize) -> TrainingConfig {
+    TrainingConfig { num_train_steps: 10, batch_size: 4 / ranks, data_parallel_size: ranks, zero_stage: stage, ..gpt2_config(out) }
+}
+
+fn mlp_data() -> Arc<dyn Dataset> {
+    let mut next = lcg(11);
+    let x = ArrayD::from_shape_fn(IxDyn(&[64, 784]), |_| (next() % 1000) as f32 / 1000.0 - 0.5);
+    let y = ArrayD::from_shape_fn(IxDyn(&[64]), |_| (next() % 10) as i64);
+    Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap())
+}
+
+fn mlp(out: &Path, ranks: usize, stage: usize, kind: OptimizerKind) -> TrainingConfig {
+    TrainingConfig {
+        model_path: refkit("models/mlp.onnx"),
+        input_name: "input".into(),
+        loss: LossKind::CrossEntropy,
+        optimizer: OptimizerConfig { kind, momentum: 0.9, epsilon: 1e-6, ..Default::default() },
+        ..gpt2(out, ranks, stage)
+    }
+}
+
+/// Same parameters within `atol`, and moved from the initial model by more than `min_move`.
+fn same(initial: PathBuf, a: &Path, b: &Path, file: &str, atol: f32, min_move: f32) {
+    for ((name, x), (_, y)) in onnx_params(a.join(file)).iter().zip(onnx_params(b.join(file))) {
+        assert_close(&format!("{}: {name}", b.display()), &y, x, atol, 0.0);
+    }
+    assert_moved(&initial, &a.join(file), min_move);
+}
+
+fn perf(out: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(out.join("perf.json")).unwrap()).unwrap()
+}
+
+fn gpt2_case(ranks: usize) {
+    let base = tempdir(&format!("zero-gpt2-{ranks}-0"));
+    launch(gpt2(&base, ranks, 0), gpt2_tokens(), None).unwrap();
+    let replicated = perf(&base);
+    for stage in [1, 2] {
+        let out = tempdir(&format!("zero-gpt2-{ranks}-{stage}"));
+        launch(gpt2(&out, ranks, stage), gpt2_tokens(), None).unwrap();
+        same(refkit("models/gpt2_tiny.onnx"), &base, &out, "gpt2_tiny_trained.onnx", 1e-6, 1e-3);
+        let p = perf(&out);
+        assert_eq!(p["zero_stage"], stage);
+        // Adam keeps 2 floats per element; each rank holds 1/N of them (plus padding).
+        let elements = replicated["parameter_bytes"][0].as_u64().unwrap() / 4;
+        let full_state = (elements * 2 * 4) as f64;
+        for r in 0..ranks {
+            let state = p["optimizer_state_bytes"][r].as_u64().unwrap() as f64;
+            assert!(state <= full_state * (1.0 / ranks as f64 + 0.02), "stage {stage} rank {r}: {state} state bytes of {full_state}");
+            let grads = p["gradient_bytes"][r].as_u64().unwrap() as f64;
+            let limit = if stage >= 2 { elements as f64 * 4.0 * (1.0 / ranks as f64 + 0.02) } else { elements as f64 * 4.0 * 1.02 };
+            assert!(grads <= limit, "stage {stage} rank {r}: {grads} gradient bytes");
+        }
+    }
+}
+
+#[test]
+fn stages_1_and_2_on_two_ranks_match_replicated_adamw_on_gpt2_tiny() {
+    gpt2_case(2);
+}
+
+#[test]
+fn stages_1_and_2_on_four_ranks_match_replicated_adamw_on_gpt2_tiny() {
+    gpt2_case(4);
+}
+
+#[test]
+fn every_optimizer_sharded_matches_replicated_on_the_mlp() {
+    for kind in [OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::Adamw, OptimizerKind::Lamb] {
+        let base = tempdir(&format!("zero-mlp-{kind:?}-0"));
+        launch(mlp(&base, 2, 0, kind), mlp_data(), None).unwrap();
+        let out = tempdir(&format!("zero-mlp-{kind:?}-2"));
+        launch(mlp(&out, 2, 2, kind), mlp_data(), None).unwrap();
+        same(refkit("models/mlp.onnx"), &base, &out, "mlp_trained.onnx", 1e-6, 1e-4);
+    }
+}
+
+#[test]
+fn a_stage_2_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_1_and_on_one_process() {
+    let full = tempdir("zero-ckpt-full");
+    launch(TrainingConfig { checkpoint_period: 4, ..gpt2(&full, 4, 2) }, gpt2_tokens(), None).unwrap();
+    let ckpt = full.join("checkpoints/ckpt-000000004");
+    assert!(ckpt.join("zero.json").is_file() && (0..4).all(|r| ckpt.join(format!("zero-{r}.bin")).is_file()), "one shard per rank and a manifest");
+    for (ranks, stage) in [(2, 1), (1, 1)] {
+        let out = tempdir(&format!("zero-ckpt-{ranks}"));
+        let c = TrainingConfig { checkpoint_to_load_path: Some(ckpt.clone()), ..gpt2(&out, ranks, stage) };
+        let summary = launch(c, gpt2_tokens(), None).unwrap();
+        assert_eq!(summary.start_step, 4);
+        // The same samples per update (the global batch is the same 4 windows), so the
+        // resumed run ends where the uninterrupted one did.
+        same(refkit("models/gpt2_tiny.onnx"), &full, &out, "gpt2_tiny_trained.onnx", 1e-5, 1e-3);
+    }
+    // A replicated run cannot take ZeRO shards.
+    let out = tempdir("zero-ckpt-replicated");
+    let err = launch(TrainingConfig { checkpoint_to_load_path: Some(ckpt), ..gpt2(&out, 4, 0) }, gpt2_tokens(), None).err().unwrap().to_string();
+    assert!(err.contains("config.zero_stage"), "{err}");
+}
+
+#[test]
+fn unsupported_combinations_are_config_errors() {
+    let dir = tempdir("zero-invalid");
+    let c = TrainingConfig { enable_adasum: true, ..gpt2(&dir, 2, 2) };
+    assert!(c.validate(2).unwrap_err().to_string().contains("config.enable_adasum"));
+    let c = gpt2(&dir, 2, 3);
+    assert!(c.validate(2).unwrap_err().to_string().contains("config.zero_stage"));
+    // Adasum with stage 1 is fine: the whole gradient is combined before sharding.
+    assert!(TrainingConfig { enable_adasum: true, ..gpt2(&dir, 2, 1) }.validate(2).is_ok());
+}

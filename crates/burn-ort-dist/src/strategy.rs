@@ -1,0 +1,186 @@
+//! The update a training loop calls after backward: [`UpdateStrategy`]. It owns the
+//! optimizer state and decides how gradients cross ranks and where the update runs:
+//! [`Replicated`] (plain data parallelism, ZeRO stage 0: all-reduce, every rank updates
+//! everything with Burn's optimizer) or [`crate::zero::Zero`] (stages 1 and 2: each rank
+//! updates its shard of a flat buffer). The loop does not branch on the kind.
+
+use std::path::Path;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::tensor::{Bytes, Tensor};
+
+use crate::data_parallel::DataParallel;
+use crate::error::{DistError, DistResult};
+
+/// What an update measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UpdateReport {
+    /// L2 norm of the synchronised gradient over all parameters, before clipping.
+    pub grad_norm: f32,
+    /// Per-parameter gradient norms, when asked for.
+    pub tensor_grad_norms: Vec<(ParamId, f32)>,
+}
+
+/// Bytes one rank holds for training, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// Optimizer state (moments, velocities).
+    pub optimizer_state_bytes: usize,
+    /// Gradients kept through the update.
+    pub gradient_bytes: usize,
+    /// Parameters.
+    pub parameter_bytes: usize,
+}
+
+/// Synchronise, clip and apply one update.
+pub trait UpdateStrategy<M: Module> {
+    /// Combine `grads` across ranks, clip them to global L2 norm `max_norm` (0: no
+    /// clipping), update `module` at learning rate `lr`. `tensor_norms` asks for the
+    /// per-parameter gradient norms in the report.
+    fn update(&mut self, lr: f64, module: M, grads: GradientsParams, max_norm: f32, tensor_norms: bool) -> DistResult<(M, UpdateReport)>;
+    /// What this rank holds.
+    fn memory(&self) -> MemoryUse;
+    /// The files of optimizer state this rank writes into a checkpoint directory.
+    fn state_files(&self) -> DistResult<Vec<(String, Vec<u8>)>>;
+    /// Restore the optimizer state for `module` from a checkpoint directory.
+    fn load_state(&mut self, module: &M, dir: &Path) -> DistResult<()>;
+}
+
+/// The optimizer record file of a replicated run.
+pub const REPLICATED_STATE_FILE: &str = "optimizer.bpk";
+
+/// ZeRO stage 0: gradients all-reduced (or Adasum-combined) in buckets, every rank runs
+/// Burn's optimizer on every parameter; rank 0 saves the optimizer record.
+pub struct Replicated {
+    ddp: DataParallel,
+    optim: ModuleOptimizer,
+    memory: MemoryUse,
+}
+
+impl Replicated {
+    /// Wrap `optim` with the data-parallel settings `ddp`.
+    pub fn new(ddp: DataParallel, optim: ModuleOptimizer) -> Self {
+        Replicated { ddp, optim, memory: MemoryUse::default() }
+    }
+}
+
+impl<M: Module> UpdateStrategy<M> for Replicated {
+    fn update(&mut self, lr: f64, module: M, mut grads: GradientsParams, max_norm: f32, tensor_norms: bool) -> DistResult<(M, UpdateReport)> {
+        self.ddp.sync(&module, &mut grads)?;
+        let norms = grad_squares(&module, &grads)?;
+        let grad_norm = total_norm(norms.iter().map(|(_, s)| *s));
+        clip(&module, &mut grads, grad_norm, max_norm);
+        let mut census = Census::default();
+        module.visit(&mut census);
+        self.memory = MemoryUse { optimizer_state_bytes: 0, gradient_bytes: census.trainable * 4, parameter_bytes: census.elements * 4 };
+        let tensor_grad_norms = if tensor_norms { norms.into_iter().map(|(id, s)| (id, s.sqrt() as f32)).collect() } else { Vec::new() };
+        let module = self.optim.step(lr, module, grads);
+        Ok((module, UpdateReport { grad_norm, tensor_grad_norms }))
+    }
+
+    fn memory(&self) -> MemoryUse {
+        let state = self.optim.clone().into_bytes().map(|b| b.len()).unwrap_or(0);
+        MemoryUse { optimizer_state_bytes: state, ..self.memory }
+    }
+
+    fn state_files(&self) -> DistResult<Vec<(String, Vec<u8>)>> {
+        if self.ddp.comm().rank() != 0 {
+            return Ok(Vec::new());
+        }
+        let bytes = self.optim.clone().into_bytes().map_err(|e| invalid(format!("cannot encode the optimizer record: {e:?}")))?;
+        Ok(vec![(REPLICATED_STATE_FILE.into(), bytes.to_vec())])
+    }
+
+    fn load_state(&mut self, _module: &M, dir: &Path) -> DistResult<()> {
+        let path = dir.join(REPLICATED_STATE_FILE);
+        let bytes = std::fs::read(&path).map_err(|e| invalid(format!("{}: {e} (a checkpoint of a sharded run needs zero_stage >= 1)", path.display())))?;
+        self.optim = self.optim.clone().from_bytes(Bytes::from_bytes_vec(bytes)).map_err(|e| invalid(format!("{}: not a valid optimizer record: {e:?}", path.display())))?;
+        Ok(())
+    }
+}
+
+fn invalid(message: String) -> DistError {
+    DistError::Invalid { rank: 0, message }
+}
+
+#[derive(Default)]
+struct Census {
+    elements: usize,
+    trainable: usize,
+}
+
+impl ModuleVisitor for Census {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let t = param.val();
+        let n: usize = t.dims().iter().product();
+        self.elements += n;
+        if t.is_require_grad() {
+            self.trainable += n;
+        }
+    }
+}
+
+/// Sum of squares in f64: every strategy measures gradient norms with it, so that
+/// replicated and sharded runs clip by the same factor.
+pub fn sum_squares(values: &[f32]) -> f64 {
+    values.iter().map(|x| f64::from(*x) * f64::from(*x)).sum()
+}
+
+/// The global L2 norm from per-tensor sums of squares.
+pub fn total_norm(squares: impl Iterator<Item = f64>) -> f32 {
+    squares.sum::<f64>().sqrt() as f32
+}
+
+/// Sum of squares of every parameter's gradient.
+fn grad_squares<M: Module>(module: &M, grads: &GradientsParams) -> DistResult<Vec<(ParamId, f64)>> {
+    struct Squares<'a>(&'a GradientsParams, Vec<(ParamId, f64)>, Option<String>);
+    impl ModuleVisitor for Squares<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = self.0.get::<D>(param.id) {
+                match g.into_data().convert::<f32>().into_vec::<f32>() {
+                    Ok(v) => self.1.push((param.id, sum_squares(&v))),
+                    Err(e) => self.2 = Some(format!("{e:?}")),
+                }
+            }
+        }
+    }
+    let mut n = Squares(grads, Vec::new(), None);
+    module.visit(&mut n);
+    match n.2 {
+        Some(e) => Err(invalid(format!("cannot read a gradient: {e}"))),
+        None => Ok(n.1),
+    }
+}
+
+/// Clip gradients to a global L2 norm (`torch.nn.utils.clip_grad_norm_`): when `norm`
+/// exceeds `max_norm` (> 0), every gradient is scaled by `max_norm / (norm + 1e-6)`.
+fn clip<M: Module>(module: &M, grads: &mut GradientsParams, norm: f32, max_norm: f32) {
+    let scale = clip_scale(norm, max_norm);
+    if scale == 1.0 {
+        return;
+    }
+    struct Scale<'a>(&'a mut GradientsParams, f32);
+    impl ModuleVisitor for Scale<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = self.0.remove::<D>(param.id) {
+                self.0.register(param.id, g.mul_scalar(self.1));
+            }
+        }
+    }
+    module.visit(&mut Scale(grads, scale));
+}
+
+/// The factor `clip_grad_norm_` scales by: `max_norm / (norm + 1e-6)` when the norm
+/// exceeds `max_norm` (> 0), else 1.
+pub fn clip_scale(norm: f32, max_norm: f32) -> f32 {
+    if max_norm > 0.0 && norm > max_norm { max_norm / (norm + 1e-6) } else { 1.0 }
+}
+
+/// Clip `grads` of `module` to global L2 norm `max_norm` (0: only measure); returns the norm
+/// before clipping.
+pub fn clip_grad_norm<M: Module>(module: &M, grads: &mut GradientsParams, max_norm: f32) -> DistResult<f32> {
+    let norm = total_norm(grad_squares(module, grads)?.into_iter().map(|(_, s)| s));
+    clip(module, grads, norm, max_norm);
+    Ok(norm)
+}
