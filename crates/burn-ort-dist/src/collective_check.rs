@@ -30,6 +30,11 @@ pub fn check_collectives(comm: &dyn Communicator) -> Result<(), String> {
     let mut rs = vec![0.0];
     comm.reduce_scatter(&(0..n).map(|i| i as f32).collect::<Vec<_>>(), &mut rs, ReduceOp::Sum).map_err(err)?;
     expect("reduce_scatter", &rs, &[rf * n as f32])?;
+    // Chunks of two, averaged: every rank sends (k + rank) at position k.
+    let mut rs2 = vec![0.0; 2];
+    comm.reduce_scatter(&(0..2 * n).map(|k| (k + r) as f32).collect::<Vec<_>>(), &mut rs2, ReduceOp::Mean).map_err(err)?;
+    let base = (2 * r) as f32 + tri / n as f32;
+    expect("reduce_scatter mean", &rs2, &[base, base + 1.0])?;
     if n > 1 {
         // A ring: everyone sends right, receives from the left.
         let (right, left) = ((r + 1) % n, (r + n - 1) % n);
