@@ -29,7 +29,7 @@ use burn_onnx_train::train::config::{LrConfig, ScheduleKind};
 use burn_onnx_train::train::data::{Dataset, TokenDataset};
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::flags::TrainFlags;
-use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::launch::launch_elastic;
 use burn_onnx_train::{OnnxError, Value};
 use clap::Parser;
 
@@ -128,7 +128,7 @@ fn run(args: Args) -> Result<(), OnnxError> {
     let test: Arc<dyn Dataset> = Arc::new(TokenDataset::load(&config.test_data_dir, config.seq_len)?);
     tracing::info!(train_tokens = split, test_tokens = tokens.len() - split, "tokenized with the GPT-2 BPE");
     let model_path = config.model_path.clone();
-    let summary = launch(config, train, Some(test))?;
+    let summary = launch_elastic(config, train, Some(test), args.run.max_restarts)?;
     let Some(perf) = &summary.perf else { return Ok(()) }; // not rank 0
     let first = summary.losses.first().map_or(f64::NAN, |l| l.1);
     let last = summary.losses.last().map_or(f64::NAN, |l| l.1);

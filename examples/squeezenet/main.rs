@@ -23,7 +23,7 @@ use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind, S
 use burn_onnx_train::train::data::{Batch, Dataset, Target, TargetKind};
 use burn_onnx_train::train::flags::TrainFlags;
 use burn_onnx_train::train::TrainingConfig;
-use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::launch::launch_elastic;
 use burn_onnx_train::{OnnxError, Result};
 use clap::Parser;
 use ndarray::{ArrayD, IxDyn};
@@ -148,7 +148,7 @@ fn run(args: Args) -> Result<()> {
     let model_path = config.model_path.clone();
     let train: Arc<dyn Dataset> = Arc::new(StripeImages { len: args.train_images, seed: 1 });
     let test: Arc<dyn Dataset> = Arc::new(StripeImages { len: 64, seed: 2 });
-    let summary = launch(config, train, (!args.bench).then_some(test))?;
+    let summary = launch_elastic(config, train, (!args.bench).then_some(test), args.run.max_restarts)?;
     let Some(perf) = &summary.perf else { return Ok(()) }; // not rank 0
     let first = summary.losses.first().map_or(f64::NAN, |l| l.1);
     let last = summary.losses.last().map_or(f64::NAN, |l| l.1);

@@ -226,3 +226,50 @@ fn descendants_named(root: u32, name: &str) -> Vec<u32> {
     found.sort();
     found
 }
+
+/// `onnx-train launch`: a rank killed mid-run ends the MPI job; the wrapper starts it again,
+/// it resumes from the newest checkpoint and ends exactly where an uninterrupted job does.
+#[test]
+fn launch_restarts_a_job_whose_rank_was_killed() {
+    let dir = tempdir("mpi-elastic");
+    let cfg = setup(&dir, "gpt2", 300);
+    let text = std::fs::read_to_string(&cfg).unwrap().replace("checkpoint_period = 0", "checkpoint_period = 20");
+    std::fs::write(&cfg, text).unwrap();
+    let train_args = |out: &str| -> Vec<String> {
+        ["train", "--config", cfg.to_str().unwrap(), "--output-dir", dir.join(out).to_str().unwrap(), "--dp", "2", "--batch-size", "1"].map(String::from).to_vec()
+    };
+    let clean = mpirun(2).arg(onnx_train()).args(train_args("clean")).output().unwrap();
+    assert!(clean.status.success(), "{}", String::from_utf8_lossy(&clean.stderr));
+
+    let mut job = Command::new("timeout")
+        .args(["-k", "10", "600", onnx_train(), "launch", "--np", "2", "--max-restarts", "1", "--mpirun-arg=--oversubscribe", "--"])
+        .args(train_args("elastic"))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("RAYON_NUM_THREADS", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Once the first checkpoint exists, kill one rank.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !dir.join("elastic/checkpoints/ckpt-000000020/state.json").is_file() {
+        assert!(Instant::now() < deadline, "no checkpoint appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // timeout -> onnx-train launch -> mpirun -> the two ranks.
+    let launcher = descendants_named(job.id(), "onnx-train")[0];
+    let ranks = descendants_named(launcher, "onnx-train");
+    assert_eq!(ranks.len(), 2, "two ranks under the launcher");
+    Command::new("kill").args(["-9", &ranks[1].to_string()]).status().unwrap();
+    let status = job.wait().unwrap();
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(job.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    assert!(status.success(), "the restarted job must finish: {stdout}");
+    assert!(stdout.contains("after 1 restart(s)"), "{stdout}");
+    let file = "gpt2_tiny_trained.onnx";
+    for ((name, a), (_, b)) in onnx_params(dir.join("clean").join(file)).iter().zip(onnx_params(dir.join("elastic").join(file))) {
+        assert_eq!(a, &b, "{name}: the restarted job differs from the uninterrupted one");
+    }
+    assert_moved(&refkit("models/gpt2_tiny.onnx"), &dir.join("elastic").join(file), 1e-3);
+}

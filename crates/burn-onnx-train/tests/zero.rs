@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
-use burn_onnx_train::train::data::{Dataset, ImageDataset, Target};
+use burn_onnx_train::train::data::{Dataset, DistributedSampler, ImageDataset, Target};
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::TrainingConfig;
 use common::*;
@@ -123,4 +123,48 @@ fn unsupported_combinations_are_config_errors() {
     assert!(c.validate(2).unwrap_err().to_string().contains("config.zero_stage"));
     // Adasum with stage 1 is fine: the whole gradient is combined before sharding.
     assert!(TrainingConfig { enable_adasum: true, ..gpt2(&dir, 2, 1) }.validate(2).is_ok());
+}
+
+/// gpt2 tokens whose batch `fail_at` fails once (a transient read error), then works.
+struct Flaky {
+    inner: Arc<dyn Dataset>,
+    fail_at_window: usize,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl Dataset for Flaky {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn batch(&self, indices: &[usize]) -> burn_onnx_train::Result<burn_onnx_train::train::data::Batch> {
+        if indices.contains(&self.fail_at_window) && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(burn_onnx_train::OnnxError::field("data", "transient read error (test)"));
+        }
+        self.inner.batch(indices)
+    }
+    fn unit(&self) -> &'static str {
+        self.inner.unit()
+    }
+    fn target_kind(&self) -> burn_onnx_train::train::data::TargetKind {
+        self.inner.target_kind()
+    }
+}
+
+#[test]
+fn a_failed_thread_run_restarts_from_its_newest_checkpoint_and_ends_as_an_uninterrupted_one() {
+    use burn_onnx_train::train::launch::launch_elastic;
+    let clean = tempdir("elastic-clean");
+    let c = |out: &Path| TrainingConfig { checkpoint_period: 2, ..gpt2(out, 2, 2) };
+    launch(c(&clean), gpt2_tokens(), None).unwrap();
+    // Rank 0's first window of micro-step 6 (after the checkpoints of updates 2, 4, 6) fails
+    // once: the first attempt dies there, the second resumes from update 6 and finishes.
+    let sampler = DistributedSampler { len: gpt2_tokens().len(), batch_size: 2, rank: 0, world: 2, seed: 42, shuffle: true };
+    let window = sampler.batch_indices(6).unwrap()[0];
+    let flaky = || Arc::new(Flaky { inner: gpt2_tokens(), fail_at_window: window, failed: false.into() }) as Arc<dyn Dataset>;
+    let out = tempdir("elastic-restarted");
+    let err = launch_elastic(c(&tempdir("elastic-no-restart")), flaky(), None, 0).err().expect("without restarts the failure ends the run");
+    assert!(err.to_string().contains("transient read error"), "{err}");
+    let summary = launch_elastic(c(&out), flaky(), None, 1).unwrap();
+    assert_eq!(summary.start_step, 6, "the second attempt resumed from the newest checkpoint");
+    same(refkit("models/gpt2_tiny.onnx"), &clean, &out, "gpt2_tiny_trained.onnx", 0.0, 1e-3);
 }

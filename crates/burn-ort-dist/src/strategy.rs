@@ -138,7 +138,7 @@ fn grad_squares<M: Module>(module: &M, grads: &GradientsParams) -> DistResult<Ve
     impl ModuleVisitor for Squares<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             if let Some(g) = self.0.get::<D>(param.id) {
-                match g.into_data().convert::<f32>().into_vec::<f32>() {
+                match g.into_data().convert::<f32>().try_to_vec::<f32>() {
                     Ok(v) => self.1.push((param.id, sum_squares(&v))),
                     Err(e) => self.2 = Some(format!("{e:?}")),
                 }

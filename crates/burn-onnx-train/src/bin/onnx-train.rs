@@ -5,6 +5,7 @@
 //! onnx-train run MODEL.onnx --input NAME=FILE.npy ... --output-dir DIR
 //! onnx-train train --config run.toml [--dp N]        # or: mpirun -np N onnx-train train ...
 //! onnx-train export --checkpoint DIR --output trained.onnx [--model MODEL.onnx]
+//! onnx-train launch --np 4 --max-restarts 3 -- train --config run.toml --dp 4
 //! ```
 
 use std::path::PathBuf;
@@ -20,7 +21,8 @@ use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::{read_params, read_state};
 use burn_onnx_train::train::flags::TrainFlags;
 use burn_onnx_train::train::data::{Dataset, ImageDataset, TokenDataset};
-use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::elastic::ElasticJob;
+use burn_onnx_train::train::launch::launch_elastic;
 use burn_onnx_train::{Graph, Mode, OnnxError, OnnxModel, ParamRole, Value};
 use std::sync::Arc;
 use clap::{Parser, Subcommand};
@@ -53,6 +55,25 @@ enum Command {
     /// Train as a TOML/JSON TrainingConfig says (token shards for `lm_cross_entropy`, image
     /// shards for `cross_entropy` and `mse`); flags override the file only when given.
     Train(TrainArgs),
+    /// Run `onnx-train COMMAND...` under mpirun with N ranks, and start the job again from
+    /// its newest checkpoint when a rank fails (elastic restart, like torchrun).
+    Launch {
+        /// Ranks (`mpirun -np`).
+        #[arg(long)]
+        np: usize,
+        /// Restarts after a failure.
+        #[arg(long, default_value_t = 3)]
+        max_restarts: usize,
+        /// The mpirun program.
+        #[arg(long, default_value = "mpirun")]
+        mpirun: PathBuf,
+        /// Extra mpirun arguments (repeat; e.g. --mpirun-arg=--oversubscribe).
+        #[arg(long = "mpirun-arg", allow_hyphen_values = true)]
+        mpirun_args: Vec<String>,
+        /// What each rank runs: an onnx-train subcommand and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Export the trained model held in a checkpoint directory as an ONNX file.
     Export {
         /// The checkpoint directory (`ckpt-NNNNNNNNN`).
@@ -162,7 +183,7 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
     };
     let train = load(&c.train_data_dir)?;
     let test = test_dir(&c).map(load).transpose()?;
-    let summary = launch(c, train, test)?;
+    let summary = launch_elastic(c, train, test, args.run.max_restarts)?;
     if let (Some(first), Some(last)) = (summary.losses.first(), summary.losses.last()) {
         println!("loss {:.6} (update {}) -> {:.6} (update {})", first.1, first.0, last.1, last.0);
     }
@@ -202,6 +223,14 @@ fn main() -> ExitCode {
         Command::Run { model, inputs, output_dir } => run(model, inputs, output_dir),
         Command::Train(args) => train(args),
         Command::Export { checkpoint, output, model } => export(checkpoint, output, model),
+        Command::Launch { np, max_restarts, mpirun, mpirun_args, command } => std::env::current_exe()
+            .map_err(|e| OnnxError::io("onnx-train", e))
+            .and_then(|me| {
+                let command = std::iter::once(me.into_os_string()).chain(command.into_iter().map(Into::into)).collect();
+                let mpirun_args = mpirun_args.into_iter().map(Into::into).collect();
+                ElasticJob { mpirun: mpirun.into_os_string(), ranks: np, mpirun_args, command, max_restarts }.run()
+            })
+            .map(|restarts| println!("the job succeeded after {restarts} restart(s)")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

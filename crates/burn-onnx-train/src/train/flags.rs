@@ -55,6 +55,10 @@ pub struct TrainFlags {
     /// data-parallel ranks, 2 gradients sharded too.
     #[arg(long, value_name = "STAGE")]
     pub zero: Option<usize>,
+    /// Restart a failed thread run up to K times from its newest checkpoint (under mpirun:
+    /// `onnx-train launch --max-restarts K`).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub max_restarts: usize,
 }
 
 impl TrainFlags {

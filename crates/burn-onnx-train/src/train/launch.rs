@@ -1,6 +1,8 @@
 //! Start a training run on whatever the environment provides: one rank of an MPI job when
 //! started by `mpirun` (feature `mpi`), `data_parallel_size` worker threads of this process
-//! otherwise, or a plain single-process run.
+//! otherwise, or a plain single-process run. Thread runs restart after a failure (elastic
+//! restart, like torchrun's `--max-restarts`): every rank stops, and the run starts again
+//! from the newest checkpoint. MPI jobs restart through `onnx-train launch`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,9 +50,37 @@ fn run_rank(config: TrainingConfig, comm: Arc<dyn Communicator>, train: Arc<dyn 
 /// Train as configured; returns rank 0's summary (other ranks' when this process is one
 /// MPI rank).
 pub fn launch(config: TrainingConfig, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>) -> Result<RunSummary> {
+    launch_elastic(config, train, test, 0)
+}
+
+/// [`launch`], and when the run fails, start it again up to `max_restarts` times; each
+/// attempt resumes from the newest checkpoint of the run (resharding ZeRO state as needed).
+/// Under `mpirun` the processes of a failed job are gone: restarts belong to
+/// `onnx-train launch`, and `max_restarts` > 0 is an error here.
+pub fn launch_elastic(config: TrainingConfig, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>, max_restarts: usize) -> Result<RunSummary> {
     if let Some(comm) = mpi_comm()? {
+        if max_restarts > 0 {
+            return Err(OnnxError::field("--max-restarts", "under mpirun a failed rank ends the job: restart it with `onnx-train launch --max-restarts K -- train ...`"));
+        }
         return run_rank(config, comm, train, test);
     }
+    let mut attempt = 0;
+    loop {
+        match launch_threads(config.clone(), train.clone(), test.clone()) {
+            Err(e) if attempt < max_restarts => {
+                attempt += 1;
+                if config.checkpoint_period == 0 {
+                    tracing::warn!("checkpoint_period is 0: the restart trains from the start");
+                }
+                tracing::warn!(error = %e, attempt, max_restarts, "the run failed; restarting from the newest checkpoint");
+            }
+            result => return result,
+        }
+    }
+}
+
+/// One attempt on this process: `data_parallel_size` thread ranks, or one plain run.
+fn launch_threads(config: TrainingConfig, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>) -> Result<RunSummary> {
     let dp = config.data_parallel_size;
     if dp <= 1 {
         return run_rank(config, Arc::new(LocalCommunicator), train, test);

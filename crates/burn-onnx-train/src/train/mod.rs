@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod elastic;
 pub mod evaluate;
 pub mod flags;
 pub mod launch;
