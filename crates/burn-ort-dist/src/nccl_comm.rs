@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
 
-use crate::communicator::{Communicator, ReduceOp, check_reduce_scatter, scale_mean};
+use crate::communicator::{Communicator, ReduceOp, check_reduce_scatter};
 use crate::error::{DistError, DistResult};
 use crate::mpi_comm::MpiCommunicator;
 
