@@ -13,6 +13,8 @@ batch, PyTorch's gradients, and 10 AdamW steps (lr 1e-3, wd 0.01 on every parame
 Part B writes `crates/burn-onnx-train/tests/data/optim/`: a small MLP (TorchScript exporter,
 opset 17) and 10-step trajectories of SGD (momentum, L2 decay, global clipping), Adam (L2),
 AdamW and LAMB (float64 reference), each with weight decay on weights and not on biases.
+Part C writes `crates/burn-onnx-train/tests/data/external/mlp_per_tensor/`: that MLP saved by
+the `onnx` package with every tensor in its own external file.
 Deterministic: seeded, one thread, float32.
 """
 import json
@@ -277,6 +279,18 @@ def part_b():
         json.dump(refs, f, indent=1)
 
 
+# ---------------------------------------------------------------- Part C: external data
+def part_c():
+    """The Part B MLP saved by the onnx package with one external file per tensor."""
+    out = os.path.join(ROOT, "external", "mlp_per_tensor")
+    os.makedirs(out, exist_ok=True)
+    m = onnx.load(os.path.join(ROOT, "optim", "mlp_small.onnx"))
+    onnx.save_model(m, os.path.join(out, "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=False, size_threshold=0)
+    onnx.checker.check_model(os.path.join(out, "model.onnx"))
+    print("external files:", sorted(os.listdir(out)))
+
+
 if __name__ == "__main__":
     part_a()
     part_b()
+    part_c()

@@ -102,3 +102,68 @@ fn overflowing_dimensions_are_an_error_not_a_wraparound() {
     let err = load_err(&path);
     assert!(err.contains("overflow"), "{err}");
 }
+
+fn mlp_logits(model: &OnnxModel, x: &burn_onnx_train::Value) -> ndarray::ArrayD<f32> {
+    let out = model.forward(vec![("input".into(), x.clone())], burn_onnx_train::Mode::Eval).unwrap();
+    let Some(burn_onnx_train::Value::Float(y)) = out.first().cloned() else { panic!() };
+    y.to_array().unwrap()
+}
+
+#[test]
+fn export_with_external_data_round_trips_and_runs_in_onnxruntime() {
+    use burn_onnx_train::export::{ExportOptions, ExternalDataPolicy, export_onnx_with};
+    let dir = tempdir("ext-export");
+    let model = OnnxModel::load(refkit("models/mlp.onnx"), &eval_device()).unwrap();
+    let path = dir.join("mlp_ext.onnx");
+    export_onnx_with(&model, &path, ExportOptions { external_data: ExternalDataPolicy::Always, ..Default::default() }).unwrap();
+    let data = std::fs::metadata(dir.join("mlp_ext.onnx.data")).unwrap().len();
+    let graph = std::fs::metadata(&path).unwrap().len();
+    assert!(data > 800_000 && graph < 10_000, "weights in the data file ({data} bytes), graph alone in the model ({graph} bytes)");
+    let reloaded = OnnxModel::load(&path, &eval_device()).unwrap();
+    for (name, want) in onnx_params(refkit("models/mlp.onnx")) {
+        assert_eq!(reloaded.param_by_name(&name).unwrap().to_array().unwrap(), want, "{name}");
+    }
+    // A model read from external data and exported elsewhere, inline: its data comes along.
+    let moved = tempdir("ext-export-moved");
+    burn_onnx_train::export::export_onnx(&reloaded, moved.join("inline.onnx")).unwrap();
+    assert!(!moved.join("inline.onnx.data").exists());
+    assert_eq!(onnx_params(moved.join("inline.onnx")), onnx_params(refkit("models/mlp.onnx")));
+
+    // onnx.checker with the path (it follows external data) and onnxruntime on the file.
+    let Some(python) = python_for("ONNX_TRAIN_PYTHON", "onnx.checker / onnxruntime on external data") else { return };
+    let checked = std::process::Command::new(&python).args(["-c", "import onnx, sys; onnx.checker.check_model(sys.argv[1], full_check=True)"]).arg(&path).output().unwrap();
+    assert!(checked.status.success(), "onnx.checker: {}", String::from_utf8_lossy(&checked.stderr));
+    let batch = npz(refkit("train/mlp/batch.npz"));
+    let x = burn_onnx_train::Value::from_host(&batch["input"], &eval_device()).unwrap();
+    let input = dir.join("input.npy");
+    burn_onnx_train::npy::write_npy(&input, &x).unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/ort_run.py");
+    let ran = std::process::Command::new(&python).arg(script).arg(&path).arg(dir.join("ort")).arg(format!("input={}", input.display())).output().unwrap();
+    assert!(ran.status.success(), "onnxruntime: {}", String::from_utf8_lossy(&ran.stderr));
+    assert_close("onnxruntime on the external-data export", &npy_f32(dir.join("ort/logits.npy")), &mlp_logits(&reloaded, &x), 1e-5, 1e-5);
+}
+
+#[test]
+fn auto_export_switches_to_external_data_above_the_threshold() {
+    use burn_onnx_train::export::{ExportOptions, export_onnx_with};
+    let dir = tempdir("ext-threshold");
+    let model = OnnxModel::load(refkit("models/mlp.onnx"), &eval_device()).unwrap();
+    // The MLP holds 814 KB of weights: the default threshold (1.8 GB) keeps them inline; a
+    // threshold of 100 KB (standing in for protobuf's 2 GB) moves them out.
+    export_onnx_with(&model, dir.join("small.onnx"), ExportOptions::default()).unwrap();
+    assert!(!dir.join("small.onnx.data").exists());
+    export_onnx_with(&model, dir.join("big.onnx"), ExportOptions { threshold_bytes: 100_000, ..Default::default() }).unwrap();
+    assert!(dir.join("big.onnx.data").is_file());
+    assert_eq!(onnx_params(dir.join("big.onnx")), onnx_params(dir.join("small.onnx")));
+}
+
+#[test]
+fn one_external_file_per_tensor_as_the_onnx_package_writes_it() {
+    // tools/gen_train_refs.py: onnx.save_model(..., all_tensors_to_one_file=False).
+    let model = OnnxModel::load(data("external/mlp_per_tensor/model.onnx"), &eval_device()).unwrap();
+    let inline = onnx_params(data("optim/mlp_small.onnx"));
+    assert_eq!(inline.len(), 4);
+    for (name, want) in inline {
+        assert_eq!(model.param_by_name(&name).unwrap().to_array().unwrap(), want, "{name}");
+    }
+}

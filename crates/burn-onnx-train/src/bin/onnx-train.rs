@@ -16,7 +16,7 @@ use burn_onnx_train::graph::Dim;
 use burn_onnx_train::host_tensor::dtype;
 use burn_onnx_train::npy::{read_npy, write_npy};
 use burn_onnx_train::loss::LossKind;
-use burn_onnx_train::export::export_onnx;
+use burn_onnx_train::export::{ExportOptions, ExternalDataPolicy, export_onnx_with};
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::{read_params, read_state};
 use burn_onnx_train::train::flags::TrainFlags;
@@ -86,6 +86,10 @@ enum Command {
         /// that wrote it).
         #[arg(long)]
         model: Option<PathBuf>,
+        /// Put the weights in ONNX external data (`<output>.data`) even below the 1.8 GB at
+        /// which it happens anyway (protobuf's 2 GB limit).
+        #[arg(long)]
+        external_data: bool,
     },
 }
 
@@ -193,13 +197,14 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
     Ok(())
 }
 
-fn export(checkpoint: PathBuf, output: PathBuf, model: Option<PathBuf>) -> Result<(), OnnxError> {
+fn export(checkpoint: PathBuf, output: PathBuf, model: Option<PathBuf>, external_data: bool) -> Result<(), OnnxError> {
     let model_path = match model {
         Some(m) => m,
         None => TrainingConfig::from_toml(&read_state(&checkpoint)?.config_toml, &checkpoint)?.model_path,
     };
     let model = read_params(&checkpoint, OnnxModel::load(&model_path, &Device::flex())?)?;
-    export_onnx(&model, &output)?;
+    let external_data = if external_data { ExternalDataPolicy::Always } else { ExternalDataPolicy::Auto };
+    export_onnx_with(&model, &output, ExportOptions { external_data, ..Default::default() })?;
     println!("exported {} (model {}, checkpoint {})", output.display(), model_path.display(), checkpoint.display());
     Ok(())
 }
@@ -222,7 +227,7 @@ fn main() -> ExitCode {
         Command::Inspect { model } => inspect(model),
         Command::Run { model, inputs, output_dir } => run(model, inputs, output_dir),
         Command::Train(args) => train(args),
-        Command::Export { checkpoint, output, model } => export(checkpoint, output, model),
+        Command::Export { checkpoint, output, model, external_data } => export(checkpoint, output, model, external_data),
         Command::Launch { np, max_restarts, mpirun, mpirun_args, command } => std::env::current_exe()
             .map_err(|e| OnnxError::io("onnx-train", e))
             .and_then(|me| {
