@@ -16,13 +16,13 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use onnx_ir::{Message, ModelProto};
 
 use crate::atomic_file::write_atomic;
 use crate::error::{OnnxError, Result};
 use crate::host_tensor::{ExternalData, HostTensor};
 use crate::model::OnnxModel;
+use crate::progress::progress;
 use crate::proto_presence::restore_default_attribute_values;
 
 /// Where the initializers' data goes.
@@ -149,16 +149,4 @@ pub fn export_onnx_with(model: &OnnxModel, path: impl AsRef<Path>, options: Expo
 /// `TensorProto.DataLocation.EXTERNAL`.
 fn protobuf_external<E: protobuf::Enum>() -> protobuf::EnumOrUnknown<E> {
     protobuf::EnumOrUnknown::from_i32(1)
-}
-
-/// A bytes progress bar on stderr for transfers of big models (hidden below 256 MB or when
-/// stderr is not a terminal).
-pub fn progress(total: u64, what: &str) -> ProgressBar {
-    if total < 256 << 20 || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    let style = ProgressStyle::with_template(&format!("{what} {{bar:30}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}})")).unwrap_or_else(|_| ProgressStyle::default_bar());
-    bar.set_style(style);
-    bar
 }

@@ -16,6 +16,7 @@ use crate::attributes::{Attr, Attributes};
 use crate::error::{OnnxError, Result};
 use crate::functions::inline_functions;
 use crate::host_tensor::{ExternalData, HostTensor};
+use crate::progress::progress;
 use crate::ops::{self, OpFn};
 
 /// A dimension of a declared graph input or output.
@@ -160,7 +161,13 @@ impl Graph {
 
         let mut initializers = Vec::with_capacity(g.initializer.len());
         let mut defined: HashSet<String> = HashSet::new();
+        let bytes_of = |t: &onnx_ir::TensorProto| {
+            let external = t.external_data.iter().find(|e| e.key == "length").and_then(|e| e.value.parse::<u64>().ok());
+            external.unwrap_or(t.raw_data.len() as u64)
+        };
+        let bar = progress(g.initializer.iter().map(bytes_of).sum(), "load");
         for t in &g.initializer {
+            bar.inc(bytes_of(t));
             if t.name.is_empty() {
                 return Err(OnnxError::field("graph.initializer", "an initializer has no name"));
             }
@@ -169,6 +176,7 @@ impl Graph {
             }
             initializers.push((t.name.clone(), HostTensor::from_proto(t, external.as_ref())?));
         }
+        bar.finish_and_clear();
         let inputs: Vec<TensorInfo> =
             g.input.iter().filter(|vi| !defined.contains(&vi.name)).map(tensor_info).collect();
         defined.extend(inputs.iter().map(|i| i.name.clone()));
