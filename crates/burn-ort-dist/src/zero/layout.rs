@@ -93,11 +93,16 @@ impl FlatLayout {
             .collect()
     }
 
-    /// The module's parameter values, flat and padded with zeros.
-    pub fn gather_params<M: Module>(&self, module: &M) -> DistResult<Vec<f32>> {
-        let mut v = Flatten { out: Vec::with_capacity(self.padded), error: None };
+    /// The module's parameter values in rank `rank`'s shard (zeros in the padding), read
+    /// tensor by tensor without forming the whole flat buffer.
+    pub fn shard_params<M: Module>(&self, module: &M, rank: usize) -> DistResult<Vec<f32>> {
+        let shard = self.shard(rank);
+        let mut v = ShardOf { shard: shard.clone(), offset: 0, out: vec![0.0; shard.len()], error: None };
         module.visit(&mut v);
-        finish(v.out, v.error, self.padded)
+        match v.error {
+            Some(e) => Err(DistError::Invalid { rank, message: format!("cannot read a parameter: {e}") }),
+            None => Ok(v.out),
+        }
     }
 
     /// Take the gradients out of `grads` into one flat padded buffer (zeros where a
@@ -126,17 +131,25 @@ fn host<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, String> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().map_err(|e| format!("{e:?}"))
 }
 
-struct Flatten {
+struct ShardOf {
+    shard: Range<usize>,
+    offset: usize,
     out: Vec<f32>,
     error: Option<String>,
 }
 
-impl ModuleVisitor for Flatten {
+impl ModuleVisitor for ShardOf {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        match host(param.val()) {
-            Ok(v) => self.out.extend(v),
-            Err(e) => self.error = Some(e),
+        let t = param.val();
+        let n: usize = t.dims().iter().product();
+        let (start, end) = (self.offset.max(self.shard.start), (self.offset + n).min(self.shard.end));
+        if start < end {
+            match host(t) {
+                Ok(v) => self.out[start - self.shard.start..end - self.shard.start].copy_from_slice(&v[start - self.offset..end - self.offset]),
+                Err(e) => self.error = Some(e),
+            }
         }
+        self.offset += n;
     }
 }
 

@@ -108,9 +108,7 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         if scale != 1.0 {
             g.iter_mut().for_each(|x| *x *= scale);
         }
-        let flat = layout.gather_params(&module)?;
-        let shard = layout.shard(self.comm.rank());
-        let mut mine = flat[shard].to_vec();
+        let mut mine = layout.shard_params(&module, self.comm.rank())?;
         apply(self.rule, lr, layout, pieces, decay, &mut mine, &g, &mut self.state, self.comm.as_ref())?;
         let mut all = vec![0.0; layout.padded];
         self.comm.all_gather(&mine, &mut all)?;
