@@ -9,13 +9,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use onnx_ir::{Message, ModelProto, ValueInfoProto};
 
 use crate::attributes::{Attr, Attributes};
 use crate::error::{OnnxError, Result};
 use crate::functions::inline_functions;
-use crate::host_tensor::{ExternalData, HostTensor};
+use crate::host_tensor::{ExternalData, HostTensor, release_pages};
 use crate::progress::progress;
 use crate::ops::{self, OpFn};
 
@@ -126,21 +127,42 @@ fn constant_value(attrs: &Attributes, node: &str) -> Result<HostTensor> {
     out.map_err(|e| bad(&e.to_string()))
 }
 
+/// A mapped model file as the owner of the bytes the protobuf decoder slices.
+struct MappedFile(Arc<memmap2::Mmap>);
+
+impl AsRef<[u8]> for MappedFile {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 impl Graph {
     /// Load and check an ONNX file.
+    ///
+    /// The file is memory-mapped and decoded in place: initializer data is read straight
+    /// from the mapping into the tensors, and each initializer's pages leave the resident
+    /// set once decoded, so a model costs about its own size in memory, not three times.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| OnnxError::io(path, e))?;
-        Self::from_bytes(&bytes, Some(path))
+        let file = std::fs::File::open(path).map_err(|e| OnnxError::io(path, e))?;
+        // SAFETY: a read-only map; the file changing under a running load is outside what a
+        // loader can defend against, as for every mmap-based loader.
+        let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| OnnxError::io(path, e))?);
+        let bytes = bytes::Bytes::from_owner(MappedFile(map.clone()));
+        let model = ModelProto::parse_from_tokio_bytes(&bytes);
+        Self::decoded(model, Some(path), Some(&map))
     }
 
     /// Decode and check ONNX bytes; `source` names the file in errors and resolves
     /// external data.
     pub fn from_bytes(bytes: &[u8], source: Option<&Path>) -> Result<Self> {
+        Self::decoded(ModelProto::parse_from_bytes(bytes), source, None)
+    }
+
+    fn decoded(model: protobuf::Result<ModelProto>, source: Option<&Path>, mapped: Option<&memmap2::Mmap>) -> Result<Self> {
         let label = source.map_or_else(|| PathBuf::from("<memory>"), Path::to_path_buf);
-        let model = ModelProto::parse_from_bytes(bytes)
-            .map_err(|e| OnnxError::Decode { path: label.clone(), what: "ONNX model", message: e.to_string() })?;
-        Self::from_proto(model, source).map_err(|e| match e {
+        let model = model.map_err(|e| OnnxError::Decode { path: label.clone(), what: "ONNX model", message: e.to_string() })?;
+        Self::build(model, source, mapped).map_err(|e| match e {
             OnnxError::Field { field, message } => OnnxError::Decode { path: label, what: "ONNX model", message: format!("{field}: {message}") },
             other => other,
         })
@@ -148,6 +170,11 @@ impl Graph {
 
     /// Check a decoded model.
     pub fn from_proto(model: ModelProto, source: Option<&Path>) -> Result<Self> {
+        Self::build(model, source, None)
+    }
+
+    /// [`Graph::from_proto`]; `mapped` is the file mapping the proto's data points into.
+    fn build(model: ModelProto, source: Option<&Path>, mapped: Option<&memmap2::Mmap>) -> Result<Self> {
         let Some(g) = model.graph.as_ref() else {
             return Err(OnnxError::field("model.graph", "missing (empty or truncated file?)"));
         };
@@ -175,6 +202,9 @@ impl Graph {
                 return Err(OnnxError::field(format!("initializer '{}'", t.name), "defined twice"));
             }
             initializers.push((t.name.clone(), HostTensor::from_proto(t, external.as_ref())?));
+            if let Some(map) = mapped {
+                release_pages(map, &t.raw_data);
+            }
         }
         bar.finish_and_clear();
         let inputs: Vec<TensorInfo> =

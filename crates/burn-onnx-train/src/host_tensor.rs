@@ -118,20 +118,22 @@ impl HostTensor {
             .map(|&d| usize::try_from(d).map_err(|_| OnnxError::field(field(), format!("negative dimension {d}"))))
             .collect::<Result<Vec<_>>>()?;
         let numel = checked_numel(&shape).ok_or_else(|| OnnxError::field(field(), format!("dims {shape:?} overflow the address space")))?;
-        let mapped;
-        let raw: &[u8] = if proto.data_location.value() == 1 {
+        let mapped = if proto.data_location.value() == 1 {
             let ext = external.ok_or_else(|| OnnxError::field(field(), "external data, but the model was not loaded from a file"))?;
-            mapped = ext.bytes(proto)?;
-            mapped.as_ref()
+            Some(ext.bytes(proto)?)
         } else {
-            &proto.raw_data
+            None
         };
+        let raw: &[u8] = mapped.as_ref().map_or(&proto.raw_data[..], |m| m.as_ref());
         let code = proto.data_type;
         let t = if !raw.is_empty() {
             decode_raw(code, raw, numel).map_err(|m| OnnxError::field(field(), m))?
         } else {
             decode_typed(proto, numel).map_err(|m| OnnxError::field(field(), m))?
         };
+        if let Some(m) = &mapped {
+            m.release();
+        }
         t.reshape(&shape).map_err(|m| OnnxError::field(field(), m))
     }
 
@@ -170,6 +172,23 @@ impl HostTensor {
     }
 }
 
+/// Drop the pages of `data` (a slice of `map`, already decoded) from this process's resident
+/// set; the file keeps them, and a later read faults them back in. Other slices: no-op.
+pub fn release_pages(map: &Mmap, data: &[u8]) {
+    const PAGE: usize = 4096;
+    let base = map.as_ptr() as usize;
+    let start = data.as_ptr() as usize;
+    if data.is_empty() || start < base || start + data.len() > base + map.len() {
+        return;
+    }
+    let (from, to) = ((start - base).next_multiple_of(PAGE), (start - base + data.len()) / PAGE * PAGE);
+    if from < to {
+        // SAFETY: a read-only file mapping: MADV_DONTNEED only drops clean page-cache pages
+        // from our page tables; the next access reads the same file contents again.
+        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from) };
+    }
+}
+
 /// The product of `dims`, or `None` on overflow (a crafted file must not wrap it around).
 pub fn checked_numel(dims: &[usize]) -> Option<usize> {
     dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
@@ -191,6 +210,13 @@ pub struct MappedSlice {
 impl AsRef<[u8]> for MappedSlice {
     fn as_ref(&self) -> &[u8] {
         &self.map[self.range.clone()]
+    }
+}
+
+impl MappedSlice {
+    /// Drop these (decoded) pages from the resident set ([`release_pages`]).
+    pub fn release(&self) {
+        release_pages(&self.map, self.as_ref());
     }
 }
 

@@ -162,7 +162,7 @@ impl OnnxModel {
             };
             let HostTensor::Float(a) = t else { unreachable!("default_role keeps non-float tensors on the host") };
             let phys = padded(&shape).map_err(|e| OnnxError::field(format!("initializer '{name}'"), e.0))?;
-            let values = a.as_standard_layout().into_owned().into_raw_vec_and_offset().0;
+            let values = if a.is_standard_layout() { a.into_raw_vec_and_offset().0 } else { a.as_standard_layout().into_owned().into_raw_vec_and_offset().0 };
             let mut param = Param::from_data(TensorData::new(values, phys.to_vec()), device).set_require_grad(role == ParamRole::Trainable);
             param.id = stable_param_id(&name);
             sources.insert(name.clone(), Source::Param(params.len()));
