@@ -99,8 +99,15 @@ pub fn export_onnx(model: &OnnxModel, path: impl AsRef<Path>) -> Result<()> {
 /// Write the model with its current parameter values to `path`, atomically; external data,
 /// when used, goes to `<path>.data` (written and renamed into place first).
 pub fn export_onnx_with(model: &OnnxModel, path: impl AsRef<Path>, options: ExportOptions) -> Result<()> {
-    let path = path.as_ref();
-    let mut proto = inline_proto(model)?;
+    write_model(inline_proto(model)?, path.as_ref(), options)
+}
+
+/// Write `proto` (initializer data inline) to `path`, moving the data to `<path>.data`
+/// when `options` say so (see the module docs).
+pub fn write_model(mut proto: ModelProto, path: &Path, options: ExportOptions) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| OnnxError::io(dir, e))?;
+    }
     let graph = proto.graph.as_mut().ok_or_else(|| OnnxError::field("model.graph", "missing"))?;
     let total: usize = graph.initializer.iter().map(|i| i.raw_data.len()).sum();
     let external = match options.external_data {

@@ -6,6 +6,7 @@
 //! onnx-train train --config run.toml [--dp N]        # or: mpirun -np N onnx-train train ...
 //! onnx-train export --checkpoint DIR --output trained.onnx [--model MODEL.onnx]
 //! onnx-train launch --np 4 --max-restarts 3 -- train --config run.toml --dp 4
+//! onnx-train gpt2 --output gpt2_124m.onnx [--layers 12 --heads 12 --width 768]
 //! ```
 
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use burn_onnx_train::graph::Dim;
 use burn_onnx_train::host_tensor::dtype;
 use burn_onnx_train::npy::{read_npy, write_npy};
 use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::export::{ExportOptions, ExternalDataPolicy, export_onnx_with};
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::{read_params, read_state};
@@ -76,9 +78,10 @@ enum Command {
     },
     /// Export the trained model held in a checkpoint directory as an ONNX file.
     Export {
-        /// The checkpoint directory (`ckpt-NNNNNNNNN`).
+        /// The checkpoint directory (`ckpt-NNNNNNNNN`); without it, `--model` is written as
+        /// it is (e.g. to move its weights into external data).
         #[arg(long)]
-        checkpoint: PathBuf,
+        checkpoint: Option<PathBuf>,
         /// The ONNX file to write.
         #[arg(long)]
         output: PathBuf,
@@ -90,6 +93,32 @@ enum Command {
         /// which it happens anyway (protobuf's 2 GB limit).
         #[arg(long)]
         external_data: bool,
+    },
+    /// Build a GPT-2 (random N(0, 0.02) weights, HF initializer names) as an ONNX file: the
+    /// example's model, or big ones for load/export tests (weights past 1.8 GB go to
+    /// external data).
+    Gpt2 {
+        /// The ONNX file to write.
+        #[arg(long)]
+        output: PathBuf,
+        /// Layers.
+        #[arg(long, default_value_t = 12)]
+        layers: usize,
+        /// Attention heads.
+        #[arg(long, default_value_t = 12)]
+        heads: usize,
+        /// Width.
+        #[arg(long, default_value_t = 768)]
+        width: usize,
+        /// Vocabulary.
+        #[arg(long, default_value_t = 50257)]
+        vocab: usize,
+        /// Positions.
+        #[arg(long, default_value_t = 1024)]
+        positions: usize,
+        /// Seed of the weights.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
     },
 }
 
@@ -197,15 +226,26 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
     Ok(())
 }
 
-fn export(checkpoint: PathBuf, output: PathBuf, model: Option<PathBuf>, external_data: bool) -> Result<(), OnnxError> {
-    let model_path = match model {
-        Some(m) => m,
-        None => TrainingConfig::from_toml(&read_state(&checkpoint)?.config_toml, &checkpoint)?.model_path,
+fn export(checkpoint: Option<PathBuf>, output: PathBuf, model: Option<PathBuf>, external_data: bool) -> Result<(), OnnxError> {
+    let model_path = match (model, &checkpoint) {
+        (Some(m), _) => m,
+        (None, Some(c)) => TrainingConfig::from_toml(&read_state(c)?.config_toml, c)?.model_path,
+        (None, None) => return Err(OnnxError::field("export", "needs --checkpoint, --model, or both")),
     };
-    let model = read_params(&checkpoint, OnnxModel::load(&model_path, &Device::flex())?)?;
+    let mut model = OnnxModel::load(&model_path, &Device::flex())?;
+    if let Some(c) = &checkpoint {
+        model = read_params(c, model)?;
+    }
     let external_data = if external_data { ExternalDataPolicy::Always } else { ExternalDataPolicy::Auto };
     export_onnx_with(&model, &output, ExportOptions { external_data, ..Default::default() })?;
-    println!("exported {} (model {}, checkpoint {})", output.display(), model_path.display(), checkpoint.display());
+    let from = checkpoint.map_or_else(String::new, |c| format!(", checkpoint {}", c.display()));
+    println!("exported {} (model {}{from})", output.display(), model_path.display());
+    Ok(())
+}
+
+fn gpt2(output: PathBuf, config: Gpt2Config) -> Result<(), OnnxError> {
+    write_gpt2(&config, &output)?;
+    println!("wrote {} ({} layers, width {}, vocab {})", output.display(), config.n_layer, config.n_embd, config.vocab_size);
     Ok(())
 }
 
@@ -228,6 +268,10 @@ fn main() -> ExitCode {
         Command::Run { model, inputs, output_dir } => run(model, inputs, output_dir),
         Command::Train(args) => train(args),
         Command::Export { checkpoint, output, model, external_data } => export(checkpoint, output, model, external_data),
+        Command::Gpt2 { output, layers, heads, width, vocab, positions, seed } => gpt2(
+            output,
+            Gpt2Config { n_layer: layers, n_head: heads, n_embd: width, vocab_size: vocab, n_positions: positions, seed, ..Default::default() },
+        ),
         Command::Launch { np, max_restarts, mpirun, mpirun_args, command } => std::env::current_exe()
             .map_err(|e| OnnxError::io("onnx-train", e))
             .and_then(|me| {

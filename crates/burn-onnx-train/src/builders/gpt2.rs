@@ -22,10 +22,10 @@ use std::collections::HashMap;
 use std::f64::consts::PI;
 use std::path::Path;
 
-use onnx_ir::{AttributeProto, AttributeType, GraphProto, Message, ModelProto, NodeProto, TensorProto, TypeProto, ValueInfoProto};
+use onnx_ir::{AttributeProto, AttributeType, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, ValueInfoProto};
 use serde::{Deserialize, Serialize};
 
-use crate::atomic_file::write_atomic;
+use crate::export::{ExportOptions, write_model};
 use crate::proto_presence::restore_default_attribute_values;
 use crate::error::{OnnxError, Result};
 use crate::host_tensor::dtype;
@@ -112,12 +112,10 @@ pub fn build_gpt2(config: &Gpt2Config) -> Result<ModelProto> {
     Ok(model)
 }
 
-/// Build the GPT-2 model described by `config` and write it to `path` (atomically).
+/// Build the GPT-2 model described by `config` and write it to `path` (atomically; the
+/// weights go to `<path>.data` when they pass protobuf's limit, as on export).
 pub fn write_gpt2(config: &Gpt2Config, path: &Path) -> Result<()> {
-    let bytes = build_gpt2(config)?
-        .write_to_bytes()
-        .map_err(|e| OnnxError::field(path.display().to_string(), format!("cannot encode the model: {e}")))?;
-    write_atomic(path, &bytes)
+    write_model(build_gpt2(config)?, path, ExportOptions::default())
 }
 
 fn model_proto(graph: GraphProto) -> ModelProto {
