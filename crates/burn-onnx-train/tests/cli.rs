@@ -105,3 +105,18 @@ fn flags_override_the_config_file_only_when_given() {
     let c = flags.apply(defaults).unwrap();
     assert_eq!((c.batch_size, c.num_train_steps, c.gradient_accumulation_steps, c.num_updates()), (5, 20, 2, 10), "--steps counts updates");
 }
+
+#[test]
+fn gpt2_builds_a_model_and_export_rewrites_it_with_external_data() {
+    let dir = tempdir("cli-gpt2");
+    let model = dir.join("tiny.onnx");
+    let out = onnx_train(&["gpt2", "--output", model.to_str().unwrap(), "--layers", "1", "--heads", "2", "--width", "16", "--vocab", "64", "--positions", "16"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let moved = dir.join("ext/tiny.onnx");
+    let out = onnx_train(&["export", "--model", model.to_str().unwrap(), "--output", moved.to_str().unwrap(), "--external-data"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(dir.join("ext/tiny.onnx.data").is_file(), "weights in external data");
+    assert_eq!(onnx_params(moved), onnx_params(model.clone()));
+    let out = onnx_train(&["export", "--output", dir.join("x.onnx").to_str().unwrap()]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--checkpoint, --model"));
+}
