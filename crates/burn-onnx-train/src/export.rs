@@ -16,11 +16,11 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use onnx_ir::{Message, ModelProto};
+use onnx_ir::{Message, ModelProto, TensorProto};
 
 use crate::atomic_file::write_atomic;
 use crate::error::{OnnxError, Result};
-use crate::host_tensor::{ExternalData, HostTensor};
+use crate::host_tensor::{ExternalData, HostTensor, dtype};
 use crate::model::OnnxModel;
 use crate::progress::progress;
 use crate::proto_presence::restore_default_attribute_values;
@@ -57,38 +57,58 @@ const EXTERNAL_MIN_BYTES: usize = 1024;
 /// Alignment of tensors in the external data file (lets a reader map them directly).
 const EXTERNAL_ALIGN: usize = 64;
 
-/// The model's protobuf with every initializer's data inline: trained values for the
-/// parameters, the source's bytes for everything else (read from its external files).
-fn inline_proto(model: &OnnxModel) -> Result<ModelProto> {
-    let mut proto = model.graph().model.clone();
-    let source_dir = model.graph().source.as_deref().map(|s| s.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf());
-    let external = source_dir.as_deref().map(ExternalData::new);
-    let graph = proto.graph.as_mut().ok_or_else(|| OnnxError::field("model.graph", "missing"))?;
-    for init in graph.initializer.iter_mut() {
-        match model.param_index(&init.name) {
+/// Puts one initializer's data inline: trained values for the parameters, the source's bytes
+/// for initializers it kept in external files.
+struct Filler<'a> {
+    model: &'a OnnxModel,
+    source: Option<ExternalData>,
+}
+
+impl<'a> Filler<'a> {
+    fn new(model: &'a OnnxModel) -> Self {
+        let dir = model.graph().source.as_deref().map(|s| s.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf());
+        Filler { model, source: dir.as_deref().map(ExternalData::new) }
+    }
+
+    fn fill(&self, init: &mut TensorProto) -> Result<()> {
+        match self.model.param_index(&init.name) {
             Some(i) => {
-                let value = model.param_value(i).ok_or_else(|| OnnxError::field(format!("parameter '{}'", init.name), "missing"))?;
+                let value = self.model.param_value(i).ok_or_else(|| OnnxError::field(format!("parameter '{}'", init.name), "missing"))?;
                 let values = value.to_array().map_err(|e| OnnxError::field(format!("parameter '{}'", init.name), e.0))?;
                 let flat: Vec<f32> = values.iter().copied().collect();
-                HostTensor::write_float_into(&flat, init)?;
+                HostTensor::write_float_into(&flat, init)
             }
             None if init.data_location.value() == 1 => {
-                let ext = external.as_ref().ok_or_else(|| OnnxError::field(format!("tensor '{}'", init.name), "external data, but the model was not loaded from a file"))?;
+                let ext = self.source.as_ref().ok_or_else(|| OnnxError::field(format!("tensor '{}'", init.name), "external data, but the model was not loaded from a file"))?;
                 let bytes = ext.bytes(init)?.as_ref().to_vec();
                 init.raw_data = bytes.into();
                 init.external_data.clear();
                 init.data_location = Default::default();
+                Ok(())
             }
-            None => {}
+            None => Ok(()),
         }
     }
-    restore_default_attribute_values(&mut proto);
-    Ok(proto)
+
+    /// The bytes `init` will hold once filled (to choose inline or external before filling).
+    fn size(&self, init: &TensorProto) -> usize {
+        let elements = || init.dims.iter().map(|&d| d.max(0) as usize).product::<usize>();
+        match self.model.param_index(&init.name) {
+            Some(_) => elements() * dtype::width(init.data_type),
+            None => init.external_data.iter().find(|e| e.key == "length").and_then(|e| e.value.parse().ok()).unwrap_or(init.raw_data.len()),
+        }
+    }
 }
 
 /// Serialise the model with its current parameter values, all data inline.
 pub fn export_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
-    inline_proto(model)?.write_to_bytes().map_err(|e| OnnxError::field("export", e.to_string()))
+    let filler = Filler::new(model);
+    let mut proto = model.graph().model.clone();
+    for init in proto.graph.as_mut().map(|g| g.initializer.iter_mut()).into_iter().flatten() {
+        filler.fill(init)?;
+    }
+    restore_default_attribute_values(&mut proto);
+    proto.write_to_bytes().map_err(|e| OnnxError::field("export", e.to_string()))
 }
 
 /// Write the model with its current parameter values to `path` (default options).
@@ -97,38 +117,59 @@ pub fn export_onnx(model: &OnnxModel, path: impl AsRef<Path>) -> Result<()> {
 }
 
 /// Write the model with its current parameter values to `path`, atomically; external data,
-/// when used, goes to `<path>.data` (written and renamed into place first).
+/// when used, goes to `<path>.data` (written and renamed into place first). With external
+/// data the weights are serialised one tensor at a time, so the export holds little more
+/// than the model.
 pub fn export_onnx_with(model: &OnnxModel, path: impl AsRef<Path>, options: ExportOptions) -> Result<()> {
-    write_model(inline_proto(model)?, path.as_ref(), options)
+    let filler = Filler::new(model);
+    let mut proto = model.graph().model.clone();
+    restore_default_attribute_values(&mut proto);
+    let total = proto.graph.as_ref().map_or(0, |g| g.initializer.iter().map(|i| filler.size(i)).sum());
+    write_filled(proto, path.as_ref(), options, total, |init| filler.fill(init))
 }
 
 /// Write `proto` (initializer data inline) to `path`, moving the data to `<path>.data`
 /// when `options` say so (see the module docs).
-pub fn write_model(mut proto: ModelProto, path: &Path, options: ExportOptions) -> Result<()> {
+pub fn write_model(proto: ModelProto, path: &Path, options: ExportOptions) -> Result<()> {
+    let total = proto.graph.as_ref().map_or(0, |g| g.initializer.iter().map(|i| i.raw_data.len()).sum());
+    write_filled(proto, path, options, total, |_| Ok(()))
+}
+
+/// The writer behind both: `fill` puts each initializer's data inline just before it is
+/// written (or moved to the external file and dropped); `total` is the data's size.
+fn write_filled(mut proto: ModelProto, path: &Path, options: ExportOptions, total: usize, fill: impl Fn(&mut TensorProto) -> Result<()>) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| OnnxError::io(dir, e))?;
     }
     let graph = proto.graph.as_mut().ok_or_else(|| OnnxError::field("model.graph", "missing"))?;
-    let total: usize = graph.initializer.iter().map(|i| i.raw_data.len()).sum();
     let external = match options.external_data {
         ExternalDataPolicy::Always => true,
         ExternalDataPolicy::Auto => total > options.threshold_bytes,
     };
-    if external {
+    if !external {
+        for init in graph.initializer.iter_mut() {
+            fill(init)?;
+        }
+    } else {
         let name = path.file_name().ok_or_else(|| OnnxError::field(path.display().to_string(), "not a file path"))?;
         let location = format!("{}.data", name.to_string_lossy());
         let data_path = path.with_file_name(&location);
         let tmp = path.with_file_name(format!(".{location}.tmp-{}", std::process::id()));
         let bar = progress(total as u64, "export");
-        let written = (|| -> std::io::Result<()> {
-            let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+        let written = (|| -> Result<()> {
+            let io = |e| OnnxError::io(&tmp, e);
+            let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(io)?);
             let mut offset = 0usize;
-            for init in graph.initializer.iter_mut().filter(|i| i.raw_data.len() >= EXTERNAL_MIN_BYTES) {
+            for init in graph.initializer.iter_mut() {
+                fill(init)?;
+                if init.raw_data.len() < EXTERNAL_MIN_BYTES {
+                    continue;
+                }
                 let pad = offset.next_multiple_of(EXTERNAL_ALIGN) - offset;
-                out.write_all(&[0u8; EXTERNAL_ALIGN][..pad])?;
+                out.write_all(&[0u8; EXTERNAL_ALIGN][..pad]).map_err(io)?;
                 offset += pad;
                 let len = init.raw_data.len();
-                out.write_all(&init.raw_data)?;
+                out.write_all(&init.raw_data).map_err(io)?;
                 bar.inc(len as u64);
                 for (k, v) in [("location", location.clone()), ("offset", offset.to_string()), ("length", len.to_string())] {
                     init.external_data.push(Default::default());
@@ -140,14 +181,14 @@ pub fn write_model(mut proto: ModelProto, path: &Path, options: ExportOptions) -
                 init.raw_data = Default::default();
                 offset += len;
             }
-            out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-            std::fs::rename(&tmp, &data_path)
+            out.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
+            std::fs::rename(&tmp, &data_path).map_err(|e| OnnxError::io(&data_path, e))
         })();
         bar.finish_and_clear();
-        if let Err(e) = written {
+        if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
-            return Err(OnnxError::io(&data_path, e));
         }
+        written?;
     }
     let bytes = proto.write_to_bytes().map_err(|e| OnnxError::field("export", e.to_string()))?;
     write_atomic(path, &bytes)

@@ -57,6 +57,17 @@ pub mod dtype {
         matches!(code, UINT8 | INT8 | UINT16 | INT16 | INT32 | INT64 | UINT32 | UINT64)
     }
 
+    /// Bytes per element of a data type (0 for types this crate does not store).
+    pub fn width(code: i32) -> usize {
+        match code {
+            UINT8 | INT8 | BOOL => 1,
+            UINT16 | INT16 | FLOAT16 | BFLOAT16 => 2,
+            FLOAT | INT32 | UINT32 => 4,
+            INT64 | DOUBLE | UINT64 => 8,
+            _ => 0,
+        }
+    }
+
     /// Human-readable name of a data type code.
     pub fn name(code: i32) -> String {
         match code {

@@ -9,8 +9,8 @@
 //! - Stage 2: the gradient is reduce-scattered: each rank receives (and keeps) only the
 //!   reduced gradient of its shard.
 //!
-//! Global-norm clipping and LAMB's per-tensor trust ratios work on shards (partial sums of
-//! squares, all-reduced). Weight decay exclusions are per parameter.
+//! Global-norm clipping and LAMB's per-tensor trust ratios work on shards: partial sums of
+//! squares, combined across ranks. Weight decay exclusions are per parameter.
 //!
 //! Checkpoints: every rank writes `zero-<rank>.bin` (its state vectors) and rank 0 writes
 //! `zero.json` (world size, stage, layout, step): a run on any world size and either stage
@@ -39,8 +39,9 @@ pub struct Zero {
     comm: Arc<dyn Communicator>,
     rule: Rule,
     reduction: Reduction,
-    /// Weight decay of every parameter, by layout slot (set on the first update).
+    /// Weight decay of a parameter.
     decay_of: Box<dyn Fn(burn::module::ParamId) -> f32 + Send>,
+    /// The layout, this rank's pieces of it and each slot's weight decay (made on first use).
     layout: Option<(FlatLayout, Vec<Piece>, Vec<f32>)>,
     state: ShardState,
     memory: MemoryUse,
@@ -63,11 +64,6 @@ impl Zero {
         Ok(Zero { stage, comm, rule, reduction, decay_of, layout: None, state: ShardState { step: 0, slots: Vec::new() }, memory: MemoryUse::default() })
     }
 
-    /// The stage.
-    pub fn stage(&self) -> usize {
-        self.stage
-    }
-
     /// The layout for `module`, made on first use with fresh (zero) state.
     fn prepare<M: Module>(&mut self, module: &M) {
         if self.layout.is_some() {
@@ -82,7 +78,8 @@ impl Zero {
         self.layout = Some((layout, pieces, decay));
     }
 
-    /// This rank's reduced gradient shard (and, for stage 1, keep the whole reduced gradient).
+    /// This rank's shard of the reduced gradient: stage 1 all-reduces (or Adasum-combines)
+    /// the whole gradient and keeps its shard; stage 2 reduce-scatters.
     fn reduce<M: Module>(&self, module: &M, mut grads: GradientsParams, layout: &FlatLayout) -> DistResult<Vec<f32>> {
         let shard = layout.shard(self.comm.rank());
         if self.stage == 1 {
