@@ -14,7 +14,7 @@ DIR=${DIR:-runs/gpt2-big}
 BIN=target/release/onnx-train
 PY=${PY:-python3}
 mkdir -p "$DIR"
-measure() { /usr/bin/time -v "$@" 2>&1 | grep -E "^(wrote|exported|  )|Elapsed|Maximum resident" | sed "s/^/  /"; }
+measure() { /usr/bin/time -v "$@" 2>&1 | grep -E "^(wrote|exported|  ort|  max)|Elapsed|Maximum resident" | sed "s/^/  /"; }
 echo "== build (onnx-train gpt2, weights to external data)"
 measure $BIN gpt2 --output "$DIR/model.onnx" --layers "$LAYERS" --heads "$HEADS" --width "$WIDTH"
 ls -l "$DIR"
