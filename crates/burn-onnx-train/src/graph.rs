@@ -148,6 +148,8 @@ impl Graph {
         // SAFETY: a read-only map; the file changing under a running load is outside what a
         // loader can defend against, as for every mmap-based loader.
         let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| OnnxError::io(path, e))?);
+        // Read ahead: the decoder walks the file front to back once.
+        let _ = map.advise(memmap2::Advice::Sequential);
         let bytes = bytes::Bytes::from_owner(MappedFile(map.clone()));
         let model = ModelProto::parse_from_tokio_bytes(&bytes);
         Self::decoded(model, Some(path), Some(&map))

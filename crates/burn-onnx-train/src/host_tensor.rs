@@ -276,6 +276,7 @@ impl ExternalData {
         // SAFETY: the map is read-only; a file truncated by another process while mapped
         // is outside what a model loader can defend against (as in every mmap-based loader).
         let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(|e| OnnxError::io(path, e))?);
+        let _ = map.advise(memmap2::Advice::Sequential);
         self.files.borrow_mut().insert(path.to_path_buf(), map.clone());
         Ok(map)
     }
