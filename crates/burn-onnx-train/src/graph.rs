@@ -79,6 +79,10 @@ pub struct Graph {
     pub constants: HashMap<String, HostTensor>,
     /// For every edge, the index of the last node that reads it.
     pub last_use: HashMap<String, usize>,
+    /// Index of the first node in the whole model's order (non-zero for a pipeline stage's
+    /// part of a graph): random streams are keyed by it, so a stage draws what the whole
+    /// graph would.
+    pub node_offset: usize,
 }
 
 impl std::fmt::Debug for Graph {
@@ -262,7 +266,7 @@ impl Graph {
                 return Err(OnnxError::field(format!("graph output '{}'", o.name), "is not produced by any node"));
             }
         }
-        Ok(Graph { source: source.map(Path::to_path_buf), model, opset, nodes, inputs, outputs, initializers, constants, last_use })
+        Ok(Graph { source: source.map(Path::to_path_buf), model, opset, nodes, inputs, outputs, initializers, constants, last_use, node_offset: 0 })
     }
 
     /// Count of each op type, `Constant` nodes included.

@@ -33,6 +33,7 @@ pub mod loss;
 pub mod model;
 pub mod npy;
 pub mod ops;
+pub mod pipeline;
 pub mod progress;
 pub mod proto_presence;
 pub mod tensorboard;

@@ -25,6 +25,8 @@ use crate::ops::{Inputs, OpContext};
 use crate::trainability::{DefaultRole, Usage};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 
+mod stage;
+
 /// What a parameter is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParamRole {
@@ -349,7 +351,7 @@ impl OnnxModel {
                 opset: graph.opset,
                 attrs: &node.attrs,
                 num_outputs: node.outputs.len(),
-                seed: mix_seed(seed, i as u64),
+                seed: mix_seed(seed, (graph.node_offset + i) as u64),
             };
             let result = catch_unwind(AssertUnwindSafe(|| (node.op)(&ctx, Inputs(args))))
                 .unwrap_or_else(|panic| Err(OpError(format!("internal error: {}", panic_message(&panic)))));

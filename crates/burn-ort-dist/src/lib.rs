@@ -23,6 +23,7 @@ pub mod mpi_comm;
 #[cfg(feature = "cuda")]
 pub mod nccl_comm;
 pub mod threads;
+pub mod topology;
 pub mod zero;
 
 pub use collective_check::check_collectives;
@@ -31,7 +32,7 @@ pub use error::{DistError, DistResult};
 pub use data_parallel::{DataParallel, DistributedOptimizer};
 pub use grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, adasum_pair, adasum_tree, all_reduce_gradients, reduce_gradients};
 pub use launch::run_threads;
-pub use strategy::{MemoryUse, Replicated, UpdateReport, UpdateStrategy, clip_grad_norm};
+pub use strategy::{MemoryUse, ModelParallel, Replicated, UpdateReport, UpdateStrategy, clip_grad_norm};
 #[cfg(feature = "mpi")]
 pub use mpi;
 #[cfg(feature = "mpi")]
@@ -39,4 +40,5 @@ pub use mpi_comm::{MpiCommunicator, launched_by_mpi};
 #[cfg(feature = "cuda")]
 pub use nccl_comm::NcclCommunicator;
 pub use threads::ThreadCommunicator;
+pub use topology::{Groups, Topology};
 pub use zero::Zero;

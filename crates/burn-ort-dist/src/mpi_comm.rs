@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use mpi::collective::SystemOperation;
 use mpi::environment::{Threading, Universe};
 use mpi::datatype::Equivalence;
-use mpi::point_to_point::{Destination, Source};
+use mpi::point_to_point::Source;
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::raw::AsRaw;
 use mpi::traits::{CommunicatorCollectives, Root};
@@ -26,11 +26,22 @@ use crate::error::{DistError, DistResult};
 unsafe extern "C" {
     /// `MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, comm)` (`csrc/in_place.c`).
     fn burn_ort_allreduce_sum_f32_in_place(buf: *mut f32, count: i32, comm: mpi::ffi::MPI_Comm) -> i32;
+    /// `MPI_Isend` of `count` floats to `dest` with tag 0.
+    fn burn_ort_isend_f32(buf: *const f32, count: i32, dest: i32, comm: mpi::ffi::MPI_Comm, req: *mut mpi::ffi::MPI_Request) -> i32;
+    /// `MPI_Test(req, done, MPI_STATUS_IGNORE)`.
+    fn burn_ort_test(req: *mut mpi::ffi::MPI_Request, done: *mut i32) -> i32;
+    /// `MPI_Wait(req, MPI_STATUS_IGNORE)`.
+    fn burn_ort_wait(req: *mut mpi::ffi::MPI_Request) -> i32;
 }
+
+/// Sends in flight: each request with the buffer it reads, kept alive until it completes.
+type Pending = Vec<(mpi::ffi::MPI_Request, Vec<f32>)>;
 
 /// The world of an MPI job.
 pub struct MpiCommunicator {
     world: Mutex<SimpleCommunicator>,
+    /// Buffered sends not known to be complete (locked inside `world`'s lock).
+    pending: Mutex<Pending>,
     rank: usize,
     size: usize,
     // Shared with sub-communicators; the last one dropped finalises MPI.
@@ -73,7 +84,7 @@ impl MpiCommunicator {
 
     fn wrap(comm: SimpleCommunicator, universe: Arc<Universe>) -> Self {
         let (rank, size) = (comm.rank() as usize, comm.size() as usize);
-        MpiCommunicator { world: Mutex::new(comm), rank, size, universe }
+        MpiCommunicator { world: Mutex::new(comm), pending: Mutex::new(Vec::new()), rank, size, universe }
     }
 
     /// Run `f` on the raw rsmpi world (under the communicator's lock), for collectives this
@@ -134,11 +145,31 @@ impl Communicator for MpiCommunicator {
         self.with_world(|w| w.barrier())
     }
 
+    /// Buffered: the values are copied and sent in the background (`MPI_Isend`); messages
+    /// between two ranks arrive in order.
     fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
         if dest >= self.size {
             return Err(DistError::Invalid { rank: self.rank, message: format!("send to rank {dest} in a world of {}", self.size) });
         }
-        self.with_world(|w| w.process_at_rank(dest as i32).send(buf))
+        let count = i32::try_from(buf.len()).map_err(|_| DistError::Invalid { rank: self.rank, message: format!("a message of {} values is above MPI's count limit", buf.len()) })?;
+        let data = buf.to_vec();
+        let code = self.with_world(|w| {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            reap(&mut pending);
+            // SAFETY: an MPI_Request is plain data (an int or a pointer) that MPI_Isend fills.
+            let mut req: mpi::ffi::MPI_Request = unsafe { std::mem::zeroed() };
+            // SAFETY: `data` is moved into `pending` below and outlives the request (it is
+            // only dropped once MPI_Test or MPI_Wait reports completion); calls are serialised.
+            let code = unsafe { burn_ort_isend_f32(data.as_ptr(), count, dest as i32, w.as_raw(), &mut req) };
+            if code == 0 {
+                pending.push((req, data));
+            }
+            code
+        })?;
+        if code != 0 {
+            return Err(DistError::Peer { rank: self.rank, message: format!("MPI_Isend to rank {dest} failed with code {code}") });
+        }
+        Ok(())
     }
 
     fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
@@ -162,6 +193,29 @@ impl Communicator for MpiCommunicator {
     fn abort(&self, code: i32) {
         if let Ok(w) = self.world.lock() {
             w.abort(code);
+        }
+    }
+}
+
+/// Drop the sends that have completed.
+fn reap(pending: &mut Pending) {
+    pending.retain_mut(|(req, _)| {
+        let mut done = 0;
+        // SAFETY: `req` came from MPI_Isend and has not completed yet.
+        let code = unsafe { burn_ort_test(req, &mut done) };
+        code == 0 && done == 0
+    });
+}
+
+impl Drop for MpiCommunicator {
+    /// Sends still in flight complete before their buffers go.
+    fn drop(&mut self) {
+        let pending = self.pending.get_mut().map(std::mem::take).unwrap_or_default();
+        if let Ok(_w) = self.world.lock() {
+            for (mut req, _data) in pending {
+                // SAFETY: an incomplete request from MPI_Isend; its buffer is alive here.
+                unsafe { burn_ort_wait(&mut req) };
+            }
         }
     }
 }

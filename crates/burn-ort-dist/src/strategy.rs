@@ -4,12 +4,15 @@
 //! everything with Burn's optimizer) or [`crate::zero::Zero`] (stages 1 and 2: each rank
 //! updates its shard of a flat buffer). The loop does not branch on the kind.
 
+use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Bytes, Tensor};
 
+use crate::communicator::{Communicator, ReduceOp};
 use crate::data_parallel::DataParallel;
 use crate::error::{DistError, DistResult};
 
@@ -33,6 +36,38 @@ pub struct MemoryUse {
     pub parameter_bytes: usize,
 }
 
+/// The ranks that hold the other parts of one model (pipeline stages): the global gradient
+/// norm sums their squares, counting a parameter several of them hold (a tied embedding)
+/// once, as Megatron does.
+#[derive(Clone)]
+pub struct ModelParallel {
+    comm: Arc<dyn Communicator>,
+    counted_elsewhere: HashSet<ParamId>,
+}
+
+impl ModelParallel {
+    /// The group `comm` of model parts; this rank leaves out `counted_elsewhere` (copies
+    /// of parameters whose squares another rank of the group contributes).
+    pub fn new(comm: Arc<dyn Communicator>, counted_elsewhere: HashSet<ParamId>) -> Self {
+        ModelParallel { comm, counted_elsewhere }
+    }
+
+    /// The L2 norm over the whole model from this part's per-parameter sums of squares; a
+    /// collective of the group when there is one.
+    pub fn global_norm(group: Option<&Self>, squares: impl Iterator<Item = (ParamId, f64)>) -> DistResult<f32> {
+        let Some(g) = group else {
+            return Ok(total_norm(squares.map(|(_, s)| s)));
+        };
+        let local: f64 = squares.filter(|(id, _)| !g.counted_elsewhere.contains(id)).map(|(_, s)| s).sum();
+        // f64 across the wire as two f32 halves would lose nothing, but the communicator
+        // is f32: send the sum split into a high and a low part.
+        let hi = local as f32;
+        let mut buf = [hi, (local - f64::from(hi)) as f32];
+        g.comm.all_reduce(&mut buf, ReduceOp::Sum)?;
+        Ok((f64::from(buf[0]) + f64::from(buf[1])).max(0.0).sqrt() as f32)
+    }
+}
+
 /// Synchronise, clip and apply one update.
 pub trait UpdateStrategy<M: Module> {
     /// Combine `grads` across ranks, clip them to global L2 norm `max_norm` (0: no
@@ -45,6 +80,9 @@ pub trait UpdateStrategy<M: Module> {
     fn state_files(&self) -> DistResult<Vec<(String, Vec<u8>)>>;
     /// Restore the optimizer state for `module` from a checkpoint directory.
     fn load_state(&mut self, module: &M, dir: &Path) -> DistResult<()>;
+    /// The module is one part of a model spread over `group` (pipeline stages): measure
+    /// the gradient norm (and clip) over the whole model.
+    fn set_model_parallel(&mut self, group: ModelParallel);
 }
 
 /// The optimizer record file of a replicated run.
@@ -56,12 +94,13 @@ pub struct Replicated {
     ddp: DataParallel,
     optim: ModuleOptimizer,
     memory: MemoryUse,
+    model_parallel: Option<ModelParallel>,
 }
 
 impl Replicated {
     /// Wrap `optim` with the data-parallel settings `ddp`.
     pub fn new(ddp: DataParallel, optim: ModuleOptimizer) -> Self {
-        Replicated { ddp, optim, memory: MemoryUse::default() }
+        Replicated { ddp, optim, memory: MemoryUse::default(), model_parallel: None }
     }
 }
 
@@ -69,7 +108,7 @@ impl<M: Module> UpdateStrategy<M> for Replicated {
     fn update(&mut self, lr: f64, module: M, mut grads: GradientsParams, max_norm: f32, tensor_norms: bool) -> DistResult<(M, UpdateReport)> {
         self.ddp.sync(&module, &mut grads)?;
         let norms = grad_squares(&module, &grads)?;
-        let grad_norm = total_norm(norms.iter().map(|(_, s)| *s));
+        let grad_norm = ModelParallel::global_norm(self.model_parallel.as_ref(), norms.iter().copied())?;
         clip(&module, &mut grads, grad_norm, max_norm);
         let mut census = Census::default();
         module.visit(&mut census);
@@ -97,6 +136,10 @@ impl<M: Module> UpdateStrategy<M> for Replicated {
         let bytes = std::fs::read(&path).map_err(|e| invalid(format!("{}: {e} (a checkpoint of a sharded run needs zero_stage >= 1)", path.display())))?;
         self.optim = self.optim.clone().from_bytes(Bytes::from_bytes_vec(bytes)).map_err(|e| invalid(format!("{}: not a valid optimizer record: {e:?}", path.display())))?;
         Ok(())
+    }
+
+    fn set_model_parallel(&mut self, group: ModelParallel) {
+        self.model_parallel = Some(group);
     }
 }
 

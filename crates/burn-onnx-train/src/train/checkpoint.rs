@@ -2,16 +2,20 @@
 //!
 //! A checkpoint is a directory `ckpt-<update step, 9 digits>/` holding
 //! * `model.safetensors`: every parameter (trained weights and state such as batch-norm
-//!   running statistics) under its ONNX initializer name, f32, ONNX shape;
+//!   running statistics) under its ONNX initializer name, f32, ONNX shape; a pipeline run
+//!   writes one `model-stage-<k>.safetensors` per stage instead (each parameter once, in
+//!   the file of the first stage holding it), and a load reads them all, so a checkpoint
+//!   reloads onto any stage count;
 //! * the update strategy's optimizer state: `optimizer.bpk` (Burn's optimizer record,
 //!   keyed by parameter ids derived from the ONNX names) for replicated runs, or one
-//!   `zero-<rank>.bin` shard per rank plus `zero.json` for ZeRO runs;
+//!   `zero-<rank>.bin` shard per rank plus `zero.json` for ZeRO runs; in a pipeline run,
+//!   each stage's under `stage-<k>/`;
 //! * `state.json`: update and micro-step counters, seed (data order and dropout are pure
 //!   functions of seed and step, so this is the whole RNG state), loss-scaler state, the
 //!   world size, the ZeRO stage, and the run's config.
 //!
 //! Every rank takes part: rank 0 makes `.ckpt-<step>.tmp/`, each rank writes its files
-//! into it (fsynced), then rank 0 writes the model and state, renames the directory into
+//! (its part of the model, its optimizer state) into it (fsynced), then rank 0 writes the state, renames the directory into
 //! place and fsyncs the parent: a run killed at any point leaves the previous checkpoints
 //! intact, and a leftover temporary directory is ignored and removed.
 
@@ -47,11 +51,27 @@ pub struct CheckpointState {
     /// ZeRO stage of the run (0: replicated optimizer record).
     #[serde(default)]
     pub zero_stage: usize,
+    /// Pipeline stages of the run (optimizer state is kept per stage).
+    #[serde(default = "one")]
+    pub pipeline_stages: usize,
     /// The config of that run, as TOML.
     pub config_toml: String,
 }
 
+fn one() -> usize {
+    1
+}
+
 const MODEL_FILE: &str = "model.safetensors";
+
+/// The file holding the model parameters a rank writes: `model.safetensors`, or
+/// `model-stage-<k>.safetensors` for pipeline stage `k`.
+pub fn model_file(stage: Option<usize>) -> String {
+    match stage {
+        None => MODEL_FILE.into(),
+        Some(k) => format!("model-stage-{k}.safetensors"),
+    }
+}
 const STATE_FILE: &str = "state.json";
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> OnnxError + '_ {
@@ -83,10 +103,10 @@ pub fn list_checkpoints(dir: &Path) -> Vec<(usize, PathBuf)> {
     out
 }
 
-/// Serialise parameters by ONNX name.
-fn model_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
+/// Serialise the parameters `keep` selects by ONNX name.
+pub fn model_bytes(model: &OnnxModel, keep: impl Fn(&str) -> bool) -> Result<Vec<u8>> {
     let mut buffers = Vec::new();
-    for (i, info) in model.param_infos().iter().enumerate() {
+    for (i, info) in model.param_infos().iter().enumerate().filter(|(_, info)| keep(&info.name)) {
         let v = model.param_value(i).ok_or_else(|| OnnxError::field(&info.name, "missing parameter"))?;
         let a = v.to_array().map_err(|e| OnnxError::field(&info.name, e.0))?;
         let bytes: Vec<u8> = a.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -101,10 +121,10 @@ fn model_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
 }
 
 /// Write a checkpoint atomically into `dir`, then delete all but the newest `keep`. A
-/// collective: every rank calls it with the optimizer-state `files` it owns.
+/// collective: every rank calls it with the `files` it owns (model parameters, optimizer
+/// state; names may hold one directory level).
 pub fn save_checkpoint(
     dir: &Path,
-    model: &OnnxModel,
     files: Vec<(String, Vec<u8>)>,
     state: &CheckpointState,
     keep: usize,
@@ -120,12 +140,15 @@ pub fn save_checkpoint(
     }
     comm.barrier()?;
     for (file, bytes) in files {
-        write_synced(&tmp.join(file), &bytes)?;
+        let path = tmp.join(file);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        write_synced(&path, &bytes)?;
     }
     comm.barrier()?;
     let target = dir.join(&name);
     if root {
-        write_synced(&tmp.join(MODEL_FILE), &model_bytes(model)?)?;
         let json = serde_json::to_vec_pretty(state).map_err(|e| OnnxError::field("checkpoint state", e.to_string()))?;
         write_synced(&tmp.join(STATE_FILE), &json)?;
         File::open(&tmp).and_then(|d| d.sync_all()).map_err(io(&tmp))?;
@@ -165,24 +188,40 @@ pub fn read_state(path: &Path) -> Result<CheckpointState> {
 }
 
 /// Set `model`'s parameters to the checkpoint's (every parameter must be there, in f32 and
-/// with the model's shape).
+/// with the model's shape), from `model.safetensors` or the stages' part files.
 pub fn read_params(path: &Path, model: OnnxModel) -> Result<OnnxModel> {
-    let model_path = path.join(MODEL_FILE);
-    let bytes = fs::read(&model_path).map_err(io(&model_path))?;
-    let bad = |message: String| OnnxError::Decode { path: model_path.clone(), what: "checkpoint model (safetensors)", message };
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let mut files: Vec<PathBuf> = fs::read_dir(path)
+        .map_err(io(path))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors")))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(OnnxError::io(&path.join(MODEL_FILE), std::io::Error::new(std::io::ErrorKind::NotFound, "no model parameters in the checkpoint")));
+    }
     let device = model.device();
     let mut values = HashMap::new();
-    for info in model.param_infos() {
-        let view = st.tensor(&info.name).map_err(|e| bad(format!("parameter '{}': {e}", info.name)))?;
-        if view.dtype() != Dtype::F32 || view.shape() != info.shape.as_slice() {
-            return Err(bad(format!("parameter '{}' is {:?} {:?}, the model has f32 {:?}", info.name, view.dtype(), view.shape(), info.shape)));
+    for model_path in &files {
+        let bytes = fs::read(model_path).map_err(io(model_path))?;
+        let bad = |message: String| OnnxError::Decode { path: model_path.clone(), what: "checkpoint model (safetensors)", message };
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+        for info in model.param_infos() {
+            let Ok(view) = st.tensor(&info.name) else { continue };
+            if view.dtype() != Dtype::F32 || view.shape() != info.shape.as_slice() {
+                return Err(bad(format!("parameter '{}' is {:?} {:?}, the model has f32 {:?}", info.name, view.dtype(), view.shape(), info.shape)));
+            }
+            let data: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&info.shape), data).map_err(|e| OnnxError::field(&info.name, e.to_string()))?;
+            let v = FloatValue::from_array(&array, &device).map_err(|e| OnnxError::field(&info.name, e.0))?;
+            values.insert(info.name.clone(), v);
         }
-        let data: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&info.shape), data).map_err(|e| OnnxError::field(&info.name, e.to_string()))?;
-        let v = FloatValue::from_array(&array, &device).map_err(|e| OnnxError::field(&info.name, e.0))?;
-        values.insert(info.name.clone(), v);
+    }
+    if let Some(missing) = model.param_infos().iter().find(|i| !values.contains_key(&i.name)) {
+        return Err(OnnxError::Decode {
+            path: files[0].clone(),
+            what: "checkpoint model (safetensors)",
+            message: format!("parameter '{}': not in {}", missing.name, files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")),
+        });
     }
     model.set_params(&values)
 }
-

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{OnnxError, Result};
 use crate::loss::LossKind;
+use crate::pipeline::PipelineSchedule;
 
 /// Optimizer choice (ORT: `training_optimizer_name`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -167,8 +168,18 @@ pub struct TrainingConfig {
     pub data_parallel_size: usize,
     /// Horizontal (tensor) parallel size.
     pub horizontal_parallel_size: usize,
-    /// Pipeline-parallel size.
+    /// Pipeline-parallel size: the graph is cut into this many stages, one per rank of a
+    /// replica.
     pub pipeline_parallel_size: usize,
+    /// Micro-batches each batch is cut into for the pipeline (0: twice the stage count);
+    /// must divide `batch_size`.
+    pub num_pipeline_micro_batches: usize,
+    /// Pipeline schedule: `"1f1b"` (activation memory bounded by the stage count) or
+    /// `"gpipe"`; both give the same gradients.
+    pub pipeline_schedule: PipelineSchedule,
+    /// Cut the pipeline after the nodes producing these values (ORT's cut edges), one name
+    /// per cut, in execution order; empty: cut automatically, balancing parameters and work.
+    pub pipeline_cut_after: Vec<String>,
     /// Combine data-parallel gradients with Adasum instead of averaging them.
     pub enable_adasum: bool,
     /// ZeRO stage (ORT: `deepspeed_zero_stage`): 0 replicates the optimizer state on every
@@ -228,6 +239,9 @@ impl Default for TrainingConfig {
             data_parallel_size: 1,
             horizontal_parallel_size: 1,
             pipeline_parallel_size: 1,
+            num_pipeline_micro_batches: 0,
+            pipeline_schedule: PipelineSchedule::OneFOneB,
+            pipeline_cut_after: Vec::new(),
             enable_adasum: false,
             zero_stage: 0,
             checkpoints_dir: None,
@@ -309,6 +323,16 @@ impl TrainingConfig {
         Ok(())
     }
 
+    /// Pipeline micro-batches per batch (`num_pipeline_micro_batches`, by default twice the
+    /// stage count; 1 without a pipeline).
+    pub fn micro_batches(&self) -> usize {
+        match (self.pipeline_parallel_size, self.num_pipeline_micro_batches) {
+            (1, _) => 1,
+            (p, 0) => 2 * p,
+            (_, m) => m,
+        }
+    }
+
     /// Number of optimizer updates.
     pub fn num_updates(&self) -> usize {
         self.num_train_steps / self.gradient_accumulation_steps.max(1)
@@ -329,7 +353,7 @@ impl TrainingConfig {
     }
 
     /// Can this run continue a checkpoint written by a run with `saved` on `saved_world`
-    /// ranks at ZeRO stage `saved_zero`? The data stream and the optimizer state depend on
+    /// data-parallel replicas at ZeRO stage `saved_zero`? The data stream and the optimizer state depend on
     /// the batch geometry, the seed and the optimizer: those must match (`checkpoint` names
     /// the checkpoint in the error). A replicated (stage 0) checkpoint resumes only on the
     /// same world size and stage 0; a ZeRO checkpoint reshards onto any world size and stage
@@ -337,6 +361,15 @@ impl TrainingConfig {
     /// periods and paths may change.
     pub fn check_resume(&self, saved: &TrainingConfig, saved_world: usize, saved_zero: usize, world: usize, checkpoint: &Path) -> Result<()> {
         let here = checkpoint.display();
+        if saved.pipeline_parallel_size != self.pipeline_parallel_size {
+            return Err(invalid(
+                "pipeline_parallel_size",
+                format!(
+                    "{} cannot continue {here}, written with {} pipeline stage(s): optimizer state is kept per stage, so training resumes on the same stage count (its parameters load onto any: `onnx-train export --checkpoint`)",
+                    self.pipeline_parallel_size, saved.pipeline_parallel_size
+                ),
+            ));
+        }
         if (saved_zero == 0) != (self.zero_stage == 0) {
             return Err(invalid(
                 "zero_stage",
@@ -415,8 +448,11 @@ impl TrainingConfig {
                 "Adasum needs each rank's whole per-tensor gradient, but ZeRO-2 reduce-scatters the gradient so no rank holds another's: use zero_stage 1 or mean reduction",
             ));
         }
-        if self.pipeline_parallel_size > 1 {
-            return Err(invalid("pipeline_parallel_size", "pipeline parallelism is not implemented yet; use 1"));
+        if self.pipeline_parallel_size > 1 && self.batch_size % self.micro_batches() != 0 {
+            return Err(invalid(
+                "num_pipeline_micro_batches",
+                format!("{} micro-batches do not divide batch_size {}", self.micro_batches(), self.batch_size),
+            ));
         }
         if matches!(self.loss, LossKind::LmCrossEntropy) && self.seq_len < 2 {
             return Err(invalid("seq_len", "must be at least 2 for the language-model loss"));

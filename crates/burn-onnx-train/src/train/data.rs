@@ -52,6 +52,37 @@ pub struct Batch {
     pub items: usize,
 }
 
+impl Batch {
+    /// Cut into `parts` equal batches along the sample axis (pipeline micro-batches); the
+    /// sample count must divide.
+    pub fn split(&self, parts: usize) -> Result<Vec<Batch>> {
+        let samples = self.input.shape().first().copied().unwrap_or(0);
+        if parts == 0 || samples % parts != 0 {
+            return Err(OnnxError::field(
+                "config.num_pipeline_micro_batches",
+                format!("{parts} micro-batches do not divide a batch of {samples} samples: make batch_size a multiple of it"),
+            ));
+        }
+        let n = samples / parts;
+        let rows = |i: usize| ndarray::Slice::from(i * n..(i + 1) * n);
+        Ok((0..parts)
+            .map(|i| Batch {
+                input: match &self.input {
+                    HostTensor::Float(a) => HostTensor::Float(a.slice_axis(Axis(0), rows(i)).to_owned()),
+                    HostTensor::Int(a) => HostTensor::Int(a.slice_axis(Axis(0), rows(i)).to_owned()),
+                    HostTensor::Bool(a) => HostTensor::Bool(a.slice_axis(Axis(0), rows(i)).to_owned()),
+                },
+                target: match &self.target {
+                    Target::NextToken => Target::NextToken,
+                    Target::Classes(t) => Target::Classes(t.slice_axis(Axis(0), rows(i)).to_owned()),
+                    Target::Values(t) => Target::Values(t.slice_axis(Axis(0), rows(i)).to_owned()),
+                },
+                items: self.items / parts,
+            })
+            .collect())
+    }
+}
+
 /// A random-access data set.
 pub trait Dataset: Send + Sync {
     /// Number of samples.

@@ -1,17 +1,19 @@
 //! Evaluation (ORT's `EvaluateStep`): the test set without gradients and with dropout off,
-//! its batches split across the data-parallel ranks (or replicated on each), the sums
-//! all-reduced so every rank gets the same metrics.
+//! its batches split across the data-parallel replicas (or replicated on each), the sums
+//! all-reduced over the world so every rank gets the same metrics (in a pipeline only the
+//! last stage computes them).
 
 use burn::module::Module;
 use burn_ort_dist::{Communicator, ReduceOp};
+
+use super::passes::Passes;
 use serde::Serialize;
 
 use super::config::TrainingConfig;
 use super::data::Dataset;
-use super::step::{forward_loss, scalar};
 use crate::error::{OnnxError, Result};
 use crate::loss::LossKind;
-use crate::model::{Mode, OnnxModel};
+use crate::model::OnnxModel;
 
 /// Evaluation result.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -36,25 +38,29 @@ pub fn eval_batches(c: &TrainingConfig, len: usize) -> Result<usize> {
     Ok(if c.eval_batches == 0 { n } else { n.min(c.eval_batches) })
 }
 
-/// Mean loss (and perplexity or accuracy) of `model` on `test` at update `step`.
-pub fn evaluate(c: &TrainingConfig, comm: &dyn Communicator, model: &OnnxModel, test: &dyn Dataset, step: usize) -> Result<EvalMetrics> {
+/// Mean loss (and perplexity or accuracy) of `model` on `test` at update `step`: this rank
+/// is replica `replica` of `replicas`, runs `passes`, and `world` holds every rank.
+pub fn evaluate(c: &TrainingConfig, world: &dyn Communicator, (replica, replicas): (usize, usize), passes: &dyn Passes, model: &OnnxModel, test: &dyn Dataset, step: usize) -> Result<EvalMetrics> {
     let eval_model = model.valid();
-    let device = eval_model.device();
     let batches = eval_batches(c, test.len())?;
-    let (rank, world) = if c.eval_partitioned { (comm.rank(), comm.world_size()) } else { (0, 1) };
+    let (first, stride) = if c.eval_partitioned { (replica, replicas) } else { (0, 1) };
     // [loss sum, correct, samples]
     let mut sums = [0.0f32; 3];
-    for b in (rank..batches).step_by(world) {
+    for b in (first..batches).step_by(stride) {
         let idx: Vec<usize> = (b * c.eval_batch_size..(b + 1) * c.eval_batch_size).collect();
         let batch = test.batch(&idx)?;
-        let out = forward_loss(&eval_model, &batch, c, &device, Mode::Eval, 0)?;
-        sums[0] += scalar(out.loss);
-        sums[1] += out.correct.unwrap_or(0) as f32;
-        sums[2] += idx.len() as f32;
+        if let Some((loss, correct)) = passes.eval(c, &eval_model, &batch)? {
+            sums[0] += loss;
+            sums[1] += correct as f32;
+            sums[2] += idx.len() as f32;
+        }
     }
-    if world > 1 {
-        comm.all_reduce(&mut sums, ReduceOp::Sum)?;
+    if world.world_size() > 1 {
+        world.all_reduce(&mut sums, ReduceOp::Sum)?;
     }
+    // Replicated evaluation: every replica summed every batch.
+    let copies = if c.eval_partitioned { 1.0 } else { replicas as f32 };
+    sums.iter_mut().for_each(|s| *s /= copies);
     let loss = f64::from(sums[0]) / batches as f64;
     Ok(EvalMetrics {
         step,

@@ -1,5 +1,5 @@
 //! Start a training run on whatever the environment provides: one rank of an MPI job when
-//! started by `mpirun` (feature `mpi`), `data_parallel_size` worker threads of this process
+//! started by `mpirun` (feature `mpi`), one worker thread per rank of the configured topology
 //! otherwise, or a plain single-process run. Thread runs restart after a failure (elastic
 //! restart, like torchrun's `--max-restarts`): every rank stops, and the run starts again
 //! from the newest checkpoint. MPI jobs restart through `onnx-train launch`.
@@ -79,13 +79,14 @@ pub fn launch_elastic(config: TrainingConfig, train: Arc<dyn Dataset>, test: Opt
     }
 }
 
-/// One attempt on this process: `data_parallel_size` thread ranks, or one plain run.
+/// One attempt on this process: a thread per rank of the topology (data x tensor x
+/// pipeline parallel sizes), or one plain run.
 fn launch_threads(config: TrainingConfig, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>) -> Result<RunSummary> {
-    let dp = config.data_parallel_size;
-    if dp <= 1 {
+    let world = config.data_parallel_size * config.horizontal_parallel_size * config.pipeline_parallel_size;
+    if world <= 1 {
         return run_rank(config, Arc::new(LocalCommunicator), train, test);
     }
-    let results = run_threads(dp, THREAD_TIMEOUT, |comm| run_rank(config.clone(), comm, train.clone(), test.clone()));
+    let results = run_threads(world, THREAD_TIMEOUT, |comm| run_rank(config.clone(), comm, train.clone(), test.clone()));
     let mut first_error = None;
     let mut root = None;
     for (rank, r) in results.into_iter().enumerate() {

@@ -14,13 +14,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
 use burn_ort_dist::{Communicator, DataParallel, UpdateStrategy};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use super::checkpoint::{CheckpointState, list_checkpoints, read_params, read_state, remove_stale_temporaries, save_checkpoint};
+use super::placement::Placement;
 use super::config::TrainingConfig;
 use super::data::{Dataset, DistributedSampler, Prefetcher};
 pub use super::evaluate::EvalMetrics;
@@ -29,11 +29,10 @@ use super::optimizer::build_strategy;
 use super::perf::{MemoryReport, PerfMeter};
 use super::preflight::{check_data, check_weight_names};
 use super::schedule::LrSchedule;
-use super::step::{forward_loss, scalar};
 use super::summaries::Summaries;
 use crate::error::{OnnxError, Result};
 use crate::export::export_onnx;
-use crate::model::{Mode, OnnxModel, mix_seed};
+use crate::model::OnnxModel;
 
 /// The three kinds of session runs of ORT's training loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -103,13 +102,6 @@ pub struct TrainingRunner {
     device: Device,
 }
 
-/// The gradients of one update with what the micro-steps measured.
-struct Accumulated {
-    grads: GradientsParams,
-    loss: f64,
-    items: usize,
-}
-
 impl TrainingRunner {
     /// Validate the config against the communicator's world.
     pub fn new(config: TrainingConfig, comm: Arc<dyn Communicator>, device: Device) -> Result<Self> {
@@ -128,9 +120,10 @@ impl TrainingRunner {
 
     /// Train on `train`, evaluating on `test`.
     pub fn run(&self, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>) -> Result<RunSummary> {
-        let (rank, world) = (self.comm.rank(), self.comm.world_size());
-        let sampler = DistributedSampler { len: train.len(), batch_size: self.config.batch_size, rank, world, seed: self.config.seed, shuffle: true };
         let mut c = self.config.clone();
+        let mut place = Placement::new(&c, self.comm.as_ref())?;
+        let (replica, replicas) = (place.groups.dp_rank, place.topology.dp);
+        let sampler = DistributedSampler { len: train.len(), batch_size: c.batch_size, rank: replica, world: replicas, seed: c.seed, shuffle: true };
         c.resolve_epochs(sampler.batches_per_epoch())?;
         sampler.batch_indices(0)?;
         let model = OnnxModel::load(&c.model_path, &self.device)?.select_trainable(
@@ -140,11 +133,15 @@ impl TrainingRunner {
         )?;
         check_weight_names(&c, &model)?;
         check_data(&c, &model, train.as_ref(), test.as_deref())?;
-        let mut strategy = build_strategy(&c, &model, self.comm.clone())?;
-        let (model, mut update, mut micro) = self.resume(&c, model, strategy.as_mut())?;
-        let ddp = DataParallel::new(self.comm.clone());
-        ddp.check_consistent(c.to_toml()?.as_bytes())?;
-        let mut model = ddp.broadcast_parameters(model)?;
+        let model = place.model_part(&c, model)?;
+        let passes = place.passes(&c, &self.device);
+        let mut strategy = build_strategy(&c, &model, place.groups.dp.clone())?;
+        if let Some(group) = place.model_parallel(&model) {
+            strategy.set_model_parallel(group);
+        }
+        let (model, mut update, mut micro) = self.resume(&c, &place, model, strategy.as_mut())?;
+        DataParallel::new(self.comm.clone()).check_consistent(c.to_toml()?.as_bytes())?;
+        let mut model = DataParallel::new(place.groups.dp.clone()).broadcast_parameters(model)?;
         let (start_step, total) = (update, c.num_updates());
         let schedule = LrSchedule::new(&c.lr, total);
         let prefetch = Prefetcher::start(train.clone(), sampler, micro, 4);
@@ -159,7 +156,7 @@ impl TrainingRunner {
 
         while update < total {
             let started = Instant::now();
-            let acc = self.micro_steps(&c, &mut model, &prefetch, &mut micro, update)?;
+            let acc = passes.train(&c, &mut model, &prefetch, &mut micro, update)?;
             let display = (update + 1) % c.display_loss_steps.max(1) == 0 || update + 1 == total;
             let (lr, update_started) = (schedule.lr(update), Instant::now());
             let (next, report) = strategy.update(lr, model, acc.grads, c.max_grad_norm, display && out.tb.wants_norms())?;
@@ -169,15 +166,14 @@ impl TrainingRunner {
             if display && out.tb.wants_norms() {
                 out.tb.norms(&model, &report.tensor_grad_norms, update)?;
             }
-            let norm = report.grad_norm;
             if !acc.loss.is_finite() {
                 return Err(OnnxError::field("training", format!("loss became {} at update {update}", acc.loss)));
             }
-            out.perf.record(acc.items * world, started.elapsed(), sync_time);
-            out.update(update, acc.loss, lr, norm, display)?;
+            out.perf.record(acc.items * replicas, started.elapsed(), sync_time);
+            out.update(update, acc.loss, lr, report.grad_norm, display)?;
             let eval_due = c.evaluation_period > 0 && update % c.evaluation_period == 0;
             if let Some(test) = test.as_ref().filter(|_| eval_due || update == total) {
-                out.eval(evaluate(&c, self.comm.as_ref(), &model, test.as_ref(), update)?, &model)?;
+                out.eval(evaluate(&c, self.comm.as_ref(), (replica, replicas), passes.as_ref(), &model, test.as_ref(), update)?, &model)?;
             }
             if c.checkpoint_period > 0 && (update % c.checkpoint_period == 0 || update == total) {
                 let state = CheckpointState {
@@ -185,12 +181,14 @@ impl TrainingRunner {
                     micro_step: micro,
                     seed: c.seed,
                     loss_scale: None,
-                    world_size: world,
+                    world_size: self.comm.world_size(),
                     written_by_rank: 0,
                     zero_stage: c.zero_stage,
+                    pipeline_stages: place.topology.pp,
                     config_toml: c.to_toml()?,
                 };
-                let path = save_checkpoint(&c.checkpoints_dir(), &model, strategy.state_files()?, &state, c.max_num_checkpoints, self.comm.as_ref())?;
+                let files = place.checkpoint_files(&model, strategy.state_files()?)?;
+                let path = save_checkpoint(&c.checkpoints_dir(), files, &state, c.max_num_checkpoints, self.comm.as_ref())?;
                 if self.is_root() {
                     out.bar.suspend(|| tracing::info!(step = update, path = %path.display(), "checkpoint"));
                 }
@@ -199,9 +197,9 @@ impl TrainingRunner {
         out.bar.finish_and_clear();
         out.tb.flush()?;
         let memory = MemoryReport::gather(strategy.memory(), self.comm.as_ref())?;
-        if self.is_root() {
-            out.summary.exported = Some(self.export(&c, &model)?);
-            let report = out.perf.report(&c, world, memory);
+        if let Some(whole) = place.whole_model(&c, &model, self.comm.rank())? {
+            out.summary.exported = Some(self.export(&c, &whole)?);
+            let report = out.perf.report(&c, replicas, memory);
             report.write(&c.output_dir.join("perf.json"))?;
             out.summary.perf = Some(report);
         }
@@ -212,7 +210,7 @@ impl TrainingRunner {
     /// optimizer state loaded: a fresh start, or the checkpoint named by
     /// `checkpoint_to_load_path`, or the newest in the checkpoint directory (which must come
     /// from a compatible run).
-    fn resume(&self, c: &TrainingConfig, model: OnnxModel, strategy: &mut dyn UpdateStrategy<OnnxModel>) -> Result<(OnnxModel, usize, usize)> {
+    fn resume(&self, c: &TrainingConfig, place: &Placement, model: OnnxModel, strategy: &mut dyn UpdateStrategy<OnnxModel>) -> Result<(OnnxModel, usize, usize)> {
         let dir = c.checkpoints_dir();
         if self.is_root() {
             remove_stale_temporaries(&dir);
@@ -222,9 +220,11 @@ impl TrainingRunner {
         };
         let state = read_state(&path)?;
         let saved = TrainingConfig::from_toml(&state.config_toml, &path)?;
-        c.check_resume(&saved, state.world_size, state.zero_stage, self.comm.world_size(), &path)?;
+        let saved_replicas = state.world_size / (saved.pipeline_parallel_size * saved.horizontal_parallel_size).max(1);
+        c.check_resume(&saved, saved_replicas, state.zero_stage, place.topology.dp, &path)?;
         let model = read_params(&path, model)?;
-        strategy.load_state(&model, &path)?;
+        let state_dir = place.state_subdir().map_or_else(|| path.clone(), |d| path.join(d));
+        strategy.load_state(&model, &state_dir)?;
         let (update, micro) = (state.update_step, state.micro_step);
         if self.is_root() {
             tracing::info!(checkpoint = %path.display(), update, total = c.num_updates(), "resumed");
@@ -233,28 +233,6 @@ impl TrainingRunner {
             }
         }
         Ok((model, update, micro))
-    }
-
-    /// The `gradient_accumulation_steps` forward+backward passes of one update. Dropout
-    /// masks are a pure function of (seed, rank, micro-step).
-    fn micro_steps(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize) -> Result<Accumulated> {
-        let k = c.gradient_accumulation_steps;
-        let mut acc = GradientsAccumulator::<OnnxModel>::new();
-        let (mut loss_sum, mut items) = (0.0f64, 0usize);
-        for m in 0..k {
-            let mode = if m + 1 < k { SessionMode::GradientAccumulateStep } else { SessionMode::ModelUpdateStep };
-            tracing::debug!(?mode, micro_step = *micro, update, "session run");
-            let batch = prefetch.next_batch()?;
-            let seed = mix_seed(mix_seed(c.seed, self.comm.rank() as u64), *micro as u64);
-            let out = forward_loss(model, &batch, c, &self.device, Mode::Train, seed)?;
-            loss_sum += f64::from(scalar(out.loss.clone()));
-            items += batch.items;
-            let loss = if k > 1 { out.loss.div_scalar(k as f64) } else { out.loss };
-            acc.accumulate(model, GradientsParams::from_grads(loss.backward(), model));
-            *model = model.clone().apply_state(out.state_updates);
-            *micro += 1;
-        }
-        Ok(Accumulated { grads: acc.grads(), loss: loss_sum / k as f64, items })
     }
 
     fn export(&self, c: &TrainingConfig, model: &OnnxModel) -> Result<PathBuf> {

@@ -8,7 +8,7 @@ use super::data::{Batch, Target};
 use crate::error::{OnnxError, Result};
 use crate::host_tensor::HostTensor;
 use crate::loss::{LossKind, cross_entropy, lm_cross_entropy, mse};
-use crate::model::{Mode, OnnxModel};
+use crate::model::{ForwardOutput, Mode, OnnxModel};
 use crate::value::{FloatValue, PhysTensor, Value};
 
 /// Loss of one batch, with what else the step needs.
@@ -26,6 +26,12 @@ pub struct StepOutput {
 pub fn forward_loss(model: &OnnxModel, batch: &Batch, config: &TrainingConfig, device: &Device, mode: Mode, seed: u64) -> Result<StepOutput> {
     let input = Value::from_host(&batch.input, device).map_err(|e| OnnxError::field("batch", e.0))?;
     let out = model.forward_seeded(vec![(config.input_name.clone(), input)], mode, seed)?;
+    loss_of_outputs(out, batch, config, device, mode)
+}
+
+/// The configured loss of a forward pass's outputs against `batch`'s targets (the last
+/// pipeline stage calls this on its outputs).
+pub fn loss_of_outputs(out: ForwardOutput, batch: &Batch, config: &TrainingConfig, device: &Device, mode: Mode) -> Result<StepOutput> {
     let Some(Value::Float(pred)) = out.get(&config.output_name).cloned() else {
         return Err(OnnxError::field("config.output_name", format!("'{}' is not a float output of the model", config.output_name)));
     };

@@ -29,7 +29,7 @@ use burn::optim::GradientsParams;
 use crate::communicator::{Communicator, ReduceOp};
 use crate::error::{DistError, DistResult};
 use crate::grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, reduce_gradients};
-use crate::strategy::{MemoryUse, UpdateReport, UpdateStrategy, clip_scale, sum_squares, total_norm};
+use crate::strategy::{MemoryUse, ModelParallel, UpdateReport, UpdateStrategy, clip_scale, sum_squares};
 use flat_optim::{Rule, ShardState, apply};
 use layout::{FlatLayout, Piece};
 
@@ -45,6 +45,7 @@ pub struct Zero {
     layout: Option<(FlatLayout, Vec<Piece>, Vec<f32>)>,
     state: ShardState,
     memory: MemoryUse,
+    model_parallel: Option<ModelParallel>,
 }
 
 impl Zero {
@@ -61,7 +62,7 @@ impl Zero {
                 message: "Adasum combines whole per-tensor gradients of rank pairs, but ZeRO-2 reduce-scatters the gradient so no rank ever holds another's whole tensor: use stage 1 or mean reduction".into(),
             });
         }
-        Ok(Zero { stage, comm, rule, reduction, decay_of, layout: None, state: ShardState { step: 0, slots: Vec::new() }, memory: MemoryUse::default() })
+        Ok(Zero { stage, comm, rule, reduction, decay_of, layout: None, state: ShardState { step: 0, slots: Vec::new() }, memory: MemoryUse::default(), model_parallel: None })
     }
 
     /// The layout for `module`, made on first use with fresh (zero) state.
@@ -100,7 +101,7 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         let (layout, pieces, decay) = self.layout.as_ref().expect("prepared above");
         let mut g = self.reduce(&module, grads, layout)?;
         let squares = slot_squares(self.comm.as_ref(), layout, pieces, &g)?;
-        let grad_norm = total_norm(squares.iter().copied());
+        let grad_norm = ModelParallel::global_norm(self.model_parallel.as_ref(), layout.slots.iter().map(|s| s.id).zip(squares.iter().copied()))?;
         let scale = clip_scale(grad_norm, max_norm);
         if scale != 1.0 {
             g.iter_mut().for_each(|x| *x *= scale);
@@ -136,6 +137,10 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         let (layout, ..) = self.layout.as_ref().expect("prepared above");
         self.state = state_files::read(dir, self.comm.rank(), layout, self.rule.state_slots())?;
         Ok(())
+    }
+
+    fn set_model_parallel(&mut self, group: ModelParallel) {
+        self.model_parallel = Some(group);
     }
 }
 

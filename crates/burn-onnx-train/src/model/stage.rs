@@ -1,0 +1,73 @@
+//! A pipeline stage of an [`OnnxModel`]: the same interpreter on a slice of the graph,
+//! holding only the parameters that slice reads.
+//!
+//! The stage's graph takes the values it receives from the previous stage as inputs next
+//! to the graph inputs its nodes read, and returns what it sends on as outputs. Roles
+//! (trainable, frozen, state, constant) come from the whole model, so a stage trains
+//! exactly the weights the whole model would. Random streams are keyed by the node's index
+//! in the whole graph, so a stage's dropout masks are the whole model's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{OnnxModel, Source, Spec};
+use crate::error::{OnnxError, Result};
+use crate::graph::{Graph, TensorInfo};
+use crate::pipeline::Stage;
+
+impl OnnxModel {
+    /// Keep only `stage`'s part of the model (see the module doc); the other parameters
+    /// are dropped.
+    pub fn into_stage(mut self, stage: &Stage) -> Result<OnnxModel> {
+        let whole = &self.spec.graph;
+        if stage.nodes.end > whole.nodes.len() || stage.nodes.is_empty() {
+            return Err(OnnxError::field("pipeline stage", format!("nodes {:?} of a graph of {}", stage.nodes, whole.nodes.len())));
+        }
+        let nodes = whole.nodes[stage.nodes.clone()].to_vec();
+        let mut last_use = HashMap::new();
+        for (i, n) in nodes.iter().enumerate() {
+            for input in n.inputs.iter().filter(|i| !i.is_empty()) {
+                last_use.insert(input.clone(), i);
+            }
+        }
+        let declared = |name: &String, list: &[TensorInfo]| {
+            list.iter().find(|i| &i.name == name).cloned().unwrap_or_else(|| TensorInfo { name: name.clone(), elem_type: 0, dims: Vec::new() })
+        };
+        let inputs = stage.graph_inputs.iter().chain(&stage.receives).map(|n| declared(n, &whole.inputs)).collect();
+        let outputs = stage.sends.iter().map(|n| declared(n, &whole.outputs)).collect();
+        let constants = whole.constants.iter().filter(|(k, _)| last_use.contains_key(*k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let graph = Graph {
+            source: whole.source.clone(),
+            model: whole.model.clone(),
+            opset: whole.opset,
+            nodes,
+            inputs,
+            outputs,
+            initializers: Vec::new(),
+            constants,
+            last_use,
+            node_offset: whole.node_offset + stage.nodes.start,
+        };
+
+        let mut params = Vec::new();
+        let mut infos = Vec::new();
+        let mut sources = HashMap::new();
+        let old = std::mem::take(&mut self.params);
+        for (p, info) in old.into_iter().zip(&self.spec.params) {
+            if stage.params.contains(&info.name) {
+                sources.insert(info.name.clone(), Source::Param(params.len()));
+                params.push(p);
+                infos.push(info.clone());
+            }
+        }
+        for (name, source) in &self.spec.sources {
+            if let Source::Constant(_) = source
+                && graph.last_use.contains_key(name)
+            {
+                sources.insert(name.clone(), source.clone());
+            }
+        }
+        let constants = self.spec.constants.clone();
+        Ok(OnnxModel { params, spec: Arc::new(Spec { graph: Arc::new(graph), params: infos, constants, sources }) })
+    }
+}

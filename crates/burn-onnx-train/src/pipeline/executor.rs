@@ -1,0 +1,185 @@
+//! One stage running its schedule over the micro-batches of a batch.
+//!
+//! Forward of micro-batch `j`: receive the activations from the previous stage (as leaves
+//! that collect gradients), run the stage's nodes, send what crosses the next cut (the
+//! last stage instead computes the loss). Backward of `j`: receive the gradients of what
+//! it sent, back-propagate their vector-Jacobian product `sum(output * gradient)` through
+//! Burn's autodiff (the last stage: the loss, scaled by `1 / (micro-batches x accumulation
+//! steps)`), accumulate the parameters' gradients, send the received activations'
+//! gradients back.
+
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::{Device, Tensor};
+use burn_ort_dist::Communicator;
+
+use super::partition::Stage;
+use super::schedule::{Pass, PipelineSchedule};
+use super::wire::{recv_values, send_values};
+use crate::error::{OnnxError, Result};
+use crate::model::{Mode, OnnxModel};
+use crate::train::config::TrainingConfig;
+use crate::train::data::Batch;
+use crate::train::step::{loss_of_outputs, scalar};
+use crate::value::{FloatValue, Value};
+
+/// A stage of a pipeline and the group of its stages.
+pub struct StageExec<'a> {
+    /// This stage's plan.
+    pub stage: &'a Stage,
+    /// Number of stages.
+    pub stages: usize,
+    /// The pipeline group: rank `k` runs stage `k`.
+    pub comm: &'a dyn Communicator,
+    /// Where float values live.
+    pub device: &'a Device,
+}
+
+/// What a forward pass leaves for its backward.
+struct InFlight {
+    /// Received float activations (gradient leaves), by position in `receives`.
+    received: Vec<FloatValue>,
+    /// What was sent on, or the scaled loss on the last stage.
+    sent: Vec<Value>,
+    loss: Option<Tensor<1>>,
+}
+
+/// The gradients a stage accumulated over one batch, and the batch loss on the last stage.
+pub struct StageResult {
+    /// Accumulated parameter gradients (already scaled).
+    pub grads: GradientsParams,
+    /// Sum of the micro-batch losses (last stage; 0 elsewhere).
+    pub loss_sum: f64,
+}
+
+impl StageExec<'_> {
+    fn first(&self) -> bool {
+        self.stage.index == 0
+    }
+
+    fn last(&self) -> bool {
+        self.stage.index + 1 == self.stages
+    }
+
+    /// Run `schedule` over `micro` (the micro-batches) on `model` (this stage). `seeds[j]`
+    /// drives micro-batch `j`'s dropout; `scale` multiplies the loss before backward.
+    pub fn run(&self, model: &mut OnnxModel, micro: &[Batch], c: &TrainingConfig, schedule: PipelineSchedule, seeds: &[u64], scale: f64) -> Result<StageResult> {
+        let mut flights: Vec<Option<InFlight>> = (0..micro.len()).map(|_| None).collect();
+        let mut acc = GradientsAccumulator::<OnnxModel>::new();
+        let mut loss_sum = 0.0;
+        for pass in schedule.passes(self.stages, self.stage.index, micro.len()) {
+            match pass {
+                Pass::Forward(j) => {
+                    let (flight, loss) = self.forward(model, &micro[j], c, seeds[j], scale)?;
+                    loss_sum += loss;
+                    flights[j] = Some(flight);
+                }
+                Pass::Backward(j) => {
+                    let flight = flights[j].take().ok_or_else(|| OnnxError::field("pipeline", format!("backward of micro-batch {j} before its forward")))?;
+                    let grads = self.backward(model, flight)?;
+                    acc.accumulate(model, grads);
+                }
+            }
+        }
+        Ok(StageResult { grads: acc.grads(), loss_sum })
+    }
+
+    /// Evaluation forward of `batch` through this stage: the last stage returns the loss
+    /// and correct predictions.
+    pub fn eval(&self, model: &OnnxModel, batch: &Batch, c: &TrainingConfig) -> Result<Option<(f32, usize)>> {
+        let (inputs, _) = self.inputs(batch, c, false)?;
+        let out = model.forward_seeded(inputs, Mode::Eval, 0)?;
+        if self.last() {
+            let step = loss_of_outputs(out, batch, c, self.device, Mode::Eval)?;
+            return Ok(Some((scalar(step.loss), step.correct.unwrap_or(0))));
+        }
+        let sent: Vec<&Value> = out.outputs.iter().map(|(_, v)| v).collect();
+        send_values(self.comm, self.stage.index + 1, &sent)?;
+        Ok(None)
+    }
+
+    /// The stage's inputs for `batch`: graph inputs from the batch, activations from the
+    /// previous stage (as gradient leaves when `track`, returned apart too).
+    fn inputs(&self, batch: &Batch, c: &TrainingConfig, track: bool) -> Result<(Vec<(String, Value)>, Vec<FloatValue>)> {
+        let mut inputs = Vec::new();
+        for name in &self.stage.graph_inputs {
+            if name != &c.input_name {
+                return Err(OnnxError::field("config.input_name", format!("stage {} reads graph input '{name}', but batches feed only '{}'", self.stage.index, c.input_name)));
+            }
+            inputs.push((name.clone(), Value::from_host(&batch.input, self.device).map_err(|e| OnnxError::field("batch", e.0))?));
+        }
+        let mut received = Vec::new();
+        if !self.first() {
+            let values = recv_values(self.comm, self.stage.index - 1, self.stage.receives.len(), self.device)?;
+            for (name, v) in self.stage.receives.iter().zip(values) {
+                let v = match v {
+                    Value::Float(f) if track => {
+                        let leaf = FloatValue::new(f.tensor.require_grad(), f.rank);
+                        received.push(leaf.clone());
+                        Value::Float(leaf)
+                    }
+                    other => other,
+                };
+                inputs.push((name.clone(), v));
+            }
+        }
+        Ok((inputs, received))
+    }
+
+    fn forward(&self, model: &mut OnnxModel, batch: &Batch, c: &TrainingConfig, seed: u64, scale: f64) -> Result<(InFlight, f64)> {
+        let (inputs, received) = self.inputs(batch, c, true)?;
+        let out = model.forward_seeded(inputs, Mode::Train, seed)?;
+        let state = out.state_updates.clone();
+        let result = if self.last() {
+            let step = loss_of_outputs(out, batch, c, self.device, Mode::Train)?;
+            let loss = f64::from(scalar(step.loss.clone()));
+            (InFlight { received, sent: Vec::new(), loss: Some(step.loss.mul_scalar(scale)) }, loss)
+        } else {
+            let sent: Vec<Value> = out.outputs.into_iter().map(|(_, v)| v).collect();
+            send_values(self.comm, self.stage.index + 1, &sent.iter().collect::<Vec<_>>())?;
+            (InFlight { received, sent, loss: None }, 0.0)
+        };
+        *model = model.clone().apply_state(state);
+        Ok(result)
+    }
+
+    fn backward(&self, model: &OnnxModel, flight: InFlight) -> Result<GradientsParams> {
+        let surrogate = match flight.loss {
+            Some(loss) => Some(loss),
+            None => {
+                let floats: Vec<&FloatValue> = flight.sent.iter().filter_map(|v| if let Value::Float(f) = v { Some(f) } else { None }).collect();
+                let grads = recv_values(self.comm, self.stage.index + 1, floats.len(), self.device)?;
+                let mut total: Option<Tensor<1>> = None;
+                for (o, g) in floats.into_iter().zip(grads) {
+                    let Value::Float(g) = g else { return Err(OnnxError::field("pipeline", "a gradient arrived as a non-float value")) };
+                    if o.tensor.is_require_grad() {
+                        let term = o.tensor.clone().mul(g.tensor).sum();
+                        total = Some(match total {
+                            Some(t) => t.add(term),
+                            None => term,
+                        });
+                    }
+                }
+                total
+            }
+        };
+        let grads = match surrogate {
+            Some(s) if s.is_require_grad() => Some(s.backward()),
+            _ => None,
+        };
+        if !self.first() {
+            let back: Vec<Value> = flight
+                .received
+                .iter()
+                .map(|leaf| {
+                    let g = grads.as_ref().and_then(|gr| leaf.tensor.grad(gr));
+                    Value::Float(FloatValue::new(g.unwrap_or_else(|| leaf.tensor.zeros_like()), leaf.rank))
+                })
+                .collect();
+            send_values(self.comm, self.stage.index - 1, &back.iter().collect::<Vec<_>>())?;
+        }
+        Ok(match grads {
+            Some(g) => GradientsParams::from_grads(g, model),
+            None => GradientsParams::new(),
+        })
+    }
+}

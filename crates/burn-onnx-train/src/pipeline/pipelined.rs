@@ -1,0 +1,112 @@
+//! [`Pipelined`]: the runner's passes when this rank is one stage of a pipeline.
+//!
+//! Every stage of a replica reads the same batches (they share the data-parallel rank); each
+//! accumulation micro-step's batch is cut into `num_pipeline_micro_batches` micro-batches
+//! that go through the stage's schedule. Afterwards the gradients of parameters held by
+//! several stages (a tied embedding) are summed across them, so their copies take the same
+//! update and stay identical, and the last stage's loss is broadcast to the group.
+
+use std::sync::Arc;
+
+use burn::module::Param;
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, TensorData};
+use burn_ort_dist::{Communicator, ReduceOp};
+
+use super::executor::StageExec;
+use super::partition::Partition;
+use super::schedule::PipelineSchedule;
+use crate::error::{OnnxError, Result};
+use crate::model::{OnnxModel, mix_seed};
+use crate::train::config::TrainingConfig;
+use crate::train::data::{Batch, Prefetcher};
+use crate::train::passes::{Accumulated, Passes};
+use crate::value::{MAX_RANK, PhysTensor, padded};
+
+/// This rank's stage of a pipeline.
+pub struct Pipelined {
+    /// The partition of the whole model.
+    pub partition: Arc<Partition>,
+    /// The pipeline group (rank = stage).
+    pub comm: Arc<dyn Communicator>,
+    /// The replica (data-parallel rank) this stage belongs to.
+    pub replica: usize,
+    /// Schedule kind.
+    pub schedule: PipelineSchedule,
+    /// Micro-batches per batch.
+    pub micro_batches: usize,
+    /// The training device.
+    pub device: Device,
+}
+
+impl Pipelined {
+    fn exec<'a>(&'a self, device: &'a Device) -> StageExec<'a> {
+        let stage = self.comm.rank();
+        StageExec { stage: &self.partition.stages[stage], stages: self.partition.stages.len(), comm: self.comm.as_ref(), device }
+    }
+
+    /// Sum the gradients of parameters held by several stages over the group (zeros from
+    /// stages without the parameter), one all-reduce for all of them.
+    fn sum_shared(&self, model: &OnnxModel, grads: &mut GradientsParams) -> Result<()> {
+        let shared: Vec<_> = self.partition.shared.iter().filter(|s| s.trainable).collect();
+        if shared.is_empty() {
+            return Ok(());
+        }
+        let mut flat = Vec::new();
+        let mut spans = Vec::new();
+        for s in &shared {
+            let (name, n) = (&s.name, s.elements);
+            let start = flat.len();
+            flat.resize(start + n, 0.0);
+            if let Some(g) = model.param_index(name).and_then(|i| grads.get::<MAX_RANK>(model.params()[i].id)) {
+                let v = g.into_data().convert::<f32>().try_into_vec::<f32>().map_err(|e| OnnxError::field("pipeline", format!("gradient of '{name}': {e:?}")))?;
+                flat[start..].copy_from_slice(&v);
+            }
+            spans.push(start..start + n);
+        }
+        self.comm.all_reduce(&mut flat, ReduceOp::Sum)?;
+        for (s, span) in shared.iter().zip(spans) {
+            let name = &s.name;
+            let Some(i) = model.param_index(name) else { continue };
+            let p: &Param<PhysTensor> = &model.params()[i];
+            if !p.val().is_require_grad() {
+                continue;
+            }
+            let shape = padded(&model.param_infos()[i].shape).map_err(|e| OnnxError::field(name.as_str(), e.0))?;
+            let device = p.val().inner().device();
+            grads.register(p.id, PhysTensor::from_data(TensorData::new(flat[span].to_vec(), shape.to_vec()), &device));
+        }
+        Ok(())
+    }
+}
+
+impl Passes for Pipelined {
+    fn train(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize) -> Result<Accumulated> {
+        let k = c.gradient_accumulation_steps;
+        let m = self.micro_batches;
+        let exec = self.exec(&self.device);
+        let scale = 1.0 / (m * k) as f64;
+        let (mut acc, mut loss_sum, mut items) = (burn::optim::GradientsAccumulator::<OnnxModel>::new(), 0.0f64, 0usize);
+        for _ in 0..k {
+            let batch = prefetch.next_batch()?;
+            let parts = batch.split(m)?;
+            let seeds: Vec<u64> = (0..m).map(|j| mix_seed(mix_seed(mix_seed(c.seed, self.replica as u64), *micro as u64), j as u64)).collect();
+            tracing::debug!(micro_step = *micro, update, stage = exec.stage.index, "pipeline batch");
+            let out = exec.run(model, &parts, c, self.schedule, &seeds, scale)?;
+            acc.accumulate(model, out.grads);
+            loss_sum += out.loss_sum / m as f64;
+            items += batch.items;
+            *micro += 1;
+        }
+        let mut grads = acc.grads();
+        self.sum_shared(model, &mut grads)?;
+        let mut loss = [loss_sum as f32 / k as f32];
+        self.comm.broadcast(&mut loss, self.partition.stages.len() - 1)?;
+        Ok(Accumulated { grads, loss: f64::from(loss[0]), items })
+    }
+
+    fn eval(&self, c: &TrainingConfig, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {
+        let device = model.device();
+        self.exec(&device).eval(model, batch, c)
+    }
+}

@@ -1,0 +1,69 @@
+//! How the forward and backward passes of one update run: [`Passes`]. The runner calls it
+//! once per update and does not know whether the whole model is here ([`Sequential`]) or one
+//! pipeline stage of it (`crate::pipeline::Pipelined`).
+
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::Device;
+
+use super::config::TrainingConfig;
+use super::data::{Batch, Prefetcher};
+use super::runner::SessionMode;
+use super::step::{forward_loss, scalar};
+use crate::error::Result;
+use crate::model::{Mode, OnnxModel, mix_seed};
+
+/// The gradients of one update with what the micro-steps measured.
+pub struct Accumulated {
+    /// Gradients of this rank's parameters, averaged over the micro-steps.
+    pub grads: GradientsParams,
+    /// Mean loss of the update (the same on every rank of a model replica).
+    pub loss: f64,
+    /// Items (tokens or images) this replica processed.
+    pub items: usize,
+}
+
+/// The forward and backward passes of training and evaluation.
+pub trait Passes {
+    /// The `gradient_accumulation_steps` micro-steps of update `update`: batches from
+    /// `prefetch`, `micro` counts micro-steps (dropout masks are a function of it).
+    fn train(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize) -> Result<Accumulated>;
+    /// An evaluation batch's loss and correct predictions, on the rank that computes them
+    /// (`None` on the others; the evaluation sums over ranks).
+    fn eval(&self, c: &TrainingConfig, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>>;
+}
+
+/// The whole model on this rank: ORT's micro-steps (`GradientAccumulateStep`, then
+/// `ModelUpdateStep`), each a forward and a backward.
+pub struct Sequential {
+    /// The rank's position among the replicas (seeds its dropout).
+    pub replica: usize,
+    /// The training device.
+    pub device: Device,
+}
+
+impl Passes for Sequential {
+    fn train(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize) -> Result<Accumulated> {
+        let k = c.gradient_accumulation_steps;
+        let mut acc = GradientsAccumulator::<OnnxModel>::new();
+        let (mut loss_sum, mut items) = (0.0f64, 0usize);
+        for m in 0..k {
+            let mode = if m + 1 < k { SessionMode::GradientAccumulateStep } else { SessionMode::ModelUpdateStep };
+            tracing::debug!(?mode, micro_step = *micro, update, "session run");
+            let batch = prefetch.next_batch()?;
+            let seed = mix_seed(mix_seed(c.seed, self.replica as u64), *micro as u64);
+            let out = forward_loss(model, &batch, c, &self.device, Mode::Train, seed)?;
+            loss_sum += f64::from(scalar(out.loss.clone()));
+            items += batch.items;
+            let loss = if k > 1 { out.loss.div_scalar(k as f64) } else { out.loss };
+            acc.accumulate(model, GradientsParams::from_grads(loss.backward(), model));
+            *model = model.clone().apply_state(out.state_updates);
+            *micro += 1;
+        }
+        Ok(Accumulated { grads: acc.grads(), loss: loss_sum / k as f64, items })
+    }
+
+    fn eval(&self, c: &TrainingConfig, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {
+        let out = forward_loss(model, batch, c, &self.device, Mode::Eval, 0)?;
+        Ok(Some((scalar(out.loss), out.correct.unwrap_or(0))))
+    }
+}
