@@ -280,11 +280,14 @@ impl OnnxModel {
             if &v.shape() != want {
                 return Err(OnnxError::field(format!("parameter '{name}'"), format!("shape {:?}, model has {want:?}", v.shape())));
             }
-            let p = std::mem::replace(&mut self.params[i], Param::from_tensor(v.tensor.clone()));
+            // A fresh untracked tensor: `v` may be a tracked parameter or a non-leaf of
+            // another graph (a parameter reshaped to its logical shape).
+            let t = PhysTensor::from_inner(v.tensor.clone().inner());
+            let p = std::mem::replace(&mut self.params[i], Param::from_tensor(t.clone()));
             let (id, old, _) = p.consume();
             let require = old.is_require_grad();
             let device = old.device();
-            self.params[i] = Param::initialized(id, v.tensor.clone().detach().to_device(&device).set_require_grad(require));
+            self.params[i] = Param::initialized(id, t.to_device(&device).set_require_grad(require));
         }
         Ok(self)
     }

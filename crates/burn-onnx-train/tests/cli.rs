@@ -1,6 +1,7 @@
 //! The `onnx-train` command line: `inspect` lists what the file holds, `run` writes every
-//! graph output as `.npy` (checked against onnxruntime), bad files exit non-zero with the
-//! file named.
+//! graph output as `.npy` (checked against onnxruntime) and the pipeline cut, bad files
+//! exit non-zero with the file named, `train` flags reach the config, a pipelined
+//! checkpoint exports the whole model.
 
 mod common;
 
@@ -87,6 +88,41 @@ fn train_logs_its_run_and_export_rebuilds_the_model_from_a_checkpoint() {
     let ckpt2 = dir.join("out/checkpoints/ckpt-000000002");
     assert!(onnx_train(&["export", "--checkpoint", ckpt2.to_str().unwrap(), "--output", early.to_str().unwrap(), "--model", refkit("models/gpt2_tiny.onnx").to_str().unwrap()]).status.success());
     assert_ne!(onnx_params(early), onnx_params(dir.join("out/gpt2_tiny_trained.onnx")));
+}
+
+#[test]
+fn inspect_prints_the_pipeline_cut() {
+    let model = refkit("models/gpt2_tiny.onnx");
+    let out = onnx_train(&["inspect", model.to_str().unwrap(), "--stages", "2"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("pipeline: 2 stages"), "{text}");
+    assert!(text.contains("stage 0: nodes 0..") && text.contains("stage 1: nodes "), "{text}");
+    assert!(text.contains("..253 ("), "the last stage ends at the last of 253 nodes (Constants fold away):\n{text}");
+    let out = onnx_train(&["inspect", model.to_str().unwrap(), "--stages", "500"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("500 stages for a graph of 253 nodes"));
+}
+
+#[test]
+fn a_pipelined_checkpoint_exports_the_whole_model() {
+    // `--pp 2` on threads writes a checkpoint with one model file per stage; `export
+    // --checkpoint` merges them into the run's own export, bit for bit.
+    let dir = tempdir("cli-pp");
+    let cfg = train_setup(&dir);
+    let out = onnx_train(&["train", "--config", cfg.to_str().unwrap(), "--pp", "2", "--micro-batches", "2", "--pipeline-schedule", "gpipe"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ckpt = dir.join("out/checkpoints/ckpt-000000004");
+    assert!(ckpt.join("model-stage-1.safetensors").is_file());
+    let exported = dir.join("from_ckpt.onnx");
+    let out = onnx_train(&["export", "--checkpoint", ckpt.to_str().unwrap(), "--output", exported.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (run, merged) = (onnx_params(dir.join("out/gpt2_tiny_trained.onnx")), onnx_params(exported));
+    assert_eq!(run.len(), merged.len());
+    for ((name, a), (_, b)) in run.iter().zip(&merged) {
+        assert_eq!(a, b, "{name}: the checkpoint export differs from the run's export");
+    }
+    assert_moved(&refkit("models/gpt2_tiny.onnx"), &dir.join("out/gpt2_tiny_trained.onnx"), 1e-3);
 }
 
 #[test]

@@ -209,8 +209,12 @@ fn bad_data_and_configs_fail_before_the_first_step() {
     assert!(err.contains("config.weights_not_to_train") && err.contains("'nope'"), "{err}");
     let err = try_run(TrainingConfig { histogram_weights: vec!["nope".into()], ..c.clone() }, gpt2_tokens(), None).unwrap_err();
     assert!(err.contains("config.histogram_weights"), "{err}");
-    let pp = TrainingConfig { pipeline_parallel_size: 2, ..c.clone() };
-    assert!(pp.validate(2).unwrap_err().to_string().starts_with("config.pipeline_parallel_size"));
+    // Pipeline micro-batches that do not divide the batch, and more stages than nodes.
+    let pp = TrainingConfig { pipeline_parallel_size: 2, num_pipeline_micro_batches: 3, ..c.clone() };
+    assert!(pp.validate(2).unwrap_err().to_string().starts_with("config.num_pipeline_micro_batches"));
+    let pp = TrainingConfig { model_path: refkit("models/mlp.onnx"), pipeline_parallel_size: 4, batch_size: 4, ..c.clone() };
+    let err = launch(pp, gpt2_tokens(), None).err().unwrap().to_string();
+    assert!(err.contains("config.pipeline_parallel_size") && err.contains("3 nodes"), "{err}");
     // Images and labels that do not pair up.
     let err = ImageDataset::new(ArrayD::zeros(IxDyn(&[4, 3])), Target::Classes(ArrayD::zeros(IxDyn(&[5])))).err().unwrap().to_string();
     assert!(err.contains("do not pair up"), "{err}");

@@ -1,7 +1,7 @@
 //! `onnx-train`: inspect an ONNX model, run it on `.npy` inputs, or train it.
 //!
 //! ```text
-//! onnx-train inspect MODEL.onnx
+//! onnx-train inspect MODEL.onnx [--stages N]
 //! onnx-train run MODEL.onnx --input NAME=FILE.npy ... --output-dir DIR
 //! onnx-train train --config run.toml [--dp N]        # or: mpirun -np N onnx-train train ...
 //! onnx-train export --checkpoint DIR --output trained.onnx [--model MODEL.onnx]
@@ -25,6 +25,7 @@ use burn_onnx_train::train::flags::TrainFlags;
 use burn_onnx_train::train::data::{Dataset, ImageDataset, TokenDataset};
 use burn_onnx_train::train::elastic::ElasticJob;
 use burn_onnx_train::train::launch::launch_elastic;
+use burn_onnx_train::pipeline::Partition;
 use burn_onnx_train::{Graph, Mode, OnnxError, OnnxModel, ParamRole, Value};
 use std::sync::Arc;
 use clap::{Parser, Subcommand};
@@ -42,6 +43,10 @@ enum Command {
     Inspect {
         /// The ONNX file.
         model: PathBuf,
+        /// Also print the automatic cut into N pipeline stages (nodes, parameters,
+        /// estimated work, the values crossing each cut).
+        #[arg(long, value_name = "N")]
+        stages: Option<usize>,
     },
     /// Run the model on .npy inputs; writes DIR/<output>.npy for every graph output.
     Run {
@@ -140,7 +145,7 @@ fn dims(d: &[Dim]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-fn inspect(path: PathBuf) -> Result<(), OnnxError> {
+fn inspect(path: PathBuf, stages: Option<usize>) -> Result<(), OnnxError> {
     let graph = Graph::load(&path)?;
     let model = OnnxModel::from_graph(graph, &Device::flex())?;
     let g = model.graph();
@@ -172,6 +177,34 @@ fn inspect(path: PathBuf) -> Result<(), OnnxError> {
     }
     for c in model.constant_infos() {
         println!("  {:<48} {:<16} constant: {}", c.name, format!("{:?}", c.shape), c.reason);
+    }
+    if let Some(n) = stages {
+        print_partition(&model, n)?;
+    }
+    Ok(())
+}
+
+/// The automatic pipeline cut of `model` into `n` stages, one line per stage.
+fn print_partition(model: &OnnxModel, n: usize) -> Result<(), OnnxError> {
+    let part = Partition::auto(model, n)?;
+    let (elements, flops) = part.stages.iter().fold((0, 0.0), |(e, f), s| (e + s.param_elements, f + s.flops));
+    println!("pipeline: {n} stages");
+    for s in &part.stages {
+        println!(
+            "  stage {}: nodes {}..{} ({}), {} parameters ({:.1}% of elements), {:.1}% of weighted work, receives {} value(s): {}",
+            s.index,
+            s.nodes.start,
+            s.nodes.end,
+            s.nodes.len(),
+            s.params.len(),
+            100.0 * s.param_elements as f64 / elements.max(1) as f64,
+            100.0 * s.flops / flops.max(1.0),
+            s.receives.len(),
+            s.receives.join(", ")
+        );
+    }
+    for p in &part.shared {
+        println!("  shared {} ({} elements) held by stages {:?}", p.name, p.elements, p.stages);
     }
     Ok(())
 }
@@ -264,7 +297,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Inspect { model } => inspect(model),
+        Command::Inspect { model, stages } => inspect(model, stages),
         Command::Run { model, inputs, output_dir } => run(model, inputs, output_dir),
         Command::Train(args) => train(args),
         Command::Export { checkpoint, output, model, external_data } => export(checkpoint, output, model, external_data),

@@ -151,21 +151,18 @@ impl StageExec<'_> {
                 let mut total: Option<Tensor<1>> = None;
                 for (o, g) in floats.into_iter().zip(grads) {
                     let Value::Float(g) = g else { return Err(OnnxError::field("pipeline", "a gradient arrived as a non-float value")) };
-                    if o.tensor.is_require_grad() {
-                        let term = o.tensor.clone().mul(g.tensor).sum();
-                        total = Some(match total {
-                            Some(t) => t.add(term),
-                            None => term,
-                        });
-                    }
+                    let term = o.tensor.clone().mul(g.tensor).sum();
+                    total = Some(match total {
+                        Some(t) => t.add(term),
+                        None => term,
+                    });
                 }
                 total
             }
         };
-        let grads = match surrogate {
-            Some(s) if s.is_require_grad() => Some(s.backward()),
-            _ => None,
-        };
+        // Untracked surrogates (outputs that depend on no parameter or received value)
+        // back-propagate to nothing.
+        let grads = surrogate.map(|s| s.backward());
         if !self.first() {
             let back: Vec<Value> = flight
                 .received

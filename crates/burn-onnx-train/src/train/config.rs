@@ -171,8 +171,9 @@ pub struct TrainingConfig {
     /// Pipeline-parallel size: the graph is cut into this many stages, one per rank of a
     /// replica.
     pub pipeline_parallel_size: usize,
-    /// Micro-batches each batch is cut into for the pipeline (0: twice the stage count);
-    /// must divide `batch_size`.
+    /// Micro-batches each batch is cut into for the pipeline; must divide `batch_size`.
+    /// 0: the largest divisor of `batch_size` up to twice the stage count (the bubble is
+    /// `(stages - 1) / (micro-batches + stages - 1)` of the time).
     pub num_pipeline_micro_batches: usize,
     /// Pipeline schedule: `"1f1b"` (activation memory bounded by the stage count) or
     /// `"gpipe"`; both give the same gradients.
@@ -323,12 +324,12 @@ impl TrainingConfig {
         Ok(())
     }
 
-    /// Pipeline micro-batches per batch (`num_pipeline_micro_batches`, by default twice the
-    /// stage count; 1 without a pipeline).
+    /// Pipeline micro-batches per batch (`num_pipeline_micro_batches`; by default the
+    /// largest divisor of `batch_size` up to twice the stage count; 1 without a pipeline).
     pub fn micro_batches(&self) -> usize {
         match (self.pipeline_parallel_size, self.num_pipeline_micro_batches) {
             (1, _) => 1,
-            (p, 0) => 2 * p,
+            (p, 0) => (1..=2 * p).rev().find(|m| self.batch_size % m == 0).unwrap_or(1),
             (_, m) => m,
         }
     }

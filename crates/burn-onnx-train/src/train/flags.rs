@@ -55,6 +55,17 @@ pub struct TrainFlags {
     /// data-parallel ranks, 2 gradients sharded too.
     #[arg(long, value_name = "STAGE")]
     pub zero: Option<usize>,
+    /// Pipeline stages (`pipeline_parallel_size`): the graph is cut into N consecutive
+    /// stages, one rank each; the world holds dp x pp ranks.
+    #[arg(long, value_name = "N")]
+    pub pp: Option<usize>,
+    /// Micro-batches each batch is cut into for the pipeline
+    /// (`num_pipeline_micro_batches`; default: the largest divisor of the batch up to twice the stage count).
+    #[arg(long, value_name = "M")]
+    pub micro_batches: Option<usize>,
+    /// Pipeline schedule (`pipeline_schedule`): 1f1b or gpipe.
+    #[arg(long, value_name = "KIND")]
+    pub pipeline_schedule: Option<crate::pipeline::PipelineSchedule>,
     /// Restart a failed thread run up to K times from its newest checkpoint (under mpirun:
     /// `onnx-train launch --max-restarts K`).
     #[arg(long, value_name = "K", default_value_t = 0)]
@@ -92,6 +103,9 @@ impl TrainFlags {
         c.seed = self.seed.unwrap_or(c.seed);
         set(&mut c.data_parallel_size, self.dp);
         set(&mut c.zero_stage, self.zero);
+        set(&mut c.pipeline_parallel_size, self.pp);
+        set(&mut c.num_pipeline_micro_batches, self.micro_batches);
+        c.pipeline_schedule = self.pipeline_schedule.unwrap_or(c.pipeline_schedule);
         Ok(c)
     }
 }

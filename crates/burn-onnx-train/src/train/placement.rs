@@ -118,14 +118,19 @@ impl Placement {
 
     /// The whole trained model on world rank 0 (`None` elsewhere): in a pipeline, the
     /// first replica's stages send their parameters to stage 0, which sets them into the
-    /// model loaded from `c.model_path`.
-    pub fn whole_model(&self, c: &TrainingConfig, model: &OnnxModel, world_rank: usize) -> Result<Option<OnnxModel>> {
+    /// model loaded from `c.model_path`. Collective over `world`: no rank leaves before
+    /// the parameters have arrived.
+    pub fn whole_model(&self, c: &TrainingConfig, model: &OnnxModel, world: &dyn Communicator) -> Result<Option<OnnxModel>> {
         let Some(p) = &self.partition else {
-            return Ok((world_rank == 0).then(|| model.clone()));
+            return Ok((world.rank() == 0).then(|| model.clone()));
         };
-        if self.groups.dp_rank != 0 {
-            return Ok(None);
-        }
+        let whole = if self.groups.dp_rank == 0 { self.gather_stages(c, p, model)? } else { None };
+        world.barrier()?;
+        Ok(whole)
+    }
+
+    /// The first replica's part of [`Self::whole_model`].
+    fn gather_stages(&self, c: &TrainingConfig, p: &Partition, model: &OnnxModel) -> Result<Option<OnnxModel>> {
         let me = self.groups.pp_rank;
         let comm = self.groups.pp.as_ref();
         let owned = |k: usize| -> Vec<&String> { p.stages[k].params.iter().filter(|n| (0..k).all(|e| !p.stages[e].params.contains(n))).collect() };

@@ -197,9 +197,9 @@ impl TrainingRunner {
         out.bar.finish_and_clear();
         out.tb.flush()?;
         let memory = MemoryReport::gather(strategy.memory(), self.comm.as_ref())?;
-        if let Some(whole) = place.whole_model(&c, &model, self.comm.rank())? {
+        if let Some(whole) = place.whole_model(&c, &model, self.comm.as_ref())? {
             out.summary.exported = Some(self.export(&c, &whole)?);
-            let report = out.perf.report(&c, replicas, memory);
+            let report = out.perf.report(&c, self.comm.world_size(), memory);
             report.write(&c.output_dir.join("perf.json"))?;
             out.summary.perf = Some(report);
         }

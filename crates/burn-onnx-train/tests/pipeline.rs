@@ -1,0 +1,208 @@
+//! Pipeline parallelism with stage threads (`pipeline_parallel_size` without mpirun): a run
+//! cut into stages ends with the parameters of the plain single-process run on the same
+//! batches (the micro-batches' mean gradient is the batch's), on gpt2_tiny, a GPT-2 with a
+//! tied embedding held by the first and last stage, SqueezeNet and the MLP (manual cut);
+//! GPipe and 1F1B are bit-identical; dp x pp composes; a pipelined run resumes exactly.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use burn::tensor::Device;
+use burn_onnx_train::OnnxModel;
+use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
+use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::pipeline::{Partition, PipelineSchedule};
+use burn_onnx_train::train::checkpoint::list_checkpoints;
+use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
+use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
+use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::{RunSummary, TrainingConfig};
+use common::*;
+use ndarray::{ArrayD, IxDyn};
+
+fn tokens(vocab: u64) -> Arc<dyn Dataset> {
+    let mut next = lcg(7);
+    Arc::new(TokenDataset::from_tokens((0..16 * 96).map(|_| (next() % vocab) as i64).collect(), 16).unwrap())
+}
+
+fn run(c: TrainingConfig, data: &Arc<dyn Dataset>) -> RunSummary {
+    launch(c, data.clone(), Some(data.clone())).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Every parameter of `got` within `atol` of `want`'s, and `want` moved from `initial`.
+fn compare(initial: &Path, want: &Path, got: &Path, atol: f32) {
+    let (a, b) = (onnx_params(want.to_path_buf()), onnx_params(got.to_path_buf()));
+    assert_eq!(a.len(), b.len(), "{}: parameter count", got.display());
+    for ((name, a), (name_b, b)) in a.iter().zip(&b) {
+        assert_eq!(name, name_b);
+        assert_close(&format!("{}: {name}", got.display()), b, a, atol, 0.0);
+    }
+    assert_moved(initial, want, 1e-3);
+}
+
+fn gpt2_tiny(out: &Path) -> TrainingConfig {
+    TrainingConfig { output_dir: out.to_path_buf(), batch_size: 4, eval_batch_size: 4, ..sgd_config(refkit("models/gpt2_tiny.onnx"), LossKind::LmCrossEntropy, "input_ids") }
+}
+
+#[test]
+fn gpt2_tiny_two_stages_equal_one_process() {
+    let data = tokens(1024);
+    let (one, two) = (tempdir("pp-gpt2-1"), tempdir("pp-gpt2-2"));
+    let single = run(gpt2_tiny(&one), &data);
+    let piped = run(TrainingConfig { pipeline_parallel_size: 2, ..gpt2_tiny(&two) }, &data);
+    assert_eq!(piped.losses.len(), 10);
+    for ((s, a), (t, b)) in single.losses.iter().zip(&piped.losses) {
+        assert_eq!(s, t);
+        assert!((a - b).abs() < 1e-5, "loss at update {s}: {a} vs {b}");
+    }
+    let (ea, eb) = (single.evals.last().unwrap(), piped.evals.last().unwrap());
+    assert!((ea.loss - eb.loss).abs() < 1e-5, "evaluation loss {} vs {}", ea.loss, eb.loss);
+    assert_eq!(piped.perf.unwrap().world_size, 2);
+    compare(&refkit("models/gpt2_tiny.onnx"), &one.join("gpt2_tiny_trained.onnx"), &two.join("gpt2_tiny_trained.onnx"), 1e-5);
+}
+
+#[test]
+fn gpt2_tiny_four_stages_1f1b_and_gpipe_are_identical_and_equal_one_process() {
+    let data = tokens(1024);
+    let one = tempdir("pp4-one");
+    run(gpt2_tiny(&one), &data);
+    let mut outs = Vec::new();
+    for schedule in [PipelineSchedule::OneFOneB, PipelineSchedule::Gpipe] {
+        let out = tempdir(&format!("pp4-{schedule:?}"));
+        let c = TrainingConfig { pipeline_parallel_size: 4, num_pipeline_micro_batches: 4, pipeline_schedule: schedule, ..gpt2_tiny(&out) };
+        run(c, &data);
+        outs.push(out.join("gpt2_tiny_trained.onnx"));
+    }
+    compare(&refkit("models/gpt2_tiny.onnx"), &one.join("gpt2_tiny_trained.onnx"), &outs[0], 1e-5);
+    for ((name, a), (_, b)) in onnx_params(outs[0].clone()).iter().zip(onnx_params(outs[1].clone())) {
+        assert_eq!(a, &b, "{name}: GPipe and 1F1B differ");
+    }
+}
+
+#[test]
+fn tied_embedding_split_across_stages_trains_as_one_parameter() {
+    // Our GPT-2 builder ties the LM head to the token embedding: the first stage (Gather)
+    // and the last (MatMul) each hold a copy, their gradients are summed, and the global
+    // norm (AdamW with clipping at 0.5, which binds) counts the parameter once.
+    let dir = tempdir("pp-tied");
+    let model = dir.join("gpt2_tied.onnx");
+    write_gpt2(&Gpt2Config { n_layer: 2, n_head: 2, n_embd: 32, vocab_size: 256, n_positions: 32, ..Default::default() }, &model).unwrap();
+    let loaded = OnnxModel::load(&model, &Device::flex()).unwrap();
+    let part = Partition::auto(&loaded, 2).unwrap();
+    let wte = part.shared.iter().find(|s| s.name == "transformer.wte.weight").expect("the tied embedding is shared");
+    assert_eq!(wte.stages, vec![0, 1]);
+    let data = tokens(256);
+    let base = |out: &Path| TrainingConfig {
+        optimizer: OptimizerConfig { kind: OptimizerKind::Adamw, ..Default::default() },
+        lr: LrConfig { initial_lr: 3e-3, ..Default::default() },
+        max_grad_norm: 0.5,
+        output_dir: out.to_path_buf(),
+        batch_size: 4,
+        eval_batch_size: 4,
+        ..sgd_config(model.clone(), LossKind::LmCrossEntropy, "input_ids")
+    };
+    let (one, two) = (dir.join("one"), dir.join("two"));
+    run(base(&one), &data);
+    run(TrainingConfig { pipeline_parallel_size: 2, ..base(&two) }, &data);
+    let file = "gpt2_tied_trained.onnx";
+    compare(&model, &one.join(file), &two.join(file), 1e-5);
+    // The clipping binds: without it the run ends elsewhere.
+    let free = dir.join("unclipped");
+    run(TrainingConfig { max_grad_norm: 0.0, ..base(&free) }, &data);
+    let moved = onnx_params(one.join(file)).iter().zip(onnx_params(free.join(file))).map(|((_, a), (_, b))| max_abs_diff(a, &b)).fold(0.0f32, f32::max);
+    assert!(moved > 1e-4, "clipping at 0.5 changed nothing (max difference {moved})");
+}
+
+#[test]
+fn data_and_pipeline_parallel_compose() {
+    // 2 replicas x 2 stages with 2 samples per replica = one process with 4.
+    let data = tokens(1024);
+    let (one, grid) = (tempdir("dppp-one"), tempdir("dppp-grid"));
+    run(gpt2_tiny(&one), &data);
+    let summary = run(TrainingConfig { batch_size: 2, eval_batch_size: 2, data_parallel_size: 2, pipeline_parallel_size: 2, ..gpt2_tiny(&grid) }, &data);
+    assert_eq!(summary.perf.unwrap().world_size, 4);
+    compare(&refkit("models/gpt2_tiny.onnx"), &one.join("gpt2_tiny_trained.onnx"), &grid.join("gpt2_tiny_trained.onnx"), 1e-5);
+}
+
+#[test]
+fn squeezenet_two_stages_equal_one_process() {
+    let mut next = lcg(3);
+    let x = ArrayD::from_shape_fn(IxDyn(&[8, 3, 224, 224]), |_| (next() % 1000) as f32 / 1000.0 - 0.5);
+    let y = ArrayD::from_shape_fn(IxDyn(&[8]), |_| (next() % 1000) as i64);
+    let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap());
+    let model = refkit("models/squeezenet1_1_dynbatch.onnx");
+    let base = |out: &Path| TrainingConfig {
+        output_dir: out.to_path_buf(),
+        batch_size: 2,
+        eval_batch_size: 2,
+        num_train_steps: 3,
+        lr: LrConfig { initial_lr: 0.01, ..Default::default() },
+        ..sgd_config(model.clone(), LossKind::CrossEntropy, "input")
+    };
+    let (one, two) = (tempdir("pp-sq-1"), tempdir("pp-sq-2"));
+    run(base(&one), &data);
+    run(TrainingConfig { pipeline_parallel_size: 2, ..base(&two) }, &data);
+    let file = "squeezenet1_1_dynbatch_trained.onnx";
+    compare(&model, &one.join(file), &two.join(file), 1e-5);
+}
+
+#[test]
+fn manual_cut_of_the_mlp_equals_one_process() {
+    let mut next = lcg(5);
+    let x = ArrayD::from_shape_fn(IxDyn(&[64, 784]), |_| (next() % 1000) as f32 / 1000.0 - 0.5);
+    let y = ArrayD::from_shape_fn(IxDyn(&[64]), |_| (next() % 10) as i64);
+    let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap());
+    let base = |out: &Path| TrainingConfig { output_dir: out.to_path_buf(), batch_size: 8, eval_batch_size: 8, ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input") };
+    let (one, two) = (tempdir("pp-mlp-1"), tempdir("pp-mlp-2"));
+    run(base(&one), &data);
+    let c = TrainingConfig { pipeline_parallel_size: 2, pipeline_cut_after: vec!["/Relu_output_0".into()], ..base(&two) };
+    run(c.clone(), &data);
+    compare(&refkit("models/mlp.onnx"), &one.join("mlp_trained.onnx"), &two.join("mlp_trained.onnx"), 1e-5);
+    // A cut naming no value of the graph is an error naming the field and the value.
+    let bad = TrainingConfig { pipeline_cut_after: vec!["nope".into()], output_dir: tempdir("pp-mlp-bad"), ..c };
+    let err = launch(bad, data.clone(), None).err().unwrap().to_string();
+    assert!(err.contains("pipeline_cut_after") && err.contains("nope"), "{err}");
+}
+
+#[test]
+fn pipelined_checkpoints_hold_each_stage_and_resume_exactly() {
+    let data = tokens(1024);
+    let full = tempdir("pp-ckpt-full");
+    let c = TrainingConfig { pipeline_parallel_size: 2, num_train_steps: 4, checkpoint_period: 2, ..gpt2_tiny(&full) };
+    let summary = run(c.clone(), &data);
+    let kept = list_checkpoints(&full.join("checkpoints"));
+    let (_, dir) = kept.iter().find(|(s, _)| *s == 2).expect("a checkpoint at update 2");
+    for f in ["model-stage-0.safetensors", "model-stage-1.safetensors", "state.json"] {
+        assert!(dir.join(f).is_file(), "{f} missing in {}", dir.display());
+    }
+    for s in ["stage-0", "stage-1"] {
+        assert!(std::fs::read_dir(dir.join(s)).unwrap().count() > 0, "no optimizer state in {s}");
+    }
+    // Resume from update 2 in a fresh directory: the same last loss and parameters, bit for bit.
+    let resumed = tempdir("pp-ckpt-resumed");
+    copy_tree(dir, &resumed.join("checkpoints").join(dir.file_name().unwrap()));
+    let summary2 = run(TrainingConfig { output_dir: resumed.clone(), ..c.clone() }, &data);
+    assert_eq!(summary2.start_step, 2);
+    assert_eq!(summary2.losses.last(), summary.losses.last());
+    for ((name, a), (_, b)) in onnx_params(full.join("gpt2_tiny_trained.onnx")).iter().zip(onnx_params(resumed.join("gpt2_tiny_trained.onnx"))) {
+        assert_eq!(a, &b, "{name} differs after resume");
+    }
+    // Another stage count cannot continue the optimizer state: a clear error.
+    let err = launch(TrainingConfig { output_dir: resumed, pipeline_parallel_size: 1, num_train_steps: 6, ..c }, data, None).err().unwrap().to_string();
+    assert!(err.contains("pipeline_parallel_size"), "{err}");
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
