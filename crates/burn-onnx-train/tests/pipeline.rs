@@ -2,7 +2,8 @@
 //! cut into stages ends with the parameters of the plain single-process run on the same
 //! batches (the micro-batches' mean gradient is the batch's), on gpt2_tiny, a GPT-2 with a
 //! tied embedding held by the first and last stage, SqueezeNet and the MLP (manual cut);
-//! GPipe and 1F1B are bit-identical; dp x pp composes; a pipelined run resumes exactly.
+//! GPipe and 1F1B are bit-identical; dp x pp composes; a pipelined run resumes exactly;
+//! every stage's weights reach TensorBoard.
 
 mod common;
 
@@ -14,6 +15,7 @@ use burn_onnx_train::OnnxModel;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::pipeline::{Partition, PipelineSchedule};
+use burn_onnx_train::tensorboard::{EventKind, ValueKind, read_events, scalars};
 use burn_onnx_train::train::checkpoint::list_checkpoints;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
@@ -206,3 +208,35 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
+
+#[test]
+fn every_stage_writes_the_summaries_of_its_own_weights() {
+    // The first stage holds the embeddings, the last the LM head: their norms and
+    // histograms reach the run's TensorBoard directory (one event file per stage), the
+    // loss once.
+    let out = tempdir("pp-tb");
+    let (first, last) = ("m.transformer.wte.weight", "onnx::MatMul_522");
+    let c = TrainingConfig {
+        pipeline_parallel_size: 2,
+        log_dir: None,
+        display_loss_steps: 5,
+        evaluation_period: 5,
+        histogram_weights: vec![first.into(), last.into()],
+        norm_weights: vec!["*".into()],
+        ..gpt2_tiny(&out)
+    };
+    run(c, &tokens(1024));
+    let mut events = Vec::new();
+    for f in std::fs::read_dir(out.join("tensorboard")).unwrap() {
+        events.extend(read_events(&f.unwrap().path()).unwrap());
+    }
+    let s = scalars(&events);
+    for name in [first, last] {
+        let tag = format!("norms/gradient/{name}");
+        assert!(s.iter().any(|(t, step, v)| *t == tag && *step == 5 && *v > 0.0), "{tag} missing");
+        let histo = format!("weights/{name}");
+        let found = events.iter().any(|e| matches!(&e.what, Some(EventKind::Summary(sm)) if sm.value.iter().any(|v| v.tag == histo && matches!(v.value, Some(ValueKind::Histo(_))))));
+        assert!(found, "{histo} missing");
+    }
+    assert_eq!(s.iter().filter(|(t, _, _)| *t == "train/loss").count(), 10, "the loss once per update");
+}

@@ -8,6 +8,9 @@
 //! steps)`), accumulate the parameters' gradients, send the received activations'
 //! gradients back.
 
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
 use burn_ort_dist::Communicator;
@@ -32,6 +35,8 @@ pub struct StageExec<'a> {
     pub comm: &'a dyn Communicator,
     /// Where float values live.
     pub device: &'a Device,
+    /// Time spent blocked receiving from the neighbouring stages (the pipeline bubble).
+    pub waited: Cell<Duration>,
 }
 
 /// What a forward pass leaves for its backward.
@@ -49,6 +54,8 @@ pub struct StageResult {
     pub grads: GradientsParams,
     /// Sum of the micro-batch losses (last stage; 0 elsewhere).
     pub loss_sum: f64,
+    /// Time spent blocked receiving from the neighbouring stages.
+    pub waited: Duration,
 }
 
 impl StageExec<'_> {
@@ -58,6 +65,14 @@ impl StageExec<'_> {
 
     fn last(&self) -> bool {
         self.stage.index + 1 == self.stages
+    }
+
+    /// Receive `count` values from stage `src`, counting the time blocked.
+    fn recv(&self, src: usize, count: usize) -> Result<Vec<Value>> {
+        let started = Instant::now();
+        let values = recv_values(self.comm, src, count, self.device);
+        self.waited.set(self.waited.get() + started.elapsed());
+        values
     }
 
     /// Run `schedule` over `micro` (the micro-batches) on `model` (this stage). `seeds[j]`
@@ -80,7 +95,7 @@ impl StageExec<'_> {
                 }
             }
         }
-        Ok(StageResult { grads: acc.grads(), loss_sum })
+        Ok(StageResult { grads: acc.grads(), loss_sum, waited: self.waited.take() })
     }
 
     /// Evaluation forward of `batch` through this stage: the last stage returns the loss
@@ -109,7 +124,7 @@ impl StageExec<'_> {
         }
         let mut received = Vec::new();
         if !self.first() {
-            let values = recv_values(self.comm, self.stage.index - 1, self.stage.receives.len(), self.device)?;
+            let values = self.recv(self.stage.index - 1, self.stage.receives.len())?;
             for (name, v) in self.stage.receives.iter().zip(values) {
                 let v = match v {
                     Value::Float(f) if track => {
@@ -147,7 +162,7 @@ impl StageExec<'_> {
             Some(loss) => Some(loss),
             None => {
                 let floats: Vec<&FloatValue> = flight.sent.iter().filter_map(|v| if let Value::Float(f) = v { Some(f) } else { None }).collect();
-                let grads = recv_values(self.comm, self.stage.index + 1, floats.len(), self.device)?;
+                let grads = self.recv(self.stage.index + 1, floats.len())?;
                 let mut total: Option<Tensor<1>> = None;
                 for (o, g) in floats.into_iter().zip(grads) {
                     let Value::Float(g) = g else { return Err(OnnxError::field("pipeline", "a gradient arrived as a non-float value")) };

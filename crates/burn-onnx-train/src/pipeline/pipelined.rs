@@ -7,6 +7,7 @@
 //! update and stay identical, and the last stage's loss is broadcast to the group.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use burn::module::Param;
 use burn::optim::GradientsParams;
@@ -42,7 +43,7 @@ pub struct Pipelined {
 impl Pipelined {
     fn exec<'a>(&'a self, device: &'a Device) -> StageExec<'a> {
         let stage = self.comm.rank();
-        StageExec { stage: &self.partition.stages[stage], stages: self.partition.stages.len(), comm: self.comm.as_ref(), device }
+        StageExec { stage: &self.partition.stages[stage], stages: self.partition.stages.len(), comm: self.comm.as_ref(), device, waited: Default::default() }
     }
 
     /// Sum the gradients of parameters held by several stages over the group (zeros from
@@ -86,7 +87,7 @@ impl Passes for Pipelined {
         let m = self.micro_batches;
         let exec = self.exec(&self.device);
         let scale = 1.0 / (m * k) as f64;
-        let (mut acc, mut loss_sum, mut items) = (burn::optim::GradientsAccumulator::<OnnxModel>::new(), 0.0f64, 0usize);
+        let (mut acc, mut loss_sum, mut items, mut waited) = (burn::optim::GradientsAccumulator::<OnnxModel>::new(), 0.0f64, 0usize, Duration::ZERO);
         for _ in 0..k {
             let batch = prefetch.next_batch()?;
             let parts = batch.split(m)?;
@@ -95,6 +96,7 @@ impl Passes for Pipelined {
             let out = exec.run(model, &parts, c, self.schedule, &seeds, scale)?;
             acc.accumulate(model, out.grads);
             loss_sum += out.loss_sum / m as f64;
+            waited += out.waited;
             items += batch.items;
             *micro += 1;
         }
@@ -102,7 +104,7 @@ impl Passes for Pipelined {
         self.sum_shared(model, &mut grads)?;
         let mut loss = [loss_sum as f32 / k as f32];
         self.comm.broadcast(&mut loss, self.partition.stages.len() - 1)?;
-        Ok(Accumulated { grads, loss: f64::from(loss[0]), items })
+        Ok(Accumulated { grads, loss: f64::from(loss[0]), items, waited })
     }
 
     fn eval(&self, c: &TrainingConfig, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {

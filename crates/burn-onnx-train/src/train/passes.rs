@@ -2,6 +2,8 @@
 //! once per update and does not know whether the whole model is here ([`Sequential`]) or one
 //! pipeline stage of it (`crate::pipeline::Pipelined`).
 
+use std::time::Duration;
+
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
 
@@ -20,6 +22,8 @@ pub struct Accumulated {
     pub loss: f64,
     /// Items (tokens or images) this replica processed.
     pub items: usize,
+    /// Time blocked waiting for other pipeline stages (zero without a pipeline).
+    pub waited: Duration,
 }
 
 /// The forward and backward passes of training and evaluation.
@@ -59,7 +63,7 @@ impl Passes for Sequential {
             *model = model.clone().apply_state(out.state_updates);
             *micro += 1;
         }
-        Ok(Accumulated { grads: acc.grads(), loss: loss_sum / k as f64, items })
+        Ok(Accumulated { grads: acc.grads(), loss: loss_sum / k as f64, items, waited: Duration::ZERO })
     }
 
     fn eval(&self, c: &TrainingConfig, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {

@@ -17,6 +17,7 @@ pub struct PerfMeter {
     unit: &'static str,
     steps: Vec<(usize, Duration)>,
     sync: Vec<Duration>,
+    waited: Vec<Duration>,
 }
 
 /// The throughput report written to `perf.json`.
@@ -49,6 +50,13 @@ pub struct PerfReport {
     pub threads: usize,
     /// ZeRO stage.
     pub zero_stage: usize,
+    /// Pipeline stages.
+    pub pipeline_stages: usize,
+    /// Pipeline micro-batches per batch.
+    pub pipeline_micro_batches: usize,
+    /// Per rank, the fraction of the measured update time it spent blocked waiting for
+    /// another pipeline stage (the bubble plus imbalance; 0 without a pipeline).
+    pub pipeline_idle_fraction: Vec<f64>,
     /// Memory per rank, in rank order.
     #[serde(flatten)]
     pub memory: MemoryReport,
@@ -94,14 +102,26 @@ pub fn peak_rss_bytes() -> u64 {
 impl PerfMeter {
     /// A meter counting `unit`.
     pub fn new(unit: &'static str) -> Self {
-        PerfMeter { unit, steps: Vec::new(), sync: Vec::new() }
+        PerfMeter { unit, steps: Vec::new(), sync: Vec::new(), waited: Vec::new() }
     }
 
     /// Record one update of `items` items that took `elapsed`, `sync` of it in gradient
-    /// synchronisation.
-    pub fn record(&mut self, items: usize, elapsed: Duration, sync: Duration) {
+    /// synchronisation and `waited` blocked on other pipeline stages.
+    pub fn record(&mut self, items: usize, elapsed: Duration, sync: Duration, waited: Duration) {
         self.steps.push((items, elapsed));
         self.sync.push(sync);
+        self.waited.push(waited);
+    }
+
+    /// Every rank's idle fraction over its measured updates (a collective over `comm`).
+    pub fn gather_idle(&self, comm: &dyn Communicator) -> Result<Vec<f64>> {
+        let half = self.steps.len() / 2;
+        let busy: f64 = self.steps[half..].iter().map(|s| s.1.as_secs_f64()).sum();
+        let waited: f64 = self.waited[half..].iter().map(Duration::as_secs_f64).sum();
+        let mine = [if busy > 0.0 { (waited / busy) as f32 } else { 0.0 }];
+        let mut all = vec![0.0f32; comm.world_size()];
+        comm.all_gather(&mine, &mut all)?;
+        Ok(all.into_iter().map(f64::from).collect())
     }
 
     fn rate(steps: &[(usize, Duration)]) -> f64 {
@@ -116,7 +136,7 @@ impl PerfMeter {
     }
 
     /// The report over the last half of the updates.
-    pub fn report(&self, c: &TrainingConfig, world_size: usize, memory: MemoryReport) -> PerfReport {
+    pub fn report(&self, c: &TrainingConfig, world_size: usize, memory: MemoryReport, idle: Vec<f64>) -> PerfReport {
         let half = self.steps.len() / 2;
         let measured = &self.steps[half..];
         let sync = &self.sync[half..];
@@ -134,6 +154,9 @@ impl PerfMeter {
             world_size,
             threads: rayon::current_num_threads(),
             zero_stage: c.zero_stage,
+            pipeline_stages: c.pipeline_parallel_size,
+            pipeline_micro_batches: c.micro_batches(),
+            pipeline_idle_fraction: idle,
             memory,
         }
     }

@@ -15,6 +15,7 @@ use burn_ort_dist::{Communicator, Groups, ModelParallel, Topology};
 use super::checkpoint::{model_bytes, model_file};
 use super::config::TrainingConfig;
 use super::passes::{Passes, Sequential};
+use super::summaries::SummaryRole;
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::pipeline::wire::{recv_values, send_values};
@@ -109,6 +110,16 @@ impl Placement {
             files.push((model_file(stage), model_bytes(model, |n| self.owns(n))?));
         }
         Ok(files)
+    }
+
+    /// What this rank writes to TensorBoard: world rank 0 the run, the first replica of
+    /// every later pipeline stage the summaries of its own weights.
+    pub fn summary_role(&self, world_rank: usize) -> SummaryRole {
+        match (world_rank, &self.partition) {
+            (0, _) => SummaryRole::Run,
+            (_, Some(_)) if self.groups.dp_rank == 0 => SummaryRole::StageWeights,
+            _ => SummaryRole::Silent,
+        }
     }
 
     /// Where this rank's optimizer state sits inside a checkpoint directory.

@@ -148,7 +148,7 @@ impl TrainingRunner {
         let mut out = Reporter {
             perf: PerfMeter::new(train.unit()),
             summary: RunSummary { start_step, losses: Vec::new(), evals: Vec::new(), exported: None, perf: None },
-            tb: Summaries::open(&c, self.is_root())?,
+            tb: Summaries::open(&c, place.summary_role(self.comm.rank()))?,
             bar: self.progress_bar(total, start_step),
             unit: train.unit(),
             root: self.is_root(),
@@ -169,7 +169,7 @@ impl TrainingRunner {
             if !acc.loss.is_finite() {
                 return Err(OnnxError::field("training", format!("loss became {} at update {update}", acc.loss)));
             }
-            out.perf.record(acc.items * replicas, started.elapsed(), sync_time);
+            out.perf.record(acc.items * replicas, started.elapsed(), sync_time, acc.waited);
             out.update(update, acc.loss, lr, report.grad_norm, display)?;
             let eval_due = c.evaluation_period > 0 && update % c.evaluation_period == 0;
             if let Some(test) = test.as_ref().filter(|_| eval_due || update == total) {
@@ -197,9 +197,10 @@ impl TrainingRunner {
         out.bar.finish_and_clear();
         out.tb.flush()?;
         let memory = MemoryReport::gather(strategy.memory(), self.comm.as_ref())?;
+        let idle = out.perf.gather_idle(self.comm.as_ref())?;
         if let Some(whole) = place.whole_model(&c, &model, self.comm.as_ref())? {
             out.summary.exported = Some(self.export(&c, &whole)?);
-            let report = out.perf.report(&c, self.comm.world_size(), memory);
+            let report = out.perf.report(&c, self.comm.world_size(), memory, idle);
             report.write(&c.output_dir.join("perf.json"))?;
             out.summary.perf = Some(report);
         }

@@ -12,24 +12,38 @@ use crate::model::{OnnxModel, ParamRole};
 use crate::tensorboard::EventWriter;
 use crate::value::MAX_RANK;
 
-/// The run's TensorBoard writer; every method is a no-op when logging is off (other ranks,
-/// or `log_dir = ""`).
+/// What a rank writes to TensorBoard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SummaryRole {
+    /// Nothing (the other ranks, or `log_dir = ""`).
+    Silent,
+    /// The run's scalars, and the weight summaries of the parameters this rank holds
+    /// (world rank 0).
+    Run,
+    /// Only the weight summaries (norms, histograms) of the parameters this rank holds:
+    /// the first replica's rank of a later pipeline stage, in an event file of its own
+    /// in the same directory (TensorBoard merges them).
+    StageWeights,
+}
+
+/// The run's TensorBoard writer; every method is a no-op when logging is off.
 pub struct Summaries {
     writer: Option<EventWriter>,
+    scalars: bool,
     histogram_weights: Vec<String>,
     norm_weights: Vec<String>,
 }
 
 impl Summaries {
-    /// Open the config's log directory when `enabled`.
-    pub fn open(c: &TrainingConfig, enabled: bool) -> Result<Self> {
-        let writer = if enabled { c.log_dir().map(|d| EventWriter::create(&d)).transpose()? } else { None };
-        Ok(Summaries { writer, histogram_weights: c.histogram_weights.clone(), norm_weights: c.norm_weights.clone() })
+    /// Open the config's log directory for `role`.
+    pub fn open(c: &TrainingConfig, role: SummaryRole) -> Result<Self> {
+        let writer = if role == SummaryRole::Silent { None } else { c.log_dir().map(|d| EventWriter::create(&d)).transpose()? };
+        Ok(Summaries { writer, scalars: role == SummaryRole::Run, histogram_weights: c.histogram_weights.clone(), norm_weights: c.norm_weights.clone() })
     }
 
     /// Scalars of one optimizer update.
     pub fn update(&mut self, step: usize, loss: f64, lr: f64, grad_norm: f32, rate: f64, unit: &str) -> Result<()> {
-        let Some(w) = self.writer.as_mut() else { return Ok(()) };
+        let Some(w) = self.writer.as_mut().filter(|_| self.scalars) else { return Ok(()) };
         let step = step as i64;
         w.add_scalar("train/loss", loss as f32, step)?;
         w.add_scalar("train/learning_rate", lr as f32, step)?;
@@ -65,15 +79,19 @@ impl Summaries {
     pub fn eval(&mut self, m: &EvalMetrics, model: &OnnxModel) -> Result<()> {
         let Some(w) = self.writer.as_mut() else { return Ok(()) };
         let step = m.step as i64;
-        w.add_scalar("eval/loss", m.loss as f32, step)?;
-        if let Some(p) = m.perplexity {
-            w.add_scalar("eval/perplexity", p as f32, step)?;
-        }
-        if let Some(a) = m.accuracy {
-            w.add_scalar("eval/accuracy", a as f32, step)?;
+        if self.scalars {
+            w.add_scalar("eval/loss", m.loss as f32, step)?;
+            if let Some(p) = m.perplexity {
+                w.add_scalar("eval/perplexity", p as f32, step)?;
+            }
+            if let Some(a) = m.accuracy {
+                w.add_scalar("eval/accuracy", a as f32, step)?;
+            }
         }
         for name in &self.histogram_weights {
-            let v = model.param_by_name(name).ok_or_else(|| OnnxError::field("config.histogram_weights", format!("'{name}' is not a parameter")))?;
+            // The names were checked against the whole model; a pipeline stage writes the
+            // ones it holds.
+            let Some(v) = model.param_by_name(name) else { continue };
             let a = v.to_array().map_err(|e| OnnxError::field(name, e.0))?;
             w.add_histogram(&format!("weights/{name}"), a.as_slice().unwrap_or(&[]), step)?;
         }
