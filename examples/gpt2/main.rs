@@ -139,7 +139,7 @@ fn run(args: Args) -> Result<(), OnnxError> {
     if let Some(p) = &summary.exported {
         println!("exported {}", p.display());
     }
-    println!("| model | ranks | batch x seq per rank | updates measured | ms/update | tokens/s |");
+    println!("| model | ranks | batch x seq per replica | updates measured | ms/update | tokens/s |");
     println!("|---|---|---|---|---|---|");
     println!(
         "| {} | {} | {} x {} | {} | {:.1} | {:.0} |",

@@ -159,7 +159,7 @@ fn run(args: Args) -> Result<()> {
     if let Some(p) = &summary.exported {
         println!("exported {}", p.display());
     }
-    println!("| model | ranks | batch per rank | updates measured | ms/update | images/s |");
+    println!("| model | ranks | batch per replica | updates measured | ms/update | images/s |");
     println!("|---|---|---|---|---|---|");
     println!(
         "| {} | {} | {} | {} | {:.1} | {:.1} |",

@@ -141,6 +141,11 @@ fn mpi_two_pipeline_stages_equal_one_process_gpt2_tiny() {
 }
 
 #[test]
+fn mpi_four_pipeline_stages_equal_one_process_gpt2_tiny() {
+    grid_equivalence("gpt2", 1, 4, 4);
+}
+
+#[test]
 fn mpi_two_replicas_of_two_stages_equal_one_process_gpt2_tiny() {
     grid_equivalence("gpt2", 2, 2, 2);
 }

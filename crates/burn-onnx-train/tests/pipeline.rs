@@ -240,3 +240,29 @@ fn every_stage_writes_the_summaries_of_its_own_weights() {
     }
     assert_eq!(s.iter().filter(|(t, _, _)| *t == "train/loss").count(), 10, "the loss once per update");
 }
+
+#[test]
+fn zero_runs_inside_each_stage_data_parallel_group() {
+    // 2 replicas x 2 stages, AdamW with clipping that binds: ZeRO-1 and ZeRO-2 shard each
+    // stage's optimizer state over its two replicas and end where the replicated update does.
+    let data = tokens(1024);
+    let base = |out: &Path, zero: usize| TrainingConfig {
+        optimizer: OptimizerConfig { kind: OptimizerKind::Adamw, ..Default::default() },
+        lr: LrConfig { initial_lr: 1e-3, ..Default::default() },
+        max_grad_norm: 1.0,
+        batch_size: 2,
+        eval_batch_size: 2,
+        data_parallel_size: 2,
+        pipeline_parallel_size: 2,
+        zero_stage: zero,
+        ..gpt2_tiny(out)
+    };
+    let replicated = tempdir("pp-zero0");
+    run(base(&replicated, 0), &data);
+    for zero in [1, 2] {
+        let out = tempdir(&format!("pp-zero{zero}"));
+        let summary = run(base(&out, zero), &data);
+        assert_eq!(summary.perf.unwrap().memory.optimizer_state_bytes.len(), 4);
+        compare(&refkit("models/gpt2_tiny.onnx"), &replicated.join("gpt2_tiny_trained.onnx"), &out.join("gpt2_tiny_trained.onnx"), 1e-6);
+    }
+}
