@@ -8,16 +8,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 steps="${1:-40}"; batch="${2:-4}"; seq="${3:-64}"
 dir="$(mktemp -d /tmp/dp-step-bench.XXXX)"
 mkdir -p "$dir/data"
-python3 - "$dir/data/tokens.npy" <<'PY'
-import random, struct, sys
-random.seed(0)
-n = 1 << 16
-header = "{'descr': '<i8', 'fortran_order': False, 'shape': (%d,), }" % n
-header += " " * (63 - (10 + len(header)) % 64) + "\n"
-with open(sys.argv[1], "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-    f.write(struct.pack("<%dq" % n, *[random.randrange(1024) for _ in range(n)]))
-PY
+python3 "$root/tools/random_tokens.py" "$dir/data/tokens.npy" 1024
 cat > "$dir/run.toml" <<TOML
 model_path = "$root/crates/burn-onnx-train/tests/data/refkit/models/gpt2_tiny.onnx"
 train_data_dir = "$dir/data"

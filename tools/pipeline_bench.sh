@@ -13,16 +13,7 @@ bin="$root/target/release/onnx-train"
 dir="$(mktemp -d /tmp/pipeline-bench.XXXX)"
 mkdir -p "$dir/data"
 "$bin" gpt2 --output "$dir/gpt2_8x256.onnx" --layers 8 --heads 4 --width 256 --vocab 512 --positions 128 > /dev/null
-python3 - "$dir/data/tokens.npy" <<'PY'
-import random, struct, sys
-random.seed(0)
-n = 1 << 16
-header = "{'descr': '<i8', 'fortran_order': False, 'shape': (%d,), }" % n
-header += " " * (63 - (10 + len(header)) % 64) + "\n"
-with open(sys.argv[1], "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-    f.write(struct.pack("<%dq" % n, *[random.randrange(512) for _ in range(n)]))
-PY
+python3 "$root/tools/random_tokens.py" "$dir/data/tokens.npy" 512
 cat > "$dir/run.toml" <<TOML
 model_path = "$dir/gpt2_8x256.onnx"
 train_data_dir = "$dir/data"
