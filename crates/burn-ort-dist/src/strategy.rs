@@ -4,8 +4,8 @@
 //! everything with Burn's optimizer) or [`crate::zero::Zero`] (stages 1 and 2: each rank
 //! updates its shard of a flat buffer). The loop does not branch on the kind.
 
-use std::collections::HashSet;
-use std::path::Path;
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
@@ -78,8 +78,10 @@ pub trait UpdateStrategy<M: Module> {
     fn memory(&self) -> MemoryUse;
     /// The files of optimizer state this rank writes into a checkpoint directory.
     fn state_files(&self) -> DistResult<Vec<(String, Vec<u8>)>>;
-    /// Restore the optimizer state for `module` from a checkpoint directory.
-    fn load_state(&mut self, module: &M, dir: &Path) -> DistResult<()>;
+    /// Restore the optimizer state for `module` from the state directories of a checkpoint:
+    /// one, or one per pipeline stage of the run that wrote it (each parameter's state is
+    /// taken from whichever holds it).
+    fn load_state(&mut self, module: &M, dirs: &[PathBuf]) -> DistResult<()>;
     /// The module is one part of a model spread over `group` (pipeline stages): measure
     /// the gradient norm (and clip) over the whole model.
     fn set_model_parallel(&mut self, group: ModelParallel);
@@ -131,16 +133,58 @@ impl<M: Module> UpdateStrategy<M> for Replicated {
         Ok(vec![(REPLICATED_STATE_FILE.into(), bytes.to_vec())])
     }
 
-    fn load_state(&mut self, _module: &M, dir: &Path) -> DistResult<()> {
-        let path = dir.join(REPLICATED_STATE_FILE);
-        let bytes = std::fs::read(&path).map_err(|e| invalid(format!("{}: {e} (a checkpoint of a sharded run needs zero_stage >= 1)", path.display())))?;
-        self.optim = self.optim.clone().from_bytes(Bytes::from_bytes_vec(bytes)).map_err(|e| invalid(format!("{}: not a valid optimizer record: {e:?}", path.display())))?;
+    fn load_state(&mut self, module: &M, dirs: &[PathBuf]) -> DistResult<()> {
+        let bytes = merged_record(dirs, &param_ids(module))?;
+        self.optim = self.optim.clone().from_bytes(bytes).map_err(|e| invalid(format!("{}: not a valid optimizer record: {e:?}", dirs[0].display())))?;
         Ok(())
     }
 
     fn set_model_parallel(&mut self, group: ModelParallel) {
         self.model_parallel = Some(group);
     }
+}
+
+/// The optimizer records in `dirs` as one, keeping the state of the parameters `ids` only.
+/// Burn keys a record's tensors by parameter id and its scalars and paths by keys that start
+/// with the id (`"<id>.<field>"`).
+fn merged_record(dirs: &[PathBuf], ids: &HashSet<u64>) -> DistResult<Bytes> {
+    let keep = |key: &str| key.split('.').next().and_then(|id| id.parse::<u64>().ok()).is_none_or(|id| ids.contains(&id));
+    let (mut tensors, mut scalars, mut paths) = (Vec::new(), BTreeMap::new(), BTreeMap::new());
+    for dir in dirs {
+        let path = dir.join(REPLICATED_STATE_FILE);
+        let bytes = std::fs::read(&path).map_err(|e| invalid(format!("{}: {e} (a checkpoint of a sharded run needs zero_stage >= 1)", path.display())))?;
+        let bad = |e: burn_pack::Error| invalid(format!("{}: not a valid optimizer record: {e:?}", path.display()));
+        let reader = burn_pack::Reader::from_bytes(Bytes::from_bytes_vec(bytes)).map_err(bad)?;
+        scalars.extend(reader.scalars().iter().filter(|(k, _)| keep(k)).map(|(k, v)| (k.clone(), *v)));
+        paths.extend(reader.metadata().iter().filter(|(k, _)| keep(k)).map(|(k, v)| (k.clone(), v.clone())));
+        for t in reader.into_tensors().map_err(bad)? {
+            let (name, dtype, shape, id, data) = t.into_parts().map_err(bad)?;
+            if id.is_none_or(|id| ids.contains(&id)) && keep(&name) {
+                tensors.push(burn_pack::Tensor::new(name, dtype, shape, id, data));
+            }
+        }
+    }
+    let mut writer = burn_pack::Writer::new(tensors);
+    for (k, v) in &scalars {
+        writer = writer.with_scalar(k, *v);
+    }
+    for (k, v) in &paths {
+        writer = writer.with_metadata(k, v);
+    }
+    writer.into_bytes().map_err(|e| invalid(format!("cannot merge optimizer records: {e:?}")))
+}
+
+/// The ids of `module`'s parameters.
+fn param_ids<M: Module>(module: &M) -> HashSet<u64> {
+    struct Ids(HashSet<u64>);
+    impl ModuleVisitor for Ids {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.insert(param.id.val());
+        }
+    }
+    let mut ids = Ids(HashSet::new());
+    module.visit(&mut ids);
+    ids.0
 }
 
 fn invalid(message: String) -> DistError {

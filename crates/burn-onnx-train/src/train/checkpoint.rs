@@ -72,6 +72,21 @@ pub fn model_file(stage: Option<usize>) -> String {
         Some(k) => format!("model-stage-{k}.safetensors"),
     }
 }
+
+/// Where pipeline stage `k` keeps its optimizer state inside a checkpoint.
+pub fn stage_state_dir(k: usize) -> String {
+    format!("stage-{k}")
+}
+
+/// The optimizer-state directories of the checkpoint at `path`, written by a run of
+/// `stages` pipeline stages: the checkpoint itself, or one per stage.
+pub fn state_dirs(path: &Path, stages: usize) -> Vec<PathBuf> {
+    match stages {
+        0 | 1 => vec![path.to_path_buf()],
+        n => (0..n).map(|k| path.join(stage_state_dir(k))).collect(),
+    }
+}
+
 const STATE_FILE: &str = "state.json";
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> OnnxError + '_ {

@@ -358,19 +358,11 @@ impl TrainingConfig {
     /// the batch geometry, the seed and the optimizer: those must match (`checkpoint` names
     /// the checkpoint in the error). A replicated (stage 0) checkpoint resumes only on the
     /// same world size and stage 0; a ZeRO checkpoint reshards onto any world size and stage
-    /// 1 or 2, keeping the global batch (`batch_size` x ranks). Step counts, schedules,
-    /// periods and paths may change.
+    /// 1 or 2, keeping the global batch (`batch_size` x ranks). Either resumes on any
+    /// pipeline stage count (each stage takes its parameters' state from the stages that
+    /// wrote it). Step counts, schedules, periods and paths may change.
     pub fn check_resume(&self, saved: &TrainingConfig, saved_world: usize, saved_zero: usize, world: usize, checkpoint: &Path) -> Result<()> {
         let here = checkpoint.display();
-        if saved.pipeline_parallel_size != self.pipeline_parallel_size {
-            return Err(invalid(
-                "pipeline_parallel_size",
-                format!(
-                    "{} cannot continue {here}, written with {} pipeline stage(s): optimizer state is kept per stage, so training resumes on the same stage count (its parameters load onto any: `onnx-train export --checkpoint`)",
-                    self.pipeline_parallel_size, saved.pipeline_parallel_size
-                ),
-            ));
-        }
         if (saved_zero == 0) != (self.zero_stage == 0) {
             return Err(invalid(
                 "zero_stage",

@@ -12,7 +12,7 @@ use burn::module::ParamId;
 use burn::tensor::Device;
 use burn_ort_dist::{Communicator, Groups, ModelParallel, Topology};
 
-use super::checkpoint::{model_bytes, model_file};
+use super::checkpoint::{model_bytes, model_file, stage_state_dir};
 use super::config::TrainingConfig;
 use super::passes::{Passes, Sequential};
 use super::summaries::SummaryRole;
@@ -104,7 +104,7 @@ impl Placement {
         let stage = self.partition.as_ref().map(|_| self.groups.pp_rank);
         let mut files: Vec<(String, Vec<u8>)> = match stage {
             None => state,
-            Some(k) => state.into_iter().map(|(n, b)| (format!("stage-{k}/{n}"), b)).collect(),
+            Some(k) => state.into_iter().map(|(n, b)| (format!("{}/{n}", stage_state_dir(k)), b)).collect(),
         };
         if self.groups.dp_rank == 0 {
             files.push((model_file(stage), model_bytes(model, |n| self.owns(n))?));
@@ -122,10 +122,6 @@ impl Placement {
         }
     }
 
-    /// Where this rank's optimizer state sits inside a checkpoint directory.
-    pub fn state_subdir(&self) -> Option<String> {
-        self.partition.as_ref().map(|_| format!("stage-{}", self.groups.pp_rank))
-    }
 
     /// The whole trained model on world rank 0 (`None` elsewhere): in a pipeline, the
     /// first replica's stages send their parameters to stage 0, which sets them into the

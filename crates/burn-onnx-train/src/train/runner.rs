@@ -19,7 +19,7 @@ use burn_ort_dist::{Communicator, DataParallel, UpdateStrategy};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use super::checkpoint::{CheckpointState, list_checkpoints, read_params, read_state, remove_stale_temporaries, save_checkpoint};
+use super::checkpoint::{CheckpointState, list_checkpoints, read_params, read_state, remove_stale_temporaries, save_checkpoint, state_dirs};
 use super::placement::Placement;
 use super::config::TrainingConfig;
 use super::data::{Dataset, DistributedSampler, Prefetcher};
@@ -224,8 +224,7 @@ impl TrainingRunner {
         let saved_replicas = state.world_size / (saved.pipeline_parallel_size * saved.horizontal_parallel_size).max(1);
         c.check_resume(&saved, saved_replicas, state.zero_stage, place.topology.dp, &path)?;
         let model = read_params(&path, model)?;
-        let state_dir = place.state_subdir().map_or_else(|| path.clone(), |d| path.join(d));
-        strategy.load_state(&model, &state_dir)?;
+        strategy.load_state(&model, &state_dirs(&path, state.pipeline_stages))?;
         let (update, micro) = (state.update_step, state.micro_step);
         if self.is_root() {
             tracing::info!(checkpoint = %path.display(), update, total = c.num_updates(), "resumed");

@@ -20,7 +20,7 @@ pub mod flat_optim;
 pub mod layout;
 pub mod state_files;
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use burn::module::Module;
@@ -132,10 +132,10 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         state_files::write(self.comm.rank(), self.stage, layout, &self.state)
     }
 
-    fn load_state(&mut self, module: &M, dir: &Path) -> DistResult<()> {
+    fn load_state(&mut self, module: &M, dirs: &[PathBuf]) -> DistResult<()> {
         self.prepare(module);
         let (layout, ..) = self.layout.as_ref().expect("prepared above");
-        self.state = state_files::read(dir, self.comm.rank(), layout, self.rule.state_slots())?;
+        self.state = state_files::read(dirs, self.comm.rank(), layout, self.rule.state_slots())?;
         Ok(())
     }
 

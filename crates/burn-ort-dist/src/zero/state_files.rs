@@ -2,11 +2,14 @@
 //!
 //! Rank `r` writes `zero-<r>.bin`: its shard of every state vector, little-endian f32, one
 //! after another. Rank 0 writes `zero.json`: the stage, world size, step, the number of
-//! state vectors, and the layout (element count of every parameter, in order), so that a
-//! run with another world size or stage can check the layout, concatenate the old shards,
-//! drop the old padding and cut its own shard.
+//! state vectors, and the layout (element count and id of every parameter, in order), so
+//! that a run with another world size or stage can concatenate the old shards, drop the old
+//! padding, pick its parameters' state by id and cut its own shard. A checkpoint of a
+//! pipeline holds one such directory per stage; a run with another stage count reads them
+//! all and takes the parameters it holds from each.
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 use crate::error::{DistError, DistResult};
 use crate::zero::flat_optim::ShardState;
@@ -32,6 +35,10 @@ struct Manifest {
     state_vectors: usize,
     elements: usize,
     parameter_elements: Vec<usize>,
+    /// Parameter ids in layout order (absent in checkpoints from before pipelines: those
+    /// reload only onto the same layout).
+    #[serde(default)]
+    parameter_ids: Vec<u64>,
 }
 
 /// The files rank `rank` contributes to a checkpoint.
@@ -49,6 +56,7 @@ pub fn write(rank: usize, stage: usize, layout: &FlatLayout, state: &ShardState)
             state_vectors: state.slots.len(),
             elements: layout.len,
             parameter_elements: layout.slots.iter().map(|s| s.len).collect(),
+            parameter_ids: layout.slots.iter().map(|s| s.id.val()).collect(),
         };
         let json = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(rank, format!("cannot encode {MANIFEST}: {e}")))?;
         files.push((MANIFEST.into(), json));
@@ -56,24 +64,75 @@ pub fn write(rank: usize, stage: usize, layout: &FlatLayout, state: &ShardState)
     Ok(files)
 }
 
-/// Rank `rank`'s state for `layout`, from the shards of whatever world size wrote `dir`.
-pub fn read(dir: &Path, rank: usize, layout: &FlatLayout, vectors: usize) -> DistResult<ShardState> {
+/// Rank `rank`'s state for `layout`, from the shards of whatever world size wrote `dirs`
+/// (one directory, or one per pipeline stage of the run that wrote them).
+pub fn read(dirs: &[PathBuf], rank: usize, layout: &FlatLayout, vectors: usize) -> DistResult<ShardState> {
+    let want: Vec<usize> = layout.slots.iter().map(|s| s.len).collect();
+    let mut step = None;
+    // Per parameter (by id, or by position in a single legacy directory): its state vectors.
+    let mut by_id: HashMap<u64, Vec<Vec<f32>>> = HashMap::new();
+    let mut by_position: Option<Vec<Vec<Vec<f32>>>> = None;
+    for dir in dirs {
+        let (m, full) = read_dir(dir, rank, vectors)?;
+        let path = dir.join(MANIFEST);
+        if *step.get_or_insert(m.step) != m.step {
+            return Err(bad(rank, format!("{}: step {} differs from the other stages' {}", path.display(), m.step, step.unwrap_or(0))));
+        }
+        let mut offset = 0;
+        let mut params = Vec::with_capacity(m.parameter_elements.len());
+        for &n in &m.parameter_elements {
+            params.push(full.iter().map(|v| v[offset..offset + n].to_vec()).collect::<Vec<_>>());
+            offset += n;
+        }
+        if m.parameter_ids.len() == params.len() {
+            by_id.extend(m.parameter_ids.iter().copied().zip(params));
+        } else if dirs.len() == 1 && m.parameter_elements == want {
+            by_position = Some(params);
+        } else {
+            return Err(bad(rank, format!("{}: the checkpoint's parameters ({} tensors) do not match the model's ({} tensors)", path.display(), m.parameter_elements.len(), want.len())));
+        }
+    }
+    let mut full = vec![Vec::with_capacity(layout.padded); vectors];
+    for (k, slot) in layout.slots.iter().enumerate() {
+        let state = match &by_position {
+            Some(p) => &p[k],
+            None => by_id.get(&slot.id.val()).ok_or_else(|| bad(rank, format!("the checkpoint holds no optimizer state for parameter {} of the model ({} elements)", slot.id, slot.len)))?,
+        };
+        if state[0].len() != slot.len {
+            return Err(bad(rank, format!("parameter {}: {} elements of optimizer state, the model's has {}", slot.id, state[0].len(), slot.len)));
+        }
+        for (v, part) in full.iter_mut().zip(state) {
+            v.extend_from_slice(part);
+        }
+    }
+    let mine = layout.shard(rank);
+    let slots = full
+        .into_iter()
+        .map(|mut v| {
+            v.resize(layout.padded, 0.0);
+            v[mine.clone()].to_vec()
+        })
+        .collect();
+    Ok(ShardState { step: step.unwrap_or(0), slots })
+}
+
+/// One directory's manifest and its state vectors, the shards concatenated and the padding
+/// dropped.
+fn read_dir(dir: &Path, rank: usize, vectors: usize) -> DistResult<(Manifest, Vec<Vec<f32>>)> {
     let path = dir.join(MANIFEST);
     let text = std::fs::read(&path).map_err(|e| {
         bad(rank, format!("{}: {e} (the checkpoint has no ZeRO state: it comes from a run with zero_stage 0, whose optimizer record cannot be resharded)", path.display()))
     })?;
     let m: Manifest = serde_json::from_slice(&text).map_err(|e| bad(rank, format!("{}: not a valid ZeRO manifest: {e}", path.display())))?;
-    let (world, step, saved_vectors, sizes) = (m.world_size, m.step, m.state_vectors, m.parameter_elements);
-    let want: Vec<usize> = layout.slots.iter().map(|s| s.len).collect();
-    if sizes != want {
-        return Err(bad(rank, format!("{}: the checkpoint's parameters ({} tensors) do not match the model's ({} tensors)", path.display(), sizes.len(), want.len())));
+    if m.state_vectors != vectors {
+        return Err(bad(rank, format!("{}: {} state vectors per element, this optimizer keeps {vectors} (another optimizer?)", path.display(), m.state_vectors)));
     }
-    if saved_vectors != vectors {
-        return Err(bad(rank, format!("{}: {saved_vectors} state vectors per element, this optimizer keeps {vectors} (another optimizer?)", path.display())));
+    if m.parameter_elements.iter().sum::<usize>() != m.elements {
+        return Err(bad(rank, format!("{}: parameter sizes add up to {}, not {}", path.display(), m.parameter_elements.iter().sum::<usize>(), m.elements)));
     }
-    let old_padded = layout.len.div_ceil(world.max(1)) * world.max(1);
-    let old_shard = old_padded / world.max(1);
-    let mut full = vec![Vec::with_capacity(old_padded); vectors];
+    let world = m.world_size.max(1);
+    let old_shard = m.elements.div_ceil(world);
+    let mut full = vec![Vec::with_capacity(old_shard * world); vectors];
     for r in 0..world {
         let p = dir.join(shard_file(r));
         let bytes = std::fs::read(&p).map_err(|e| bad(rank, format!("{}: {e}", p.display())))?;
@@ -85,14 +144,8 @@ pub fn read(dir: &Path, rank: usize, layout: &FlatLayout, vectors: usize) -> Dis
             v.extend(part.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
         }
     }
-    let mine = layout.shard(rank);
-    let slots = full
-        .into_iter()
-        .map(|mut v| {
-            v.truncate(layout.len);
-            v.resize(layout.padded, 0.0);
-            v[mine.clone()].to_vec()
-        })
-        .collect();
-    Ok(ShardState { step, slots })
+    for v in &mut full {
+        v.truncate(m.elements);
+    }
+    Ok((m, full))
 }
