@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use burn::module::{Module, Param, ParamId};
 use burn::tensor::Gradients;
-use burn::tensor::{Device, TensorData};
+use burn::tensor::{Device, FloatDType, TensorData};
 
 use crate::error::{OnnxError, OpError, Result};
 use crate::graph::{Dim, Graph, TensorInfo};
@@ -326,6 +326,12 @@ impl OnnxModel {
     /// Run the graph with the random streams of this pass derived from `seed` (each node's
     /// dropout mask is a pure function of `seed` and the node's index).
     pub fn forward_seeded(&self, inputs: Vec<(String, Value)>, mode: Mode, seed: u64) -> Result<ForwardOutput> {
+        self.forward_with(inputs, mode, seed, None)
+    }
+
+    /// [`Self::forward_seeded`] with MatMul, Gemm, Conv and ConvTranspose computed in
+    /// `autocast` (f16 or bf16; their results come back as f32), as PyTorch's autocast.
+    pub fn forward_with(&self, inputs: Vec<(String, Value)>, mode: Mode, seed: u64, autocast: Option<FloatDType>) -> Result<ForwardOutput> {
         let graph = &self.spec.graph;
         let device = self.device();
         let mut env: HashMap<String, Value> = HashMap::new();
@@ -355,6 +361,7 @@ impl OnnxModel {
                 attrs: &node.attrs,
                 num_outputs: node.outputs.len(),
                 seed: mix_seed(seed, (graph.node_offset + i) as u64),
+                autocast,
             };
             let result = catch_unwind(AssertUnwindSafe(|| (node.op)(&ctx, Inputs(args))))
                 .unwrap_or_else(|panic| Err(OpError(format!("internal error: {}", panic_message(&panic)))));

@@ -41,9 +41,8 @@ pub fn conv(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         }
     }
     let options = ConvOptions { stride: win.strides, padding: win.pads, dilation: win.dilations, groups: group as usize };
-    let bias = b.map(|b| b.into_rank::<1>()).transpose()?;
-    let y = conv2d(x4.into_rank::<4>()?, w4.into_rank::<4>()?, bias, options);
-    let y = FloatValue::from_rank(y)?;
+    let bias = ctx.autocast_bias(b.map(|b| b.into_rank::<1>()).transpose()?);
+    let y = ctx.autocast([x4, w4], |[x4, w4]| FloatValue::from_rank(conv2d(x4.into_rank::<4>()?, w4.into_rank::<4>()?, bias, options)))?;
     let y = if one_d {
         let s = y.shape();
         y.reshape(&[s[0], s[1], s[3]])?

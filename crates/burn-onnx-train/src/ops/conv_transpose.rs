@@ -74,8 +74,9 @@ pub fn conv_transpose(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput>
         (x, w)
     };
     let options = ConvTransposeOptions { stride: lift(&strides, 1), padding: [0, 0], padding_out: lift(&out_pad, 0), dilation: lift(&dilations, 1), groups: group };
-    let bias = b.map(|b| b.into_rank::<1>()).transpose()?;
-    let mut y = conv_transpose2d(x4.into_rank::<4>()?, w4.into_rank::<4>()?, bias, options);
+    let bias = ctx.autocast_bias(b.map(|b| b.into_rank::<1>()).transpose()?);
+    let y = ctx.autocast([x4, w4], |[x4, w4]| FloatValue::from_rank(conv_transpose2d(x4.into_rank::<4>()?, w4.into_rank::<4>()?, bias, options)))?;
+    let mut y = y.into_rank::<4>()?;
     let base = 4 - n;
     for i in 0..n {
         let (begin, end) = pads[i];

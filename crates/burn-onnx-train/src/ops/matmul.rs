@@ -57,7 +57,7 @@ pub fn matmul_values(a: FloatValue, b: FloatValue) -> OpResult<FloatValue> {
 pub fn matmul(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let a = inputs.float(0, "A", ctx.device)?;
     let b = inputs.float(1, "B", ctx.device)?;
-    Ok(Value::Float(matmul_values(a, b)?).into())
+    Ok(Value::Float(ctx.autocast([a, b], |[a, b]| matmul_values(a, b))?).into())
 }
 
 fn transpose2(v: FloatValue) -> OpResult<FloatValue> {
@@ -79,7 +79,7 @@ pub fn gemm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     }
     let a = if ctx.attrs.int("transA", 0)? != 0 { transpose2(a)? } else { a };
     let b = if ctx.attrs.int("transB", 0)? != 0 { transpose2(b)? } else { b };
-    let mut y = matmul_values(a, b)?;
+    let mut y = ctx.autocast([a, b], |[a, b]| matmul_values(a, b))?;
     if alpha != 1.0 {
         y = FloatValue::new(y.tensor.mul_scalar(alpha), y.rank);
     }

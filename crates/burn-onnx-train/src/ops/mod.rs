@@ -3,7 +3,7 @@
 //! Each op is a plain function from its inputs to its outputs. [`lookup`] maps an op type to
 //! its function; the interpreter calls it and attaches the node's name to any error.
 
-use burn::tensor::Device;
+use burn::tensor::{Device, FloatDType, Tensor};
 
 use crate::attributes::Attributes;
 use crate::error::OpResult;
@@ -51,6 +51,27 @@ pub struct OpContext<'a> {
     /// Seed for this node's randomness (dropout masks): a pure function of the forward
     /// pass's seed and the node's position, so masks do not depend on threads or devices.
     pub seed: u64,
+    /// The low precision of the autocast list (MatMul, Gemm, Conv, ConvTranspose), if any.
+    pub autocast: Option<FloatDType>,
+}
+
+impl OpContext<'_> {
+    /// `f` of `operands`, computed in the autocast precision when there is one: the
+    /// operands are cast down and the result back to f32 (both casts differentiable, so
+    /// gradients reach f32 parameters in f32).
+    pub fn autocast<const N: usize>(&self, operands: [FloatValue; N], f: impl FnOnce([FloatValue; N]) -> OpResult<FloatValue>) -> OpResult<FloatValue> {
+        let Some(low) = self.autocast else { return f(operands) };
+        let out = f(operands.map(|v| FloatValue::new(v.tensor.cast(low), v.rank)))?;
+        Ok(FloatValue::new(out.tensor.cast(FloatDType::F32), out.rank))
+    }
+
+    /// A bias added inside an autocast op, cast to the operands' precision.
+    pub fn autocast_bias<const D: usize>(&self, bias: Option<Tensor<D>>) -> Option<Tensor<D>> {
+        match self.autocast {
+            Some(low) => bias.map(|b| b.cast(low)),
+            None => bias,
+        }
+    }
 }
 
 /// What an op returns.

@@ -102,7 +102,7 @@ impl StageExec<'_> {
     /// and correct predictions.
     pub fn eval(&self, model: &OnnxModel, batch: &Batch, c: &TrainingConfig) -> Result<Option<(f32, usize)>> {
         let (inputs, _) = self.inputs(batch, c, false)?;
-        let out = model.forward_seeded(inputs, Mode::Eval, 0)?;
+        let out = model.forward_with(inputs, Mode::Eval, 0, c.precision.autocast())?;
         if self.last() {
             let step = loss_of_outputs(out, batch, c, self.device, Mode::Eval)?;
             return Ok(Some((scalar(step.loss), step.correct.unwrap_or(0))));
@@ -142,7 +142,7 @@ impl StageExec<'_> {
 
     fn forward(&self, model: &mut OnnxModel, batch: &Batch, c: &TrainingConfig, seed: u64, scale: f64) -> Result<(InFlight, f64)> {
         let (inputs, received) = self.inputs(batch, c, true)?;
-        let out = model.forward_seeded(inputs, Mode::Train, seed)?;
+        let out = model.forward_with(inputs, Mode::Train, seed, c.precision.autocast())?;
         let state = out.state_updates.clone();
         let result = if self.last() {
             let step = loss_of_outputs(out, batch, c, self.device, Mode::Train)?;

@@ -82,11 +82,11 @@ impl Pipelined {
 }
 
 impl Passes for Pipelined {
-    fn train(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize) -> Result<Accumulated> {
+    fn train(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize, loss_scale: f64) -> Result<Accumulated> {
         let k = c.gradient_accumulation_steps;
         let m = self.micro_batches;
         let exec = self.exec(&self.device);
-        let scale = 1.0 / (m * k) as f64;
+        let scale = loss_scale / (m * k) as f64;
         let (mut acc, mut loss_sum, mut items, mut waited) = (burn::optim::GradientsAccumulator::<OnnxModel>::new(), 0.0f64, 0usize, Duration::ZERO);
         for _ in 0..k {
             let batch = prefetch.next_batch()?;

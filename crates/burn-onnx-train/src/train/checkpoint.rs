@@ -29,6 +29,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
+use super::precision::ScalerState;
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::value::FloatValue;
@@ -42,8 +43,8 @@ pub struct CheckpointState {
     pub micro_step: usize,
     /// The run's seed.
     pub seed: u64,
-    /// Dynamic loss scale (`None` without mixed precision).
-    pub loss_scale: Option<f32>,
+    /// Dynamic loss scale and its growth counter (`None` when the scale is fixed).
+    pub loss_scale: Option<ScalerState>,
     /// World size of the run that wrote it.
     pub world_size: usize,
     /// The rank that wrote the model and this state (rank 0; the replicas are identical).

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{OnnxError, Result};
 use crate::loss::LossKind;
+use super::precision::{Precision, check_loss_scale};
 use crate::pipeline::PipelineSchedule;
 
 /// Optimizer choice (ORT: `training_optimizer_name`).
@@ -97,24 +98,6 @@ impl Default for LrConfig {
     }
 }
 
-/// Mixed-precision fields (ORT: `use_mixed_precision`, loss scaling).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MixedPrecisionConfig {
-    /// Compute in reduced precision with fp32 master weights.
-    pub enabled: bool,
-    /// `f16` or `bf16`.
-    pub dtype: String,
-    /// Initial loss scale (0 = dynamic, starting at 2^16).
-    pub loss_scale: f32,
-}
-
-impl Default for MixedPrecisionConfig {
-    fn default() -> Self {
-        MixedPrecisionConfig { enabled: false, dtype: "f16".into(), loss_scale: 0.0 }
-    }
-}
-
 /// Everything a training run needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -162,8 +145,17 @@ pub struct TrainingConfig {
     pub lr: LrConfig,
     /// Global gradient-norm clipping (ORT default 1.0; 0 disables).
     pub max_grad_norm: f32,
-    /// Mixed precision.
-    pub mixed_precision: MixedPrecisionConfig,
+    /// Precision of MatMul/Gemm/Conv: `"f32"`, `"f16"` or `"bf16"` (ORT's
+    /// `use_mixed_precision` / `use_bfloat16`); parameters, optimizer state and the other
+    /// ops stay f32. On the CPU (Flex) f16/bf16 are stored in half the bytes but computed
+    /// through f32: they save memory, not time.
+    pub precision: Precision,
+    /// Loss scale: absent, dynamic under f16 and none (1) otherwise; 0, dynamic (starts at
+    /// 2^16, halves and skips the update on inf/NaN gradients, doubles after
+    /// `loss_scale_growth_interval` finite updates); positive, that static scale.
+    pub loss_scale: Option<f64>,
+    /// Finite updates in a row before a dynamic loss scale doubles.
+    pub loss_scale_growth_interval: usize,
     /// Data-parallel size.
     pub data_parallel_size: usize,
     /// Horizontal (tensor) parallel size.
@@ -236,7 +228,9 @@ impl Default for TrainingConfig {
             optimizer: OptimizerConfig::default(),
             lr: LrConfig::default(),
             max_grad_norm: 1.0,
-            mixed_precision: MixedPrecisionConfig::default(),
+            precision: Precision::F32,
+            loss_scale: None,
+            loss_scale_growth_interval: 2000,
             data_parallel_size: 1,
             horizontal_parallel_size: 1,
             pipeline_parallel_size: 1,
@@ -408,6 +402,7 @@ impl TrainingConfig {
             ("horizontal_parallel_size", self.horizontal_parallel_size),
             ("pipeline_parallel_size", self.pipeline_parallel_size),
             ("max_num_checkpoints", self.max_num_checkpoints),
+            ("loss_scale_growth_interval", self.loss_scale_growth_interval),
         ] {
             if v == 0 {
                 return Err(invalid(field, "must be at least 1"));
@@ -477,9 +472,7 @@ impl TrainingConfig {
         if !(0.0..1.0).contains(&o.momentum) {
             return Err(invalid("optimizer.momentum", format!("{} is outside [0, 1)", o.momentum)));
         }
-        if self.mixed_precision.enabled {
-            return Err(invalid("mixed_precision.enabled", "mixed precision is not implemented yet on this backend; set it to false"));
-        }
+        check_loss_scale(self.loss_scale)?;
         Ok(())
     }
 }

@@ -66,6 +66,14 @@ pub struct TrainFlags {
     /// Pipeline schedule (`pipeline_schedule`): 1f1b or gpipe.
     #[arg(long, value_name = "KIND")]
     pub pipeline_schedule: Option<crate::pipeline::PipelineSchedule>,
+    /// Precision of MatMul/Gemm/Conv (`precision`): f32, f16 or bf16, with f32 master
+    /// weights. On the CPU, f16/bf16 are stored in half the bytes and computed through f32
+    /// (emulated: they save memory, not time).
+    #[arg(long, value_name = "P")]
+    pub precision: Option<super::precision::Precision>,
+    /// Loss scale (`loss_scale`): 0 dynamic (the default under f16), or a static scale.
+    #[arg(long, value_name = "S")]
+    pub loss_scale: Option<f64>,
     /// Restart a failed thread run up to K times from its newest checkpoint (under mpirun:
     /// `onnx-train launch --max-restarts K`).
     #[arg(long, value_name = "K", default_value_t = 0)]
@@ -106,6 +114,8 @@ impl TrainFlags {
         set(&mut c.pipeline_parallel_size, self.pp);
         set(&mut c.num_pipeline_micro_batches, self.micro_batches);
         c.pipeline_schedule = self.pipeline_schedule.unwrap_or(c.pipeline_schedule);
+        c.precision = self.precision.unwrap_or(c.precision);
+        c.loss_scale = self.loss_scale.or(c.loss_scale);
         Ok(c)
     }
 }

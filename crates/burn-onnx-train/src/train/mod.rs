@@ -12,6 +12,7 @@ pub mod optimizer;
 pub mod passes;
 pub mod perf;
 pub mod placement;
+pub mod precision;
 pub mod preflight;
 pub mod runner;
 pub mod schedule;

@@ -29,8 +29,9 @@ pub struct Accumulated {
 /// The forward and backward passes of training and evaluation.
 pub trait Passes {
     /// The `gradient_accumulation_steps` micro-steps of update `update`: batches from
-    /// `prefetch`, `micro` counts micro-steps (dropout masks are a function of it).
-    fn train(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize) -> Result<Accumulated>;
+    /// `prefetch`, `micro` counts micro-steps (dropout masks are a function of it); the
+    /// gradients are those of the loss times `loss_scale`.
+    fn train(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize, loss_scale: f64) -> Result<Accumulated>;
     /// An evaluation batch's loss and correct predictions, on the rank that computes them
     /// (`None` on the others; the evaluation sums over ranks).
     fn eval(&self, c: &TrainingConfig, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>>;
@@ -46,7 +47,7 @@ pub struct Sequential {
 }
 
 impl Passes for Sequential {
-    fn train(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize) -> Result<Accumulated> {
+    fn train(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize, loss_scale: f64) -> Result<Accumulated> {
         let k = c.gradient_accumulation_steps;
         let mut acc = GradientsAccumulator::<OnnxModel>::new();
         let (mut loss_sum, mut items) = (0.0f64, 0usize);
@@ -59,6 +60,7 @@ impl Passes for Sequential {
             loss_sum += f64::from(scalar(out.loss.clone()));
             items += batch.items;
             let loss = if k > 1 { out.loss.div_scalar(k as f64) } else { out.loss };
+            let loss = if loss_scale != 1.0 { loss.mul_scalar(loss_scale) } else { loss };
             acc.accumulate(model, GradientsParams::from_grads(loss.backward(), model));
             *model = model.clone().apply_state(out.state_updates);
             *micro += 1;

@@ -27,6 +27,7 @@ pub use super::evaluate::EvalMetrics;
 use super::evaluate::evaluate;
 use super::optimizer::build_strategy;
 use super::perf::{MemoryReport, PerfMeter};
+use super::precision::LossScaler;
 use super::preflight::{check_data, check_weight_names};
 use super::schedule::LrSchedule;
 use super::summaries::Summaries;
@@ -72,12 +73,12 @@ struct Reporter {
 
 impl Reporter {
     /// After update `step`: summary, progress bar, TensorBoard, and the log line when `display`.
-    fn update(&mut self, step: usize, loss: f64, lr: f64, grad_norm: f32, display: bool) -> Result<()> {
+    fn update(&mut self, step: usize, loss: f64, lr: f64, grad_norm: f32, loss_scale: Option<f64>, display: bool) -> Result<()> {
         let (rate, unit) = (self.perf.recent_rate(), self.unit);
         self.summary.losses.push((step, loss));
         self.bar.set_position(step as u64);
         self.bar.set_message(format!("loss {loss:.4} | {rate:.0} {unit}/s"));
-        self.tb.update(step, loss, lr, grad_norm, rate, unit)?;
+        self.tb.update(step, loss, lr, grad_norm, loss_scale, rate, unit)?;
         if self.root && display {
             self.bar.suspend(|| tracing::info!(step, loss, lr, grad_norm, rate, unit, "train"));
         }
@@ -139,7 +140,8 @@ impl TrainingRunner {
         if let Some(group) = place.model_parallel(&model) {
             strategy.set_model_parallel(group);
         }
-        let (model, mut update, mut micro) = self.resume(&c, &place, model, strategy.as_mut())?;
+        let mut scaler = LossScaler::new(&c);
+        let (model, mut update, mut micro) = self.resume(&c, &place, model, strategy.as_mut(), &mut scaler)?;
         DataParallel::new(self.comm.clone()).check_consistent(c.to_toml()?.as_bytes())?;
         let mut model = DataParallel::new(place.groups.dp.clone()).broadcast_parameters(model)?;
         let (start_step, total) = (update, c.num_updates());
@@ -156,10 +158,10 @@ impl TrainingRunner {
 
         while update < total {
             let started = Instant::now();
-            let acc = passes.train(&c, &mut model, &prefetch, &mut micro, update)?;
+            let acc = passes.train(&c, &mut model, &prefetch, &mut micro, update, scaler.scale())?;
             let display = (update + 1) % c.display_loss_steps.max(1) == 0 || update + 1 == total;
             let (lr, update_started) = (schedule.lr(update), Instant::now());
-            let (next, report) = strategy.update(lr, model, acc.grads, c.max_grad_norm, display && out.tb.wants_norms())?;
+            let (next, report) = scaler.step(strategy.as_mut(), self.comm.as_ref(), lr, model, acc.grads, c.max_grad_norm, display && out.tb.wants_norms())?;
             let sync_time = update_started.elapsed();
             model = next;
             update += 1;
@@ -170,7 +172,7 @@ impl TrainingRunner {
                 return Err(OnnxError::field("training", format!("loss became {} at update {update}", acc.loss)));
             }
             out.perf.record(acc.items * replicas, started.elapsed(), sync_time, acc.waited);
-            out.update(update, acc.loss, lr, report.grad_norm, display)?;
+            out.update(update, acc.loss, lr, report.grad_norm, scaler.state().map(|s| s.scale), display)?;
             let eval_due = c.evaluation_period > 0 && update % c.evaluation_period == 0;
             if let Some(test) = test.as_ref().filter(|_| eval_due || update == total) {
                 out.eval(evaluate(&c, self.comm.as_ref(), (replica, replicas), passes.as_ref(), &model, test.as_ref(), update)?, &model)?;
@@ -180,7 +182,7 @@ impl TrainingRunner {
                     update_step: update,
                     micro_step: micro,
                     seed: c.seed,
-                    loss_scale: None,
+                    loss_scale: scaler.state(),
                     world_size: self.comm.world_size(),
                     written_by_rank: 0,
                     zero_stage: c.zero_stage,
@@ -211,7 +213,7 @@ impl TrainingRunner {
     /// optimizer state loaded: a fresh start, or the checkpoint named by
     /// `checkpoint_to_load_path`, or the newest in the checkpoint directory (which must come
     /// from a compatible run).
-    fn resume(&self, c: &TrainingConfig, place: &Placement, model: OnnxModel, strategy: &mut dyn UpdateStrategy<OnnxModel>) -> Result<(OnnxModel, usize, usize)> {
+    fn resume(&self, c: &TrainingConfig, place: &Placement, model: OnnxModel, strategy: &mut dyn UpdateStrategy<OnnxModel>, scaler: &mut LossScaler) -> Result<(OnnxModel, usize, usize)> {
         let dir = c.checkpoints_dir();
         if self.is_root() {
             remove_stale_temporaries(&dir);
@@ -225,6 +227,7 @@ impl TrainingRunner {
         c.check_resume(&saved, saved_replicas, state.zero_stage, place.topology.dp, &path)?;
         let model = read_params(&path, model)?;
         strategy.load_state(&model, &state_dirs(&path, state.pipeline_stages))?;
+        scaler.restore(state.loss_scale);
         let (update, micro) = (state.update_step, state.micro_step);
         if self.is_root() {
             tracing::info!(checkpoint = %path.display(), update, total = c.num_updates(), "resumed");

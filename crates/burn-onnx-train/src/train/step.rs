@@ -25,7 +25,7 @@ pub struct StepOutput {
 /// randomness (dropout).
 pub fn forward_loss(model: &OnnxModel, batch: &Batch, config: &TrainingConfig, device: &Device, mode: Mode, seed: u64) -> Result<StepOutput> {
     let input = Value::from_host(&batch.input, device).map_err(|e| OnnxError::field("batch", e.0))?;
-    let out = model.forward_seeded(vec![(config.input_name.clone(), input)], mode, seed)?;
+    let out = model.forward_with(vec![(config.input_name.clone(), input)], mode, seed, config.precision.autocast())?;
     loss_of_outputs(out, batch, config, device, mode)
 }
 

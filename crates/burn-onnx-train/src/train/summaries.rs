@@ -42,12 +42,15 @@ impl Summaries {
     }
 
     /// Scalars of one optimizer update.
-    pub fn update(&mut self, step: usize, loss: f64, lr: f64, grad_norm: f32, rate: f64, unit: &str) -> Result<()> {
+    pub fn update(&mut self, step: usize, loss: f64, lr: f64, grad_norm: f32, loss_scale: Option<f64>, rate: f64, unit: &str) -> Result<()> {
         let Some(w) = self.writer.as_mut().filter(|_| self.scalars) else { return Ok(()) };
         let step = step as i64;
         w.add_scalar("train/loss", loss as f32, step)?;
         w.add_scalar("train/learning_rate", lr as f32, step)?;
         w.add_scalar("train/grad_norm", grad_norm, step)?;
+        if let Some(s) = loss_scale {
+            w.add_scalar("train/loss_scale", s as f32, step)?;
+        }
         w.add_scalar(&format!("train/{unit}_per_sec"), rate as f32, step)
     }
 
