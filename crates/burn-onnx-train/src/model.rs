@@ -26,6 +26,7 @@ use crate::trainability::{DefaultRole, Usage};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 
 mod stage;
+pub mod vjp;
 
 /// What a parameter is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use super::partition::Stage;
 use super::schedule::{Pass, PipelineSchedule};
 use super::wire::{recv_values, send_values};
 use crate::error::{OnnxError, Result};
-use crate::model::{Mode, OnnxModel};
+use crate::model::{Mode, OnnxModel, vjp};
 use crate::train::config::TrainingConfig;
 use crate::train::data::Batch;
 use crate::train::step::{loss_of_outputs, scalar};
@@ -124,18 +124,11 @@ impl StageExec<'_> {
         }
         let mut received = Vec::new();
         if !self.first() {
-            let values = self.recv(self.stage.index - 1, self.stage.receives.len())?;
-            for (name, v) in self.stage.receives.iter().zip(values) {
-                let v = match v {
-                    Value::Float(f) if track => {
-                        let leaf = FloatValue::new(f.tensor.require_grad(), f.rank);
-                        received.push(leaf.clone());
-                        Value::Float(leaf)
-                    }
-                    other => other,
-                };
-                inputs.push((name.clone(), v));
+            let mut values = self.recv(self.stage.index - 1, self.stage.receives.len())?;
+            if track {
+                (values, received) = vjp::track(values);
             }
+            inputs.extend(self.stage.receives.iter().cloned().zip(values));
         }
         Ok((inputs, received))
     }
@@ -161,32 +154,20 @@ impl StageExec<'_> {
         let surrogate = match flight.loss {
             Some(loss) => Some(loss),
             None => {
-                let floats: Vec<&FloatValue> = flight.sent.iter().filter_map(|v| if let Value::Float(f) = v { Some(f) } else { None }).collect();
-                let grads = self.recv(self.stage.index + 1, floats.len())?;
-                let mut total: Option<Tensor<1>> = None;
-                for (o, g) in floats.into_iter().zip(grads) {
-                    let Value::Float(g) = g else { return Err(OnnxError::field("pipeline", "a gradient arrived as a non-float value")) };
-                    let term = o.tensor.clone().mul(g.tensor).sum();
-                    total = Some(match total {
-                        Some(t) => t.add(term),
-                        None => term,
-                    });
-                }
-                total
+                let outputs = vjp::floats(&flight.sent);
+                let grads = self.recv(self.stage.index + 1, outputs.len())?;
+                let grads = grads.into_iter().map(|g| match g {
+                    Value::Float(g) => Ok(g),
+                    _ => Err(OnnxError::field("pipeline", "a gradient arrived as a non-float value")),
+                });
+                vjp::surrogate(&outputs, grads.collect::<Result<_>>()?)
             }
         };
         // Untracked surrogates (outputs that depend on no parameter or received value)
         // back-propagate to nothing.
         let grads = surrogate.map(|s| s.backward());
         if !self.first() {
-            let back: Vec<Value> = flight
-                .received
-                .iter()
-                .map(|leaf| {
-                    let g = grads.as_ref().and_then(|gr| leaf.tensor.grad(gr));
-                    Value::Float(FloatValue::new(g.unwrap_or_else(|| leaf.tensor.zeros_like()), leaf.rank))
-                })
-                .collect();
+            let back: Vec<Value> = vjp::leaf_grads(&flight.received, grads.as_ref()).into_iter().map(Value::Float).collect();
             send_values(self.comm, self.stage.index - 1, &back.iter().collect::<Vec<_>>())?;
         }
         Ok(match grads {
