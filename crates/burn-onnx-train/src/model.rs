@@ -313,6 +313,23 @@ impl OnnxModel {
         self
     }
 
+    /// State updates given by parameter name (from a part of this model, see
+    /// [`Self::into_stage`]).
+    pub fn apply_named_state(self, updates: Vec<(String, PhysTensor)>) -> Result<Self> {
+        let indexed = updates
+            .into_iter()
+            .map(|(name, t)| self.param_index(&name).map(|i| (i, t)).ok_or_else(|| OnnxError::field(format!("parameter '{name}'"), "a state update for a parameter the model lacks")))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.apply_state(indexed))
+    }
+
+    /// The same model with untracked parameters: its forward passes record no autodiff
+    /// tape (no gradients, no saved activations).
+    pub fn untracked(&self) -> OnnxModel {
+        let params = self.params.iter().map(|p| Param::initialized(p.id, PhysTensor::from_inner(p.val().inner()))).collect();
+        OnnxModel { params, spec: self.spec.clone() }
+    }
+
     /// The device of the parameters (the default device for a model with none).
     pub fn device(&self) -> Device {
         self.params.first().map_or_else(Device::default, |p| p.val().device())

@@ -173,6 +173,11 @@ pub struct TrainingConfig {
     /// Cut the pipeline after the nodes producing these values (ORT's cut edges), one name
     /// per cut, in execution order; empty: cut automatically, balancing parameters and work.
     pub pipeline_cut_after: Vec<String>,
+    /// Activation recomputation (ORT's gradient checkpointing): cut the graph into this
+    /// many balanced segments, keep only the values crossing the cuts through the forward
+    /// pass and re-run each segment's forward in backward. 0: off; at least 2 otherwise.
+    /// Not with a pipeline.
+    pub recompute_segments: usize,
     /// Combine data-parallel gradients with Adasum instead of averaging them.
     pub enable_adasum: bool,
     /// ZeRO stage (ORT: `deepspeed_zero_stage`): 0 replicates the optimizer state on every
@@ -237,6 +242,7 @@ impl Default for TrainingConfig {
             num_pipeline_micro_batches: 0,
             pipeline_schedule: PipelineSchedule::OneFOneB,
             pipeline_cut_after: Vec::new(),
+            recompute_segments: 0,
             enable_adasum: false,
             zero_stage: 0,
             checkpoints_dir: None,
@@ -473,6 +479,12 @@ impl TrainingConfig {
             return Err(invalid("optimizer.momentum", format!("{} is outside [0, 1)", o.momentum)));
         }
         check_loss_scale(self.loss_scale)?;
+        if self.recompute_segments == 1 {
+            return Err(invalid("recompute_segments", "1 segment recomputes nothing: use 0 (off) or at least 2"));
+        }
+        if self.recompute_segments > 1 && self.pipeline_parallel_size > 1 {
+            return Err(invalid("recompute_segments", "recomputation inside pipeline stages is not implemented: use one or the other"));
+        }
         Ok(())
     }
 }

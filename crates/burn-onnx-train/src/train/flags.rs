@@ -74,6 +74,9 @@ pub struct TrainFlags {
     /// Loss scale (`loss_scale`): 0 dynamic (the default under f16), or a static scale.
     #[arg(long, value_name = "S")]
     pub loss_scale: Option<f64>,
+    /// Activation recomputation over N segments (`recompute_segments`; 0 off).
+    #[arg(long, value_name = "N")]
+    pub recompute: Option<usize>,
     /// Restart a failed thread run up to K times from its newest checkpoint (under mpirun:
     /// `onnx-train launch --max-restarts K`).
     #[arg(long, value_name = "K", default_value_t = 0)]
@@ -116,6 +119,7 @@ impl TrainFlags {
         c.pipeline_schedule = self.pipeline_schedule.unwrap_or(c.pipeline_schedule);
         c.precision = self.precision.unwrap_or(c.precision);
         c.loss_scale = self.loss_scale.or(c.loss_scale);
+        set(&mut c.recompute_segments, self.recompute);
         Ok(c)
     }
 }

@@ -14,6 +14,7 @@ pub mod perf;
 pub mod placement;
 pub mod precision;
 pub mod preflight;
+pub mod recompute;
 pub mod runner;
 pub mod schedule;
 pub mod step;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::Device;
+use burn::tensor::{Device, Tensor};
 
 use super::config::TrainingConfig;
 use super::data::{Batch, Prefetcher};
@@ -59,9 +59,7 @@ impl Passes for Sequential {
             let out = forward_loss(model, &batch, c, &self.device, Mode::Train, seed)?;
             loss_sum += f64::from(scalar(out.loss.clone()));
             items += batch.items;
-            let loss = if k > 1 { out.loss.div_scalar(k as f64) } else { out.loss };
-            let loss = if loss_scale != 1.0 { loss.mul_scalar(loss_scale) } else { loss };
-            acc.accumulate(model, GradientsParams::from_grads(loss.backward(), model));
+            acc.accumulate(model, GradientsParams::from_grads(scaled_loss(out.loss, k, loss_scale).backward(), model));
             *model = model.clone().apply_state(out.state_updates);
             *micro += 1;
         }
@@ -72,4 +70,11 @@ impl Passes for Sequential {
         let out = forward_loss(model, batch, c, &self.device, Mode::Eval, 0)?;
         Ok(Some((scalar(out.loss), out.correct.unwrap_or(0))))
     }
+}
+
+/// What a micro-step back-propagates: its loss averaged over the `accumulation` micro-steps
+/// of an update and multiplied by the loss scale.
+pub fn scaled_loss(loss: Tensor<1>, accumulation: usize, loss_scale: f64) -> Tensor<1> {
+    let loss = if accumulation > 1 { loss.div_scalar(accumulation as f64) } else { loss };
+    if loss_scale != 1.0 { loss.mul_scalar(loss_scale) } else { loss }
 }

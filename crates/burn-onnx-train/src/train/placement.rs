@@ -15,6 +15,7 @@ use burn_ort_dist::{Communicator, Groups, ModelParallel, Topology};
 use super::checkpoint::{model_bytes, model_file, stage_state_dir};
 use super::config::TrainingConfig;
 use super::passes::{Passes, Sequential};
+use super::recompute::Recomputed;
 use super::summaries::SummaryRole;
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
@@ -61,9 +62,16 @@ impl Placement {
         Ok(part)
     }
 
-    /// The passes this rank runs.
-    pub fn passes(&self, c: &TrainingConfig, device: &Device) -> Box<dyn Passes> {
-        match &self.partition {
+    /// The passes this rank runs on `model` (its part of the model).
+    pub fn passes(&self, c: &TrainingConfig, model: &OnnxModel, device: &Device) -> Result<Box<dyn Passes>> {
+        Ok(match &self.partition {
+            None if c.recompute_segments > 1 => {
+                let nodes = model.graph().nodes.len();
+                if c.recompute_segments > nodes {
+                    return Err(OnnxError::field("config.recompute_segments", format!("{} segments for a graph of {nodes} nodes", c.recompute_segments)));
+                }
+                Box::new(Recomputed { partition: Arc::new(Partition::auto(model, c.recompute_segments)?), replica: self.groups.dp_rank, device: device.clone() })
+            }
             None => Box::new(Sequential { replica: self.groups.dp_rank, device: device.clone() }),
             Some(p) => Box::new(Pipelined {
                 partition: p.clone(),
@@ -73,7 +81,7 @@ impl Placement {
                 micro_batches: c.micro_batches(),
                 device: device.clone(),
             }),
-        }
+        })
     }
 
     /// The model-parallel norm group of a stage (`None` without a pipeline): parameters

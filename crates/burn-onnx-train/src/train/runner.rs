@@ -135,7 +135,7 @@ impl TrainingRunner {
         check_weight_names(&c, &model)?;
         check_data(&c, &model, train.as_ref(), test.as_deref())?;
         let model = place.model_part(&c, model)?;
-        let passes = place.passes(&c, &self.device);
+        let passes = place.passes(&c, &model, &self.device)?;
         let mut strategy = build_strategy(&c, &model, place.groups.dp.clone())?;
         if let Some(group) = place.model_parallel(&model) {
             strategy.set_model_parallel(group);
