@@ -29,6 +29,7 @@ pub mod export;
 pub mod functions;
 pub mod graph;
 pub mod host_tensor;
+pub mod kernels;
 pub mod loss;
 pub mod model;
 pub mod npy;

@@ -2,12 +2,12 @@
 //! cross-entropy and mean squared error. Each returns a scalar (shape `[1]`) tensor to call
 //! `backward()` on, with PyTorch's reduction (`mean`) and `ignore_index` (-100) semantics.
 
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use ndarray::ArrayD;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{OnnxError, Result};
+use crate::kernels::cross_entropy_rows;
 use crate::value::FloatValue;
 
 /// Target value that contributes nothing to cross-entropy (PyTorch's default).
@@ -58,16 +58,10 @@ pub fn cross_entropy(logits: FloatValue, targets: &ArrayD<i64>) -> Result<Tensor
     }
     let device = logits.tensor.device();
     let flat = logits.reshape(&[n, classes]).map_err(|e| loss_err(e.0))?.into_rank::<2>().map_err(|e| loss_err(e.0))?;
-    let logp = log_softmax(flat, 1);
-    let idx: Tensor<2, Int> = Tensor::from_data(TensorData::new(idx, vec![n, 1]), &device);
-    let picked = logp.gather(1, idx).reshape([n]);
-    let all_counted = counted as usize == n;
-    let picked = if all_counted {
-        picked
-    } else {
-        picked * Tensor::<1>::from_data(TensorData::new(weight, vec![n]), &device)
-    };
-    Ok(picked.sum().neg().div_scalar(counted))
+    let idx: Tensor<1, Int> = Tensor::from_data(TensorData::new(idx, vec![n]), &device);
+    let nll = cross_entropy_rows(flat, idx);
+    let nll = if counted as usize == n { nll } else { nll * Tensor::<1>::from_data(TensorData::new(weight, vec![n]), &device) };
+    Ok(nll.sum().div_scalar(counted))
 }
 
 /// Next-token cross-entropy: `cross_entropy(logits[:, :-1], ids[:, 1:])`.

@@ -92,6 +92,8 @@ struct Spec {
     params: Vec<ParamInfo>,
     constants: Vec<ConstantInfo>,
     sources: HashMap<String, Source>,
+    /// The device the model was loaded onto: where a model without parameters computes.
+    device: Device,
 }
 
 /// Forward mode.
@@ -183,7 +185,7 @@ impl OnnxModel {
         for (name, t) in &graph.constants {
             sources.insert(name.clone(), Source::Constant(t.clone()));
         }
-        Ok(OnnxModel { params, spec: Arc::new(Spec { graph: Arc::new(graph), params: infos, constants, sources }) })
+        Ok(OnnxModel { params, spec: Arc::new(Spec { graph: Arc::new(graph), params: infos, constants, sources, device: device.clone() }) })
     }
 
     /// The checked graph.
@@ -267,7 +269,7 @@ impl OnnxModel {
                 p.set_require_grad(info.role == ParamRole::Trainable)
             })
             .collect();
-        let spec = Spec { graph: self.spec.graph.clone(), params: spec_params, constants: self.spec.constants.clone(), sources: self.spec.sources.clone() };
+        let spec = Spec { graph: self.spec.graph.clone(), params: spec_params, constants: self.spec.constants.clone(), sources: self.spec.sources.clone(), device: self.spec.device.clone() };
         self.spec = Arc::new(spec);
         Ok(self)
     }
@@ -330,9 +332,9 @@ impl OnnxModel {
         OnnxModel { params, spec: self.spec.clone() }
     }
 
-    /// The device of the parameters (the default device for a model with none).
+    /// The device of the parameters (for a model with none, the device it was loaded onto).
     pub fn device(&self) -> Device {
-        self.params.first().map_or_else(Device::default, |p| p.val().device())
+        self.params.first().map_or_else(|| self.spec.device.clone(), |p| p.val().device())
     }
 
     /// Run the graph. `inputs` maps graph input names to values. Randomness (training-mode

@@ -202,3 +202,21 @@ fn mixed_precision_composes_with_data_and_pipeline_parallelism() {
     }
     assert_moved(&refkit("models/gpt2_tiny.onnx"), &one.join(file), 1e-3);
 }
+
+#[test]
+fn ort_mixed_precision_flags_are_read_as_precision() {
+    let dir = tempdir("precision-aliases");
+    let read = |text: &str| {
+        let path = dir.join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        TrainingConfig::from_file(&path).map(|c| c.precision).map_err(|e| e.to_string())
+    };
+    assert_eq!(read("use_mixed_precision = true\n").unwrap(), Precision::F16);
+    assert_eq!(read("use_mixed_precision = true\nuse_bfloat16 = true\n").unwrap(), Precision::Bf16);
+    assert_eq!(read("use_mixed_precision = false\n").unwrap(), Precision::F32);
+    assert_eq!(read("use_mixed_precision = true\nprecision = \"f16\"\n").unwrap(), Precision::F16);
+    let err = read("use_mixed_precision = true\nprecision = \"bf16\"\n").unwrap_err();
+    assert!(err.contains("c.toml") && err.contains("contradicts"), "{err}");
+    let err = read("use_bfloat16 = true\n").unwrap_err();
+    assert!(err.contains("use_mixed_precision"), "{err}");
+}

@@ -1,137 +1,38 @@
-//! One forward+backward and ten optimizer steps on `train/mlp` and `train/gpt2_tiny`,
-//! against PyTorch's loss, gradients (`grads.npz`) and parameters after 10 updates
-//! (`sgd_step10.npz`, `adamw_step10.npz`), with the tolerances of the kit's README.
+//! One forward+backward and ten optimizer steps on `train/mlp` and `train/gpt2_tiny` on the
+//! CPU, against PyTorch's loss, gradients and parameters after 10 updates, with the
+//! tolerances of the kit's README.
 
 mod common;
 
-use std::collections::HashMap;
-
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig, momentum::MomentumConfig};
-use burn::tensor::{Device, Tensor};
-use burn_onnx_train::host_tensor::HostTensor;
-use burn_onnx_train::loss::{cross_entropy, lm_cross_entropy};
-use burn_onnx_train::{Mode, OnnxModel, Value};
+use common::refkit_train::*;
 use common::*;
-use ndarray::ArrayD;
-
-struct Case {
-    name: &'static str,
-    model: &'static str,
-    batch: HashMap<String, HostTensor>,
-}
-
-impl Case {
-    fn new(name: &'static str, model: &'static str) -> Self {
-        Case { name, model, batch: npz(refkit(&format!("train/{name}/batch.npz"))) }
-    }
-
-    fn load(&self, device: &Device) -> OnnxModel {
-        OnnxModel::load(refkit(&format!("models/{}.onnx", self.model)), device).unwrap()
-    }
-
-    /// Forward and the kit's loss (mean cross-entropy; next-token for GPT-2).
-    fn loss(&self, model: &OnnxModel, device: &Device) -> Tensor<1> {
-        if self.name == "mlp" {
-            let x = Value::from_host(&self.batch["input"], device).unwrap();
-            let out = model.forward(vec![("input".into(), x)], Mode::Train).unwrap();
-            let Some(Value::Float(logits)) = out.first().cloned() else { panic!() };
-            cross_entropy(logits, int(&self.batch["target"])).unwrap()
-        } else {
-            let ids = int(&self.batch["input_ids"]).clone();
-            let out = model.forward(vec![("input_ids".into(), Value::Int(ids.clone()))], Mode::Train).unwrap();
-            let Some(Value::Float(logits)) = out.first().cloned() else { panic!() };
-            lm_cross_entropy(logits, &ids).unwrap()
-        }
-    }
-
-    fn params(&self, model: &OnnxModel) -> HashMap<String, ArrayD<f32>> {
-        model
-            .param_infos()
-            .iter()
-            .enumerate()
-            .map(|(i, info)| (info.name.clone(), model.param_value(i).unwrap().to_array().unwrap()))
-            .collect()
-    }
-}
-
-fn scalar(t: Tensor<1>) -> f32 {
-    t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()[0]
-}
-
-fn check_gradients(case: Case) {
-    let device = train_device();
-    let model = case.load(&device);
-    let loss = case.loss(&model, &device);
-    let want_loss = losses(case.name)["loss0"].as_f64().unwrap() as f32;
-    let got_loss = scalar(loss.clone());
-    assert!((got_loss - want_loss).abs() < 1e-5, "{}: loss {got_loss} vs {want_loss}", case.name);
-    let grads = loss.backward();
-    let got = model.param_grads(&grads);
-    let want = npz(refkit(&format!("train/{}/grads.npz", case.name)));
-    assert_eq!(got.len(), want.len(), "every initializer gets a gradient");
-    for (name, g) in got {
-        let w = float(want.get(&name).unwrap_or_else(|| panic!("no reference gradient for {name}")));
-        assert_close(&format!("{}: grad {name}", case.name), &g.to_array().unwrap(), w, 1e-6, 0.0);
-    }
-}
 
 #[test]
 fn mlp_loss_and_gradients_match_pytorch() {
-    check_gradients(Case::new("mlp", "mlp"));
+    check_gradients(Case::new("mlp", "mlp"), &eval_device(), 1e-5, 1e-6);
 }
 
 #[test]
 fn gpt2_tiny_loss_and_gradients_match_pytorch() {
-    check_gradients(Case::new("gpt2_tiny", "gpt2_tiny"));
-}
-
-/// Train 10 steps; check each step's loss and the final parameters.
-fn check_trajectory(case: Case, mut optim: ModuleOptimizer, lr: f64, key: &str, atol: f32) {
-    let device = train_device();
-    let mut model = case.load(&device);
-    let want_losses: Vec<f64> =
-        losses(case.name)[format!("{key}_losses")].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
-    for (step, want) in want_losses.iter().enumerate() {
-        let loss = case.loss(&model, &device);
-        let got = scalar(loss.clone());
-        assert!((got as f64 - want).abs() < 1e-5, "{} {key} step {step}: loss {got} vs {want}", case.name);
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optim.step(lr, model, grads);
-    }
-    let want = npz(refkit(&format!("train/{}/{key}_step10.npz", case.name)));
-    let grads0 = npz(refkit(&format!("train/{}/grads.npz", case.name)));
-    let got = case.params(&model);
-    for (name, w) in &want {
-        assert_close_where_grad(&format!("{} {key} step 10: {name}", case.name), &got[name], float(w), float(&grads0[name]), atol);
-    }
-}
-
-fn sgd() -> ModuleOptimizer {
-    SgdConfig::new()
-        .with_momentum(Some(MomentumConfig { momentum: 0.9, dampening: 0.0, nesterov: false }))
-        .init()
-}
-
-fn adamw() -> ModuleOptimizer {
-    AdamWConfig::new().with_beta_1(0.9).with_beta_2(0.999).with_epsilon(1e-8).with_weight_decay(0.01).init()
+    check_gradients(Case::new("gpt2_tiny", "gpt2_tiny"), &eval_device(), 1e-5, 1e-6);
 }
 
 #[test]
 fn mlp_sgd_momentum_10_steps_match_pytorch() {
-    check_trajectory(Case::new("mlp", "mlp"), sgd(), 0.1, "sgd", 1e-6);
+    check_trajectory(Case::new("mlp", "mlp"), &eval_device(), sgd(), 0.1, "sgd", 1e-5, 1e-6);
 }
 
 #[test]
 fn mlp_adamw_10_steps_match_pytorch() {
-    check_trajectory(Case::new("mlp", "mlp"), adamw(), 1e-3, "adamw", 1e-5);
+    check_trajectory(Case::new("mlp", "mlp"), &eval_device(), adamw(), 1e-3, "adamw", 1e-5, 1e-5);
 }
 
 #[test]
 fn gpt2_tiny_sgd_momentum_10_steps_match_pytorch() {
-    check_trajectory(Case::new("gpt2_tiny", "gpt2_tiny"), sgd(), 0.1, "sgd", 1e-6);
+    check_trajectory(Case::new("gpt2_tiny", "gpt2_tiny"), &eval_device(), sgd(), 0.1, "sgd", 1e-5, 1e-6);
 }
 
 #[test]
 fn gpt2_tiny_adamw_10_steps_match_pytorch() {
-    check_trajectory(Case::new("gpt2_tiny", "gpt2_tiny"), adamw(), 1e-3, "adamw", 1e-5);
+    check_trajectory(Case::new("gpt2_tiny", "gpt2_tiny"), &eval_device(), adamw(), 1e-3, "adamw", 1e-5, 1e-5);
 }

@@ -87,6 +87,13 @@ impl MpiCommunicator {
         MpiCommunicator { world: Mutex::new(comm), pending: Mutex::new(Vec::new()), rank, size, universe }
     }
 
+    /// `MPI_Comm_split`: the ranks of each colour form a group, ordered by `key`.
+    pub fn split_mpi(&self, color: usize, key: usize) -> DistResult<MpiCommunicator> {
+        let sub = self.with_world(|w| w.split_by_color_with_key(Color::with_value(color as i32), key as i32))?;
+        let sub = sub.ok_or_else(|| DistError::Invalid { rank: self.rank, message: format!("MPI_Comm_split with colour {color} gave no communicator") })?;
+        Ok(Self::wrap(sub, self.universe.clone()))
+    }
+
     /// Run `f` on the raw rsmpi world (under the communicator's lock), for collectives this
     /// trait does not offer and for measuring against plain rsmpi.
     pub fn with_world<T>(&self, f: impl FnOnce(&SimpleCommunicator) -> T) -> DistResult<T> {
@@ -185,9 +192,7 @@ impl Communicator for MpiCommunicator {
     }
 
     fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
-        let sub = self.with_world(|w| w.split_by_color_with_key(Color::with_value(color as i32), key as i32))?;
-        let sub = sub.ok_or_else(|| DistError::Invalid { rank: self.rank, message: format!("MPI_Comm_split with colour {color} gave no communicator") })?;
-        Ok(Box::new(Self::wrap(sub, self.universe.clone())))
+        Ok(Box::new(self.split_mpi(color, key)?))
     }
 
     fn abort(&self, code: i32) {

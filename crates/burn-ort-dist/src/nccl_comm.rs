@@ -1,4 +1,6 @@
-//! NCCL communicator through cudarc (feature `cuda`): one GPU per rank, ranks from MPI.
+//! NCCL communicator through cudarc (feature `cuda`): one GPU per rank, ranks from MPI
+//! (ORT's `use_nccl`: NCCL carries the gradients, MPI only starts the group, splits it and
+//! aborts it).
 //!
 //! cudarc loads `libcuda` and `libnccl` at run time (`dynamic-loading`), so this compiles
 //! on machines without the CUDA toolkit; [`NcclCommunicator::init`] checks that both
@@ -18,6 +20,9 @@ use crate::mpi_comm::MpiCommunicator;
 
 /// One rank of an NCCL group.
 pub struct NcclCommunicator {
+    /// The MPI group this NCCL group was built over: sub-groups split from it.
+    mpi: MpiCommunicator,
+    device: usize,
     comm: Mutex<Comm>,
     stream: Arc<CudaStream>,
     rank: usize,
@@ -33,9 +38,9 @@ unsafe impl Send for NcclCommunicator {}
 unsafe impl Sync for NcclCommunicator {}
 
 impl NcclCommunicator {
-    /// Build the NCCL group of the MPI world; `device` is this rank's GPU ordinal
+    /// Build the NCCL group over the ranks of `mpi`; `device` is this rank's GPU ordinal
     /// (usually the node-local rank, `OMPI_COMM_WORLD_LOCAL_RANK`).
-    pub fn init(mpi: &MpiCommunicator, device: usize) -> DistResult<Self> {
+    pub fn init(mpi: MpiCommunicator, device: usize) -> DistResult<Self> {
         let (rank, size) = (mpi.rank(), mpi.world_size());
         let fail = |m: String| DistError::Invalid { rank, message: m };
         // SAFETY: these only try to load the shared libraries.
@@ -54,7 +59,7 @@ impl NcclCommunicator {
             *dst = *src as u8 as std::ffi::c_char;
         }
         let comm = Comm::from_rank(stream.clone(), rank, size, Id::uninit(internal)).map_err(|e| fail(format!("ncclCommInitRank: {e:?}")))?;
-        Ok(NcclCommunicator { comm: Mutex::new(comm), stream, rank, size })
+        Ok(NcclCommunicator { mpi, device, comm: Mutex::new(comm), stream, rank, size })
     }
 
     fn err(&self, what: &str, e: impl std::fmt::Debug) -> DistError {
@@ -130,9 +135,13 @@ impl Communicator for NcclCommunicator {
         self.stream.synchronize().map_err(|e| self.err("synchronize", e))
     }
 
-    fn split(&self, color: usize, _key: usize) -> DistResult<Box<dyn Communicator>> {
-        // cudarc 0.19 does not expose ncclCommSplit; split the MPI world and build an NCCL
-        // group per colour from it instead.
-        Err(DistError::Invalid { rank: self.rank, message: format!("NCCL sub-groups (colour {color}) are built from MpiCommunicator::split, not split directly") })
+    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
+        // cudarc 0.19 does not expose ncclCommSplit: split the MPI group and build a new
+        // NCCL group over each colour (every rank of this group takes part, as in MPI).
+        Ok(Box::new(NcclCommunicator::init(self.mpi.split_mpi(color, key)?, self.device)?))
+    }
+
+    fn abort(&self, code: i32) {
+        self.mpi.abort(code);
     }
 }

@@ -58,6 +58,9 @@ enum Command {
         /// Where to write the outputs.
         #[arg(long, value_name = "DIR")]
         output_dir: PathBuf,
+        /// Where to run it: cpu, wgpu[:N] (--features wgpu), cuda[:N] (--features cuda).
+        #[arg(long, value_name = "D", default_value = "cpu")]
+        device: burn_onnx_train::train::DeviceSpec,
     },
     /// Train as a TOML/JSON TrainingConfig says (token shards for `lm_cross_entropy`, image
     /// shards for `cross_entropy` and `mse`); flags override the file only when given.
@@ -209,8 +212,8 @@ fn print_partition(model: &OnnxModel, n: usize) -> Result<(), OnnxError> {
     Ok(())
 }
 
-fn run(path: PathBuf, inputs: Vec<String>, output_dir: PathBuf) -> Result<(), OnnxError> {
-    let device = Device::flex();
+fn run(path: PathBuf, inputs: Vec<String>, output_dir: PathBuf, device: burn_onnx_train::train::DeviceSpec) -> Result<(), OnnxError> {
+    let device = device.device(0)?;
     let model = OnnxModel::load(&path, &device)?;
     let mut feeds = Vec::new();
     for spec in inputs {
@@ -298,7 +301,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { model, stages } => inspect(model, stages),
-        Command::Run { model, inputs, output_dir } => run(model, inputs, output_dir),
+        Command::Run { model, inputs, output_dir, device } => run(model, inputs, output_dir, device),
         Command::Train(args) => train(args),
         Command::Export { checkpoint, output, model, external_data } => export(checkpoint, output, model, external_data),
         Command::Gpt2 { output, layers, heads, width, vocab, positions, seed } => gpt2(

@@ -68,6 +68,6 @@ impl OnnxModel {
             }
         }
         let constants = self.spec.constants.clone();
-        Ok(OnnxModel { params, spec: Arc::new(Spec { graph: Arc::new(graph), params: infos, constants, sources }) })
+        Ok(OnnxModel { params, spec: Arc::new(Spec { graph: Arc::new(graph), params: infos, constants, sources, device: self.spec.device.clone() }) })
     }
 }

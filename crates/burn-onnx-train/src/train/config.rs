@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{OnnxError, Result};
 use crate::loss::LossKind;
+use super::device::DeviceSpec;
 use super::precision::{Precision, check_loss_scale};
 use crate::pipeline::PipelineSchedule;
 
@@ -145,8 +146,13 @@ pub struct TrainingConfig {
     pub lr: LrConfig,
     /// Global gradient-norm clipping (ORT default 1.0; 0 disables).
     pub max_grad_norm: f32,
-    /// Precision of MatMul/Gemm/Conv: `"f32"`, `"f16"` or `"bf16"` (ORT's
-    /// `use_mixed_precision` / `use_bfloat16`); parameters, optimizer state and the other
+    /// Where the run computes: `"cpu"` (Flex), `"wgpu"` / `"wgpu:N"` (feature `wgpu`),
+    /// `"cuda"` / `"cuda:N"` (feature `cuda`; without an index each rank takes its
+    /// node-local GPU).
+    pub device: DeviceSpec,
+    /// Precision of MatMul/Gemm/Conv: `"f32"`, `"f16"` or `"bf16"`; config files may say it
+    /// ORT's way, `use_mixed_precision = true` (f16) plus `use_bfloat16 = true` (bf16).
+    /// Parameters, optimizer state and the other
     /// ops stay f32. On the CPU (Flex) f16/bf16 are stored in half the bytes but computed
     /// through f32: they save memory, not time.
     pub precision: Precision,
@@ -233,6 +239,7 @@ impl Default for TrainingConfig {
             optimizer: OptimizerConfig::default(),
             lr: LrConfig::default(),
             max_grad_norm: 1.0,
+            device: DeviceSpec::Cpu,
             precision: Precision::F32,
             loss_scale: None,
             loss_scale_growth_interval: 2000,
@@ -276,6 +283,31 @@ fn invalid(field: &str, message: impl Into<String>) -> OnnxError {
     OnnxError::field(format!("config.{field}"), message)
 }
 
+/// ORT's `use_mixed_precision` (f16) and `use_bfloat16` (with it: bf16) become `precision`;
+/// an explicit `precision` that disagrees with them is an error.
+fn ort_precision_aliases(file: &mut toml::Table) -> std::result::Result<(), String> {
+    let mut flag = |key: &str| match file.remove(key) {
+        None => Ok(false),
+        Some(toml::Value::Boolean(b)) => Ok(b),
+        Some(other) => Err(format!("{key}: expected true or false, got {other}")),
+    };
+    let (mixed, bf16) = (flag("use_mixed_precision")?, flag("use_bfloat16")?);
+    if bf16 && !mixed {
+        return Err("use_bfloat16 = true needs use_mixed_precision = true (or write precision = \"bf16\")".into());
+    }
+    if !mixed {
+        return Ok(());
+    }
+    let implied = if bf16 { "bf16" } else { "f16" };
+    match file.get("precision") {
+        Some(p) if p.as_str() != Some(implied) => Err(format!("precision = {p} contradicts use_mixed_precision/use_bfloat16, which mean \"{implied}\"")),
+        _ => {
+            file.insert("precision".into(), implied.into());
+            Ok(())
+        }
+    }
+}
+
 impl TrainingConfig {
     /// Read a `.toml` or `.json` file (by extension).
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -287,10 +319,11 @@ impl TrainingConfig {
     pub fn from_file_over(base: TrainingConfig, path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| OnnxError::io(path, e))?;
         let bad = |m: String| OnnxError::Decode { path: path.to_path_buf(), what: "training config", message: m };
-        let file: toml::Table = match path.extension().and_then(|e| e.to_str()) {
+        let mut file: toml::Table = match path.extension().and_then(|e| e.to_str()) {
             Some("json") => serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?,
             _ => toml::from_str(&text).map_err(|e| bad(e.to_string()))?,
         };
+        ort_precision_aliases(&mut file).map_err(bad)?;
         let mut merged: toml::Table = toml::Table::try_from(&base).map_err(|e| bad(e.to_string()))?;
         merge(&mut merged, file);
         toml::Value::Table(merged).try_into().map_err(|e: toml::de::Error| bad(e.to_string()))

@@ -66,6 +66,10 @@ pub struct TrainFlags {
     /// Pipeline schedule (`pipeline_schedule`): 1f1b or gpipe.
     #[arg(long, value_name = "KIND")]
     pub pipeline_schedule: Option<crate::pipeline::PipelineSchedule>,
+    /// Device (`device`): cpu, wgpu, wgpu:N (build with --features wgpu), cuda or cuda:N
+    /// (--features cuda; without N each rank takes its node-local GPU).
+    #[arg(long, value_name = "D")]
+    pub device: Option<super::device::DeviceSpec>,
     /// Precision of MatMul/Gemm/Conv (`precision`): f32, f16 or bf16, with f32 master
     /// weights. On the CPU, f16/bf16 are stored in half the bytes and computed through f32
     /// (emulated: they save memory, not time).
@@ -117,6 +121,7 @@ impl TrainFlags {
         set(&mut c.pipeline_parallel_size, self.pp);
         set(&mut c.num_pipeline_micro_batches, self.micro_batches);
         c.pipeline_schedule = self.pipeline_schedule.unwrap_or(c.pipeline_schedule);
+        c.device = self.device.unwrap_or(c.device);
         c.precision = self.precision.unwrap_or(c.precision);
         c.loss_scale = self.loss_scale.or(c.loss_scale);
         set(&mut c.recompute_segments, self.recompute);

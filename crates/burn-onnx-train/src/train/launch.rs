@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use burn::tensor::Device;
 use burn_ort_dist::{Communicator, LocalCommunicator, run_threads};
 
 use super::config::TrainingConfig;
 use super::data::Dataset;
+use super::device::local_rank;
 use super::runner::{RunSummary, TrainingRunner};
 use crate::error::{OnnxError, Result};
 
@@ -21,17 +21,26 @@ use crate::error::{OnnxError, Result};
 /// of a big model, say), and a deadline would kill a healthy run.
 pub const THREAD_TIMEOUT: Duration = Duration::MAX;
 
-/// The communicator of this process when started by an MPI launcher.
+/// The communicator of this process when started by an MPI launcher: NCCL over the MPI
+/// world when the run is on CUDA GPUs, MPI otherwise.
 #[cfg(feature = "mpi")]
-fn mpi_comm() -> Result<Option<Arc<dyn Communicator>>> {
+fn mpi_comm(config: &TrainingConfig) -> Result<Option<Arc<dyn Communicator>>> {
     if !burn_ort_dist::launched_by_mpi() {
         return Ok(None);
     }
-    Ok(Some(Arc::new(burn_ort_dist::MpiCommunicator::init()?)))
+    let mpi = burn_ort_dist::MpiCommunicator::init()?;
+    match config.device {
+        #[cfg(feature = "cuda")]
+        super::device::DeviceSpec::Cuda(index) => {
+            let gpu = index.unwrap_or_else(|| local_rank(mpi.rank()));
+            Ok(Some(Arc::new(burn_ort_dist::NcclCommunicator::init(mpi, gpu)?)))
+        }
+        _ => Ok(Some(Arc::new(mpi))),
+    }
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_comm() -> Result<Option<Arc<dyn Communicator>>> {
+fn mpi_comm(_: &TrainingConfig) -> Result<Option<Arc<dyn Communicator>>> {
     if ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().any(|v| std::env::var_os(v).is_some()) {
         return Err(OnnxError::field("launch", "started by mpirun, but built without the `mpi` feature (rebuild with --features mpi)"));
     }
@@ -39,7 +48,11 @@ fn mpi_comm() -> Result<Option<Arc<dyn Communicator>>> {
 }
 
 fn run_rank(config: TrainingConfig, comm: Arc<dyn Communicator>, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>) -> Result<RunSummary> {
-    let result = TrainingRunner::new(config, comm.clone(), Device::flex().autodiff()).and_then(|r| r.run(train, test));
+    let result = config
+        .device
+        .device(local_rank(comm.rank()))
+        .and_then(|device| TrainingRunner::new(config, comm.clone(), device.autodiff()))
+        .and_then(|r| r.run(train, test));
     if let Err(e) = &result {
         eprintln!("rank {}: {e}", comm.rank());
         comm.abort(1);
@@ -58,7 +71,7 @@ pub fn launch(config: TrainingConfig, train: Arc<dyn Dataset>, test: Option<Arc<
 /// Under `mpirun` the processes of a failed job are gone: restarts belong to
 /// `onnx-train launch`, and `max_restarts` > 0 is an error here.
 pub fn launch_elastic(config: TrainingConfig, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>, max_restarts: usize) -> Result<RunSummary> {
-    if let Some(comm) = mpi_comm()? {
+    if let Some(comm) = mpi_comm(&config)? {
         if max_restarts > 0 {
             return Err(OnnxError::field("--max-restarts", "under mpirun a failed rank ends the job: restart it with `onnx-train launch --max-restarts K -- train ...`"));
         }

@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod device;
 pub mod elastic;
 pub mod evaluate;
 pub mod flags;
@@ -21,4 +22,5 @@ pub mod step;
 pub mod summaries;
 
 pub use config::TrainingConfig;
+pub use device::DeviceSpec;
 pub use runner::{RunSummary, TrainingRunner};

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::TrainingConfig;
 use crate::error::{OnnxError, Result};
+use crate::kernels::{NonFiniteFlag, unscale_and_check};
 use crate::model::OnnxModel;
 
 /// Arithmetic precision of the weighted ops (config `precision`, `--precision`).
@@ -129,9 +130,9 @@ impl LossScaler {
     /// Divide `grads` of `model` by the scale and report whether any gradient on any rank
     /// of `world` is inf or NaN (a collective: every rank gets the same answer).
     fn unscale(&self, model: &OnnxModel, grads: &mut GradientsParams, world: &dyn Communicator) -> Result<bool> {
-        let mut unscale = Unscale { grads, factor: 1.0 / self.state.scale, finite: true };
+        let mut unscale = Unscale { grads, factor: (1.0 / self.state.scale) as f32, flag: NonFiniteFlag::new(&model.device()) };
         model.visit(&mut unscale);
-        let mut flag = [if unscale.finite { 0.0f32 } else { 1.0 }];
+        let mut flag = [if unscale.flag.raised() { 1.0f32 } else { 0.0 }];
         world.all_reduce(&mut flag, ReduceOp::Sum)?;
         Ok(flag[0] > 0.0)
     }
@@ -153,20 +154,18 @@ impl LossScaler {
     }
 }
 
-/// Divides every gradient by the scale and notes non-finite values.
+/// Divides every gradient by the scale and notes non-finite values (one fused pass per
+/// gradient on CubeCL devices).
 struct Unscale<'a> {
     grads: &'a mut GradientsParams,
-    factor: f64,
-    finite: bool,
+    factor: f32,
+    flag: NonFiniteFlag,
 }
 
 impl ModuleVisitor for Unscale<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         if let Some(g) = self.grads.remove::<D>(param.id) {
-            let g = if self.factor == 1.0 { g } else { g.mul_scalar(self.factor) };
-            if self.finite && !g.clone().is_finite().all().into_scalar::<bool>() {
-                self.finite = false;
-            }
+            let g = unscale_and_check(g, self.factor, &mut self.flag);
             self.grads.register(param.id, g);
         }
     }

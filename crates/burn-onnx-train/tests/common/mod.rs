@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: fixture paths, loading, comparisons.
 #![allow(dead_code)]
 
+pub mod refkit_train;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -207,4 +209,21 @@ pub fn assert_close_where_grad(what: &str, got: &ArrayD<f32>, want: &ArrayD<f32>
         let tol = if d.abs() > 1e-6 { atol } else { atol.max(1e-4) };
         assert!((g - w).abs() <= tol, "{what}: element {i}: got {g}, want {w} (|grad0| {}, tolerance {tol})", d.abs());
     }
+}
+
+/// The forward pass of kit model `model_name` on `device` for `inference/<model>/<input_file>`
+/// against `inference/<model>/<expected_file>` (onnxruntime's or PyTorch's output).
+pub fn check_inference(device: &Device, model_name: &str, input_file: &str, expected_file: &str) {
+    use burn_onnx_train::{Mode, OnnxModel, Value};
+    let device = device.clone();
+    let model = OnnxModel::load(refkit(&format!("models/{model_name}.onnx")), &device).unwrap();
+    let input = read_npy(&refkit(&format!("inference/{model_name}/{input_file}"))).unwrap();
+    let input = Value::from_host(&input, &device).unwrap();
+    let name = model.graph().inputs[0].name.clone();
+    let out = model.forward(vec![(name, input)], Mode::Eval).unwrap();
+    let Value::Float(got) = out.first().unwrap() else { panic!("float output expected") };
+    let got = got.to_array().unwrap();
+    let want = npy_f32(refkit(&format!("inference/{model_name}/{expected_file}")));
+    // 1e-4 absolute, or relative for large logits.
+    assert_close(&format!("{model_name}/{input_file}"), &got, &want, 1e-4, 1e-4);
 }

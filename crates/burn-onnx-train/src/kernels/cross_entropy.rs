@@ -1,0 +1,100 @@
+//! Softmax cross-entropy per row, `logsumexp(x_i) - x_i[t_i]`, as one differentiable op:
+//! on CubeCL devices a forward kernel (one cube per row: max, sum of exponentials, pick)
+//! and a backward kernel writing `(softmax(x_i) - onehot(t_i)) * g_i` straight from the
+//! logits, so the `[rows, classes]` probabilities never exist in forward; elsewhere
+//! `log_softmax` + `gather`, which is also the reference the kernels are tested against.
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor};
+
+/// `-log_softmax(logits)[i, targets[i]]` for every row `i` of `logits` `[rows, classes]`;
+/// `targets` `[rows]` must be in `0..classes`.
+pub fn cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if super::runs_cubecl(&logits.device()) {
+        return fused::cross_entropy_rows(logits, targets);
+    }
+    cross_entropy_rows_reference(logits, targets)
+}
+
+/// The plain Burn composition of [`cross_entropy_rows`].
+pub fn cross_entropy_rows_reference(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
+    let n = targets.dims()[0];
+    log_softmax(logits, 1).gather(1, targets.reshape([n, 1])).reshape([n]).neg()
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod fused {
+    use burn::backend::autodiff::checkpoint::base::Checkpointer;
+    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::AutodiffBackend;
+    use burn::backend::autodiff::Autodiff;
+    use burn::backend::tensor::{FloatTensor, IntTensor};
+    use burn::backend::{Backend, Cube, backend_extension};
+    use burn::tensor::{Int, Tensor};
+
+    use crate::kernels::cube;
+
+    /// The fused op as a backend extension: forward and backward kernels on CubeCL, and
+    /// its own backward under autodiff.
+    #[backend_extension(Cube, Autodiff)]
+    pub trait CrossEntropyOps: Backend {
+        /// Per-row loss `[rows]` of `logits` `[rows, classes]` against `targets` `[rows]`.
+        fn cross_entropy_rows(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self>;
+        /// Gradient of the per-row loss with respect to the logits, given its gradient `grad` `[rows]`.
+        fn cross_entropy_rows_backward(logits: FloatTensor<Self>, targets: IntTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
+    }
+
+    impl CrossEntropyOps for Cube {
+        fn cross_entropy_rows(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+            cube::cross_entropy_forward(logits, targets)
+        }
+
+        fn cross_entropy_rows_backward(logits: FloatTensor<Self>, targets: IntTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+            cube::cross_entropy_backward(logits, targets, grad)
+        }
+    }
+
+    #[derive(Debug)]
+    struct CrossEntropyBackward;
+
+    impl<B: Backend + CrossEntropyOps> Backward<B, 1> for CrossEntropyBackward {
+        type State = (FloatTensor<B>, IntTensor<B>);
+
+        fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+            let [logits_node] = ops.parents;
+            let grad = grads.consume::<B>(&ops.node);
+            let (logits, targets) = ops.state;
+            if let Some(node) = logits_node {
+                grads.register::<B>(node.id, B::cross_entropy_rows_backward(logits, targets, grad));
+            }
+        }
+    }
+
+    impl<B: Backend + CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, C> {
+        fn cross_entropy_rows(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+            match CrossEntropyBackward.prepare::<C>([logits.node()]).compute_bound().stateful() {
+                OpsKind::Tracked(prep) => {
+                    let x = logits.primitive().clone();
+                    let out = B::cross_entropy_rows(x.clone(), targets.clone());
+                    prep.finish((x, targets), out)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(B::cross_entropy_rows(logits.into_primitive(), targets)),
+            }
+        }
+
+        fn cross_entropy_rows_backward(logits: FloatTensor<Self>, targets: IntTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+            // Only reached through the backward above, on the inner backend; as a forward op
+            // of its own it is not differentiated again (first-order autodiff).
+            let out = B::cross_entropy_rows_backward(logits.into_primitive(), targets, grad.into_primitive());
+            Autodiff::<B, C>::from_inner(out)
+        }
+    }
+
+    pub fn cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
+        let out = <burn::backend::Dispatch as CrossEntropyOps>::cross_entropy_rows(logits.into_dispatch(), targets.into_dispatch());
+        Tensor::from_dispatch(out)
+    }
+}

@@ -1,0 +1,198 @@
+//! The `#[cube]` kernels and their launches on CubeCL tensors (wgpu, CUDA, HIP from one
+//! source). Every input is made contiguous first; outputs are fresh contiguous tensors.
+
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::backend::{DType, Shape, TensorMetadata};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::calculate_cube_count_elemwise;
+use cubecl::prelude::*;
+
+/// Threads per cube of the row kernels (a power of two: the tree reductions halve it).
+const ROW_THREADS: u32 = 256;
+/// Threads per cube of the element-wise kernels.
+const ELEMWISE_THREADS: u32 = 256;
+
+/// Tree reduction of `shared[0..threads]` into `shared[0]` (max or sum) by the cube's
+/// `threads` units.
+#[cube]
+fn reduce_shared<F: Float>(shared: &mut Shared<[F]>, #[comptime] max: bool) {
+    let unit = UNIT_POS_X as usize;
+    let mut stride = CUBE_DIM_X as usize / 2;
+    while stride > 0 {
+        if unit < stride {
+            if comptime![max] {
+                let a = shared[unit];
+                let b = shared[unit + stride];
+                shared[unit] = F::max(a, b);
+            } else {
+                shared[unit] = shared[unit] + shared[unit + stride];
+            }
+        }
+        sync_cube();
+        stride /= 2;
+    }
+}
+
+/// Softmax statistics of the row starting at `base` of the contiguous `[rows, classes]`
+/// `logits`: leaves the row's max in `shared[threads]` and the sum of `exp(x - max)` in
+/// `shared[0]` (`shared` holds `threads + 1` values).
+#[cube]
+fn row_softmax_stats<F: Float>(logits: &Tensor<F>, base: usize, classes: usize, shared: &mut Shared<[F]>, #[comptime] threads: u32) {
+    let unit = UNIT_POS_X as usize;
+    let step = CUBE_DIM_X as usize;
+    // Each thread starts from an element of the row (WGSL has no -inf literal).
+    let mut local = logits[base];
+    let mut j = unit;
+    while j < classes {
+        let x = logits[base + j];
+        local = F::max(local, x);
+        j += step;
+    }
+    shared[unit] = local;
+    sync_cube();
+    reduce_shared::<F>(shared, true);
+    if unit == 0 {
+        let m = shared[0];
+        shared[threads as usize] = m;
+    }
+    sync_cube();
+    let row_max = shared[threads as usize];
+    let mut sum = F::new(0.0);
+    let mut j = unit;
+    while j < classes {
+        sum += F::exp(logits[base + j] - row_max);
+        j += step;
+    }
+    shared[unit] = sum;
+    sync_cube();
+    reduce_shared::<F>(shared, false);
+}
+
+/// One cube per row: `loss[row] = max + ln(sum exp(x - max)) - x[target]`.
+#[cube(launch)]
+fn cross_entropy_forward_kernel<F: Float, I: Numeric>(
+    logits: &Tensor<F>,
+    targets: &Tensor<I>,
+    loss: &mut Tensor<F>,
+    #[comptime] threads: u32,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let row = CUBE_POS_X as usize;
+    let classes = logits.shape(1);
+    let base = row * classes;
+    let mut shared = Shared::new_slice(threads as usize + 1);
+    row_softmax_stats::<F>(logits, base, classes, &mut shared, threads);
+    let row_max = shared[threads as usize];
+    let total = shared[0];
+    if UNIT_POS_X == 0 {
+        let t = u32::cast_from(targets[row]) as usize;
+        loss[row] = row_max + F::ln(total) - logits[base + t];
+    }
+}
+
+/// One cube per row: `dx[row, j] = (exp(x - max) / sum - [j == target]) * grad[row]`.
+#[cube(launch)]
+fn cross_entropy_backward_kernel<F: Float, I: Numeric>(
+    logits: &Tensor<F>,
+    targets: &Tensor<I>,
+    grad: &Tensor<F>,
+    dx: &mut Tensor<F>,
+    #[comptime] threads: u32,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let row = CUBE_POS_X as usize;
+    let classes = logits.shape(1);
+    let base = row * classes;
+    let mut shared = Shared::new_slice(threads as usize + 1);
+    row_softmax_stats::<F>(logits, base, classes, &mut shared, threads);
+    let row_max = shared[threads as usize];
+    let total = shared[0];
+    let t = u32::cast_from(targets[row]) as usize;
+    let g = grad[row];
+    let mut j = UNIT_POS_X as usize;
+    while j < classes {
+        let p = F::exp(logits[base + j] - row_max) / total;
+        let mut hot = F::new(0.0);
+        if j == t {
+            hot = F::new(1.0);
+        }
+        dx[base + j] = (p - hot) * g;
+        j += CUBE_DIM_X as usize;
+    }
+}
+
+/// `out = grad * factor`; `flag[0] = 1` where a value is inf or NaN (every writer writes
+/// the same value, so the unsynchronised store is benign). Gradients are f32: the master
+/// weights' precision.
+#[cube(launch)]
+fn unscale_kernel(grad: &Tensor<f32>, flag: &mut Tensor<f32>, out: &mut Tensor<f32>, factor: f32) {
+    let i = ABSOLUTE_POS;
+    if i < grad.len() {
+        let g = grad[i];
+        if f32::is_nan(g) || f32::is_inf(g) {
+            flag[0] = 1.0;
+        }
+        out[i] = g * factor;
+    }
+}
+
+fn rows_and_classes(logits: &CubeTensor) -> (usize, usize) {
+    let dims = logits.shape().dims::<2>();
+    (dims[0], dims[1])
+}
+
+/// Per-row softmax cross-entropy of `[rows, classes]` logits (see the kernel).
+pub fn cross_entropy_forward(logits: CubeTensor, targets: CubeTensor) -> CubeTensor {
+    let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
+    let (rows, _) = rows_and_classes(&logits);
+    let client = logits.client.clone();
+    let loss = empty_device_dtype(client.clone(), logits.device.clone(), Shape::new([rows]), logits.dtype);
+    let dtypes = [dtype_to_storage_type(logits.dtype), dtype_to_storage_type(targets.dtype)];
+    cross_entropy_forward_kernel::launch(
+        &client,
+        CubeCount::Static(rows as u32, 1, 1),
+        CubeDim::new_1d(ROW_THREADS),
+        logits.into_tensor_arg(),
+        targets.into_tensor_arg(),
+        loss.clone().into_tensor_arg(),
+        ROW_THREADS,
+        dtypes,
+    );
+    loss
+}
+
+/// Gradient of [`cross_entropy_forward`] with respect to the logits.
+pub fn cross_entropy_backward(logits: CubeTensor, targets: CubeTensor, grad: CubeTensor) -> CubeTensor {
+    let (logits, targets, grad) = (into_contiguous(logits), into_contiguous(targets), into_contiguous(grad));
+    let (rows, classes) = rows_and_classes(&logits);
+    let client = logits.client.clone();
+    let dx = empty_device_dtype(client.clone(), logits.device.clone(), Shape::new([rows, classes]), logits.dtype);
+    let dtypes = [dtype_to_storage_type(logits.dtype), dtype_to_storage_type(targets.dtype)];
+    cross_entropy_backward_kernel::launch(
+        &client,
+        CubeCount::Static(rows as u32, 1, 1),
+        CubeDim::new_1d(ROW_THREADS),
+        logits.into_tensor_arg(),
+        targets.into_tensor_arg(),
+        grad.into_tensor_arg(),
+        dx.clone().into_tensor_arg(),
+        ROW_THREADS,
+        dtypes,
+    );
+    dx
+}
+
+/// `grad * factor` with the inf/NaN flag raised in `flag` (see the kernel).
+pub fn unscale(grad: CubeTensor, flag: CubeTensor, factor: f32) -> CubeTensor {
+    let grad = into_contiguous(grad);
+    let client = grad.client.clone();
+    let n = grad.shape().num_elements();
+    let out = empty_device_dtype(client.clone(), grad.device.clone(), grad.shape(), grad.dtype);
+    let dim = CubeDim::new_1d(ELEMWISE_THREADS);
+    let count = calculate_cube_count_elemwise(&client, n, dim);
+    assert!(grad.dtype == DType::F32 && flag.dtype == DType::F32, "unscale: gradients are f32 (got {:?})", grad.dtype);
+    unscale_kernel::launch(&client, count, dim, grad.into_tensor_arg(), flag.into_tensor_arg(), out.clone().into_tensor_arg(), factor);
+    out
+}

@@ -1,0 +1,32 @@
+//! Fused kernels for devices that run CubeCL (wgpu, CUDA): one `#[cube]` source compiled
+//! for WGSL, CUDA and HIP, reached through Burn's backend extensions. On other devices
+//! (the CPU's Flex backend) the same functions run the plain Burn composition they are
+//! tested against.
+//!
+//! - [`cross_entropy_rows`]: softmax cross-entropy per row, forward and backward each one
+//!   kernel, with no probability tensor materialised;
+//! - [`unscale_and_check`]: divide a gradient by the loss scale and note inf/NaN in the
+//!   same pass, with one read-back for all gradients.
+
+mod cross_entropy;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cube;
+mod unscale;
+
+pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
+pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
+
+use burn::tensor::Device;
+
+/// Whether `device` (or the device an autodiff device wraps) runs CubeCL kernels.
+pub fn runs_cubecl(device: &Device) -> bool {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        matches!(device.clone().inner().as_dispatch(), burn::backend::DispatchDevice::Cube(_))
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = device;
+        false
+    }
+}

@@ -1,0 +1,116 @@
+//! The CubeCL kernels on wgpu (feature `wgpu`; lavapipe here) against the plain Burn
+//! compositions they replace, run on the same device and on the CPU: softmax cross-entropy
+//! forward and backward, and unscale with the inf/NaN check.
+#![cfg(feature = "wgpu")]
+
+mod common;
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_onnx_train::kernels::{NonFiniteFlag, cross_entropy_rows, cross_entropy_rows_reference, runs_cubecl, unscale_and_check, unscale_and_check_reference};
+use burn_onnx_train::train::DeviceSpec;
+use common::*;
+use ndarray::{ArrayD, IxDyn};
+
+fn wgpu() -> Device {
+    DeviceSpec::Wgpu(None).device(0).unwrap()
+}
+
+fn host(t: Tensor<1>) -> ArrayD<f32> {
+    let v = t.into_data().convert::<f32>().try_into_vec::<f32>().unwrap();
+    ArrayD::from_shape_vec(IxDyn(&[v.len()]), v).unwrap()
+}
+
+fn host2(t: Tensor<2>) -> ArrayD<f32> {
+    let dims = t.dims();
+    let v = t.into_data().convert::<f32>().try_into_vec::<f32>().unwrap();
+    ArrayD::from_shape_vec(IxDyn(&dims), v).unwrap()
+}
+
+/// Logits spread over +-8 (so softmax is far from uniform) for `rows` x `classes`, targets,
+/// and per-row weights for a non-trivial upstream gradient.
+fn problem(rows: usize, classes: usize) -> (Vec<f32>, Vec<i64>, Vec<f32>) {
+    let mut next = lcg(7);
+    let logits = (0..rows * classes).map(|_| (next() % 16001) as f32 / 1000.0 - 8.0).collect();
+    let targets = (0..rows).map(|_| (next() % classes as u64) as i64).collect();
+    let weights = (0..rows).map(|_| (next() % 1000) as f32 / 500.0 - 1.0).collect();
+    (logits, targets, weights)
+}
+
+/// Loss per row and the gradient of `sum(w * loss)` with respect to the logits.
+fn loss_and_grad(device: &Device, rows: usize, classes: usize, fused: bool) -> (ArrayD<f32>, ArrayD<f32>) {
+    let (logits, targets, weights) = problem(rows, classes);
+    let device = device.clone().autodiff();
+    let x = Tensor::<2>::from_data(TensorData::new(logits, vec![rows, classes]), &device).require_grad();
+    let t = Tensor::<1, Int>::from_data(TensorData::new(targets, vec![rows]), &device);
+    let w = Tensor::<1>::from_data(TensorData::new(weights, vec![rows]), &device);
+    let loss = if fused { cross_entropy_rows(x.clone(), t) } else { cross_entropy_rows_reference(x.clone(), t) };
+    let grads = (loss.clone() * w).sum().backward();
+    let g = x.grad(&grads).unwrap();
+    (host(loss.inner()), host2(g))
+}
+
+#[test]
+fn the_fused_paths_are_taken_on_wgpu_only() {
+    assert!(runs_cubecl(&wgpu()) && runs_cubecl(&wgpu().autodiff()));
+    assert!(!runs_cubecl(&Device::flex()) && !runs_cubecl(&Device::flex().autodiff()));
+}
+
+/// The closed form in f64 on the host: per-row loss and the gradient of `sum(w * loss)`.
+fn exact(rows: usize, classes: usize) -> (ArrayD<f32>, ArrayD<f32>) {
+    let (logits, targets, weights) = problem(rows, classes);
+    let (mut loss, mut grad) = (Vec::new(), Vec::new());
+    for r in 0..rows {
+        let x = &logits[r * classes..(r + 1) * classes];
+        let max = x.iter().fold(f64::MIN, |m, &v| m.max(v as f64));
+        let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
+        let t = targets[r] as usize;
+        loss.push((max + sum.ln() - x[t] as f64) as f32);
+        for (j, &v) in x.iter().enumerate() {
+            let p = (v as f64 - max).exp() / sum;
+            grad.push(((p - if j == t { 1.0 } else { 0.0 }) * weights[r] as f64) as f32);
+        }
+    }
+    (ArrayD::from_shape_vec(IxDyn(&[rows]), loss).unwrap(), ArrayD::from_shape_vec(IxDyn(&[rows, classes]), grad).unwrap())
+}
+
+#[test]
+fn fused_cross_entropy_matches_the_closed_form_and_the_plain_composition() {
+    // 1000 classes: four strides of the 256-thread cube and a ragged tail; 50257: GPT-2's
+    // vocabulary; 2: fewer classes than threads.
+    for (rows, classes) in [(37, 1000), (3, 50257), (5, 2)] {
+        let (loss, grad) = loss_and_grad(&wgpu(), rows, classes, true);
+        let (want_loss, want_grad) = exact(rows, classes);
+        assert_close(&format!("{rows}x{classes} loss vs f64"), &loss, &want_loss, 1e-6, 1e-6);
+        assert_close(&format!("{rows}x{classes} gradient vs f64"), &grad, &want_grad, 1e-7, 1e-6);
+        // The composition it replaces, on wgpu and on the CPU: the same within f32 summation noise.
+        for device in [wgpu(), Device::flex()] {
+            let (ref_loss, ref_grad) = loss_and_grad(&device, rows, classes, false);
+            assert_close(&format!("{rows}x{classes} loss vs log_softmax+gather"), &loss, &ref_loss, 1e-6, 1e-5);
+            assert_close(&format!("{rows}x{classes} gradient vs log_softmax+gather"), &grad, &ref_grad, 1e-7, 1e-5);
+        }
+        assert!(grad.iter().any(|g| g.abs() > 1e-3), "the gradient is not trivially zero");
+    }
+}
+
+#[test]
+fn fused_unscale_matches_and_flags_inf_and_nan_across_gradients() {
+    let device = wgpu();
+    let values: Vec<f32> = (0..3000).map(|i| (i as f32 - 1500.0) * 0.37).collect();
+    let grad = |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), vec![v.len()]), &device);
+    let mut flag = NonFiniteFlag::new(&device);
+    let out = unscale_and_check(grad(&values), 0.25, &mut flag);
+    let mut host_flag = false;
+    let want = unscale_and_check_reference(grad(&values), 0.25, &mut host_flag);
+    assert_eq!(host(out), host(want), "x 0.25 is exact: bit-identical");
+    assert!(!flag.raised() && !host_flag);
+
+    for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+        let mut flag = NonFiniteFlag::new(&device);
+        // A clean gradient, then one with a single bad value in its tail: the flag is shared.
+        let _ = unscale_and_check(grad(&values), 0.5, &mut flag);
+        let mut v = values.clone();
+        v[2999] = bad;
+        let _ = unscale_and_check(grad(&v), 0.5, &mut flag);
+        assert!(flag.raised(), "{bad} not flagged");
+    }
+}
