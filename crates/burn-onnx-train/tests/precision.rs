@@ -220,3 +220,12 @@ fn ort_mixed_precision_flags_are_read_as_precision() {
     let err = read("use_bfloat16 = true\n").unwrap_err();
     assert!(err.contains("use_mixed_precision"), "{err}");
 }
+
+#[test]
+fn bf16_on_wgpu_is_refused_before_anything_runs() {
+    use burn_onnx_train::train::DeviceSpec;
+    let c = TrainingConfig { model_path: refkit("models/gpt2_tiny.onnx"), device: DeviceSpec::Wgpu(None), precision: Precision::Bf16, ..Default::default() };
+    let err = c.validate(1).unwrap_err().to_string();
+    assert!(err.contains("config.precision") && err.contains("bf16 on wgpu"), "{err}");
+    assert!(TrainingConfig { precision: Precision::F16, ..c }.validate(1).is_ok());
+}

@@ -432,6 +432,9 @@ impl TrainingConfig {
         if self.model_path.as_os_str().is_empty() {
             return Err(invalid("model_path", "is required"));
         }
+        if matches!(self.device, DeviceSpec::Wgpu(_)) && self.precision == Precision::Bf16 {
+            return Err(invalid("precision", "bf16 on wgpu: Vulkan, Metal and DX12 store bf16 but do not compute in it; use f16 (or f32), or bf16 on cuda"));
+        }
         for (field, v) in [
             ("batch_size", self.batch_size),
             ("eval_batch_size", self.eval_batch_size),
