@@ -25,6 +25,7 @@ use crate::ops::{Inputs, OpContext};
 use crate::trainability::{DefaultRole, Usage};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 
+pub mod profile;
 mod stage;
 pub mod vjp;
 
@@ -368,6 +369,7 @@ impl OnnxModel {
             }
         }
         let mut state_updates = Vec::new();
+        let profiling = mode == Mode::Train && profile::active();
         for (i, node) in graph.nodes.iter().enumerate() {
             let err = |m: String| OnnxError::Node { node: node.name.clone(), op_type: node.op_type.clone(), message: m };
             let mut args = Vec::with_capacity(node.inputs.len());
@@ -383,8 +385,12 @@ impl OnnxModel {
                 seed: mix_seed(seed, (graph.node_offset + i) as u64),
                 autocast,
             };
+            let started = profiling.then(std::time::Instant::now);
             let result = catch_unwind(AssertUnwindSafe(|| (node.op)(&ctx, Inputs(args))))
                 .unwrap_or_else(|panic| Err(OpError(format!("internal error: {}", panic_message(&panic)))));
+            if let Some(started) = started {
+                profile::record(graph.node_offset + i, &node.name, &node.op_type, started.elapsed());
+            }
             let out = result.map_err(|e| err(e.0))?;
             for name in &node.inputs {
                 if graph.last_use.get(name) == Some(&i) && !graph.outputs.iter().any(|o| &o.name == name) {

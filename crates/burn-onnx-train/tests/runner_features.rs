@@ -263,3 +263,26 @@ fn dropout_masks_depend_on_the_seed_only_not_on_threads() {
     let kept = reference[0].iter().filter(|k| **k).count() as f64 / reference[0].len() as f64;
     assert!(kept > 0.2 && kept < 0.9, "kept fraction {kept}");
 }
+
+#[test]
+fn profile_times_every_forward_node_once_per_update_and_leaves_evaluation_out() {
+    let out = tempdir("feat-profile");
+    // 6 updates of 2 accumulated micro-batches, evaluating every 3 updates.
+    run_local(TrainingConfig { profile: true, gradient_accumulation_steps: 2, num_train_steps: 12, evaluation_period: 3, ..gpt2_config(&out) });
+    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("profile.json")).unwrap()).unwrap();
+    let nodes = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex()).unwrap().graph().nodes.len();
+    assert_eq!(p["updates"], 6);
+    let by_node = p["by_node"].as_array().unwrap();
+    assert_eq!(by_node.len(), nodes, "every node is timed");
+    assert!(by_node.iter().all(|n| n["calls"] == 12), "two micro-batches per update, no evaluation passes");
+    let total = p["forward_ms_per_update"].as_f64().unwrap();
+    let node_sum: f64 = by_node.iter().map(|n| n["ms_per_update"].as_f64().unwrap()).sum();
+    assert!(total > 0.0 && (node_sum - total).abs() < 1e-6 * total.max(1.0), "{node_sum} vs {total}");
+    let types = p["by_op_type"].as_array().unwrap();
+    let share: f64 = types.iter().map(|t| t["share_of_forward"].as_f64().unwrap()).sum();
+    assert!((share - 1.0).abs() < 1e-9, "shares sum to {share}");
+    assert!(types.iter().any(|t| t["op_type"] == "MatMul"), "MatMul timed");
+    assert_eq!(types.iter().map(|t| t["nodes"].as_u64().unwrap() as usize).sum::<usize>(), nodes);
+    let sorted: Vec<f64> = by_node.iter().map(|n| n["ms_per_update"].as_f64().unwrap()).collect();
+    assert!(sorted.windows(2).all(|w| w[0] >= w[1]), "slowest first");
+}

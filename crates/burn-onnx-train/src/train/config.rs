@@ -214,6 +214,9 @@ pub struct TrainingConfig {
     pub seed: u64,
     /// Show a progress bar.
     pub progress: bool,
+    /// Time every node of the training forward passes and write
+    /// `<output_dir>/profile.json` (rank 0's nodes: by op type and by node, per update).
+    pub profile: bool,
 }
 
 impl Default for TrainingConfig {
@@ -263,6 +266,7 @@ impl Default for TrainingConfig {
             weights_not_to_train: Vec::new(),
             seed: 42,
             progress: true,
+            profile: false,
         }
     }
 }

@@ -81,6 +81,9 @@ pub struct TrainFlags {
     /// Activation recomputation over N segments (`recompute_segments`; 0 off).
     #[arg(long, value_name = "N")]
     pub recompute: Option<usize>,
+    /// Time each node's forward and write `<output_dir>/profile.json` (`profile`).
+    #[arg(long)]
+    pub profile: bool,
     /// Restart a failed thread run up to K times from its newest checkpoint (under mpirun:
     /// `onnx-train launch --max-restarts K`).
     #[arg(long, value_name = "K", default_value_t = 0)]
@@ -125,6 +128,7 @@ impl TrainFlags {
         c.precision = self.precision.unwrap_or(c.precision);
         c.loss_scale = self.loss_scale.or(c.loss_scale);
         set(&mut c.recompute_segments, self.recompute);
+        c.profile |= self.profile;
         Ok(c)
     }
 }

@@ -34,6 +34,7 @@ use super::summaries::Summaries;
 use crate::error::{OnnxError, Result};
 use crate::export::export_onnx;
 use crate::model::OnnxModel;
+use crate::model::profile::NodeProfiler;
 
 /// The three kinds of session runs of ORT's training loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -155,6 +156,7 @@ impl TrainingRunner {
             unit: train.unit(),
             root: self.is_root(),
         };
+        let profiler = c.profile.then(NodeProfiler::start);
 
         while update < total {
             let started = Instant::now();
@@ -198,6 +200,7 @@ impl TrainingRunner {
         }
         out.bar.finish_and_clear();
         out.tb.flush()?;
+        let profile = profiler.map(|p| p.finish(update - start_step));
         let memory = MemoryReport::gather(strategy.memory(), self.comm.as_ref())?;
         let idle = out.perf.gather_idle(self.comm.as_ref())?;
         if let Some(whole) = place.whole_model(&c, &model, self.comm.as_ref())? {
@@ -205,6 +208,9 @@ impl TrainingRunner {
             let report = out.perf.report(&c, self.comm.world_size(), memory, idle);
             report.write(&c.output_dir.join("perf.json"))?;
             out.summary.perf = Some(report);
+            if let Some(profile) = &profile {
+                profile.write(&c.output_dir.join("profile.json"))?;
+            }
         }
         Ok(out.summary)
     }
