@@ -1,16 +1,19 @@
-//! The CubeCL kernels on wgpu (feature `wgpu`; lavapipe here) against the plain Burn
-//! compositions they replace, run on the same device and on the CPU: softmax cross-entropy
-//! forward and backward, and unscale with the inf/NaN check.
-#![cfg(feature = "wgpu")]
+//! The fused kernels against f64 closed forms and the plain Burn compositions they replace:
+//! softmax cross-entropy forward and backward on the CPU (Flex) and, with feature `wgpu`
+//! (lavapipe here), the CubeCL kernels, plus unscale with the inf/NaN check.
 
 mod common;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_onnx_train::kernels::{NonFiniteFlag, cross_entropy_rows, cross_entropy_rows_reference, runs_cubecl, unscale_and_check, unscale_and_check_reference};
+use burn_onnx_train::kernels::{cross_entropy_rows, cross_entropy_rows_reference};
+#[cfg(feature = "wgpu")]
+use burn_onnx_train::kernels::{NonFiniteFlag, runs_cubecl, unscale_and_check, unscale_and_check_reference};
+#[cfg(feature = "wgpu")]
 use burn_onnx_train::train::DeviceSpec;
 use common::*;
 use ndarray::{ArrayD, IxDyn};
 
+#[cfg(feature = "wgpu")]
 fn wgpu() -> Device {
     DeviceSpec::Wgpu(None).device(0).unwrap()
 }
@@ -49,6 +52,7 @@ fn loss_and_grad(device: &Device, rows: usize, classes: usize, fused: bool) -> (
     (host(loss.inner()), host2(g))
 }
 
+#[cfg(feature = "wgpu")]
 #[test]
 fn the_fused_paths_are_taken_on_wgpu_only() {
     assert!(runs_cubecl(&wgpu()) && runs_cubecl(&wgpu().autodiff()));
@@ -73,18 +77,18 @@ fn exact(rows: usize, classes: usize) -> (ArrayD<f32>, ArrayD<f32>) {
     (ArrayD::from_shape_vec(IxDyn(&[rows]), loss).unwrap(), ArrayD::from_shape_vec(IxDyn(&[rows, classes]), grad).unwrap())
 }
 
-#[test]
-fn fused_cross_entropy_matches_the_closed_form_and_the_plain_composition() {
-    // 1000 classes: four strides of the 256-thread cube and a ragged tail; 50257: GPT-2's
+/// The fused op on `device` against the closed form (1e-6 relative) and against
+/// `log_softmax` + `gather` on `device` and on the CPU (f32 summation noise).
+fn check_cross_entropy(device: &Device) {
+    // 1000 classes: four strides of a 256-thread cube and a ragged tail; 50257: GPT-2's
     // vocabulary; 2: fewer classes than threads.
     for (rows, classes) in [(37, 1000), (3, 50257), (5, 2)] {
-        let (loss, grad) = loss_and_grad(&wgpu(), rows, classes, true);
+        let (loss, grad) = loss_and_grad(device, rows, classes, true);
         let (want_loss, want_grad) = exact(rows, classes);
         assert_close(&format!("{rows}x{classes} loss vs f64"), &loss, &want_loss, 1e-6, 1e-6);
         assert_close(&format!("{rows}x{classes} gradient vs f64"), &grad, &want_grad, 1e-7, 1e-6);
-        // The composition it replaces, on wgpu and on the CPU: the same within f32 summation noise.
-        for device in [wgpu(), Device::flex()] {
-            let (ref_loss, ref_grad) = loss_and_grad(&device, rows, classes, false);
+        for reference in [device.clone(), Device::flex()] {
+            let (ref_loss, ref_grad) = loss_and_grad(&reference, rows, classes, false);
             assert_close(&format!("{rows}x{classes} loss vs log_softmax+gather"), &loss, &ref_loss, 1e-6, 1e-5);
             assert_close(&format!("{rows}x{classes} gradient vs log_softmax+gather"), &grad, &ref_grad, 1e-7, 1e-5);
         }
@@ -92,6 +96,18 @@ fn fused_cross_entropy_matches_the_closed_form_and_the_plain_composition() {
     }
 }
 
+#[test]
+fn fused_cross_entropy_on_the_cpu_matches_the_closed_form_and_the_plain_composition() {
+    check_cross_entropy(&Device::flex());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn fused_cross_entropy_on_wgpu_matches_the_closed_form_and_the_plain_composition() {
+    check_cross_entropy(&wgpu());
+}
+
+#[cfg(feature = "wgpu")]
 #[test]
 fn fused_unscale_matches_and_flags_inf_and_nan_across_gradients() {
     let device = wgpu();

@@ -1,17 +1,17 @@
 //! Softmax cross-entropy per row, `logsumexp(x_i) - x_i[t_i]`, as one differentiable op:
-//! on CubeCL devices a forward kernel (one cube per row: max, sum of exponentials, pick)
-//! and a backward kernel writing `(softmax(x_i) - onehot(t_i)) * g_i` straight from the
-//! logits, so the `[rows, classes]` probabilities never exist in forward; elsewhere
-//! `log_softmax` + `gather`, which is also the reference the kernels are tested against.
+//! a forward kernel (per row: max, sum of exponentials, pick) and a backward kernel writing
+//! `(softmax(x_i) - onehot(t_i)) * g_i` straight from the logits, so the `[rows, classes]`
+//! probabilities never exist in forward. `#[cube]` kernels on CubeCL devices, row loops
+//! on the CPU (Flex); `log_softmax` + `gather` for other dtypes, and as the reference the
+//! kernels are tested against.
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{DType, Int, Tensor};
 
 /// `-log_softmax(logits)[i, targets[i]]` for every row `i` of `logits` `[rows, classes]`;
 /// `targets` `[rows]` must be in `0..classes`.
 pub fn cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if super::runs_cubecl(&logits.device()) {
+    if logits.dtype() == DType::F32 {
         return fused::cross_entropy_rows(logits, targets);
     }
     cross_entropy_rows_reference(logits, targets)
@@ -23,7 +23,6 @@ pub fn cross_entropy_rows_reference(logits: Tensor<2>, targets: Tensor<1, Int>) 
     log_softmax(logits, 1).gather(1, targets.reshape([n, 1])).reshape([n]).neg()
 }
 
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod fused {
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -32,14 +31,19 @@ mod fused {
     use burn::backend::AutodiffBackend;
     use burn::backend::autodiff::Autodiff;
     use burn::backend::tensor::{FloatTensor, IntTensor};
-    use burn::backend::{Backend, Cube, backend_extension};
+    use burn::backend::flex::Flex;
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    use burn::backend::Cube;
+    use burn::backend::{Backend, backend_extension};
     use burn::tensor::{Int, Tensor};
 
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     use crate::kernels::cube;
+    use crate::kernels::host;
 
-    /// The fused op as a backend extension: forward and backward kernels on CubeCL, and
-    /// its own backward under autodiff.
-    #[backend_extension(Cube, Autodiff)]
+    /// The fused op as a backend extension: forward and backward kernels on CubeCL and on
+    /// Flex, and its own backward under autodiff.
+    #[backend_extension(Cube: cfg(any(feature = "wgpu", feature = "cuda")), Flex, Autodiff)]
     pub trait CrossEntropyOps: Backend {
         /// Per-row loss `[rows]` of `logits` `[rows, classes]` against `targets` `[rows]`.
         fn cross_entropy_rows(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self>;
@@ -47,6 +51,17 @@ mod fused {
         fn cross_entropy_rows_backward(logits: FloatTensor<Self>, targets: IntTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
     }
 
+    impl CrossEntropyOps for Flex {
+        fn cross_entropy_rows(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+            host::cross_entropy_forward(logits, targets)
+        }
+
+        fn cross_entropy_rows_backward(logits: FloatTensor<Self>, targets: IntTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+            host::cross_entropy_backward(logits, targets, grad)
+        }
+    }
+
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     impl CrossEntropyOps for Cube {
         fn cross_entropy_rows(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
             cube::cross_entropy_forward(logits, targets)

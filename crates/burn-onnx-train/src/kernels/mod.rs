@@ -1,16 +1,17 @@
-//! Fused kernels for devices that run CubeCL (wgpu, CUDA): one `#[cube]` source compiled
-//! for WGSL, CUDA and HIP, reached through Burn's backend extensions. On other devices
-//! (the CPU's Flex backend) the same functions run the plain Burn composition they are
-//! tested against.
+//! Fused kernels, reached through Burn's backend extensions: `#[cube]` kernels (one source
+//! compiled for WGSL, CUDA and HIP) on devices that run CubeCL, plain Rust over host
+//! buffers on the CPU's Flex backend where that pays, and otherwise the plain Burn
+//! composition each is tested against.
 //!
 //! - [`cross_entropy_rows`]: softmax cross-entropy per row, forward and backward each one
-//!   kernel, with no probability tensor materialised;
+//!   kernel, with no probability tensor materialised (CubeCL and Flex);
 //! - [`unscale_and_check`]: divide a gradient by the loss scale and note inf/NaN in the
-//!   same pass, with one read-back for all gradients.
+//!   same pass, with one read-back for all gradients (CubeCL).
 
 mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube;
+mod host;
 mod unscale;
 
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
