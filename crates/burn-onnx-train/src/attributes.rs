@@ -114,4 +114,9 @@ impl Attributes {
     pub fn get(&self, name: &str) -> Option<&Attr> {
         self.0.get(name)
     }
+
+    /// Set an attribute (graph rewrites annotate nodes this way).
+    pub fn set(&mut self, name: &str, value: Attr) {
+        self.0.insert(name.to_string(), value);
+    }
 }

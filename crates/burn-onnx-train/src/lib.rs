@@ -37,6 +37,7 @@ pub mod ops;
 pub mod pipeline;
 pub mod progress;
 pub mod proto_presence;
+pub mod tensor_parallel;
 pub mod tensorboard;
 pub mod train;
 pub mod trainability;

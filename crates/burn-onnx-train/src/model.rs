@@ -27,6 +27,7 @@ use crate::value::{FloatValue, PhysTensor, Value, padded};
 
 pub mod profile;
 mod stage;
+mod tensor_parallel;
 pub mod vjp;
 
 /// What a parameter is for.

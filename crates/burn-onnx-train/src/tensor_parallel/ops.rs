@@ -1,0 +1,72 @@
+//! The interpreter ops a tensor-parallel rewrite adds or adapts: `f` and `g` (see
+//! [`super::collective`]), and Reshape and Split on a split axis, whose sizes in the file
+//! are the full model's and shrink by the rank count here.
+
+use ndarray::ArrayD;
+
+use super::collective::{active, tp_copy, tp_reduce};
+use crate::error::OpResult;
+use crate::op_bail;
+use crate::ops::{Inputs, OpContext, OpOutput, lookup};
+use crate::value::{FloatValue, Value};
+
+/// Attribute of an adapted node: the rank count.
+pub const PARTS: &str = "burn.tp.parts";
+/// Attribute of an adapted Reshape: the output axis that is split.
+pub const AXIS: &str = "burn.tp.axis";
+/// Attribute of an adapted Reshape: that axis's full size.
+pub const FULL: &str = "burn.tp.full";
+
+fn float_input(inputs: &mut Inputs, op: &str) -> OpResult<FloatValue> {
+    if !active() {
+        op_bail!("{op} runs only inside a tensor-parallel run (no tensor-parallel group on this thread)");
+    }
+    match inputs.take(0, "input")? {
+        Value::Float(f) => Ok(f),
+        other => op_bail!("{op} takes a float tensor, got {}", other.kind()),
+    }
+}
+
+/// Megatron's `f`: identity forward, gradient all-reduced over the group.
+pub fn copy(_ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let x = float_input(&mut inputs, "TensorParallelCopy")?;
+    Ok(vec![Value::Float(FloatValue::new(tp_copy(x.tensor), x.rank))].into())
+}
+
+/// Megatron's `g`: the ranks' partial sums added up.
+pub fn reduce(_ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let x = float_input(&mut inputs, "TensorParallelReduce")?;
+    Ok(vec![Value::Float(FloatValue::new(tp_reduce(x.tensor), x.rank))].into())
+}
+
+/// Reshape whose target names the full size of the split axis: that entry becomes this
+/// rank's size (0 and -1 entries, and an entry already at the local size, are kept).
+pub fn reshape(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let (parts, axis, full) = (ctx.attrs.int(PARTS, 1)?, ctx.attrs.int(AXIS, 0)? as usize, ctx.attrs.int(FULL, 0)?);
+    let Some(Some(shape)) = inputs.0.get(1).cloned() else { op_bail!("Reshape needs its shape input") };
+    let mut dims = shape.int_list("shape")?;
+    if axis >= dims.len() {
+        op_bail!("tensor-parallel reshape: split axis {axis} outside the target shape {dims:?}");
+    }
+    if dims[axis] == full {
+        dims[axis] = full / parts;
+    }
+    let n = dims.len();
+    inputs.0[1] = Some(Value::Int(ArrayD::from_shape_vec(ndarray::IxDyn(&[n]), dims).map_err(|e| crate::error::OpError(e.to_string()))?));
+    (lookup("Reshape").expect("Reshape is an op"))(ctx, inputs)
+}
+
+/// Split cutting the split axis: explicit sizes shrink by the rank count (equal splits
+/// need nothing).
+pub fn split(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let parts = ctx.attrs.int(PARTS, 1)?;
+    if let Some(Some(sizes)) = inputs.0.get(1).cloned() {
+        let sizes = sizes.int_list("split")?;
+        if sizes.iter().any(|s| s % parts != 0) {
+            op_bail!("tensor-parallel split: sizes {sizes:?} are not multiples of {parts} ranks");
+        }
+        let local: Vec<i64> = sizes.iter().map(|s| s / parts).collect();
+        inputs.0[1] = Some(Value::Int(ArrayD::from_shape_vec(ndarray::IxDyn(&[local.len()]), local).map_err(|e| crate::error::OpError(e.to_string()))?));
+    }
+    (lookup("Split").expect("Split is an op"))(ctx, inputs)
+}

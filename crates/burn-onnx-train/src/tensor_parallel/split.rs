@@ -1,0 +1,142 @@
+//! [`AxisSplit`]: how one axis of a tensor is divided among the tensor-parallel ranks, how
+//! that division travels through a reshape, and slicing and reassembling host arrays by it.
+//!
+//! An axis of full size `F` is split with a `period` `P` (dividing `F`, a multiple of the
+//! rank count): rank `r` holds the indices whose position within each period block falls
+//! in its `r`-th chunk of `P / tp`. A plain column split has `P = F`; the output of a fused
+//! Q/K/V projection has `P = F / 3`, so every rank holds its heads of Q, of K and of V.
+
+use ndarray::{ArrayD, Axis, IxDyn};
+
+/// A split of one axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AxisSplit {
+    /// The axis (non-negative).
+    pub axis: usize,
+    /// Block length `P`: rank `r` holds positions `r*P/tp .. (r+1)*P/tp` of every block.
+    pub period: usize,
+}
+
+/// Group the axes of a reshape `input -> output` into runs with equal products:
+/// `(input axes, output axes)` ranges. `None` when the element counts differ.
+fn reshape_groups(input: &[usize], output: &[usize]) -> Option<Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>> {
+    let (mut i, mut j, mut groups) = (0, 0, Vec::new());
+    while i < input.len() || j < output.len() {
+        let (i0, j0) = (i, j);
+        let (mut pi, mut pj) = (1usize, 1usize);
+        if i < input.len() {
+            pi *= input[i];
+            i += 1;
+        }
+        if j < output.len() {
+            pj *= output[j];
+            j += 1;
+        }
+        while pi != pj {
+            if pi < pj && i < input.len() {
+                pi *= input[i];
+                i += 1;
+            } else if pj < pi && j < output.len() {
+                pj *= output[j];
+                j += 1;
+            } else {
+                return None;
+            }
+        }
+        groups.push((i0..i, j0..j));
+    }
+    Some(groups)
+}
+
+impl AxisSplit {
+    /// The split of a reshape's output given this split of its input (shapes are full
+    /// sizes), or `None` when the ranks' parts would not be whole slices of one output
+    /// axis (a head split with heads not divisible by `tp`, say).
+    pub fn through_reshape(self, input: &[usize], output: &[usize], tp: usize) -> Option<AxisSplit> {
+        let groups = reshape_groups(input, output)?;
+        let (ins, outs) = groups.into_iter().find(|(ins, _)| ins.contains(&self.axis))?;
+        // Within the group's flattened index, ownership repeats every `period * inner` and
+        // changes every `unit` elements.
+        let inner: usize = input[self.axis + 1..ins.end].iter().product();
+        let cycle = self.period * inner;
+        if cycle % tp != 0 {
+            return None;
+        }
+        let unit = cycle / tp;
+        for j in outs.clone() {
+            let stride: usize = output[j + 1..outs.end].iter().product();
+            if unit % stride == 0 && (stride * output[j]) % cycle == 0 {
+                return Some(AxisSplit { axis: j, period: cycle / stride });
+            }
+        }
+        None
+    }
+
+    /// The same split on another axis.
+    pub fn on(self, axis: usize) -> AxisSplit {
+        AxisSplit { axis, period: self.period }
+    }
+
+    /// Rank `rank`'s part of `full` (of `tp` ranks).
+    pub fn slice(self, full: &ArrayD<f32>, rank: usize, tp: usize) -> ArrayD<f32> {
+        let shape = full.shape();
+        let mut blocked: Vec<usize> = shape[..self.axis].to_vec();
+        blocked.extend([shape[self.axis] / self.period, tp, self.period / tp]);
+        blocked.extend_from_slice(&shape[self.axis + 1..]);
+        let view = full.view().into_shape_with_order(IxDyn(&blocked)).expect("a split divides its axis");
+        let mut local = shape.to_vec();
+        local[self.axis] /= tp;
+        let part = view.index_axis(Axis(self.axis + 1), rank).to_owned();
+        part.as_standard_layout().into_owned().into_shape_with_order(IxDyn(&local)).expect("same element count")
+    }
+
+    /// The full array from every rank's part, in rank order.
+    pub fn assemble(self, parts: &[ArrayD<f32>]) -> ArrayD<f32> {
+        let tp = parts.len();
+        let local = parts[0].shape();
+        let mut blocked: Vec<usize> = local[..self.axis].to_vec();
+        blocked.extend([local[self.axis] * tp / self.period, self.period / tp]);
+        blocked.extend_from_slice(&local[self.axis + 1..]);
+        let views: Vec<_> = parts.iter().map(|p| p.view().into_shape_with_order(IxDyn(&blocked)).expect("a part of the split")).collect();
+        let stacked = ndarray::stack(Axis(self.axis + 1), &views).expect("parts of equal shape");
+        let mut full = local.to_vec();
+        full[self.axis] *= tp;
+        stacked.as_standard_layout().into_owned().into_shape_with_order(IxDyn(&full)).expect("same element count")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_split_and_merge() {
+        // [B, T, d=8] -> [B, T, H=4, hd=2]: column split of d lands on the heads.
+        let s = AxisSplit { axis: 2, period: 8 };
+        assert_eq!(s.through_reshape(&[2, 3, 8], &[2, 3, 4, 2], 2), Some(AxisSplit { axis: 2, period: 4 }));
+        // 3 heads cannot be split in 2.
+        assert_eq!(AxisSplit { axis: 2, period: 6 }.through_reshape(&[2, 3, 6], &[2, 3, 3, 2], 2), None);
+        // Merge back.
+        let h = AxisSplit { axis: 2, period: 4 };
+        assert_eq!(h.through_reshape(&[2, 3, 4, 2], &[2, 3, 8], 2), Some(AxisSplit { axis: 2, period: 8 }));
+        // Fused q/k/v, [B, T, 3d] -> [B, T, 3, H, hd]: the heads, in every one of the three.
+        let qkv = AxisSplit { axis: 2, period: 8 };
+        assert_eq!(qkv.through_reshape(&[2, 3, 24], &[2, 3, 3, 4, 2], 2), Some(AxisSplit { axis: 3, period: 4 }));
+        // Flattening the batch keeps the column axis.
+        assert_eq!(AxisSplit { axis: 2, period: 8 }.through_reshape(&[2, 3, 8], &[6, 8], 2), Some(AxisSplit { axis: 1, period: 8 }));
+    }
+
+    #[test]
+    fn slice_and_assemble_fused_columns() {
+        // 2 x 6 with period 3 (q|k of width 3 each... here two blocks), over 3 ranks? use tp 3.
+        let full = ArrayD::from_shape_vec(IxDyn(&[2, 6]), (0..12).map(|x| x as f32).collect()).unwrap();
+        let s = AxisSplit { axis: 1, period: 3 };
+        let parts: Vec<_> = (0..3).map(|r| s.slice(&full, r, 3)).collect();
+        assert_eq!(parts[1].as_slice().unwrap(), &[1.0, 4.0, 7.0, 10.0]);
+        assert_eq!(s.assemble(&parts), full);
+        let rows = AxisSplit { axis: 0, period: 2 };
+        let parts: Vec<_> = (0..2).map(|r| rows.slice(&full, r, 2)).collect();
+        assert_eq!(parts[1].as_slice().unwrap(), &[6.0, 7.0, 8.0, 9.0, 10.0, 11.0]);
+        assert_eq!(rows.assemble(&parts), full);
+    }
+}
