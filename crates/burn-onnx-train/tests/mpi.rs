@@ -1,7 +1,8 @@
 //! Data parallelism across processes under OpenMPI (feature `mpi`): `mpirun -np N
 //! onnx-train train` with per-rank batch B ends with the same parameters as one process
-//! with batch N*B (10 SGD updates, gpt2_tiny and the MLP), and so do pipelines (`--pp`)
-//! alone and as data-parallel replicas; a killed rank or pipeline stage ends the job.
+//! with batch N*B (10 SGD updates, gpt2_tiny and the MLP), and so do pipelines (`--pp`) and
+//! tensor parallelism (`--tp`), alone and as data-parallel replicas; a killed rank or
+//! pipeline stage ends the job.
 #![cfg(feature = "mpi")]
 
 mod common;
@@ -58,14 +59,14 @@ fn mpirun(np: usize) -> Command {
 }
 
 fn equivalence(case: &str, np: usize, per_rank: usize) {
-    grid_equivalence(case, np, 1, per_rank);
+    grid_equivalence(case, np, 1, 1, per_rank);
 }
 
-/// `mpirun -np dp*pp ... --dp dp --pp pp` with per-replica batch B against one process with
-/// batch dp*B.
-fn grid_equivalence(case: &str, dp: usize, pp: usize, per_rank: usize) {
-    let np = dp * pp;
-    let dir = tempdir(&format!("mpi-{case}-{dp}x{pp}"));
+/// `mpirun -np dp*tp*pp ... --dp dp --tp tp --pp pp` with per-replica batch B against one
+/// process with batch dp*B.
+fn grid_equivalence(case: &str, dp: usize, tp: usize, pp: usize, per_rank: usize) {
+    let np = dp * tp * pp;
+    let dir = tempdir(&format!("mpi-{case}-{dp}x{tp}x{pp}"));
     let cfg = setup(&dir, case, 10);
     let single = Command::new(onnx_train())
         .args(["train", "--config", cfg.to_str().unwrap(), "--output-dir", dir.join("one").to_str().unwrap()])
@@ -76,13 +77,13 @@ fn grid_equivalence(case: &str, dp: usize, pp: usize, per_rank: usize) {
     let multi = mpirun(np)
         .arg(onnx_train())
         .args(["train", "--config", cfg.to_str().unwrap(), "--output-dir", dir.join("many").to_str().unwrap()])
-        .args(["--batch-size", &per_rank.to_string(), "--dp", &dp.to_string(), "--pp", &pp.to_string()])
+        .args(["--batch-size", &per_rank.to_string(), "--dp", &dp.to_string(), "--tp", &tp.to_string(), "--pp", &pp.to_string()])
         .output()
         .unwrap();
     assert!(multi.status.success(), "{}\n{}", String::from_utf8_lossy(&multi.stdout), String::from_utf8_lossy(&multi.stderr));
     let file = format!("{}_trained.onnx", if case == "gpt2" { "gpt2_tiny" } else { "mlp" });
     for ((name, a), (_, b)) in onnx_params(dir.join("one").join(&file)).iter().zip(onnx_params(dir.join("many").join(&file))) {
-        assert_close(&format!("mpirun -np {np} --dp {dp} --pp {pp} {case}: {name}"), &b, a, 1e-5, 0.0);
+        assert_close(&format!("mpirun -np {np} --dp {dp} --tp {tp} --pp {pp} {case}: {name}"), &b, a, 1e-5, 0.0);
     }
     let initial = refkit(&format!("models/{}.onnx", if case == "gpt2" { "gpt2_tiny" } else { "mlp" }));
     assert_moved(&initial, &dir.join("one").join(&file), 1e-3);
@@ -137,17 +138,32 @@ fn mpi_four_ranks_equal_one_process_gpt2_tiny() {
 
 #[test]
 fn mpi_two_pipeline_stages_equal_one_process_gpt2_tiny() {
-    grid_equivalence("gpt2", 1, 2, 4);
+    grid_equivalence("gpt2", 1, 1, 2, 4);
 }
 
 #[test]
 fn mpi_four_pipeline_stages_equal_one_process_gpt2_tiny() {
-    grid_equivalence("gpt2", 1, 4, 4);
+    grid_equivalence("gpt2", 1, 1, 4, 4);
 }
 
 #[test]
 fn mpi_two_replicas_of_two_stages_equal_one_process_gpt2_tiny() {
-    grid_equivalence("gpt2", 2, 2, 2);
+    grid_equivalence("gpt2", 2, 1, 2, 2);
+}
+
+#[test]
+fn mpi_two_tensor_parallel_ranks_equal_one_process_gpt2_tiny() {
+    grid_equivalence("gpt2", 1, 2, 1, 4);
+}
+
+#[test]
+fn mpi_two_replicas_of_two_tensor_parallel_ranks_equal_one_process_gpt2_tiny() {
+    grid_equivalence("gpt2", 2, 2, 1, 2);
+}
+
+#[test]
+fn mpi_two_tensor_parallel_ranks_equal_one_process_mlp() {
+    grid_equivalence("mlp", 1, 2, 1, 8);
 }
 
 #[test]

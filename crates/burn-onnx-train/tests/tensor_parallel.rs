@@ -2,17 +2,26 @@
 //! export, Gemm with fused Q/K/V), our builder's GPT-2 (MatMul + Add) and a dynamo export
 //! (opset 18); on 2 and 4 thread ranks the logits and the gradients of every parameter
 //! (each rank's part of the split ones) equal the single-process model's; a graph without
-//! a block is an error that says so.
+//! a block is an error that says so. Through the runner, 10 AdamW updates with clipping
+//! at tp 2 and 4, dp x tp and tp x pp end where one process does; checkpoints hold each tp
+//! rank's part, resume exactly and reassemble into the whole model.
 
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use burn::tensor::Device;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::loss::lm_cross_entropy;
 use burn_onnx_train::tensor_parallel::{AxisSplit, TensorParallel, collective};
+use burn_onnx_train::train::checkpoint::{list_checkpoints, read_params};
+use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
+use burn_onnx_train::train::data::{Dataset, TokenDataset};
+use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::{RunSummary, TrainingConfig};
+use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use burn_ort_dist::run_threads;
 use common::*;
@@ -119,3 +128,138 @@ fn builder_and_dynamo_gpt2_two_ranks_match_one_process() {
     check_equivalence(&builder_gpt2("tp-eq-builder4"), 4, 97);
     check_equivalence(&data("dynamo_gpt2/gpt2_tied.onnx"), 2, 97);
 }
+
+fn tokens(vocab: u64) -> Arc<dyn Dataset> {
+    let mut next = lcg(7);
+    Arc::new(TokenDataset::from_tokens((0..16 * 96).map(|_| (next() % vocab) as i64).collect(), 16).unwrap())
+}
+
+fn run(c: TrainingConfig, data: &Arc<dyn Dataset>) -> RunSummary {
+    launch(c, data.clone(), Some(data.clone())).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// 10 updates of `model` with `kind` (SGD at lr 0.1; AdamW at 3e-3 with clipping at 0.5,
+/// which binds), evaluated at the end.
+fn config(model: &Path, out: &Path, kind: OptimizerKind) -> TrainingConfig {
+    TrainingConfig {
+        optimizer: OptimizerConfig { kind, ..Default::default() },
+        lr: LrConfig { initial_lr: if kind == OptimizerKind::Adamw { 3e-3 } else { 0.1 }, ..Default::default() },
+        max_grad_norm: if kind == OptimizerKind::Adamw { 0.5 } else { 0.0 },
+        output_dir: out.to_path_buf(),
+        batch_size: 4,
+        eval_batch_size: 4,
+        ..sgd_config(model.to_path_buf(), LossKind::LmCrossEntropy, "input_ids")
+    }
+}
+
+fn adamw(model: &Path, out: &Path) -> TrainingConfig {
+    config(model, out, OptimizerKind::Adamw)
+}
+
+fn trained(dir: &Path, model: &Path) -> PathBuf {
+    dir.join(format!("{}_trained.onnx", model.file_stem().unwrap().to_str().unwrap()))
+}
+
+/// What two runs must share: their losses within 1e-5 (`losses`; with data parallelism
+/// the logged loss is the first replica's share of the batch), the evaluation within 1e-5,
+/// and every exported parameter within `atol`; the split weights moved by more than 10 x `atol`.
+///
+/// The tolerance: a tensor-parallel rank adds its partial products in another order than
+/// one process, which changes results by float rounding. SGD carries that through as is
+/// (the runs agree to ~1e-8), so SGD runs are held to 1e-5. Adam divides every gradient by
+/// its own running magnitude, which turns rounding noise on near-zero gradients into
+/// steps of a sizeable fraction of the learning rate: 10 AdamW updates at lr 3e-3 end up to
+/// ~1.5e-4 apart on such elements, so AdamW runs are held to 3e-4 (the losses still to 1e-5).
+fn same_run(model: &Path, (want, a): (&Path, &RunSummary), (got, b): (&Path, &RunSummary), atol: f32, losses: bool) {
+    assert_eq!(a.losses.len(), b.losses.len());
+    for ((s, x), (_, y)) in a.losses.iter().zip(&b.losses).filter(|_| losses) {
+        assert!((x - y).abs() < 1e-5, "{}: loss at update {s}: {x} vs {y}", got.display());
+    }
+    let (ea, eb) = (a.evals.last().unwrap(), b.evals.last().unwrap());
+    assert!((ea.loss - eb.loss).abs() < 1e-5, "evaluation loss {} vs {}", ea.loss, eb.loss);
+    let (pa, pb) = (onnx_params(trained(want, model)), onnx_params(trained(got, model)));
+    assert_eq!(pa.len(), pb.len());
+    let initial: std::collections::HashMap<String, ArrayD<f32>> = onnx_params(model.to_path_buf()).into_iter().collect();
+    let split = splits_of(model, 2, &ids(64)).params;
+    for ((name, x), (name_b, y)) in pa.iter().zip(&pb) {
+        assert_eq!(name, name_b);
+        assert_close(&format!("{}: {name}", got.display()), y, x, atol, 0.0);
+        if split.contains_key(name) {
+            let moved = max_abs_diff(&initial[name], x);
+            assert!(moved > 10.0 * atol, "{name} moved {moved} only");
+        }
+    }
+}
+
+/// The same runs at 1, `tp` ranks with SGD (1e-5) and AdamW (3e-4).
+fn tp_matches_one_process(model: &Path, vocab: u64, tp: usize) {
+    let data = tokens(vocab);
+    for (kind, atol) in [(OptimizerKind::Sgd, 1e-5), (OptimizerKind::Adamw, 3e-4)] {
+        let (one, dir) = (tempdir("tp-run-one"), tempdir(&format!("tp-run-{tp}")));
+        let base = run(config(model, &one, kind), &data);
+        let s = run(TrainingConfig { horizontal_parallel_size: tp, ..config(model, &dir, kind) }, &data);
+        assert_eq!(s.perf.as_ref().unwrap().world_size, tp);
+        same_run(model, (&one, &base), (&dir, &s), atol, true);
+    }
+}
+
+#[test]
+fn runner_gpt2_tiny_tp2_and_tp4_end_where_one_process_does() {
+    tp_matches_one_process(&refkit("models/gpt2_tiny.onnx"), 1024, 2);
+    tp_matches_one_process(&refkit("models/gpt2_tiny.onnx"), 1024, 4);
+}
+
+#[test]
+fn runner_builder_and_dynamo_gpt2_tp2_end_where_one_process_does() {
+    tp_matches_one_process(&builder_gpt2("tp-run-builder"), 97, 2);
+    tp_matches_one_process(&data("dynamo_gpt2/gpt2_tied.onnx"), 256, 2);
+}
+
+#[test]
+fn data_and_pipeline_parallel_compose_with_tensor_parallel() {
+    let model = refkit("models/gpt2_tiny.onnx");
+    let data = tokens(1024);
+    let kind = OptimizerKind::Sgd;
+    let one = tempdir("tp-grid-one");
+    let base = run(config(&model, &one, kind), &data);
+    let dir = tempdir("tp-grid-dp2tp2");
+    let s = run(TrainingConfig { data_parallel_size: 2, horizontal_parallel_size: 2, batch_size: 2, ..config(&model, &dir, kind) }, &data);
+    same_run(&model, (&one, &base), (&dir, &s), 1e-5, false);
+    let dir = tempdir("tp-grid-tp2pp2");
+    let s = run(TrainingConfig { horizontal_parallel_size: 2, pipeline_parallel_size: 2, ..config(&model, &dir, kind) }, &data);
+    same_run(&model, (&one, &base), (&dir, &s), 1e-5, true);
+}
+
+#[test]
+fn tensor_parallel_checkpoints_hold_each_part_resume_exactly_and_reassemble() {
+    let model = refkit("models/gpt2_tiny.onnx");
+    let data = tokens(1024);
+    let full = tempdir("tp-ckpt-full");
+    let c = TrainingConfig { horizontal_parallel_size: 2, checkpoint_period: 5, ..adamw(&model, &full) };
+    let whole = run(c.clone(), &data);
+    let kept = list_checkpoints(&full.join("checkpoints"));
+    let (_, five) = kept.iter().find(|(s, _)| *s == 5).expect("a checkpoint at update 5");
+    for f in ["model-tp-0.safetensors", "model-tp-1.safetensors", "tp-0/optimizer.bpk", "tp-1/optimizer.bpk", "state.json"] {
+        assert!(five.join(f).is_file(), "{f} missing in {}", five.display());
+    }
+    // The last checkpoint reassembles into the exported model.
+    let (_, last) = kept.last().unwrap();
+    let reassembled = read_params(last, OnnxModel::load(&model, &Device::flex()).unwrap(), None).unwrap();
+    for (name, want) in onnx_params(trained(&full, &model)) {
+        let got = reassembled.param_by_name(&name).unwrap().to_array().unwrap();
+        assert_close(&format!("reassembled {name}"), &got, &want, 0.0, 0.0);
+    }
+    // Resume from update 5 in a fresh directory: the same updates 6..10.
+    let resumed_dir = tempdir("tp-ckpt-resumed");
+    let resumed = run(TrainingConfig { checkpoint_to_load_path: Some(five.clone()), checkpoint_period: 0, ..TrainingConfig { output_dir: resumed_dir.clone(), ..c.clone() } }, &data);
+    assert_eq!(resumed.start_step, 5);
+    for ((s, a), (t, b)) in whole.losses[5..].iter().zip(&resumed.losses) {
+        assert_eq!(s, t);
+        assert!((a - b).abs() < 1e-6, "loss at update {s}: {a} vs {b}");
+    }
+    // Another tp size cannot take over the optimizer state, and says so.
+    let other = TrainingConfig { horizontal_parallel_size: 1, checkpoint_to_load_path: Some(five.clone()), output_dir: tempdir("tp-ckpt-other"), ..c };
+    let err = launch(other, data.clone(), None).err().expect("tp 1 cannot resume tp 2's optimizer state").to_string();
+    assert!(err.contains("horizontal_parallel_size") && err.contains("2 tensor-parallel"), "{err}");
+}
+

@@ -270,7 +270,7 @@ fn export(checkpoint: Option<PathBuf>, output: PathBuf, model: Option<PathBuf>, 
     };
     let mut model = OnnxModel::load(&model_path, &Device::flex())?;
     if let Some(c) = &checkpoint {
-        model = read_params(c, model)?;
+        model = read_params(c, model, None)?;
     }
     let external_data = if external_data { ExternalDataPolicy::Always } else { ExternalDataPolicy::Auto };
     export_onnx_with(&model, &output, ExportOptions { external_data, ..Default::default() })?;

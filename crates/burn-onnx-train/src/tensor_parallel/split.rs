@@ -9,7 +9,7 @@
 use ndarray::{ArrayD, Axis, IxDyn};
 
 /// A split of one axis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AxisSplit {
     /// The axis (non-negative).
     pub axis: usize,

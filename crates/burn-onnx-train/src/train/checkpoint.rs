@@ -5,11 +5,14 @@
 //!   running statistics) under its ONNX initializer name, f32, ONNX shape; a pipeline run
 //!   writes one `model-stage-<k>.safetensors` per stage instead (each parameter once, in
 //!   the file of the first stage holding it), and a load reads them all, so a checkpoint
-//!   reloads onto any stage count;
+//!   reloads onto any stage count; with tensor parallelism every tp rank writes its part
+//!   of the split weights into `model[-stage-<k>]-tp-<r>.safetensors` and `state.json`
+//!   records how each is split, so a load reassembles them and cuts them again for any tp
+//!   size (or none: `onnx-train export`);
 //! * the update strategy's optimizer state: `optimizer.bpk` (Burn's optimizer record,
 //!   keyed by parameter ids derived from the ONNX names) for replicated runs, or one
 //!   `zero-<rank>.bin` shard per rank plus `zero.json` for ZeRO runs; in a pipeline run,
-//!   each stage's under `stage-<k>/`;
+//!   each stage's under `stage-<k>/`, and each tp rank's under `tp-<r>/` (below the stage);
 //! * `state.json`: update and micro-step counters, seed (data order and dropout are pure
 //!   functions of seed and step, so this is the whole RNG state), loss-scaler state, the
 //!   world size, the ZeRO stage, and the run's config.
@@ -19,7 +22,7 @@
 //! place and fsyncs the parent: a run killed at any point leaves the previous checkpoints
 //! intact, and a leftover temporary directory is ignored and removed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -32,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use super::precision::ScalerState;
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
+use crate::tensor_parallel::{AxisSplit, TensorParallel};
 use crate::value::FloatValue;
 
 /// Counters and metadata saved with a checkpoint.
@@ -55,6 +59,12 @@ pub struct CheckpointState {
     /// Pipeline stages of the run (optimizer state is kept per stage).
     #[serde(default = "one")]
     pub pipeline_stages: usize,
+    /// Tensor-parallel ranks of the run (optimizer state is kept per tp rank).
+    #[serde(default = "one")]
+    pub tensor_parallel: usize,
+    /// How the tensor-parallel parts of split weights fit together, by ONNX name.
+    #[serde(default)]
+    pub tensor_parallel_splits: BTreeMap<String, AxisSplit>,
     /// The config of that run, as TOML.
     pub config_toml: String,
 }
@@ -66,25 +76,39 @@ fn one() -> usize {
 const MODEL_FILE: &str = "model.safetensors";
 
 /// The file holding the model parameters a rank writes: `model.safetensors`, or
-/// `model-stage-<k>.safetensors` for pipeline stage `k`.
-pub fn model_file(stage: Option<usize>) -> String {
-    match stage {
-        None => MODEL_FILE.into(),
-        Some(k) => format!("model-stage-{k}.safetensors"),
+/// `model-stage-<k>.safetensors` for pipeline stage `k`, with `-tp-<r>` for tensor-parallel
+/// rank `r`.
+pub fn model_file(stage: Option<usize>, tp_rank: Option<usize>) -> String {
+    match (stage, tp_rank) {
+        (None, None) => MODEL_FILE.into(),
+        (Some(k), None) => format!("model-stage-{k}.safetensors"),
+        (None, Some(r)) => format!("model-tp-{r}.safetensors"),
+        (Some(k), Some(r)) => format!("model-stage-{k}-tp-{r}.safetensors"),
     }
 }
 
-/// Where pipeline stage `k` keeps its optimizer state inside a checkpoint.
-pub fn stage_state_dir(k: usize) -> String {
-    format!("stage-{k}")
+/// The tensor-parallel rank of a model file name (`None`: whole weights).
+fn file_tp_rank(name: &str) -> Option<usize> {
+    name.strip_suffix(".safetensors")?.rsplit_once("-tp-")?.1.parse().ok()
 }
 
-/// The optimizer-state directories of the checkpoint at `path`, written by a run of
-/// `stages` pipeline stages: the checkpoint itself, or one per stage.
-pub fn state_dirs(path: &Path, stages: usize) -> Vec<PathBuf> {
+/// Where a rank keeps its optimizer state inside a checkpoint: `stage-<k>/` in a pipeline,
+/// `tp-<r>` below that for tensor-parallel rank `r` (`None`: the checkpoint itself).
+pub fn state_dir(stage: Option<usize>, tp_rank: Option<usize>) -> Option<String> {
+    match (stage, tp_rank) {
+        (None, None) => None,
+        (Some(k), None) => Some(format!("stage-{k}")),
+        (None, Some(r)) => Some(format!("tp-{r}")),
+        (Some(k), Some(r)) => Some(format!("stage-{k}/tp-{r}")),
+    }
+}
+
+/// The optimizer-state directories of the checkpoint at `path` for tensor-parallel rank
+/// `tp_rank`, written by a run of `stages` pipeline stages: one per stage.
+pub fn state_dirs(path: &Path, stages: usize, tp_rank: Option<usize>) -> Vec<PathBuf> {
     match stages {
-        0 | 1 => vec![path.to_path_buf()],
-        n => (0..n).map(|k| path.join(stage_state_dir(k))).collect(),
+        0 | 1 => vec![state_dir(None, tp_rank).map_or_else(|| path.to_path_buf(), |d| path.join(d))],
+        n => (0..n).filter_map(|k| state_dir(Some(k), tp_rank)).map(|d| path.join(d)).collect(),
     }
 }
 
@@ -204,8 +228,10 @@ pub fn read_state(path: &Path) -> Result<CheckpointState> {
 }
 
 /// Set `model`'s parameters to the checkpoint's (every parameter must be there, in f32 and
-/// with the model's shape), from `model.safetensors` or the stages' part files.
-pub fn read_params(path: &Path, model: OnnxModel) -> Result<OnnxModel> {
+/// with the model's shape), from `model.safetensors` or the stages' part files. Parts of
+/// tensor-parallel ranks are reassembled, then cut for `tp` (this rank's split of the
+/// model; `None` for a whole model).
+pub fn read_params(path: &Path, model: OnnxModel, tp: Option<&TensorParallel>) -> Result<OnnxModel> {
     let mut files: Vec<PathBuf> = fs::read_dir(path)
         .map_err(io(path))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -215,29 +241,64 @@ pub fn read_params(path: &Path, model: OnnxModel) -> Result<OnnxModel> {
     if files.is_empty() {
         return Err(OnnxError::io(&path.join(MODEL_FILE), std::io::Error::new(std::io::ErrorKind::NotFound, "no model parameters in the checkpoint")));
     }
-    let device = model.device();
-    let mut values = HashMap::new();
+    let wanted: HashMap<&str, &[usize]> = model.param_infos().iter().map(|i| (i.name.as_str(), i.shape.as_slice())).collect();
+    let mut whole: HashMap<String, ndarray::ArrayD<f32>> = HashMap::new();
+    let mut parts: BTreeMap<String, BTreeMap<usize, ndarray::ArrayD<f32>>> = BTreeMap::new();
     for model_path in &files {
         let bytes = fs::read(model_path).map_err(io(model_path))?;
         let bad = |message: String| OnnxError::Decode { path: model_path.clone(), what: "checkpoint model (safetensors)", message };
         let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
-        for info in model.param_infos() {
-            let Ok(view) = st.tensor(&info.name) else { continue };
-            if view.dtype() != Dtype::F32 || view.shape() != info.shape.as_slice() {
-                return Err(bad(format!("parameter '{}' is {:?} {:?}, the model has f32 {:?}", info.name, view.dtype(), view.shape(), info.shape)));
+        let tp_rank = model_path.file_name().and_then(|n| n.to_str()).and_then(file_tp_rank);
+        for (name, view) in st.tensors() {
+            if !wanted.contains_key(name.as_str()) {
+                continue;
+            }
+            if view.dtype() != Dtype::F32 {
+                return Err(bad(format!("parameter '{name}' is {:?}, not f32", view.dtype())));
             }
             let data: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&info.shape), data).map_err(|e| OnnxError::field(&info.name, e.to_string()))?;
-            let v = FloatValue::from_array(&array, &device).map_err(|e| OnnxError::field(&info.name, e.0))?;
-            values.insert(info.name.clone(), v);
+            let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(view.shape()), data).map_err(|e| bad(format!("{name}: {e}")))?;
+            match tp_rank {
+                Some(r) => {
+                    parts.entry(name).or_default().insert(r, array);
+                }
+                None => {
+                    whole.insert(name, array);
+                }
+            }
         }
     }
-    if let Some(missing) = model.param_infos().iter().find(|i| !values.contains_key(&i.name)) {
-        return Err(OnnxError::Decode {
-            path: files[0].clone(),
-            what: "checkpoint model (safetensors)",
-            message: format!("parameter '{}': not in {}", missing.name, files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")),
-        });
+    if !parts.is_empty() {
+        let state = read_state(path)?;
+        for (name, by_rank) in parts {
+            let arrays: Vec<_> = by_rank.into_values().collect();
+            let joined = match state.tensor_parallel_splits.get(&name) {
+                Some(split) if arrays.len() == state.tensor_parallel => split.assemble(&arrays),
+                Some(_) => return Err(OnnxError::Decode { path: path.to_path_buf(), what: "checkpoint model (safetensors)", message: format!("parameter '{name}': {} of {} tensor-parallel parts", arrays.len(), state.tensor_parallel) }),
+                None => arrays.into_iter().next().expect("at least one part"),
+            };
+            whole.insert(name, joined);
+        }
+    }
+    let device = model.device();
+    let mut values = HashMap::new();
+    for info in model.param_infos() {
+        let Some(full) = whole.get(&info.name) else {
+            return Err(OnnxError::Decode {
+                path: files[0].clone(),
+                what: "checkpoint model (safetensors)",
+                message: format!("parameter '{}': not in {}", info.name, files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")),
+            });
+        };
+        let array = match tp.and_then(|t| t.params.get(&info.name).map(|s| (t, s))) {
+            Some((t, split)) => split.slice(full, t.rank, t.size),
+            None => full.clone(),
+        };
+        if array.shape() != info.shape.as_slice() {
+            return Err(OnnxError::Decode { path: path.to_path_buf(), what: "checkpoint model (safetensors)", message: format!("parameter '{}' is {:?}, the model has {:?}", info.name, array.shape(), info.shape) });
+        }
+        let v = FloatValue::from_array(&array, &device).map_err(|e| OnnxError::field(&info.name, e.0))?;
+        values.insert(info.name.clone(), v);
     }
     model.set_params(&values)
 }

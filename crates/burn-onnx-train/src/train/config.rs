@@ -164,8 +164,13 @@ pub struct TrainingConfig {
     pub loss_scale_growth_interval: usize,
     /// Data-parallel size.
     pub data_parallel_size: usize,
-    /// Horizontal (tensor) parallel size.
+    /// Horizontal (tensor) parallel size: the Megatron blocks found in the graph (MLP and
+    /// self-attention: a column-parallel projection through to the row-parallel one) are
+    /// split over this many ranks of each replica.
     pub horizontal_parallel_size: usize,
+    /// With `horizontal_parallel_size` > 1, run a graph in which no block splits
+    /// replicated on every tensor-parallel rank instead of stopping with an error.
+    pub tensor_parallel_allow_replicated: bool,
     /// Pipeline-parallel size: the graph is cut into this many stages, one per rank of a
     /// replica.
     pub pipeline_parallel_size: usize,
@@ -248,6 +253,7 @@ impl Default for TrainingConfig {
             loss_scale_growth_interval: 2000,
             data_parallel_size: 1,
             horizontal_parallel_size: 1,
+            tensor_parallel_allow_replicated: false,
             pipeline_parallel_size: 1,
             num_pipeline_micro_batches: 0,
             pipeline_schedule: PipelineSchedule::OneFOneB,
@@ -470,9 +476,6 @@ impl TrainingConfig {
                 ),
             ));
         }
-        if self.horizontal_parallel_size > 1 {
-            return Err(invalid("horizontal_parallel_size", "tensor parallelism is not implemented yet; use 1"));
-        }
         if self.zero_stage > 2 {
             return Err(invalid("zero_stage", format!("{} is not available: use 0, 1 or 2 (stage 3, sharded parameters, is not implemented yet)", self.zero_stage)));
         }
@@ -524,6 +527,9 @@ impl TrainingConfig {
         }
         if self.recompute_segments > 1 && self.pipeline_parallel_size > 1 {
             return Err(invalid("recompute_segments", "recomputation inside pipeline stages is not implemented: use one or the other"));
+        }
+        if self.recompute_segments > 1 && self.horizontal_parallel_size > 1 {
+            return Err(invalid("recompute_segments", "recomputation with tensor parallelism is not implemented: use one or the other"));
         }
         Ok(())
     }

@@ -39,8 +39,10 @@ pub fn eval_batches(c: &TrainingConfig, len: usize) -> Result<usize> {
 }
 
 /// Mean loss (and perplexity or accuracy) of `model` on `test` at update `step`: this rank
-/// is replica `replica` of `replicas`, runs `passes`, and `world` holds every rank.
-pub fn evaluate(c: &TrainingConfig, world: &dyn Communicator, (replica, replicas): (usize, usize), passes: &dyn Passes, model: &OnnxModel, test: &dyn Dataset, step: usize) -> Result<EvalMetrics> {
+/// is replica `replica` of `replicas`, runs `passes`, and `world` holds every rank. Of the
+/// tensor-parallel ranks of a replica, which compute the same losses together, only the
+/// first (`reports`) counts them.
+pub fn evaluate(c: &TrainingConfig, world: &dyn Communicator, (replica, replicas): (usize, usize), reports: bool, passes: &dyn Passes, model: &OnnxModel, test: &dyn Dataset, step: usize) -> Result<EvalMetrics> {
     let eval_model = model.valid();
     let batches = eval_batches(c, test.len())?;
     let (first, stride) = if c.eval_partitioned { (replica, replicas) } else { (0, 1) };
@@ -49,7 +51,9 @@ pub fn evaluate(c: &TrainingConfig, world: &dyn Communicator, (replica, replicas
     for b in (first..batches).step_by(stride) {
         let idx: Vec<usize> = (b * c.eval_batch_size..(b + 1) * c.eval_batch_size).collect();
         let batch = test.batch(&idx)?;
-        if let Some((loss, correct)) = passes.eval(c, &eval_model, &batch)? {
+        if let Some((loss, correct)) = passes.eval(c, &eval_model, &batch)?
+            && reports
+        {
             sums[0] += loss;
             sums[1] += correct as f32;
             sums[2] += idx.len() as f32;

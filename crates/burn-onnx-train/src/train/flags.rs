@@ -59,6 +59,10 @@ pub struct TrainFlags {
     /// stages, one rank each; the world holds dp x pp ranks.
     #[arg(long, value_name = "N")]
     pub pp: Option<usize>,
+    /// Tensor-parallel ranks (`horizontal_parallel_size`): Megatron's split of the MLP and
+    /// attention blocks found in the graph; the world holds dp x tp x pp ranks.
+    #[arg(long, value_name = "N")]
+    pub tp: Option<usize>,
     /// Micro-batches each batch is cut into for the pipeline
     /// (`num_pipeline_micro_batches`; default: the largest divisor of the batch up to twice the stage count).
     #[arg(long, value_name = "M")]
@@ -122,6 +126,7 @@ impl TrainFlags {
         set(&mut c.data_parallel_size, self.dp);
         set(&mut c.zero_stage, self.zero);
         set(&mut c.pipeline_parallel_size, self.pp);
+        set(&mut c.horizontal_parallel_size, self.tp);
         set(&mut c.num_pipeline_micro_batches, self.micro_batches);
         c.pipeline_schedule = self.pipeline_schedule.unwrap_or(c.pipeline_schedule);
         c.device = self.device.unwrap_or(c.device);

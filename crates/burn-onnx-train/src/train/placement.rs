@@ -1,19 +1,22 @@
 //! [`Placement`]: where this rank sits in the run's topology and what it holds.
 //!
-//! The world splits into data-parallel replicas and, within a replica, pipeline stages
-//! (`burn_ort_dist::Topology`, Megatron's layout). A rank holds its stage's part of the
-//! model, trains it with the passes of a stage, averages gradients with the ranks holding
-//! the same part, writes that part into checkpoints, and hands it to stage 0 for export.
+//! The world splits into data-parallel replicas and, within a replica, tensor-parallel
+//! ranks and pipeline stages (`burn_ort_dist::Topology`, Megatron's layout). A rank holds
+//! its tp rank's part of its stage's part of the model, trains it with the passes of a
+//! stage, averages gradients with the ranks holding the same part, writes that part into
+//! checkpoints, and hands it on for export (tp rank 0 gathers the split weights, stage 0
+//! the stages).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use burn::module::ParamId;
 use burn::tensor::Device;
 use burn_ort_dist::{Communicator, Groups, ModelParallel, Topology};
 
-use super::checkpoint::{model_bytes, model_file, stage_state_dir};
+use super::checkpoint::{model_bytes, model_file, state_dir};
 use super::config::TrainingConfig;
+use super::data::Dataset;
 use super::passes::{Passes, Sequential};
 use super::recompute::Recomputed;
 use super::summaries::SummaryRole;
@@ -21,6 +24,8 @@ use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::pipeline::wire::{recv_values, send_values};
 use crate::pipeline::{Partition, Pipelined};
+use crate::tensor_parallel::TensorParallel;
+use crate::tensor_parallel::collective::{GroupGuard, enter};
 use crate::value::{FloatValue, Value};
 
 /// This rank's coordinates, groups and pipeline partition.
@@ -31,6 +36,10 @@ pub struct Placement {
     pub groups: Groups,
     /// The partition of the model, with more than one stage.
     pub partition: Option<Arc<Partition>>,
+    /// The tensor-parallel split of the model, with more than one tp rank.
+    pub tensor_parallel: Option<TensorParallel>,
+    /// The tp x pp ranks of this replica (the global norm's group when both split).
+    model_group: Option<Arc<dyn Communicator>>,
 }
 
 impl Placement {
@@ -38,11 +47,25 @@ impl Placement {
     pub fn new(c: &TrainingConfig, world: &dyn Communicator) -> Result<Self> {
         let topology = Topology::new(c.data_parallel_size, c.horizontal_parallel_size, c.pipeline_parallel_size, world.world_size())?;
         let groups = topology.groups(world)?;
-        Ok(Placement { topology, groups, partition: None })
+        let model_group = if topology.tp > 1 && topology.pp > 1 { Some(Arc::from(world.split(groups.dp_rank, world.rank())?)) } else { None };
+        Ok(Placement { topology, groups, partition: None, tensor_parallel: None, model_group })
     }
 
-    /// Cut `model` (the whole model) for the pipeline and keep this rank's stage.
-    pub fn model_part(&mut self, c: &TrainingConfig, model: OnnxModel) -> Result<OnnxModel> {
+    /// This rank's part of `model` (the whole model): its tensor-parallel split (planned
+    /// from a probe pass on two samples of `train`), then its pipeline stage.
+    pub fn model_part(&mut self, c: &TrainingConfig, model: OnnxModel, train: &dyn Dataset) -> Result<OnnxModel> {
+        let model = if self.topology.tp > 1 {
+            let sample = train.batch(&[0, 1.min(train.len().saturating_sub(1))])?;
+            let input = Value::from_host(&sample.input, &model.device()).map_err(|e| OnnxError::field("batch", e.0))?;
+            let (part, t) = TensorParallel::apply(model, vec![(c.input_name.clone(), input)], self.groups.tp_rank, self.topology.tp, c.tensor_parallel_allow_replicated)?;
+            if self.groups.tp_rank == 0 && self.groups.dp_rank == 0 && self.groups.pp_rank == 0 {
+                tracing::info!(ranks = t.size, blocks = t.blocks.len(), split_weights = t.params.len(), "tensor parallelism");
+            }
+            self.tensor_parallel = Some(t);
+            part
+        } else {
+            model
+        };
         if self.topology.pp == 1 {
             return Ok(model);
         }
@@ -84,18 +107,32 @@ impl Placement {
         })
     }
 
-    /// The model-parallel norm group of a stage (`None` without a pipeline): parameters
-    /// whose first holder is another stage count there.
+    /// Make the tensor-parallel group this thread's while the guard lives (`None` without
+    /// tensor parallelism).
+    pub fn enter_tensor_parallel(&self) -> Option<GroupGuard> {
+        self.tensor_parallel.as_ref().map(|_| enter(self.groups.tp.clone()))
+    }
+
+    /// The model-parallel norm group of a stage or tp rank (`None` when the model is
+    /// whole here): a parameter whose first holder is another stage, and on tp ranks other
+    /// than 0 a weight every tp rank holds whole, count there.
     pub fn model_parallel(&self, model: &OnnxModel) -> Option<ModelParallel> {
-        let p = self.partition.as_ref()?;
-        let me = self.groups.pp_rank;
-        let elsewhere: HashSet<ParamId> = p
-            .shared
-            .iter()
-            .filter(|s| s.stages.first() != Some(&me))
-            .filter_map(|s| model.param_index(&s.name).map(|i| model.params()[i].id))
-            .collect();
-        Some(ModelParallel::new(self.groups.pp.clone(), elsewhere))
+        let id = |name: &str| model.param_index(name).map(|i| model.params()[i].id);
+        let mut elsewhere: HashSet<ParamId> = HashSet::new();
+        if let Some(p) = &self.partition {
+            let me = self.groups.pp_rank;
+            elsewhere.extend(p.shared.iter().filter(|s| s.stages.first() != Some(&me)).filter_map(|s| id(&s.name)));
+        }
+        if let Some(t) = self.tensor_parallel.as_ref().filter(|_| self.groups.tp_rank != 0) {
+            elsewhere.extend(model.param_infos().iter().filter(|i| !t.params.contains_key(&i.name)).filter_map(|i| id(&i.name)));
+        }
+        let group = match (&self.partition, &self.tensor_parallel, &self.model_group) {
+            (None, None, _) => return None,
+            (Some(_), None, _) => self.groups.pp.clone(),
+            (None, Some(_), _) => self.groups.tp.clone(),
+            (Some(_), Some(_), group) => group.clone().expect("a tp x pp group when both split"),
+        };
+        Some(ModelParallel::new(group, elsewhere))
     }
 
     /// Does this stage write parameter `name` (the first stage holding it does)?
@@ -106,16 +143,21 @@ impl Placement {
         }
     }
 
+    /// This rank's tensor-parallel rank, when the model is split.
+    pub fn tp_rank(&self) -> Option<usize> {
+        self.tensor_parallel.as_ref().map(|_| self.groups.tp_rank)
+    }
+
     /// This rank's files in a checkpoint: its part of the model (first replica only) and
-    /// the optimizer state `state` (under `stage-<k>/` in a pipeline).
+    /// the optimizer state `state` (under `stage-<k>/` in a pipeline, `tp-<r>/` for a tp rank).
     pub fn checkpoint_files(&self, model: &OnnxModel, state: Vec<(String, Vec<u8>)>) -> Result<Vec<(String, Vec<u8>)>> {
         let stage = self.partition.as_ref().map(|_| self.groups.pp_rank);
-        let mut files: Vec<(String, Vec<u8>)> = match stage {
+        let mut files: Vec<(String, Vec<u8>)> = match state_dir(stage, self.tp_rank()) {
             None => state,
-            Some(k) => state.into_iter().map(|(n, b)| (format!("{}/{n}", stage_state_dir(k)), b)).collect(),
+            Some(dir) => state.into_iter().map(|(n, b)| (format!("{dir}/{n}"), b)).collect(),
         };
         if self.groups.dp_rank == 0 {
-            files.push((model_file(stage), model_bytes(model, |n| self.owns(n))?));
+            files.push((model_file(stage, self.tp_rank()), model_bytes(model, |n| self.owns(n))?));
         }
         Ok(files)
     }
@@ -136,29 +178,51 @@ impl Placement {
     /// model loaded from `c.model_path`. Collective over `world`: no rank leaves before
     /// the parameters have arrived.
     pub fn whole_model(&self, c: &TrainingConfig, model: &OnnxModel, world: &dyn Communicator) -> Result<Option<OnnxModel>> {
-        let Some(p) = &self.partition else {
-            return Ok((world.rank() == 0).then(|| model.clone()));
+        // The first replica's tp ranks assemble their split weights on tp rank 0.
+        let mut values: HashMap<String, FloatValue> = HashMap::new();
+        if let Some(t) = &self.tensor_parallel
+            && self.groups.dp_rank == 0
+        {
+            match t.gather(model, self.groups.tp.as_ref())? {
+                Some(full) => values = full,
+                None => {
+                    world.barrier()?;
+                    return Ok(None);
+                }
+            }
+        }
+        for (i, info) in model.param_infos().iter().enumerate() {
+            if !values.contains_key(&info.name) {
+                values.insert(info.name.clone(), model.param_value(i).expect("an indexed parameter"));
+            }
+        }
+        let whole = match &self.partition {
+            None if world.rank() == 0 && self.tensor_parallel.is_none() => Some(model.clone()),
+            None if world.rank() == 0 => Some(OnnxModel::load(&c.model_path, &model.device())?.set_params(&values)?),
+            None => None,
+            Some(p) if self.groups.dp_rank == 0 => self.gather_stages(c, p, &values, &model.device())?,
+            Some(_) => None,
         };
-        let whole = if self.groups.dp_rank == 0 { self.gather_stages(c, p, model)? } else { None };
         world.barrier()?;
         Ok(whole)
     }
 
-    /// The first replica's part of [`Self::whole_model`].
-    fn gather_stages(&self, c: &TrainingConfig, p: &Partition, model: &OnnxModel) -> Result<Option<OnnxModel>> {
+    /// The first replica's part of [`Self::whole_model`]: `values` are this stage's
+    /// whole parameters.
+    fn gather_stages(&self, c: &TrainingConfig, p: &Partition, values: &HashMap<String, FloatValue>, device: &Device) -> Result<Option<OnnxModel>> {
         let me = self.groups.pp_rank;
         let comm = self.groups.pp.as_ref();
         let owned = |k: usize| -> Vec<&String> { p.stages[k].params.iter().filter(|n| (0..k).all(|e| !p.stages[e].params.contains(n))).collect() };
         if me != 0 {
             let values: Vec<Value> = owned(me)
                 .into_iter()
-                .map(|n| model.param_by_name(n).map(Value::Float).ok_or_else(|| OnnxError::field("pipeline", format!("stage {me} lacks '{n}'"))))
+                .map(|n| values.get(n).cloned().map(Value::Float).ok_or_else(|| OnnxError::field("pipeline", format!("stage {me} lacks '{n}'"))))
                 .collect::<Result<_>>()?;
             send_values(comm, 0, &values.iter().collect::<Vec<_>>())?;
             return Ok(None);
         }
-        let device = model.device();
-        let mut values: std::collections::HashMap<String, FloatValue> = p.stages[0].params.iter().filter_map(|n| model.param_by_name(n).map(|v| (n.clone(), v))).collect();
+        let device = device.clone();
+        let mut values: HashMap<String, FloatValue> = p.stages[0].params.iter().filter_map(|n| values.get(n).map(|v| (n.clone(), v.clone()))).collect();
         for k in 1..p.stages.len() {
             let names = owned(k);
             for (n, v) in names.iter().zip(recv_values(comm, k, names.len(), &device)?) {

@@ -135,7 +135,8 @@ impl TrainingRunner {
         )?;
         check_weight_names(&c, &model)?;
         check_data(&c, &model, train.as_ref(), test.as_deref())?;
-        let model = place.model_part(&c, model)?;
+        let model = place.model_part(&c, model, train.as_ref())?;
+        let _tensor_parallel = place.enter_tensor_parallel();
         let passes = place.passes(&c, &model, &self.device)?;
         let mut strategy = build_strategy(&c, &model, place.groups.dp.clone())?;
         if let Some(group) = place.model_parallel(&model) {
@@ -177,7 +178,7 @@ impl TrainingRunner {
             out.update(update, acc.loss, lr, report.grad_norm, scaler.state().map(|s| s.scale), display)?;
             let eval_due = c.evaluation_period > 0 && update % c.evaluation_period == 0;
             if let Some(test) = test.as_ref().filter(|_| eval_due || update == total) {
-                out.eval(evaluate(&c, self.comm.as_ref(), (replica, replicas), passes.as_ref(), &model, test.as_ref(), update)?, &model)?;
+                out.eval(evaluate(&c, self.comm.as_ref(), (replica, replicas), place.groups.tp_rank == 0, passes.as_ref(), &model, test.as_ref(), update)?, &model)?;
             }
             if c.checkpoint_period > 0 && (update % c.checkpoint_period == 0 || update == total) {
                 let state = CheckpointState {
@@ -189,6 +190,8 @@ impl TrainingRunner {
                     written_by_rank: 0,
                     zero_stage: c.zero_stage,
                     pipeline_stages: place.topology.pp,
+                    tensor_parallel: place.topology.tp,
+                    tensor_parallel_splits: place.tensor_parallel.as_ref().map(|t| t.params.clone()).unwrap_or_default(),
                     config_toml: c.to_toml()?,
                 };
                 let files = place.checkpoint_files(&model, strategy.state_files()?)?;
@@ -231,8 +234,19 @@ impl TrainingRunner {
         let saved = TrainingConfig::from_toml(&state.config_toml, &path)?;
         let saved_replicas = state.world_size / (saved.pipeline_parallel_size * saved.horizontal_parallel_size).max(1);
         c.check_resume(&saved, saved_replicas, state.zero_stage, place.topology.dp, &path)?;
-        let model = read_params(&path, model)?;
-        strategy.load_state(&model, &state_dirs(&path, state.pipeline_stages))?;
+        let model = read_params(&path, model, place.tensor_parallel.as_ref())?;
+        if state.tensor_parallel != place.topology.tp {
+            return Err(OnnxError::field(
+                "horizontal_parallel_size",
+                format!(
+                    "{} cannot continue {}, written by {} tensor-parallel rank(s): its optimizer state is per tp rank and does not reshard (its weights do: `onnx-train export` it and start a new run from the exported model)",
+                    place.topology.tp,
+                    path.display(),
+                    state.tensor_parallel
+                ),
+            ));
+        }
+        strategy.load_state(&model, &state_dirs(&path, state.pipeline_stages, place.tp_rank()))?;
         scaler.restore(state.loss_scale);
         let (update, micro) = (state.update_step, state.micro_step);
         if self.is_root() {
