@@ -1,8 +1,9 @@
 //! Tensor parallelism: the planner finds Megatron's blocks in gpt2_tiny (TorchScript
 //! export, Gemm with fused Q/K/V), our builder's GPT-2 (MatMul + Add) and a dynamo export
 //! (opset 18); on 2 and 4 thread ranks the logits and the gradients of every parameter
-//! (each rank's part of the split ones) equal the single-process model's; a graph without
-//! a block is an error that says so. Through the runner, 10 AdamW updates with clipping
+//! (each rank's part of the split ones) equal the single-process model's, with Megatron's
+//! communication (2 all-reduces per layer forward, 2 backward); a graph without a block
+//! is an error that says so. Through the runner, 10 AdamW updates with clipping
 //! at tp 2 and 4, dp x tp and tp x pp end where one process does; checkpoints hold each tp
 //! rank's part, resume exactly and reassemble into the whole model.
 
@@ -23,7 +24,7 @@ use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::{RunSummary, TrainingConfig};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::{Mode, OnnxModel, Value};
-use burn_ort_dist::run_threads;
+use burn_ort_dist::{Communicator, DistResult, ReduceOp, run_threads};
 use common::*;
 use ndarray::{ArrayD, IxDyn};
 
@@ -88,8 +89,50 @@ fn a_graph_without_blocks_is_an_error() {
     assert!(err.contains("no Megatron block") && err.contains("squeezenet1_1.onnx"), "{err}");
 }
 
-/// On `tp` thread ranks: logits equal the whole model's, and every gradient equals the
-/// whole model's (for split parameters, this rank's part of it).
+/// A group that counts its all-reduces and the values they carry.
+struct Counting {
+    inner: Arc<dyn Communicator>,
+    calls: std::sync::Mutex<Vec<usize>>,
+}
+
+impl Communicator for Counting {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        self.calls.lock().unwrap().push(buf.len());
+        self.inner.all_reduce(buf, op)
+    }
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
+        self.inner.broadcast(buf, root)
+    }
+    fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
+        self.inner.all_gather(send, recv)
+    }
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        self.inner.reduce_scatter(send, recv, op)
+    }
+    fn barrier(&self) -> DistResult<()> {
+        self.inner.barrier()
+    }
+    fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
+        self.inner.send(buf, dest)
+    }
+    fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
+        self.inner.recv(buf, src)
+    }
+    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
+        self.inner.split(color, key)
+    }
+}
+
+/// On `tp` thread ranks: logits equal the whole model's, every gradient equals the whole
+/// model's (for split parameters, this rank's part of it), and the forward and backward
+/// passes all-reduced `[batch, seq, width]` activations 4 times per layer (Megatron: 2 in
+/// forward, 2 in backward).
 fn check_equivalence(path: &Path, tp: usize, vocab: u64) {
     let x = ids(vocab);
     let whole = OnnxModel::load(path, &Device::flex().autodiff()).unwrap();
@@ -98,8 +141,14 @@ fn check_equivalence(path: &Path, tp: usize, vocab: u64) {
         let rank = comm.rank();
         let model = OnnxModel::load(path, &Device::flex().autodiff()).map_err(|e| e.to_string())?;
         let (model, t) = TensorParallel::apply(model, sample(&x), rank, tp, false).map_err(|e| e.to_string())?;
-        let _group = collective::enter(comm.clone());
+        let counting = Arc::new(Counting { inner: comm.clone(), calls: Default::default() });
+        let _group = collective::enter(counting.clone());
         let (logits, grads) = logits_and_grads(&model, &x);
+        let calls = counting.calls.lock().unwrap().clone();
+        let tokens = want_logits.len() / want_logits.shape()[2];
+        let layers = t.blocks.len() / 2;
+        assert_eq!(calls.len(), 4 * layers, "all-reduces of one forward and backward: {calls:?}");
+        assert!(calls.iter().all(|&n| n == calls[0] && n % tokens == 0), "every all-reduce carries one [batch, seq, width] activation: {calls:?}");
         assert_close(&format!("rank {rank} logits"), &logits, &want_logits, 2e-5, 1e-5);
         assert_eq!(grads.len(), want_grads.len());
         for ((name, got), (_, want)) in grads.iter().zip(&want_grads) {
@@ -228,6 +277,29 @@ fn data_and_pipeline_parallel_compose_with_tensor_parallel() {
     let dir = tempdir("tp-grid-tp2pp2");
     let s = run(TrainingConfig { horizontal_parallel_size: 2, pipeline_parallel_size: 2, ..config(&model, &dir, kind) }, &data);
     same_run(&model, (&one, &base), (&dir, &s), 1e-5, true);
+}
+
+#[test]
+fn zero_and_mixed_precision_compose_with_tensor_parallel() {
+    let model = refkit("models/gpt2_tiny.onnx");
+    let data = tokens(1024);
+    // ZeRO within each tp rank's data-parallel group: stage 2 (gradients and optimizer
+    // state sharded) ends where the replicated update does.
+    let grid = |out: &Path, zero_stage: usize| TrainingConfig { data_parallel_size: 2, horizontal_parallel_size: 2, batch_size: 2, zero_stage, ..adamw(&model, out) };
+    let (plain, zero) = (tempdir("tp-zero0"), tempdir("tp-zero2"));
+    let a = run(grid(&plain, 0), &data);
+    let b = run(grid(&zero, 2), &data);
+    same_run(&model, (&plain, &a), (&zero, &b), 1e-6, true);
+    // bf16 autocast: each rank multiplies its slices in bf16 and the partial sums add up in
+    // f32, one process multiplies whole in bf16; the losses agree to bf16's precision.
+    let (one, two) = (tempdir("tp-bf16-1"), tempdir("tp-bf16-2"));
+    let bf16 = |out: &Path| TrainingConfig { precision: burn_onnx_train::train::precision::Precision::Bf16, ..adamw(&model, out) };
+    let x = run(bf16(&one), &data);
+    let y = run(TrainingConfig { horizontal_parallel_size: 2, ..bf16(&two) }, &data);
+    for ((s, p), (_, q)) in x.losses.iter().zip(&y.losses) {
+        assert!((p - q).abs() < 2e-3 * p.abs(), "bf16 loss at update {s}: {p} vs {q}");
+    }
+    assert!(y.losses.last().unwrap().1 < y.losses[0].1, "bf16 tp2 loss went down: {:?}", y.losses);
 }
 
 #[test]
