@@ -3,9 +3,10 @@
 //! (opset 18); on 2 and 4 thread ranks the logits and the gradients of every parameter
 //! (each rank's part of the split ones) equal the single-process model's, with Megatron's
 //! communication (2 all-reduces per layer forward, 2 backward); a graph without a block
-//! is an error that says so. Through the runner, 10 AdamW updates with clipping
-//! at tp 2 and 4, dp x tp and tp x pp end where one process does; checkpoints hold each tp
-//! rank's part, resume exactly and reassemble into the whole model.
+//! is an error that says so. Through the runner, 10 updates (SGD; AdamW with clipping)
+//! at tp 2 and 4, dp x tp, tp x pp and dp x tp x pp end where one process does; ZeRO and
+//! bf16 compose; checkpoints hold each tp rank's part, resume exactly and reassemble into
+//! the whole model.
 
 mod common;
 
@@ -277,6 +278,11 @@ fn data_and_pipeline_parallel_compose_with_tensor_parallel() {
     let dir = tempdir("tp-grid-tp2pp2");
     let s = run(TrainingConfig { horizontal_parallel_size: 2, pipeline_parallel_size: 2, ..config(&model, &dir, kind) }, &data);
     same_run(&model, (&one, &base), (&dir, &s), 1e-5, true);
+    // The full 3D grid: 2 replicas x 2 tp ranks x 2 stages on 8 threads.
+    let dir = tempdir("tp-grid-3d");
+    let s = run(TrainingConfig { data_parallel_size: 2, horizontal_parallel_size: 2, pipeline_parallel_size: 2, batch_size: 2, ..config(&model, &dir, kind) }, &data);
+    assert_eq!(s.perf.as_ref().unwrap().world_size, 8);
+    same_run(&model, (&one, &base), (&dir, &s), 1e-5, false);
 }
 
 #[test]
