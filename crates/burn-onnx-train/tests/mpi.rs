@@ -157,6 +157,11 @@ fn mpi_two_tensor_parallel_ranks_equal_one_process_gpt2_tiny() {
 }
 
 #[test]
+fn mpi_four_tensor_parallel_ranks_equal_one_process_gpt2_tiny() {
+    grid_equivalence("gpt2", 1, 4, 1, 4);
+}
+
+#[test]
 fn mpi_two_replicas_of_two_tensor_parallel_ranks_equal_one_process_gpt2_tiny() {
     grid_equivalence("gpt2", 2, 2, 1, 2);
 }
