@@ -1,7 +1,7 @@
-//! The `onnx-train` command line: `inspect` lists what the file holds, `run` writes every
-//! graph output as `.npy` (checked against onnxruntime) and the pipeline cut, bad files
-//! exit non-zero with the file named, `train` flags reach the config, a pipelined
-//! checkpoint exports the whole model.
+//! The `onnx-train` command line: `inspect` lists what the file holds, its pipeline cut
+//! and its tensor-parallel split, `run` writes every graph output as `.npy` (checked
+//! against onnxruntime), bad files exit non-zero with the file named, `train` flags reach
+//! the config, a pipelined checkpoint exports the whole model.
 
 mod common;
 
@@ -102,6 +102,18 @@ fn inspect_prints_the_pipeline_cut() {
     let out = onnx_train(&["inspect", model.to_str().unwrap(), "--stages", "500"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("500 stages for a graph of 253 nodes"));
+}
+
+#[test]
+fn inspect_prints_the_tensor_parallel_split() {
+    let model = refkit("models/gpt2_tiny.onnx");
+    let out = onnx_train(&["inspect", model.to_str().unwrap(), "--tp", "2"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("tensor parallel: 2 ranks, 4 column-parallel projection(s)"), "{text}");
+    assert!(text.contains("split m.transformer.h.0.attn.c_attn.weight [128, 384]: axis 1, period 128"), "{text}");
+    assert!(text.contains("split m.transformer.h.1.mlp.c_proj.weight [512, 128]: axis 0, period 512"), "{text}");
+    assert!(text.contains("parameter elements per rank: "), "{text}");
 }
 
 #[test]

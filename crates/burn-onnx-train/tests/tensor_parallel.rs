@@ -5,8 +5,8 @@
 //! communication (2 all-reduces per layer forward, 2 backward); a graph without a block
 //! is an error that says so. Through the runner, 10 updates (SGD; AdamW with clipping)
 //! at tp 2 and 4, dp x tp, tp x pp and dp x tp x pp end where one process does; ZeRO and
-//! bf16 compose; checkpoints hold each tp rank's part, resume exactly and reassemble into
-//! the whole model.
+//! bf16 compose; checkpoints hold each tp rank's part, resume exactly, reassemble into
+//! the whole model and resume at another tp size (weights and Adam moments regrouped).
 
 mod common;
 
@@ -341,9 +341,25 @@ fn tensor_parallel_checkpoints_hold_each_part_resume_exactly_and_reassemble() {
         assert_eq!(s, t);
         assert!((a - b).abs() < 1e-6, "loss at update {s}: {a} vs {b}");
     }
-    // Another tp size cannot take over the optimizer state, and says so.
-    let other = TrainingConfig { horizontal_parallel_size: 1, checkpoint_to_load_path: Some(five.clone()), output_dir: tempdir("tp-ckpt-other"), ..c };
-    let err = launch(other, data.clone(), None).err().expect("tp 1 cannot resume tp 2's optimizer state").to_string();
-    assert!(err.contains("horizontal_parallel_size") && err.contains("2 tensor-parallel"), "{err}");
+    // Another tp size takes the checkpoint over: weights and Adam moments reassembled and
+    // cut again (tp 4, or one process), the same updates 6..10.
+    for tp in [1, 4] {
+        let dir = tempdir(&format!("tp-ckpt-regroup-{tp}"));
+        let c = TrainingConfig { horizontal_parallel_size: tp, checkpoint_to_load_path: Some(five.clone()), checkpoint_period: 0, output_dir: dir.clone(), ..c.clone() };
+        let resumed = run(c, &data);
+        assert_eq!(resumed.start_step, 5);
+        for ((s, a), (t, b)) in whole.losses[5..].iter().zip(&resumed.losses) {
+            assert_eq!(s, t);
+            assert!((a - b).abs() < 1e-5, "tp {tp}: loss at update {s}: {a} vs {b}");
+        }
+        assert!(!dir.join(".tp-regroup-0").exists(), "the regrouped records are removed");
+    }
+    // ZeRO shards are laid out per tp rank: another tp size is an error that says so.
+    let zero_dir = tempdir("tp-ckpt-zero");
+    let z = TrainingConfig { data_parallel_size: 2, batch_size: 2, zero_stage: 1, num_train_steps: 2, checkpoint_period: 2, output_dir: zero_dir.clone(), ..c.clone() };
+    run(z.clone(), &data);
+    let (_, two) = list_checkpoints(&zero_dir.join("checkpoints")).pop().unwrap();
+    let other = TrainingConfig { horizontal_parallel_size: 1, checkpoint_to_load_path: Some(two), num_train_steps: 4, output_dir: tempdir("tp-ckpt-zero-other"), ..z };
+    let err = launch(other, data.clone(), None).err().expect("ZeRO shards do not regroup").to_string();
+    assert!(err.contains("horizontal_parallel_size") && err.contains("ZeRO"), "{err}");
 }
-

@@ -17,6 +17,7 @@ pub mod data_parallel;
 pub mod error;
 pub mod grad_sync;
 pub mod launch;
+pub mod record;
 pub mod strategy;
 #[cfg(feature = "mpi")]
 pub mod mpi_comm;
@@ -32,6 +33,7 @@ pub use error::{DistError, DistResult};
 pub use data_parallel::{DataParallel, DistributedOptimizer};
 pub use grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, adasum_pair, adasum_tree, all_reduce_gradients, reduce_gradients};
 pub use launch::run_threads;
+pub use record::{RecordTensor, regroup_records};
 pub use strategy::{MemoryUse, ModelParallel, Replicated, UpdateReport, UpdateStrategy, clip_grad_norm};
 #[cfg(feature = "mpi")]
 pub use mpi;

@@ -4,17 +4,18 @@
 //! everything with Burn's optimizer) or [`crate::zero::Zero`] (stages 1 and 2: each rank
 //! updates its shard of a flat buffer). The loop does not branch on the kind.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
-use burn::tensor::{Bytes, Tensor};
+use burn::tensor::Tensor;
 
 use crate::communicator::{Communicator, ReduceOp};
 use crate::data_parallel::DataParallel;
 use crate::error::{DistError, DistResult};
+use crate::record::merged_record;
 
 /// What an update measured.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -144,36 +145,6 @@ impl<M: Module> UpdateStrategy<M> for Replicated {
     }
 }
 
-/// The optimizer records in `dirs` as one, keeping the state of the parameters `ids` only.
-/// Burn keys a record's tensors by parameter id and its scalars and paths by keys that start
-/// with the id (`"<id>.<field>"`).
-fn merged_record(dirs: &[PathBuf], ids: &HashSet<u64>) -> DistResult<Bytes> {
-    let keep = |key: &str| key.split('.').next().and_then(|id| id.parse::<u64>().ok()).is_none_or(|id| ids.contains(&id));
-    let (mut tensors, mut scalars, mut paths) = (Vec::new(), BTreeMap::new(), BTreeMap::new());
-    for dir in dirs {
-        let path = dir.join(REPLICATED_STATE_FILE);
-        let bytes = std::fs::read(&path).map_err(|e| invalid(format!("{}: {e} (a checkpoint of a sharded run needs zero_stage >= 1)", path.display())))?;
-        let bad = |e: burn_pack::Error| invalid(format!("{}: not a valid optimizer record: {e:?}", path.display()));
-        let reader = burn_pack::Reader::from_bytes(Bytes::from_bytes_vec(bytes)).map_err(bad)?;
-        scalars.extend(reader.scalars().iter().filter(|(k, _)| keep(k)).map(|(k, v)| (k.clone(), *v)));
-        paths.extend(reader.metadata().iter().filter(|(k, _)| keep(k)).map(|(k, v)| (k.clone(), v.clone())));
-        for t in reader.into_tensors().map_err(bad)? {
-            let (name, dtype, shape, id, data) = t.into_parts().map_err(bad)?;
-            if id.is_none_or(|id| ids.contains(&id)) && keep(&name) {
-                tensors.push(burn_pack::Tensor::new(name, dtype, shape, id, data));
-            }
-        }
-    }
-    let mut writer = burn_pack::Writer::new(tensors);
-    for (k, v) in &scalars {
-        writer = writer.with_scalar(k, *v);
-    }
-    for (k, v) in &paths {
-        writer = writer.with_metadata(k, v);
-    }
-    writer.into_bytes().map_err(|e| invalid(format!("cannot merge optimizer records: {e:?}")))
-}
-
 /// The ids of `module`'s parameters.
 fn param_ids<M: Module>(module: &M) -> HashSet<u64> {
     struct Ids(HashSet<u64>);
@@ -187,7 +158,7 @@ fn param_ids<M: Module>(module: &M) -> HashSet<u64> {
     ids.0
 }
 
-fn invalid(message: String) -> DistError {
+pub(crate) fn invalid(message: String) -> DistError {
     DistError::Invalid { rank: 0, message }
 }
 

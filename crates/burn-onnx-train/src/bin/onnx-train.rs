@@ -1,7 +1,7 @@
 //! `onnx-train`: inspect an ONNX model, run it on `.npy` inputs, or train it.
 //!
 //! ```text
-//! onnx-train inspect MODEL.onnx [--stages N]
+//! onnx-train inspect MODEL.onnx [--stages N] [--tp N]
 //! onnx-train run MODEL.onnx --input NAME=FILE.npy ... --output-dir DIR
 //! onnx-train train --config run.toml [--dp N]        # or: mpirun -np N onnx-train train ...
 //! onnx-train export --checkpoint DIR --output trained.onnx [--model MODEL.onnx]
@@ -47,6 +47,11 @@ enum Command {
         /// estimated work, the values crossing each cut).
         #[arg(long, value_name = "N")]
         stages: Option<usize>,
+        /// Also print the tensor-parallel split over N ranks (the blocks found, each split
+        /// weight's axis and period), planned from a probe on zero inputs (symbolic
+        /// dimensions: 2 for the first, 8 for the others).
+        #[arg(long, value_name = "N")]
+        tp: Option<usize>,
     },
     /// Run the model on .npy inputs; writes DIR/<output>.npy for every graph output.
     Run {
@@ -148,7 +153,7 @@ fn dims(d: &[Dim]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-fn inspect(path: PathBuf, stages: Option<usize>) -> Result<(), OnnxError> {
+fn inspect(path: PathBuf, stages: Option<usize>, tp: Option<usize>) -> Result<(), OnnxError> {
     let graph = Graph::load(&path)?;
     let model = OnnxModel::from_graph(graph, &Device::flex())?;
     let g = model.graph();
@@ -184,6 +189,47 @@ fn inspect(path: PathBuf, stages: Option<usize>) -> Result<(), OnnxError> {
     if let Some(n) = stages {
         print_partition(&model, n)?;
     }
+    if let Some(n) = tp {
+        print_tensor_parallel(model, n)?;
+    }
+    Ok(())
+}
+
+/// The tensor-parallel split of `model` over `n` ranks: blocks, split weights, and the
+/// parameter elements each rank holds.
+fn print_tensor_parallel(model: OnnxModel, n: usize) -> Result<(), OnnxError> {
+    let shapes: std::collections::HashMap<String, Vec<usize>> = model.param_infos().iter().map(|p| (p.name.clone(), p.shape.clone())).collect();
+    let sample = model
+        .graph()
+        .inputs
+        .iter()
+        .map(|i| {
+            let dims: Vec<usize> = i.dims.iter().enumerate().map(|(k, d)| match d {
+                Dim::Fixed(f) => *f,
+                Dim::Symbolic(_) => if k == 0 { 2 } else { 8 },
+            }).collect();
+            let len = dims.iter().product();
+            let value = if dtype::is_float(i.elem_type) {
+                burn_onnx_train::model::float_input(vec![0.0; len], &dims, &Device::flex())?
+            } else if i.elem_type == dtype::BOOL {
+                Value::Bool(ndarray::ArrayD::from_elem(ndarray::IxDyn(&dims), false))
+            } else {
+                burn_onnx_train::model::int_input(vec![0; len], &dims)?
+            };
+            Ok((i.name.clone(), value))
+        })
+        .collect::<Result<Vec<_>, OnnxError>>()?;
+    let (part, t) = burn_onnx_train::tensor_parallel::TensorParallel::apply(model, sample, 0, n, true)?;
+    println!("tensor parallel: {n} ranks, {} column-parallel projection(s)", t.blocks.len());
+    for b in &t.blocks {
+        println!("  block from {b}");
+    }
+    for (name, split) in &t.params {
+        println!("  split {name} {:?}: axis {}, period {}", shapes[name], split.axis, split.period);
+    }
+    let whole: usize = shapes.values().map(|s| s.iter().product::<usize>()).sum();
+    let local: usize = part.param_infos().iter().map(|p| p.shape.iter().product::<usize>()).sum();
+    println!("  parameter elements per rank: {local} of {whole} ({:.1}%)", 100.0 * local as f64 / whole.max(1) as f64);
     Ok(())
 }
 
@@ -300,7 +346,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Inspect { model, stages } => inspect(model, stages),
+        Command::Inspect { model, stages, tp } => inspect(model, stages, tp),
         Command::Run { model, inputs, output_dir, device } => run(model, inputs, output_dir, device),
         Command::Train(args) => train(args),
         Command::Export { checkpoint, output, model, external_data } => export(checkpoint, output, model, external_data),

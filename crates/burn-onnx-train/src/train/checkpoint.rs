@@ -8,7 +8,8 @@
 //!   reloads onto any stage count; with tensor parallelism every tp rank writes its part
 //!   of the split weights into `model[-stage-<k>]-tp-<r>.safetensors` and `state.json`
 //!   records how each is split, so a load reassembles them and cuts them again for any tp
-//!   size (or none: `onnx-train export`);
+//!   size (or none: `onnx-train export`; the optimizer records regroup the same way,
+//!   `tp_resume`);
 //! * the update strategy's optimizer state: `optimizer.bpk` (Burn's optimizer record,
 //!   keyed by parameter ids derived from the ONNX names) for replicated runs, or one
 //!   `zero-<rank>.bin` shard per rank plus `zero.json` for ZeRO runs; in a pipeline run,

@@ -20,6 +20,7 @@ pub mod runner;
 pub mod schedule;
 pub mod step;
 pub mod summaries;
+pub mod tp_resume;
 
 pub use config::TrainingConfig;
 pub use device::DeviceSpec;

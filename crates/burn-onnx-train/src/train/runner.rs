@@ -31,6 +31,7 @@ use super::precision::LossScaler;
 use super::preflight::{check_data, check_weight_names};
 use super::schedule::LrSchedule;
 use super::summaries::Summaries;
+use super::tp_resume::regrouped_state_dirs;
 use crate::error::{OnnxError, Result};
 use crate::export::export_onnx;
 use crate::model::OnnxModel;
@@ -235,18 +236,14 @@ impl TrainingRunner {
         let saved_replicas = state.world_size / (saved.pipeline_parallel_size * saved.horizontal_parallel_size).max(1);
         c.check_resume(&saved, saved_replicas, state.zero_stage, place.topology.dp, &path)?;
         let model = read_params(&path, model, place.tensor_parallel.as_ref())?;
-        if state.tensor_parallel != place.topology.tp {
-            return Err(OnnxError::field(
-                "horizontal_parallel_size",
-                format!(
-                    "{} cannot continue {}, written by {} tensor-parallel rank(s): its optimizer state is per tp rank and does not reshard (its weights do: `onnx-train export` it and start a new run from the exported model)",
-                    place.topology.tp,
-                    path.display(),
-                    state.tensor_parallel
-                ),
-            ));
+        if state.tensor_parallel == place.topology.tp {
+            strategy.load_state(&model, &state_dirs(&path, state.pipeline_stages, place.tp_rank()))?;
+        } else {
+            let scratch = c.output_dir.join(format!(".tp-regroup-{}", self.comm.rank()));
+            let dirs = regrouped_state_dirs(&path, &state, place, &model, &scratch)?;
+            strategy.load_state(&model, &dirs)?;
+            let _ = std::fs::remove_dir_all(&scratch);
         }
-        strategy.load_state(&model, &state_dirs(&path, state.pipeline_stages, place.tp_rank()))?;
         scaler.restore(state.loss_scale);
         let (update, micro) = (state.update_step, state.micro_step);
         if self.is_root() {
