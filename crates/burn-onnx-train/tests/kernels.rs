@@ -1,11 +1,12 @@
 //! The fused kernels against f64 closed forms and the plain Burn compositions they replace:
 //! softmax cross-entropy forward and backward on the CPU (Flex) and, with feature `wgpu`
-//! (lavapipe here), the CubeCL kernels, plus unscale with the inf/NaN check.
+//! (lavapipe here), the CubeCL kernels, plus unscale with the inf/NaN check; tanh and
+//! softmax forward and backward on the CPU.
 
 mod common;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_onnx_train::kernels::{cross_entropy_rows, cross_entropy_rows_reference};
+use burn_onnx_train::kernels::{cross_entropy_rows, cross_entropy_rows_reference, softmax, tanh};
 #[cfg(feature = "wgpu")]
 use burn_onnx_train::kernels::{NonFiniteFlag, runs_cubecl, unscale_and_check, unscale_and_check_reference};
 #[cfg(feature = "wgpu")]
@@ -129,4 +130,78 @@ fn fused_unscale_matches_and_flags_inf_and_nan_across_gradients() {
         let _ = unscale_and_check(grad(&v), 0.5, &mut flag);
         assert!(flag.raised(), "{bad} not flagged");
     }
+}
+
+/// `[rows, cols]` values over +-12 with a few at +-60 (saturated tanh, softmax far from
+/// uniform), and upstream-gradient weights.
+fn activation_problem(rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut next = lcg(11);
+    let x = (0..rows * cols).map(|i| if i % 97 == 0 { 60.0 * if i % 2 == 0 { 1.0 } else { -1.0 } } else { (next() % 24001) as f32 / 1000.0 - 12.0 }).collect();
+    let w = (0..rows * cols).map(|_| (next() % 2000) as f32 / 1000.0 - 1.0).collect();
+    (x, w)
+}
+
+/// `f(x)` and the gradient of `sum(w * f(x))`, on the CPU through the interpreter's kernels.
+fn activation_and_grad(rows: usize, cols: usize, f: fn(Tensor<6>) -> Tensor<6>) -> (Vec<f32>, Vec<f32>) {
+    let (x, w) = activation_problem(rows, cols);
+    let device = Device::flex().autodiff();
+    let x = Tensor::<6>::from_data(TensorData::new(x, vec![1, 1, 1, 1, rows, cols]), &device).require_grad();
+    let w = Tensor::<6>::from_data(TensorData::new(w, vec![1, 1, 1, 1, rows, cols]), &device);
+    let y = f(x.clone());
+    let grads = (y.clone() * w).sum().backward();
+    let g = x.grad(&grads).unwrap();
+    (y.inner().into_data().try_to_vec::<f32>().unwrap(), g.into_data().try_to_vec::<f32>().unwrap())
+}
+
+fn assert_close_rel(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64) {
+    assert_eq!(got.len(), want.len());
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!((f64::from(g) - w).abs() <= atol + rtol * w.abs(), "{what}[{i}]: {g} vs {w}");
+    }
+}
+
+#[test]
+fn tanh_forward_and_backward_match_the_f64_closed_form() {
+    let (rows, cols) = (37, 1000);
+    let (x, w) = activation_problem(rows, cols);
+    let (y, g) = activation_and_grad(rows, cols, tanh);
+    let want_y: Vec<f64> = x.iter().map(|&v| f64::from(v).tanh()).collect();
+    let want_g: Vec<f64> = want_y.iter().zip(&w).map(|(&t, &w)| f64::from(w) * (1.0 - t * t)).collect();
+    assert_close_rel("tanh", &y, &want_y, 3e-7, 0.0);
+    assert_close_rel("tanh gradient", &g, &want_g, 1e-6, 1e-7);
+}
+
+#[test]
+fn softmax_forward_and_backward_match_the_f64_closed_form() {
+    for (rows, cols) in [(37, 1000), (5, 2), (3, 50257)] {
+        let (x, w) = activation_problem(rows, cols);
+        let (y, g) = activation_and_grad(rows, cols, |t| softmax(t, 5));
+        let (mut want_y, mut want_g, mut scale_g) = (Vec::new(), Vec::new(), Vec::new());
+        for r in 0..rows {
+            let row = &x[r * cols..(r + 1) * cols];
+            let max = row.iter().fold(f64::MIN, |m, &v| m.max(f64::from(v)));
+            let e: Vec<f64> = row.iter().map(|&v| (f64::from(v) - max).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            let p: Vec<f64> = e.iter().map(|v| v / sum).collect();
+            let wr = &w[r * cols..(r + 1) * cols];
+            let dot: f64 = p.iter().zip(wr).map(|(p, &w)| p * f64::from(w)).sum();
+            want_g.extend(p.iter().zip(wr).map(|(p, &w)| p * (f64::from(w) - dot)));
+            // f32's own limit: y (g - dot) cancels, so its error scales with y (|g| + |dot|).
+            scale_g.extend(p.iter().zip(wr).map(|(p, &w)| p * (f64::from(w).abs() + dot.abs())));
+            want_y.extend(p);
+        }
+        assert_close_rel(&format!("softmax {rows}x{cols}"), &y, &want_y, 1e-6, 1e-12);
+        for (i, ((&got, want), scale)) in g.iter().zip(&want_g).zip(&scale_g).enumerate() {
+            assert!((f64::from(got) - want).abs() <= 1e-6 * scale + 1e-12, "softmax gradient {rows}x{cols}[{i}]: {got} vs {want} (scale {scale})");
+        }
+    }
+}
+
+#[test]
+fn softmax_on_another_axis_is_burns() {
+    let (x, _) = activation_problem(6, 8);
+    let t = Tensor::<6>::from_data(TensorData::new(x, vec![1, 1, 1, 1, 6, 8]), &Device::flex());
+    let got = softmax(t.clone(), 4).into_data().try_to_vec::<f32>().unwrap();
+    let want = burn::tensor::activation::softmax(t, 4).into_data().try_to_vec::<f32>().unwrap();
+    assert_eq!(got, want);
 }

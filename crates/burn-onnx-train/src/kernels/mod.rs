@@ -6,14 +6,18 @@
 //! - [`cross_entropy_rows`]: softmax cross-entropy per row, forward and backward each one
 //!   kernel, with no probability tensor materialised (CubeCL and Flex);
 //! - [`unscale_and_check`]: divide a gradient by the loss scale and note inf/NaN in the
-//!   same pass, with one read-back for all gradients (CubeCL).
+//!   same pass, with one read-back for all gradients (CubeCL);
+//! - [`tanh`] and [`softmax`]: one pass each way with vectorizable `exp`/`tanh` (Flex).
 
+mod activation;
 mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube;
+mod fast_math;
 mod host;
 mod unscale;
 
+pub use activation::{softmax, tanh};
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
 

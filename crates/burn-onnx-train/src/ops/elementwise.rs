@@ -144,7 +144,7 @@ pub fn hard_sigmoid(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
 
 /// `Tanh`
 pub fn tanh(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
-    unary(ctx, inputs, |x| x.tanh())
+    unary(ctx, inputs, crate::kernels::tanh)
 }
 
 /// `Gelu` (opset 20; `approximate` = "none" or "tanh")

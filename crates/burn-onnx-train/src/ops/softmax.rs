@@ -26,7 +26,7 @@ fn along_axis(ctx: &OpContext, mut inputs: Inputs, f: fn(PhysTensor, usize) -> P
 
 /// `Softmax`
 pub fn softmax(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
-    along_axis(ctx, inputs, |t, d| activation::softmax(t, d))
+    along_axis(ctx, inputs, crate::kernels::softmax)
 }
 
 /// `LogSoftmax`

@@ -1,0 +1,186 @@
+//! Tanh and softmax (over the last axis) as single ops with their own backward, on the
+//! CPU's Flex backend: one pass over the host buffer each way, in parallel chunks or rows,
+//! with [`super::fast_math`]'s vectorizable `exp` and `tanh`. The backward passes use the
+//! saved output: `g (1 - y^2)` and `y (g - sum(g y))`. Other dtypes, other axes and CubeCL
+//! devices use Burn's own ops, which are also the reference the tests hold these to.
+
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::{Flex, FlexTensor};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
+use burn::tensor::activation;
+use burn::tensor::{DType, TensorData};
+use rayon::prelude::*;
+
+use super::fast_math;
+use super::runs_cubecl;
+use crate::value::{MAX_RANK, PhysTensor};
+
+/// Elements per parallel chunk of an element-wise pass.
+const CHUNK: usize = 1 << 14;
+
+fn fused_here(x: &PhysTensor) -> bool {
+    x.dtype() == DType::F32 && !runs_cubecl(&x.device())
+}
+
+/// `tanh(x)`.
+pub fn tanh(x: PhysTensor) -> PhysTensor {
+    if !fused_here(&x) {
+        return x.tanh();
+    }
+    PhysTensor::from_dispatch(<burn::backend::Dispatch as ActivationOps>::tanh_fused(x.into_dispatch()))
+}
+
+/// `softmax(x)` along physical axis `dim`.
+pub fn softmax(x: PhysTensor, dim: usize) -> PhysTensor {
+    if !fused_here(&x) || dim != MAX_RANK - 1 {
+        return activation::softmax(x, dim);
+    }
+    PhysTensor::from_dispatch(<burn::backend::Dispatch as ActivationOps>::softmax_rows(x.into_dispatch()))
+}
+
+/// The fused ops as a backend extension (Flex, and Autodiff over it).
+#[backend_extension(Flex, Autodiff)]
+pub trait ActivationOps: Backend {
+    /// `tanh(x)`.
+    fn tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `g (1 - y^2)` for `y = tanh(x)`.
+    fn tanh_fused_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// Softmax of every row (last axis).
+    fn softmax_rows(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `y (g - sum(g y))` per row for `y = softmax(x)`.
+    fn softmax_rows_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+/// A contiguous f32 copy (or view) of `t`, its values and shape.
+fn host(t: &FlexTensor) -> (FlexTensor, Vec<usize>) {
+    (t.to_contiguous(), t.shape().to_vec())
+}
+
+fn output(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+impl ActivationOps for Flex {
+    fn tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (x, shape) = host(&x);
+        let x: &[f32] = x.as_slice().expect("contiguous f32");
+        let mut y = vec![0f32; x.len()];
+        y.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(y, x)| {
+            for (y, &x) in y.iter_mut().zip(x) {
+                *y = fast_math::tanh(x);
+            }
+        });
+        output(y, shape)
+    }
+
+    fn tanh_fused_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
+        let ((y, shape), (g, _)) = (host(&y), host(&g));
+        let (y, g): (&[f32], &[f32]) = (y.as_slice().expect("contiguous f32"), g.as_slice().expect("contiguous f32"));
+        let mut dx = vec![0f32; y.len()];
+        dx.par_chunks_mut(CHUNK).zip(y.par_chunks(CHUNK).zip(g.par_chunks(CHUNK))).for_each(|(dx, (y, g))| {
+            for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(g) {
+                *dx = g * (1.0 - y * y);
+            }
+        });
+        output(dx, shape)
+    }
+
+    fn softmax_rows(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (x, shape) = host(&x);
+        let x: &[f32] = x.as_slice().expect("contiguous f32");
+        let cols = shape.last().copied().unwrap_or(1).max(1);
+        let mut y = vec![0f32; x.len()];
+        y.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(y, x)| {
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut lanes = [0f64; 4];
+            for (k, (y, &x)) in y.iter_mut().zip(x).enumerate() {
+                *y = fast_math::exp(x - max);
+                lanes[k % 4] += f64::from(*y);
+            }
+            let scale = (1.0 / lanes.iter().sum::<f64>()) as f32;
+            y.iter_mut().for_each(|y| *y *= scale);
+        });
+        output(y, shape)
+    }
+
+    fn softmax_rows_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
+        let ((y, shape), (g, _)) = (host(&y), host(&g));
+        let (y, g): (&[f32], &[f32]) = (y.as_slice().expect("contiguous f32"), g.as_slice().expect("contiguous f32"));
+        let cols = shape.last().copied().unwrap_or(1).max(1);
+        let mut dx = vec![0f32; y.len()];
+        dx.par_chunks_mut(cols).zip(y.par_chunks(cols).zip(g.par_chunks(cols))).for_each(|(dx, (y, g))| {
+            let dot: f64 = y.iter().zip(g).map(|(&y, &g)| f64::from(y * g)).sum();
+            let dot = dot as f32;
+            for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(g) {
+                *dx = y * (g - dot);
+            }
+        });
+        output(dx, shape)
+    }
+}
+
+#[derive(Debug)]
+struct TanhBackward;
+
+impl<B: Backend + ActivationOps> Backward<B, 1> for TanhBackward {
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(node) = parent {
+            grads.register::<B>(node.id, B::tanh_fused_backward(ops.state, grad));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct SoftmaxBackward;
+
+impl<B: Backend + ActivationOps> Backward<B, 1> for SoftmaxBackward {
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(node) = parent {
+            grads.register::<B>(node.id, B::softmax_rows_backward(ops.state, grad));
+        }
+    }
+}
+
+impl<B: Backend + ActivationOps, C: CheckpointStrategy> ActivationOps for Autodiff<B, C> {
+    fn tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        match TanhBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::tanh_fused(x.primitive().clone());
+                prep.finish(y.clone(), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::tanh_fused(x.into_primitive())),
+        }
+    }
+
+    fn tanh_fused_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
+        // Reached only through the backward above, on the inner backend (first-order autodiff).
+        Autodiff::<B, C>::from_inner(B::tanh_fused_backward(y.into_primitive(), g.into_primitive()))
+    }
+
+    fn softmax_rows(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        match SoftmaxBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::softmax_rows(x.primitive().clone());
+                prep.finish(y.clone(), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::softmax_rows(x.into_primitive())),
+        }
+    }
+
+    fn softmax_rows_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
+        Autodiff::<B, C>::from_inner(B::softmax_rows_backward(y.into_primitive(), g.into_primitive()))
+    }
+}
