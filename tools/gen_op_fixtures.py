@@ -229,3 +229,24 @@ single("einsum_implicit_outer_12", "Einsum", [("a", rand(3)), ("b", rand(4))], [
 single("einsum_bilinear_12", "Einsum", [("x", rand(5, 3)), ("y_in", rand(5, 4))], ["y"], 12, inits=[("w", rand(2, 3, 4))], _input_order=["x", "w", "y_in"], equation="bi,oij,bj->bo")
 single("group_norm_per_channel_21", "GroupNormalization", [("x", rand(2, 6, 3, 3))], ["y"], 21,
        inits=[("scale", rand(6)), ("bias", rand(6))], num_groups=3, epsilon=1e-5)
+
+# --- GELU, tanh form, as exporters write it (8 nodes; fused into one Gelu on load) -----------
+def gelu_tanh_nodes(x, y, prefix):
+    c = lambda name, v: helper.make_node("Constant", [], [prefix + name], value=numpy_helper.from_array(np.array(v, np.float32)))
+    return [
+        c("half", 0.5), c("three", 3.0), c("cubic", 0.044715), c("k", 0.7978845608), c("one", 1.0),
+        helper.make_node("Mul", [x, prefix + "half"], [prefix + "h"]),
+        helper.make_node("Pow", [x, prefix + "three"], [prefix + "p"]),
+        helper.make_node("Mul", [prefix + "p", prefix + "cubic"], [prefix + "m"]),
+        helper.make_node("Add", [x, prefix + "m"], [prefix + "a"]),
+        helper.make_node("Mul", [prefix + "k", prefix + "a"], [prefix + "s"]),
+        helper.make_node("Tanh", [prefix + "s"], [prefix + "t"]),
+        helper.make_node("Add", [prefix + "one", prefix + "t"], [prefix + "a1"]),
+        helper.make_node("Mul", [prefix + "a1", prefix + "h"], [y]),
+    ]
+
+
+xg = np.random.default_rng(99).standard_normal((4, 33)).astype(np.float32) * 3
+save("gelu_tanh_pattern_13", gelu_tanh_nodes("x", "y", "g_"), [("x", xg)], [("y", F)], [("x", xg)], 13)
+# The Tanh output is also a graph output: the pattern must stay unfused.
+save("gelu_tanh_escaping_13", gelu_tanh_nodes("x", "y", "g_"), [("x", xg)], [("y", F), ("g_t", F)], [("x", xg)], 13)

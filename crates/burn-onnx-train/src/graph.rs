@@ -4,8 +4,9 @@
 //! Everything that can be checked before running is checked here, so that a bad file fails
 //! at load time with the file, node or field named: protobuf decoding, unsupported ops,
 //! dangling edges (the graph must be topologically sorted, as the ONNX spec requires),
-//! malformed initializers. Calls of model-local functions are expanded first, and
-//! `Constant` nodes are evaluated once here.
+//! malformed initializers. Calls of model-local functions are expanded first,
+//! `Constant` nodes are evaluated once here, and known subgraphs become fused ops
+//! ([`crate::fusion`]).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -266,7 +267,9 @@ impl Graph {
                 return Err(OnnxError::field(format!("graph output '{}'", o.name), "is not produced by any node"));
             }
         }
-        Ok(Graph { source: source.map(Path::to_path_buf), model, opset, nodes, inputs, outputs, initializers, constants, last_use, node_offset: 0 })
+        let mut graph = Graph { source: source.map(Path::to_path_buf), model, opset, nodes, inputs, outputs, initializers, constants, last_use, node_offset: 0 };
+        crate::fusion::fuse_gelu(&mut graph);
+        Ok(graph)
     }
 
     /// Count of each op type, `Constant` nodes included.

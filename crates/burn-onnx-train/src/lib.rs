@@ -27,6 +27,7 @@ pub mod builders;
 pub mod error;
 pub mod export;
 pub mod functions;
+pub mod fusion;
 pub mod graph;
 pub mod host_tensor;
 pub mod kernels;

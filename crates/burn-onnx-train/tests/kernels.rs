@@ -1,12 +1,12 @@
 //! The fused kernels against f64 closed forms and the plain Burn compositions they replace:
 //! softmax cross-entropy forward and backward on the CPU (Flex) and, with feature `wgpu`
-//! (lavapipe here), the CubeCL kernels, plus unscale with the inf/NaN check; tanh and
-//! softmax forward and backward on the CPU.
+//! (lavapipe here), the CubeCL kernels, plus unscale with the inf/NaN check; tanh, GELU
+//! (tanh form) and softmax forward and backward on the CPU.
 
 mod common;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_onnx_train::kernels::{cross_entropy_rows, cross_entropy_rows_reference, softmax, tanh};
+use burn_onnx_train::kernels::{cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, softmax, tanh};
 #[cfg(feature = "wgpu")]
 use burn_onnx_train::kernels::{NonFiniteFlag, runs_cubecl, unscale_and_check, unscale_and_check_reference};
 #[cfg(feature = "wgpu")]
@@ -169,6 +169,24 @@ fn tanh_forward_and_backward_match_the_f64_closed_form() {
     let want_g: Vec<f64> = want_y.iter().zip(&w).map(|(&t, &w)| f64::from(w) * (1.0 - t * t)).collect();
     assert_close_rel("tanh", &y, &want_y, 3e-7, 0.0);
     assert_close_rel("tanh gradient", &g, &want_g, 1e-6, 1e-7);
+}
+
+#[test]
+fn gelu_tanh_forward_and_backward_match_the_f64_closed_form() {
+    let (rows, cols) = (37, 1000);
+    let (x, w) = activation_problem(rows, cols);
+    let (y, g) = activation_and_grad(rows, cols, gelu_tanh);
+    let (k, c) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+    let mut want_y = Vec::new();
+    let mut want_g = Vec::new();
+    for (&x, &w) in x.iter().zip(&w) {
+        let x = f64::from(x);
+        let t = (k * (x + c * x * x * x)).tanh();
+        want_y.push(0.5 * x * (1.0 + t));
+        want_g.push(f64::from(w) * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x)));
+    }
+    assert_close_rel("gelu", &y, &want_y, 1e-6, 1e-7);
+    assert_close_rel("gelu gradient", &g, &want_g, 1e-5, 1e-6);
 }
 
 #[test]

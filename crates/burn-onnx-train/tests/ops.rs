@@ -1,6 +1,8 @@
 //! Single-op models (opsets 11-20, including the opset 18+ forms of Split, ReduceMean and
 //! friends, LayerNormalization, Gelu, training-mode BatchNormalization and Dropout) against
-//! what onnxruntime computed on the same inputs. Fixtures: `tools/gen_op_fixtures.py`.
+//! what onnxruntime computed on the same inputs; the exporters' 8-node tanh GELU becomes one
+//! fused Gelu node where nothing else reads its intermediates. Fixtures:
+//! `tools/gen_op_fixtures.py`.
 
 mod common;
 
@@ -81,4 +83,22 @@ fn float_settings_are_constants_not_parameters() {
     // Weights next to settings are still parameters.
     let model = OnnxModel::load(data("ops/prelu_13.onnx"), &device).unwrap();
     assert_eq!(model.param_infos().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), vec!["slope"]);
+}
+
+fn op_types(path: std::path::PathBuf) -> Vec<String> {
+    OnnxModel::load(path, &eval_device()).unwrap().graph().nodes.iter().map(|n| n.op_type.clone()).collect()
+}
+
+#[test]
+fn the_exporters_tanh_gelu_becomes_one_fused_node() {
+    // The pattern alone (its output checked against onnxruntime by the fixture test above).
+    assert_eq!(op_types(data("ops/gelu_tanh_pattern_13.onnx")), vec!["Gelu"]);
+    // An intermediate read elsewhere (here: a graph output) keeps the nodes as they are.
+    assert!(op_types(data("ops/gelu_tanh_escaping_13.onnx")).contains(&"Tanh".to_string()));
+    // TorchScript (gpt2_tiny) and dynamo exports of GPT-2: one Gelu per layer, no Tanh left.
+    for model in [refkit("models/gpt2_tiny.onnx"), data("dynamo_gpt2/gpt2_tied.onnx")] {
+        let ops = op_types(model.clone());
+        assert_eq!(ops.iter().filter(|o| *o == "Gelu").count(), 2, "{}", model.display());
+        assert!(!ops.iter().any(|o| o == "Tanh" || o == "Pow"), "{}: {ops:?}", model.display());
+    }
 }

@@ -1,8 +1,9 @@
-//! Tanh and softmax (over the last axis) as single ops with their own backward, on the
-//! CPU's Flex backend: one pass over the host buffer each way, in parallel chunks or rows,
-//! with [`super::fast_math`]'s vectorizable `exp` and `tanh`. The backward passes use the
-//! saved output: `g (1 - y^2)` and `y (g - sum(g y))`. Other dtypes, other axes and CubeCL
-//! devices use Burn's own ops, which are also the reference the tests hold these to.
+//! Tanh, GELU (tanh form) and softmax (over the last axis) as single ops with their own
+//! backward, on the CPU's Flex backend: one pass over the host buffer each way, in
+//! parallel chunks or rows, with [`super::fast_math`]'s vectorizable `exp` and `tanh`. The
+//! backward passes use the saved output (`g (1 - y^2)`, `y (g - sum(g y))`) or, for GELU,
+//! the saved input. Other dtypes, other axes and CubeCL devices use Burn's own ops, which
+//! are also the reference the tests hold these to.
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -35,6 +36,14 @@ pub fn tanh(x: PhysTensor) -> PhysTensor {
     PhysTensor::from_dispatch(<burn::backend::Dispatch as ActivationOps>::tanh_fused(x.into_dispatch()))
 }
 
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+pub fn gelu_tanh(x: PhysTensor) -> PhysTensor {
+    if !fused_here(&x) {
+        return activation::gelu_approximate(x);
+    }
+    PhysTensor::from_dispatch(<burn::backend::Dispatch as ActivationOps>::gelu_tanh_fused(x.into_dispatch()))
+}
+
 /// `softmax(x)` along physical axis `dim`.
 pub fn softmax(x: PhysTensor, dim: usize) -> PhysTensor {
     if !fused_here(&x) || dim != MAX_RANK - 1 {
@@ -50,6 +59,10 @@ pub trait ActivationOps: Backend {
     fn tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self>;
     /// `g (1 - y^2)` for `y = tanh(x)`.
     fn tanh_fused_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// GELU, tanh form.
+    fn gelu_tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `g * gelu'(x)`.
+    fn gelu_tanh_fused_backward(x: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self>;
     /// Softmax of every row (last axis).
     fn softmax_rows(x: FloatTensor<Self>) -> FloatTensor<Self>;
     /// `y (g - sum(g y))` per row for `y = softmax(x)`.
@@ -65,29 +78,53 @@ fn output(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))
 }
 
+/// `f` over every element of `x` in parallel chunks.
+fn map(x: &FlexTensor, f: impl Fn(f32) -> f32 + Sync) -> FlexTensor {
+    let (x, shape) = host(x);
+    let x: &[f32] = x.as_slice().expect("contiguous f32");
+    let mut y = vec![0f32; x.len()];
+    y.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(y, x)| {
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y = f(x);
+        }
+    });
+    output(y, shape)
+}
+
+/// `f(a, g)` over every element pair in parallel chunks.
+fn map2(a: &FlexTensor, g: &FlexTensor, f: impl Fn(f32, f32) -> f32 + Sync) -> FlexTensor {
+    let ((a, shape), (g, _)) = (host(a), host(g));
+    let (a, g): (&[f32], &[f32]) = (a.as_slice().expect("contiguous f32"), g.as_slice().expect("contiguous f32"));
+    let mut out = vec![0f32; a.len()];
+    out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(g.par_chunks(CHUNK))).for_each(|(out, (a, g))| {
+        for ((o, &a), &g) in out.iter_mut().zip(a).zip(g) {
+            *o = f(a, g);
+        }
+    });
+    output(out, shape)
+}
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const CUBIC: f32 = 0.044_715;
+
 impl ActivationOps for Flex {
     fn tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let (x, shape) = host(&x);
-        let x: &[f32] = x.as_slice().expect("contiguous f32");
-        let mut y = vec![0f32; x.len()];
-        y.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(y, x)| {
-            for (y, &x) in y.iter_mut().zip(x) {
-                *y = fast_math::tanh(x);
-            }
-        });
-        output(y, shape)
+        map(&x, fast_math::tanh)
     }
 
     fn tanh_fused_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
-        let ((y, shape), (g, _)) = (host(&y), host(&g));
-        let (y, g): (&[f32], &[f32]) = (y.as_slice().expect("contiguous f32"), g.as_slice().expect("contiguous f32"));
-        let mut dx = vec![0f32; y.len()];
-        dx.par_chunks_mut(CHUNK).zip(y.par_chunks(CHUNK).zip(g.par_chunks(CHUNK))).for_each(|(dx, (y, g))| {
-            for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(g) {
-                *dx = g * (1.0 - y * y);
-            }
-        });
-        output(dx, shape)
+        map2(&y, &g, |y, g| g * (1.0 - y * y))
+    }
+
+    fn gelu_tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        map(&x, |x| 0.5 * x * (1.0 + fast_math::tanh(SQRT_2_OVER_PI * (x + CUBIC * x * x * x))))
+    }
+
+    fn gelu_tanh_fused_backward(x: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
+        map2(&x, &g, |x, g| {
+            let t = fast_math::tanh(SQRT_2_OVER_PI * (x + CUBIC * x * x * x));
+            g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * x * x))
+        })
     }
 
     fn softmax_rows(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -140,6 +177,21 @@ impl<B: Backend + ActivationOps> Backward<B, 1> for TanhBackward {
 }
 
 #[derive(Debug)]
+struct GeluBackward;
+
+impl<B: Backend + ActivationOps> Backward<B, 1> for GeluBackward {
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(node) = parent {
+            grads.register::<B>(node.id, B::gelu_tanh_fused_backward(ops.state, grad));
+        }
+    }
+}
+
+#[derive(Debug)]
 struct SoftmaxBackward;
 
 impl<B: Backend + ActivationOps> Backward<B, 1> for SoftmaxBackward {
@@ -168,6 +220,20 @@ impl<B: Backend + ActivationOps, C: CheckpointStrategy> ActivationOps for Autodi
     fn tanh_fused_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
         // Reached only through the backward above, on the inner backend (first-order autodiff).
         Autodiff::<B, C>::from_inner(B::tanh_fused_backward(y.into_primitive(), g.into_primitive()))
+    }
+
+    fn gelu_tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        match GeluBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let input = x.primitive().clone();
+                prep.finish(input.clone(), B::gelu_tanh_fused(input))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::gelu_tanh_fused(x.into_primitive())),
+        }
+    }
+
+    fn gelu_tanh_fused_backward(x: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
+        Autodiff::<B, C>::from_inner(B::gelu_tanh_fused_backward(x.into_primitive(), g.into_primitive()))
     }
 
     fn softmax_rows(x: FloatTensor<Self>) -> FloatTensor<Self> {

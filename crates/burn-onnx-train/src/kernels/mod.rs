@@ -7,7 +7,8 @@
 //!   kernel, with no probability tensor materialised (CubeCL and Flex);
 //! - [`unscale_and_check`]: divide a gradient by the loss scale and note inf/NaN in the
 //!   same pass, with one read-back for all gradients (CubeCL);
-//! - [`tanh`] and [`softmax`]: one pass each way with vectorizable `exp`/`tanh` (Flex).
+//! - [`tanh`], [`gelu_tanh`] and [`softmax`]: one pass each way with vectorizable
+//!   `exp`/`tanh` (Flex).
 
 mod activation;
 mod cross_entropy;
@@ -17,7 +18,7 @@ mod fast_math;
 mod host;
 mod unscale;
 
-pub use activation::{softmax, tanh};
+pub use activation::{gelu_tanh, softmax, tanh};
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
 

@@ -151,7 +151,7 @@ pub fn tanh(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
 pub fn gelu(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     match ctx.attrs.string("approximate", "none")?.as_str() {
         "none" => unary(ctx, inputs, activation::gelu),
-        "tanh" => unary(ctx, inputs, activation::gelu_approximate),
+        "tanh" => unary(ctx, inputs, crate::kernels::gelu_tanh),
         other => op_bail!("attribute `approximate` must be \"none\" or \"tanh\", got {other:?}"),
     }
 }
