@@ -161,92 +161,84 @@ impl ActivationOps for Flex {
     }
 }
 
-#[derive(Debug)]
-struct TanhBackward;
+/// What an op's backward keeps from its forward.
+#[derive(Debug, Clone, Copy)]
+enum Saved {
+    Input,
+    Output,
+}
 
-impl<B: Backend + ActivationOps> Backward<B, 1> for TanhBackward {
+/// The backward of a one-input op whose gradient is `backward(saved, g)` (`saved`: its
+/// input or its output).
+struct SavedBackward<B: Backend>(fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>);
+
+impl<B: Backend> std::fmt::Debug for SavedBackward<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SavedBackward")
+    }
+}
+
+impl<B: Backend> Backward<B, 1> for SavedBackward<B> {
     type State = FloatTensor<B>;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         if let Some(node) = parent {
-            grads.register::<B>(node.id, B::tanh_fused_backward(ops.state, grad));
+            grads.register::<B>(node.id, (self.0)(ops.state, grad));
         }
     }
 }
 
-#[derive(Debug)]
-struct GeluBackward;
-
-impl<B: Backend + ActivationOps> Backward<B, 1> for GeluBackward {
-    type State = FloatTensor<B>;
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
-        let [parent] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        if let Some(node) = parent {
-            grads.register::<B>(node.id, B::gelu_tanh_fused_backward(ops.state, grad));
+/// `forward(x)` under autodiff, differentiated by `backward` from the `saved` tensor.
+fn tracked<B: Backend, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    forward: fn(FloatTensor<B>) -> FloatTensor<B>,
+    backward: fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
+    saved: Saved,
+) -> FloatTensor<Autodiff<B, C>> {
+    match SavedBackward(backward).prepare::<C>([x.node()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let input = x.primitive().clone();
+            let out = forward(input.clone());
+            let state = match saved {
+                Saved::Input => input,
+                Saved::Output => out.clone(),
+            };
+            prep.finish(state, out)
         }
+        OpsKind::UnTracked(prep) => prep.finish(forward(x.into_primitive())),
     }
 }
 
-#[derive(Debug)]
-struct SoftmaxBackward;
-
-impl<B: Backend + ActivationOps> Backward<B, 1> for SoftmaxBackward {
-    type State = FloatTensor<B>;
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
-        let [parent] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        if let Some(node) = parent {
-            grads.register::<B>(node.id, B::softmax_rows_backward(ops.state, grad));
-        }
-    }
+/// A backward function called as an op of its own: it runs on the inner backend and is not
+/// differentiated again (first-order autodiff).
+fn untracked<B: Backend, C: CheckpointStrategy>(a: FloatTensor<Autodiff<B, C>>, g: FloatTensor<Autodiff<B, C>>, f: fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>) -> FloatTensor<Autodiff<B, C>> {
+    Autodiff::<B, C>::from_inner(f(a.into_primitive(), g.into_primitive()))
 }
 
 impl<B: Backend + ActivationOps, C: CheckpointStrategy> ActivationOps for Autodiff<B, C> {
     fn tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        match TanhBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let y = B::tanh_fused(x.primitive().clone());
-                prep.finish(y.clone(), y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::tanh_fused(x.into_primitive())),
-        }
+        tracked::<B, C>(x, B::tanh_fused, B::tanh_fused_backward, Saved::Output)
     }
 
     fn tanh_fused_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
-        // Reached only through the backward above, on the inner backend (first-order autodiff).
-        Autodiff::<B, C>::from_inner(B::tanh_fused_backward(y.into_primitive(), g.into_primitive()))
+        untracked::<B, C>(y, g, B::tanh_fused_backward)
     }
 
     fn gelu_tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        match GeluBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let input = x.primitive().clone();
-                prep.finish(input.clone(), B::gelu_tanh_fused(input))
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::gelu_tanh_fused(x.into_primitive())),
-        }
+        tracked::<B, C>(x, B::gelu_tanh_fused, B::gelu_tanh_fused_backward, Saved::Input)
     }
 
     fn gelu_tanh_fused_backward(x: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
-        Autodiff::<B, C>::from_inner(B::gelu_tanh_fused_backward(x.into_primitive(), g.into_primitive()))
+        untracked::<B, C>(x, g, B::gelu_tanh_fused_backward)
     }
 
     fn softmax_rows(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        match SoftmaxBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let y = B::softmax_rows(x.primitive().clone());
-                prep.finish(y.clone(), y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::softmax_rows(x.into_primitive())),
-        }
+        tracked::<B, C>(x, B::softmax_rows, B::softmax_rows_backward, Saved::Output)
     }
 
     fn softmax_rows_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
-        Autodiff::<B, C>::from_inner(B::softmax_rows_backward(y.into_primitive(), g.into_primitive()))
+        untracked::<B, C>(y, g, B::softmax_rows_backward)
     }
 }

@@ -95,55 +95,49 @@ impl TensorParallelOps for Cube {
     }
 }
 
-#[derive(Debug)]
-struct CopyBackward;
+/// The backward of `f` or `g`: the gradient mapped by a function (all-reduce or identity).
+struct MapGrad<B: Backend>(fn(FloatTensor<B>) -> FloatTensor<B>);
 
-impl<B: Backend> Backward<B, 1> for CopyBackward {
+impl<B: Backend> std::fmt::Debug for MapGrad<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MapGrad")
+    }
+}
+
+impl<B: Backend> Backward<B, 1> for MapGrad<B> {
     type State = ();
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         if let Some(node) = parent {
-            grads.register::<B>(node.id, host_all_reduce::<B>(grad));
+            grads.register::<B>(node.id, (self.0)(grad));
         }
     }
 }
 
-#[derive(Debug)]
-struct ReduceBackward;
-
-impl<B: Backend> Backward<B, 1> for ReduceBackward {
-    type State = ();
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
-        let [parent] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        if let Some(node) = parent {
-            grads.register::<B>(node.id, grad);
+/// `forward(x)` under autodiff with gradient `backward(g)`.
+fn tracked<B: Backend, C: CheckpointStrategy>(x: FloatTensor<Autodiff<B, C>>, forward: fn(FloatTensor<B>) -> FloatTensor<B>, backward: fn(FloatTensor<B>) -> FloatTensor<B>) -> FloatTensor<Autodiff<B, C>> {
+    match MapGrad(backward).prepare::<C>([x.node()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let out = forward(x.primitive().clone());
+            prep.finish((), out)
         }
+        OpsKind::UnTracked(prep) => prep.finish(forward(x.into_primitive())),
     }
+}
+
+fn identity<B: Backend>(g: FloatTensor<B>) -> FloatTensor<B> {
+    g
 }
 
 impl<B: Backend + TensorParallelOps, C: CheckpointStrategy> TensorParallelOps for Autodiff<B, C> {
     fn tp_copy(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        match CopyBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let out = B::tp_copy(x.primitive().clone());
-                prep.finish((), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::tp_copy(x.into_primitive())),
-        }
+        tracked::<B, C>(x, B::tp_copy, host_all_reduce::<B>)
     }
 
     fn tp_reduce(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        match ReduceBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let out = B::tp_reduce(x.primitive().clone());
-                prep.finish((), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::tp_reduce(x.into_primitive())),
-        }
+        tracked::<B, C>(x, B::tp_reduce, identity::<B>)
     }
 }
 
