@@ -18,17 +18,28 @@ use ndarray::{ArrayD, IxDyn};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn model_path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crates/burn-onnx-train/tests/data/refkit/models").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/burn-onnx-train/tests/data/refkit/models")
+        .join(name)
 }
 
 fn gpt2(c: &mut Criterion) {
     let device = Device::flex().autodiff();
     let model = OnnxModel::load(model_path("gpt2_tiny.onnx"), &device).unwrap();
-    let ids = ArrayD::from_shape_fn(IxDyn(&[4, 128]), |i| ((i[0] * 131 + i[1] * 17) % 1024) as i64);
+    let ids = ArrayD::from_shape_fn(IxDyn(&[4, 128]), |i| {
+        ((i[0] * 131 + i[1] * 17) % 1024) as i64
+    });
     c.bench_function("gpt2_tiny fwd+bwd batch 4x128", |b| {
         b.iter(|| {
-            let out = model.forward(vec![("input_ids".into(), Value::Int(ids.clone()))], Mode::Train).unwrap();
-            let Some(Value::Float(logits)) = out.first().cloned() else { unreachable!() };
+            let out = model
+                .forward(
+                    vec![("input_ids".into(), Value::Int(ids.clone()))],
+                    Mode::Train,
+                )
+                .unwrap();
+            let Some(Value::Float(logits)) = out.first().cloned() else {
+                unreachable!()
+            };
             black_box(lm_cross_entropy(logits, &ids).unwrap().backward())
         })
     });
@@ -38,13 +49,19 @@ fn squeezenet(c: &mut Criterion) {
     let device = Device::flex().autodiff();
     let model = OnnxModel::load(model_path("squeezenet1_1_dynbatch.onnx"), &device).unwrap();
     let n = 8 * 3 * 224 * 224;
-    let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let x: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
     let x = float_input(x, &[8, 3, 224, 224], &device).unwrap();
     let targets = ArrayD::from_shape_fn(IxDyn(&[8]), |i| (i[0] * 97 % 1000) as i64);
     c.bench_function("squeezenet1_1 fwd+bwd batch 8", |b| {
         b.iter(|| {
-            let out = model.forward(vec![("input".into(), x.clone())], Mode::Train).unwrap();
-            let Some(Value::Float(logits)) = out.first().cloned() else { unreachable!() };
+            let out = model
+                .forward(vec![("input".into(), x.clone())], Mode::Train)
+                .unwrap();
+            let Some(Value::Float(logits)) = out.first().cloned() else {
+                unreachable!()
+            };
             black_box(cross_entropy(logits, &targets).unwrap().backward())
         })
     });

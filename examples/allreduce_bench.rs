@@ -40,9 +40,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if rank == 0 {
         let (o, r) = (median(ours), median(raw));
-        println!("| ranks | elements | burn-ort-dist all_reduce (ms, median of {REPEATS}) | rsmpi all_reduce_into (ms) | ratio |");
+        println!(
+            "| ranks | elements | burn-ort-dist all_reduce (ms, median of {REPEATS}) | rsmpi all_reduce_into (ms) | ratio |"
+        );
         println!("|---|---|---|---|---|");
-        println!("| {} | {N} | {o:.1} | {r:.1} | {:.2} |", comm.world_size(), o / r);
+        println!(
+            "| {} | {N} | {o:.1} | {r:.1} | {:.2} |",
+            comm.world_size(),
+            o / r
+        );
     }
     Ok(())
 }

@@ -5,7 +5,8 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/in_place.c");
     #[cfg(feature = "mpi")]
     {
-        let lib = build_probe_mpi::probe().unwrap_or_else(|errs| panic!("no MPI library found: {errs:?}"));
+        let lib = build_probe_mpi::probe()
+            .unwrap_or_else(|errs| panic!("no MPI library found: {errs:?}"));
         let mut build = cc::Build::new();
         build.file("csrc/in_place.c");
         match lib.mpicc {

@@ -15,8 +15,12 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Parse the arguments, set up `tracing` (level from `RUST_LOG`, default `info`), run, and
 /// turn an error into a message and a failing exit status.
 pub fn main_with<A: clap::Parser>(run: fn(A) -> Result<(), OnnxError>) -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())).init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .init();
     match run(A::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -25,9 +25,9 @@ use std::sync::Arc;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::npy::write_npy;
+use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::config::{LrConfig, ScheduleKind};
 use burn_onnx_train::train::data::{Dataset, TokenDataset};
-use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::flags::TrainFlags;
 use burn_onnx_train::train::launch::launch_elastic;
 use burn_onnx_train::{OnnxError, Value};
@@ -73,7 +73,12 @@ fn defaults() -> TrainingConfig {
         display_loss_steps: 10,
         evaluation_period: 100,
         checkpoint_period: 100,
-        lr: LrConfig { initial_lr: 1e-3, warmup_ratio: 0.05, mode: ScheduleKind::Cosine, ..Default::default() },
+        lr: LrConfig {
+            initial_lr: 1e-3,
+            warmup_ratio: 0.05,
+            mode: ScheduleKind::Cosine,
+            ..Default::default()
+        },
         histogram_weights: vec!["transformer.h.0.attn.c_attn.weight".into()],
         ..Default::default()
     }
@@ -86,12 +91,17 @@ fn default_text() -> PathBuf {
 fn tokenize(path: &Path) -> Result<Vec<i64>, OnnxError> {
     let text = std::fs::read_to_string(path).map_err(|e| OnnxError::io(path, e))?;
     let bpe = tiktoken_rs::r50k_base().map_err(|e| OnnxError::field("tokenizer", e.to_string()))?;
-    Ok(bpe.encode_ordinary(&text).into_iter().map(i64::from).collect())
+    Ok(bpe
+        .encode_ordinary(&text)
+        .into_iter()
+        .map(i64::from)
+        .collect())
 }
 
 fn write_shard(dir: &Path, tokens: &[i64]) -> Result<(), OnnxError> {
     std::fs::create_dir_all(dir).map_err(|e| OnnxError::io(dir, e))?;
-    let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[tokens.len()]), tokens.to_vec()).map_err(|e| OnnxError::field("tokens", e.to_string()))?;
+    let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[tokens.len()]), tokens.to_vec())
+        .map_err(|e| OnnxError::field("tokens", e.to_string()))?;
     write_npy(dir.join("tokens.npy"), &Value::Int(a))
 }
 
@@ -102,7 +112,12 @@ fn config(args: &Args) -> Result<TrainingConfig, OnnxError> {
     c.train_data_dir = c.output_dir.join("data/train");
     c.test_data_dir = c.output_dir.join("data/test");
     if args.bench {
-        (c.evaluation_period, c.checkpoint_period, c.display_loss_steps, c.progress) = (0, 0, c.num_updates(), false);
+        (
+            c.evaluation_period,
+            c.checkpoint_period,
+            c.display_loss_steps,
+            c.progress,
+        ) = (0, 0, c.num_updates(), false);
         c.histogram_weights.clear();
     }
     Ok(c)
@@ -119,27 +134,52 @@ fn run(args: Args) -> Result<(), OnnxError> {
     write_shard(&config.train_data_dir, &tokens[..split])?;
     write_shard(&config.test_data_dir, &tokens[split..])?;
     if config.model_path.as_os_str().is_empty() {
-        let c = Gpt2Config { n_layer: args.layers, n_head: args.heads, n_embd: args.width, n_positions: config.seq_len.max(64), ..Default::default() };
+        let c = Gpt2Config {
+            n_layer: args.layers,
+            n_head: args.heads,
+            n_embd: args.width,
+            n_positions: config.seq_len.max(64),
+            ..Default::default()
+        };
         config.model_path = config.output_dir.join("gpt2.onnx");
         write_gpt2(&c, &config.model_path)?;
         tracing::info!(layers = c.n_layer, heads = c.n_head, width = c.n_embd, vocab = c.vocab_size, path = %config.model_path.display(), "built GPT-2");
     }
-    let train: Arc<dyn Dataset> = Arc::new(TokenDataset::load(&config.train_data_dir, config.seq_len)?);
-    let test: Arc<dyn Dataset> = Arc::new(TokenDataset::load(&config.test_data_dir, config.seq_len)?);
-    tracing::info!(train_tokens = split, test_tokens = tokens.len() - split, "tokenized with the GPT-2 BPE");
+    let train: Arc<dyn Dataset> =
+        Arc::new(TokenDataset::load(&config.train_data_dir, config.seq_len)?);
+    let test: Arc<dyn Dataset> =
+        Arc::new(TokenDataset::load(&config.test_data_dir, config.seq_len)?);
+    tracing::info!(
+        train_tokens = split,
+        test_tokens = tokens.len() - split,
+        "tokenized with the GPT-2 BPE"
+    );
     let model_path = config.model_path.clone();
     let summary = launch_elastic(config, train, Some(test), args.run.max_restarts)?;
-    let Some(perf) = &summary.perf else { return Ok(()) }; // not rank 0
+    let Some(perf) = &summary.perf else {
+        return Ok(());
+    }; // not rank 0
     let first = summary.losses.first().map_or(f64::NAN, |l| l.1);
     let last = summary.losses.last().map_or(f64::NAN, |l| l.1);
-    println!("train loss: {first:.4} (update {}) -> {last:.4} (update {})", summary.start_step + 1, summary.losses.len() + summary.start_step);
+    println!(
+        "train loss: {first:.4} (update {}) -> {last:.4} (update {})",
+        summary.start_step + 1,
+        summary.losses.len() + summary.start_step
+    );
     for e in &summary.evals {
-        println!("eval at update {}: loss {:.4}, perplexity {:.1}", e.step, e.loss, e.perplexity.unwrap_or(f64::NAN));
+        println!(
+            "eval at update {}: loss {:.4}, perplexity {:.1}",
+            e.step,
+            e.loss,
+            e.perplexity.unwrap_or(f64::NAN)
+        );
     }
     if let Some(p) = &summary.exported {
         println!("exported {}", p.display());
     }
-    println!("| model | ranks | batch x seq per replica | updates measured | ms/update | tokens/s |");
+    println!(
+        "| model | ranks | batch x seq per replica | updates measured | ms/update | tokens/s |"
+    );
     println!("|---|---|---|---|---|---|");
     println!(
         "| {} | {} | {} x {} | {} | {:.1} | {:.0} |",

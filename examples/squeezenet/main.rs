@@ -19,10 +19,10 @@ use std::sync::Arc;
 
 use burn_onnx_train::host_tensor::HostTensor;
 use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind, ScheduleKind};
 use burn_onnx_train::train::data::{Batch, Dataset, Target, TargetKind};
 use burn_onnx_train::train::flags::TrainFlags;
-use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::launch::launch_elastic;
 use burn_onnx_train::{OnnxError, Result};
 use clap::Parser;
@@ -64,7 +64,11 @@ impl StripeImages {
         let angle = class as f32 * PI / CLASSES as f32;
         let (dx, dy) = (angle.cos(), angle.sin());
         let phase = rand() * 2.0 * PI;
-        let colour = [(class % 3) as f32 * 0.5 - 0.5, ((class / 3) % 3) as f32 * 0.5 - 0.5, (class % 2) as f32 - 0.5];
+        let colour = [
+            (class % 3) as f32 * 0.5 - 0.5,
+            ((class / 3) % 3) as f32 * 0.5 - 0.5,
+            (class % 2) as f32 - 0.5,
+        ];
         for c in 0..3 {
             for i in 0..SIDE {
                 for j in 0..SIDE {
@@ -85,11 +89,20 @@ impl Dataset for StripeImages {
     fn batch(&self, indices: &[usize]) -> Result<Batch> {
         let per = 3 * SIDE * SIDE;
         let mut pixels = vec![0f32; indices.len() * per];
-        let labels: Vec<i64> = indices.iter().enumerate().map(|(k, &i)| self.image(i, &mut pixels[k * per..(k + 1) * per])).collect();
+        let labels: Vec<i64> = indices
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| self.image(i, &mut pixels[k * per..(k + 1) * per]))
+            .collect();
         let err = |e: ndarray::ShapeError| OnnxError::field("images", e.to_string());
         Ok(Batch {
-            input: HostTensor::Float(ArrayD::from_shape_vec(IxDyn(&[indices.len(), 3, SIDE, SIDE]), pixels).map_err(err)?),
-            target: Target::Classes(ArrayD::from_shape_vec(IxDyn(&[indices.len()]), labels).map_err(err)?),
+            input: HostTensor::Float(
+                ArrayD::from_shape_vec(IxDyn(&[indices.len(), 3, SIDE, SIDE]), pixels)
+                    .map_err(err)?,
+            ),
+            target: Target::Classes(
+                ArrayD::from_shape_vec(IxDyn(&[indices.len()]), labels).map_err(err)?,
+            ),
             items: indices.len(),
         })
     }
@@ -108,7 +121,8 @@ impl Dataset for StripeImages {
 }
 
 fn default_model() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/burn-onnx-train/tests/data/refkit/models/squeezenet1_1_dynbatch.onnx")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/burn-onnx-train/tests/data/refkit/models/squeezenet1_1_dynbatch.onnx")
 }
 
 fn main() -> std::process::ExitCode {
@@ -131,8 +145,17 @@ fn defaults() -> TrainingConfig {
         evaluation_period: 20,
         eval_batches: 4,
         checkpoint_period: 20,
-        optimizer: OptimizerConfig { kind: OptimizerKind::Adamw, weight_decay: 1e-4, ..Default::default() },
-        lr: LrConfig { initial_lr: 1e-3, warmup_ratio: 0.1, mode: ScheduleKind::Cosine, ..Default::default() },
+        optimizer: OptimizerConfig {
+            kind: OptimizerKind::Adamw,
+            weight_decay: 1e-4,
+            ..Default::default()
+        },
+        lr: LrConfig {
+            initial_lr: 1e-3,
+            warmup_ratio: 0.1,
+            mode: ScheduleKind::Cosine,
+            ..Default::default()
+        },
         histogram_weights: vec!["features.0.weight".into()],
         ..Default::default()
     }
@@ -142,19 +165,42 @@ fn run(args: Args) -> Result<()> {
     let mut config = args.run.apply(defaults())?;
     config.output_dir = common::output_dir(&config.output_dir, args.bench)?;
     if args.bench {
-        (config.evaluation_period, config.checkpoint_period, config.display_loss_steps, config.progress) = (0, 0, config.num_updates(), false);
+        (
+            config.evaluation_period,
+            config.checkpoint_period,
+            config.display_loss_steps,
+            config.progress,
+        ) = (0, 0, config.num_updates(), false);
         config.histogram_weights.clear();
     }
     let model_path = config.model_path.clone();
-    let train: Arc<dyn Dataset> = Arc::new(StripeImages { len: args.train_images, seed: 1 });
+    let train: Arc<dyn Dataset> = Arc::new(StripeImages {
+        len: args.train_images,
+        seed: 1,
+    });
     let test: Arc<dyn Dataset> = Arc::new(StripeImages { len: 64, seed: 2 });
-    let summary = launch_elastic(config, train, (!args.bench).then_some(test), args.run.max_restarts)?;
-    let Some(perf) = &summary.perf else { return Ok(()) }; // not rank 0
+    let summary = launch_elastic(
+        config,
+        train,
+        (!args.bench).then_some(test),
+        args.run.max_restarts,
+    )?;
+    let Some(perf) = &summary.perf else {
+        return Ok(());
+    }; // not rank 0
     let first = summary.losses.first().map_or(f64::NAN, |l| l.1);
     let last = summary.losses.last().map_or(f64::NAN, |l| l.1);
-    println!("train loss: {first:.4} -> {last:.4} over {} updates", summary.losses.len());
+    println!(
+        "train loss: {first:.4} -> {last:.4} over {} updates",
+        summary.losses.len()
+    );
     for e in &summary.evals {
-        println!("eval at update {}: loss {:.4}, accuracy {:.3}", e.step, e.loss, e.accuracy.unwrap_or(f64::NAN));
+        println!(
+            "eval at update {}: loss {:.4}, accuracy {:.3}",
+            e.step,
+            e.loss,
+            e.accuracy.unwrap_or(f64::NAN)
+        );
     }
     if let Some(p) = &summary.exported {
         println!("exported {}", p.display());

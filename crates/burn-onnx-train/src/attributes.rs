@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use onnx_ir::{AttributeProto, AttributeType};
 
-use crate::error::{OpResult, Result, OnnxError, OpError};
+use crate::error::{OnnxError, OpError, OpResult, Result};
 use crate::host_tensor::HostTensor;
 
 /// One decoded attribute value.
@@ -40,15 +40,30 @@ impl Attributes {
             let value = match a.type_.enum_value() {
                 Ok(AttributeType::FLOAT) => Attr::Float(a.f),
                 Ok(AttributeType::INT) => Attr::Int(a.i),
-                Ok(AttributeType::STRING) => Attr::String(String::from_utf8_lossy(&a.s).into_owned()),
+                Ok(AttributeType::STRING) => {
+                    Attr::String(String::from_utf8_lossy(&a.s).into_owned())
+                }
                 Ok(AttributeType::TENSOR) => Attr::Tensor(HostTensor::from_proto(&a.t, None)?),
                 Ok(AttributeType::FLOATS) => Attr::Floats(a.floats.clone()),
                 Ok(AttributeType::INTS) => Attr::Ints(a.ints.clone()),
-                Ok(AttributeType::STRINGS) => {
-                    Attr::Strings(a.strings.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+                Ok(AttributeType::STRINGS) => Attr::Strings(
+                    a.strings
+                        .iter()
+                        .map(|s| String::from_utf8_lossy(s).into_owned())
+                        .collect(),
+                ),
+                Ok(other) => {
+                    return Err(OnnxError::field(
+                        field(),
+                        format!("attribute type {other:?} is not supported"),
+                    ));
                 }
-                Ok(other) => return Err(OnnxError::field(field(), format!("attribute type {other:?} is not supported"))),
-                Err(code) => return Err(OnnxError::field(field(), format!("unknown attribute type {code}"))),
+                Err(code) => {
+                    return Err(OnnxError::field(
+                        field(),
+                        format!("unknown attribute type {code}"),
+                    ));
+                }
             };
             map.insert(a.name.clone(), value);
         }
@@ -61,7 +76,9 @@ impl Attributes {
     }
 
     fn wrong(name: &str, want: &str, got: &Attr) -> OpError {
-        OpError(format!("attribute `{name}` should be {want}, found {got:?}"))
+        OpError(format!(
+            "attribute `{name}` should be {want}, found {got:?}"
+        ))
     }
 
     /// Integer attribute with a default.

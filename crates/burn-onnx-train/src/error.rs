@@ -28,7 +28,9 @@ pub enum OnnxError {
         message: String,
     },
     /// The graph uses an operator this importer does not implement.
-    #[error("node `{node}`: unsupported operator `{op_type}` (domain `{domain}`); supported: {supported}")]
+    #[error(
+        "node `{node}`: unsupported operator `{op_type}` (domain `{domain}`); supported: {supported}"
+    )]
     UnsupportedOp {
         /// Node name (or `<op_type>#<index>` if the node has none).
         node: String,
@@ -65,12 +67,18 @@ pub enum OnnxError {
 impl OnnxError {
     /// An error about a named field.
     pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
-        OnnxError::Field { field: field.into(), message: message.into() }
+        OnnxError::Field {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 
     /// An I/O error on a path.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        OnnxError::Io { path: path.into(), source }
+        OnnxError::Io {
+            path: path.into(),
+            source,
+        }
     }
 }
 

@@ -47,7 +47,10 @@ pub struct ExportOptions {
 
 impl Default for ExportOptions {
     fn default() -> Self {
-        ExportOptions { external_data: ExternalDataPolicy::Auto, threshold_bytes: 1_800_000_000 }
+        ExportOptions {
+            external_data: ExternalDataPolicy::Auto,
+            threshold_bytes: 1_800_000_000,
+        }
     }
 }
 
@@ -66,20 +69,37 @@ struct Filler<'a> {
 
 impl<'a> Filler<'a> {
     fn new(model: &'a OnnxModel) -> Self {
-        let dir = model.graph().source.as_deref().map(|s| s.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf());
-        Filler { model, source: dir.as_deref().map(ExternalData::new) }
+        let dir = model.graph().source.as_deref().map(|s| {
+            s.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_path_buf()
+        });
+        Filler {
+            model,
+            source: dir.as_deref().map(ExternalData::new),
+        }
     }
 
     fn fill(&self, init: &mut TensorProto) -> Result<()> {
         match self.model.param_index(&init.name) {
             Some(i) => {
-                let value = self.model.param_value(i).ok_or_else(|| OnnxError::field(format!("parameter '{}'", init.name), "missing"))?;
-                let values = value.to_array().map_err(|e| OnnxError::field(format!("parameter '{}'", init.name), e.0))?;
+                let value = self.model.param_value(i).ok_or_else(|| {
+                    OnnxError::field(format!("parameter '{}'", init.name), "missing")
+                })?;
+                let values = value
+                    .to_array()
+                    .map_err(|e| OnnxError::field(format!("parameter '{}'", init.name), e.0))?;
                 let flat: Vec<f32> = values.iter().copied().collect();
                 HostTensor::write_float_into(&flat, init)
             }
             None if init.data_location.value() == 1 => {
-                let ext = self.source.as_ref().ok_or_else(|| OnnxError::field(format!("tensor '{}'", init.name), "external data, but the model was not loaded from a file"))?;
+                let ext = self.source.as_ref().ok_or_else(|| {
+                    OnnxError::field(
+                        format!("tensor '{}'", init.name),
+                        "external data, but the model was not loaded from a file",
+                    )
+                })?;
                 let bytes = ext.bytes(init)?.as_ref().to_vec();
                 init.raw_data = bytes.into();
                 init.external_data.clear();
@@ -92,10 +112,20 @@ impl<'a> Filler<'a> {
 
     /// The bytes `init` will hold once filled (to choose inline or external before filling).
     fn size(&self, init: &TensorProto) -> usize {
-        let elements = || init.dims.iter().map(|&d| d.max(0) as usize).product::<usize>();
+        let elements = || {
+            init.dims
+                .iter()
+                .map(|&d| d.max(0) as usize)
+                .product::<usize>()
+        };
         match self.model.param_index(&init.name) {
             Some(_) => elements() * dtype::width(init.data_type),
-            None => init.external_data.iter().find(|e| e.key == "length").and_then(|e| e.value.parse().ok()).unwrap_or(init.raw_data.len()),
+            None => init
+                .external_data
+                .iter()
+                .find(|e| e.key == "length")
+                .and_then(|e| e.value.parse().ok())
+                .unwrap_or(init.raw_data.len()),
         }
     }
 }
@@ -104,11 +134,19 @@ impl<'a> Filler<'a> {
 pub fn export_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
     let filler = Filler::new(model);
     let mut proto = model.graph().model.clone();
-    for init in proto.graph.as_mut().map(|g| g.initializer.iter_mut()).into_iter().flatten() {
+    for init in proto
+        .graph
+        .as_mut()
+        .map(|g| g.initializer.iter_mut())
+        .into_iter()
+        .flatten()
+    {
         filler.fill(init)?;
     }
     restore_default_attribute_values(&mut proto);
-    proto.write_to_bytes().map_err(|e| OnnxError::field("export", e.to_string()))
+    proto
+        .write_to_bytes()
+        .map_err(|e| OnnxError::field("export", e.to_string()))
 }
 
 /// Write the model with its current parameter values to `path` (default options).
@@ -120,28 +158,49 @@ pub fn export_onnx(model: &OnnxModel, path: impl AsRef<Path>) -> Result<()> {
 /// when used, goes to `<path>.data` (written and renamed into place first). With external
 /// data the weights are serialised one tensor at a time, so the export holds little more
 /// than the model.
-pub fn export_onnx_with(model: &OnnxModel, path: impl AsRef<Path>, options: ExportOptions) -> Result<()> {
+pub fn export_onnx_with(
+    model: &OnnxModel,
+    path: impl AsRef<Path>,
+    options: ExportOptions,
+) -> Result<()> {
     let filler = Filler::new(model);
     let mut proto = model.graph().model.clone();
     restore_default_attribute_values(&mut proto);
-    let total = proto.graph.as_ref().map_or(0, |g| g.initializer.iter().map(|i| filler.size(i)).sum());
-    write_filled(proto, path.as_ref(), options, total, |init| filler.fill(init))
+    let total = proto
+        .graph
+        .as_ref()
+        .map_or(0, |g| g.initializer.iter().map(|i| filler.size(i)).sum());
+    write_filled(proto, path.as_ref(), options, total, |init| {
+        filler.fill(init)
+    })
 }
 
 /// Write `proto` (initializer data inline) to `path`, moving the data to `<path>.data`
 /// when `options` say so (see the module docs).
 pub fn write_model(proto: ModelProto, path: &Path, options: ExportOptions) -> Result<()> {
-    let total = proto.graph.as_ref().map_or(0, |g| g.initializer.iter().map(|i| i.raw_data.len()).sum());
+    let total = proto
+        .graph
+        .as_ref()
+        .map_or(0, |g| g.initializer.iter().map(|i| i.raw_data.len()).sum());
     write_filled(proto, path, options, total, |_| Ok(()))
 }
 
 /// The writer behind both: `fill` puts each initializer's data inline just before it is
 /// written (or moved to the external file and dropped); `total` is the data's size.
-fn write_filled(mut proto: ModelProto, path: &Path, options: ExportOptions, total: usize, fill: impl Fn(&mut TensorProto) -> Result<()>) -> Result<()> {
+fn write_filled(
+    mut proto: ModelProto,
+    path: &Path,
+    options: ExportOptions,
+    total: usize,
+    fill: impl Fn(&mut TensorProto) -> Result<()>,
+) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| OnnxError::io(dir, e))?;
     }
-    let graph = proto.graph.as_mut().ok_or_else(|| OnnxError::field("model.graph", "missing"))?;
+    let graph = proto
+        .graph
+        .as_mut()
+        .ok_or_else(|| OnnxError::field("model.graph", "missing"))?;
     let external = match options.external_data {
         ExternalDataPolicy::Always => true,
         ExternalDataPolicy::Auto => total > options.threshold_bytes,
@@ -151,7 +210,9 @@ fn write_filled(mut proto: ModelProto, path: &Path, options: ExportOptions, tota
             fill(init)?;
         }
     } else {
-        let name = path.file_name().ok_or_else(|| OnnxError::field(path.display().to_string(), "not a file path"))?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| OnnxError::field(path.display().to_string(), "not a file path"))?;
         let location = format!("{}.data", name.to_string_lossy());
         let data_path = path.with_file_name(&location);
         let tmp = path.with_file_name(format!(".{location}.tmp-{}", std::process::id()));
@@ -171,7 +232,11 @@ fn write_filled(mut proto: ModelProto, path: &Path, options: ExportOptions, tota
                 let len = init.raw_data.len();
                 out.write_all(&init.raw_data).map_err(io)?;
                 bar.inc(len as u64);
-                for (k, v) in [("location", location.clone()), ("offset", offset.to_string()), ("length", len.to_string())] {
+                for (k, v) in [
+                    ("location", location.clone()),
+                    ("offset", offset.to_string()),
+                    ("length", len.to_string()),
+                ] {
                     init.external_data.push(Default::default());
                     let e = init.external_data.last_mut().expect("just pushed");
                     e.key = k.into();
@@ -181,7 +246,10 @@ fn write_filled(mut proto: ModelProto, path: &Path, options: ExportOptions, tota
                 init.raw_data = Default::default();
                 offset += len;
             }
-            out.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
+            out.into_inner()
+                .map_err(|e| io(e.into_error()))?
+                .sync_all()
+                .map_err(io)?;
             std::fs::rename(&tmp, &data_path).map_err(|e| OnnxError::io(&data_path, e))
         })();
         bar.finish_and_clear();
@@ -190,7 +258,9 @@ fn write_filled(mut proto: ModelProto, path: &Path, options: ExportOptions, tota
         }
         written?;
     }
-    let bytes = proto.write_to_bytes().map_err(|e| OnnxError::field("export", e.to_string()))?;
+    let bytes = proto
+        .write_to_bytes()
+        .map_err(|e| OnnxError::field("export", e.to_string()))?;
     write_atomic(path, &bytes)
 }
 

@@ -31,7 +31,17 @@ pub fn inline_functions(model: &ModelProto, nodes: &[NodeProto]) -> Result<Vec<N
     let library: Library = model
         .functions
         .iter()
-        .map(|f| ((domain(&f.domain), f.name.as_str()), Function { inputs: &f.input, outputs: &f.output, defaults: &f.attribute_proto, body: &f.node }))
+        .map(|f| {
+            (
+                (domain(&f.domain), f.name.as_str()),
+                Function {
+                    inputs: &f.input,
+                    outputs: &f.output,
+                    defaults: &f.attribute_proto,
+                    body: &f.node,
+                },
+            )
+        })
         .collect();
     if library.is_empty() {
         return Ok(nodes.to_vec());
@@ -43,14 +53,28 @@ pub fn inline_functions(model: &ModelProto, nodes: &[NodeProto]) -> Result<Vec<N
     Ok(out)
 }
 
-fn expand(library: &Library, call: &NodeProto, fallback_name: &str, depth: usize, out: &mut Vec<NodeProto>) -> Result<()> {
+fn expand(
+    library: &Library,
+    call: &NodeProto,
+    fallback_name: &str,
+    depth: usize,
+    out: &mut Vec<NodeProto>,
+) -> Result<()> {
     let Some(f) = library.get(&(domain(&call.domain), call.op_type.as_str())) else {
         out.push(call.clone());
         return Ok(());
     };
-    let name = if call.name.is_empty() { fallback_name } else { call.name.as_str() };
+    let name = if call.name.is_empty() {
+        fallback_name
+    } else {
+        call.name.as_str()
+    };
     if depth >= MAX_DEPTH {
-        return Err(OnnxError::Node { node: name.into(), op_type: call.op_type.clone(), message: format!("local functions nest deeper than {MAX_DEPTH} (recursive?)") });
+        return Err(OnnxError::Node {
+            node: name.into(),
+            op_type: call.op_type.clone(),
+            message: format!("local functions nest deeper than {MAX_DEPTH} (recursive?)"),
+        });
     }
     let mut binding: HashMap<&str, String> = HashMap::new();
     for (k, formal) in f.inputs.iter().enumerate() {
@@ -63,13 +87,23 @@ fn expand(library: &Library, call: &NodeProto, fallback_name: &str, depth: usize
         if edge.is_empty() {
             return String::new();
         }
-        binding.get(edge.as_str()).cloned().unwrap_or_else(|| format!("{name}/{edge}"))
+        binding
+            .get(edge.as_str())
+            .cloned()
+            .unwrap_or_else(|| format!("{name}/{edge}"))
     };
     for (k, inner) in f.body.iter().enumerate() {
         let mut node = inner.clone();
         node.input = inner.input.iter().map(rename).collect();
         node.output = inner.output.iter().map(rename).collect();
-        node.name = format!("{name}/{}", if inner.name.is_empty() { format!("{}#{k}", inner.op_type) } else { inner.name.clone() });
+        node.name = format!(
+            "{name}/{}",
+            if inner.name.is_empty() {
+                format!("{}#{k}", inner.op_type)
+            } else {
+                inner.name.clone()
+            }
+        );
         node.attribute = inner
             .attribute
             .iter()
@@ -77,7 +111,11 @@ fn expand(library: &Library, call: &NodeProto, fallback_name: &str, depth: usize
                 if a.ref_attr_name.is_empty() {
                     return Some(a.clone());
                 }
-                let source = call.attribute.iter().chain(f.defaults).find(|c| c.name == a.ref_attr_name)?;
+                let source = call
+                    .attribute
+                    .iter()
+                    .chain(f.defaults)
+                    .find(|c| c.name == a.ref_attr_name)?;
                 let mut resolved = source.clone();
                 resolved.name = a.name.clone();
                 Some(resolved)

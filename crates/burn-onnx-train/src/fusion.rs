@@ -17,7 +17,13 @@ use crate::ops;
 
 /// The value of a one-element float constant or initializer.
 fn scalar(graph: &Graph, name: &str) -> Option<f32> {
-    let t = graph.constants.get(name).or_else(|| graph.initializers.iter().find(|(n, _)| n == name).map(|(_, t)| t))?;
+    let t = graph.constants.get(name).or_else(|| {
+        graph
+            .initializers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+    })?;
     match t {
         HostTensor::Float(a) if a.len() == 1 => a.iter().next().copied(),
         _ => None,
@@ -51,7 +57,11 @@ impl<'a> View<'a> {
         for o in &graph.outputs {
             *readers.entry(o.name.as_str()).or_default() += 1;
         }
-        View { graph, producer, readers }
+        View {
+            graph,
+            producer,
+            readers,
+        }
     }
 
     /// The node producing `value` if it has type `op` and `value` is read once.
@@ -76,10 +86,14 @@ impl<'a> View<'a> {
 
     /// The only node reading `value`.
     fn reader(&self, value: &str) -> Option<usize> {
-        if self.readers.get(value) != Some(&1) || self.graph.outputs.iter().any(|o| o.name == value) {
+        if self.readers.get(value) != Some(&1) || self.graph.outputs.iter().any(|o| o.name == value)
+        {
             return None;
         }
-        self.graph.nodes.iter().position(|n| n.inputs.iter().any(|i| i == value))
+        self.graph
+            .nodes
+            .iter()
+            .position(|n| n.inputs.iter().any(|i| i == value))
     }
 
     /// A GELU around Tanh node `t`: `(x, nodes of the pattern, the final Mul)`.
@@ -90,7 +104,9 @@ impl<'a> View<'a> {
         let scaled = self.sole(&tanh.inputs[0], "Mul")?;
         let inner = self.with_constant(scaled, SQRT_2_OVER_PI)?;
         let add = self.sole(inner, "Add")?;
-        let [u, v] = &self.graph.nodes[add].inputs[..] else { return None };
+        let [u, v] = &self.graph.nodes[add].inputs[..] else {
+            return None;
+        };
         // x + 0.044715 * Pow(x, 3), either order.
         let cubic_term = |x: &str, other: &str| -> Option<(usize, usize)> {
             let mul = self.sole(other, "Mul")?;
@@ -104,7 +120,9 @@ impl<'a> View<'a> {
             None => (v.as_str(), cubic_term(v, u)?),
         };
         let plus_one = self.reader(&tanh.outputs[0])?;
-        if self.graph.nodes[plus_one].op_type != "Add" || self.with_constant(plus_one, 1.0)? != tanh.outputs[0] {
+        if self.graph.nodes[plus_one].op_type != "Add"
+            || self.with_constant(plus_one, 1.0)? != tanh.outputs[0]
+        {
             return None;
         }
         let last = self.reader(&self.graph.nodes[plus_one].outputs[0])?;
@@ -113,12 +131,20 @@ impl<'a> View<'a> {
         if out.op_type != "Mul" {
             return None;
         }
-        let half_value = if *a == self.graph.nodes[plus_one].outputs[0] { b } else { a };
+        let half_value = if *a == self.graph.nodes[plus_one].outputs[0] {
+            b
+        } else {
+            a
+        };
         let half = self.sole(half_value, "Mul")?;
         if self.with_constant(half, 0.5)? != x {
             return None;
         }
-        Some((x.to_string(), vec![pow, mul, add, scaled, t, plus_one, half], last))
+        Some((
+            x.to_string(),
+            vec![pow, mul, add, scaled, t, plus_one, half],
+            last,
+        ))
     }
 }
 
@@ -126,7 +152,13 @@ impl<'a> View<'a> {
 pub fn fuse_gelu(graph: &mut Graph) -> usize {
     let found: Vec<(String, Vec<usize>, usize)> = {
         let view = View::new(graph);
-        graph.nodes.iter().enumerate().filter(|(_, n)| n.op_type == "Tanh").filter_map(|(i, _)| view.gelu_at(i)).collect()
+        graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.op_type == "Tanh")
+            .filter_map(|(i, _)| view.gelu_at(i))
+            .collect()
     };
     if found.is_empty() {
         return 0;
@@ -137,7 +169,14 @@ pub fn fuse_gelu(graph: &mut Graph) -> usize {
         let node = &mut graph.nodes[*last];
         let mut attrs = Attributes::default();
         attrs.set("approximate", Attr::String("tanh".into()));
-        *node = Node { name: node.name.clone(), op_type: "Gelu".into(), inputs: vec![x.clone()], outputs: node.outputs.clone(), attrs, op: ops::lookup("Gelu").expect("Gelu is an op") };
+        *node = Node {
+            name: node.name.clone(),
+            op_type: "Gelu".into(),
+            inputs: vec![x.clone()],
+            outputs: node.outputs.clone(),
+            attrs,
+            op: ops::lookup("Gelu").expect("Gelu is an op"),
+        };
     }
     let mut index = 0;
     graph.nodes.retain(|_| {

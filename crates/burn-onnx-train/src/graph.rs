@@ -18,8 +18,8 @@ use crate::attributes::{Attr, Attributes};
 use crate::error::{OnnxError, Result};
 use crate::functions::inline_functions;
 use crate::host_tensor::{ExternalData, HostTensor, release_pages};
-use crate::progress::progress;
 use crate::ops::{self, OpFn};
+use crate::progress::progress;
 
 /// A dimension of a declared graph input or output.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,21 +113,42 @@ fn tensor_info(vi: &ValueInfoProto) -> TensorInfo {
             }
         })
         .collect();
-    TensorInfo { name: vi.name.clone(), elem_type: tt.elem_type, dims }
+    TensorInfo {
+        name: vi.name.clone(),
+        elem_type: tt.elem_type,
+        dims,
+    }
 }
 
 fn constant_value(attrs: &Attributes, node: &str) -> Result<HostTensor> {
     use ndarray::{ArrayD, IxDyn};
-    let bad = |m: &str| OnnxError::Node { node: node.to_string(), op_type: "Constant".into(), message: m.to_string() };
-    let one = |v: Vec<f32>, shape: &[usize]| ArrayD::from_shape_vec(IxDyn(shape), v).map(HostTensor::Float);
-    let onei = |v: Vec<i64>, shape: &[usize]| ArrayD::from_shape_vec(IxDyn(shape), v).map(HostTensor::Int);
-    let out = match (attrs.get("value"), attrs.get("value_float"), attrs.get("value_floats"), attrs.get("value_int"), attrs.get("value_ints")) {
+    let bad = |m: &str| OnnxError::Node {
+        node: node.to_string(),
+        op_type: "Constant".into(),
+        message: m.to_string(),
+    };
+    let one = |v: Vec<f32>, shape: &[usize]| {
+        ArrayD::from_shape_vec(IxDyn(shape), v).map(HostTensor::Float)
+    };
+    let onei =
+        |v: Vec<i64>, shape: &[usize]| ArrayD::from_shape_vec(IxDyn(shape), v).map(HostTensor::Int);
+    let out = match (
+        attrs.get("value"),
+        attrs.get("value_float"),
+        attrs.get("value_floats"),
+        attrs.get("value_int"),
+        attrs.get("value_ints"),
+    ) {
         (Some(Attr::Tensor(t)), ..) => Ok(t.clone()),
         (_, Some(Attr::Float(f)), ..) => one(vec![*f], &[]),
         (_, _, Some(Attr::Floats(v)), ..) => one(v.clone(), &[v.len()]),
         (_, _, _, Some(Attr::Int(i)), _) => onei(vec![*i], &[]),
         (.., Some(Attr::Ints(v))) => onei(v.clone(), &[v.len()]),
-        _ => return Err(bad("needs one of the attributes value, value_float(s), value_int(s)")),
+        _ => {
+            return Err(bad(
+                "needs one of the attributes value, value_float(s), value_int(s)",
+            ));
+        }
     };
     out.map_err(|e| bad(&e.to_string()))
 }
@@ -152,7 +173,8 @@ impl Graph {
         let file = std::fs::File::open(path).map_err(|e| OnnxError::io(path, e))?;
         // SAFETY: a read-only map; the file changing under a running load is outside what a
         // loader can defend against, as for every mmap-based loader.
-        let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| OnnxError::io(path, e))?);
+        let map =
+            Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| OnnxError::io(path, e))?);
         // Read ahead: the decoder walks the file front to back once.
         let _ = map.advise(memmap2::Advice::Sequential);
         let bytes = bytes::Bytes::from_owner(MappedFile(map.clone()));
@@ -166,11 +188,23 @@ impl Graph {
         Self::decoded(ModelProto::parse_from_bytes(bytes), source, None)
     }
 
-    fn decoded(model: protobuf::Result<ModelProto>, source: Option<&Path>, mapped: Option<&memmap2::Mmap>) -> Result<Self> {
+    fn decoded(
+        model: protobuf::Result<ModelProto>,
+        source: Option<&Path>,
+        mapped: Option<&memmap2::Mmap>,
+    ) -> Result<Self> {
         let label = source.map_or_else(|| PathBuf::from("<memory>"), Path::to_path_buf);
-        let model = model.map_err(|e| OnnxError::Decode { path: label.clone(), what: "ONNX model", message: e.to_string() })?;
+        let model = model.map_err(|e| OnnxError::Decode {
+            path: label.clone(),
+            what: "ONNX model",
+            message: e.to_string(),
+        })?;
         Self::build(model, source, mapped).map_err(|e| match e {
-            OnnxError::Field { field, message } => OnnxError::Decode { path: label, what: "ONNX model", message: format!("{field}: {message}") },
+            OnnxError::Field { field, message } => OnnxError::Decode {
+                path: label,
+                what: "ONNX model",
+                message: format!("{field}: {message}"),
+            },
             other => other,
         })
     }
@@ -181,9 +215,16 @@ impl Graph {
     }
 
     /// [`Graph::from_proto`]; `mapped` is the file mapping the proto's data points into.
-    fn build(model: ModelProto, source: Option<&Path>, mapped: Option<&memmap2::Mmap>) -> Result<Self> {
+    fn build(
+        model: ModelProto,
+        source: Option<&Path>,
+        mapped: Option<&memmap2::Mmap>,
+    ) -> Result<Self> {
         let Some(g) = model.graph.as_ref() else {
-            return Err(OnnxError::field("model.graph", "missing (empty or truncated file?)"));
+            return Err(OnnxError::field(
+                "model.graph",
+                "missing (empty or truncated file?)",
+            ));
         };
         let opset = model
             .opset_import
@@ -191,31 +232,54 @@ impl Graph {
             .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
             .map(|o| o.version)
             .ok_or_else(|| OnnxError::field("model.opset_import", "no ai.onnx opset declared"))?;
-        let external = source.map(|s| ExternalData::new(s.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))));
+        let external = source.map(|s| {
+            ExternalData::new(
+                s.parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new(".")),
+            )
+        });
 
         let mut initializers = Vec::with_capacity(g.initializer.len());
         let mut defined: HashSet<String> = HashSet::new();
         let bytes_of = |t: &onnx_ir::TensorProto| {
-            let external = t.external_data.iter().find(|e| e.key == "length").and_then(|e| e.value.parse::<u64>().ok());
+            let external = t
+                .external_data
+                .iter()
+                .find(|e| e.key == "length")
+                .and_then(|e| e.value.parse::<u64>().ok());
             external.unwrap_or(t.raw_data.len() as u64)
         };
         let bar = progress(g.initializer.iter().map(bytes_of).sum(), "load");
         for t in &g.initializer {
             bar.inc(bytes_of(t));
             if t.name.is_empty() {
-                return Err(OnnxError::field("graph.initializer", "an initializer has no name"));
+                return Err(OnnxError::field(
+                    "graph.initializer",
+                    "an initializer has no name",
+                ));
             }
             if !defined.insert(t.name.clone()) {
-                return Err(OnnxError::field(format!("initializer '{}'", t.name), "defined twice"));
+                return Err(OnnxError::field(
+                    format!("initializer '{}'", t.name),
+                    "defined twice",
+                ));
             }
-            initializers.push((t.name.clone(), HostTensor::from_proto(t, external.as_ref())?));
+            initializers.push((
+                t.name.clone(),
+                HostTensor::from_proto(t, external.as_ref())?,
+            ));
             if let Some(map) = mapped {
                 release_pages(map, &t.raw_data);
             }
         }
         bar.finish_and_clear();
-        let inputs: Vec<TensorInfo> =
-            g.input.iter().filter(|vi| !defined.contains(&vi.name)).map(tensor_info).collect();
+        let inputs: Vec<TensorInfo> = g
+            .input
+            .iter()
+            .filter(|vi| !defined.contains(&vi.name))
+            .map(tensor_info)
+            .collect();
         defined.extend(inputs.iter().map(|i| i.name.clone()));
 
         let flat = inline_functions(&model, &g.node)?;
@@ -223,12 +287,22 @@ impl Graph {
         let mut constants = HashMap::new();
         let mut last_use = HashMap::new();
         for (index, n) in flat.iter().enumerate() {
-            let name = if n.name.is_empty() { format!("{}#{index}", n.op_type) } else { n.name.clone() };
-            if !(n.domain.is_empty() || n.domain == "ai.onnx") || (n.op_type != "Constant" && ops::lookup(&n.op_type).is_none()) {
+            let name = if n.name.is_empty() {
+                format!("{}#{index}", n.op_type)
+            } else {
+                n.name.clone()
+            };
+            if !(n.domain.is_empty() || n.domain == "ai.onnx")
+                || (n.op_type != "Constant" && ops::lookup(&n.op_type).is_none())
+            {
                 return Err(OnnxError::UnsupportedOp {
                     node: name,
                     op_type: n.op_type.clone(),
-                    domain: if n.domain.is_empty() { "ai.onnx".into() } else { n.domain.clone() },
+                    domain: if n.domain.is_empty() {
+                        "ai.onnx".into()
+                    } else {
+                        n.domain.clone()
+                    },
                     supported: ops::supported().join(", "),
                 });
             }
@@ -259,15 +333,36 @@ impl Graph {
                 last_use.insert(input.clone(), nodes.len());
             }
             let op = ops::lookup(&n.op_type).expect("checked above");
-            nodes.push(Node { name, op_type: n.op_type.clone(), inputs: n.input.clone(), outputs: n.output.clone(), attrs, op });
+            nodes.push(Node {
+                name,
+                op_type: n.op_type.clone(),
+                inputs: n.input.clone(),
+                outputs: n.output.clone(),
+                attrs,
+                op,
+            });
         }
         let outputs: Vec<TensorInfo> = g.output.iter().map(tensor_info).collect();
         for o in &outputs {
             if !defined.contains(&o.name) {
-                return Err(OnnxError::field(format!("graph output '{}'", o.name), "is not produced by any node"));
+                return Err(OnnxError::field(
+                    format!("graph output '{}'", o.name),
+                    "is not produced by any node",
+                ));
             }
         }
-        let mut graph = Graph { source: source.map(Path::to_path_buf), model, opset, nodes, inputs, outputs, initializers, constants, last_use, node_offset: 0 };
+        let mut graph = Graph {
+            source: source.map(Path::to_path_buf),
+            model,
+            opset,
+            nodes,
+            inputs,
+            outputs,
+            initializers,
+            constants,
+            last_use,
+            node_offset: 0,
+        };
         crate::fusion::fuse_gelu(&mut graph);
         Ok(graph)
     }

@@ -54,7 +54,10 @@ pub mod dtype {
 
     /// Is this an integer type (computed as i64 by the interpreter)?
     pub fn is_int(code: i32) -> bool {
-        matches!(code, UINT8 | INT8 | UINT16 | INT16 | INT32 | INT64 | UINT32 | UINT64)
+        matches!(
+            code,
+            UINT8 | INT8 | UINT16 | INT16 | INT32 | INT64 | UINT32 | UINT64
+        )
     }
 
     /// Bytes per element of a data type (0 for types this crate does not store).
@@ -126,11 +129,24 @@ impl HostTensor {
         let shape = proto
             .dims
             .iter()
-            .map(|&d| usize::try_from(d).map_err(|_| OnnxError::field(field(), format!("negative dimension {d}"))))
+            .map(|&d| {
+                usize::try_from(d)
+                    .map_err(|_| OnnxError::field(field(), format!("negative dimension {d}")))
+            })
             .collect::<Result<Vec<_>>>()?;
-        let numel = checked_numel(&shape).ok_or_else(|| OnnxError::field(field(), format!("dims {shape:?} overflow the address space")))?;
+        let numel = checked_numel(&shape).ok_or_else(|| {
+            OnnxError::field(
+                field(),
+                format!("dims {shape:?} overflow the address space"),
+            )
+        })?;
         let mapped = if proto.data_location.value() == 1 {
-            let ext = external.ok_or_else(|| OnnxError::field(field(), "external data, but the model was not loaded from a file"))?;
+            let ext = external.ok_or_else(|| {
+                OnnxError::field(
+                    field(),
+                    "external data, but the model was not loaded from a file",
+                )
+            })?;
             Some(ext.bytes(proto)?)
         } else {
             None
@@ -151,9 +167,15 @@ impl HostTensor {
     fn reshape(self, shape: &[usize]) -> std::result::Result<Self, String> {
         let err = |e: ndarray::ShapeError| format!("data does not fit dims {shape:?}: {e}");
         Ok(match self {
-            HostTensor::Float(a) => HostTensor::Float(a.into_shape_with_order(IxDyn(shape)).map_err(err)?),
-            HostTensor::Int(a) => HostTensor::Int(a.into_shape_with_order(IxDyn(shape)).map_err(err)?),
-            HostTensor::Bool(a) => HostTensor::Bool(a.into_shape_with_order(IxDyn(shape)).map_err(err)?),
+            HostTensor::Float(a) => {
+                HostTensor::Float(a.into_shape_with_order(IxDyn(shape)).map_err(err)?)
+            }
+            HostTensor::Int(a) => {
+                HostTensor::Int(a.into_shape_with_order(IxDyn(shape)).map_err(err)?)
+            }
+            HostTensor::Bool(a) => {
+                HostTensor::Bool(a.into_shape_with_order(IxDyn(shape)).map_err(err)?)
+            }
         })
     }
 
@@ -162,16 +184,34 @@ impl HostTensor {
     pub fn write_float_into(values: &[f32], proto: &mut TensorProto) -> Result<()> {
         let field = format!("tensor '{}'", proto.name);
         let dims: Vec<usize> = proto.dims.iter().map(|&d| d.max(0) as usize).collect();
-        let numel = checked_numel(&dims).ok_or_else(|| OnnxError::field(&field, format!("dims {dims:?} overflow")))?;
+        let numel = checked_numel(&dims)
+            .ok_or_else(|| OnnxError::field(&field, format!("dims {dims:?} overflow")))?;
         if numel != values.len() {
-            return Err(OnnxError::field(field, format!("expected {numel} values, got {}", values.len())));
+            return Err(OnnxError::field(
+                field,
+                format!("expected {numel} values, got {}", values.len()),
+            ));
         }
         let bytes: Vec<u8> = match proto.data_type {
             dtype::FLOAT => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            dtype::FLOAT16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
-            dtype::BFLOAT16 => values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
-            dtype::DOUBLE => values.iter().flat_map(|v| (*v as f64).to_le_bytes()).collect(),
-            other => return Err(OnnxError::field(field, format!("cannot store floats as {}", dtype::name(other)))),
+            dtype::FLOAT16 => values
+                .iter()
+                .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                .collect(),
+            dtype::BFLOAT16 => values
+                .iter()
+                .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+            dtype::DOUBLE => values
+                .iter()
+                .flat_map(|v| (*v as f64).to_le_bytes())
+                .collect(),
+            other => {
+                return Err(OnnxError::field(
+                    field,
+                    format!("cannot store floats as {}", dtype::name(other)),
+                ));
+            }
         };
         proto.float_data.clear();
         proto.double_data.clear();
@@ -192,11 +232,16 @@ pub fn release_pages(map: &Mmap, data: &[u8]) {
     if data.is_empty() || start < base || start + data.len() > base + map.len() {
         return;
     }
-    let (from, to) = ((start - base).next_multiple_of(PAGE), (start - base + data.len()) / PAGE * PAGE);
+    let (from, to) = (
+        (start - base).next_multiple_of(PAGE),
+        (start - base + data.len()) / PAGE * PAGE,
+    );
     if from < to {
         // SAFETY: a read-only file mapping: MADV_DONTNEED only drops clean page-cache pages
         // from our page tables; the next access reads the same file contents again.
-        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from) };
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
+        };
     }
 }
 
@@ -234,22 +279,44 @@ impl MappedSlice {
 impl ExternalData {
     /// External data of a model file in `dir`.
     pub fn new(dir: &Path) -> Self {
-        ExternalData { dir: dir.to_path_buf(), files: RefCell::new(HashMap::new()) }
+        ExternalData {
+            dir: dir.to_path_buf(),
+            files: RefCell::new(HashMap::new()),
+        }
     }
 
     /// The bytes `proto`'s `external_data` entries point at.
     pub fn bytes(&self, proto: &TensorProto) -> Result<MappedSlice> {
         let field = format!("tensor '{}' external data", proto.name);
-        let get = |key: &str| proto.external_data.iter().find(|e| e.key == key).map(|e| e.value.clone());
-        let location = get("location").ok_or_else(|| OnnxError::field(&field, "no 'location' entry"))?;
+        let get = |key: &str| {
+            proto
+                .external_data
+                .iter()
+                .find(|e| e.key == key)
+                .map(|e| e.value.clone())
+        };
+        let location =
+            get("location").ok_or_else(|| OnnxError::field(&field, "no 'location' entry"))?;
         let parse = |key: &str| -> Result<Option<usize>> {
-            get(key).map(|v| v.parse::<usize>().map_err(|_| OnnxError::field(&field, format!("bad '{key}': {v}")))).transpose()
+            get(key)
+                .map(|v| {
+                    v.parse::<usize>()
+                        .map_err(|_| OnnxError::field(&field, format!("bad '{key}': {v}")))
+                })
+                .transpose()
         };
         let offset = parse("offset")?.unwrap_or(0);
         let length = parse("length")?;
         let relative = Path::new(&location);
-        if relative.is_absolute() || !relative.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir)) {
-            return Err(OnnxError::field(&field, format!("location '{location}' must be a path inside the model's directory")));
+        if relative.is_absolute()
+            || !relative
+                .components()
+                .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(OnnxError::field(
+                &field,
+                format!("location '{location}' must be a path inside the model's directory"),
+            ));
         }
         let path = self.dir.join(relative);
         let map = self.map(&path, &field)?;
@@ -258,8 +325,18 @@ impl ExternalData {
             None => Some(map.len()),
         };
         match end {
-            Some(end) if offset <= end && end <= map.len() => Ok(MappedSlice { map, range: offset..end }),
-            _ => Err(OnnxError::field(field, format!("offset {offset} length {length:?} outside {} ({} bytes)", path.display(), map.len()))),
+            Some(end) if offset <= end && end <= map.len() => Ok(MappedSlice {
+                map,
+                range: offset..end,
+            }),
+            _ => Err(OnnxError::field(
+                field,
+                format!(
+                    "offset {offset} length {length:?} outside {} ({} bytes)",
+                    path.display(),
+                    map.len()
+                ),
+            )),
         }
     }
 
@@ -268,16 +345,28 @@ impl ExternalData {
             return Ok(m.clone());
         }
         let real = path.canonicalize().map_err(|e| OnnxError::io(path, e))?;
-        let dir = self.dir.canonicalize().map_err(|e| OnnxError::io(&self.dir, e))?;
+        let dir = self
+            .dir
+            .canonicalize()
+            .map_err(|e| OnnxError::io(&self.dir, e))?;
         if !real.starts_with(&dir) {
-            return Err(OnnxError::field(field, format!("{} resolves outside the model's directory {}", path.display(), dir.display())));
+            return Err(OnnxError::field(
+                field,
+                format!(
+                    "{} resolves outside the model's directory {}",
+                    path.display(),
+                    dir.display()
+                ),
+            ));
         }
         let file = File::open(&real).map_err(|e| OnnxError::io(path, e))?;
         // SAFETY: the map is read-only; a file truncated by another process while mapped
         // is outside what a model loader can defend against (as in every mmap-based loader).
         let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(|e| OnnxError::io(path, e))?);
         let _ = map.advise(memmap2::Advice::Sequential);
-        self.files.borrow_mut().insert(path.to_path_buf(), map.clone());
+        self.files
+            .borrow_mut()
+            .insert(path.to_path_buf(), map.clone());
         Ok(map)
     }
 }
@@ -288,7 +377,13 @@ fn vec1n<T>(numel: usize, v: Vec<T>) -> std::result::Result<ArrayD<T>, String> {
 
 fn check_len(raw: &[u8], numel: usize, width: usize) -> std::result::Result<(), String> {
     if numel.checked_mul(width) != Some(raw.len()) {
-        return Err(format!("raw_data has {} bytes, expected {} ({} elements x {} bytes)", raw.len(), numel * width, numel, width));
+        return Err(format!(
+            "raw_data has {} bytes, expected {} ({} elements x {} bytes)",
+            raw.len(),
+            numel * width,
+            numel,
+            width
+        ));
     }
     Ok(())
 }
@@ -297,14 +392,22 @@ fn decode_raw(code: i32, raw: &[u8], numel: usize) -> std::result::Result<HostTe
     macro_rules! chunks {
         ($t:ty, $n:expr, $map:expr) => {{
             check_len(raw, numel, $n)?;
-            raw.chunks_exact($n).map(|c| $map(<$t>::from_le_bytes(c.try_into().unwrap()))).collect::<Vec<_>>()
+            raw.chunks_exact($n)
+                .map(|c| $map(<$t>::from_le_bytes(c.try_into().unwrap())))
+                .collect::<Vec<_>>()
         }};
     }
     Ok(match code {
         dtype::FLOAT => HostTensor::Float(vec1n(numel, chunks!(f32, 4, |x| x))?),
         dtype::DOUBLE => HostTensor::Float(vec1n(numel, chunks!(f64, 8, |x: f64| x as f32))?),
-        dtype::FLOAT16 => HostTensor::Float(vec1n(numel, chunks!(u16, 2, |x| f16::from_bits(x).to_f32()))?),
-        dtype::BFLOAT16 => HostTensor::Float(vec1n(numel, chunks!(u16, 2, |x| bf16::from_bits(x).to_f32()))?),
+        dtype::FLOAT16 => HostTensor::Float(vec1n(
+            numel,
+            chunks!(u16, 2, |x| f16::from_bits(x).to_f32()),
+        )?),
+        dtype::BFLOAT16 => HostTensor::Float(vec1n(
+            numel,
+            chunks!(u16, 2, |x| bf16::from_bits(x).to_f32()),
+        )?),
         dtype::INT64 => HostTensor::Int(vec1n(numel, chunks!(i64, 8, |x| x))?),
         dtype::INT32 => HostTensor::Int(vec1n(numel, chunks!(i32, 4, |x: i32| x as i64))?),
         dtype::INT16 => HostTensor::Int(vec1n(numel, chunks!(i16, 2, |x: i16| x as i64))?),
@@ -320,7 +423,11 @@ fn decode_raw(code: i32, raw: &[u8], numel: usize) -> std::result::Result<HostTe
 
 fn decode_typed(proto: &TensorProto, numel: usize) -> std::result::Result<HostTensor, String> {
     let check = |len: usize, what: &str| {
-        if len == numel { Ok(()) } else { Err(format!("{what} has {len} values, dims say {numel}")) }
+        if len == numel {
+            Ok(())
+        } else {
+            Err(format!("{what} has {len} values, dims say {numel}"))
+        }
     };
     Ok(match proto.data_type {
         dtype::FLOAT => {
@@ -329,16 +436,33 @@ fn decode_typed(proto: &TensorProto, numel: usize) -> std::result::Result<HostTe
         }
         dtype::DOUBLE => {
             check(proto.double_data.len(), "double_data")?;
-            HostTensor::Float(vec1n(numel, proto.double_data.iter().map(|&x| x as f32).collect())?)
+            HostTensor::Float(vec1n(
+                numel,
+                proto.double_data.iter().map(|&x| x as f32).collect(),
+            )?)
         }
         // float16 and bfloat16 are stored bit-wise in int32_data.
         dtype::FLOAT16 => {
             check(proto.int32_data.len(), "int32_data")?;
-            HostTensor::Float(vec1n(numel, proto.int32_data.iter().map(|&x| f16::from_bits(x as u16).to_f32()).collect())?)
+            HostTensor::Float(vec1n(
+                numel,
+                proto
+                    .int32_data
+                    .iter()
+                    .map(|&x| f16::from_bits(x as u16).to_f32())
+                    .collect(),
+            )?)
         }
         dtype::BFLOAT16 => {
             check(proto.int32_data.len(), "int32_data")?;
-            HostTensor::Float(vec1n(numel, proto.int32_data.iter().map(|&x| bf16::from_bits(x as u16).to_f32()).collect())?)
+            HostTensor::Float(vec1n(
+                numel,
+                proto
+                    .int32_data
+                    .iter()
+                    .map(|&x| bf16::from_bits(x as u16).to_f32())
+                    .collect(),
+            )?)
         }
         dtype::INT64 => {
             check(proto.int64_data.len(), "int64_data")?;
@@ -346,15 +470,24 @@ fn decode_typed(proto: &TensorProto, numel: usize) -> std::result::Result<HostTe
         }
         dtype::UINT32 | dtype::UINT64 => {
             check(proto.uint64_data.len(), "uint64_data")?;
-            HostTensor::Int(vec1n(numel, proto.uint64_data.iter().map(|&x| x as i64).collect())?)
+            HostTensor::Int(vec1n(
+                numel,
+                proto.uint64_data.iter().map(|&x| x as i64).collect(),
+            )?)
         }
         dtype::INT32 | dtype::INT16 | dtype::INT8 | dtype::UINT16 | dtype::UINT8 => {
             check(proto.int32_data.len(), "int32_data")?;
-            HostTensor::Int(vec1n(numel, proto.int32_data.iter().map(|&x| x as i64).collect())?)
+            HostTensor::Int(vec1n(
+                numel,
+                proto.int32_data.iter().map(|&x| x as i64).collect(),
+            )?)
         }
         dtype::BOOL => {
             check(proto.int32_data.len(), "int32_data")?;
-            HostTensor::Bool(vec1n(numel, proto.int32_data.iter().map(|&x| x != 0).collect())?)
+            HostTensor::Bool(vec1n(
+                numel,
+                proto.int32_data.iter().map(|&x| x != 0).collect(),
+            )?)
         }
         other => return Err(format!("unsupported data type {}", dtype::name(other))),
     })

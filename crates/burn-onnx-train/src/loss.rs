@@ -36,7 +36,10 @@ pub fn cross_entropy(logits: FloatValue, targets: &ArrayD<i64>) -> Result<Tensor
         return Err(loss_err("cross-entropy needs logits of rank >= 1".into()));
     };
     if lead != targets.shape() {
-        return Err(loss_err(format!("logits {shape:?} and targets {:?} disagree (targets must be logits' shape without the class axis)", targets.shape())));
+        return Err(loss_err(format!(
+            "logits {shape:?} and targets {:?} disagree (targets must be logits' shape without the class axis)",
+            targets.shape()
+        )));
     }
     let n: usize = lead.iter().product();
     let mut idx = Vec::with_capacity(n);
@@ -57,10 +60,18 @@ pub fn cross_entropy(logits: FloatValue, targets: &ArrayD<i64>) -> Result<Tensor
         return Err(loss_err("every target is ignore_index".into()));
     }
     let device = logits.tensor.device();
-    let flat = logits.reshape(&[n, classes]).map_err(|e| loss_err(e.0))?.into_rank::<2>().map_err(|e| loss_err(e.0))?;
+    let flat = logits
+        .reshape(&[n, classes])
+        .map_err(|e| loss_err(e.0))?
+        .into_rank::<2>()
+        .map_err(|e| loss_err(e.0))?;
     let idx: Tensor<1, Int> = Tensor::from_data(TensorData::new(idx, vec![n]), &device);
     let nll = cross_entropy_rows(flat, idx);
-    let nll = if counted as usize == n { nll } else { nll * Tensor::<1>::from_data(TensorData::new(weight, vec![n]), &device) };
+    let nll = if counted as usize == n {
+        nll
+    } else {
+        nll * Tensor::<1>::from_data(TensorData::new(weight, vec![n]), &device)
+    };
     Ok(nll.sum().div_scalar(counted))
 }
 
@@ -68,10 +79,15 @@ pub fn cross_entropy(logits: FloatValue, targets: &ArrayD<i64>) -> Result<Tensor
 pub fn lm_cross_entropy(logits: FloatValue, ids: &ArrayD<i64>) -> Result<Tensor<1>> {
     let shape = logits.shape();
     let [b, s, v] = shape[..] else {
-        return Err(loss_err(format!("LM loss needs logits [batch, seq, vocab], got {shape:?}")));
+        return Err(loss_err(format!(
+            "LM loss needs logits [batch, seq, vocab], got {shape:?}"
+        )));
     };
     if ids.shape() != [b, s] || s < 2 {
-        return Err(loss_err(format!("LM loss needs ids [batch, seq >= 2] matching logits {shape:?}, got {:?}", ids.shape())));
+        return Err(loss_err(format!(
+            "LM loss needs ids [batch, seq >= 2] matching logits {shape:?}, got {:?}",
+            ids.shape()
+        )));
     }
     let t = logits.into_rank::<3>().map_err(|e| loss_err(e.0))?;
     let shifted = FloatValue::from_rank(t.narrow(1, 0, s - 1)).map_err(|e| loss_err(e.0))?;
@@ -83,7 +99,11 @@ pub fn lm_cross_entropy(logits: FloatValue, ids: &ArrayD<i64>) -> Result<Tensor<
 /// Mean squared error.
 pub fn mse(pred: FloatValue, target: FloatValue) -> Result<Tensor<1>> {
     if pred.shape() != target.shape() {
-        return Err(loss_err(format!("prediction {:?} and target {:?} differ in shape", pred.shape(), target.shape())));
+        return Err(loss_err(format!(
+            "prediction {:?} and target {:?} differ in shape",
+            pred.shape(),
+            target.shape()
+        )));
     }
     let n = pred.numel();
     let d = pred.tensor - target.tensor;

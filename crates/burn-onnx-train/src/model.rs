@@ -157,9 +157,17 @@ impl OnnxModel {
         let mut sources = HashMap::new();
         for (name, t) in std::mem::take(&mut graph.initializers) {
             let shape = t.shape().to_vec();
-            let (role, reason) = match usage.default_role(&name, matches!(t, HostTensor::Float(_)), shape.iter().product()) {
+            let (role, reason) = match usage.default_role(
+                &name,
+                matches!(t, HostTensor::Float(_)),
+                shape.iter().product(),
+            ) {
                 DefaultRole::HostConstant(reason) => {
-                    constants.push(ConstantInfo { name: name.clone(), shape, reason });
+                    constants.push(ConstantInfo {
+                        name: name.clone(),
+                        shape,
+                        reason,
+                    });
                     sources.insert(name, Source::Constant(t));
                     continue;
                 }
@@ -167,17 +175,37 @@ impl OnnxModel {
                 DefaultRole::State => (ParamRole::State, "batch-norm running statistic"),
                 DefaultRole::Constant(reason) => (ParamRole::Constant, reason),
             };
-            let HostTensor::Float(a) = t else { unreachable!("default_role keeps non-float tensors on the host") };
-            let phys = padded(&shape).map_err(|e| OnnxError::field(format!("initializer '{name}'"), e.0))?;
-            let values = if a.is_standard_layout() { a.into_raw_vec_and_offset().0 } else { a.as_standard_layout().into_owned().into_raw_vec_and_offset().0 };
-            let mut param = Param::from_data(TensorData::new(values, phys.to_vec()), device).set_require_grad(role == ParamRole::Trainable);
+            let HostTensor::Float(a) = t else {
+                unreachable!("default_role keeps non-float tensors on the host")
+            };
+            let phys = padded(&shape)
+                .map_err(|e| OnnxError::field(format!("initializer '{name}'"), e.0))?;
+            let values = if a.is_standard_layout() {
+                a.into_raw_vec_and_offset().0
+            } else {
+                a.as_standard_layout()
+                    .into_owned()
+                    .into_raw_vec_and_offset()
+                    .0
+            };
+            let mut param = Param::from_data(TensorData::new(values, phys.to_vec()), device)
+                .set_require_grad(role == ParamRole::Trainable);
             param.id = stable_param_id(&name);
             sources.insert(name.clone(), Source::Param(params.len()));
             params.push(param);
-            infos.push(ParamInfo { name, shape, role, reason });
+            infos.push(ParamInfo {
+                name,
+                shape,
+                role,
+                reason,
+            });
         }
         if let Some(g) = graph.model.graph.as_mut() {
-            for init in g.initializer.iter_mut().filter(|i| matches!(sources.get(&i.name), Some(Source::Param(_)))) {
+            for init in g
+                .initializer
+                .iter_mut()
+                .filter(|i| matches!(sources.get(&i.name), Some(Source::Param(_))))
+            {
                 init.raw_data = Default::default();
                 init.float_data.clear();
                 init.double_data.clear();
@@ -187,7 +215,16 @@ impl OnnxModel {
         for (name, t) in &graph.constants {
             sources.insert(name.clone(), Source::Constant(t.clone()));
         }
-        Ok(OnnxModel { params, spec: Arc::new(Spec { graph: Arc::new(graph), params: infos, constants, sources, device: device.clone() }) })
+        Ok(OnnxModel {
+            params,
+            spec: Arc::new(Spec {
+                graph: Arc::new(graph),
+                params: infos,
+                constants,
+                sources,
+                device: device.clone(),
+            }),
+        })
     }
 
     /// The checked graph.
@@ -211,7 +248,10 @@ impl OnnxModel {
     /// The value of a parameter in its logical ONNX shape.
     pub fn param_value(&self, index: usize) -> Option<FloatValue> {
         let p = self.params.get(index)?;
-        Some(FloatValue::new(p.val(), self.spec.params[index].shape.len()))
+        Some(FloatValue::new(
+            p.val(),
+            self.spec.params[index].shape.len(),
+        ))
     }
 
     /// The value of a parameter by ONNX name.
@@ -234,19 +274,42 @@ impl OnnxModel {
     /// rule); otherwise the default rule's trainable set. Parameters named in
     /// `not_to_train` are frozen. State parameters never train. A name that is not a float
     /// parameter is an error naming it and the field (`to_train_field` / `not_to_train_field`).
-    pub fn select_trainable(mut self, to_train: &[String], not_to_train: &[String], fields: (&str, &str)) -> Result<Self> {
+    pub fn select_trainable(
+        mut self,
+        to_train: &[String],
+        not_to_train: &[String],
+        fields: (&str, &str),
+    ) -> Result<Self> {
         for (list, field) in [(to_train, fields.0), (not_to_train, fields.1)] {
             for name in list {
                 match self.spec.sources.get(name) {
                     Some(Source::Param(i)) if self.spec.params[*i].role == ParamRole::State => {
-                        return Err(OnnxError::field(field, format!("'{name}' is a batch-norm running statistic, updated by the forward pass, not trained")));
+                        return Err(OnnxError::field(
+                            field,
+                            format!(
+                                "'{name}' is a batch-norm running statistic, updated by the forward pass, not trained"
+                            ),
+                        ));
                     }
                     Some(Source::Param(_)) => {}
                     Some(Source::Constant(_)) => {
-                        let reason = self.spec.constants.iter().find(|c| &c.name == name).map_or("constant", |c| c.reason);
-                        return Err(OnnxError::field(field, format!("'{name}' cannot be trained: {reason}")));
+                        let reason = self
+                            .spec
+                            .constants
+                            .iter()
+                            .find(|c| &c.name == name)
+                            .map_or("constant", |c| c.reason);
+                        return Err(OnnxError::field(
+                            field,
+                            format!("'{name}' cannot be trained: {reason}"),
+                        ));
                     }
-                    None => return Err(OnnxError::field(field, format!("'{name}' is not an initializer of the model"))),
+                    None => {
+                        return Err(OnnxError::field(
+                            field,
+                            format!("'{name}' is not an initializer of the model"),
+                        ));
+                    }
                 }
             }
         }
@@ -271,7 +334,13 @@ impl OnnxModel {
                 p.set_require_grad(info.role == ParamRole::Trainable)
             })
             .collect();
-        let spec = Spec { graph: self.spec.graph.clone(), params: spec_params, constants: self.spec.constants.clone(), sources: self.spec.sources.clone(), device: self.spec.device.clone() };
+        let spec = Spec {
+            graph: self.spec.graph.clone(),
+            params: spec_params,
+            constants: self.spec.constants.clone(),
+            sources: self.spec.sources.clone(),
+            device: self.spec.device.clone(),
+        };
         self.spec = Arc::new(spec);
         Ok(self)
     }
@@ -280,10 +349,15 @@ impl OnnxModel {
     /// shapes are errors naming the parameter.
     pub fn set_params(mut self, values: &HashMap<String, FloatValue>) -> Result<Self> {
         for (name, v) in values {
-            let i = self.param_index(name).ok_or_else(|| OnnxError::field(format!("parameter '{name}'"), "no such float initializer"))?;
+            let i = self.param_index(name).ok_or_else(|| {
+                OnnxError::field(format!("parameter '{name}'"), "no such float initializer")
+            })?;
             let want = &self.spec.params[i].shape;
             if &v.shape() != want {
-                return Err(OnnxError::field(format!("parameter '{name}'"), format!("shape {:?}, model has {want:?}", v.shape())));
+                return Err(OnnxError::field(
+                    format!("parameter '{name}'"),
+                    format!("shape {:?}, model has {want:?}", v.shape()),
+                ));
             }
             // A fresh untracked tensor: `v` may be a tracked parameter or a non-leaf of
             // another graph (a parameter reshaped to its logical shape).
@@ -303,7 +377,11 @@ impl OnnxModel {
             .iter()
             .zip(&self.spec.params)
             .filter(|(_, info)| info.role == ParamRole::Trainable)
-            .filter_map(|(p, info)| p.val().grad(grads).map(|g| (info.name.clone(), FloatValue::new(g, info.shape.len()))))
+            .filter_map(|(p, info)| {
+                p.val()
+                    .grad(grads)
+                    .map(|g| (info.name.clone(), FloatValue::new(g, info.shape.len())))
+            })
             .collect()
     }
 
@@ -322,7 +400,14 @@ impl OnnxModel {
     pub fn apply_named_state(self, updates: Vec<(String, PhysTensor)>) -> Result<Self> {
         let indexed = updates
             .into_iter()
-            .map(|(name, t)| self.param_index(&name).map(|i| (i, t)).ok_or_else(|| OnnxError::field(format!("parameter '{name}'"), "a state update for a parameter the model lacks")))
+            .map(|(name, t)| {
+                self.param_index(&name).map(|i| (i, t)).ok_or_else(|| {
+                    OnnxError::field(
+                        format!("parameter '{name}'"),
+                        "a state update for a parameter the model lacks",
+                    )
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(self.apply_state(indexed))
     }
@@ -330,13 +415,22 @@ impl OnnxModel {
     /// The same model with untracked parameters: its forward passes record no autodiff
     /// tape (no gradients, no saved activations).
     pub fn untracked(&self) -> OnnxModel {
-        let params = self.params.iter().map(|p| Param::initialized(p.id, PhysTensor::from_inner(p.val().inner()))).collect();
-        OnnxModel { params, spec: self.spec.clone() }
+        let params = self
+            .params
+            .iter()
+            .map(|p| Param::initialized(p.id, PhysTensor::from_inner(p.val().inner())))
+            .collect();
+        OnnxModel {
+            params,
+            spec: self.spec.clone(),
+        }
     }
 
     /// The device of the parameters (for a model with none, the device it was loaded onto).
     pub fn device(&self) -> Device {
-        self.params.first().map_or_else(|| self.spec.device.clone(), |p| p.val().device())
+        self.params
+            .first()
+            .map_or_else(|| self.spec.device.clone(), |p| p.val().device())
     }
 
     /// Run the graph. `inputs` maps graph input names to values. Randomness (training-mode
@@ -347,35 +441,67 @@ impl OnnxModel {
 
     /// Run the graph with the random streams of this pass derived from `seed` (each node's
     /// dropout mask is a pure function of `seed` and the node's index).
-    pub fn forward_seeded(&self, inputs: Vec<(String, Value)>, mode: Mode, seed: u64) -> Result<ForwardOutput> {
+    pub fn forward_seeded(
+        &self,
+        inputs: Vec<(String, Value)>,
+        mode: Mode,
+        seed: u64,
+    ) -> Result<ForwardOutput> {
         self.forward_with(inputs, mode, seed, None)
     }
 
     /// [`Self::forward_seeded`] with MatMul, Gemm, Conv and ConvTranspose computed in
     /// `autocast` (f16 or bf16; their results come back as f32), as PyTorch's autocast.
-    pub fn forward_with(&self, inputs: Vec<(String, Value)>, mode: Mode, seed: u64, autocast: Option<FloatDType>) -> Result<ForwardOutput> {
+    pub fn forward_with(
+        &self,
+        inputs: Vec<(String, Value)>,
+        mode: Mode,
+        seed: u64,
+        autocast: Option<FloatDType>,
+    ) -> Result<ForwardOutput> {
         let graph = &self.spec.graph;
         let device = self.device();
         let mut env: HashMap<String, Value> = HashMap::new();
         for (name, v) in inputs {
-            let info = graph.inputs.iter().find(|i| i.name == name).ok_or_else(|| {
-                OnnxError::field(format!("input '{name}'"), format!("the graph has no such input (inputs: {})", input_names(&graph.inputs)))
-            })?;
+            let info = graph
+                .inputs
+                .iter()
+                .find(|i| i.name == name)
+                .ok_or_else(|| {
+                    OnnxError::field(
+                        format!("input '{name}'"),
+                        format!(
+                            "the graph has no such input (inputs: {})",
+                            input_names(&graph.inputs)
+                        ),
+                    )
+                })?;
             check_input(info, &v)?;
             env.insert(name, v);
         }
         for info in &graph.inputs {
             if !env.contains_key(&info.name) {
-                return Err(OnnxError::field(format!("input '{}'", info.name), "not provided"));
+                return Err(OnnxError::field(
+                    format!("input '{}'", info.name),
+                    "not provided",
+                ));
             }
         }
         let mut state_updates = Vec::new();
         let profiling = mode == Mode::Train && profile::active();
         for (i, node) in graph.nodes.iter().enumerate() {
-            let err = |m: String| OnnxError::Node { node: node.name.clone(), op_type: node.op_type.clone(), message: m };
+            let err = |m: String| OnnxError::Node {
+                node: node.name.clone(),
+                op_type: node.op_type.clone(),
+                message: m,
+            };
             let mut args = Vec::with_capacity(node.inputs.len());
             for name in &node.inputs {
-                args.push(if name.is_empty() { None } else { Some(self.fetch(&env, name, &device).map_err(|e| err(e.0))?) });
+                args.push(if name.is_empty() {
+                    None
+                } else {
+                    Some(self.fetch(&env, name, &device).map_err(|e| err(e.0))?)
+                });
             }
             let ctx = OpContext {
                 device: &device,
@@ -388,19 +514,33 @@ impl OnnxModel {
             };
             let started = profiling.then(std::time::Instant::now);
             let result = catch_unwind(AssertUnwindSafe(|| (node.op)(&ctx, Inputs(args))))
-                .unwrap_or_else(|panic| Err(OpError(format!("internal error: {}", panic_message(&panic)))));
+                .unwrap_or_else(|panic| {
+                    Err(OpError(format!(
+                        "internal error: {}",
+                        panic_message(&panic)
+                    )))
+                });
             if let Some(started) = started {
-                profile::record(graph.node_offset + i, &node.name, &node.op_type, started.elapsed());
+                profile::record(
+                    graph.node_offset + i,
+                    &node.name,
+                    &node.op_type,
+                    started.elapsed(),
+                );
             }
             let out = result.map_err(|e| err(e.0))?;
             for name in &node.inputs {
-                if graph.last_use.get(name) == Some(&i) && !graph.outputs.iter().any(|o| &o.name == name) {
+                if graph.last_use.get(name) == Some(&i)
+                    && !graph.outputs.iter().any(|o| &o.name == name)
+                {
                     env.remove(name);
                 }
             }
             if mode == Mode::Train {
                 for (slot, v) in out.state_updates {
-                    if let Some(Source::Param(p)) = node.inputs.get(slot).and_then(|n| self.spec.sources.get(n)) {
+                    if let Some(Source::Param(p)) =
+                        node.inputs.get(slot).and_then(|n| self.spec.sources.get(n))
+                    {
                         state_updates.push((*p, v.tensor));
                     }
                 }
@@ -413,20 +553,35 @@ impl OnnxModel {
         }
         let mut outputs = Vec::with_capacity(graph.outputs.len());
         for o in &graph.outputs {
-            let v = self.fetch(&env, &o.name, &device).map_err(|e| OnnxError::field(format!("graph output '{}'", o.name), e.0))?;
+            let v = self
+                .fetch(&env, &o.name, &device)
+                .map_err(|e| OnnxError::field(format!("graph output '{}'", o.name), e.0))?;
             outputs.push((o.name.clone(), v));
         }
-        Ok(ForwardOutput { outputs, state_updates })
+        Ok(ForwardOutput {
+            outputs,
+            state_updates,
+        })
     }
 
-    fn fetch(&self, env: &HashMap<String, Value>, name: &str, device: &Device) -> std::result::Result<Value, OpError> {
+    fn fetch(
+        &self,
+        env: &HashMap<String, Value>,
+        name: &str,
+        device: &Device,
+    ) -> std::result::Result<Value, OpError> {
         if let Some(v) = env.get(name) {
             return Ok(v.clone());
         }
         match self.spec.sources.get(name) {
-            Some(Source::Param(i)) => Ok(Value::Float(FloatValue::new(self.params[*i].val(), self.spec.params[*i].shape.len()))),
+            Some(Source::Param(i)) => Ok(Value::Float(FloatValue::new(
+                self.params[*i].val(),
+                self.spec.params[*i].shape.len(),
+            ))),
             Some(Source::Constant(t)) => Value::from_host(t, device),
-            None => Err(OpError(format!("value '{name}' was not computed (an optional output this importer does not produce?)"))),
+            None => Err(OpError(format!(
+                "value '{name}' was not computed (an optional output this importer does not produce?)"
+            ))),
         }
     }
 }
@@ -451,7 +606,11 @@ pub fn stable_param_id(name: &str) -> ParamId {
 }
 
 fn input_names(infos: &[TensorInfo]) -> String {
-    infos.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
+    infos
+        .iter()
+        .map(|i| i.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn check_input(info: &TensorInfo, v: &Value) -> Result<()> {
@@ -462,18 +621,31 @@ fn check_input(info: &TensorInfo, v: &Value) -> Result<()> {
         Value::Bool(_) => info.elem_type == dtype::BOOL,
     };
     if !kind_ok && info.elem_type != 0 {
-        return Err(OnnxError::field(field(), format!("expects {}, got a {} tensor", dtype::name(info.elem_type), v.kind())));
+        return Err(OnnxError::field(
+            field(),
+            format!(
+                "expects {}, got a {} tensor",
+                dtype::name(info.elem_type),
+                v.kind()
+            ),
+        ));
     }
     let shape = v.shape();
     if !info.dims.is_empty() {
         if info.dims.len() != shape.len() {
-            return Err(OnnxError::field(field(), format!("expects rank {}, got shape {shape:?}", info.dims.len())));
+            return Err(OnnxError::field(
+                field(),
+                format!("expects rank {}, got shape {shape:?}", info.dims.len()),
+            ));
         }
         for (i, (d, &s)) in info.dims.iter().zip(&shape).enumerate() {
             if let Dim::Fixed(f) = d
                 && *f != s
             {
-                return Err(OnnxError::field(field(), format!("dim {i} must be {f}, got {s} (shape {shape:?})")));
+                return Err(OnnxError::field(
+                    field(),
+                    format!("dim {i} must be {f}, got {s} (shape {shape:?})"),
+                ));
             }
         }
     }
@@ -481,18 +653,24 @@ fn check_input(info: &TensorInfo, v: &Value) -> Result<()> {
 }
 
 fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "panic".into())
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
 }
 
 /// Make a float input value from host data.
 pub fn float_input(values: Vec<f32>, shape: &[usize], device: &Device) -> Result<Value> {
-    let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), values).map_err(|e| OnnxError::field("input", e.to_string()))?;
-    Ok(Value::Float(FloatValue::from_array(&a, device).map_err(|e| OnnxError::field("input", e.0))?))
+    let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), values)
+        .map_err(|e| OnnxError::field("input", e.to_string()))?;
+    Ok(Value::Float(
+        FloatValue::from_array(&a, device).map_err(|e| OnnxError::field("input", e.0))?,
+    ))
 }
 
 /// Make an integer input value from host data.
 pub fn int_input(values: Vec<i64>, shape: &[usize]) -> Result<Value> {
-    let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), values).map_err(|e| OnnxError::field("input", e.to_string()))?;
+    let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), values)
+        .map_err(|e| OnnxError::field("input", e.to_string()))?;
     Ok(Value::Int(a))
 }
-

@@ -14,35 +14,59 @@ use crate::host_tensor::HostTensor;
 use crate::value::Value;
 
 fn bad(path: &Path, m: impl std::fmt::Display) -> OnnxError {
-    OnnxError::Decode { path: path.to_path_buf(), what: ".npy/.npz array", message: m.to_string() }
+    OnnxError::Decode {
+        path: path.to_path_buf(),
+        what: ".npy/.npz array",
+        message: m.to_string(),
+    }
 }
 
 fn read_array<R: Read>(npy: NpyFile<R>, path: &Path) -> Result<HostTensor> {
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-    let DType::Plain(ty) = npy.dtype() else { return Err(bad(path, "structured dtypes are not supported")) };
+    let DType::Plain(ty) = npy.dtype() else {
+        return Err(bad(path, "structured dtypes are not supported"));
+    };
     let order_c = npy.order() == npyz::Order::C;
     if !order_c {
         return Err(bad(path, "Fortran-order arrays are not supported"));
     }
     let dims = IxDyn(&shape);
     let t = match (ty.type_char(), ty.size_field()) {
-        (TypeChar::Float, 4) => HostTensor::Float(ArrayD::from_shape_vec(dims, npy.into_vec::<f32>().map_err(|e| bad(path, e))?).map_err(|e| bad(path, e))?),
+        (TypeChar::Float, 4) => HostTensor::Float(
+            ArrayD::from_shape_vec(dims, npy.into_vec::<f32>().map_err(|e| bad(path, e))?)
+                .map_err(|e| bad(path, e))?,
+        ),
         (TypeChar::Float, 8) => {
             let v: Vec<f64> = npy.into_vec().map_err(|e| bad(path, e))?;
-            HostTensor::Float(ArrayD::from_shape_vec(dims, v.into_iter().map(|x| x as f32).collect()).map_err(|e| bad(path, e))?)
+            HostTensor::Float(
+                ArrayD::from_shape_vec(dims, v.into_iter().map(|x| x as f32).collect())
+                    .map_err(|e| bad(path, e))?,
+            )
         }
-        (TypeChar::Int, 8) => HostTensor::Int(ArrayD::from_shape_vec(dims, npy.into_vec::<i64>().map_err(|e| bad(path, e))?).map_err(|e| bad(path, e))?),
+        (TypeChar::Int, 8) => HostTensor::Int(
+            ArrayD::from_shape_vec(dims, npy.into_vec::<i64>().map_err(|e| bad(path, e))?)
+                .map_err(|e| bad(path, e))?,
+        ),
         (TypeChar::Int, 4) => {
             let v: Vec<i32> = npy.into_vec().map_err(|e| bad(path, e))?;
-            HostTensor::Int(ArrayD::from_shape_vec(dims, v.into_iter().map(i64::from).collect()).map_err(|e| bad(path, e))?)
+            HostTensor::Int(
+                ArrayD::from_shape_vec(dims, v.into_iter().map(i64::from).collect())
+                    .map_err(|e| bad(path, e))?,
+            )
         }
         (TypeChar::Uint, 2) => {
             let v: Vec<u16> = npy.into_vec().map_err(|e| bad(path, e))?;
-            HostTensor::Int(ArrayD::from_shape_vec(dims, v.into_iter().map(i64::from).collect()).map_err(|e| bad(path, e))?)
+            HostTensor::Int(
+                ArrayD::from_shape_vec(dims, v.into_iter().map(i64::from).collect())
+                    .map_err(|e| bad(path, e))?,
+            )
         }
         (TypeChar::Uint, 4) => {
             let v: Vec<u32> = npy.into_vec().map_err(|e| bad(path, e))?;
-            HostTensor::Int(ArrayD::from_shape_vec(dims, v.into_iter().map(i64::from).collect()).map_err(|e| bad(path, e))?)
+            HostTensor::Int(
+                ArrayD::from_shape_vec(dims, v.into_iter().map(i64::from).collect())
+                    .map_err(|e| bad(path, e))?,
+            )
         }
         (TypeChar::Bool, 1) => {
             let v: Vec<bool> = npy.into_vec().map_err(|e| bad(path, e))?;
@@ -68,7 +92,10 @@ pub fn read_npz(path: impl AsRef<Path>) -> Result<HashMap<String, HostTensor>> {
     let names: Vec<String> = archive.array_names().map(str::to_string).collect();
     let mut out = HashMap::new();
     for name in names {
-        let npy = archive.by_name(&name).map_err(|e| bad(path, e))?.ok_or_else(|| bad(path, format!("array '{name}' vanished")))?;
+        let npy = archive
+            .by_name(&name)
+            .map_err(|e| bad(path, e))?
+            .ok_or_else(|| bad(path, format!("array '{name}' vanished")))?;
         out.insert(name.clone(), read_array(npy, path)?);
     }
     Ok(out)
@@ -92,8 +119,16 @@ pub fn write_npy(path: impl AsRef<Path>, value: &Value) -> Result<()> {
     write_atomic(path, bytes.get_ref())
 }
 
-fn write_iter<W: std::io::Write + Seek, T: npyz::AutoSerialize + Copy>(f: W, shape: &[u64], it: impl Iterator<Item = T>) -> std::io::Result<()> {
-    let mut w = npyz::WriteOptions::new().default_dtype().shape(shape).writer(f).begin_nd()?;
+fn write_iter<W: std::io::Write + Seek, T: npyz::AutoSerialize + Copy>(
+    f: W,
+    shape: &[u64],
+    it: impl Iterator<Item = T>,
+) -> std::io::Result<()> {
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(f)
+        .begin_nd()?;
     w.extend(it)?;
     w.finish()
 }

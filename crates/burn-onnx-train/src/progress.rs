@@ -9,7 +9,10 @@ pub fn progress(total: u64, what: &str) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total);
-    let style = ProgressStyle::with_template(&format!("{what} {{bar:30}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}})")).unwrap_or_else(|_| ProgressStyle::default_bar());
+    let style = ProgressStyle::with_template(&format!(
+        "{what} {{bar:30}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}})"
+    ))
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar
 }

@@ -18,13 +18,18 @@ fn restore_graph(graph: &mut GraphProto) {
     for node in &mut graph.node {
         for a in &mut node.attribute {
             let unknown = a.special_fields.mut_unknown_fields();
-            if unknown.get(FIELD_F).is_some() || unknown.get(FIELD_I).is_some() || unknown.get(FIELD_S).is_some() {
+            if unknown.get(FIELD_F).is_some()
+                || unknown.get(FIELD_I).is_some()
+                || unknown.get(FIELD_S).is_some()
+            {
                 continue;
             }
             match a.type_.enum_value() {
                 Ok(AttributeType::INT) if a.i == 0 => unknown.add_varint(FIELD_I, 0),
                 Ok(AttributeType::FLOAT) if a.f.to_bits() == 0 => unknown.add_fixed32(FIELD_F, 0),
-                Ok(AttributeType::STRING) if a.s.is_empty() => unknown.add_length_delimited(FIELD_S, Vec::new()),
+                Ok(AttributeType::STRING) if a.s.is_empty() => {
+                    unknown.add_length_delimited(FIELD_S, Vec::new())
+                }
                 _ => {}
             }
         }

@@ -143,11 +143,18 @@ impl EventWriter {
     /// the same second), a numeric suffix `.1`, `.2`, ... is appended.
     pub fn create(log_dir: &Path) -> Result<Self> {
         fs::create_dir_all(log_dir).map_err(|e| OnnxError::io(log_dir, e))?;
-        let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
         let base = format!("events.out.tfevents.{secs}.{}", hostname());
         let mut n = 0u32;
         let (path, file) = loop {
-            let name = if n == 0 { base.clone() } else { format!("{base}.{n}") };
+            let name = if n == 0 {
+                base.clone()
+            } else {
+                format!("{base}.{n}")
+            };
             let path = log_dir.join(name);
             match OpenOptions::new().write(true).create_new(true).open(&path) {
                 Ok(file) => break (path, file),
@@ -155,7 +162,10 @@ impl EventWriter {
                 Err(e) => return Err(OnnxError::io(path, e)),
             }
         };
-        let mut writer = EventWriter { path, out: BufWriter::new(file) };
+        let mut writer = EventWriter {
+            path,
+            out: BufWriter::new(file),
+        };
         writer.write_event(Event {
             wall_time: wall_time(),
             step: 0,
@@ -182,7 +192,10 @@ impl EventWriter {
     /// TensorFlow's `HistogramSummary`) and nothing is written.
     pub fn add_histogram(&mut self, tag: &str, values: &[f32], step: i64) -> Result<()> {
         let histo = histogram(values).map_err(|bad| {
-            OnnxError::field(format!("histogram '{tag}' at step {step}"), format!("{bad} of {} values are NaN or infinite", values.len()))
+            OnnxError::field(
+                format!("histogram '{tag}' at step {step}"),
+                format!("{bad} of {} values are NaN or infinite", values.len()),
+            )
         })?;
         self.write_summary(tag, ValueKind::Histo(histo), step)
     }
@@ -193,8 +206,17 @@ impl EventWriter {
     }
 
     fn write_summary(&mut self, tag: &str, value: ValueKind, step: i64) -> Result<()> {
-        let summary = Summary { value: vec![SummaryValue { tag: tag.into(), value: Some(value) }] };
-        self.write_event(Event { wall_time: wall_time(), step, what: Some(EventKind::Summary(summary)) })
+        let summary = Summary {
+            value: vec![SummaryValue {
+                tag: tag.into(),
+                value: Some(value),
+            }],
+        };
+        self.write_event(Event {
+            wall_time: wall_time(),
+            step,
+            what: Some(EventKind::Summary(summary)),
+        })
     }
 
     fn write_event(&mut self, event: Event) -> Result<()> {
@@ -205,7 +227,9 @@ impl EventWriter {
         record.extend_from_slice(&masked_crc32c(&len).to_le_bytes());
         record.extend_from_slice(&data);
         record.extend_from_slice(&masked_crc32c(&data).to_le_bytes());
-        self.out.write_all(&record).map_err(|e| OnnxError::io(&self.path, e))
+        self.out
+            .write_all(&record)
+            .map_err(|e| OnnxError::io(&self.path, e))
     }
 }
 
@@ -225,7 +249,13 @@ pub fn read_events(path: &Path) -> Result<Vec<Event>> {
     let mut offset = 0;
     while offset < bytes.len() {
         let bad = |what: String| {
-            OnnxError::io(path, io::Error::new(io::ErrorKind::InvalidData, format!("record at byte {offset}: {what}")))
+            OnnxError::io(
+                path,
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("record at byte {offset}: {what}"),
+                ),
+            )
         };
         let truncated = || bad(format!("truncated ({} bytes left)", bytes.len() - offset));
         let rest = &bytes[offset..];
@@ -266,7 +296,10 @@ pub fn scalars(events: &[Event]) -> Vec<(String, i64, f32)> {
 
 /// Seconds since the Unix epoch (0 if the clock is before it).
 fn wall_time() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// The host name from `/etc/hostname`, restricted to file-name-safe characters, or
@@ -278,7 +311,11 @@ fn hostname() -> String {
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
         .collect();
-    if name.is_empty() { "localhost".into() } else { name }
+    if name.is_empty() {
+        "localhost".into()
+    } else {
+        name
+    }
 }
 
 /// TensorFlow's default histogram edges: `-f64::MAX`, `-1e-12 * 1.1^k` (decreasing `k`),
@@ -317,7 +354,9 @@ fn histogram(values: &[f32]) -> std::result::Result<HistogramProto, usize> {
         sum_squares += v * v;
         // The bucket is the first whose (exclusive) right edge is above v; finite f32 values
         // are below f64::MAX, so it always exists, the `min` is belt and braces.
-        let bucket = limits.partition_point(|&limit| limit <= v).min(limits.len() - 1);
+        let bucket = limits
+            .partition_point(|&limit| limit <= v)
+            .min(limits.len() - 1);
         counts[bucket] += 1;
     }
     let mut histo = HistogramProto {

@@ -60,12 +60,30 @@ const STATE_SLOTS: &[(&str, &[usize])] = &[("BatchNormalization", &[3, 4])];
 
 /// Ops whose outputs never carry a gradient (integer, boolean or piecewise-constant results).
 const NO_GRADIENT_OPS: &[&str] = &[
-    "Shape", "Size", "Range", "ConstantOfShape", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And",
-    "Or", "ArgMax", "ArgMin", "Floor", "Ceil", "Round", "Sign",
+    "Shape",
+    "Size",
+    "Range",
+    "ConstantOfShape",
+    "Equal",
+    "Less",
+    "LessOrEqual",
+    "Greater",
+    "GreaterOrEqual",
+    "Not",
+    "And",
+    "Or",
+    "ArgMax",
+    "ArgMin",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Sign",
 ];
 
 fn listed(table: &[(&str, &[usize])], op: &str, slot: usize) -> bool {
-    table.iter().any(|(o, slots)| *o == op && slots.contains(&slot))
+    table
+        .iter()
+        .any(|(o, slots)| *o == op && slots.contains(&slot))
 }
 
 /// Is input `slot` of `op` a setting (no gradient flows through it)?
@@ -118,7 +136,11 @@ impl Usage {
             }
         }
         setting.retain(|n| !data.contains(n));
-        Usage { setting_only: setting, state, differentiable: differentiable_edges(graph) }
+        Usage {
+            setting_only: setting,
+            state,
+            differentiable: differentiable_edges(graph),
+        }
     }
 
     /// The default role of initializer `name` with `elements` elements of ONNX type `elem_type`
@@ -128,7 +150,9 @@ impl Usage {
             return DefaultRole::HostConstant("integer or bool tensor");
         }
         if self.setting_only.contains(name) {
-            return DefaultRole::HostConstant("only read as a setting (shape, axes, indices, scale, bound, ratio or condition)");
+            return DefaultRole::HostConstant(
+                "only read as a setting (shape, axes, indices, scale, bound, ratio or condition)",
+            );
         }
         if self.state.contains(name) {
             return DefaultRole::State;
@@ -136,7 +160,9 @@ impl Usage {
         match elements {
             0 => DefaultRole::Constant("empty"),
             1 => DefaultRole::Constant("scalar or one-element tensor"),
-            _ if !self.differentiable.contains(name) => DefaultRole::Constant("no gradient path to a graph output"),
+            _ if !self.differentiable.contains(name) => {
+                DefaultRole::Constant("no gradient path to a graph output")
+            }
             _ => DefaultRole::Trainable,
         }
     }
@@ -153,14 +179,24 @@ fn differentiable_edges(graph: &Graph) -> HashSet<String> {
         .map(|o| o.name.clone())
         .collect();
     for n in graph.nodes.iter().rev() {
-        if NO_GRADIENT_OPS.contains(&n.op_type.as_str()) || !n.outputs.iter().any(|o| live.contains(o)) {
+        if NO_GRADIENT_OPS.contains(&n.op_type.as_str())
+            || !n.outputs.iter().any(|o| live.contains(o))
+        {
             continue;
         }
-        if n.op_type == "Cast" && !n.attrs.int("to", 0).is_ok_and(|to| dtype::is_float(to as i32)) {
+        if n.op_type == "Cast"
+            && !n
+                .attrs
+                .int("to", 0)
+                .is_ok_and(|to| dtype::is_float(to as i32))
+        {
             continue;
         }
         for (slot, input) in n.inputs.iter().enumerate() {
-            if !input.is_empty() && !is_setting_slot(&n.op_type, slot) && !is_state_slot(&n.op_type, slot) {
+            if !input.is_empty()
+                && !is_setting_slot(&n.op_type, slot)
+                && !is_state_slot(&n.op_type, slot)
+            {
                 live.insert(input.clone());
             }
         }

@@ -23,7 +23,10 @@ pub type PhysTensor = Tensor<MAX_RANK>;
 /// Left-pad a logical shape with ones to the physical rank.
 pub fn padded(shape: &[usize]) -> OpResult<[usize; MAX_RANK]> {
     if shape.len() > MAX_RANK {
-        op_bail!("rank {} is above the supported maximum {MAX_RANK} (shape {shape:?})", shape.len());
+        op_bail!(
+            "rank {} is above the supported maximum {MAX_RANK} (shape {shape:?})",
+            shape.len()
+        );
     }
     let mut out = [1; MAX_RANK];
     out[MAX_RANK - shape.len()..].copy_from_slice(shape);
@@ -57,7 +60,10 @@ impl FloatValue {
 
     /// Upload a host array.
     pub fn from_array(a: &ArrayD<f32>, device: &Device) -> OpResult<Self> {
-        let data = TensorData::new(a.iter().copied().collect::<Vec<f32>>(), padded(a.shape())?.to_vec());
+        let data = TensorData::new(
+            a.iter().copied().collect::<Vec<f32>>(),
+            padded(a.shape())?.to_vec(),
+        );
         Ok(FloatValue::new(Tensor::from_data(data, device), a.ndim()))
     }
 
@@ -80,9 +86,16 @@ impl FloatValue {
     pub fn reshape(self, shape: &[usize]) -> OpResult<Self> {
         let n: usize = shape.iter().product();
         if n != self.numel() {
-            op_bail!("cannot reshape {:?} ({} elements) to {shape:?}", self.shape(), self.numel());
+            op_bail!(
+                "cannot reshape {:?} ({} elements) to {shape:?}",
+                self.shape(),
+                self.numel()
+            );
         }
-        Ok(FloatValue::new(self.tensor.reshape(padded(shape)?), shape.len()))
+        Ok(FloatValue::new(
+            self.tensor.reshape(padded(shape)?),
+            shape.len(),
+        ))
     }
 
     /// The logical tensor as a Burn tensor of rank `D` (which must equal the logical rank).
@@ -114,7 +127,10 @@ impl FloatValue {
         if self.tensor.dims() == target {
             return Ok(FloatValue::new(self.tensor, shape.len().max(self.rank)));
         }
-        Ok(FloatValue::new(self.tensor.expand(target), shape.len().max(self.rank)))
+        Ok(FloatValue::new(
+            self.tensor.expand(target),
+            shape.len().max(self.rank),
+        ))
     }
 }
 
@@ -171,7 +187,9 @@ impl Value {
         match self {
             Value::Float(f) => Ok(f),
             Value::Int(a) => FloatValue::from_array(&a.mapv(|v| v as f32), device),
-            Value::Bool(a) => FloatValue::from_array(&a.mapv(|v| if v { 1.0 } else { 0.0 }), device),
+            Value::Bool(a) => {
+                FloatValue::from_array(&a.mapv(|v| if v { 1.0 } else { 0.0 }), device)
+            }
         }
     }
 
@@ -206,7 +224,10 @@ impl Value {
     pub fn dims_list(&self, what: &str) -> OpResult<Vec<usize>> {
         self.int_list(what)?
             .into_iter()
-            .map(|d| usize::try_from(d).map_err(|_| format!("{what} has a negative dimension {d}").into()))
+            .map(|d| {
+                usize::try_from(d)
+                    .map_err(|_| format!("{what} has a negative dimension {d}").into())
+            })
             .collect()
     }
 

@@ -10,7 +10,10 @@ use std::process::Command;
 use common::*;
 
 fn onnx_train(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_onnx-train")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_onnx-train"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -21,9 +24,18 @@ fn inspect_lists_inputs_ops_and_parameters() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("input_ids int64 [batch, seq]"), "{text}");
     assert!(text.contains("LayerNormalization       5"), "{text}");
-    assert!(text.contains("m.transformer.wte.weight") && text.contains("[1024, 128]"), "{text}");
-    assert!(text.contains("29 parameters (675328 trainable elements, 0 state, 0 constant)"), "{text}");
-    assert!(text.contains("m.transformer.wte.weight") && text.contains("trainable: weight"), "{text}");
+    assert!(
+        text.contains("m.transformer.wte.weight") && text.contains("[1024, 128]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("29 parameters (675328 trainable elements, 0 state, 0 constant)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("m.transformer.wte.weight") && text.contains("trainable: weight"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -39,9 +51,19 @@ fn run_writes_outputs_equal_to_onnxruntime() {
         "--output-dir",
         dir.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let got = npy_f32(dir.join("logits.npy"));
-    assert_close("lenet_bn via CLI", &got, &npy_f32(refkit("inference/lenet_bn/output_ort_legacy.npy")), 1e-4, 1e-4);
+    assert_close(
+        "lenet_bn via CLI",
+        &got,
+        &npy_f32(refkit("inference/lenet_bn/output_ort_legacy.npy")),
+        1e-4,
+        1e-4,
+    );
 }
 
 #[test]
@@ -49,7 +71,10 @@ fn bad_file_fails_with_its_name() {
     let out = onnx_train(&["inspect", "Cargo.toml"]);
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("Cargo.toml") && err.contains("not a valid ONNX model"), "{err}");
+    assert!(
+        err.contains("Cargo.toml") && err.contains("not a valid ONNX model"),
+        "{err}"
+    );
 }
 
 /// Token shards and a 4-update config for gpt2_tiny under `dir`, checkpointing every 2.
@@ -60,8 +85,20 @@ fn train_setup(dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::create_dir_all(&data).unwrap();
     let mut next = lcg(7);
     let ids: Vec<i64> = (0..16 * 32).map(|_| (next() % 1024) as i64).collect();
-    write_npy(data.join("tokens.npy"), &burn_onnx_train::Value::Int(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[ids.len()]), ids).unwrap())).unwrap();
-    let c = TrainingConfig { train_data_dir: data, num_train_steps: 4, checkpoint_period: 2, display_loss_steps: 2, ..gpt2_config(&dir.join("out")) };
+    write_npy(
+        data.join("tokens.npy"),
+        &burn_onnx_train::Value::Int(
+            ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[ids.len()]), ids).unwrap(),
+        ),
+    )
+    .unwrap();
+    let c = TrainingConfig {
+        train_data_dir: data,
+        num_train_steps: 4,
+        checkpoint_period: 2,
+        display_loss_steps: 2,
+        ..gpt2_config(&dir.join("out"))
+    };
     let path = dir.join("run.toml");
     std::fs::write(&path, c.to_toml().unwrap()).unwrap();
     path
@@ -74,20 +111,58 @@ fn train_logs_its_run_and_export_rebuilds_the_model_from_a_checkpoint() {
     let out = onnx_train(&["train", "--config", cfg.to_str().unwrap()]);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
-    assert_eq!(log.matches(" train ").count(), 2, "a loss line every display_loss_steps (2 of 4 updates):\n{log}");
-    assert!(log.contains("loss=") && log.contains("checkpoint") && log.contains("exported"), "{log}");
+    assert_eq!(
+        log.matches(" train ").count(),
+        2,
+        "a loss line every display_loss_steps (2 of 4 updates):\n{log}"
+    );
+    assert!(
+        log.contains("loss=") && log.contains("checkpoint") && log.contains("exported"),
+        "{log}"
+    );
     let exported = dir.join("from_ckpt.onnx");
     let ckpt = dir.join("out/checkpoints/ckpt-000000004");
-    let out = onnx_train(&["export", "--checkpoint", ckpt.to_str().unwrap(), "--output", exported.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    for ((name, a), (_, b)) in onnx_params(dir.join("out/gpt2_tiny_trained.onnx")).iter().zip(onnx_params(exported)) {
-        assert_eq!(a, &b, "{name}: the checkpoint export differs from the run's export");
+    let out = onnx_train(&[
+        "export",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--output",
+        exported.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for ((name, a), (_, b)) in onnx_params(dir.join("out/gpt2_tiny_trained.onnx"))
+        .iter()
+        .zip(onnx_params(exported))
+    {
+        assert_eq!(
+            a, &b,
+            "{name}: the checkpoint export differs from the run's export"
+        );
     }
     // The checkpoint of step 2 differs: the export really reads the checkpoint.
     let early = dir.join("early.onnx");
     let ckpt2 = dir.join("out/checkpoints/ckpt-000000002");
-    assert!(onnx_train(&["export", "--checkpoint", ckpt2.to_str().unwrap(), "--output", early.to_str().unwrap(), "--model", refkit("models/gpt2_tiny.onnx").to_str().unwrap()]).status.success());
-    assert_ne!(onnx_params(early), onnx_params(dir.join("out/gpt2_tiny_trained.onnx")));
+    assert!(
+        onnx_train(&[
+            "export",
+            "--checkpoint",
+            ckpt2.to_str().unwrap(),
+            "--output",
+            early.to_str().unwrap(),
+            "--model",
+            refkit("models/gpt2_tiny.onnx").to_str().unwrap()
+        ])
+        .status
+        .success()
+    );
+    assert_ne!(
+        onnx_params(early),
+        onnx_params(dir.join("out/gpt2_tiny_trained.onnx"))
+    );
 }
 
 #[test]
@@ -97,8 +172,14 @@ fn inspect_prints_the_pipeline_cut() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success(), "{text}");
     assert!(text.contains("pipeline: 2 stages"), "{text}");
-    assert!(text.contains("stage 0: nodes 0..") && text.contains("stage 1: nodes "), "{text}");
-    assert!(text.contains("..239 ("), "the last stage ends at the last of 239 nodes (Constants fold away, each 8-node GELU is one):\n{text}");
+    assert!(
+        text.contains("stage 0: nodes 0..") && text.contains("stage 1: nodes "),
+        "{text}"
+    );
+    assert!(
+        text.contains("..239 ("),
+        "the last stage ends at the last of 239 nodes (Constants fold away, each 8-node GELU is one):\n{text}"
+    );
     let out = onnx_train(&["inspect", model.to_str().unwrap(), "--stages", "500"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("500 stages for a graph of 239 nodes"));
@@ -109,10 +190,23 @@ fn inspect_prints_the_tensor_parallel_split() {
     let model = refkit("models/gpt2_tiny.onnx");
     let out = onnx_train(&["inspect", model.to_str().unwrap(), "--tp", "2"]);
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("tensor parallel: 2 ranks, 4 column-parallel projection(s)"), "{text}");
-    assert!(text.contains("split m.transformer.h.0.attn.c_attn.weight [128, 384]: axis 1, period 128"), "{text}");
-    assert!(text.contains("split m.transformer.h.1.mlp.c_proj.weight [512, 128]: axis 0, period 512"), "{text}");
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("tensor parallel: 2 ranks, 4 column-parallel projection(s)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("split m.transformer.h.0.attn.c_attn.weight [128, 384]: axis 1, period 128"),
+        "{text}"
+    );
+    assert!(
+        text.contains("split m.transformer.h.1.mlp.c_proj.weight [512, 128]: axis 0, period 512"),
+        "{text}"
+    );
     assert!(text.contains("parameter elements per rank: "), "{text}");
 }
 
@@ -122,19 +216,53 @@ fn a_pipelined_checkpoint_exports_the_whole_model() {
     // --checkpoint` merges them into the run's own export, bit for bit.
     let dir = tempdir("cli-pp");
     let cfg = train_setup(&dir);
-    let out = onnx_train(&["train", "--config", cfg.to_str().unwrap(), "--pp", "2", "--micro-batches", "2", "--pipeline-schedule", "gpipe"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = onnx_train(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--pp",
+        "2",
+        "--micro-batches",
+        "2",
+        "--pipeline-schedule",
+        "gpipe",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let ckpt = dir.join("out/checkpoints/ckpt-000000004");
     assert!(ckpt.join("model-stage-1.safetensors").is_file());
     let exported = dir.join("from_ckpt.onnx");
-    let out = onnx_train(&["export", "--checkpoint", ckpt.to_str().unwrap(), "--output", exported.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let (run, merged) = (onnx_params(dir.join("out/gpt2_tiny_trained.onnx")), onnx_params(exported));
+    let out = onnx_train(&[
+        "export",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--output",
+        exported.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (run, merged) = (
+        onnx_params(dir.join("out/gpt2_tiny_trained.onnx")),
+        onnx_params(exported),
+    );
     assert_eq!(run.len(), merged.len());
     for ((name, a), (_, b)) in run.iter().zip(&merged) {
-        assert_eq!(a, b, "{name}: the checkpoint export differs from the run's export");
+        assert_eq!(
+            a, b,
+            "{name}: the checkpoint export differs from the run's export"
+        );
     }
-    assert_moved(&refkit("models/gpt2_tiny.onnx"), &dir.join("out/gpt2_tiny_trained.onnx"), 1e-3);
+    assert_moved(
+        &refkit("models/gpt2_tiny.onnx"),
+        &dir.join("out/gpt2_tiny_trained.onnx"),
+        1e-3,
+    );
 }
 
 #[test]
@@ -144,27 +272,97 @@ fn flags_override_the_config_file_only_when_given() {
     let dir = tempdir("cli-flags");
     let file = dir.join("run.toml");
     std::fs::write(&file, "batch_size = 3\n[lr]\nwarmup_ratio = 0.2\n").unwrap();
-    let defaults = TrainingConfig { batch_size: 8, seq_len: 64, num_train_steps: 400, lr: burn_onnx_train::train::config::LrConfig { initial_lr: 5e-4, ..Default::default() }, ..Default::default() };
-    let flags = TrainFlags { config: Some(file.clone()), ..Default::default() };
+    let defaults = TrainingConfig {
+        batch_size: 8,
+        seq_len: 64,
+        num_train_steps: 400,
+        lr: burn_onnx_train::train::config::LrConfig {
+            initial_lr: 5e-4,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let flags = TrainFlags {
+        config: Some(file.clone()),
+        ..Default::default()
+    };
     let c = flags.apply(defaults.clone()).unwrap();
-    assert_eq!((c.batch_size, c.seq_len, c.num_train_steps), (3, 64, 400), "the file sets batch_size only");
-    assert_eq!((c.lr.warmup_ratio, c.lr.initial_lr), (0.2, 5e-4), "nested tables merge field by field");
-    let flags = TrainFlags { config: Some(file), batch_size: Some(5), steps: Some(10), accumulation: Some(2), ..Default::default() };
+    assert_eq!(
+        (c.batch_size, c.seq_len, c.num_train_steps),
+        (3, 64, 400),
+        "the file sets batch_size only"
+    );
+    assert_eq!(
+        (c.lr.warmup_ratio, c.lr.initial_lr),
+        (0.2, 5e-4),
+        "nested tables merge field by field"
+    );
+    let flags = TrainFlags {
+        config: Some(file),
+        batch_size: Some(5),
+        steps: Some(10),
+        accumulation: Some(2),
+        ..Default::default()
+    };
     let c = flags.apply(defaults).unwrap();
-    assert_eq!((c.batch_size, c.num_train_steps, c.gradient_accumulation_steps, c.num_updates()), (5, 20, 2, 10), "--steps counts updates");
+    assert_eq!(
+        (
+            c.batch_size,
+            c.num_train_steps,
+            c.gradient_accumulation_steps,
+            c.num_updates()
+        ),
+        (5, 20, 2, 10),
+        "--steps counts updates"
+    );
 }
 
 #[test]
 fn gpt2_builds_a_model_and_export_rewrites_it_with_external_data() {
     let dir = tempdir("cli-gpt2");
     let model = dir.join("tiny.onnx");
-    let out = onnx_train(&["gpt2", "--output", model.to_str().unwrap(), "--layers", "1", "--heads", "2", "--width", "16", "--vocab", "64", "--positions", "16"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = onnx_train(&[
+        "gpt2",
+        "--output",
+        model.to_str().unwrap(),
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--width",
+        "16",
+        "--vocab",
+        "64",
+        "--positions",
+        "16",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let moved = dir.join("ext/tiny.onnx");
-    let out = onnx_train(&["export", "--model", model.to_str().unwrap(), "--output", moved.to_str().unwrap(), "--external-data"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(dir.join("ext/tiny.onnx.data").is_file(), "weights in external data");
+    let out = onnx_train(&[
+        "export",
+        "--model",
+        model.to_str().unwrap(),
+        "--output",
+        moved.to_str().unwrap(),
+        "--external-data",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        dir.join("ext/tiny.onnx.data").is_file(),
+        "weights in external data"
+    );
     assert_eq!(onnx_params(moved), onnx_params(model.clone()));
     let out = onnx_train(&["export", "--output", dir.join("x.onnx").to_str().unwrap()]);
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--checkpoint, --model"));
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("--checkpoint, --model")
+    );
 }

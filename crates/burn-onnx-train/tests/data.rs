@@ -5,11 +5,20 @@ use std::collections::HashSet;
 use burn_onnx_train::Value;
 use burn_onnx_train::host_tensor::HostTensor;
 use burn_onnx_train::npy::write_npy;
-use burn_onnx_train::train::data::{Dataset, DistributedSampler, ImageDataset, Prefetcher, Target, TokenDataset};
+use burn_onnx_train::train::data::{
+    Dataset, DistributedSampler, ImageDataset, Prefetcher, Target, TokenDataset,
+};
 use ndarray::{ArrayD, IxDyn};
 
 fn sampler(len: usize, rank: usize, world: usize) -> DistributedSampler {
-    DistributedSampler { len, batch_size: 2, rank, world, seed: 7, shuffle: true }
+    DistributedSampler {
+        len,
+        batch_size: 2,
+        rank,
+        world,
+        seed: 7,
+        shuffle: true,
+    }
 }
 
 #[test]
@@ -25,7 +34,11 @@ fn ranks_get_disjoint_shares_padded_from_the_head() {
     for (r, share) in shares.iter().enumerate() {
         for (k, &i) in share.iter().enumerate() {
             let pos = r + 4 * k;
-            assert_eq!(i, whole[pos % 10], "rank {r} slot {k} is padded from the head of the same permutation");
+            assert_eq!(
+                i,
+                whole[pos % 10],
+                "rank {r} slot {k} is padded from the head of the same permutation"
+            );
         }
     }
     // Same epoch, same order on every call; another epoch reshuffles.
@@ -37,9 +50,21 @@ fn ranks_get_disjoint_shares_padded_from_the_head() {
 fn batches_continue_across_epochs() {
     let s = sampler(10, 0, 1);
     assert_eq!(s.batches_per_epoch(), 5);
-    assert_eq!(s.batch_indices(5).unwrap(), s.epoch_indices(1)[0..2].to_vec());
-    let too_big = DistributedSampler { batch_size: 20, ..s };
-    assert!(too_big.batch_indices(0).unwrap_err().to_string().contains("config.batch_size"));
+    assert_eq!(
+        s.batch_indices(5).unwrap(),
+        s.epoch_indices(1)[0..2].to_vec()
+    );
+    let too_big = DistributedSampler {
+        batch_size: 20,
+        ..s
+    };
+    assert!(
+        too_big
+            .batch_indices(0)
+            .unwrap_err()
+            .to_string()
+            .contains("config.batch_size")
+    );
 }
 
 #[test]
@@ -54,7 +79,12 @@ fn shards_load_from_directories() {
     let tokens = TokenDataset::load(&dir.join("tok"), 4).unwrap();
     assert_eq!(tokens.len(), 4);
     let b = tokens.batch(&[3, 0]).unwrap();
-    assert_eq!(b.input, HostTensor::Int(ArrayD::from_shape_vec(IxDyn(&[2, 4]), vec![12, 13, 14, 15, 0, 1, 2, 3]).unwrap()));
+    assert_eq!(
+        b.input,
+        HostTensor::Int(
+            ArrayD::from_shape_vec(IxDyn(&[2, 4]), vec![12, 13, 14, 15, 0, 1, 2, 3]).unwrap()
+        )
+    );
     assert_eq!((b.target, b.items), (Target::NextToken, 8));
 
     let device = burn::tensor::Device::flex();
@@ -64,22 +94,43 @@ fn shards_load_from_directories() {
     write_npy(dir.join("img/labels_0.npy"), &ids(vec![5, 6, 7])).unwrap();
     let images = ImageDataset::load(&dir.join("img")).unwrap();
     let b = images.batch(&[2]).unwrap();
-    assert_eq!(b.target, Target::Classes(ArrayD::from_shape_vec(IxDyn(&[1]), vec![7]).unwrap()));
-    let HostTensor::Float(x) = b.input else { panic!() };
+    assert_eq!(
+        b.target,
+        Target::Classes(ArrayD::from_shape_vec(IxDyn(&[1]), vec![7]).unwrap())
+    );
+    let HostTensor::Float(x) = b.input else {
+        panic!()
+    };
     assert!(x.iter().all(|&v| v == 2.0));
 
-    let err = TokenDataset::load(&dir.join("img"), 4).err().unwrap().to_string();
+    let err = TokenDataset::load(&dir.join("img"), 4)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("images_0.npy") && err.contains("1-D"), "{err}");
-    let err = ImageDataset::load(&dir.join("tok")).err().unwrap().to_string();
+    let err = ImageDataset::load(&dir.join("tok"))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("no images_"), "{err}");
 }
 
 #[test]
 fn prefetcher_yields_the_sampler_batches_in_order() {
     let data = std::sync::Arc::new(TokenDataset::from_tokens((0..64).collect(), 4).unwrap());
-    let s = DistributedSampler { len: 16, batch_size: 4, rank: 0, world: 1, seed: 3, shuffle: true };
+    let s = DistributedSampler {
+        len: 16,
+        batch_size: 4,
+        rank: 0,
+        world: 1,
+        seed: 3,
+        shuffle: true,
+    };
     let p = Prefetcher::start(data.clone(), s.clone(), 2, 2);
     for k in 2..9 {
-        assert_eq!(p.next_batch().unwrap(), data.batch(&s.batch_indices(k).unwrap()).unwrap());
+        assert_eq!(
+            p.next_batch().unwrap(),
+            data.batch(&s.batch_indices(k).unwrap()).unwrap()
+        );
     }
 }

@@ -17,7 +17,10 @@ use ndarray::{ArrayD, IxDyn};
 /// The data-parallel run ends where the single process does, and both moved away from the
 /// initial weights (by far more than the tolerance).
 fn compare(initial: &Path, single: &Path, parallel: &Path, file: &str) {
-    for ((name, a), (_, b)) in onnx_params(single.join(file)).iter().zip(onnx_params(parallel.join(file))) {
+    for ((name, a), (_, b)) in onnx_params(single.join(file))
+        .iter()
+        .zip(onnx_params(parallel.join(file)))
+    {
         assert_close(&format!("{file}: {name}"), &b, a, 1e-5, 0.0);
     }
     assert_moved(initial, &single.join(file), 1e-3);
@@ -25,14 +28,49 @@ fn compare(initial: &Path, single: &Path, parallel: &Path, file: &str) {
 
 fn gpt2_case(ranks: usize, per_rank: usize) {
     let mut next = lcg(99);
-    let data: Arc<dyn Dataset> = Arc::new(TokenDataset::from_tokens((0..16 * 96).map(|_| (next() % 1024) as i64).collect(), 16).unwrap());
-    let (one, many) = (tempdir(&format!("dp-gpt2-1-{ranks}")), tempdir(&format!("dp-gpt2-{ranks}")));
-    let base = |out: &Path| TrainingConfig { output_dir: out.to_path_buf(), ..sgd_config(refkit("models/gpt2_tiny.onnx"), LossKind::LmCrossEntropy, "input_ids") };
-    launch(TrainingConfig { batch_size: ranks * per_rank, ..base(&one) }, data.clone(), None).unwrap();
-    let summary = launch(TrainingConfig { batch_size: per_rank, data_parallel_size: ranks, ..base(&many) }, data, None).unwrap();
+    let data: Arc<dyn Dataset> = Arc::new(
+        TokenDataset::from_tokens((0..16 * 96).map(|_| (next() % 1024) as i64).collect(), 16)
+            .unwrap(),
+    );
+    let (one, many) = (
+        tempdir(&format!("dp-gpt2-1-{ranks}")),
+        tempdir(&format!("dp-gpt2-{ranks}")),
+    );
+    let base = |out: &Path| TrainingConfig {
+        output_dir: out.to_path_buf(),
+        ..sgd_config(
+            refkit("models/gpt2_tiny.onnx"),
+            LossKind::LmCrossEntropy,
+            "input_ids",
+        )
+    };
+    launch(
+        TrainingConfig {
+            batch_size: ranks * per_rank,
+            ..base(&one)
+        },
+        data.clone(),
+        None,
+    )
+    .unwrap();
+    let summary = launch(
+        TrainingConfig {
+            batch_size: per_rank,
+            data_parallel_size: ranks,
+            ..base(&many)
+        },
+        data,
+        None,
+    )
+    .unwrap();
     assert_eq!(summary.losses.len(), 10);
     assert_eq!(summary.perf.unwrap().world_size, ranks);
-    compare(&refkit("models/gpt2_tiny.onnx"), &one, &many, "gpt2_tiny_trained.onnx");
+    compare(
+        &refkit("models/gpt2_tiny.onnx"),
+        &one,
+        &many,
+        "gpt2_tiny_trained.onnx",
+    );
 }
 
 #[test]
@@ -52,18 +90,48 @@ fn mlp_two_ranks_equal_one_process_with_double_batch() {
     let y = ArrayD::from_shape_fn(IxDyn(&[64]), |_| (next() % 10) as i64);
     let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap());
     let (one, many) = (tempdir("dp-mlp-1"), tempdir("dp-mlp-2"));
-    let base = |out: &Path| TrainingConfig { output_dir: out.to_path_buf(), ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input") };
-    launch(TrainingConfig { batch_size: 8, ..base(&one) }, data.clone(), None).unwrap();
-    launch(TrainingConfig { batch_size: 4, data_parallel_size: 2, ..base(&many) }, data, None).unwrap();
+    let base = |out: &Path| TrainingConfig {
+        output_dir: out.to_path_buf(),
+        ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input")
+    };
+    launch(
+        TrainingConfig {
+            batch_size: 8,
+            ..base(&one)
+        },
+        data.clone(),
+        None,
+    )
+    .unwrap();
+    launch(
+        TrainingConfig {
+            batch_size: 4,
+            data_parallel_size: 2,
+            ..base(&many)
+        },
+        data,
+        None,
+    )
+    .unwrap();
     compare(&refkit("models/mlp.onnx"), &one, &many, "mlp_trained.onnx");
 }
 
 #[test]
 fn a_failing_rank_fails_the_whole_run() {
     // Rank-local data that cannot fill a batch fails on every rank at start-up.
-    let data: Arc<dyn Dataset> = Arc::new(TokenDataset::from_tokens((0..64).collect(), 16).unwrap());
+    let data: Arc<dyn Dataset> =
+        Arc::new(TokenDataset::from_tokens((0..64).collect(), 16).unwrap());
     let out = tempdir("dp-fail");
-    let c = TrainingConfig { batch_size: 4, data_parallel_size: 2, output_dir: out.clone(), ..sgd_config(refkit("models/gpt2_tiny.onnx"), LossKind::LmCrossEntropy, "input_ids") };
+    let c = TrainingConfig {
+        batch_size: 4,
+        data_parallel_size: 2,
+        output_dir: out.clone(),
+        ..sgd_config(
+            refkit("models/gpt2_tiny.onnx"),
+            LossKind::LmCrossEntropy,
+            "input_ids",
+        )
+    };
     let err = launch(c, data, None).err().unwrap().to_string();
     assert!(err.contains("config.batch_size"), "{err}");
 }

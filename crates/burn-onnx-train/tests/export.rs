@@ -22,8 +22,12 @@ use common::*;
 use onnx_ir::{Message, ModelProto};
 
 fn mlp_output(model: &OnnxModel, x: &Value) -> ndarray::ArrayD<f32> {
-    let out = model.forward(vec![("input".into(), x.clone())], Mode::Eval).unwrap();
-    let Some(Value::Float(y)) = out.first() else { panic!() };
+    let out = model
+        .forward(vec![("input".into(), x.clone())], Mode::Eval)
+        .unwrap();
+    let Some(Value::Float(y)) = out.first() else {
+        panic!()
+    };
     y.to_array().unwrap()
 }
 
@@ -36,18 +40,35 @@ fn untrained_export_reproduces_onnxruntime_output() {
         let path = dir.join(format!("{name}.onnx"));
         export_onnx(&model, &path).unwrap();
         let again = OnnxModel::load(&path, &device).unwrap();
-        let x = Value::from_host(&read_npy(refkit(&format!("inference/{name}/input.npy"))).unwrap(), &device).unwrap();
+        let x = Value::from_host(
+            &read_npy(refkit(&format!("inference/{name}/input.npy"))).unwrap(),
+            &device,
+        )
+        .unwrap();
         let input = again.graph().inputs[0].name.clone();
         let out = again.forward(vec![(input, x)], Mode::Eval).unwrap();
-        let Some(Value::Float(y)) = out.first() else { panic!() };
+        let Some(Value::Float(y)) = out.first() else {
+            panic!()
+        };
         let want = npy_f32(refkit(&format!("inference/{name}/output_ort_legacy.npy")));
         assert_close(name, &y.to_array().unwrap(), &want, 1e-4, 1e-4);
         // With the onnx package: nodes, attributes (field presence included), opsets and
         // graph inputs/outputs are exactly the original's, and the file passes the checker.
         if let Some(python) = python_for("ONNX_TRAIN_PYTHON", "onnx.checker node identity") {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/onnx_nodes_equal.py");
-            let out = Command::new(python).arg(script).arg(refkit(&format!("models/{name}.onnx"))).arg(&path).output().unwrap();
-            assert!(out.status.success(), "{name}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/onnx_nodes_equal.py");
+            let out = Command::new(python)
+                .arg(script)
+                .arg(refkit(&format!("models/{name}.onnx")))
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{name}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
     }
 }
@@ -61,8 +82,12 @@ fn trained_export_round_trips_through_importer_and_onnxruntime() {
     let x = Value::from_host(&batch["input"], &device).unwrap();
     let mut optim = SgdConfig::new().init();
     for _ in 0..3 {
-        let out = model.forward(vec![("input".into(), x.clone())], Mode::Train).unwrap();
-        let Some(Value::Float(logits)) = out.first().cloned() else { panic!() };
+        let out = model
+            .forward(vec![("input".into(), x.clone())], Mode::Train)
+            .unwrap();
+        let Some(Value::Float(logits)) = out.first().cloned() else {
+            panic!()
+        };
         let loss = cross_entropy(logits, int(&batch["target"])).unwrap();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(0.1, model, grads);
@@ -75,10 +100,26 @@ fn trained_export_round_trips_through_importer_and_onnxruntime() {
     let original = OnnxModel::load(refkit("models/mlp.onnx"), &eval).unwrap();
     for (i, info) in model.param_infos().iter().enumerate() {
         let trained = model.param_value(i).unwrap().to_array().unwrap();
-        let back = reloaded.param_by_name(&info.name).unwrap().to_array().unwrap();
-        assert_eq!(trained, back, "{} changed on the way through the file", info.name);
-        let before = original.param_by_name(&info.name).unwrap().to_array().unwrap();
-        assert!(max_abs_diff(&trained, &before) > 1e-4, "{} was not trained", info.name);
+        let back = reloaded
+            .param_by_name(&info.name)
+            .unwrap()
+            .to_array()
+            .unwrap();
+        assert_eq!(
+            trained, back,
+            "{} changed on the way through the file",
+            info.name
+        );
+        let before = original
+            .param_by_name(&info.name)
+            .unwrap()
+            .to_array()
+            .unwrap();
+        assert!(
+            max_abs_diff(&trained, &before) > 1e-4,
+            "{} was not trained",
+            info.name
+        );
     }
     let x_eval = Value::from_host(&batch["input"], &eval).unwrap();
     let ours = mlp_output(&reloaded, &x_eval);
@@ -86,7 +127,9 @@ fn trained_export_round_trips_through_importer_and_onnxruntime() {
     assert_close("reloaded vs in-memory", &ours, &in_memory, 1e-6, 0.0);
 
     // onnxruntime on the exported file, when a Python with onnxruntime is available.
-    let Some(python) = python_for("ONNX_TRAIN_PYTHON", "onnxruntime export") else { return };
+    let Some(python) = python_for("ONNX_TRAIN_PYTHON", "onnxruntime export") else {
+        return;
+    };
     let input = dir.join("input.npy");
     write_npy(&input, &x_eval).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/ort_run.py");
@@ -110,10 +153,26 @@ fn load_err(bytes: &[u8]) -> Option<OnnxError> {
 fn truncated_and_corrupted_files_are_errors() {
     let bytes = std::fs::read(refkit("models/gpt2_tiny.onnx")).unwrap();
     assert!(load_err(&[]).is_some(), "empty file");
-    assert!(load_err(b"definitely not protobuf \xff\xff\xff").is_some(), "garbage");
-    for cut in [1, 10, 100, 1000, bytes.len() / 3, bytes.len() / 2, bytes.len() - 7, bytes.len() - 1] {
-        let err = load_err(&bytes[..cut]).unwrap_or_else(|| panic!("truncated at {cut} of {} loaded", bytes.len()));
-        assert!(err.to_string().contains("bad.onnx") || matches!(err, OnnxError::Node { .. }), "{err}");
+    assert!(
+        load_err(b"definitely not protobuf \xff\xff\xff").is_some(),
+        "garbage"
+    );
+    for cut in [
+        1,
+        10,
+        100,
+        1000,
+        bytes.len() / 3,
+        bytes.len() / 2,
+        bytes.len() - 7,
+        bytes.len() - 1,
+    ] {
+        let err = load_err(&bytes[..cut])
+            .unwrap_or_else(|| panic!("truncated at {cut} of {} loaded", bytes.len()));
+        assert!(
+            err.to_string().contains("bad.onnx") || matches!(err, OnnxError::Node { .. }),
+            "{err}"
+        );
     }
     // Flipped bytes: decoding may succeed or fail, but loading and running never panic.
     let device = eval_device();
@@ -141,7 +200,10 @@ fn structural_errors_name_the_node_or_field() {
     let mut m = mlp_proto();
     m.graph.as_mut().unwrap().node[1].op_type = "FancyRelu".into();
     let err = Graph::from_proto(m, None).unwrap_err().to_string();
-    assert!(err.contains("FancyRelu") && err.contains("unsupported"), "{err}");
+    assert!(
+        err.contains("FancyRelu") && err.contains("unsupported"),
+        "{err}"
+    );
 
     let mut m = mlp_proto();
     let node_name = m.graph.as_ref().unwrap().node[1].name.clone();
@@ -173,7 +235,12 @@ fn structural_errors_name_the_node_or_field() {
     m.graph.as_mut().unwrap().node[1].op_type = "Forever".into();
     m.functions.push(Default::default());
     let f = m.functions.last_mut().unwrap();
-    (f.domain, f.name, f.input, f.output) = ("custom".into(), "Forever".into(), relu.input.clone(), relu.output.clone());
+    (f.domain, f.name, f.input, f.output) = (
+        "custom".into(),
+        "Forever".into(),
+        relu.input.clone(),
+        relu.output.clone(),
+    );
     let mut body = m.graph.as_ref().unwrap().node[1].clone();
     body.name = "again".into();
     f.node.push(body);
@@ -182,10 +249,25 @@ fn structural_errors_name_the_node_or_field() {
 
     // A runtime shape error names the node.
     let mut m = mlp_proto();
-    m.graph.as_mut().unwrap().node[0].attribute.retain(|a| a.name != "transB");
+    m.graph.as_mut().unwrap().node[0]
+        .attribute
+        .retain(|a| a.name != "transB");
     let model = OnnxModel::from_graph(Graph::from_proto(m, None).unwrap(), &eval_device()).unwrap();
-    let x = Value::Float(burn_onnx_train::FloatValue::from_array(&ndarray::ArrayD::zeros(ndarray::IxDyn(&[2, 784])), &eval_device()).unwrap());
-    let err = model.forward(vec![("input".into(), x)], Mode::Eval).err().unwrap().to_string();
-    assert!(err.contains("Gemm") && err.contains("inner dimensions"), "{err}");
+    let x = Value::Float(
+        burn_onnx_train::FloatValue::from_array(
+            &ndarray::ArrayD::zeros(ndarray::IxDyn(&[2, 784])),
+            &eval_device(),
+        )
+        .unwrap(),
+    );
+    let err = model
+        .forward(vec![("input".into(), x)], Mode::Eval)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("Gemm") && err.contains("inner dimensions"),
+        "{err}"
+    );
     assert!(!export_bytes(&model).unwrap().is_empty());
 }

@@ -23,7 +23,11 @@ fn external_mlp(dir: &Path, location: &str) -> PathBuf {
         blob.extend_from_slice(&t.raw_data);
         t.raw_data = Default::default();
         t.data_location = protobuf::EnumOrUnknown::from_i32(1);
-        for (k, v) in [("location", location.to_string()), ("offset", offset.to_string()), ("length", length.to_string())] {
+        for (k, v) in [
+            ("location", location.to_string()),
+            ("offset", offset.to_string()),
+            ("length", length.to_string()),
+        ] {
             t.external_data.push(Default::default());
             let e = t.external_data.last_mut().unwrap();
             e.key = k.into();
@@ -37,7 +41,10 @@ fn external_mlp(dir: &Path, location: &str) -> PathBuf {
 }
 
 fn load_err(path: &Path) -> String {
-    OnnxModel::load(path, &eval_device()).err().expect("loading must fail").to_string()
+    OnnxModel::load(path, &eval_device())
+        .err()
+        .expect("loading must fail")
+        .to_string()
 }
 
 #[test]
@@ -60,7 +67,10 @@ fn locations_outside_the_model_directory_are_refused() {
     let path = external_mlp(&inner, "../weights.bin");
     std::fs::copy(inner.join("weights.bin"), dir.join("weights.bin")).unwrap();
     let err = load_err(&path);
-    assert!(err.contains("fc1.weight") && err.contains("inside the model's directory"), "{err}");
+    assert!(
+        err.contains("fc1.weight") && err.contains("inside the model's directory"),
+        "{err}"
+    );
     let abs = dir.join("weights.bin");
     let err = load_err(&external_mlp(&inner, abs.to_str().unwrap()));
     assert!(err.contains("inside the model's directory"), "{err}");
@@ -85,7 +95,10 @@ fn truncated_and_missing_data_files_are_errors() {
     let blob = std::fs::read(dir.join("weights.bin")).unwrap();
     std::fs::write(dir.join("weights.bin"), &blob[..blob.len() / 2]).unwrap();
     let err = load_err(&path);
-    assert!(err.contains("external data") && err.contains("outside") && err.contains("weights.bin"), "{err}");
+    assert!(
+        err.contains("external data") && err.contains("outside") && err.contains("weights.bin"),
+        "{err}"
+    );
     std::fs::remove_file(dir.join("weights.bin")).unwrap();
     let err = load_err(&path);
     assert!(err.contains("weights.bin"), "{err}");
@@ -104,8 +117,15 @@ fn overflowing_dimensions_are_an_error_not_a_wraparound() {
 }
 
 fn mlp_logits(model: &OnnxModel, x: &burn_onnx_train::Value) -> ndarray::ArrayD<f32> {
-    let out = model.forward(vec![("input".into(), x.clone())], burn_onnx_train::Mode::Eval).unwrap();
-    let Some(burn_onnx_train::Value::Float(y)) = out.first().cloned() else { panic!() };
+    let out = model
+        .forward(
+            vec![("input".into(), x.clone())],
+            burn_onnx_train::Mode::Eval,
+        )
+        .unwrap();
+    let Some(burn_onnx_train::Value::Float(y)) = out.first().cloned() else {
+        panic!()
+    };
     y.to_array().unwrap()
 }
 
@@ -115,32 +135,84 @@ fn export_with_external_data_round_trips_and_runs_in_onnxruntime() {
     let dir = tempdir("ext-export");
     let model = OnnxModel::load(refkit("models/mlp.onnx"), &eval_device()).unwrap();
     let path = dir.join("mlp_ext.onnx");
-    export_onnx_with(&model, &path, ExportOptions { external_data: ExternalDataPolicy::Always, ..Default::default() }).unwrap();
-    let data = std::fs::metadata(dir.join("mlp_ext.onnx.data")).unwrap().len();
+    export_onnx_with(
+        &model,
+        &path,
+        ExportOptions {
+            external_data: ExternalDataPolicy::Always,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let data = std::fs::metadata(dir.join("mlp_ext.onnx.data"))
+        .unwrap()
+        .len();
     let graph = std::fs::metadata(&path).unwrap().len();
-    assert!(data > 800_000 && graph < 10_000, "weights in the data file ({data} bytes), graph alone in the model ({graph} bytes)");
+    assert!(
+        data > 800_000 && graph < 10_000,
+        "weights in the data file ({data} bytes), graph alone in the model ({graph} bytes)"
+    );
     let reloaded = OnnxModel::load(&path, &eval_device()).unwrap();
     for (name, want) in onnx_params(refkit("models/mlp.onnx")) {
-        assert_eq!(reloaded.param_by_name(&name).unwrap().to_array().unwrap(), want, "{name}");
+        assert_eq!(
+            reloaded.param_by_name(&name).unwrap().to_array().unwrap(),
+            want,
+            "{name}"
+        );
     }
     // A model read from external data and exported elsewhere, inline: its data comes along.
     let moved = tempdir("ext-export-moved");
     burn_onnx_train::export::export_onnx(&reloaded, moved.join("inline.onnx")).unwrap();
     assert!(!moved.join("inline.onnx.data").exists());
-    assert_eq!(onnx_params(moved.join("inline.onnx")), onnx_params(refkit("models/mlp.onnx")));
+    assert_eq!(
+        onnx_params(moved.join("inline.onnx")),
+        onnx_params(refkit("models/mlp.onnx"))
+    );
 
     // onnx.checker with the path (it follows external data) and onnxruntime on the file.
-    let Some(python) = python_for("ONNX_TRAIN_PYTHON", "onnx.checker / onnxruntime on external data") else { return };
-    let checked = std::process::Command::new(&python).args(["-c", "import onnx, sys; onnx.checker.check_model(sys.argv[1], full_check=True)"]).arg(&path).output().unwrap();
-    assert!(checked.status.success(), "onnx.checker: {}", String::from_utf8_lossy(&checked.stderr));
+    let Some(python) = python_for(
+        "ONNX_TRAIN_PYTHON",
+        "onnx.checker / onnxruntime on external data",
+    ) else {
+        return;
+    };
+    let checked = std::process::Command::new(&python)
+        .args([
+            "-c",
+            "import onnx, sys; onnx.checker.check_model(sys.argv[1], full_check=True)",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "onnx.checker: {}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
     let batch = npz(refkit("train/mlp/batch.npz"));
     let x = burn_onnx_train::Value::from_host(&batch["input"], &eval_device()).unwrap();
     let input = dir.join("input.npy");
     burn_onnx_train::npy::write_npy(&input, &x).unwrap();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/ort_run.py");
-    let ran = std::process::Command::new(&python).arg(script).arg(&path).arg(dir.join("ort")).arg(format!("input={}", input.display())).output().unwrap();
-    assert!(ran.status.success(), "onnxruntime: {}", String::from_utf8_lossy(&ran.stderr));
-    assert_close("onnxruntime on the external-data export", &npy_f32(dir.join("ort/logits.npy")), &mlp_logits(&reloaded, &x), 1e-5, 1e-5);
+    let ran = std::process::Command::new(&python)
+        .arg(script)
+        .arg(&path)
+        .arg(dir.join("ort"))
+        .arg(format!("input={}", input.display()))
+        .output()
+        .unwrap();
+    assert!(
+        ran.status.success(),
+        "onnxruntime: {}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert_close(
+        "onnxruntime on the external-data export",
+        &npy_f32(dir.join("ort/logits.npy")),
+        &mlp_logits(&reloaded, &x),
+        1e-5,
+        1e-5,
+    );
 }
 
 #[test]
@@ -152,18 +224,34 @@ fn auto_export_switches_to_external_data_above_the_threshold() {
     // threshold of 100 KB (standing in for protobuf's 2 GB) moves them out.
     export_onnx_with(&model, dir.join("small.onnx"), ExportOptions::default()).unwrap();
     assert!(!dir.join("small.onnx.data").exists());
-    export_onnx_with(&model, dir.join("big.onnx"), ExportOptions { threshold_bytes: 100_000, ..Default::default() }).unwrap();
+    export_onnx_with(
+        &model,
+        dir.join("big.onnx"),
+        ExportOptions {
+            threshold_bytes: 100_000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(dir.join("big.onnx.data").is_file());
-    assert_eq!(onnx_params(dir.join("big.onnx")), onnx_params(dir.join("small.onnx")));
+    assert_eq!(
+        onnx_params(dir.join("big.onnx")),
+        onnx_params(dir.join("small.onnx"))
+    );
 }
 
 #[test]
 fn one_external_file_per_tensor_as_the_onnx_package_writes_it() {
     // tools/gen_train_refs.py: onnx.save_model(..., all_tensors_to_one_file=False).
-    let model = OnnxModel::load(data("external/mlp_per_tensor/model.onnx"), &eval_device()).unwrap();
+    let model =
+        OnnxModel::load(data("external/mlp_per_tensor/model.onnx"), &eval_device()).unwrap();
     let inline = onnx_params(data("optim/mlp_small.onnx"));
     assert_eq!(inline.len(), 4);
     for (name, want) in inline {
-        assert_eq!(model.param_by_name(&name).unwrap().to_array().unwrap(), want, "{name}");
+        assert_eq!(
+            model.param_by_name(&name).unwrap().to_array().unwrap(),
+            want,
+            "{name}"
+        );
     }
 }

@@ -20,32 +20,60 @@ fn weight(i: usize) -> f32 {
     ((i * 7919 % 113) as f32 / 113.0) - 0.5
 }
 
-fn output(model: &OnnxModel, inputs: &HashMap<String, HostTensor>, device: &Device, mode: Mode) -> FloatValue {
-    let feeds = inputs.iter().map(|(k, v)| (k.clone(), Value::from_host(v, device).unwrap())).collect();
+fn output(
+    model: &OnnxModel,
+    inputs: &HashMap<String, HostTensor>,
+    device: &Device,
+    mode: Mode,
+) -> FloatValue {
+    let feeds = inputs
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::from_host(v, device).unwrap()))
+        .collect();
     let out = model.forward(feeds, mode).unwrap();
-    let Some(Value::Float(y)) = out.first().cloned() else { panic!("float output") };
+    let Some(Value::Float(y)) = out.first().cloned() else {
+        panic!("float output")
+    };
     y
 }
 
 /// `sum(output * weights)`, differentiable.
-fn objective(model: &OnnxModel, inputs: &HashMap<String, HostTensor>, device: &Device, mode: Mode) -> Tensor<1> {
+fn objective(
+    model: &OnnxModel,
+    inputs: &HashMap<String, HostTensor>,
+    device: &Device,
+    mode: Mode,
+) -> Tensor<1> {
     let y = output(model, inputs, device, mode);
     let w: Vec<f32> = (0..y.numel()).map(weight).collect();
-    let w: Tensor<MAX_RANK> = Tensor::from_data(TensorData::new(w, padded(&y.shape()).unwrap().to_vec()), device);
+    let w: Tensor<MAX_RANK> = Tensor::from_data(
+        TensorData::new(w, padded(&y.shape()).unwrap().to_vec()),
+        device,
+    );
     (y.tensor * w).sum()
 }
 
 /// The same objective summed in f64 on the host, so the finite difference carries only the
 /// rounding of the outputs themselves.
-fn objective_f64(model: &OnnxModel, inputs: &HashMap<String, HostTensor>, device: &Device, mode: Mode) -> f64 {
+fn objective_f64(
+    model: &OnnxModel,
+    inputs: &HashMap<String, HostTensor>,
+    device: &Device,
+    mode: Mode,
+) -> f64 {
     let y = output(model, inputs, device, mode).to_array().unwrap();
-    y.iter().enumerate().map(|(i, v)| f64::from(*v) * f64::from(weight(i))).sum()
+    y.iter()
+        .enumerate()
+        .map(|(i, v)| f64::from(*v) * f64::from(weight(i)))
+        .sum()
 }
 
 fn check(case: &str, mode: Mode) {
     let arrays = npz(data(&format!("ops/{case}.npz")));
-    let inputs: HashMap<String, HostTensor> =
-        arrays.iter().filter_map(|(k, v)| k.strip_prefix("in_").map(|n| (n.to_string(), v.clone()))).collect();
+    let inputs: HashMap<String, HostTensor> = arrays
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix("in_").map(|n| (n.to_string(), v.clone())))
+        .collect();
     let path = data(&format!("ops/{case}.onnx"));
     let ad = train_device();
     let model = OnnxModel::load(&path, &ad).unwrap();
@@ -66,7 +94,10 @@ fn check(case: &str, mode: Mode) {
                 let mut p = p0.clone();
                 *p.iter_mut().nth(k).unwrap() += delta;
                 let v = FloatValue::from_array(&p, &dev).unwrap();
-                let m = base.clone().set_params(&HashMap::from([(name.clone(), v)])).unwrap();
+                let m = base
+                    .clone()
+                    .set_params(&HashMap::from([(name.clone(), v)]))
+                    .unwrap();
                 objective_f64(&m, &inputs, &dev, mode)
             };
             let fd = (shifted(eps) - shifted(-eps)) / (2.0 * eps as f64);
@@ -75,7 +106,10 @@ fn check(case: &str, mode: Mode) {
             // would exceed this bound (checked by scaling the autodiff gradient by 1.01:
             // every case fails).
             let tol = 3e-3 * ad.abs() + 1e-3 * scale + 1e-5;
-            assert!((fd - ad).abs() <= tol, "{case}: d/d {name}[{k}]: autodiff {ad}, finite difference {fd} (tolerance {tol:.2e})");
+            assert!(
+                (fd - ad).abs() <= tol,
+                "{case}: d/d {name}[{k}]: autodiff {ad}, finite difference {fd} (tolerance {tol:.2e})"
+            );
         }
     }
 }

@@ -14,30 +14,70 @@ fn mlp_matches_onnxruntime() {
 
 #[test]
 fn mlp_other_batch_matches_pytorch() {
-    check_inference(&eval_device(), "mlp", "input_other_shape.npy", "output_torch_other_shape.npy");
+    check_inference(
+        &eval_device(),
+        "mlp",
+        "input_other_shape.npy",
+        "output_torch_other_shape.npy",
+    );
 }
 
 #[test]
 fn lenet_bn_matches_onnxruntime() {
-    check_inference(&eval_device(), "lenet_bn", "input.npy", "output_ort_legacy.npy");
-    check_inference(&eval_device(), "lenet_bn", "input_other_shape.npy", "output_torch_other_shape.npy");
+    check_inference(
+        &eval_device(),
+        "lenet_bn",
+        "input.npy",
+        "output_ort_legacy.npy",
+    );
+    check_inference(
+        &eval_device(),
+        "lenet_bn",
+        "input_other_shape.npy",
+        "output_torch_other_shape.npy",
+    );
 }
 
 #[test]
 fn squeezenet_matches_onnxruntime() {
-    check_inference(&eval_device(), "squeezenet1_1", "input.npy", "output_ort_legacy.npy");
+    check_inference(
+        &eval_device(),
+        "squeezenet1_1",
+        "input.npy",
+        "output_ort_legacy.npy",
+    );
 }
 
 #[test]
 fn squeezenet_dynamic_batch_matches_onnxruntime() {
-    check_inference(&eval_device(), "squeezenet1_1_dynbatch", "input.npy", "output_ort_legacy.npy");
-    check_inference(&eval_device(), "squeezenet1_1_dynbatch", "input_other_shape.npy", "output_torch_other_shape.npy");
+    check_inference(
+        &eval_device(),
+        "squeezenet1_1_dynbatch",
+        "input.npy",
+        "output_ort_legacy.npy",
+    );
+    check_inference(
+        &eval_device(),
+        "squeezenet1_1_dynbatch",
+        "input_other_shape.npy",
+        "output_torch_other_shape.npy",
+    );
 }
 
 #[test]
 fn gpt2_tiny_matches_onnxruntime() {
-    check_inference(&eval_device(), "gpt2_tiny", "input.npy", "output_ort_legacy.npy");
-    check_inference(&eval_device(), "gpt2_tiny", "input_other_shape.npy", "output_torch_other_shape.npy");
+    check_inference(
+        &eval_device(),
+        "gpt2_tiny",
+        "input.npy",
+        "output_ort_legacy.npy",
+    );
+    check_inference(
+        &eval_device(),
+        "gpt2_tiny",
+        "input_other_shape.npy",
+        "output_torch_other_shape.npy",
+    );
 }
 
 #[test]
@@ -45,9 +85,18 @@ fn wrong_input_is_an_error_naming_the_input() {
     let device = eval_device();
     let model = OnnxModel::load(refkit("models/mlp.onnx"), &device).unwrap();
     let bad = HostTensor::Float(ndarray::ArrayD::zeros(ndarray::IxDyn(&[2, 780])));
-    let err = model.forward(vec![("input".into(), Value::from_host(&bad, &device).unwrap())], Mode::Eval).err().unwrap();
+    let err = model
+        .forward(
+            vec![("input".into(), Value::from_host(&bad, &device).unwrap())],
+            Mode::Eval,
+        )
+        .err()
+        .unwrap();
     let msg = err.to_string();
-    assert!(msg.contains("input 'input'") && msg.contains("784"), "{msg}");
+    assert!(
+        msg.contains("input 'input'") && msg.contains("784"),
+        "{msg}"
+    );
     let err = model.forward(vec![], Mode::Eval).err().unwrap();
     assert!(err.to_string().contains("not provided"), "{err}");
 }

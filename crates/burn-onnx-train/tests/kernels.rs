@@ -6,9 +6,13 @@
 mod common;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_onnx_train::kernels::{cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, softmax, tanh};
 #[cfg(feature = "wgpu")]
-use burn_onnx_train::kernels::{NonFiniteFlag, runs_cubecl, unscale_and_check, unscale_and_check_reference};
+use burn_onnx_train::kernels::{
+    NonFiniteFlag, runs_cubecl, unscale_and_check, unscale_and_check_reference,
+};
+use burn_onnx_train::kernels::{
+    cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, softmax, tanh,
+};
 #[cfg(feature = "wgpu")]
 use burn_onnx_train::train::DeviceSpec;
 use common::*;
@@ -20,13 +24,21 @@ fn wgpu() -> Device {
 }
 
 fn host(t: Tensor<1>) -> ArrayD<f32> {
-    let v = t.into_data().convert::<f32>().try_into_vec::<f32>().unwrap();
+    let v = t
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap();
     ArrayD::from_shape_vec(IxDyn(&[v.len()]), v).unwrap()
 }
 
 fn host2(t: Tensor<2>) -> ArrayD<f32> {
     let dims = t.dims();
-    let v = t.into_data().convert::<f32>().try_into_vec::<f32>().unwrap();
+    let v = t
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap();
     ArrayD::from_shape_vec(IxDyn(&dims), v).unwrap()
 }
 
@@ -34,20 +46,36 @@ fn host2(t: Tensor<2>) -> ArrayD<f32> {
 /// and per-row weights for a non-trivial upstream gradient.
 fn problem(rows: usize, classes: usize) -> (Vec<f32>, Vec<i64>, Vec<f32>) {
     let mut next = lcg(7);
-    let logits = (0..rows * classes).map(|_| (next() % 16001) as f32 / 1000.0 - 8.0).collect();
-    let targets = (0..rows).map(|_| (next() % classes as u64) as i64).collect();
-    let weights = (0..rows).map(|_| (next() % 1000) as f32 / 500.0 - 1.0).collect();
+    let logits = (0..rows * classes)
+        .map(|_| (next() % 16001) as f32 / 1000.0 - 8.0)
+        .collect();
+    let targets = (0..rows)
+        .map(|_| (next() % classes as u64) as i64)
+        .collect();
+    let weights = (0..rows)
+        .map(|_| (next() % 1000) as f32 / 500.0 - 1.0)
+        .collect();
     (logits, targets, weights)
 }
 
 /// Loss per row and the gradient of `sum(w * loss)` with respect to the logits.
-fn loss_and_grad(device: &Device, rows: usize, classes: usize, fused: bool) -> (ArrayD<f32>, ArrayD<f32>) {
+fn loss_and_grad(
+    device: &Device,
+    rows: usize,
+    classes: usize,
+    fused: bool,
+) -> (ArrayD<f32>, ArrayD<f32>) {
     let (logits, targets, weights) = problem(rows, classes);
     let device = device.clone().autodiff();
-    let x = Tensor::<2>::from_data(TensorData::new(logits, vec![rows, classes]), &device).require_grad();
+    let x = Tensor::<2>::from_data(TensorData::new(logits, vec![rows, classes]), &device)
+        .require_grad();
     let t = Tensor::<1, Int>::from_data(TensorData::new(targets, vec![rows]), &device);
     let w = Tensor::<1>::from_data(TensorData::new(weights, vec![rows]), &device);
-    let loss = if fused { cross_entropy_rows(x.clone(), t) } else { cross_entropy_rows_reference(x.clone(), t) };
+    let loss = if fused {
+        cross_entropy_rows(x.clone(), t)
+    } else {
+        cross_entropy_rows_reference(x.clone(), t)
+    };
     let grads = (loss.clone() * w).sum().backward();
     let g = x.grad(&grads).unwrap();
     (host(loss.inner()), host2(g))
@@ -75,7 +103,10 @@ fn exact(rows: usize, classes: usize) -> (ArrayD<f32>, ArrayD<f32>) {
             grad.push(((p - if j == t { 1.0 } else { 0.0 }) * weights[r] as f64) as f32);
         }
     }
-    (ArrayD::from_shape_vec(IxDyn(&[rows]), loss).unwrap(), ArrayD::from_shape_vec(IxDyn(&[rows, classes]), grad).unwrap())
+    (
+        ArrayD::from_shape_vec(IxDyn(&[rows]), loss).unwrap(),
+        ArrayD::from_shape_vec(IxDyn(&[rows, classes]), grad).unwrap(),
+    )
 }
 
 /// The fused op on `device` against the closed form (1e-6 relative) and against
@@ -86,14 +117,41 @@ fn check_cross_entropy(device: &Device) {
     for (rows, classes) in [(37, 1000), (3, 50257), (5, 2)] {
         let (loss, grad) = loss_and_grad(device, rows, classes, true);
         let (want_loss, want_grad) = exact(rows, classes);
-        assert_close(&format!("{rows}x{classes} loss vs f64"), &loss, &want_loss, 1e-6, 1e-6);
-        assert_close(&format!("{rows}x{classes} gradient vs f64"), &grad, &want_grad, 1e-7, 1e-6);
+        assert_close(
+            &format!("{rows}x{classes} loss vs f64"),
+            &loss,
+            &want_loss,
+            1e-6,
+            1e-6,
+        );
+        assert_close(
+            &format!("{rows}x{classes} gradient vs f64"),
+            &grad,
+            &want_grad,
+            1e-7,
+            1e-6,
+        );
         for reference in [device.clone(), Device::flex()] {
             let (ref_loss, ref_grad) = loss_and_grad(&reference, rows, classes, false);
-            assert_close(&format!("{rows}x{classes} loss vs log_softmax+gather"), &loss, &ref_loss, 1e-6, 1e-5);
-            assert_close(&format!("{rows}x{classes} gradient vs log_softmax+gather"), &grad, &ref_grad, 1e-7, 1e-5);
+            assert_close(
+                &format!("{rows}x{classes} loss vs log_softmax+gather"),
+                &loss,
+                &ref_loss,
+                1e-6,
+                1e-5,
+            );
+            assert_close(
+                &format!("{rows}x{classes} gradient vs log_softmax+gather"),
+                &grad,
+                &ref_grad,
+                1e-7,
+                1e-5,
+            );
         }
-        assert!(grad.iter().any(|g| g.abs() > 1e-3), "the gradient is not trivially zero");
+        assert!(
+            grad.iter().any(|g| g.abs() > 1e-3),
+            "the gradient is not trivially zero"
+        );
     }
 }
 
@@ -113,7 +171,8 @@ fn fused_cross_entropy_on_wgpu_matches_the_closed_form_and_the_plain_composition
 fn fused_unscale_matches_and_flags_inf_and_nan_across_gradients() {
     let device = wgpu();
     let values: Vec<f32> = (0..3000).map(|i| (i as f32 - 1500.0) * 0.37).collect();
-    let grad = |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), vec![v.len()]), &device);
+    let grad =
+        |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), vec![v.len()]), &device);
     let mut flag = NonFiniteFlag::new(&device);
     let out = unscale_and_check(grad(&values), 0.25, &mut flag);
     let mut host_flag = false;
@@ -136,27 +195,48 @@ fn fused_unscale_matches_and_flags_inf_and_nan_across_gradients() {
 /// uniform), and upstream-gradient weights.
 fn activation_problem(rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
     let mut next = lcg(11);
-    let x = (0..rows * cols).map(|i| if i % 97 == 0 { 60.0 * if i % 2 == 0 { 1.0 } else { -1.0 } } else { (next() % 24001) as f32 / 1000.0 - 12.0 }).collect();
-    let w = (0..rows * cols).map(|_| (next() % 2000) as f32 / 1000.0 - 1.0).collect();
+    let x = (0..rows * cols)
+        .map(|i| {
+            if i % 97 == 0 {
+                60.0 * if i % 2 == 0 { 1.0 } else { -1.0 }
+            } else {
+                (next() % 24001) as f32 / 1000.0 - 12.0
+            }
+        })
+        .collect();
+    let w = (0..rows * cols)
+        .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
+        .collect();
     (x, w)
 }
 
 /// `f(x)` and the gradient of `sum(w * f(x))`, on the CPU through the interpreter's kernels.
-fn activation_and_grad(rows: usize, cols: usize, f: fn(Tensor<6>) -> Tensor<6>) -> (Vec<f32>, Vec<f32>) {
+fn activation_and_grad(
+    rows: usize,
+    cols: usize,
+    f: fn(Tensor<6>) -> Tensor<6>,
+) -> (Vec<f32>, Vec<f32>) {
     let (x, w) = activation_problem(rows, cols);
     let device = Device::flex().autodiff();
-    let x = Tensor::<6>::from_data(TensorData::new(x, vec![1, 1, 1, 1, rows, cols]), &device).require_grad();
+    let x = Tensor::<6>::from_data(TensorData::new(x, vec![1, 1, 1, 1, rows, cols]), &device)
+        .require_grad();
     let w = Tensor::<6>::from_data(TensorData::new(w, vec![1, 1, 1, 1, rows, cols]), &device);
     let y = f(x.clone());
     let grads = (y.clone() * w).sum().backward();
     let g = x.grad(&grads).unwrap();
-    (y.inner().into_data().try_to_vec::<f32>().unwrap(), g.into_data().try_to_vec::<f32>().unwrap())
+    (
+        y.inner().into_data().try_to_vec::<f32>().unwrap(),
+        g.into_data().try_to_vec::<f32>().unwrap(),
+    )
 }
 
 fn assert_close_rel(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64) {
     assert_eq!(got.len(), want.len());
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!((f64::from(g) - w).abs() <= atol + rtol * w.abs(), "{what}[{i}]: {g} vs {w}");
+        assert!(
+            (f64::from(g) - w).abs() <= atol + rtol * w.abs(),
+            "{what}[{i}]: {g} vs {w}"
+        );
     }
 }
 
@@ -166,7 +246,11 @@ fn tanh_forward_and_backward_match_the_f64_closed_form() {
     let (x, w) = activation_problem(rows, cols);
     let (y, g) = activation_and_grad(rows, cols, tanh);
     let want_y: Vec<f64> = x.iter().map(|&v| f64::from(v).tanh()).collect();
-    let want_g: Vec<f64> = want_y.iter().zip(&w).map(|(&t, &w)| f64::from(w) * (1.0 - t * t)).collect();
+    let want_g: Vec<f64> = want_y
+        .iter()
+        .zip(&w)
+        .map(|(&t, &w)| f64::from(w) * (1.0 - t * t))
+        .collect();
     assert_close_rel("tanh", &y, &want_y, 3e-7, 0.0);
     assert_close_rel("tanh gradient", &g, &want_g, 1e-6, 1e-7);
 }
@@ -183,7 +267,10 @@ fn gelu_tanh_forward_and_backward_match_the_f64_closed_form() {
         let x = f64::from(x);
         let t = (k * (x + c * x * x * x)).tanh();
         want_y.push(0.5 * x * (1.0 + t));
-        want_g.push(f64::from(w) * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x)));
+        want_g.push(
+            f64::from(w)
+                * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x)),
+        );
     }
     assert_close_rel("gelu", &y, &want_y, 1e-6, 1e-7);
     assert_close_rel("gelu gradient", &g, &want_g, 1e-5, 1e-6);
@@ -205,12 +292,19 @@ fn softmax_forward_and_backward_match_the_f64_closed_form() {
             let dot: f64 = p.iter().zip(wr).map(|(p, &w)| p * f64::from(w)).sum();
             want_g.extend(p.iter().zip(wr).map(|(p, &w)| p * (f64::from(w) - dot)));
             // f32's own limit: y (g - dot) cancels, so its error scales with y (|g| + |dot|).
-            scale_g.extend(p.iter().zip(wr).map(|(p, &w)| p * (f64::from(w).abs() + dot.abs())));
+            scale_g.extend(
+                p.iter()
+                    .zip(wr)
+                    .map(|(p, &w)| p * (f64::from(w).abs() + dot.abs())),
+            );
             want_y.extend(p);
         }
         assert_close_rel(&format!("softmax {rows}x{cols}"), &y, &want_y, 1e-6, 1e-12);
         for (i, ((&got, want), scale)) in g.iter().zip(&want_g).zip(&scale_g).enumerate() {
-            assert!((f64::from(got) - want).abs() <= 1e-6 * scale + 1e-12, "softmax gradient {rows}x{cols}[{i}]: {got} vs {want} (scale {scale})");
+            assert!(
+                (f64::from(got) - want).abs() <= 1e-6 * scale + 1e-12,
+                "softmax gradient {rows}x{cols}[{i}]: {got} vs {want} (scale {scale})"
+            );
         }
     }
 }
@@ -219,7 +313,13 @@ fn softmax_forward_and_backward_match_the_f64_closed_form() {
 fn softmax_on_another_axis_is_burns() {
     let (x, _) = activation_problem(6, 8);
     let t = Tensor::<6>::from_data(TensorData::new(x, vec![1, 1, 1, 1, 6, 8]), &Device::flex());
-    let got = softmax(t.clone(), 4).into_data().try_to_vec::<f32>().unwrap();
-    let want = burn::tensor::activation::softmax(t, 4).into_data().try_to_vec::<f32>().unwrap();
+    let got = softmax(t.clone(), 4)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    let want = burn::tensor::activation::softmax(t, 4)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
     assert_eq!(got, want);
 }

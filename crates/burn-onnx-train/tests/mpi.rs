@@ -26,12 +26,20 @@ fn setup(dir: &Path, case: &str, steps: usize) -> PathBuf {
     let mut next = lcg(17);
     let (model, loss, input) = if case == "gpt2" {
         let ids: Vec<i64> = (0..16 * 64).map(|_| (next() % 1024) as i64).collect();
-        write_npy(data.join("tokens.npy"), &Value::Int(ArrayD::from_shape_vec(IxDyn(&[ids.len()]), ids).unwrap())).unwrap();
+        write_npy(
+            data.join("tokens.npy"),
+            &Value::Int(ArrayD::from_shape_vec(IxDyn(&[ids.len()]), ids).unwrap()),
+        )
+        .unwrap();
         ("gpt2_tiny", LossKind::LmCrossEntropy, "input_ids")
     } else {
         let x = ArrayD::from_shape_fn(IxDyn(&[64, 784]), |_| (next() % 1000) as f32 / 1000.0 - 0.5);
         let y = ArrayD::from_shape_fn(IxDyn(&[64]), |_| (next() % 10) as i64);
-        write_npy(data.join("images_0.npy"), &Value::Float(FloatValue::from_array(&x, &Device::flex()).unwrap())).unwrap();
+        write_npy(
+            data.join("images_0.npy"),
+            &Value::Float(FloatValue::from_array(&x, &Device::flex()).unwrap()),
+        )
+        .unwrap();
         write_npy(data.join("labels_0.npy"), &Value::Int(y)).unwrap();
         ("mlp", LossKind::CrossEntropy, "input")
     };
@@ -51,10 +59,18 @@ fn onnx_train() -> &'static str {
 
 fn mpirun(np: usize) -> Command {
     let mut cmd = Command::new("timeout");
-    cmd.args(["-k", "10", "300", "mpirun", "--oversubscribe", "-np", &np.to_string()])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("RAYON_NUM_THREADS", "1");
+    cmd.args([
+        "-k",
+        "10",
+        "300",
+        "mpirun",
+        "--oversubscribe",
+        "-np",
+        &np.to_string(),
+    ])
+    .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    .env("RAYON_NUM_THREADS", "1");
     cmd
 }
 
@@ -69,23 +85,68 @@ fn grid_equivalence(case: &str, dp: usize, tp: usize, pp: usize, per_rank: usize
     let dir = tempdir(&format!("mpi-{case}-{dp}x{tp}x{pp}"));
     let cfg = setup(&dir, case, 10);
     let single = Command::new(onnx_train())
-        .args(["train", "--config", cfg.to_str().unwrap(), "--output-dir", dir.join("one").to_str().unwrap()])
+        .args([
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--output-dir",
+            dir.join("one").to_str().unwrap(),
+        ])
         .args(["--batch-size", &(dp * per_rank).to_string()])
         .output()
         .unwrap();
-    assert!(single.status.success(), "{}", String::from_utf8_lossy(&single.stderr));
+    assert!(
+        single.status.success(),
+        "{}",
+        String::from_utf8_lossy(&single.stderr)
+    );
     let multi = mpirun(np)
         .arg(onnx_train())
-        .args(["train", "--config", cfg.to_str().unwrap(), "--output-dir", dir.join("many").to_str().unwrap()])
-        .args(["--batch-size", &per_rank.to_string(), "--dp", &dp.to_string(), "--tp", &tp.to_string(), "--pp", &pp.to_string()])
+        .args([
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--output-dir",
+            dir.join("many").to_str().unwrap(),
+        ])
+        .args([
+            "--batch-size",
+            &per_rank.to_string(),
+            "--dp",
+            &dp.to_string(),
+            "--tp",
+            &tp.to_string(),
+            "--pp",
+            &pp.to_string(),
+        ])
         .output()
         .unwrap();
-    assert!(multi.status.success(), "{}\n{}", String::from_utf8_lossy(&multi.stdout), String::from_utf8_lossy(&multi.stderr));
-    let file = format!("{}_trained.onnx", if case == "gpt2" { "gpt2_tiny" } else { "mlp" });
-    for ((name, a), (_, b)) in onnx_params(dir.join("one").join(&file)).iter().zip(onnx_params(dir.join("many").join(&file))) {
-        assert_close(&format!("mpirun -np {np} --dp {dp} --tp {tp} --pp {pp} {case}: {name}"), &b, a, 1e-5, 0.0);
+    assert!(
+        multi.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&multi.stdout),
+        String::from_utf8_lossy(&multi.stderr)
+    );
+    let file = format!(
+        "{}_trained.onnx",
+        if case == "gpt2" { "gpt2_tiny" } else { "mlp" }
+    );
+    for ((name, a), (_, b)) in onnx_params(dir.join("one").join(&file))
+        .iter()
+        .zip(onnx_params(dir.join("many").join(&file)))
+    {
+        assert_close(
+            &format!("mpirun -np {np} --dp {dp} --tp {tp} --pp {pp} {case}: {name}"),
+            &b,
+            a,
+            1e-5,
+            0.0,
+        );
     }
-    let initial = refkit(&format!("models/{}.onnx", if case == "gpt2" { "gpt2_tiny" } else { "mlp" }));
+    let initial = refkit(&format!(
+        "models/{}.onnx",
+        if case == "gpt2" { "gpt2_tiny" } else { "mlp" }
+    ));
     assert_moved(&initial, &dir.join("one").join(&file), 1e-3);
 }
 
@@ -94,24 +155,63 @@ fn grid_equivalence(case: &str, dp: usize, tp: usize, pp: usize, per_rank: usize
 fn zero_equivalence(np: usize, stage: usize, atol: f32) {
     let dir = tempdir(&format!("mpi-zero-{np}-{stage}"));
     let cfg = setup(&dir, "gpt2", 10);
-    let text = std::fs::read_to_string(&cfg).unwrap().replace("kind = \"sgd\"", "kind = \"adamw\"").replace("max_grad_norm = 0.0", "max_grad_norm = 1.0").replace("initial_lr = 0.1", "initial_lr = 0.001");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("kind = \"sgd\"", "kind = \"adamw\"")
+        .replace("max_grad_norm = 0.0", "max_grad_norm = 1.0")
+        .replace("initial_lr = 0.1", "initial_lr = 0.001");
     std::fs::write(&cfg, text).unwrap();
     for (out, zero) in [("zero0", 0), ("zeroN", stage)] {
         let run = mpirun(np)
             .arg(onnx_train())
-            .args(["train", "--config", cfg.to_str().unwrap(), "--output-dir", dir.join(out).to_str().unwrap()])
-            .args(["--batch-size", "1", "--dp", &np.to_string(), "--zero", &zero.to_string()])
+            .args([
+                "train",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--output-dir",
+                dir.join(out).to_str().unwrap(),
+            ])
+            .args([
+                "--batch-size",
+                "1",
+                "--dp",
+                &np.to_string(),
+                "--zero",
+                &zero.to_string(),
+            ])
             .output()
             .unwrap();
-        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
     }
     let file = "gpt2_tiny_trained.onnx";
-    for ((name, a), (_, b)) in onnx_params(dir.join("zero0").join(file)).iter().zip(onnx_params(dir.join("zeroN").join(file))) {
-        assert_close(&format!("mpirun -np {np} --zero {stage}: {name}"), &b, a, atol, 0.0);
+    for ((name, a), (_, b)) in onnx_params(dir.join("zero0").join(file))
+        .iter()
+        .zip(onnx_params(dir.join("zeroN").join(file)))
+    {
+        assert_close(
+            &format!("mpirun -np {np} --zero {stage}: {name}"),
+            &b,
+            a,
+            atol,
+            0.0,
+        );
     }
-    assert_moved(&refkit("models/gpt2_tiny.onnx"), &dir.join("zeroN").join(file), 1e-3);
-    let perf: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("zeroN/perf.json")).unwrap()).unwrap();
-    assert_eq!(perf["optimizer_state_bytes"].as_array().unwrap().len(), np, "one figure per rank");
+    assert_moved(
+        &refkit("models/gpt2_tiny.onnx"),
+        &dir.join("zeroN").join(file),
+        1e-3,
+    );
+    let perf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("zeroN/perf.json")).unwrap()).unwrap();
+    assert_eq!(
+        perf["optimizer_state_bytes"].as_array().unwrap().len(),
+        np,
+        "one figure per rank"
+    );
 }
 
 #[test]
@@ -187,21 +287,46 @@ fn an_op_error_on_a_rank_is_printed_before_the_job_ends() {
     // Gather node fails at run time on every rank.
     let dir = tempdir("mpi-op-error");
     let cfg = setup(&dir, "gpt2", 2);
-    let text = std::fs::read_to_string(&cfg).unwrap().replace("seq_len = 16", "seq_len = 200");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("seq_len = 16", "seq_len = 200");
     std::fs::write(&cfg, text).unwrap();
-    let out = mpirun(2).arg(onnx_train()).args(["train", "--config", cfg.to_str().unwrap(), "--dp", "2", "--batch-size", "1"]).output().unwrap();
+    let out = mpirun(2)
+        .arg(onnx_train())
+        .args([
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--dp",
+            "2",
+            "--batch-size",
+            "1",
+        ])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("node `") && err.contains("(Gather)"), "the op error must name the node and op:\n{err}");
+    assert!(
+        err.contains("node `") && err.contains("(Gather)"),
+        "the op error must name the node and op:\n{err}"
+    );
 }
 
 #[test]
 fn mismatched_dp_and_world_size_fails_every_rank() {
     let dir = tempdir("mpi-mismatch");
     let cfg = setup(&dir, "mlp", 4);
-    let out = mpirun(2).arg(onnx_train()).args(["train", "--config", cfg.to_str().unwrap(), "--dp", "3"]).output().unwrap();
+    let out = mpirun(2)
+        .arg(onnx_train())
+        .args(["train", "--config", cfg.to_str().unwrap(), "--dp", "3"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("data_parallel_size"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("data_parallel_size"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Kill one rank of a running 2-rank job: mpirun must end the other and exit non-zero
@@ -223,7 +348,13 @@ fn kill_one_of_two(tag: &str, flags: &[&str]) {
     let out_dir = dir.join("out");
     let mut job = mpirun(2)
         .arg(onnx_train())
-        .args(["train", "--config", cfg.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()])
+        .args([
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+        ])
         .args(flags)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -241,29 +372,48 @@ fn kill_one_of_two(tag: &str, flags: &[&str]) {
         std::thread::sleep(Duration::from_millis(200));
     };
     std::thread::sleep(Duration::from_secs(3));
-    assert!(job.try_wait().unwrap().is_none(), "the job ended before the kill");
+    assert!(
+        job.try_wait().unwrap().is_none(),
+        "the job ended before the kill"
+    );
     let killed_at = Instant::now();
-    Command::new("kill").args(["-9", &ranks[1].to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-9", &ranks[1].to_string()])
+        .status()
+        .unwrap();
     let status = loop {
         if let Some(s) = job.try_wait().unwrap() {
             break s;
         }
-        assert!(killed_at.elapsed() < Duration::from_secs(30), "the job outlived a killed rank by 30 s");
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(30),
+            "the job outlived a killed rank by 30 s"
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
-    eprintln!("mpirun exited with {status} {:?} after the kill", killed_at.elapsed());
+    eprintln!(
+        "mpirun exited with {status} {:?} after the kill",
+        killed_at.elapsed()
+    );
     assert!(!status.success(), "a job with a killed rank must fail");
     assert!(descendants_named(mpirun_pid, "onnx-train").is_empty());
 }
 
 /// Processes under `root` (transitively) whose command name is `name`.
 fn descendants_named(root: u32, name: &str) -> Vec<u32> {
-    let out = Command::new("ps").args(["-eo", "pid=,ppid=,comm="]).output().unwrap();
+    let out = Command::new("ps")
+        .args(["-eo", "pid=,ppid=,comm="])
+        .output()
+        .unwrap();
     let rows: Vec<(u32, u32, String)> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
             let mut it = l.split_whitespace();
-            Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.to_string()))
+            Some((
+                it.next()?.parse().ok()?,
+                it.next()?.parse().ok()?,
+                it.next()?.to_string(),
+            ))
         })
         .collect();
     let mut tree = vec![root];
@@ -290,16 +440,50 @@ fn descendants_named(root: u32, name: &str) -> Vec<u32> {
 fn launch_restarts_a_job_whose_rank_was_killed() {
     let dir = tempdir("mpi-elastic");
     let cfg = setup(&dir, "gpt2", 300);
-    let text = std::fs::read_to_string(&cfg).unwrap().replace("checkpoint_period = 0", "checkpoint_period = 20");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("checkpoint_period = 0", "checkpoint_period = 20");
     std::fs::write(&cfg, text).unwrap();
     let train_args = |out: &str| -> Vec<String> {
-        ["train", "--config", cfg.to_str().unwrap(), "--output-dir", dir.join(out).to_str().unwrap(), "--dp", "2", "--batch-size", "1"].map(String::from).to_vec()
+        [
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--output-dir",
+            dir.join(out).to_str().unwrap(),
+            "--dp",
+            "2",
+            "--batch-size",
+            "1",
+        ]
+        .map(String::from)
+        .to_vec()
     };
-    let clean = mpirun(2).arg(onnx_train()).args(train_args("clean")).output().unwrap();
-    assert!(clean.status.success(), "{}", String::from_utf8_lossy(&clean.stderr));
+    let clean = mpirun(2)
+        .arg(onnx_train())
+        .args(train_args("clean"))
+        .output()
+        .unwrap();
+    assert!(
+        clean.status.success(),
+        "{}",
+        String::from_utf8_lossy(&clean.stderr)
+    );
 
     let mut job = Command::new("timeout")
-        .args(["-k", "10", "600", onnx_train(), "launch", "--np", "2", "--max-restarts", "1", "--mpirun-arg=--oversubscribe", "--"])
+        .args([
+            "-k",
+            "10",
+            "600",
+            onnx_train(),
+            "launch",
+            "--np",
+            "2",
+            "--max-restarts",
+            "1",
+            "--mpirun-arg=--oversubscribe",
+            "--",
+        ])
         .args(train_args("elastic"))
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -310,7 +494,10 @@ fn launch_restarts_a_job_whose_rank_was_killed() {
         .unwrap();
     // Once the first checkpoint exists, kill one rank.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !dir.join("elastic/checkpoints/ckpt-000000020/state.json").is_file() {
+    while !dir
+        .join("elastic/checkpoints/ckpt-000000020/state.json")
+        .is_file()
+    {
         assert!(Instant::now() < deadline, "no checkpoint appeared");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -318,15 +505,28 @@ fn launch_restarts_a_job_whose_rank_was_killed() {
     let launcher = descendants_named(job.id(), "onnx-train")[0];
     let ranks = descendants_named(launcher, "onnx-train");
     assert_eq!(ranks.len(), 2, "two ranks under the launcher");
-    Command::new("kill").args(["-9", &ranks[1].to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-9", &ranks[1].to_string()])
+        .status()
+        .unwrap();
     let status = job.wait().unwrap();
     let mut stdout = String::new();
     std::io::Read::read_to_string(job.stdout.as_mut().unwrap(), &mut stdout).unwrap();
     assert!(status.success(), "the restarted job must finish: {stdout}");
     assert!(stdout.contains("after 1 restart(s)"), "{stdout}");
     let file = "gpt2_tiny_trained.onnx";
-    for ((name, a), (_, b)) in onnx_params(dir.join("clean").join(file)).iter().zip(onnx_params(dir.join("elastic").join(file))) {
-        assert_eq!(a, &b, "{name}: the restarted job differs from the uninterrupted one");
+    for ((name, a), (_, b)) in onnx_params(dir.join("clean").join(file))
+        .iter()
+        .zip(onnx_params(dir.join("elastic").join(file)))
+    {
+        assert_eq!(
+            a, &b,
+            "{name}: the restarted job differs from the uninterrupted one"
+        );
     }
-    assert_moved(&refkit("models/gpt2_tiny.onnx"), &dir.join("elastic").join(file), 1e-3);
+    assert_moved(
+        &refkit("models/gpt2_tiny.onnx"),
+        &dir.join("elastic").join(file),
+        1e-3,
+    );
 }

@@ -19,7 +19,9 @@ use ndarray::ArrayD;
 fn fake_grad(shape: &[usize], p: usize, t: usize) -> ArrayD<f32> {
     let mut x = (p as u64 + 1) * 1_000_003 + t as u64 * 7919;
     ArrayD::from_shape_fn(ndarray::IxDyn(shape), |_| {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
     })
 }
@@ -30,7 +32,10 @@ fn grads_for(model: &OnnxModel, t: usize) -> (GradientsParams, Vec<ArrayD<f32>>)
     let device = model.device();
     for (i, (p, info)) in model.params().iter().zip(model.param_infos()).enumerate() {
         let g = fake_grad(&info.shape, i, t);
-        let data = TensorData::new(g.iter().copied().collect::<Vec<f32>>(), padded(&info.shape).unwrap().to_vec());
+        let data = TensorData::new(
+            g.iter().copied().collect::<Vec<f32>>(),
+            padded(&info.shape).unwrap().to_vec(),
+        );
         grads.register::<MAX_RANK>(p.id, Tensor::from_data(data, &device));
         host.push(g);
     }
@@ -69,11 +74,30 @@ impl RefLamb {
 fn lamb_matches_reference_implementation() {
     let device = train_device();
     let mut model = OnnxModel::load(refkit("models/mlp.onnx"), &device).unwrap();
-    let c = OptimizerConfig { kind: OptimizerKind::Lamb, epsilon: 1e-6, weight_decay: 0.01, no_weight_decay: vec![], ..Default::default() };
+    let c = OptimizerConfig {
+        kind: OptimizerKind::Lamb,
+        epsilon: 1e-6,
+        weight_decay: 0.01,
+        no_weight_decay: vec![],
+        ..Default::default()
+    };
     let mut optim = build_optimizer(&c, &model);
-    let mut params: Vec<Vec<f64>> =
-        (0..model.params().len()).map(|i| model.param_value(i).unwrap().to_array().unwrap().iter().map(|&x| x as f64).collect()).collect();
-    let mut reference = RefLamb { m: params.iter().map(|p| vec![0.0; p.len()]).collect(), v: params.iter().map(|p| vec![0.0; p.len()]).collect() };
+    let mut params: Vec<Vec<f64>> = (0..model.params().len())
+        .map(|i| {
+            model
+                .param_value(i)
+                .unwrap()
+                .to_array()
+                .unwrap()
+                .iter()
+                .map(|&x| x as f64)
+                .collect()
+        })
+        .collect();
+    let mut reference = RefLamb {
+        m: params.iter().map(|p| vec![0.0; p.len()]).collect(),
+        v: params.iter().map(|p| vec![0.0; p.len()]).collect(),
+    };
     for t in 1..=5 {
         let (grads, host) = grads_for(&model, t);
         model = optim.step(0.01, model, grads);
@@ -81,7 +105,9 @@ fn lamb_matches_reference_implementation() {
     }
     for (i, info) in model.param_infos().iter().enumerate() {
         let got = model.param_value(i).unwrap().to_array().unwrap();
-        let want = ArrayD::from_shape_vec(got.raw_dim(), params[i].iter().map(|&x| x as f32).collect()).unwrap();
+        let want =
+            ArrayD::from_shape_vec(got.raw_dim(), params[i].iter().map(|&x| x as f32).collect())
+                .unwrap();
         assert_close(&format!("LAMB {}", info.name), &got, &want, 2e-6, 1e-5);
     }
 }
@@ -90,13 +116,30 @@ fn lamb_matches_reference_implementation() {
 fn no_weight_decay_group_is_not_decayed() {
     let device = train_device();
     let model = OnnxModel::load(refkit("models/mlp.onnx"), &device).unwrap();
-    let before: HashMap<String, ArrayD<f32>> =
-        model.param_infos().iter().enumerate().map(|(i, p)| (p.name.clone(), model.param_value(i).unwrap().to_array().unwrap())).collect();
-    let c = OptimizerConfig { kind: OptimizerKind::Adamw, weight_decay: 0.5, no_weight_decay: vec!["bias".into()], ..Default::default() };
+    let before: HashMap<String, ArrayD<f32>> = model
+        .param_infos()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            (
+                p.name.clone(),
+                model.param_value(i).unwrap().to_array().unwrap(),
+            )
+        })
+        .collect();
+    let c = OptimizerConfig {
+        kind: OptimizerKind::Adamw,
+        weight_decay: 0.5,
+        no_weight_decay: vec!["bias".into()],
+        ..Default::default()
+    };
     let mut optim = build_optimizer(&c, &model);
     let mut grads = GradientsParams::new();
     for (p, info) in model.params().iter().zip(model.param_infos()) {
-        let zeros = TensorData::new(vec![0f32; info.shape.iter().product()], padded(&info.shape).unwrap().to_vec());
+        let zeros = TensorData::new(
+            vec![0f32; info.shape.iter().product()],
+            padded(&info.shape).unwrap().to_vec(),
+        );
         grads.register::<MAX_RANK>(p.id, Tensor::from_data(zeros, &device));
     }
     let model = optim.step(0.1, model, grads);
@@ -104,7 +147,11 @@ fn no_weight_decay_group_is_not_decayed() {
         let after = model.param_value(i).unwrap().to_array().unwrap();
         let b = &before[&info.name];
         // Zero gradient: AdamW moves a parameter only by its decay, p * (1 - lr * wd).
-        let want = if info.name.contains("bias") { b.clone() } else { b.mapv(|x| x * (1.0 - 0.1 * 0.5)) };
+        let want = if info.name.contains("bias") {
+            b.clone()
+        } else {
+            b.mapv(|x| x * (1.0 - 0.1 * 0.5))
+        };
         assert_close(&info.name, &after, &want, 1e-7, 1e-6);
     }
 }
@@ -114,20 +161,44 @@ fn global_norm_clipping_scales_all_gradients_together() {
     let device = eval_device();
     let model = OnnxModel::load(refkit("models/mlp.onnx"), &device).unwrap();
     let (mut grads, host) = grads_for(&model, 1);
-    let norm: f64 = host.iter().flat_map(|g| g.iter()).map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
+    let norm: f64 = host
+        .iter()
+        .flat_map(|g| g.iter())
+        .map(|&x| (x as f64) * (x as f64))
+        .sum::<f64>()
+        .sqrt();
     let max = (norm / 4.0) as f32;
     let reported = clip_global_norm(&mut grads, &model, max).unwrap();
-    assert!((reported as f64 - norm).abs() < 1e-4 * norm, "{reported} vs {norm}");
+    assert!(
+        (reported as f64 - norm).abs() < 1e-4 * norm,
+        "{reported} vs {norm}"
+    );
     let scale = max as f64 / (norm + 1e-6);
     for (p, g) in model.params().iter().zip(&host) {
-        let got = grads.get::<MAX_RANK>(p.id).unwrap().into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        let got = grads
+            .get::<MAX_RANK>(p.id)
+            .unwrap()
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
         for (a, b) in got.iter().zip(g.iter()) {
-            assert!((*a as f64 - *b as f64 * scale).abs() < 1e-7, "{a} vs {}", *b as f64 * scale);
+            assert!(
+                (*a as f64 - *b as f64 * scale).abs() < 1e-7,
+                "{a} vs {}",
+                *b as f64 * scale
+            );
         }
     }
     // Below the threshold nothing changes.
     let (mut grads, host) = grads_for(&model, 2);
     clip_global_norm(&mut grads, &model, 1e6).unwrap();
-    let first = grads.get::<MAX_RANK>(model.params()[0].id).unwrap().into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+    let first = grads
+        .get::<MAX_RANK>(model.params()[0].id)
+        .unwrap()
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .unwrap();
     assert_eq!(first, host[0].iter().copied().collect::<Vec<f32>>());
 }

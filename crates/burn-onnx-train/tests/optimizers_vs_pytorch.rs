@@ -20,7 +20,10 @@ fn refs() -> serde_json::Value {
 
 fn check(case: &str, kind: OptimizerKind) {
     let r = &refs()[case];
-    let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{case}: refs.json has no {k}"));
+    let f = |k: &str| {
+        r[k].as_f64()
+            .unwrap_or_else(|| panic!("{case}: refs.json has no {k}"))
+    };
     let config = OptimizerConfig {
         kind,
         momentum: r["momentum"].as_f64().unwrap_or(0.0),
@@ -30,22 +33,37 @@ fn check(case: &str, kind: OptimizerKind) {
         weight_decay: f("weight_decay") as f32,
         ..Default::default()
     };
-    assert!(config.no_weight_decay.iter().any(|s| s == "bias"), "the default no-decay group covers biases");
+    assert!(
+        config.no_weight_decay.iter().any(|s| s == "bias"),
+        "the default no-decay group covers biases"
+    );
     let (lr, max_norm) = (f("lr"), r["max_grad_norm"].as_f64().unwrap_or(0.0) as f32);
     let device = train_device();
     let mut model = OnnxModel::load(data("optim/mlp_small.onnx"), &device).unwrap();
     let mut optim = build_optimizer(&config, &model);
     let batch = npz(data("optim/batch.npz"));
-    let want_losses: Vec<f64> = r["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let want_losses: Vec<f64> = r["losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     assert_eq!(want_losses.len(), 10);
     let grads0 = npz(data("optim/grads0.npz"));
     for (step, want) in want_losses.iter().enumerate() {
         let x = Value::from_host(&batch["input"], &device).unwrap();
-        let out = model.forward(vec![("input".into(), x)], Mode::Train).unwrap();
-        let Some(Value::Float(logits)) = out.first().cloned() else { panic!() };
+        let out = model
+            .forward(vec![("input".into(), x)], Mode::Train)
+            .unwrap();
+        let Some(Value::Float(logits)) = out.first().cloned() else {
+            panic!()
+        };
         let loss = cross_entropy(logits, int(&batch["target"])).unwrap();
         let got = loss.clone().into_scalar::<f32>() as f64;
-        assert!((got - want).abs() < 1e-5, "{case} step {step}: loss {got} vs {want}");
+        assert!(
+            (got - want).abs() < 1e-5,
+            "{case} step {step}: loss {got} vs {want}"
+        );
         let mut grads = GradientsParams::from_grads(loss.backward(), &model);
         clip_global_norm(&mut grads, &model, max_norm).unwrap();
         model = optim.step(lr, model, grads);
@@ -56,13 +74,24 @@ fn check(case: &str, kind: OptimizerKind) {
     compare(case, &model, "step10", &grads0);
 }
 
-fn compare(case: &str, model: &OnnxModel, at: &str, grads0: &HashMap<String, burn_onnx_train::host_tensor::HostTensor>) {
+fn compare(
+    case: &str,
+    model: &OnnxModel,
+    at: &str,
+    grads0: &HashMap<String, burn_onnx_train::host_tensor::HostTensor>,
+) {
     let want = npz(data(&format!("optim/{case}_{at}.npz")));
     assert_eq!(want.len(), model.param_infos().len());
     let atol = if case == "sgd" { 1e-6 } else { 1e-5 };
     for (name, w) in &want {
         let got = model.param_by_name(name).unwrap().to_array().unwrap();
-        assert_close_where_grad(&format!("{case} {at}: {name}"), &got, float(w), float(&grads0[name]), atol);
+        assert_close_where_grad(
+            &format!("{case} {at}: {name}"),
+            &got,
+            float(w),
+            float(&grads0[name]),
+            atol,
+        );
     }
 }
 

@@ -26,7 +26,10 @@ use ndarray::{ArrayD, IxDyn};
 
 fn tokens(vocab: u64) -> Arc<dyn Dataset> {
     let mut next = lcg(7);
-    Arc::new(TokenDataset::from_tokens((0..16 * 96).map(|_| (next() % vocab) as i64).collect(), 16).unwrap())
+    Arc::new(
+        TokenDataset::from_tokens((0..16 * 96).map(|_| (next() % vocab) as i64).collect(), 16)
+            .unwrap(),
+    )
 }
 
 fn run(c: TrainingConfig, data: &Arc<dyn Dataset>) -> RunSummary {
@@ -35,7 +38,10 @@ fn run(c: TrainingConfig, data: &Arc<dyn Dataset>) -> RunSummary {
 
 /// Every parameter of `got` within `atol` of `want`'s, and `want` moved from `initial`.
 fn compare(initial: &Path, want: &Path, got: &Path, atol: f32) {
-    let (a, b) = (onnx_params(want.to_path_buf()), onnx_params(got.to_path_buf()));
+    let (a, b) = (
+        onnx_params(want.to_path_buf()),
+        onnx_params(got.to_path_buf()),
+    );
     assert_eq!(a.len(), b.len(), "{}: parameter count", got.display());
     for ((name, a), (name_b, b)) in a.iter().zip(&b) {
         assert_eq!(name, name_b);
@@ -45,7 +51,16 @@ fn compare(initial: &Path, want: &Path, got: &Path, atol: f32) {
 }
 
 fn gpt2_tiny(out: &Path) -> TrainingConfig {
-    TrainingConfig { output_dir: out.to_path_buf(), batch_size: 4, eval_batch_size: 4, ..sgd_config(refkit("models/gpt2_tiny.onnx"), LossKind::LmCrossEntropy, "input_ids") }
+    TrainingConfig {
+        output_dir: out.to_path_buf(),
+        batch_size: 4,
+        eval_batch_size: 4,
+        ..sgd_config(
+            refkit("models/gpt2_tiny.onnx"),
+            LossKind::LmCrossEntropy,
+            "input_ids",
+        )
+    }
 }
 
 #[test]
@@ -53,16 +68,32 @@ fn gpt2_tiny_two_stages_equal_one_process() {
     let data = tokens(1024);
     let (one, two) = (tempdir("pp-gpt2-1"), tempdir("pp-gpt2-2"));
     let single = run(gpt2_tiny(&one), &data);
-    let piped = run(TrainingConfig { pipeline_parallel_size: 2, ..gpt2_tiny(&two) }, &data);
+    let piped = run(
+        TrainingConfig {
+            pipeline_parallel_size: 2,
+            ..gpt2_tiny(&two)
+        },
+        &data,
+    );
     assert_eq!(piped.losses.len(), 10);
     for ((s, a), (t, b)) in single.losses.iter().zip(&piped.losses) {
         assert_eq!(s, t);
         assert!((a - b).abs() < 1e-5, "loss at update {s}: {a} vs {b}");
     }
     let (ea, eb) = (single.evals.last().unwrap(), piped.evals.last().unwrap());
-    assert!((ea.loss - eb.loss).abs() < 1e-5, "evaluation loss {} vs {}", ea.loss, eb.loss);
+    assert!(
+        (ea.loss - eb.loss).abs() < 1e-5,
+        "evaluation loss {} vs {}",
+        ea.loss,
+        eb.loss
+    );
     assert_eq!(piped.perf.unwrap().world_size, 2);
-    compare(&refkit("models/gpt2_tiny.onnx"), &one.join("gpt2_tiny_trained.onnx"), &two.join("gpt2_tiny_trained.onnx"), 1e-5);
+    compare(
+        &refkit("models/gpt2_tiny.onnx"),
+        &one.join("gpt2_tiny_trained.onnx"),
+        &two.join("gpt2_tiny_trained.onnx"),
+        1e-5,
+    );
 }
 
 #[test]
@@ -73,12 +104,25 @@ fn gpt2_tiny_four_stages_1f1b_and_gpipe_are_identical_and_equal_one_process() {
     let mut outs = Vec::new();
     for schedule in [PipelineSchedule::OneFOneB, PipelineSchedule::Gpipe] {
         let out = tempdir(&format!("pp4-{schedule:?}"));
-        let c = TrainingConfig { pipeline_parallel_size: 4, num_pipeline_micro_batches: 4, pipeline_schedule: schedule, ..gpt2_tiny(&out) };
+        let c = TrainingConfig {
+            pipeline_parallel_size: 4,
+            num_pipeline_micro_batches: 4,
+            pipeline_schedule: schedule,
+            ..gpt2_tiny(&out)
+        };
         run(c, &data);
         outs.push(out.join("gpt2_tiny_trained.onnx"));
     }
-    compare(&refkit("models/gpt2_tiny.onnx"), &one.join("gpt2_tiny_trained.onnx"), &outs[0], 1e-5);
-    for ((name, a), (_, b)) in onnx_params(outs[0].clone()).iter().zip(onnx_params(outs[1].clone())) {
+    compare(
+        &refkit("models/gpt2_tiny.onnx"),
+        &one.join("gpt2_tiny_trained.onnx"),
+        &outs[0],
+        1e-5,
+    );
+    for ((name, a), (_, b)) in onnx_params(outs[0].clone())
+        .iter()
+        .zip(onnx_params(outs[1].clone()))
+    {
         assert_eq!(a, &b, "{name}: GPipe and 1F1B differ");
     }
 }
@@ -90,15 +134,36 @@ fn tied_embedding_split_across_stages_trains_as_one_parameter() {
     // norm (AdamW with clipping at 0.5, which binds) counts the parameter once.
     let dir = tempdir("pp-tied");
     let model = dir.join("gpt2_tied.onnx");
-    write_gpt2(&Gpt2Config { n_layer: 2, n_head: 2, n_embd: 32, vocab_size: 256, n_positions: 32, ..Default::default() }, &model).unwrap();
+    write_gpt2(
+        &Gpt2Config {
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 32,
+            vocab_size: 256,
+            n_positions: 32,
+            ..Default::default()
+        },
+        &model,
+    )
+    .unwrap();
     let loaded = OnnxModel::load(&model, &Device::flex()).unwrap();
     let part = Partition::auto(&loaded, 2).unwrap();
-    let wte = part.shared.iter().find(|s| s.name == "transformer.wte.weight").expect("the tied embedding is shared");
+    let wte = part
+        .shared
+        .iter()
+        .find(|s| s.name == "transformer.wte.weight")
+        .expect("the tied embedding is shared");
     assert_eq!(wte.stages, vec![0, 1]);
     let data = tokens(256);
     let base = |out: &Path| TrainingConfig {
-        optimizer: OptimizerConfig { kind: OptimizerKind::Adamw, ..Default::default() },
-        lr: LrConfig { initial_lr: 3e-3, ..Default::default() },
+        optimizer: OptimizerConfig {
+            kind: OptimizerKind::Adamw,
+            ..Default::default()
+        },
+        lr: LrConfig {
+            initial_lr: 3e-3,
+            ..Default::default()
+        },
         max_grad_norm: 0.5,
         output_dir: out.to_path_buf(),
         batch_size: 4,
@@ -107,14 +172,33 @@ fn tied_embedding_split_across_stages_trains_as_one_parameter() {
     };
     let (one, two) = (dir.join("one"), dir.join("two"));
     run(base(&one), &data);
-    run(TrainingConfig { pipeline_parallel_size: 2, ..base(&two) }, &data);
+    run(
+        TrainingConfig {
+            pipeline_parallel_size: 2,
+            ..base(&two)
+        },
+        &data,
+    );
     let file = "gpt2_tied_trained.onnx";
     compare(&model, &one.join(file), &two.join(file), 1e-5);
     // The clipping binds: without it the run ends elsewhere.
     let free = dir.join("unclipped");
-    run(TrainingConfig { max_grad_norm: 0.0, ..base(&free) }, &data);
-    let moved = onnx_params(one.join(file)).iter().zip(onnx_params(free.join(file))).map(|((_, a), (_, b))| max_abs_diff(a, &b)).fold(0.0f32, f32::max);
-    assert!(moved > 1e-4, "clipping at 0.5 changed nothing (max difference {moved})");
+    run(
+        TrainingConfig {
+            max_grad_norm: 0.0,
+            ..base(&free)
+        },
+        &data,
+    );
+    let moved = onnx_params(one.join(file))
+        .iter()
+        .zip(onnx_params(free.join(file)))
+        .map(|((_, a), (_, b))| max_abs_diff(a, &b))
+        .fold(0.0f32, f32::max);
+    assert!(
+        moved > 1e-4,
+        "clipping at 0.5 changed nothing (max difference {moved})"
+    );
 }
 
 #[test]
@@ -123,15 +207,31 @@ fn data_and_pipeline_parallel_compose() {
     let data = tokens(1024);
     let (one, grid) = (tempdir("dppp-one"), tempdir("dppp-grid"));
     run(gpt2_tiny(&one), &data);
-    let summary = run(TrainingConfig { batch_size: 2, eval_batch_size: 2, data_parallel_size: 2, pipeline_parallel_size: 2, ..gpt2_tiny(&grid) }, &data);
+    let summary = run(
+        TrainingConfig {
+            batch_size: 2,
+            eval_batch_size: 2,
+            data_parallel_size: 2,
+            pipeline_parallel_size: 2,
+            ..gpt2_tiny(&grid)
+        },
+        &data,
+    );
     assert_eq!(summary.perf.unwrap().world_size, 4);
-    compare(&refkit("models/gpt2_tiny.onnx"), &one.join("gpt2_tiny_trained.onnx"), &grid.join("gpt2_tiny_trained.onnx"), 1e-5);
+    compare(
+        &refkit("models/gpt2_tiny.onnx"),
+        &one.join("gpt2_tiny_trained.onnx"),
+        &grid.join("gpt2_tiny_trained.onnx"),
+        1e-5,
+    );
 }
 
 #[test]
 fn squeezenet_two_stages_equal_one_process() {
     let mut next = lcg(3);
-    let x = ArrayD::from_shape_fn(IxDyn(&[8, 3, 224, 224]), |_| (next() % 1000) as f32 / 1000.0 - 0.5);
+    let x = ArrayD::from_shape_fn(IxDyn(&[8, 3, 224, 224]), |_| {
+        (next() % 1000) as f32 / 1000.0 - 0.5
+    });
     let y = ArrayD::from_shape_fn(IxDyn(&[8]), |_| (next() % 1000) as i64);
     let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap());
     let model = refkit("models/squeezenet1_1_dynbatch.onnx");
@@ -140,12 +240,21 @@ fn squeezenet_two_stages_equal_one_process() {
         batch_size: 2,
         eval_batch_size: 2,
         num_train_steps: 3,
-        lr: LrConfig { initial_lr: 0.01, ..Default::default() },
+        lr: LrConfig {
+            initial_lr: 0.01,
+            ..Default::default()
+        },
         ..sgd_config(model.clone(), LossKind::CrossEntropy, "input")
     };
     let (one, two) = (tempdir("pp-sq-1"), tempdir("pp-sq-2"));
     run(base(&one), &data);
-    run(TrainingConfig { pipeline_parallel_size: 2, ..base(&two) }, &data);
+    run(
+        TrainingConfig {
+            pipeline_parallel_size: 2,
+            ..base(&two)
+        },
+        &data,
+    );
     let file = "squeezenet1_1_dynbatch_trained.onnx";
     compare(&model, &one.join(file), &two.join(file), 1e-5);
 }
@@ -156,39 +265,87 @@ fn manual_cut_of_the_mlp_equals_one_process() {
     let x = ArrayD::from_shape_fn(IxDyn(&[64, 784]), |_| (next() % 1000) as f32 / 1000.0 - 0.5);
     let y = ArrayD::from_shape_fn(IxDyn(&[64]), |_| (next() % 10) as i64);
     let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap());
-    let base = |out: &Path| TrainingConfig { output_dir: out.to_path_buf(), batch_size: 8, eval_batch_size: 8, ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input") };
+    let base = |out: &Path| TrainingConfig {
+        output_dir: out.to_path_buf(),
+        batch_size: 8,
+        eval_batch_size: 8,
+        ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input")
+    };
     let (one, two) = (tempdir("pp-mlp-1"), tempdir("pp-mlp-2"));
     run(base(&one), &data);
-    let c = TrainingConfig { pipeline_parallel_size: 2, pipeline_cut_after: vec!["/Relu_output_0".into()], ..base(&two) };
+    let c = TrainingConfig {
+        pipeline_parallel_size: 2,
+        pipeline_cut_after: vec!["/Relu_output_0".into()],
+        ..base(&two)
+    };
     run(c.clone(), &data);
-    compare(&refkit("models/mlp.onnx"), &one.join("mlp_trained.onnx"), &two.join("mlp_trained.onnx"), 1e-5);
+    compare(
+        &refkit("models/mlp.onnx"),
+        &one.join("mlp_trained.onnx"),
+        &two.join("mlp_trained.onnx"),
+        1e-5,
+    );
     // A cut naming no value of the graph is an error naming the field and the value.
-    let bad = TrainingConfig { pipeline_cut_after: vec!["nope".into()], output_dir: tempdir("pp-mlp-bad"), ..c };
+    let bad = TrainingConfig {
+        pipeline_cut_after: vec!["nope".into()],
+        output_dir: tempdir("pp-mlp-bad"),
+        ..c
+    };
     let err = launch(bad, data.clone(), None).err().unwrap().to_string();
-    assert!(err.contains("pipeline_cut_after") && err.contains("nope"), "{err}");
+    assert!(
+        err.contains("pipeline_cut_after") && err.contains("nope"),
+        "{err}"
+    );
 }
 
 #[test]
 fn pipelined_checkpoints_hold_each_stage_and_resume_exactly() {
     let data = tokens(1024);
     let full = tempdir("pp-ckpt-full");
-    let c = TrainingConfig { pipeline_parallel_size: 2, num_train_steps: 4, checkpoint_period: 2, ..gpt2_tiny(&full) };
+    let c = TrainingConfig {
+        pipeline_parallel_size: 2,
+        num_train_steps: 4,
+        checkpoint_period: 2,
+        ..gpt2_tiny(&full)
+    };
     let summary = run(c.clone(), &data);
     let kept = list_checkpoints(&full.join("checkpoints"));
-    let (_, dir) = kept.iter().find(|(s, _)| *s == 2).expect("a checkpoint at update 2");
-    for f in ["model-stage-0.safetensors", "model-stage-1.safetensors", "state.json"] {
+    let (_, dir) = kept
+        .iter()
+        .find(|(s, _)| *s == 2)
+        .expect("a checkpoint at update 2");
+    for f in [
+        "model-stage-0.safetensors",
+        "model-stage-1.safetensors",
+        "state.json",
+    ] {
         assert!(dir.join(f).is_file(), "{f} missing in {}", dir.display());
     }
     for s in ["stage-0", "stage-1"] {
-        assert!(std::fs::read_dir(dir.join(s)).unwrap().count() > 0, "no optimizer state in {s}");
+        assert!(
+            std::fs::read_dir(dir.join(s)).unwrap().count() > 0,
+            "no optimizer state in {s}"
+        );
     }
     // Resume from update 2 in a fresh directory: the same last loss and parameters, bit for bit.
     let resumed = tempdir("pp-ckpt-resumed");
-    copy_tree(dir, &resumed.join("checkpoints").join(dir.file_name().unwrap()));
-    let summary2 = run(TrainingConfig { output_dir: resumed.clone(), ..c.clone() }, &data);
+    copy_tree(
+        dir,
+        &resumed.join("checkpoints").join(dir.file_name().unwrap()),
+    );
+    let summary2 = run(
+        TrainingConfig {
+            output_dir: resumed.clone(),
+            ..c.clone()
+        },
+        &data,
+    );
     assert_eq!(summary2.start_step, 2);
     assert_eq!(summary2.losses.last(), summary.losses.last());
-    for ((name, a), (_, b)) in onnx_params(full.join("gpt2_tiny_trained.onnx")).iter().zip(onnx_params(resumed.join("gpt2_tiny_trained.onnx"))) {
+    for ((name, a), (_, b)) in onnx_params(full.join("gpt2_tiny_trained.onnx"))
+        .iter()
+        .zip(onnx_params(resumed.join("gpt2_tiny_trained.onnx")))
+    {
         assert_eq!(a, &b, "{name} differs after resume");
     }
     // Another stage count continues it: each stage takes its parameters' optimizer state
@@ -196,10 +353,23 @@ fn pipelined_checkpoints_hold_each_stage_and_resume_exactly() {
     // them, and ends where the uninterrupted run does.
     for stages in [1, 4] {
         let other = tempdir(&format!("pp-ckpt-to-{stages}"));
-        copy_tree(dir, &other.join("checkpoints").join(dir.file_name().unwrap()));
-        let c = TrainingConfig { output_dir: other.clone(), pipeline_parallel_size: stages, num_pipeline_micro_batches: 0, ..c.clone() };
+        copy_tree(
+            dir,
+            &other.join("checkpoints").join(dir.file_name().unwrap()),
+        );
+        let c = TrainingConfig {
+            output_dir: other.clone(),
+            pipeline_parallel_size: stages,
+            num_pipeline_micro_batches: 0,
+            ..c.clone()
+        };
         assert_eq!(run(c, &data).start_step, 2);
-        compare(&refkit("models/gpt2_tiny.onnx"), &full.join("gpt2_tiny_trained.onnx"), &other.join("gpt2_tiny_trained.onnx"), 1e-5);
+        compare(
+            &refkit("models/gpt2_tiny.onnx"),
+            &full.join("gpt2_tiny_trained.onnx"),
+            &other.join("gpt2_tiny_trained.onnx"),
+            1e-5,
+        );
     }
 }
 
@@ -209,16 +379,38 @@ fn a_zero_checkpoint_of_a_grid_resumes_in_one_process() {
     // process at ZeRO-1 (the same 4 samples per update) reassembles its state from them.
     let data = tokens(1024);
     let full = tempdir("pp-zero-ckpt-full");
-    let grid = TrainingConfig { batch_size: 2, data_parallel_size: 2, pipeline_parallel_size: 2, zero_stage: 1, num_train_steps: 4, checkpoint_period: 2, ..gpt2_tiny(&full) };
+    let grid = TrainingConfig {
+        batch_size: 2,
+        data_parallel_size: 2,
+        pipeline_parallel_size: 2,
+        zero_stage: 1,
+        num_train_steps: 4,
+        checkpoint_period: 2,
+        ..gpt2_tiny(&full)
+    };
     run(grid.clone(), &data);
     let kept = list_checkpoints(&full.join("checkpoints"));
-    let (_, dir) = kept.iter().find(|(s, _)| *s == 2).expect("a checkpoint at update 2");
+    let (_, dir) = kept
+        .iter()
+        .find(|(s, _)| *s == 2)
+        .expect("a checkpoint at update 2");
     assert!(dir.join("stage-1/zero-1.bin").is_file());
     let one = tempdir("pp-zero-ckpt-one");
     copy_tree(dir, &one.join("checkpoints").join(dir.file_name().unwrap()));
-    let c = TrainingConfig { output_dir: one.clone(), batch_size: 4, data_parallel_size: 1, pipeline_parallel_size: 1, ..grid };
+    let c = TrainingConfig {
+        output_dir: one.clone(),
+        batch_size: 4,
+        data_parallel_size: 1,
+        pipeline_parallel_size: 1,
+        ..grid
+    };
     assert_eq!(run(c, &data).start_step, 2);
-    compare(&refkit("models/gpt2_tiny.onnx"), &full.join("gpt2_tiny_trained.onnx"), &one.join("gpt2_tiny_trained.onnx"), 1e-5);
+    compare(
+        &refkit("models/gpt2_tiny.onnx"),
+        &full.join("gpt2_tiny_trained.onnx"),
+        &one.join("gpt2_tiny_trained.onnx"),
+        1e-5,
+    );
 }
 
 fn copy_tree(from: &Path, to: &Path) {
@@ -232,7 +424,6 @@ fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
-
 
 #[test]
 fn every_stage_writes_the_summaries_of_its_own_weights() {
@@ -258,12 +449,20 @@ fn every_stage_writes_the_summaries_of_its_own_weights() {
     let s = scalars(&events);
     for name in [first, last] {
         let tag = format!("norms/gradient/{name}");
-        assert!(s.iter().any(|(t, step, v)| *t == tag && *step == 5 && *v > 0.0), "{tag} missing");
+        assert!(
+            s.iter()
+                .any(|(t, step, v)| *t == tag && *step == 5 && *v > 0.0),
+            "{tag} missing"
+        );
         let histo = format!("weights/{name}");
         let found = events.iter().any(|e| matches!(&e.what, Some(EventKind::Summary(sm)) if sm.value.iter().any(|v| v.tag == histo && matches!(v.value, Some(ValueKind::Histo(_))))));
         assert!(found, "{histo} missing");
     }
-    assert_eq!(s.iter().filter(|(t, _, _)| *t == "train/loss").count(), 10, "the loss once per update");
+    assert_eq!(
+        s.iter().filter(|(t, _, _)| *t == "train/loss").count(),
+        10,
+        "the loss once per update"
+    );
 }
 
 #[test]
@@ -272,8 +471,14 @@ fn zero_runs_inside_each_stage_data_parallel_group() {
     // stage's optimizer state over its two replicas and end where the replicated update does.
     let data = tokens(1024);
     let base = |out: &Path, zero: usize| TrainingConfig {
-        optimizer: OptimizerConfig { kind: OptimizerKind::Adamw, ..Default::default() },
-        lr: LrConfig { initial_lr: 1e-3, ..Default::default() },
+        optimizer: OptimizerConfig {
+            kind: OptimizerKind::Adamw,
+            ..Default::default()
+        },
+        lr: LrConfig {
+            initial_lr: 1e-3,
+            ..Default::default()
+        },
         max_grad_norm: 1.0,
         batch_size: 2,
         eval_batch_size: 2,
@@ -288,6 +493,11 @@ fn zero_runs_inside_each_stage_data_parallel_group() {
         let out = tempdir(&format!("pp-zero{zero}"));
         let summary = run(base(&out, zero), &data);
         assert_eq!(summary.perf.unwrap().memory.optimizer_state_bytes.len(), 4);
-        compare(&refkit("models/gpt2_tiny.onnx"), &replicated.join("gpt2_tiny_trained.onnx"), &out.join("gpt2_tiny_trained.onnx"), 1e-6);
+        compare(
+            &refkit("models/gpt2_tiny.onnx"),
+            &replicated.join("gpt2_tiny_trained.onnx"),
+            &out.join("gpt2_tiny_trained.onnx"),
+            1e-6,
+        );
     }
 }

@@ -14,27 +14,37 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, FloatDType};
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::{list_checkpoints, read_state};
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::optimizer::build_strategy;
 use burn_onnx_train::train::precision::{LossScaler, Precision, ScalerState};
-use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use burn_ort_dist::run_threads;
 use common::*;
 use ndarray::{ArrayD, IxDyn};
 
 fn logits(model: &OnnxModel, ids: &ArrayD<i64>, autocast: Option<FloatDType>) -> ArrayD<f32> {
-    let out = model.forward_with(vec![("input_ids".into(), Value::Int(ids.clone()))], Mode::Eval, 0, autocast).unwrap();
-    let Some(Value::Float(l)) = out.get("logits").cloned() else { panic!("no logits") };
+    let out = model
+        .forward_with(
+            vec![("input_ids".into(), Value::Int(ids.clone()))],
+            Mode::Eval,
+            0,
+            autocast,
+        )
+        .unwrap();
+    let Some(Value::Float(l)) = out.get("logits").cloned() else {
+        panic!("no logits")
+    };
     l.to_array().unwrap()
 }
 
 #[test]
 fn autocast_computes_matmuls_in_low_precision_and_keeps_f32_gradients() {
-    let model = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex().autodiff()).unwrap();
+    let model =
+        OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex().autodiff()).unwrap();
     let mut next = lcg(4);
     let ids = ArrayD::from_shape_fn(IxDyn(&[2, 16]), |_| (next() % 1024) as i64);
     let full = logits(&model, &ids, None);
@@ -44,11 +54,23 @@ fn autocast_computes_matmuls_in_low_precision_and_keeps_f32_gradients() {
     for (dtype, bound) in [(FloatDType::BF16, 0.05f32), (FloatDType::F16, 0.01)] {
         let low = logits(&model, &ids, Some(dtype));
         let diff = max_abs_diff(&low, &full);
-        assert!(diff > 1e-6 * scale && diff < bound * scale, "{dtype:?}: max difference {diff} for logits up to {scale}");
+        assert!(
+            diff > 1e-6 * scale && diff < bound * scale,
+            "{dtype:?}: max difference {diff} for logits up to {scale}"
+        );
     }
     // Backward through the casts: every trainable parameter's gradient is f32.
-    let out = model.forward_with(vec![("input_ids".into(), Value::Int(ids))], Mode::Train, 0, Some(FloatDType::F16)).unwrap();
-    let Some(Value::Float(l)) = out.get("logits").cloned() else { panic!("no logits") };
+    let out = model
+        .forward_with(
+            vec![("input_ids".into(), Value::Int(ids))],
+            Mode::Train,
+            0,
+            Some(FloatDType::F16),
+        )
+        .unwrap();
+    let Some(Value::Float(l)) = out.get("logits").cloned() else {
+        panic!("no logits")
+    };
     let grads = l.tensor.sum().backward();
     let named = model.param_grads(&grads);
     assert_eq!(named.len(), model.param_infos().len());
@@ -65,15 +87,24 @@ fn mlp_data() -> Arc<dyn Dataset> {
 }
 
 fn mlp(out: &Path) -> TrainingConfig {
-    TrainingConfig { output_dir: out.to_path_buf(), batch_size: 8, eval_batch_size: 8, ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input") }
+    TrainingConfig {
+        output_dir: out.to_path_buf(),
+        batch_size: 8,
+        eval_batch_size: 8,
+        ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input")
+    }
 }
 
 #[test]
 fn an_inf_gradient_on_one_rank_skips_the_update_on_every_rank() {
     // Two thread ranks with dynamic scaling; rank 1's gradient of fc2.bias holds an inf.
-    let c = TrainingConfig { loss_scale: Some(0.0), ..mlp(&tempdir("mp-inf")) };
+    let c = TrainingConfig {
+        loss_scale: Some(0.0),
+        ..mlp(&tempdir("mp-inf"))
+    };
     let results = run_threads(2, Duration::from_secs(60), |comm| -> Result<_, String> {
-        let model = OnnxModel::load(&c.model_path, &Device::flex().autodiff()).map_err(|e| e.to_string())?;
+        let model = OnnxModel::load(&c.model_path, &Device::flex().autodiff())
+            .map_err(|e| e.to_string())?;
         let before = onnx_values(&model);
         let mut strategy = build_strategy(&c, &model, comm.clone()).map_err(|e| e.to_string())?;
         let mut scaler = LossScaler::new(&c);
@@ -85,20 +116,52 @@ fn an_inf_gradient_on_one_rank_skips_the_update_on_every_rank() {
             }
             grads.register(p.id, g);
         }
-        let (after, report) = scaler.step(strategy.as_mut(), comm.as_ref(), 0.1, model, grads, 0.0, false).map_err(|e| e.to_string())?;
-        Ok((before == onnx_values(&after), report.grad_norm, scaler.state()))
+        let (after, report) = scaler
+            .step(
+                strategy.as_mut(),
+                comm.as_ref(),
+                0.1,
+                model,
+                grads,
+                0.0,
+                false,
+            )
+            .map_err(|e| e.to_string())?;
+        Ok((
+            before == onnx_values(&after),
+            report.grad_norm,
+            scaler.state(),
+        ))
     });
     for (rank, r) in results.into_iter().enumerate() {
         let (unchanged, norm, state) = r.unwrap();
         assert!(unchanged, "rank {rank} changed its weights");
         assert_eq!(norm, f32::INFINITY, "rank {rank} reported a finite norm");
-        assert_eq!(state, Some(ScalerState { scale: 32768.0, good_steps: 0 }), "rank {rank}");
+        assert_eq!(
+            state,
+            Some(ScalerState {
+                scale: 32768.0,
+                good_steps: 0
+            }),
+            "rank {rank}"
+        );
     }
 }
 
 /// Every parameter's values, in order.
 fn onnx_values(model: &OnnxModel) -> Vec<Vec<f32>> {
-    (0..model.params().len()).map(|i| model.param_value(i).unwrap().to_array().unwrap().iter().copied().collect()).collect()
+    (0..model.params().len())
+        .map(|i| {
+            model
+                .param_value(i)
+                .unwrap()
+                .to_array()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect()
+        })
+        .collect()
 }
 
 #[test]
@@ -107,11 +170,26 @@ fn a_static_power_of_two_scale_changes_nothing() {
     let data = mlp_data();
     let (plain, scaled) = (tempdir("mp-plain"), tempdir("mp-scaled"));
     launch(mlp(&plain), data.clone(), None).unwrap();
-    launch(TrainingConfig { loss_scale: Some(1024.0), ..mlp(&scaled) }, data, None).unwrap();
-    for ((name, a), (_, b)) in onnx_params(plain.join("mlp_trained.onnx")).iter().zip(onnx_params(scaled.join("mlp_trained.onnx"))) {
+    launch(
+        TrainingConfig {
+            loss_scale: Some(1024.0),
+            ..mlp(&scaled)
+        },
+        data,
+        None,
+    )
+    .unwrap();
+    for ((name, a), (_, b)) in onnx_params(plain.join("mlp_trained.onnx"))
+        .iter()
+        .zip(onnx_params(scaled.join("mlp_trained.onnx")))
+    {
         assert_eq!(a, &b, "{name}");
     }
-    assert_moved(&refkit("models/mlp.onnx"), &plain.join("mlp_trained.onnx"), 1e-3);
+    assert_moved(
+        &refkit("models/mlp.onnx"),
+        &plain.join("mlp_trained.onnx"),
+        1e-3,
+    );
 }
 
 #[test]
@@ -121,12 +199,34 @@ fn a_dynamic_scale_grows_after_clean_updates_and_resumes_exactly() {
     // both, and a run resumed from update 4 ends bit-identical.
     let data = mlp_data();
     let full = tempdir("mp-grow");
-    let c = TrainingConfig { precision: Precision::F16, loss_scale_growth_interval: 2, num_train_steps: 5, checkpoint_period: 4, ..mlp(&full) };
+    let c = TrainingConfig {
+        precision: Precision::F16,
+        loss_scale_growth_interval: 2,
+        num_train_steps: 5,
+        checkpoint_period: 4,
+        ..mlp(&full)
+    };
     launch(c.clone(), data.clone(), None).unwrap();
     let kept = list_checkpoints(&full.join("checkpoints"));
-    let state = |step: usize| read_state(&kept.iter().find(|(s, _)| *s == step).unwrap().1).unwrap().loss_scale;
-    assert_eq!(state(4), Some(ScalerState { scale: 262144.0, good_steps: 0 }));
-    assert_eq!(state(5), Some(ScalerState { scale: 262144.0, good_steps: 1 }));
+    let state = |step: usize| {
+        read_state(&kept.iter().find(|(s, _)| *s == step).unwrap().1)
+            .unwrap()
+            .loss_scale
+    };
+    assert_eq!(
+        state(4),
+        Some(ScalerState {
+            scale: 262144.0,
+            good_steps: 0
+        })
+    );
+    assert_eq!(
+        state(5),
+        Some(ScalerState {
+            scale: 262144.0,
+            good_steps: 1
+        })
+    );
     let resumed = tempdir("mp-grow-resumed");
     let from = &kept.iter().find(|(s, _)| *s == 4).unwrap().1;
     std::fs::create_dir_all(resumed.join("checkpoints")).unwrap();
@@ -136,8 +236,19 @@ fn a_dynamic_scale_grows_after_clean_updates_and_resumes_exactly() {
         let e = e.unwrap();
         std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
     }
-    launch(TrainingConfig { output_dir: resumed.clone(), ..c }, data, None).unwrap();
-    for ((name, a), (_, b)) in onnx_params(full.join("mlp_trained.onnx")).iter().zip(onnx_params(resumed.join("mlp_trained.onnx"))) {
+    launch(
+        TrainingConfig {
+            output_dir: resumed.clone(),
+            ..c
+        },
+        data,
+        None,
+    )
+    .unwrap();
+    for ((name, a), (_, b)) in onnx_params(full.join("mlp_trained.onnx"))
+        .iter()
+        .zip(onnx_params(resumed.join("mlp_trained.onnx")))
+    {
         assert_eq!(a, &b, "{name} differs after resume");
     }
 }
@@ -148,8 +259,21 @@ fn gpt2_in_bf16_and_f16_ends_within_two_percent_of_f32() {
     // updates on a GPT-2 from our builder.
     let dir = tempdir("mp-gpt2");
     let model = dir.join("gpt2.onnx");
-    write_gpt2(&Gpt2Config { n_layer: 2, n_head: 2, n_embd: 64, vocab_size: 64, n_positions: 32, ..Default::default() }, &model).unwrap();
-    let ids: Vec<i64> = (0..16 * 256).map(|i| ((i * 7 + i / 5) % 64) as i64).collect();
+    write_gpt2(
+        &Gpt2Config {
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 64,
+            vocab_size: 64,
+            n_positions: 32,
+            ..Default::default()
+        },
+        &model,
+    )
+    .unwrap();
+    let ids: Vec<i64> = (0..16 * 256)
+        .map(|i| ((i * 7 + i / 5) % 64) as i64)
+        .collect();
     let data: Arc<dyn Dataset> = Arc::new(TokenDataset::from_tokens(ids, 16).unwrap());
     let run = |precision: Precision| {
         let out = dir.join(format!("{precision:?}"));
@@ -158,8 +282,14 @@ fn gpt2_in_bf16_and_f16_ends_within_two_percent_of_f32() {
             num_train_steps: 30,
             batch_size: 8,
             eval_batch_size: 8,
-            optimizer: OptimizerConfig { kind: OptimizerKind::Adamw, ..Default::default() },
-            lr: LrConfig { initial_lr: 3e-3, ..Default::default() },
+            optimizer: OptimizerConfig {
+                kind: OptimizerKind::Adamw,
+                ..Default::default()
+            },
+            lr: LrConfig {
+                initial_lr: 3e-3,
+                ..Default::default()
+            },
             output_dir: out,
             ..sgd_config(model.clone(), LossKind::LmCrossEntropy, "input_ids")
         };
@@ -167,11 +297,17 @@ fn gpt2_in_bf16_and_f16_ends_within_two_percent_of_f32() {
     };
     let f32_losses = run(Precision::F32);
     let (first, last) = (f32_losses[0].1, f32_losses.last().unwrap().1);
-    assert!(last < 0.7 * first, "the f32 run must learn: {first} -> {last}");
+    assert!(
+        last < 0.7 * first,
+        "the f32 run must learn: {first} -> {last}"
+    );
     for p in [Precision::Bf16, Precision::F16] {
         let low = run(p).last().unwrap().1;
         eprintln!("{p:?}: final loss {low}, f32 {last} (first {first})");
-        assert!((low - last).abs() <= 0.02 * last, "{p:?}: final loss {low} against f32's {last}");
+        assert!(
+            (low - last).abs() <= 0.02 * last,
+            "{p:?}: final loss {low} against f32's {last}"
+        );
     }
 }
 
@@ -185,19 +321,40 @@ fn mixed_precision_composes_with_data_and_pipeline_parallelism() {
     // bf16's 8 bits make that 2.4e-4). A lost or doubled scale moves weights by whole steps
     // (>1e-3).
     let mut next = lcg(8);
-    let data: Arc<dyn Dataset> = Arc::new(TokenDataset::from_tokens((0..16 * 96).map(|_| (next() % 1024) as i64).collect(), 16).unwrap());
+    let data: Arc<dyn Dataset> = Arc::new(
+        TokenDataset::from_tokens((0..16 * 96).map(|_| (next() % 1024) as i64).collect(), 16)
+            .unwrap(),
+    );
     let base = |out: &Path| TrainingConfig {
         precision: Precision::F16,
         output_dir: out.to_path_buf(),
         batch_size: 4,
         eval_batch_size: 4,
-        ..sgd_config(refkit("models/gpt2_tiny.onnx"), LossKind::LmCrossEntropy, "input_ids")
+        ..sgd_config(
+            refkit("models/gpt2_tiny.onnx"),
+            LossKind::LmCrossEntropy,
+            "input_ids",
+        )
     };
     let (one, grid) = (tempdir("mp-one"), tempdir("mp-grid"));
     launch(base(&one), data.clone(), None).unwrap();
-    launch(TrainingConfig { batch_size: 2, eval_batch_size: 2, data_parallel_size: 2, pipeline_parallel_size: 2, ..base(&grid) }, data, None).unwrap();
+    launch(
+        TrainingConfig {
+            batch_size: 2,
+            eval_batch_size: 2,
+            data_parallel_size: 2,
+            pipeline_parallel_size: 2,
+            ..base(&grid)
+        },
+        data,
+        None,
+    )
+    .unwrap();
     let file = "gpt2_tiny_trained.onnx";
-    for ((name, a), (_, b)) in onnx_params(one.join(file)).iter().zip(onnx_params(grid.join(file))) {
+    for ((name, a), (_, b)) in onnx_params(one.join(file))
+        .iter()
+        .zip(onnx_params(grid.join(file)))
+    {
         assert_close(&format!("f16 dp2 x pp2: {name}"), &b, a, 5e-5, 0.0);
     }
     assert_moved(&refkit("models/gpt2_tiny.onnx"), &one.join(file), 1e-3);
@@ -209,14 +366,31 @@ fn ort_mixed_precision_flags_are_read_as_precision() {
     let read = |text: &str| {
         let path = dir.join("c.toml");
         std::fs::write(&path, text).unwrap();
-        TrainingConfig::from_file(&path).map(|c| c.precision).map_err(|e| e.to_string())
+        TrainingConfig::from_file(&path)
+            .map(|c| c.precision)
+            .map_err(|e| e.to_string())
     };
-    assert_eq!(read("use_mixed_precision = true\n").unwrap(), Precision::F16);
-    assert_eq!(read("use_mixed_precision = true\nuse_bfloat16 = true\n").unwrap(), Precision::Bf16);
-    assert_eq!(read("use_mixed_precision = false\n").unwrap(), Precision::F32);
-    assert_eq!(read("use_mixed_precision = true\nprecision = \"f16\"\n").unwrap(), Precision::F16);
+    assert_eq!(
+        read("use_mixed_precision = true\n").unwrap(),
+        Precision::F16
+    );
+    assert_eq!(
+        read("use_mixed_precision = true\nuse_bfloat16 = true\n").unwrap(),
+        Precision::Bf16
+    );
+    assert_eq!(
+        read("use_mixed_precision = false\n").unwrap(),
+        Precision::F32
+    );
+    assert_eq!(
+        read("use_mixed_precision = true\nprecision = \"f16\"\n").unwrap(),
+        Precision::F16
+    );
     let err = read("use_mixed_precision = true\nprecision = \"bf16\"\n").unwrap_err();
-    assert!(err.contains("c.toml") && err.contains("contradicts"), "{err}");
+    assert!(
+        err.contains("c.toml") && err.contains("contradicts"),
+        "{err}"
+    );
     let err = read("use_bfloat16 = true\n").unwrap_err();
     assert!(err.contains("use_mixed_precision"), "{err}");
 }
@@ -224,8 +398,23 @@ fn ort_mixed_precision_flags_are_read_as_precision() {
 #[test]
 fn bf16_on_wgpu_is_refused_before_anything_runs() {
     use burn_onnx_train::train::DeviceSpec;
-    let c = TrainingConfig { model_path: refkit("models/gpt2_tiny.onnx"), device: DeviceSpec::Wgpu(None), precision: Precision::Bf16, ..Default::default() };
+    let c = TrainingConfig {
+        model_path: refkit("models/gpt2_tiny.onnx"),
+        device: DeviceSpec::Wgpu(None),
+        precision: Precision::Bf16,
+        ..Default::default()
+    };
     let err = c.validate(1).unwrap_err().to_string();
-    assert!(err.contains("config.precision") && err.contains("bf16 on wgpu"), "{err}");
-    assert!(TrainingConfig { precision: Precision::F16, ..c }.validate(1).is_ok());
+    assert!(
+        err.contains("config.precision") && err.contains("bf16 on wgpu"),
+        "{err}"
+    );
+    assert!(
+        TrainingConfig {
+            precision: Precision::F16,
+            ..c
+        }
+        .validate(1)
+        .is_ok()
+    );
 }

@@ -21,16 +21,45 @@ use ndarray::{ArrayD, IxDyn};
 /// forward passes are the same arithmetic), every parameter within `atol` (gradients of
 /// values used on both sides of a cut are summed in another order), and the plain run moved.
 fn compare(c: TrainingConfig, data: Arc<dyn Dataset>, segments: usize, atol: f32) {
-    let stem = c.model_path.file_stem().unwrap().to_str().unwrap().to_string();
-    let (plain, re) = (tempdir(&format!("rc-{stem}-plain")), tempdir(&format!("rc-{stem}-{segments}")));
-    let run = |out: &Path, n: usize| -> RunSummary { launch(TrainingConfig { output_dir: out.to_path_buf(), recompute_segments: n, ..c.clone() }, data.clone(), None).unwrap_or_else(|e| panic!("{e}")) };
+    let stem = c
+        .model_path
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let (plain, re) = (
+        tempdir(&format!("rc-{stem}-plain")),
+        tempdir(&format!("rc-{stem}-{segments}")),
+    );
+    let run = |out: &Path, n: usize| -> RunSummary {
+        launch(
+            TrainingConfig {
+                output_dir: out.to_path_buf(),
+                recompute_segments: n,
+                ..c.clone()
+            },
+            data.clone(),
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    };
     let (a, b) = (run(&plain, 0), run(&re, segments));
-    assert_eq!(a.losses[0], b.losses[0], "the first loss is the same forward pass");
+    assert_eq!(
+        a.losses[0], b.losses[0],
+        "the first loss is the same forward pass"
+    );
     for ((s, x), (_, y)) in a.losses.iter().zip(&b.losses) {
-        assert!((x - y).abs() <= 1e-5 * x.abs(), "update {s}: loss {x} vs {y}");
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs(),
+            "update {s}: loss {x} vs {y}"
+        );
     }
     let file = format!("{stem}_trained.onnx");
-    for ((name, x), (_, y)) in onnx_params(plain.join(&file)).iter().zip(onnx_params(re.join(&file))) {
+    for ((name, x), (_, y)) in onnx_params(plain.join(&file))
+        .iter()
+        .zip(onnx_params(re.join(&file)))
+    {
         assert_close(&format!("{segments} segments: {name}"), &y, x, atol, 0.0);
     }
     assert_moved(&c.model_path, &plain.join(&file), 1e-3);
@@ -38,12 +67,23 @@ fn compare(c: TrainingConfig, data: Arc<dyn Dataset>, segments: usize, atol: f32
 
 fn tokens(vocab: u64) -> Arc<dyn Dataset> {
     let mut next = lcg(11);
-    Arc::new(TokenDataset::from_tokens((0..16 * 64).map(|_| (next() % vocab) as i64).collect(), 16).unwrap())
+    Arc::new(
+        TokenDataset::from_tokens((0..16 * 64).map(|_| (next() % vocab) as i64).collect(), 16)
+            .unwrap(),
+    )
 }
 
 #[test]
 fn gpt2_tiny_recomputed_in_four_segments_trains_as_the_plain_pass() {
-    let c = TrainingConfig { batch_size: 4, eval_batch_size: 4, ..sgd_config(refkit("models/gpt2_tiny.onnx"), LossKind::LmCrossEntropy, "input_ids") };
+    let c = TrainingConfig {
+        batch_size: 4,
+        eval_batch_size: 4,
+        ..sgd_config(
+            refkit("models/gpt2_tiny.onnx"),
+            LossKind::LmCrossEntropy,
+            "input_ids",
+        )
+    };
     compare(c, tokens(1024), 4, 1e-6);
 }
 
@@ -51,10 +91,27 @@ fn gpt2_tiny_recomputed_in_four_segments_trains_as_the_plain_pass() {
 fn a_tied_embedding_gpt2_with_adamw_and_clipping_recomputes_exactly_enough() {
     let dir = tempdir("rc-tied");
     let model = dir.join("gpt2_tied.onnx");
-    write_gpt2(&Gpt2Config { n_layer: 3, n_head: 2, n_embd: 32, vocab_size: 256, n_positions: 32, ..Default::default() }, &model).unwrap();
+    write_gpt2(
+        &Gpt2Config {
+            n_layer: 3,
+            n_head: 2,
+            n_embd: 32,
+            vocab_size: 256,
+            n_positions: 32,
+            ..Default::default()
+        },
+        &model,
+    )
+    .unwrap();
     let c = TrainingConfig {
-        optimizer: OptimizerConfig { kind: OptimizerKind::Adamw, ..Default::default() },
-        lr: LrConfig { initial_lr: 3e-3, ..Default::default() },
+        optimizer: OptimizerConfig {
+            kind: OptimizerKind::Adamw,
+            ..Default::default()
+        },
+        lr: LrConfig {
+            initial_lr: 3e-3,
+            ..Default::default()
+        },
         max_grad_norm: 0.5,
         batch_size: 4,
         eval_batch_size: 4,
@@ -70,19 +127,67 @@ fn lenet_batch_norm_statistics_update_once_per_step() {
     let x = ArrayD::from_shape_fn(IxDyn(&[32, 1, 28, 28]), |_| (next() % 1000) as f32 / 1000.0);
     let y = ArrayD::from_shape_fn(IxDyn(&[32]), |_| (next() % 10) as i64);
     let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap());
-    let c = TrainingConfig { batch_size: 8, eval_batch_size: 8, lr: LrConfig { initial_lr: 0.05, ..Default::default() }, ..sgd_config(refkit("models/lenet_bn.onnx"), LossKind::CrossEntropy, "input") };
+    let c = TrainingConfig {
+        batch_size: 8,
+        eval_batch_size: 8,
+        lr: LrConfig {
+            initial_lr: 0.05,
+            ..Default::default()
+        },
+        ..sgd_config(
+            refkit("models/lenet_bn.onnx"),
+            LossKind::CrossEntropy,
+            "input",
+        )
+    };
     compare(c, data, 3, 1e-6);
 }
 
 #[test]
 fn bad_segment_counts_are_config_errors() {
-    let c = TrainingConfig { output_dir: tempdir("rc-bad"), ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input") };
-    assert!(TrainingConfig { recompute_segments: 1, ..c.clone() }.validate(1).unwrap_err().to_string().contains("config.recompute_segments"));
-    assert!(TrainingConfig { recompute_segments: 2, pipeline_parallel_size: 2, ..c.clone() }.validate(2).unwrap_err().to_string().contains("config.recompute_segments"));
+    let c = TrainingConfig {
+        output_dir: tempdir("rc-bad"),
+        ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input")
+    };
+    assert!(
+        TrainingConfig {
+            recompute_segments: 1,
+            ..c.clone()
+        }
+        .validate(1)
+        .unwrap_err()
+        .to_string()
+        .contains("config.recompute_segments")
+    );
+    assert!(
+        TrainingConfig {
+            recompute_segments: 2,
+            pipeline_parallel_size: 2,
+            ..c.clone()
+        }
+        .validate(2)
+        .unwrap_err()
+        .to_string()
+        .contains("config.recompute_segments")
+    );
     let mut next = lcg(5);
     let x = ArrayD::from_shape_fn(IxDyn(&[16, 784]), |_| (next() % 1000) as f32 / 1000.0);
     let y = ArrayD::from_shape_fn(IxDyn(&[16]), |_| (next() % 10) as i64);
     let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap());
-    let err = launch(TrainingConfig { recompute_segments: 9, batch_size: 4, ..c }, data, None).err().unwrap().to_string();
-    assert!(err.contains("config.recompute_segments: 9 segments for a graph of 3 nodes"), "{err}");
+    let err = launch(
+        TrainingConfig {
+            recompute_segments: 9,
+            batch_size: 4,
+            ..c
+        },
+        data,
+        None,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.contains("config.recompute_segments: 9 segments for a graph of 3 nodes"),
+        "{err}"
+    );
 }

@@ -13,7 +13,7 @@ use burn_onnx_train::train::checkpoint::list_checkpoints;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind, ScheduleKind};
 use burn_onnx_train::train::data::Dataset;
 use burn_onnx_train::train::{TrainingConfig, TrainingRunner};
-use burn_onnx_train::{OnnxModel, OnnxError};
+use burn_onnx_train::{OnnxError, OnnxModel};
 use burn_ort_dist::LocalCommunicator;
 use common::*;
 
@@ -33,17 +33,43 @@ fn run(c: TrainingConfig) -> burn_onnx_train::train::RunSummary {
 fn accumulating_k_micro_batches_equals_one_big_batch() {
     let (a, b) = (tempdir("runner-acc-a"), tempdir("runner-acc-b"));
     let base = |out: &Path| TrainingConfig {
-        optimizer: OptimizerConfig { kind: OptimizerKind::Sgd, weight_decay: 0.0, ..Default::default() },
+        optimizer: OptimizerConfig {
+            kind: OptimizerKind::Sgd,
+            weight_decay: 0.0,
+            ..Default::default()
+        },
         max_grad_norm: 0.0,
-        lr: burn_onnx_train::train::config::LrConfig { initial_lr: 0.1, ..Default::default() },
+        lr: burn_onnx_train::train::config::LrConfig {
+            initial_lr: 0.1,
+            ..Default::default()
+        },
         ..config(out)
     };
     // 2 updates of 4 micro-batches of 2 sequences vs 2 updates of one batch of 8.
-    run(TrainingConfig { batch_size: 2, gradient_accumulation_steps: 4, num_train_steps: 8, ..base(&a) });
-    run(TrainingConfig { batch_size: 8, gradient_accumulation_steps: 1, num_train_steps: 2, ..base(&b) });
+    run(TrainingConfig {
+        batch_size: 2,
+        gradient_accumulation_steps: 4,
+        num_train_steps: 8,
+        ..base(&a)
+    });
+    run(TrainingConfig {
+        batch_size: 8,
+        gradient_accumulation_steps: 1,
+        num_train_steps: 2,
+        ..base(&b)
+    });
     let init = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex()).unwrap();
-    for ((name, pa), (_, pb)) in onnx_params(a.join("gpt2_tiny_trained.onnx")).iter().zip(onnx_params(b.join("gpt2_tiny_trained.onnx"))) {
-        assert_close(&format!("accumulated vs big batch: {name}"), pa, &pb, 1e-6, 0.0);
+    for ((name, pa), (_, pb)) in onnx_params(a.join("gpt2_tiny_trained.onnx"))
+        .iter()
+        .zip(onnx_params(b.join("gpt2_tiny_trained.onnx")))
+    {
+        assert_close(
+            &format!("accumulated vs big batch: {name}"),
+            pa,
+            &pb,
+            1e-6,
+            0.0,
+        );
         let p0 = init.param_by_name(name).unwrap().to_array().unwrap();
         assert!(max_abs_diff(pa, &p0) > 1e-5, "{name} did not move");
     }
@@ -55,27 +81,48 @@ fn checkpoints_rotate_and_resume_is_bit_exact() {
     let c = TrainingConfig {
         checkpoint_period: 2,
         max_num_checkpoints: 2,
-        lr: burn_onnx_train::train::config::LrConfig { mode: ScheduleKind::Cosine, warmup_ratio: 0.3, ..Default::default() },
+        lr: burn_onnx_train::train::config::LrConfig {
+            mode: ScheduleKind::Cosine,
+            warmup_ratio: 0.3,
+            ..Default::default()
+        },
         ..config(&full)
     };
     let summary = run(c.clone());
     assert_eq!(summary.losses.len(), 6);
-    let kept: Vec<usize> = list_checkpoints(&full.join("checkpoints")).iter().map(|(s, _)| *s).collect();
+    let kept: Vec<usize> = list_checkpoints(&full.join("checkpoints"))
+        .iter()
+        .map(|(s, _)| *s)
+        .collect();
     assert_eq!(kept, vec![4, 6], "only the newest two checkpoints are kept");
-    let state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(full.join("checkpoints/ckpt-000000004/state.json")).unwrap()).unwrap();
+    let state: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(full.join("checkpoints/ckpt-000000004/state.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(state["written_by_rank"], 0);
     assert_eq!(state["micro_step"], 4);
 
     // A second run starts from the step-4 checkpoint, as if the first had died after it.
     let resumed = tempdir("runner-resumed");
     std::fs::create_dir_all(resumed.join("checkpoints")).unwrap();
-    copy_dir(&full.join("checkpoints/ckpt-000000004"), &resumed.join("checkpoints/ckpt-000000004"));
-    let summary2 = run(TrainingConfig { output_dir: resumed.clone(), ..c });
+    copy_dir(
+        &full.join("checkpoints/ckpt-000000004"),
+        &resumed.join("checkpoints/ckpt-000000004"),
+    );
+    let summary2 = run(TrainingConfig {
+        output_dir: resumed.clone(),
+        ..c
+    });
     assert_eq!(summary2.start_step, 4);
     assert_eq!(summary2.losses.len(), 2);
-    assert_eq!(summary2.losses[1].1, summary.losses[5].1, "same loss at the last update");
-    for ((name, a), (_, b)) in onnx_params(full.join("gpt2_tiny_trained.onnx")).iter().zip(onnx_params(resumed.join("gpt2_tiny_trained.onnx"))) {
+    assert_eq!(
+        summary2.losses[1].1, summary.losses[5].1,
+        "same loss at the last update"
+    );
+    for ((name, a), (_, b)) in onnx_params(full.join("gpt2_tiny_trained.onnx"))
+        .iter()
+        .zip(onnx_params(resumed.join("gpt2_tiny_trained.onnx")))
+    {
         assert_eq!(a, &b, "{name} differs after resume");
     }
 }
@@ -91,7 +138,11 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn a_checkpoint_write_killed_half_way_leaves_the_previous_one_loadable() {
     let out = tempdir("runner-killed");
-    let c = TrainingConfig { num_train_steps: 2, checkpoint_period: 2, ..config(&out) };
+    let c = TrainingConfig {
+        num_train_steps: 2,
+        checkpoint_period: 2,
+        ..config(&out)
+    };
     run(c.clone());
     let dir = out.join("checkpoints");
     // What a kill during the next write leaves: a temporary directory with a torn file.
@@ -99,20 +150,44 @@ fn a_checkpoint_write_killed_half_way_leaves_the_previous_one_loadable() {
     std::fs::create_dir_all(&torn).unwrap();
     let model = std::fs::read(dir.join("ckpt-000000002/model.safetensors")).unwrap();
     std::fs::write(torn.join("model.safetensors"), &model[..model.len() / 2]).unwrap();
-    assert_eq!(list_checkpoints(&dir).iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![2]);
+    assert_eq!(
+        list_checkpoints(&dir)
+            .iter()
+            .map(|(s, _)| *s)
+            .collect::<Vec<_>>(),
+        vec![2]
+    );
     // Continue to 4 updates: resumes from step 2, removes the torn directory.
-    let summary = run(TrainingConfig { num_train_steps: 4, ..c });
+    let summary = run(TrainingConfig {
+        num_train_steps: 4,
+        ..c
+    });
     assert_eq!(summary.start_step, 2);
     assert!(!torn.exists(), "stale temporary removed");
-    assert_eq!(list_checkpoints(&dir).iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![2, 4]);
+    assert_eq!(
+        list_checkpoints(&dir)
+            .iter()
+            .map(|(s, _)| *s)
+            .collect::<Vec<_>>(),
+        vec![2, 4]
+    );
 }
 
 #[test]
 fn tensorboard_events_and_perf_report_are_written() {
     let out = tempdir("runner-tb");
-    let summary = run(TrainingConfig { log_dir: None, evaluation_period: 3, ..config(&out) });
+    let summary = run(TrainingConfig {
+        log_dir: None,
+        evaluation_period: 3,
+        ..config(&out)
+    });
     let tb = out.join("tensorboard");
-    let file = std::fs::read_dir(&tb).unwrap().next().unwrap().unwrap().path();
+    let file = std::fs::read_dir(&tb)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     let s = scalars(&read_events(&file).unwrap());
     let losses: Vec<_> = s.iter().filter(|(t, _, _)| t == "train/loss").collect();
     assert_eq!(losses.len(), 6);
@@ -122,7 +197,8 @@ fn tensorboard_events_and_perf_report_are_written() {
     assert!(s.iter().any(|(t, _, v)| t == "train/grad_norm" && *v > 0.0));
     assert_eq!(summary.evals.len(), 2, "evaluated at 3 and at the end");
     assert!(summary.evals[0].perplexity.unwrap() > 1.0);
-    let perf: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("perf.json")).unwrap()).unwrap();
+    let perf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("perf.json")).unwrap()).unwrap();
     assert_eq!(perf["unit"], "tokens");
     assert!(perf["throughput_per_sec"].as_f64().unwrap() > 0.0);
 }
@@ -138,23 +214,72 @@ fn field_of(err: OnnxError) -> String {
 fn invalid_configs_name_the_field() {
     let ok = config(Path::new("/tmp/unused"));
     let cases: Vec<(TrainingConfig, usize, &str)> = vec![
-        (TrainingConfig { num_train_steps: 7, gradient_accumulation_steps: 2, ..ok.clone() }, 1, "config.num_train_steps"),
-        (TrainingConfig { data_parallel_size: 2, ..ok.clone() }, 1, "config.data_parallel_size"),
+        (
+            TrainingConfig {
+                num_train_steps: 7,
+                gradient_accumulation_steps: 2,
+                ..ok.clone()
+            },
+            1,
+            "config.num_train_steps",
+        ),
+        (
+            TrainingConfig {
+                data_parallel_size: 2,
+                ..ok.clone()
+            },
+            1,
+            "config.data_parallel_size",
+        ),
         (ok.clone(), 4, "config.data_parallel_size"),
-        (TrainingConfig { batch_size: 0, ..ok.clone() }, 1, "config.batch_size"),
-        (TrainingConfig { model_path: PathBuf::new(), ..ok.clone() }, 1, "config.model_path"),
-        (TrainingConfig { max_grad_norm: -1.0, ..ok.clone() }, 1, "config.max_grad_norm"),
-        (TrainingConfig { seq_len: 1, ..ok.clone() }, 1, "config.seq_len"),
+        (
+            TrainingConfig {
+                batch_size: 0,
+                ..ok.clone()
+            },
+            1,
+            "config.batch_size",
+        ),
+        (
+            TrainingConfig {
+                model_path: PathBuf::new(),
+                ..ok.clone()
+            },
+            1,
+            "config.model_path",
+        ),
+        (
+            TrainingConfig {
+                max_grad_norm: -1.0,
+                ..ok.clone()
+            },
+            1,
+            "config.max_grad_norm",
+        ),
+        (
+            TrainingConfig {
+                seq_len: 1,
+                ..ok.clone()
+            },
+            1,
+            "config.seq_len",
+        ),
     ];
     for (c, world, field) in cases {
         assert_eq!(field_of(c.validate(world).unwrap_err()), field);
     }
     let mut c = ok.clone();
     c.lr.warmup_ratio = 1.5;
-    assert_eq!(field_of(c.validate(1).unwrap_err()), "config.lr.warmup_ratio");
+    assert_eq!(
+        field_of(c.validate(1).unwrap_err()),
+        "config.lr.warmup_ratio"
+    );
     let mut c = ok.clone();
     c.optimizer.beta2 = 1.0;
-    assert_eq!(field_of(c.validate(1).unwrap_err()), "config.optimizer.beta2");
+    assert_eq!(
+        field_of(c.validate(1).unwrap_err()),
+        "config.optimizer.beta2"
+    );
     assert!(ok.validate(1).is_ok());
 
     // Files: unknown fields and bad values are decode errors naming the file.
@@ -162,12 +287,19 @@ fn invalid_configs_name_the_field() {
     let p = dir.join("run.toml");
     std::fs::write(&p, "model_path = \"m.onnx\"\nbatch_sise = 4\n").unwrap();
     let err = TrainingConfig::from_file(&p).unwrap_err().to_string();
-    assert!(err.contains("run.toml") && err.contains("batch_sise"), "{err}");
+    assert!(
+        err.contains("run.toml") && err.contains("batch_sise"),
+        "{err}"
+    );
     std::fs::write(&p, ok.to_toml().unwrap()).unwrap();
     assert_eq!(TrainingConfig::from_file(&p).unwrap(), ok);
     // A weight name that is not in the model.
-    let c = TrainingConfig { weights_not_to_train: vec!["nope".into()], ..config(&dir) };
-    let runner = TrainingRunner::new(c, Arc::new(LocalCommunicator), Device::flex().autodiff()).unwrap();
+    let c = TrainingConfig {
+        weights_not_to_train: vec!["nope".into()],
+        ..config(&dir)
+    };
+    let runner =
+        TrainingRunner::new(c, Arc::new(LocalCommunicator), Device::flex().autodiff()).unwrap();
     let err = runner.run(tokens(), None).err().unwrap();
     assert!(err.to_string().contains("'nope'"), "{err}");
 }

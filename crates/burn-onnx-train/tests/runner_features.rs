@@ -28,15 +28,26 @@ fn trained(out: &Path) -> Vec<(String, ArrayD<f32>)> {
     onnx_params(out.join("gpt2_tiny_trained.onnx"))
 }
 
-fn try_run(c: TrainingConfig, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>) -> Result<(), String> {
-    let runner = TrainingRunner::new(c, Arc::new(LocalCommunicator), Device::flex().autodiff()).map_err(|e| e.to_string())?;
-    runner.run(train, test).map(|_| ()).map_err(|e| e.to_string())
+fn try_run(
+    c: TrainingConfig,
+    train: Arc<dyn Dataset>,
+    test: Option<Arc<dyn Dataset>>,
+) -> Result<(), String> {
+    let runner = TrainingRunner::new(c, Arc::new(LocalCommunicator), Device::flex().autodiff())
+        .map_err(|e| e.to_string())?;
+    runner
+        .run(train, test)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 #[test]
 fn frozen_weights_stay_bit_identical_and_the_rest_moves() {
     let out = tempdir("feat-frozen");
-    run_local(TrainingConfig { weights_not_to_train: vec![WPE.into()], ..gpt2_config(&out) });
+    run_local(TrainingConfig {
+        weights_not_to_train: vec![WPE.into()],
+        ..gpt2_config(&out)
+    });
     let init = onnx_params(refkit("models/gpt2_tiny.onnx"));
     for ((name, a), (_, b)) in init.iter().zip(trained(&out)) {
         if name == WPE {
@@ -50,19 +61,47 @@ fn frozen_weights_stay_bit_identical_and_the_rest_moves() {
 #[test]
 fn weights_to_train_trains_exactly_those() {
     let out = tempdir("feat-only");
-    run_local(TrainingConfig { weights_to_train: vec![WTE.into()], ..gpt2_config(&out) });
-    for ((name, a), (_, b)) in onnx_params(refkit("models/gpt2_tiny.onnx")).iter().zip(trained(&out)) {
-        assert_eq!(name == WTE, max_abs_diff(a, &b) > 0.0, "{name}: trained iff listed");
+    run_local(TrainingConfig {
+        weights_to_train: vec![WTE.into()],
+        ..gpt2_config(&out)
+    });
+    for ((name, a), (_, b)) in onnx_params(refkit("models/gpt2_tiny.onnx"))
+        .iter()
+        .zip(trained(&out))
+    {
+        assert_eq!(
+            name == WTE,
+            max_abs_diff(a, &b) > 0.0,
+            "{name}: trained iff listed"
+        );
     }
 }
 
 #[test]
 fn checkpoint_to_load_path_resumes_from_that_checkpoint_in_a_custom_dir() {
-    let (full, ckpts, resumed) = (tempdir("feat-ckpt-full"), tempdir("feat-ckpt-dir"), tempdir("feat-ckpt-resumed"));
-    let c = TrainingConfig { checkpoint_period: 2, max_num_checkpoints: 5, checkpoints_dir: Some(ckpts.clone()), ..gpt2_config(&full) };
+    let (full, ckpts, resumed) = (
+        tempdir("feat-ckpt-full"),
+        tempdir("feat-ckpt-dir"),
+        tempdir("feat-ckpt-resumed"),
+    );
+    let c = TrainingConfig {
+        checkpoint_period: 2,
+        max_num_checkpoints: 5,
+        checkpoints_dir: Some(ckpts.clone()),
+        ..gpt2_config(&full)
+    };
     let first = run_local(c.clone());
-    assert!(!full.join("checkpoints").exists(), "checkpoints go to checkpoints_dir, not <output_dir>/checkpoints");
-    assert_eq!(list_checkpoints(&ckpts).iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![2, 4, 6]);
+    assert!(
+        !full.join("checkpoints").exists(),
+        "checkpoints go to checkpoints_dir, not <output_dir>/checkpoints"
+    );
+    assert_eq!(
+        list_checkpoints(&ckpts)
+            .iter()
+            .map(|(s, _)| *s)
+            .collect::<Vec<_>>(),
+        vec![2, 4, 6]
+    );
     // Resume from the step-2 checkpoint explicitly, although newer ones exist.
     let again = run_local(TrainingConfig {
         output_dir: resumed.clone(),
@@ -74,20 +113,54 @@ fn checkpoint_to_load_path_resumes_from_that_checkpoint_in_a_custom_dir() {
     assert_eq!(again.losses.len(), 4);
     assert_eq!(again.losses[3].1, first.losses[5].1);
     for ((name, a), (_, b)) in trained(&full).iter().zip(trained(&resumed)) {
-        assert_eq!(a, &b, "{name} differs after resuming from checkpoint_to_load_path");
+        assert_eq!(
+            a, &b,
+            "{name} differs after resuming from checkpoint_to_load_path"
+        );
     }
 }
 
 #[test]
 fn resuming_a_checkpoint_of_an_incompatible_run_is_an_error() {
     let out = tempdir("feat-incompatible");
-    let c = TrainingConfig { num_train_steps: 2, checkpoint_period: 2, ..gpt2_config(&out) };
+    let c = TrainingConfig {
+        num_train_steps: 2,
+        checkpoint_period: 2,
+        ..gpt2_config(&out)
+    };
     run_local(c.clone());
-    let err = try_run(TrainingConfig { batch_size: 2, num_train_steps: 4, ..c.clone() }, gpt2_tokens(), None).unwrap_err();
-    assert!(err.contains("config.batch_size") && err.contains("ckpt-000000002"), "{err}");
+    let err = try_run(
+        TrainingConfig {
+            batch_size: 2,
+            num_train_steps: 4,
+            ..c.clone()
+        },
+        gpt2_tokens(),
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("config.batch_size") && err.contains("ckpt-000000002"),
+        "{err}"
+    );
     // Two thread ranks cannot continue a single-process checkpoint.
-    let err = launch(TrainingConfig { data_parallel_size: 2, batch_size: 2, num_train_steps: 4, ..c }, gpt2_tokens(), None).err().unwrap().to_string();
-    assert!(err.contains("1 rank(s)") && err.contains("this run has 2"), "{err}");
+    let err = launch(
+        TrainingConfig {
+            data_parallel_size: 2,
+            batch_size: 2,
+            num_train_steps: 4,
+            ..c
+        },
+        gpt2_tokens(),
+        None,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.contains("1 rank(s)") && err.contains("this run has 2"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -95,7 +168,8 @@ fn mse_trains_end_to_end_with_the_loss_numpy_would_compute() {
     let mut next = lcg(3);
     let x = ArrayD::from_shape_fn(IxDyn(&[32, 784]), |_| (next() % 1000) as f32 / 1000.0 - 0.5);
     let t = ArrayD::from_shape_fn(IxDyn(&[32, 10]), |_| (next() % 1000) as f32 / 500.0 - 1.0);
-    let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x.clone(), Target::Values(t.clone())).unwrap());
+    let data: Arc<dyn Dataset> =
+        Arc::new(ImageDataset::new(x.clone(), Target::Values(t.clone())).unwrap());
     let out = tempdir("feat-mse");
     let c = TrainingConfig {
         model_path: refkit("models/mlp.onnx"),
@@ -103,22 +177,58 @@ fn mse_trains_end_to_end_with_the_loss_numpy_would_compute() {
         loss: LossKind::Mse,
         batch_size: 32,
         num_train_steps: 10,
-        optimizer: OptimizerConfig { kind: OptimizerKind::Sgd, momentum: 0.9, weight_decay: 0.0, ..Default::default() },
-        lr: LrConfig { initial_lr: 0.05, ..Default::default() },
+        optimizer: OptimizerConfig {
+            kind: OptimizerKind::Sgd,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            ..Default::default()
+        },
+        lr: LrConfig {
+            initial_lr: 0.05,
+            ..Default::default()
+        },
         max_grad_norm: 0.0,
         ..gpt2_config(&out)
     };
-    let runner = TrainingRunner::new(c, Arc::new(LocalCommunicator), Device::flex().autodiff()).unwrap();
+    let runner =
+        TrainingRunner::new(c, Arc::new(LocalCommunicator), Device::flex().autodiff()).unwrap();
     let summary = runner.run(data, None).unwrap();
     // The first update's loss is mean((f(x) - t)^2) over the whole batch, in f64 on the host.
     let model = OnnxModel::load(refkit("models/mlp.onnx"), &Device::flex()).unwrap();
-    let y = model.forward(vec![("input".into(), Value::Float(burn_onnx_train::FloatValue::from_array(&x, &Device::flex()).unwrap()))], Mode::Eval).unwrap();
-    let Some(Value::Float(y)) = y.first().cloned() else { panic!() };
+    let y = model
+        .forward(
+            vec![(
+                "input".into(),
+                Value::Float(burn_onnx_train::FloatValue::from_array(&x, &Device::flex()).unwrap()),
+            )],
+            Mode::Eval,
+        )
+        .unwrap();
+    let Some(Value::Float(y)) = y.first().cloned() else {
+        panic!()
+    };
     let y = y.to_array().unwrap();
-    let want: f64 = y.iter().zip(t.iter()).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum::<f64>() / y.len() as f64;
-    assert!((summary.losses[0].1 - want).abs() < 1e-5 * want.max(1.0), "{} vs {want}", summary.losses[0].1);
-    assert!(summary.losses[9].1 < 0.9 * summary.losses[0].1, "MSE did not decrease: {:?}", summary.losses);
-    assert_moved(&refkit("models/mlp.onnx"), &out.join("mlp_trained.onnx"), 1e-3);
+    let want: f64 = y
+        .iter()
+        .zip(t.iter())
+        .map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2))
+        .sum::<f64>()
+        / y.len() as f64;
+    assert!(
+        (summary.losses[0].1 - want).abs() < 1e-5 * want.max(1.0),
+        "{} vs {want}",
+        summary.losses[0].1
+    );
+    assert!(
+        summary.losses[9].1 < 0.9 * summary.losses[0].1,
+        "MSE did not decrease: {:?}",
+        summary.losses
+    );
+    assert_moved(
+        &refkit("models/mlp.onnx"),
+        &out.join("mlp_trained.onnx"),
+        1e-3,
+    );
 }
 
 #[test]
@@ -132,23 +242,53 @@ fn histograms_and_norm_summaries_reach_tensorboard() {
         norm_weights: vec![WPE.into(), "*".into()],
         ..gpt2_config(&out)
     });
-    let file = std::fs::read_dir(out.join("tensorboard")).unwrap().next().unwrap().unwrap().path();
+    let file = std::fs::read_dir(out.join("tensorboard"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     let events = read_events(&file).unwrap();
     let s = scalars(&events);
-    let norms: Vec<_> = s.iter().filter(|(t, _, _)| *t == format!("norms/weight/{WPE}")).collect();
-    assert_eq!(norms.iter().map(|(_, step, _)| *step).collect::<Vec<_>>(), vec![2, 4, 6], "every display step");
-    assert!(s.iter().any(|(t, step, v)| *t == format!("norms/gradient/{WTE}") && *step == 2 && *v > 0.0), "'*' selects every weight");
+    let norms: Vec<_> = s
+        .iter()
+        .filter(|(t, _, _)| *t == format!("norms/weight/{WPE}"))
+        .collect();
+    assert_eq!(
+        norms.iter().map(|(_, step, _)| *step).collect::<Vec<_>>(),
+        vec![2, 4, 6],
+        "every display step"
+    );
+    assert!(
+        s.iter()
+            .any(|(t, step, v)| *t == format!("norms/gradient/{WTE}") && *step == 2 && *v > 0.0),
+        "'*' selects every weight"
+    );
     // The weight norm logged at update 2 is that of the weights after update 2: recompute it
     // from a 2-update run.
     let one = tempdir("feat-tb-one");
-    run_local(TrainingConfig { num_train_steps: 2, ..gpt2_config(&one) });
+    run_local(TrainingConfig {
+        num_train_steps: 2,
+        ..gpt2_config(&one)
+    });
     let w1 = trained(&one).into_iter().find(|(n, _)| n == WPE).unwrap().1;
     let want = w1.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
-    assert!((f64::from(norms[0].2) - want).abs() < 1e-4 * want, "{} vs {want}", norms[0].2);
+    assert!(
+        (f64::from(norms[0].2) - want).abs() < 1e-4 * want,
+        "{} vs {want}",
+        norms[0].2
+    );
     let histos: Vec<i64> = events
         .iter()
         .filter_map(|e| match &e.what {
-            Some(EventKind::Summary(sm)) if sm.value.iter().any(|v| v.tag == format!("weights/{WPE}") && matches!(v.value, Some(ValueKind::Histo(_)))) => Some(e.step),
+            Some(EventKind::Summary(sm))
+                if sm.value.iter().any(|v| {
+                    v.tag == format!("weights/{WPE}")
+                        && matches!(v.value, Some(ValueKind::Histo(_)))
+                }) =>
+            {
+                Some(e.step)
+            }
             _ => None,
         })
         .collect();
@@ -159,15 +299,28 @@ fn histograms_and_norm_summaries_reach_tensorboard() {
 fn epochs_set_the_number_of_updates() {
     let out = tempdir("feat-epochs");
     // 256 windows of 16 tokens, batch 4: 64 batches per epoch; accumulation 3 rounds down.
-    let summary = run_local(TrainingConfig { num_train_epochs: 1, num_train_steps: 1, gradient_accumulation_steps: 3, ..gpt2_config(&out) });
+    let summary = run_local(TrainingConfig {
+        num_train_epochs: 1,
+        num_train_steps: 1,
+        gradient_accumulation_steps: 3,
+        ..gpt2_config(&out)
+    });
     assert_eq!(summary.losses.len(), 21);
 }
 
 #[test]
 fn evaluation_split_across_thread_ranks_equals_the_single_process_one() {
-    let (one, two, rep) = (tempdir("feat-eval-1"), tempdir("feat-eval-2"), tempdir("feat-eval-rep"));
+    let (one, two, rep) = (
+        tempdir("feat-eval-1"),
+        tempdir("feat-eval-2"),
+        tempdir("feat-eval-rep"),
+    );
     let base = |out: &Path, dp: usize| TrainingConfig {
-        optimizer: OptimizerConfig { kind: OptimizerKind::Sgd, weight_decay: 0.0, ..Default::default() },
+        optimizer: OptimizerConfig {
+            kind: OptimizerKind::Sgd,
+            weight_decay: 0.0,
+            ..Default::default()
+        },
         max_grad_norm: 0.0,
         batch_size: 4 / dp,
         data_parallel_size: dp,
@@ -177,11 +330,29 @@ fn evaluation_split_across_thread_ranks_equals_the_single_process_one() {
     };
     let a = launch(base(&one, 1), gpt2_tokens(), Some(gpt2_tokens())).unwrap();
     let b = launch(base(&two, 2), gpt2_tokens(), Some(gpt2_tokens())).unwrap();
-    let c = launch(TrainingConfig { eval_partitioned: false, ..base(&rep, 2) }, gpt2_tokens(), Some(gpt2_tokens())).unwrap();
+    let c = launch(
+        TrainingConfig {
+            eval_partitioned: false,
+            ..base(&rep, 2)
+        },
+        gpt2_tokens(),
+        Some(gpt2_tokens()),
+    )
+    .unwrap();
     assert_eq!(a.evals.len(), 2);
-    for (x, y) in a.evals.iter().zip(&b.evals).chain(a.evals.iter().zip(&c.evals)) {
+    for (x, y) in a
+        .evals
+        .iter()
+        .zip(&b.evals)
+        .chain(a.evals.iter().zip(&c.evals))
+    {
         assert_eq!(x.step, y.step);
-        assert!((x.loss - y.loss).abs() < 1e-5, "eval loss {} vs {}", x.loss, y.loss);
+        assert!(
+            (x.loss - y.loss).abs() < 1e-5,
+            "eval loss {} vs {}",
+            x.loss,
+            y.loss
+        );
     }
 }
 
@@ -190,33 +361,113 @@ fn bad_data_and_configs_fail_before_the_first_step() {
     let out = tempdir("feat-preflight");
     let c = gpt2_config(&out);
     // Token ids beyond the embedding table.
-    let big: Arc<dyn Dataset> = Arc::new(TokenDataset::from_tokens((0..512).map(|i| if i == 300 { 5000 } else { i % 1000 }).collect(), 16).unwrap());
+    let big: Arc<dyn Dataset> = Arc::new(
+        TokenDataset::from_tokens(
+            (0..512)
+                .map(|i| if i == 300 { 5000 } else { i % 1000 })
+                .collect(),
+            16,
+        )
+        .unwrap(),
+    );
     let err = try_run(c.clone(), big, None).unwrap_err();
-    assert!(err.contains("config.train_data_dir") && err.contains("5000") && err.contains(WTE) && err.contains("1024"), "{err}");
+    assert!(
+        err.contains("config.train_data_dir")
+            && err.contains("5000")
+            && err.contains(WTE)
+            && err.contains("1024"),
+        "{err}"
+    );
     // A loss that does not fit the data.
-    let err = try_run(TrainingConfig { loss: LossKind::Mse, ..c.clone() }, gpt2_tokens(), None).unwrap_err();
-    assert!(err.contains("config.loss") && err.contains("targets_"), "{err}");
+    let err = try_run(
+        TrainingConfig {
+            loss: LossKind::Mse,
+            ..c.clone()
+        },
+        gpt2_tokens(),
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("config.loss") && err.contains("targets_"),
+        "{err}"
+    );
     // A test set that cannot fill one evaluation batch fails at start, not at the first evaluation.
-    let small: Arc<dyn Dataset> = Arc::new(TokenDataset::from_tokens((0..48).collect(), 16).unwrap());
+    let small: Arc<dyn Dataset> =
+        Arc::new(TokenDataset::from_tokens((0..48).collect(), 16).unwrap());
     let err = try_run(c.clone(), gpt2_tokens(), Some(small)).unwrap_err();
     assert!(err.contains("config.eval_batch_size"), "{err}");
     assert!(list_checkpoints(&out.join("checkpoints")).is_empty());
     // A warm-up ratio the schedule would ignore.
-    let bad = TrainingConfig { lr: LrConfig { warmup_ratio: 0.1, mode: ScheduleKind::None, ..Default::default() }, ..c.clone() };
-    assert!(bad.validate(1).unwrap_err().to_string().contains("lr.warmup_ratio"));
+    let bad = TrainingConfig {
+        lr: LrConfig {
+            warmup_ratio: 0.1,
+            mode: ScheduleKind::None,
+            ..Default::default()
+        },
+        ..c.clone()
+    };
+    assert!(
+        bad.validate(1)
+            .unwrap_err()
+            .to_string()
+            .contains("lr.warmup_ratio")
+    );
     // Weight lists name their own fields.
-    let err = try_run(TrainingConfig { weights_not_to_train: vec!["nope".into()], ..c.clone() }, gpt2_tokens(), None).unwrap_err();
-    assert!(err.contains("config.weights_not_to_train") && err.contains("'nope'"), "{err}");
-    let err = try_run(TrainingConfig { histogram_weights: vec!["nope".into()], ..c.clone() }, gpt2_tokens(), None).unwrap_err();
+    let err = try_run(
+        TrainingConfig {
+            weights_not_to_train: vec!["nope".into()],
+            ..c.clone()
+        },
+        gpt2_tokens(),
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("config.weights_not_to_train") && err.contains("'nope'"),
+        "{err}"
+    );
+    let err = try_run(
+        TrainingConfig {
+            histogram_weights: vec!["nope".into()],
+            ..c.clone()
+        },
+        gpt2_tokens(),
+        None,
+    )
+    .unwrap_err();
     assert!(err.contains("config.histogram_weights"), "{err}");
     // Pipeline micro-batches that do not divide the batch, and more stages than nodes.
-    let pp = TrainingConfig { pipeline_parallel_size: 2, num_pipeline_micro_batches: 3, ..c.clone() };
-    assert!(pp.validate(2).unwrap_err().to_string().starts_with("config.num_pipeline_micro_batches"));
-    let pp = TrainingConfig { model_path: refkit("models/mlp.onnx"), pipeline_parallel_size: 4, batch_size: 4, ..c.clone() };
+    let pp = TrainingConfig {
+        pipeline_parallel_size: 2,
+        num_pipeline_micro_batches: 3,
+        ..c.clone()
+    };
+    assert!(
+        pp.validate(2)
+            .unwrap_err()
+            .to_string()
+            .starts_with("config.num_pipeline_micro_batches")
+    );
+    let pp = TrainingConfig {
+        model_path: refkit("models/mlp.onnx"),
+        pipeline_parallel_size: 4,
+        batch_size: 4,
+        ..c.clone()
+    };
     let err = launch(pp, gpt2_tokens(), None).err().unwrap().to_string();
-    assert!(err.contains("config.pipeline_parallel_size") && err.contains("3 nodes"), "{err}");
+    assert!(
+        err.contains("config.pipeline_parallel_size") && err.contains("3 nodes"),
+        "{err}"
+    );
     // Images and labels that do not pair up.
-    let err = ImageDataset::new(ArrayD::zeros(IxDyn(&[4, 3])), Target::Classes(ArrayD::zeros(IxDyn(&[5])))).err().unwrap().to_string();
+    let err = ImageDataset::new(
+        ArrayD::zeros(IxDyn(&[4, 3])),
+        Target::Classes(ArrayD::zeros(IxDyn(&[5]))),
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(err.contains("do not pair up"), "{err}");
 }
 
@@ -226,17 +477,37 @@ fn files_of_the_wrong_kind_are_named_as_what_they_should_be() {
     let toml = dir.join("run.toml");
     std::fs::write(&toml, "batch_size = [").unwrap();
     let err = TrainingConfig::from_file(&toml).unwrap_err().to_string();
-    assert!(err.contains("run.toml: not a valid training config"), "{err}");
+    assert!(
+        err.contains("run.toml: not a valid training config"),
+        "{err}"
+    );
     let npy = dir.join("tokens.npy");
     std::fs::write(&npy, b"not numpy").unwrap();
-    let err = burn_onnx_train::npy::read_npy(&npy).unwrap_err().to_string();
+    let err = burn_onnx_train::npy::read_npy(&npy)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("tokens.npy: not a valid .npy"), "{err}");
     let out = tempdir("feat-decode-ckpt");
-    let c = TrainingConfig { num_train_steps: 2, checkpoint_period: 2, ..gpt2_config(&out) };
+    let c = TrainingConfig {
+        num_train_steps: 2,
+        checkpoint_period: 2,
+        ..gpt2_config(&out)
+    };
     run_local(c.clone());
     std::fs::write(out.join("checkpoints/ckpt-000000002/state.json"), b"{").unwrap();
-    let err = try_run(TrainingConfig { num_train_steps: 4, ..c }, gpt2_tokens(), None).unwrap_err();
-    assert!(err.contains("state.json: not a valid checkpoint state"), "{err}");
+    let err = try_run(
+        TrainingConfig {
+            num_train_steps: 4,
+            ..c
+        },
+        gpt2_tokens(),
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("state.json: not a valid checkpoint state"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -245,19 +516,42 @@ fn dropout_masks_depend_on_the_seed_only_not_on_threads() {
     let arrays = npz(data("ops/dropout_training_13.npz"));
     let mask = |seed: u64| {
         let m = OnnxModel::load(&path, &Device::flex()).unwrap();
-        let feeds: Vec<_> = arrays.iter().filter_map(|(k, v)| k.strip_prefix("in_").map(|n| (n.to_string(), Value::from_host(v, &Device::flex()).unwrap()))).collect();
-        let Some(Value::Float(y)) = m.forward_seeded(feeds, Mode::Train, seed).unwrap().first().cloned() else { panic!() };
+        let feeds: Vec<_> = arrays
+            .iter()
+            .filter_map(|(k, v)| {
+                k.strip_prefix("in_")
+                    .map(|n| (n.to_string(), Value::from_host(v, &Device::flex()).unwrap()))
+            })
+            .collect();
+        let Some(Value::Float(y)) = m
+            .forward_seeded(feeds, Mode::Train, seed)
+            .unwrap()
+            .first()
+            .cloned()
+        else {
+            panic!()
+        };
         y.to_array().unwrap().mapv(|v| v != 0.0)
     };
     let reference: Vec<_> = (0..4).map(mask).collect();
-    assert_ne!(reference[0], reference[1], "different seeds, different masks");
+    assert_ne!(
+        reference[0], reference[1],
+        "different seeds, different masks"
+    );
     let masks = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..4).map(|seed| s.spawn(move || (0..5).map(|_| mask(seed)).collect::<Vec<_>>())).collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        let hs: Vec<_> = (0..4)
+            .map(|seed| s.spawn(move || (0..5).map(|_| mask(seed)).collect::<Vec<_>>()))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
     });
     for (seed, runs) in masks.iter().enumerate() {
         for m in runs {
-            assert_eq!(m, &reference[seed], "seed {seed}: a mask drawn on a racing thread differs");
+            assert_eq!(
+                m, &reference[seed],
+                "seed {seed}: a mask drawn on a racing thread differs"
+            );
         }
     }
     let kept = reference[0].iter().filter(|k| **k).count() as f64 / reference[0].len() as f64;
@@ -268,21 +562,56 @@ fn dropout_masks_depend_on_the_seed_only_not_on_threads() {
 fn profile_times_every_forward_node_once_per_update_and_leaves_evaluation_out() {
     let out = tempdir("feat-profile");
     // 6 updates of 2 accumulated micro-batches, evaluating every 3 updates.
-    run_local(TrainingConfig { profile: true, gradient_accumulation_steps: 2, num_train_steps: 12, evaluation_period: 3, ..gpt2_config(&out) });
-    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("profile.json")).unwrap()).unwrap();
-    let nodes = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex()).unwrap().graph().nodes.len();
+    run_local(TrainingConfig {
+        profile: true,
+        gradient_accumulation_steps: 2,
+        num_train_steps: 12,
+        evaluation_period: 3,
+        ..gpt2_config(&out)
+    });
+    let p: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("profile.json")).unwrap()).unwrap();
+    let nodes = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex())
+        .unwrap()
+        .graph()
+        .nodes
+        .len();
     assert_eq!(p["updates"], 6);
     let by_node = p["by_node"].as_array().unwrap();
     assert_eq!(by_node.len(), nodes, "every node is timed");
-    assert!(by_node.iter().all(|n| n["calls"] == 12), "two micro-batches per update, no evaluation passes");
+    assert!(
+        by_node.iter().all(|n| n["calls"] == 12),
+        "two micro-batches per update, no evaluation passes"
+    );
     let total = p["forward_ms_per_update"].as_f64().unwrap();
-    let node_sum: f64 = by_node.iter().map(|n| n["ms_per_update"].as_f64().unwrap()).sum();
-    assert!(total > 0.0 && (node_sum - total).abs() < 1e-6 * total.max(1.0), "{node_sum} vs {total}");
+    let node_sum: f64 = by_node
+        .iter()
+        .map(|n| n["ms_per_update"].as_f64().unwrap())
+        .sum();
+    assert!(
+        total > 0.0 && (node_sum - total).abs() < 1e-6 * total.max(1.0),
+        "{node_sum} vs {total}"
+    );
     let types = p["by_op_type"].as_array().unwrap();
-    let share: f64 = types.iter().map(|t| t["share_of_forward"].as_f64().unwrap()).sum();
+    let share: f64 = types
+        .iter()
+        .map(|t| t["share_of_forward"].as_f64().unwrap())
+        .sum();
     assert!((share - 1.0).abs() < 1e-9, "shares sum to {share}");
-    assert!(types.iter().any(|t| t["op_type"] == "MatMul"), "MatMul timed");
-    assert_eq!(types.iter().map(|t| t["nodes"].as_u64().unwrap() as usize).sum::<usize>(), nodes);
-    let sorted: Vec<f64> = by_node.iter().map(|n| n["ms_per_update"].as_f64().unwrap()).collect();
+    assert!(
+        types.iter().any(|t| t["op_type"] == "MatMul"),
+        "MatMul timed"
+    );
+    assert_eq!(
+        types
+            .iter()
+            .map(|t| t["nodes"].as_u64().unwrap() as usize)
+            .sum::<usize>(),
+        nodes
+    );
+    let sorted: Vec<f64> = by_node
+        .iter()
+        .map(|n| n["ms_per_update"].as_f64().unwrap())
+        .collect();
     assert!(sorted.windows(2).all(|w| w[0] >= w[1]), "slowest first");
 }

@@ -5,7 +5,13 @@ use burn_onnx_train::train::config::{LrConfig, ScheduleKind};
 use burn_onnx_train::train::schedule::LrSchedule;
 
 fn sched(mode: ScheduleKind) -> LrSchedule {
-    let c = LrConfig { initial_lr: 1e-3, warmup_ratio: 0.1, mode, poly_power: 2.0, end_lr: 1e-5 };
+    let c = LrConfig {
+        initial_lr: 1e-3,
+        warmup_ratio: 0.1,
+        mode,
+        poly_power: 2.0,
+        end_lr: 1e-5,
+    };
     LrSchedule::new(&c, 100)
 }
 
@@ -15,7 +21,12 @@ fn close(a: f64, b: f64) {
 
 #[test]
 fn warmup_is_linear_from_zero() {
-    for mode in [ScheduleKind::Constant, ScheduleKind::Linear, ScheduleKind::Cosine, ScheduleKind::Poly] {
+    for mode in [
+        ScheduleKind::Constant,
+        ScheduleKind::Linear,
+        ScheduleKind::Cosine,
+        ScheduleKind::Poly,
+    ] {
         let s = sched(mode);
         assert_eq!(s.warmup_steps(), 10);
         close(s.lr(0), 0.0);
@@ -54,7 +65,10 @@ fn linear_decays_to_zero() {
 fn cosine_halves_at_mid_decay() {
     let s = sched(ScheduleKind::Cosine);
     close(s.lr(55), 5e-4);
-    close(s.lr(32), 1e-3 * 0.5 * (1.0 + (std::f64::consts::PI * 22.0 / 90.0).cos()));
+    close(
+        s.lr(32),
+        1e-3 * 0.5 * (1.0 + (std::f64::consts::PI * 22.0 / 90.0).cos()),
+    );
     close(s.lr(100), 0.0);
 }
 

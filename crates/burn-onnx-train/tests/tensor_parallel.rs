@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use burn::tensor::Device;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
+use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::loss::lm_cross_entropy;
 use burn_onnx_train::tensor_parallel::{AxisSplit, TensorParallel, collective};
 use burn_onnx_train::train::checkpoint::{list_checkpoints, read_params};
@@ -23,7 +24,6 @@ use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, TokenDataset};
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::{RunSummary, TrainingConfig};
-use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use burn_ort_dist::{Communicator, DistResult, ReduceOp, run_threads};
 use common::*;
@@ -31,12 +31,27 @@ use ndarray::{ArrayD, IxDyn};
 
 fn ids(vocab: u64) -> ArrayD<i64> {
     let mut next = lcg(3);
-    ArrayD::from_shape_vec(IxDyn(&[2, 16]), (0..32).map(|_| (next() % vocab) as i64).collect()).unwrap()
+    ArrayD::from_shape_vec(
+        IxDyn(&[2, 16]),
+        (0..32).map(|_| (next() % vocab) as i64).collect(),
+    )
+    .unwrap()
 }
 
 fn builder_gpt2(tag: &str) -> PathBuf {
     let path = tempdir(tag).join("gpt2.onnx");
-    write_gpt2(&Gpt2Config { n_layer: 2, n_head: 4, n_embd: 32, vocab_size: 97, n_positions: 32, ..Default::default() }, &path).unwrap();
+    write_gpt2(
+        &Gpt2Config {
+            n_layer: 2,
+            n_head: 4,
+            n_embd: 32,
+            vocab_size: 97,
+            n_positions: 32,
+            ..Default::default()
+        },
+        &path,
+    )
+    .unwrap();
     path
 }
 
@@ -45,18 +60,29 @@ fn sample(ids: &ArrayD<i64>) -> Vec<(String, Value)> {
 }
 
 /// Logits and `(name, gradient)` of every trainable parameter.
-fn logits_and_grads(model: &OnnxModel, ids: &ArrayD<i64>) -> (ArrayD<f32>, Vec<(String, ArrayD<f32>)>) {
+fn logits_and_grads(
+    model: &OnnxModel,
+    ids: &ArrayD<i64>,
+) -> (ArrayD<f32>, Vec<(String, ArrayD<f32>)>) {
     let out = model.forward(sample(ids), Mode::Train).unwrap();
-    let Some(Value::Float(logits)) = out.get("logits").cloned() else { panic!("no logits") };
+    let Some(Value::Float(logits)) = out.get("logits").cloned() else {
+        panic!("no logits")
+    };
     let loss = lm_cross_entropy(logits.clone(), ids).unwrap();
     let grads = loss.backward();
-    let named = model.param_grads(&grads).into_iter().map(|(n, g)| (n, g.to_array().unwrap())).collect();
+    let named = model
+        .param_grads(&grads)
+        .into_iter()
+        .map(|(n, g)| (n, g.to_array().unwrap()))
+        .collect();
     (logits.to_array().unwrap(), named)
 }
 
 fn splits_of(path: &Path, tp: usize, ids: &ArrayD<i64>) -> TensorParallel {
     let model = OnnxModel::load(path, &Device::flex()).unwrap();
-    TensorParallel::apply(model, sample(ids), 0, tp, false).unwrap_or_else(|e| panic!("{}: {e}", path.display())).1
+    TensorParallel::apply(model, sample(ids), 0, tp, false)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .1
 }
 
 #[test]
@@ -64,18 +90,68 @@ fn finds_the_blocks_of_three_exporters() {
     let x = ids(97);
     // gpt2_tiny: TorchScript export of HF GPT-2 (Conv1D as Gemm, fused q/k/v + Split).
     let t = splits_of(&refkit("models/gpt2_tiny.onnx"), 2, &x);
-    assert_eq!(t.blocks.len(), 4, "attention and MLP of 2 layers: {:?}", t.blocks);
-    assert_eq!(t.params["m.transformer.h.0.attn.c_attn.weight"], AxisSplit { axis: 1, period: 128 }, "q, k, v each split by heads");
-    assert_eq!(t.params["m.transformer.h.0.attn.c_attn.bias"], AxisSplit { axis: 0, period: 128 });
-    assert_eq!(t.params["m.transformer.h.1.mlp.c_fc.weight"], AxisSplit { axis: 1, period: 512 });
-    assert_eq!(t.params["m.transformer.h.1.mlp.c_proj.weight"], AxisSplit { axis: 0, period: 512 });
-    assert_eq!(t.params["m.transformer.h.0.attn.c_proj.weight"], AxisSplit { axis: 0, period: 128 });
-    assert!(!t.params.contains_key("m.transformer.h.0.attn.c_proj.bias"), "the row-parallel bias stays whole");
-    assert!(!t.params.keys().any(|k| k.contains("wte") || k.contains("ln_")), "{:?}", t.params.keys());
+    assert_eq!(
+        t.blocks.len(),
+        4,
+        "attention and MLP of 2 layers: {:?}",
+        t.blocks
+    );
+    assert_eq!(
+        t.params["m.transformer.h.0.attn.c_attn.weight"],
+        AxisSplit {
+            axis: 1,
+            period: 128
+        },
+        "q, k, v each split by heads"
+    );
+    assert_eq!(
+        t.params["m.transformer.h.0.attn.c_attn.bias"],
+        AxisSplit {
+            axis: 0,
+            period: 128
+        }
+    );
+    assert_eq!(
+        t.params["m.transformer.h.1.mlp.c_fc.weight"],
+        AxisSplit {
+            axis: 1,
+            period: 512
+        }
+    );
+    assert_eq!(
+        t.params["m.transformer.h.1.mlp.c_proj.weight"],
+        AxisSplit {
+            axis: 0,
+            period: 512
+        }
+    );
+    assert_eq!(
+        t.params["m.transformer.h.0.attn.c_proj.weight"],
+        AxisSplit {
+            axis: 0,
+            period: 128
+        }
+    );
+    assert!(
+        !t.params.contains_key("m.transformer.h.0.attn.c_proj.bias"),
+        "the row-parallel bias stays whole"
+    );
+    assert!(
+        !t.params
+            .keys()
+            .any(|k| k.contains("wte") || k.contains("ln_")),
+        "{:?}",
+        t.params.keys()
+    );
     // Our builder: MatMul + Add.
     let b = splits_of(&builder_gpt2("tp-plan-builder"), 2, &x);
     assert_eq!(b.blocks.len(), 4, "{:?}", b.blocks);
-    assert_eq!(b.params.len(), 4 * 2 + 2 * 2, "column weights and biases, row weights: {:?}", b.params.keys());
+    assert_eq!(
+        b.params.len(),
+        4 * 2 + 2 * 2,
+        "column weights and biases, row weights: {:?}",
+        b.params.keys()
+    );
     // Dynamo (opset 18).
     let d = splits_of(&data("dynamo_gpt2/gpt2_tied.onnx"), 2, &x);
     assert!(d.blocks.len() >= 2, "{:?}", d.blocks);
@@ -84,10 +160,21 @@ fn finds_the_blocks_of_three_exporters() {
 #[test]
 fn a_graph_without_blocks_is_an_error() {
     let model = OnnxModel::load(refkit("models/squeezenet1_1.onnx"), &Device::flex()).unwrap();
-    let x = burn_onnx_train::model::float_input(vec![0.1; 3 * 224 * 224], &[1, 3, 224, 224], &Device::flex()).unwrap();
+    let x = burn_onnx_train::model::float_input(
+        vec![0.1; 3 * 224 * 224],
+        &[1, 3, 224, 224],
+        &Device::flex(),
+    )
+    .unwrap();
     let name = model.graph().inputs[0].name.clone();
-    let err = TensorParallel::apply(model, vec![(name, x)], 0, 2, false).err().expect("no block in a CNN").to_string();
-    assert!(err.contains("no Megatron block") && err.contains("squeezenet1_1.onnx"), "{err}");
+    let err = TensorParallel::apply(model, vec![(name, x)], 0, 2, false)
+        .err()
+        .expect("no block in a CNN")
+        .to_string();
+    assert!(
+        err.contains("no Megatron block") && err.contains("squeezenet1_1.onnx"),
+        "{err}"
+    );
 }
 
 /// A group that counts its all-reduces and the values they carry.
@@ -141,23 +228,46 @@ fn check_equivalence(path: &Path, tp: usize, vocab: u64) {
     let results = run_threads(tp, Duration::from_secs(120), |comm| -> Result<(), String> {
         let rank = comm.rank();
         let model = OnnxModel::load(path, &Device::flex().autodiff()).map_err(|e| e.to_string())?;
-        let (model, t) = TensorParallel::apply(model, sample(&x), rank, tp, false).map_err(|e| e.to_string())?;
-        let counting = Arc::new(Counting { inner: comm.clone(), calls: Default::default() });
+        let (model, t) =
+            TensorParallel::apply(model, sample(&x), rank, tp, false).map_err(|e| e.to_string())?;
+        let counting = Arc::new(Counting {
+            inner: comm.clone(),
+            calls: Default::default(),
+        });
         let _group = collective::enter(counting.clone());
         let (logits, grads) = logits_and_grads(&model, &x);
         let calls = counting.calls.lock().unwrap().clone();
         let tokens = want_logits.len() / want_logits.shape()[2];
         let layers = t.blocks.len() / 2;
-        assert_eq!(calls.len(), 4 * layers, "all-reduces of one forward and backward: {calls:?}");
-        assert!(calls.iter().all(|&n| n == calls[0] && n % tokens == 0), "every all-reduce carries one [batch, seq, width] activation: {calls:?}");
-        assert_close(&format!("rank {rank} logits"), &logits, &want_logits, 2e-5, 1e-5);
+        assert_eq!(
+            calls.len(),
+            4 * layers,
+            "all-reduces of one forward and backward: {calls:?}"
+        );
+        assert!(
+            calls.iter().all(|&n| n == calls[0] && n % tokens == 0),
+            "every all-reduce carries one [batch, seq, width] activation: {calls:?}"
+        );
+        assert_close(
+            &format!("rank {rank} logits"),
+            &logits,
+            &want_logits,
+            2e-5,
+            1e-5,
+        );
         assert_eq!(grads.len(), want_grads.len());
         for ((name, got), (_, want)) in grads.iter().zip(&want_grads) {
             let want = match t.params.get(name) {
                 Some(split) => split.slice(want, rank, tp),
                 None => want.clone(),
             };
-            assert_close(&format!("rank {rank} gradient of {name}"), got, &want, 2e-5, 1e-4);
+            assert_close(
+                &format!("rank {rank} gradient of {name}"),
+                got,
+                &want,
+                2e-5,
+                1e-4,
+            );
         }
         Ok(())
     });
@@ -181,7 +291,10 @@ fn builder_and_dynamo_gpt2_two_ranks_match_one_process() {
 
 fn tokens(vocab: u64) -> Arc<dyn Dataset> {
     let mut next = lcg(7);
-    Arc::new(TokenDataset::from_tokens((0..16 * 96).map(|_| (next() % vocab) as i64).collect(), 16).unwrap())
+    Arc::new(
+        TokenDataset::from_tokens((0..16 * 96).map(|_| (next() % vocab) as i64).collect(), 16)
+            .unwrap(),
+    )
 }
 
 fn run(c: TrainingConfig, data: &Arc<dyn Dataset>) -> RunSummary {
@@ -200,8 +313,19 @@ fn run(c: TrainingConfig, data: &Arc<dyn Dataset>) -> RunSummary {
 /// With 1e-6 (BERT's setting) that noise stays below 1e-6 per update.
 fn config(model: &Path, out: &Path, kind: OptimizerKind) -> TrainingConfig {
     TrainingConfig {
-        optimizer: OptimizerConfig { kind, epsilon: 1e-6, ..Default::default() },
-        lr: LrConfig { initial_lr: if kind == OptimizerKind::Adamw { 3e-3 } else { 0.1 }, ..Default::default() },
+        optimizer: OptimizerConfig {
+            kind,
+            epsilon: 1e-6,
+            ..Default::default()
+        },
+        lr: LrConfig {
+            initial_lr: if kind == OptimizerKind::Adamw {
+                3e-3
+            } else {
+                0.1
+            },
+            ..Default::default()
+        },
         max_grad_norm: 0.5,
         output_dir: out.to_path_buf(),
         batch_size: 4,
@@ -215,22 +339,44 @@ fn adamw(model: &Path, out: &Path) -> TrainingConfig {
 }
 
 fn trained(dir: &Path, model: &Path) -> PathBuf {
-    dir.join(format!("{}_trained.onnx", model.file_stem().unwrap().to_str().unwrap()))
+    dir.join(format!(
+        "{}_trained.onnx",
+        model.file_stem().unwrap().to_str().unwrap()
+    ))
 }
 
 /// What two runs must share: their losses within 1e-5 (`losses`; with data parallelism
 /// the logged loss is the first replica's share of the batch), the evaluation within 1e-5,
 /// and every exported parameter within `atol`; the split weights moved by more than 10 x `atol`.
-fn same_run(model: &Path, (want, a): (&Path, &RunSummary), (got, b): (&Path, &RunSummary), atol: f32, losses: bool) {
+fn same_run(
+    model: &Path,
+    (want, a): (&Path, &RunSummary),
+    (got, b): (&Path, &RunSummary),
+    atol: f32,
+    losses: bool,
+) {
     assert_eq!(a.losses.len(), b.losses.len());
     for ((s, x), (_, y)) in a.losses.iter().zip(&b.losses).filter(|_| losses) {
-        assert!((x - y).abs() < 1e-5, "{}: loss at update {s}: {x} vs {y}", got.display());
+        assert!(
+            (x - y).abs() < 1e-5,
+            "{}: loss at update {s}: {x} vs {y}",
+            got.display()
+        );
     }
     let (ea, eb) = (a.evals.last().unwrap(), b.evals.last().unwrap());
-    assert!((ea.loss - eb.loss).abs() < 1e-5, "evaluation loss {} vs {}", ea.loss, eb.loss);
-    let (pa, pb) = (onnx_params(trained(want, model)), onnx_params(trained(got, model)));
+    assert!(
+        (ea.loss - eb.loss).abs() < 1e-5,
+        "evaluation loss {} vs {}",
+        ea.loss,
+        eb.loss
+    );
+    let (pa, pb) = (
+        onnx_params(trained(want, model)),
+        onnx_params(trained(got, model)),
+    );
     assert_eq!(pa.len(), pb.len());
-    let initial: std::collections::HashMap<String, ArrayD<f32>> = onnx_params(model.to_path_buf()).into_iter().collect();
+    let initial: std::collections::HashMap<String, ArrayD<f32>> =
+        onnx_params(model.to_path_buf()).into_iter().collect();
     let split = splits_of(model, 2, &ids(64)).params;
     for ((name, x), (name_b, y)) in pa.iter().zip(&pb) {
         assert_eq!(name, name_b);
@@ -247,9 +393,18 @@ fn tp_matches_one_process(model: &Path, vocab: u64, tp: usize) {
     let data = tokens(vocab);
     for (kind, atol) in [(OptimizerKind::Sgd, 1e-5), (OptimizerKind::Adamw, 1e-5)] {
         let tag = format!("tp-run-{}-{kind:?}", model.display()).replace('/', "_");
-        let (one, dir) = (tempdir(&format!("{tag}-one")), tempdir(&format!("{tag}-tp{tp}")));
+        let (one, dir) = (
+            tempdir(&format!("{tag}-one")),
+            tempdir(&format!("{tag}-tp{tp}")),
+        );
         let base = run(config(model, &one, kind), &data);
-        let s = run(TrainingConfig { horizontal_parallel_size: tp, ..config(model, &dir, kind) }, &data);
+        let s = run(
+            TrainingConfig {
+                horizontal_parallel_size: tp,
+                ..config(model, &dir, kind)
+            },
+            &data,
+        );
         assert_eq!(s.perf.as_ref().unwrap().world_size, tp);
         same_run(model, (&one, &base), (&dir, &s), atol, true);
     }
@@ -279,14 +434,38 @@ fn data_and_pipeline_parallel_compose_with_tensor_parallel() {
     let one = tempdir("tp-grid-one");
     let base = run(config(&model, &one, kind), &data);
     let dir = tempdir("tp-grid-dp2tp2");
-    let s = run(TrainingConfig { data_parallel_size: 2, horizontal_parallel_size: 2, batch_size: 2, ..config(&model, &dir, kind) }, &data);
+    let s = run(
+        TrainingConfig {
+            data_parallel_size: 2,
+            horizontal_parallel_size: 2,
+            batch_size: 2,
+            ..config(&model, &dir, kind)
+        },
+        &data,
+    );
     same_run(&model, (&one, &base), (&dir, &s), 1e-5, false);
     let dir = tempdir("tp-grid-tp2pp2");
-    let s = run(TrainingConfig { horizontal_parallel_size: 2, pipeline_parallel_size: 2, ..config(&model, &dir, kind) }, &data);
+    let s = run(
+        TrainingConfig {
+            horizontal_parallel_size: 2,
+            pipeline_parallel_size: 2,
+            ..config(&model, &dir, kind)
+        },
+        &data,
+    );
     same_run(&model, (&one, &base), (&dir, &s), 1e-5, true);
     // The full 3D grid: 2 replicas x 2 tp ranks x 2 stages on 8 threads.
     let dir = tempdir("tp-grid-3d");
-    let s = run(TrainingConfig { data_parallel_size: 2, horizontal_parallel_size: 2, pipeline_parallel_size: 2, batch_size: 2, ..config(&model, &dir, kind) }, &data);
+    let s = run(
+        TrainingConfig {
+            data_parallel_size: 2,
+            horizontal_parallel_size: 2,
+            pipeline_parallel_size: 2,
+            batch_size: 2,
+            ..config(&model, &dir, kind)
+        },
+        &data,
+    );
     assert_eq!(s.perf.as_ref().unwrap().world_size, 8);
     same_run(&model, (&one, &base), (&dir, &s), 1e-5, false);
 }
@@ -297,7 +476,13 @@ fn zero_and_mixed_precision_compose_with_tensor_parallel() {
     let data = tokens(1024);
     // ZeRO within each tp rank's data-parallel group: stage 2 (gradients and optimizer
     // state sharded) ends where the replicated update does.
-    let grid = |out: &Path, zero_stage: usize| TrainingConfig { data_parallel_size: 2, horizontal_parallel_size: 2, batch_size: 2, zero_stage, ..adamw(&model, out) };
+    let grid = |out: &Path, zero_stage: usize| TrainingConfig {
+        data_parallel_size: 2,
+        horizontal_parallel_size: 2,
+        batch_size: 2,
+        zero_stage,
+        ..adamw(&model, out)
+    };
     let (plain, zero) = (tempdir("tp-zero0"), tempdir("tp-zero2"));
     let a = run(grid(&plain, 0), &data);
     let b = run(grid(&zero, 2), &data);
@@ -305,13 +490,29 @@ fn zero_and_mixed_precision_compose_with_tensor_parallel() {
     // bf16 autocast: each rank multiplies its slices in bf16 and the partial sums add up in
     // f32, one process multiplies whole in bf16; the losses agree to bf16's precision.
     let (one, two) = (tempdir("tp-bf16-1"), tempdir("tp-bf16-2"));
-    let bf16 = |out: &Path| TrainingConfig { precision: burn_onnx_train::train::precision::Precision::Bf16, ..adamw(&model, out) };
+    let bf16 = |out: &Path| TrainingConfig {
+        precision: burn_onnx_train::train::precision::Precision::Bf16,
+        ..adamw(&model, out)
+    };
     let x = run(bf16(&one), &data);
-    let y = run(TrainingConfig { horizontal_parallel_size: 2, ..bf16(&two) }, &data);
+    let y = run(
+        TrainingConfig {
+            horizontal_parallel_size: 2,
+            ..bf16(&two)
+        },
+        &data,
+    );
     for ((s, p), (_, q)) in x.losses.iter().zip(&y.losses) {
-        assert!((p - q).abs() < 2e-3 * p.abs(), "bf16 loss at update {s}: {p} vs {q}");
+        assert!(
+            (p - q).abs() < 2e-3 * p.abs(),
+            "bf16 loss at update {s}: {p} vs {q}"
+        );
     }
-    assert!(y.losses.last().unwrap().1 < y.losses[0].1, "bf16 tp2 loss went down: {:?}", y.losses);
+    assert!(
+        y.losses.last().unwrap().1 < y.losses[0].1,
+        "bf16 tp2 loss went down: {:?}",
+        y.losses
+    );
 }
 
 #[test]
@@ -319,23 +520,55 @@ fn tensor_parallel_checkpoints_hold_each_part_resume_exactly_and_reassemble() {
     let model = refkit("models/gpt2_tiny.onnx");
     let data = tokens(1024);
     let full = tempdir("tp-ckpt-full");
-    let c = TrainingConfig { horizontal_parallel_size: 2, checkpoint_period: 5, ..adamw(&model, &full) };
+    let c = TrainingConfig {
+        horizontal_parallel_size: 2,
+        checkpoint_period: 5,
+        ..adamw(&model, &full)
+    };
     let whole = run(c.clone(), &data);
     let kept = list_checkpoints(&full.join("checkpoints"));
-    let (_, five) = kept.iter().find(|(s, _)| *s == 5).expect("a checkpoint at update 5");
-    for f in ["model-tp-0.safetensors", "model-tp-1.safetensors", "tp-0/optimizer.bpk", "tp-1/optimizer.bpk", "state.json"] {
+    let (_, five) = kept
+        .iter()
+        .find(|(s, _)| *s == 5)
+        .expect("a checkpoint at update 5");
+    for f in [
+        "model-tp-0.safetensors",
+        "model-tp-1.safetensors",
+        "tp-0/optimizer.bpk",
+        "tp-1/optimizer.bpk",
+        "state.json",
+    ] {
         assert!(five.join(f).is_file(), "{f} missing in {}", five.display());
     }
     // The last checkpoint reassembles into the exported model.
     let (_, last) = kept.last().unwrap();
-    let reassembled = read_params(last, OnnxModel::load(&model, &Device::flex()).unwrap(), None).unwrap();
+    let reassembled = read_params(
+        last,
+        OnnxModel::load(&model, &Device::flex()).unwrap(),
+        None,
+    )
+    .unwrap();
     for (name, want) in onnx_params(trained(&full, &model)) {
-        let got = reassembled.param_by_name(&name).unwrap().to_array().unwrap();
+        let got = reassembled
+            .param_by_name(&name)
+            .unwrap()
+            .to_array()
+            .unwrap();
         assert_close(&format!("reassembled {name}"), &got, &want, 0.0, 0.0);
     }
     // Resume from update 5 in a fresh directory: the same updates 6..10.
     let resumed_dir = tempdir("tp-ckpt-resumed");
-    let resumed = run(TrainingConfig { checkpoint_to_load_path: Some(five.clone()), checkpoint_period: 0, ..TrainingConfig { output_dir: resumed_dir.clone(), ..c.clone() } }, &data);
+    let resumed = run(
+        TrainingConfig {
+            checkpoint_to_load_path: Some(five.clone()),
+            checkpoint_period: 0,
+            ..TrainingConfig {
+                output_dir: resumed_dir.clone(),
+                ..c.clone()
+            }
+        },
+        &data,
+    );
     assert_eq!(resumed.start_step, 5);
     for ((s, a), (t, b)) in whole.losses[5..].iter().zip(&resumed.losses) {
         assert_eq!(s, t);
@@ -345,21 +578,55 @@ fn tensor_parallel_checkpoints_hold_each_part_resume_exactly_and_reassemble() {
     // cut again (tp 4, or one process), the same updates 6..10.
     for tp in [1, 4] {
         let dir = tempdir(&format!("tp-ckpt-regroup-{tp}"));
-        let c = TrainingConfig { horizontal_parallel_size: tp, checkpoint_to_load_path: Some(five.clone()), checkpoint_period: 0, output_dir: dir.clone(), ..c.clone() };
+        let c = TrainingConfig {
+            horizontal_parallel_size: tp,
+            checkpoint_to_load_path: Some(five.clone()),
+            checkpoint_period: 0,
+            output_dir: dir.clone(),
+            ..c.clone()
+        };
         let resumed = run(c, &data);
         assert_eq!(resumed.start_step, 5);
         for ((s, a), (t, b)) in whole.losses[5..].iter().zip(&resumed.losses) {
             assert_eq!(s, t);
-            assert!((a - b).abs() < 1e-5, "tp {tp}: loss at update {s}: {a} vs {b}");
+            assert!(
+                (a - b).abs() < 1e-5,
+                "tp {tp}: loss at update {s}: {a} vs {b}"
+            );
         }
-        assert!(!dir.join(".tp-regroup-0").exists(), "the regrouped records are removed");
+        assert!(
+            !dir.join(".tp-regroup-0").exists(),
+            "the regrouped records are removed"
+        );
     }
     // ZeRO shards are laid out per tp rank: another tp size is an error that says so.
     let zero_dir = tempdir("tp-ckpt-zero");
-    let z = TrainingConfig { data_parallel_size: 2, batch_size: 2, zero_stage: 1, num_train_steps: 2, checkpoint_period: 2, output_dir: zero_dir.clone(), ..c.clone() };
+    let z = TrainingConfig {
+        data_parallel_size: 2,
+        batch_size: 2,
+        zero_stage: 1,
+        num_train_steps: 2,
+        checkpoint_period: 2,
+        output_dir: zero_dir.clone(),
+        ..c.clone()
+    };
     run(z.clone(), &data);
-    let (_, two) = list_checkpoints(&zero_dir.join("checkpoints")).pop().unwrap();
-    let other = TrainingConfig { horizontal_parallel_size: 1, checkpoint_to_load_path: Some(two), num_train_steps: 4, output_dir: tempdir("tp-ckpt-zero-other"), ..z };
-    let err = launch(other, data.clone(), None).err().expect("ZeRO shards do not regroup").to_string();
-    assert!(err.contains("horizontal_parallel_size") && err.contains("ZeRO"), "{err}");
+    let (_, two) = list_checkpoints(&zero_dir.join("checkpoints"))
+        .pop()
+        .unwrap();
+    let other = TrainingConfig {
+        horizontal_parallel_size: 1,
+        checkpoint_to_load_path: Some(two),
+        num_train_steps: 4,
+        output_dir: tempdir("tp-ckpt-zero-other"),
+        ..z
+    };
+    let err = launch(other, data.clone(), None)
+        .err()
+        .expect("ZeRO shards do not regroup")
+        .to_string();
+    assert!(
+        err.contains("horizontal_parallel_size") && err.contains("ZeRO"),
+        "{err}"
+    );
 }

@@ -14,25 +14,62 @@ fn mlp_loss_and_gradients_match_pytorch() {
 
 #[test]
 fn gpt2_tiny_loss_and_gradients_match_pytorch() {
-    check_gradients(Case::new("gpt2_tiny", "gpt2_tiny"), &eval_device(), 1e-5, 1e-6);
+    check_gradients(
+        Case::new("gpt2_tiny", "gpt2_tiny"),
+        &eval_device(),
+        1e-5,
+        1e-6,
+    );
 }
 
 #[test]
 fn mlp_sgd_momentum_10_steps_match_pytorch() {
-    check_trajectory(Case::new("mlp", "mlp"), &eval_device(), sgd(), 0.1, "sgd", 1e-5, 1e-6);
+    check_trajectory(
+        Case::new("mlp", "mlp"),
+        &eval_device(),
+        sgd(),
+        0.1,
+        "sgd",
+        1e-5,
+        1e-6,
+    );
 }
 
 #[test]
 fn mlp_adamw_10_steps_match_pytorch() {
-    check_trajectory(Case::new("mlp", "mlp"), &eval_device(), adamw(), 1e-3, "adamw", 1e-5, 1e-5);
+    check_trajectory(
+        Case::new("mlp", "mlp"),
+        &eval_device(),
+        adamw(),
+        1e-3,
+        "adamw",
+        1e-5,
+        1e-5,
+    );
 }
 
 #[test]
 fn gpt2_tiny_sgd_momentum_10_steps_match_pytorch() {
-    check_trajectory(Case::new("gpt2_tiny", "gpt2_tiny"), &eval_device(), sgd(), 0.1, "sgd", 1e-5, 1e-6);
+    check_trajectory(
+        Case::new("gpt2_tiny", "gpt2_tiny"),
+        &eval_device(),
+        sgd(),
+        0.1,
+        "sgd",
+        1e-5,
+        1e-6,
+    );
 }
 
 #[test]
 fn gpt2_tiny_adamw_10_steps_match_pytorch() {
-    check_trajectory(Case::new("gpt2_tiny", "gpt2_tiny"), &eval_device(), adamw(), 1e-3, "adamw", 1e-5, 1e-5);
+    check_trajectory(
+        Case::new("gpt2_tiny", "gpt2_tiny"),
+        &eval_device(),
+        adamw(),
+        1e-3,
+        "adamw",
+        1e-5,
+        1e-5,
+    );
 }

@@ -25,7 +25,12 @@ fn forward_passes_match_onnxruntime_on_wgpu() {
     let device = wgpu();
     check_inference(&device, "mlp", "input.npy", "output_ort_legacy.npy");
     check_inference(&device, "lenet_bn", "input.npy", "output_ort_legacy.npy");
-    check_inference(&device, "squeezenet1_1_dynbatch", "input_other_shape.npy", "output_torch_other_shape.npy");
+    check_inference(
+        &device,
+        "squeezenet1_1_dynbatch",
+        "input_other_shape.npy",
+        "output_torch_other_shape.npy",
+    );
     check_inference(&device, "gpt2_tiny", "input.npy", "output_ort_legacy.npy");
 }
 
@@ -41,7 +46,15 @@ fn gpt2_tiny_gradients_match_pytorch_on_wgpu() {
 
 #[test]
 fn gpt2_tiny_adamw_10_steps_match_pytorch_on_wgpu() {
-    check_trajectory(Case::new("gpt2_tiny", "gpt2_tiny"), &wgpu(), adamw(), 1e-3, "adamw", 1e-4, 1e-4);
+    check_trajectory(
+        Case::new("gpt2_tiny", "gpt2_tiny"),
+        &wgpu(),
+        adamw(),
+        1e-3,
+        "adamw",
+        1e-4,
+        1e-4,
+    );
 }
 
 /// 10 AdamW updates of gpt2_tiny with clipping, a warm-up schedule, evaluation every 5
@@ -52,7 +65,11 @@ fn run_on(device: DeviceSpec, out: &Path) -> RunSummary {
         num_train_steps: 10,
         evaluation_period: 5,
         checkpoint_period: 5,
-        lr: LrConfig { warmup_ratio: 0.2, mode: ScheduleKind::Constant, ..Default::default() },
+        lr: LrConfig {
+            warmup_ratio: 0.2,
+            mode: ScheduleKind::Constant,
+            ..Default::default()
+        },
         ..gpt2_config(out)
     };
     launch(c, gpt2_tokens(), Some(gpt2_tokens())).unwrap()
@@ -65,16 +82,37 @@ fn the_runner_on_wgpu_matches_the_cpu_run_and_its_checkpoint_resumes_on_the_cpu(
     let cpu = run_on(DeviceSpec::Cpu, &cpu_out);
     assert_eq!(gpu.losses.len(), 10);
     for ((step, g), (_, c)) in gpu.losses.iter().zip(&cpu.losses) {
-        assert!((g - c).abs() < 1e-4, "update {step}: loss {g} on wgpu, {c} on the CPU");
+        assert!(
+            (g - c).abs() < 1e-4,
+            "update {step}: loss {g} on wgpu, {c} on the CPU"
+        );
     }
     assert_eq!(gpu.evals.len(), 2);
     for (g, c) in gpu.evals.iter().zip(&cpu.evals) {
-        assert!((g.loss - c.loss).abs() < 1e-4, "evaluation at {}: {} on wgpu, {} on the CPU", g.step, g.loss, c.loss);
+        assert!(
+            (g.loss - c.loss).abs() < 1e-4,
+            "evaluation at {}: {} on wgpu, {} on the CPU",
+            g.step,
+            g.loss,
+            c.loss
+        );
     }
-    let (gpu_model, cpu_model) = (gpu_out.join("gpt2_tiny_trained.onnx"), cpu_out.join("gpt2_tiny_trained.onnx"));
+    let (gpu_model, cpu_model) = (
+        gpu_out.join("gpt2_tiny_trained.onnx"),
+        cpu_out.join("gpt2_tiny_trained.onnx"),
+    );
     assert_moved(&refkit("models/gpt2_tiny.onnx"), &gpu_model, 1e-3);
-    for ((name, g), (_, c)) in onnx_params(gpu_model).iter().zip(onnx_params(cpu_model.clone())) {
-        assert_close(&format!("wgpu vs CPU after 10 updates: {name}"), g, &c, 1e-4, 0.0);
+    for ((name, g), (_, c)) in onnx_params(gpu_model)
+        .iter()
+        .zip(onnx_params(cpu_model.clone()))
+    {
+        assert_close(
+            &format!("wgpu vs CPU after 10 updates: {name}"),
+            g,
+            &c,
+            1e-4,
+            0.0,
+        );
     }
 
     // The wgpu run's step-5 checkpoint (weights and AdamW moments) resumes on the CPU and
@@ -84,13 +122,26 @@ fn the_runner_on_wgpu_matches_the_cpu_run_and_its_checkpoint_resumes_on_the_cpu(
     let c = TrainingConfig {
         num_train_steps: 10,
         evaluation_period: 5,
-        lr: LrConfig { warmup_ratio: 0.2, mode: ScheduleKind::Constant, ..Default::default() },
+        lr: LrConfig {
+            warmup_ratio: 0.2,
+            mode: ScheduleKind::Constant,
+            ..Default::default()
+        },
         checkpoint_to_load_path: Some(ckpt),
         ..gpt2_config(&resumed)
     };
     let again = launch(c, gpt2_tokens(), None).unwrap();
     assert_eq!(again.start_step, 5);
-    for ((name, r), (_, c)) in onnx_params(resumed.join("gpt2_tiny_trained.onnx")).iter().zip(onnx_params(cpu_model)) {
-        assert_close(&format!("resumed on the CPU from wgpu's checkpoint: {name}"), r, &c, 1e-4, 0.0);
+    for ((name, r), (_, c)) in onnx_params(resumed.join("gpt2_tiny_trained.onnx"))
+        .iter()
+        .zip(onnx_params(cpu_model))
+    {
+        assert_close(
+            &format!("resumed on the CPU from wgpu's checkpoint: {name}"),
+            r,
+            &c,
+            1e-4,
+            0.0,
+        );
     }
 }

@@ -9,15 +9,21 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, DistributedSampler, ImageDataset, Target};
 use burn_onnx_train::train::launch::launch;
-use burn_onnx_train::train::TrainingConfig;
 use common::*;
 use ndarray::{ArrayD, IxDyn};
 
 fn gpt2(out: &Path, ranks: usize, stage: usize) -> TrainingConfig {
-    TrainingConfig { num_train_steps: 10, batch_size: 4 / ranks, data_parallel_size: ranks, zero_stage: stage, ..gpt2_config(out) }
+    TrainingConfig {
+        num_train_steps: 10,
+        batch_size: 4 / ranks,
+        data_parallel_size: ranks,
+        zero_stage: stage,
+        ..gpt2_config(out)
+    }
 }
 
 fn mlp_data() -> Arc<dyn Dataset> {
@@ -32,14 +38,22 @@ fn mlp(out: &Path, ranks: usize, stage: usize, kind: OptimizerKind) -> TrainingC
         model_path: refkit("models/mlp.onnx"),
         input_name: "input".into(),
         loss: LossKind::CrossEntropy,
-        optimizer: OptimizerConfig { kind, momentum: 0.9, epsilon: 1e-6, ..Default::default() },
+        optimizer: OptimizerConfig {
+            kind,
+            momentum: 0.9,
+            epsilon: 1e-6,
+            ..Default::default()
+        },
         ..gpt2(out, ranks, stage)
     }
 }
 
 /// Same parameters within `atol`, and moved from the initial model by more than `min_move`.
 fn same(initial: PathBuf, a: &Path, b: &Path, file: &str, atol: f32, min_move: f32) {
-    for ((name, x), (_, y)) in onnx_params(a.join(file)).iter().zip(onnx_params(b.join(file))) {
+    for ((name, x), (_, y)) in onnx_params(a.join(file))
+        .iter()
+        .zip(onnx_params(b.join(file)))
+    {
         assert_close(&format!("{}: {name}", b.display()), &y, x, atol, 0.0);
     }
     assert_moved(&initial, &a.join(file), min_move);
@@ -56,7 +70,14 @@ fn gpt2_case(ranks: usize) {
     for stage in [1, 2] {
         let out = tempdir(&format!("zero-gpt2-{ranks}-{stage}"));
         launch(gpt2(&out, ranks, stage), gpt2_tokens(), None).unwrap();
-        same(refkit("models/gpt2_tiny.onnx"), &base, &out, "gpt2_tiny_trained.onnx", 1e-6, 1e-3);
+        same(
+            refkit("models/gpt2_tiny.onnx"),
+            &base,
+            &out,
+            "gpt2_tiny_trained.onnx",
+            1e-6,
+            1e-3,
+        );
         let p = perf(&out);
         assert_eq!(p["zero_stage"], stage);
         // Adam keeps 2 floats per element; each rank holds 1/N of them (plus padding).
@@ -64,10 +85,20 @@ fn gpt2_case(ranks: usize) {
         let full_state = (elements * 2 * 4) as f64;
         for r in 0..ranks {
             let state = p["optimizer_state_bytes"][r].as_u64().unwrap() as f64;
-            assert!(state <= full_state * (1.0 / ranks as f64 + 0.02), "stage {stage} rank {r}: {state} state bytes of {full_state}");
+            assert!(
+                state <= full_state * (1.0 / ranks as f64 + 0.02),
+                "stage {stage} rank {r}: {state} state bytes of {full_state}"
+            );
             let grads = p["gradient_bytes"][r].as_u64().unwrap() as f64;
-            let limit = if stage >= 2 { elements as f64 * 4.0 * (1.0 / ranks as f64 + 0.02) } else { elements as f64 * 4.0 * 1.02 };
-            assert!(grads <= limit, "stage {stage} rank {r}: {grads} gradient bytes");
+            let limit = if stage >= 2 {
+                elements as f64 * 4.0 * (1.0 / ranks as f64 + 0.02)
+            } else {
+                elements as f64 * 4.0 * 1.02
+            };
+            assert!(
+                grads <= limit,
+                "stage {stage} rank {r}: {grads} gradient bytes"
+            );
         }
     }
 }
@@ -84,45 +115,109 @@ fn stages_1_and_2_on_four_ranks_match_replicated_adamw_on_gpt2_tiny() {
 
 #[test]
 fn every_optimizer_sharded_matches_replicated_on_the_mlp() {
-    for kind in [OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::Adamw, OptimizerKind::Lamb] {
+    for kind in [
+        OptimizerKind::Sgd,
+        OptimizerKind::Adam,
+        OptimizerKind::Adamw,
+        OptimizerKind::Lamb,
+    ] {
         let base = tempdir(&format!("zero-mlp-{kind:?}-0"));
         launch(mlp(&base, 2, 0, kind), mlp_data(), None).unwrap();
         let out = tempdir(&format!("zero-mlp-{kind:?}-2"));
         launch(mlp(&out, 2, 2, kind), mlp_data(), None).unwrap();
-        same(refkit("models/mlp.onnx"), &base, &out, "mlp_trained.onnx", 1e-6, 1e-4);
+        same(
+            refkit("models/mlp.onnx"),
+            &base,
+            &out,
+            "mlp_trained.onnx",
+            1e-6,
+            1e-4,
+        );
     }
 }
 
 #[test]
 fn a_stage_2_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_1_and_on_one_process() {
     let full = tempdir("zero-ckpt-full");
-    launch(TrainingConfig { checkpoint_period: 4, ..gpt2(&full, 4, 2) }, gpt2_tokens(), None).unwrap();
+    launch(
+        TrainingConfig {
+            checkpoint_period: 4,
+            ..gpt2(&full, 4, 2)
+        },
+        gpt2_tokens(),
+        None,
+    )
+    .unwrap();
     let ckpt = full.join("checkpoints/ckpt-000000004");
-    assert!(ckpt.join("zero.json").is_file() && (0..4).all(|r| ckpt.join(format!("zero-{r}.bin")).is_file()), "one shard per rank and a manifest");
+    assert!(
+        ckpt.join("zero.json").is_file()
+            && (0..4).all(|r| ckpt.join(format!("zero-{r}.bin")).is_file()),
+        "one shard per rank and a manifest"
+    );
     for (ranks, stage) in [(2, 1), (1, 1)] {
         let out = tempdir(&format!("zero-ckpt-{ranks}"));
-        let c = TrainingConfig { checkpoint_to_load_path: Some(ckpt.clone()), ..gpt2(&out, ranks, stage) };
+        let c = TrainingConfig {
+            checkpoint_to_load_path: Some(ckpt.clone()),
+            ..gpt2(&out, ranks, stage)
+        };
         let summary = launch(c, gpt2_tokens(), None).unwrap();
         assert_eq!(summary.start_step, 4);
         // The same samples per update (the global batch is the same 4 windows), so the
         // resumed run ends where the uninterrupted one did.
-        same(refkit("models/gpt2_tiny.onnx"), &full, &out, "gpt2_tiny_trained.onnx", 1e-5, 1e-3);
+        same(
+            refkit("models/gpt2_tiny.onnx"),
+            &full,
+            &out,
+            "gpt2_tiny_trained.onnx",
+            1e-5,
+            1e-3,
+        );
     }
     // A replicated run cannot take ZeRO shards.
     let out = tempdir("zero-ckpt-replicated");
-    let err = launch(TrainingConfig { checkpoint_to_load_path: Some(ckpt), ..gpt2(&out, 4, 0) }, gpt2_tokens(), None).err().unwrap().to_string();
+    let err = launch(
+        TrainingConfig {
+            checkpoint_to_load_path: Some(ckpt),
+            ..gpt2(&out, 4, 0)
+        },
+        gpt2_tokens(),
+        None,
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(err.contains("config.zero_stage"), "{err}");
 }
 
 #[test]
 fn unsupported_combinations_are_config_errors() {
     let dir = tempdir("zero-invalid");
-    let c = TrainingConfig { enable_adasum: true, ..gpt2(&dir, 2, 2) };
-    assert!(c.validate(2).unwrap_err().to_string().contains("config.enable_adasum"));
+    let c = TrainingConfig {
+        enable_adasum: true,
+        ..gpt2(&dir, 2, 2)
+    };
+    assert!(
+        c.validate(2)
+            .unwrap_err()
+            .to_string()
+            .contains("config.enable_adasum")
+    );
     let c = gpt2(&dir, 2, 3);
-    assert!(c.validate(2).unwrap_err().to_string().contains("config.zero_stage"));
+    assert!(
+        c.validate(2)
+            .unwrap_err()
+            .to_string()
+            .contains("config.zero_stage")
+    );
     // Adasum with stage 1 is fine: the whole gradient is combined before sharding.
-    assert!(TrainingConfig { enable_adasum: true, ..gpt2(&dir, 2, 1) }.validate(2).is_ok());
+    assert!(
+        TrainingConfig {
+            enable_adasum: true,
+            ..gpt2(&dir, 2, 1)
+        }
+        .validate(2)
+        .is_ok()
+    );
 }
 
 /// gpt2 tokens whose batch `fail_at` fails once (a transient read error), then works.
@@ -136,9 +231,17 @@ impl Dataset for Flaky {
     fn len(&self) -> usize {
         self.inner.len()
     }
-    fn batch(&self, indices: &[usize]) -> burn_onnx_train::Result<burn_onnx_train::train::data::Batch> {
-        if indices.contains(&self.fail_at_window) && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            return Err(burn_onnx_train::OnnxError::field("data", "transient read error (test)"));
+    fn batch(
+        &self,
+        indices: &[usize],
+    ) -> burn_onnx_train::Result<burn_onnx_train::train::data::Batch> {
+        if indices.contains(&self.fail_at_window)
+            && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(burn_onnx_train::OnnxError::field(
+                "data",
+                "transient read error (test)",
+            ));
         }
         self.inner.batch(indices)
     }
@@ -154,17 +257,45 @@ impl Dataset for Flaky {
 fn a_failed_thread_run_restarts_from_its_newest_checkpoint_and_ends_as_an_uninterrupted_one() {
     use burn_onnx_train::train::launch::launch_elastic;
     let clean = tempdir("elastic-clean");
-    let c = |out: &Path| TrainingConfig { checkpoint_period: 2, ..gpt2(out, 2, 2) };
+    let c = |out: &Path| TrainingConfig {
+        checkpoint_period: 2,
+        ..gpt2(out, 2, 2)
+    };
     launch(c(&clean), gpt2_tokens(), None).unwrap();
     // Rank 0's first window of micro-step 6 (after the checkpoints of updates 2, 4, 6) fails
     // once: the first attempt dies there, the second resumes from update 6 and finishes.
-    let sampler = DistributedSampler { len: gpt2_tokens().len(), batch_size: 2, rank: 0, world: 2, seed: 42, shuffle: true };
+    let sampler = DistributedSampler {
+        len: gpt2_tokens().len(),
+        batch_size: 2,
+        rank: 0,
+        world: 2,
+        seed: 42,
+        shuffle: true,
+    };
     let window = sampler.batch_indices(6).unwrap()[0];
-    let flaky = || Arc::new(Flaky { inner: gpt2_tokens(), fail_at_window: window, failed: false.into() }) as Arc<dyn Dataset>;
+    let flaky = || {
+        Arc::new(Flaky {
+            inner: gpt2_tokens(),
+            fail_at_window: window,
+            failed: false.into(),
+        }) as Arc<dyn Dataset>
+    };
     let out = tempdir("elastic-restarted");
-    let err = launch_elastic(c(&tempdir("elastic-no-restart")), flaky(), None, 0).err().expect("without restarts the failure ends the run");
+    let err = launch_elastic(c(&tempdir("elastic-no-restart")), flaky(), None, 0)
+        .err()
+        .expect("without restarts the failure ends the run");
     assert!(err.to_string().contains("transient read error"), "{err}");
     let summary = launch_elastic(c(&out), flaky(), None, 1).unwrap();
-    assert_eq!(summary.start_step, 6, "the second attempt resumed from the newest checkpoint");
-    same(refkit("models/gpt2_tiny.onnx"), &clean, &out, "gpt2_tiny_trained.onnx", 0.0, 1e-3);
+    assert_eq!(
+        summary.start_step, 6,
+        "the second attempt resumed from the newest checkpoint"
+    );
+    same(
+        refkit("models/gpt2_tiny.onnx"),
+        &clean,
+        &out,
+        "gpt2_tiny_trained.onnx",
+        0.0,
+        1e-3,
+    );
 }

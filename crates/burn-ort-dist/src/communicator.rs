@@ -50,7 +50,10 @@ pub fn check_reduce_scatter(rank: usize, world: usize, send: usize, recv: usize)
     if recv.checked_mul(world) == Some(send) {
         return Ok(());
     }
-    Err(DistError::Invalid { rank, message: format!("reduce_scatter of {send} values into chunks of {recv} for {world} ranks") })
+    Err(DistError::Invalid {
+        rank,
+        message: format!("reduce_scatter of {send} values into chunks of {recv} for {world} ranks"),
+    })
 }
 
 /// Divide by the group size (the `Mean` of a sum), as every communicator does.
@@ -80,14 +83,24 @@ impl Communicator for LocalCommunicator {
 
     fn broadcast(&self, _buf: &mut [f32], root: usize) -> DistResult<()> {
         if root != 0 {
-            return Err(DistError::Invalid { rank: 0, message: format!("broadcast root {root} in a group of 1") });
+            return Err(DistError::Invalid {
+                rank: 0,
+                message: format!("broadcast root {root} in a group of 1"),
+            });
         }
         Ok(())
     }
 
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
         if recv.len() != send.len() {
-            return Err(DistError::Invalid { rank: 0, message: format!("all_gather receive buffer of {} for 1 x {}", recv.len(), send.len()) });
+            return Err(DistError::Invalid {
+                rank: 0,
+                message: format!(
+                    "all_gather receive buffer of {} for 1 x {}",
+                    recv.len(),
+                    send.len()
+                ),
+            });
         }
         recv.copy_from_slice(send);
         Ok(())
@@ -104,11 +117,17 @@ impl Communicator for LocalCommunicator {
     }
 
     fn send(&self, _buf: &[f32], dest: usize) -> DistResult<()> {
-        Err(DistError::Invalid { rank: 0, message: format!("send to rank {dest} in a group of 1") })
+        Err(DistError::Invalid {
+            rank: 0,
+            message: format!("send to rank {dest} in a group of 1"),
+        })
     }
 
     fn recv(&self, _buf: &mut [f32], src: usize) -> DistResult<()> {
-        Err(DistError::Invalid { rank: 0, message: format!("receive from rank {src} in a group of 1") })
+        Err(DistError::Invalid {
+            rank: 0,
+            message: format!("receive from rank {src} in a group of 1"),
+        })
     }
 
     fn split(&self, _color: usize, _key: usize) -> DistResult<Box<dyn Communicator>> {

@@ -30,7 +30,11 @@ pub struct DataParallel {
 impl DataParallel {
     /// Mean reduction, 25 MB buckets.
     pub fn new(comm: Arc<dyn Communicator>) -> Self {
-        DataParallel { comm, bucket_bytes: DEFAULT_BUCKET_BYTES, reduction: Reduction::Mean }
+        DataParallel {
+            comm,
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            reduction: Reduction::Mean,
+        }
     }
 
     /// Bucket size in bytes.
@@ -52,7 +56,13 @@ impl DataParallel {
 
     /// Combine `grads` across ranks.
     pub fn sync<M: Module>(&self, module: &M, grads: &mut GradientsParams) -> DistResult<()> {
-        reduce_gradients(self.comm.as_ref(), module, grads, self.bucket_bytes, self.reduction)
+        reduce_gradients(
+            self.comm.as_ref(),
+            module,
+            grads,
+            self.bucket_bytes,
+            self.reduction,
+        )
     }
 
     /// Replace every float parameter by rank 0's value.
@@ -60,7 +70,10 @@ impl DataParallel {
         if self.comm.world_size() == 1 {
             return Ok(module);
         }
-        let mut mapper = Broadcast { comm: self.comm.as_ref(), error: None };
+        let mut mapper = Broadcast {
+            comm: self.comm.as_ref(),
+            error: None,
+        };
         let module = module.map(&mut mapper);
         match mapper.error {
             Some(e) => Err(e),
@@ -78,7 +91,10 @@ impl DataParallel {
         self.comm.all_gather(&mine, &mut all)?;
         for (r, pair) in all.chunks(2).enumerate() {
             if pair != &all[..2] {
-                return Err(DistError::Invalid { rank: self.comm.rank(), message: format!("rank {r} runs a different configuration than rank 0") });
+                return Err(DistError::Invalid {
+                    rank: self.comm.rank(),
+                    message: format!("rank {r} runs a different configuration than rank 0"),
+                });
             }
         }
         Ok(())
@@ -86,12 +102,17 @@ impl DataParallel {
 
     /// Wrap an optimizer so that `step` synchronises gradients first.
     pub fn wrap(&self, optim: ModuleOptimizer) -> DistributedOptimizer {
-        DistributedOptimizer { inner: optim, ddp: self.clone() }
+        DistributedOptimizer {
+            inner: optim,
+            ddp: self.clone(),
+        }
     }
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 struct Broadcast<'a> {
@@ -113,7 +134,10 @@ impl ModuleMapper for Broadcast<'_> {
             let mut values = match t.clone().into_data().convert::<f32>().try_to_vec::<f32>() {
                 Ok(v) => v,
                 Err(e) => {
-                    failed = Some(DistError::Invalid { rank: comm.rank(), message: format!("cannot read a parameter: {e:?}") });
+                    failed = Some(DistError::Invalid {
+                        rank: comm.rank(),
+                        message: format!("cannot read a parameter: {e:?}"),
+                    });
                     return t;
                 }
             };
@@ -121,7 +145,8 @@ impl ModuleMapper for Broadcast<'_> {
                 failed = Some(e);
                 return t;
             }
-            Tensor::<D>::from_data(TensorData::new(values, shape), &device).set_require_grad(require)
+            Tensor::<D>::from_data(TensorData::new(values, shape), &device)
+                .set_require_grad(require)
         });
         self.error = failed;
         param
@@ -136,7 +161,12 @@ pub struct DistributedOptimizer {
 
 impl DistributedOptimizer {
     /// Synchronise `grads`, then update `module` at learning rate `lr`.
-    pub fn step<M: Module>(&mut self, lr: f64, module: M, mut grads: GradientsParams) -> DistResult<M> {
+    pub fn step<M: Module>(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut grads: GradientsParams,
+    ) -> DistResult<M> {
         self.ddp.sync(&module, &mut grads)?;
         Ok(self.inner.step(lr, module, grads))
     }

@@ -31,10 +31,17 @@ struct Collect<'a> {
 
 impl ModuleVisitor for Collect<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let Some(g) = self.grads.remove::<D>(param.id) else { return };
+        let Some(g) = self.grads.remove::<D>(param.id) else {
+            return;
+        };
         let shape = g.dims().to_vec();
         match g.into_data().convert::<f32>().try_to_vec::<f32>() {
-            Ok(values) => self.slots.push(Slot { id: param.id, shape, rank: D, values }),
+            Ok(values) => self.slots.push(Slot {
+                id: param.id,
+                shape,
+                rank: D,
+                values,
+            }),
             Err(e) => self.error = Some(format!("{e:?}")),
         }
     }
@@ -48,12 +55,15 @@ struct Restore<'a> {
 
 impl ModuleVisitor for Restore<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let Some(next) = self.slots.as_slice().first() else { return };
+        let Some(next) = self.slots.as_slice().first() else {
+            return;
+        };
         if next.id != param.id || next.rank != D {
             return;
         }
         let slot = self.slots.next().expect("peeked above");
-        let t: Tensor<D> = Tensor::from_data(TensorData::new(slot.values, slot.shape), &self.device);
+        let t: Tensor<D> =
+            Tensor::from_data(TensorData::new(slot.values, slot.shape), &self.device);
         self.grads.register(param.id, t);
     }
 }
@@ -74,9 +84,20 @@ pub fn adasum_pair(a: &[f32], b: &[f32]) -> Vec<f32> {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
     let aa: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
     let bb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum();
-    let ca = if aa > 0.0 { 1.0 - dot / (2.0 * aa) } else { 1.0 };
-    let cb = if bb > 0.0 { 1.0 - dot / (2.0 * bb) } else { 1.0 };
-    a.iter().zip(b).map(|(x, y)| (ca * *x as f64 + cb * *y as f64) as f32).collect()
+    let ca = if aa > 0.0 {
+        1.0 - dot / (2.0 * aa)
+    } else {
+        1.0
+    };
+    let cb = if bb > 0.0 {
+        1.0 - dot / (2.0 * bb)
+    } else {
+        1.0
+    };
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (ca * *x as f64 + cb * *y as f64) as f32)
+        .collect()
 }
 
 /// Adasum over any number of vectors: adjacent pairs, level by level.
@@ -106,11 +127,22 @@ pub fn reduce_gradients<M: Module>(
     if comm.world_size() == 1 {
         return Ok(());
     }
-    let mut collect = Collect { grads, slots: Vec::new(), error: None };
+    let mut collect = Collect {
+        grads,
+        slots: Vec::new(),
+        error: None,
+    };
     module.visit(&mut collect);
-    let Collect { grads, mut slots, error } = collect;
+    let Collect {
+        grads,
+        mut slots,
+        error,
+    } = collect;
     if let Some(e) = error {
-        return Err(DistError::Invalid { rank: comm.rank(), message: format!("cannot read a gradient: {e}") });
+        return Err(DistError::Invalid {
+            rank: comm.rank(),
+            message: format!("cannot read a gradient: {e}"),
+        });
     }
     let device = module.devices().into_iter().next().unwrap_or_default();
     let cap = (bucket_bytes / 4).max(1);
@@ -122,7 +154,10 @@ pub fn reduce_gradients<M: Module>(
             len += slots[end].values.len();
             end += 1;
         }
-        let bucket: Vec<f32> = slots[start..end].iter().flat_map(|s| s.values.iter().copied()).collect();
+        let bucket: Vec<f32> = slots[start..end]
+            .iter()
+            .flat_map(|s| s.values.iter().copied())
+            .collect();
         let reduced = match reduction {
             Reduction::Mean => {
                 let mut b = bucket;
@@ -139,7 +174,11 @@ pub fn reduce_gradients<M: Module>(
         }
         start = end;
     }
-    let mut restore = Restore { grads, slots: slots.into_iter(), device };
+    let mut restore = Restore {
+        grads,
+        slots: slots.into_iter(),
+        device,
+    };
     module.visit(&mut restore);
     Ok(())
 }
@@ -153,7 +192,9 @@ fn adasum_bucket(comm: &dyn Communicator, bucket: &[f32], slots: &[Slot]) -> Dis
     let mut offset = 0;
     for slot in slots {
         let n = slot.values.len();
-        let parts = (0..world).map(|r| all[r * bucket.len() + offset..r * bucket.len() + offset + n].to_vec()).collect();
+        let parts = (0..world)
+            .map(|r| all[r * bucket.len() + offset..r * bucket.len() + offset + n].to_vec())
+            .collect();
         out.extend(adasum_tree(parts));
         offset += n;
     }

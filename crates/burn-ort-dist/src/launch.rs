@@ -38,7 +38,10 @@ where
         handles
             .into_iter()
             .enumerate()
-            .map(|(rank, h)| h.join().unwrap_or_else(|_| Err(E::from(format!("rank {rank} panicked")))))
+            .map(|(rank, h)| {
+                h.join()
+                    .unwrap_or_else(|_| Err(E::from(format!("rank {rank} panicked"))))
+            })
             .collect()
     })
 }

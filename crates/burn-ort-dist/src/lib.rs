@@ -17,30 +17,35 @@ pub mod data_parallel;
 pub mod error;
 pub mod grad_sync;
 pub mod launch;
-pub mod record;
-pub mod strategy;
 #[cfg(feature = "mpi")]
 pub mod mpi_comm;
 #[cfg(feature = "cuda")]
 pub mod nccl_comm;
+pub mod record;
+pub mod strategy;
 pub mod threads;
 pub mod topology;
 pub mod zero;
 
 pub use collective_check::check_collectives;
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp};
-pub use error::{DistError, DistResult};
 pub use data_parallel::{DataParallel, DistributedOptimizer};
-pub use grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, adasum_pair, adasum_tree, all_reduce_gradients, reduce_gradients};
+pub use error::{DistError, DistResult};
+pub use grad_sync::{
+    DEFAULT_BUCKET_BYTES, Reduction, adasum_pair, adasum_tree, all_reduce_gradients,
+    reduce_gradients,
+};
 pub use launch::run_threads;
-pub use record::{RecordTensor, regroup_records};
-pub use strategy::{MemoryUse, ModelParallel, Replicated, UpdateReport, UpdateStrategy, clip_grad_norm};
 #[cfg(feature = "mpi")]
 pub use mpi;
 #[cfg(feature = "mpi")]
 pub use mpi_comm::{MpiCommunicator, launched_by_mpi};
 #[cfg(feature = "cuda")]
 pub use nccl_comm::NcclCommunicator;
+pub use record::{RecordTensor, regroup_records};
+pub use strategy::{
+    MemoryUse, ModelParallel, Replicated, UpdateReport, UpdateStrategy, clip_grad_norm,
+};
 pub use threads::ThreadCommunicator;
 pub use topology::{Groups, Topology};
 pub use zero::Zero;

@@ -13,11 +13,11 @@
 use std::sync::{Arc, Mutex};
 
 use mpi::collective::SystemOperation;
-use mpi::environment::{Threading, Universe};
 use mpi::datatype::Equivalence;
+use mpi::environment::{Threading, Universe};
 use mpi::point_to_point::Source;
-use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::raw::AsRaw;
+use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Root};
 
 use crate::communicator::{Communicator, ReduceOp, check_reduce_scatter, scale_mean};
@@ -25,9 +25,19 @@ use crate::error::{DistError, DistResult};
 
 unsafe extern "C" {
     /// `MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, comm)` (`csrc/in_place.c`).
-    fn burn_ort_allreduce_sum_f32_in_place(buf: *mut f32, count: i32, comm: mpi::ffi::MPI_Comm) -> i32;
+    fn burn_ort_allreduce_sum_f32_in_place(
+        buf: *mut f32,
+        count: i32,
+        comm: mpi::ffi::MPI_Comm,
+    ) -> i32;
     /// `MPI_Isend` of `count` floats to `dest` with tag 0.
-    fn burn_ort_isend_f32(buf: *const f32, count: i32, dest: i32, comm: mpi::ffi::MPI_Comm, req: *mut mpi::ffi::MPI_Request) -> i32;
+    fn burn_ort_isend_f32(
+        buf: *const f32,
+        count: i32,
+        dest: i32,
+        comm: mpi::ffi::MPI_Comm,
+        req: *mut mpi::ffi::MPI_Request,
+    ) -> i32;
     /// `MPI_Test(req, done, MPI_STATUS_IGNORE)`.
     fn burn_ort_test(req: *mut mpi::ffi::MPI_Request, done: *mut i32) -> i32;
     /// `MPI_Wait(req, MPI_STATUS_IGNORE)`.
@@ -56,17 +66,25 @@ unsafe impl Sync for MpiCommunicator {}
 
 /// Was this process started by an MPI launcher (OpenMPI, MPICH, Slurm's PMI)?
 pub fn launched_by_mpi() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"].iter().any(|v| std::env::var_os(v).is_some())
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
 }
 
 impl MpiCommunicator {
     /// Initialise MPI (once per process) and install the aborting panic hook.
     pub fn init() -> DistResult<Self> {
         let Some((universe, level)) = mpi::initialize_with_threading(Threading::Serialized) else {
-            return Err(DistError::Invalid { rank: 0, message: "MPI was already initialised in this process".into() });
+            return Err(DistError::Invalid {
+                rank: 0,
+                message: "MPI was already initialised in this process".into(),
+            });
         };
         if level < Threading::Serialized {
-            return Err(DistError::Invalid { rank: 0, message: format!("the MPI library only provides {level:?} threading") });
+            return Err(DistError::Invalid {
+                rank: 0,
+                message: format!("the MPI library only provides {level:?} threading"),
+            });
         }
         let world = universe.world();
         let rank = world.rank() as usize;
@@ -84,20 +102,34 @@ impl MpiCommunicator {
 
     fn wrap(comm: SimpleCommunicator, universe: Arc<Universe>) -> Self {
         let (rank, size) = (comm.rank() as usize, comm.size() as usize);
-        MpiCommunicator { world: Mutex::new(comm), pending: Mutex::new(Vec::new()), rank, size, universe }
+        MpiCommunicator {
+            world: Mutex::new(comm),
+            pending: Mutex::new(Vec::new()),
+            rank,
+            size,
+            universe,
+        }
     }
 
     /// `MPI_Comm_split`: the ranks of each colour form a group, ordered by `key`.
     pub fn split_mpi(&self, color: usize, key: usize) -> DistResult<MpiCommunicator> {
-        let sub = self.with_world(|w| w.split_by_color_with_key(Color::with_value(color as i32), key as i32))?;
-        let sub = sub.ok_or_else(|| DistError::Invalid { rank: self.rank, message: format!("MPI_Comm_split with colour {color} gave no communicator") })?;
+        let sub = self.with_world(|w| {
+            w.split_by_color_with_key(Color::with_value(color as i32), key as i32)
+        })?;
+        let sub = sub.ok_or_else(|| DistError::Invalid {
+            rank: self.rank,
+            message: format!("MPI_Comm_split with colour {color} gave no communicator"),
+        })?;
         Ok(Self::wrap(sub, self.universe.clone()))
     }
 
     /// Run `f` on the raw rsmpi world (under the communicator's lock), for collectives this
     /// trait does not offer and for measuring against plain rsmpi.
     pub fn with_world<T>(&self, f: impl FnOnce(&SimpleCommunicator) -> T) -> DistResult<T> {
-        let w = self.world.lock().map_err(|_| DistError::Peer { rank: self.rank, message: "MPI lock poisoned".into() })?;
+        let w = self.world.lock().map_err(|_| DistError::Peer {
+            rank: self.rank,
+            message: "MPI lock poisoned".into(),
+        })?;
         Ok(f(&w))
     }
 }
@@ -117,10 +149,19 @@ impl Communicator for MpiCommunicator {
             let code = self.with_world(|w| {
                 // SAFETY: `chunk` is a valid, exclusively borrowed f32 buffer of `len` values
                 // and `w` a live communicator; MPI calls are serialised by the world lock.
-                unsafe { burn_ort_allreduce_sum_f32_in_place(chunk.as_mut_ptr(), chunk.len() as i32, w.as_raw()) }
+                unsafe {
+                    burn_ort_allreduce_sum_f32_in_place(
+                        chunk.as_mut_ptr(),
+                        chunk.len() as i32,
+                        w.as_raw(),
+                    )
+                }
             })?;
             if code != 0 {
-                return Err(DistError::Peer { rank: self.rank, message: format!("MPI_Allreduce failed with code {code}") });
+                return Err(DistError::Peer {
+                    rank: self.rank,
+                    message: format!("MPI_Allreduce failed with code {code}"),
+                });
             }
         }
         scale_mean(buf, op, self.size);
@@ -136,14 +177,25 @@ impl Communicator for MpiCommunicator {
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
         if root >= self.size {
-            return Err(DistError::Invalid { rank: self.rank, message: format!("broadcast root {root} in a world of {}", self.size) });
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!("broadcast root {root} in a world of {}", self.size),
+            });
         }
         self.with_world(|w| w.process_at_rank(root as i32).broadcast_into(buf))
     }
 
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
         if recv.len() != send.len() * self.size {
-            return Err(DistError::Invalid { rank: self.rank, message: format!("all_gather receive buffer of {} for {} x {}", recv.len(), self.size, send.len()) });
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "all_gather receive buffer of {} for {} x {}",
+                    recv.len(),
+                    self.size,
+                    send.len()
+                ),
+            });
         }
         self.with_world(|w| w.all_gather_into(send, recv))
     }
@@ -156,9 +208,18 @@ impl Communicator for MpiCommunicator {
     /// between two ranks arrive in order.
     fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
         if dest >= self.size {
-            return Err(DistError::Invalid { rank: self.rank, message: format!("send to rank {dest} in a world of {}", self.size) });
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!("send to rank {dest} in a world of {}", self.size),
+            });
         }
-        let count = i32::try_from(buf.len()).map_err(|_| DistError::Invalid { rank: self.rank, message: format!("a message of {} values is above MPI's count limit", buf.len()) })?;
+        let count = i32::try_from(buf.len()).map_err(|_| DistError::Invalid {
+            rank: self.rank,
+            message: format!(
+                "a message of {} values is above MPI's count limit",
+                buf.len()
+            ),
+        })?;
         let data = buf.to_vec();
         let code = self.with_world(|w| {
             let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -167,26 +228,40 @@ impl Communicator for MpiCommunicator {
             let mut req: mpi::ffi::MPI_Request = unsafe { std::mem::zeroed() };
             // SAFETY: `data` is moved into `pending` below and outlives the request (it is
             // only dropped once MPI_Test or MPI_Wait reports completion); calls are serialised.
-            let code = unsafe { burn_ort_isend_f32(data.as_ptr(), count, dest as i32, w.as_raw(), &mut req) };
+            let code = unsafe {
+                burn_ort_isend_f32(data.as_ptr(), count, dest as i32, w.as_raw(), &mut req)
+            };
             if code == 0 {
                 pending.push((req, data));
             }
             code
         })?;
         if code != 0 {
-            return Err(DistError::Peer { rank: self.rank, message: format!("MPI_Isend to rank {dest} failed with code {code}") });
+            return Err(DistError::Peer {
+                rank: self.rank,
+                message: format!("MPI_Isend to rank {dest} failed with code {code}"),
+            });
         }
         Ok(())
     }
 
     fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
         if src >= self.size {
-            return Err(DistError::Invalid { rank: self.rank, message: format!("receive from rank {src} in a world of {}", self.size) });
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!("receive from rank {src} in a world of {}", self.size),
+            });
         }
         let status = self.with_world(|w| w.process_at_rank(src as i32).receive_into(buf))?;
         let count = status.count(f32::equivalent_datatype()) as usize;
         if count != buf.len() {
-            return Err(DistError::Invalid { rank: self.rank, message: format!("received {count} values from rank {src}, expected {}", buf.len()) });
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "received {count} values from rank {src}, expected {}",
+                    buf.len()
+                ),
+            });
         }
         Ok(())
     }
@@ -215,7 +290,11 @@ fn reap(pending: &mut Pending) {
 impl Drop for MpiCommunicator {
     /// Sends still in flight complete before their buffers go.
     fn drop(&mut self) {
-        let pending = self.pending.get_mut().map(std::mem::take).unwrap_or_default();
+        let pending = self
+            .pending
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
         if let Ok(_w) = self.world.lock() {
             for (mut req, _data) in pending {
                 // SAFETY: an incomplete request from MPI_Isend; its buffer is alive here.

@@ -44,13 +44,22 @@ impl NcclCommunicator {
         let (rank, size) = (mpi.rank(), mpi.world_size());
         let fail = |m: String| DistError::Invalid { rank, message: m };
         // SAFETY: these only try to load the shared libraries.
-        let present = unsafe { cudarc::driver::sys::is_culib_present() && cudarc::nccl::sys::is_culib_present() };
+        let present = unsafe {
+            cudarc::driver::sys::is_culib_present() && cudarc::nccl::sys::is_culib_present()
+        };
         if !present {
-            return Err(fail("libcuda or libnccl is not installed on this machine".into()));
+            return Err(fail(
+                "libcuda or libnccl is not installed on this machine".into(),
+            ));
         }
-        let ctx = CudaContext::new(device).map_err(|e| fail(format!("CUDA device {device}: {e:?}")))?;
+        let ctx =
+            CudaContext::new(device).map_err(|e| fail(format!("CUDA device {device}: {e:?}")))?;
         let stream = ctx.default_stream();
-        let id = if rank == 0 { Id::new().map_err(|e| fail(format!("ncclGetUniqueId: {e:?}")))? } else { Id::uninit([0; 128]) };
+        let id = if rank == 0 {
+            Id::new().map_err(|e| fail(format!("ncclGetUniqueId: {e:?}")))?
+        } else {
+            Id::uninit([0; 128])
+        };
         // Bytes are exact in f32, so the id can travel through the f32 broadcast.
         let mut wire: Vec<f32> = id.internal().iter().map(|&c| c as u8 as f32).collect();
         mpi.broadcast(&mut wire, 0)?;
@@ -58,16 +67,30 @@ impl NcclCommunicator {
         for (dst, src) in internal.iter_mut().zip(&wire) {
             *dst = *src as u8 as std::ffi::c_char;
         }
-        let comm = Comm::from_rank(stream.clone(), rank, size, Id::uninit(internal)).map_err(|e| fail(format!("ncclCommInitRank: {e:?}")))?;
-        Ok(NcclCommunicator { mpi, device, comm: Mutex::new(comm), stream, rank, size })
+        let comm = Comm::from_rank(stream.clone(), rank, size, Id::uninit(internal))
+            .map_err(|e| fail(format!("ncclCommInitRank: {e:?}")))?;
+        Ok(NcclCommunicator {
+            mpi,
+            device,
+            comm: Mutex::new(comm),
+            stream,
+            rank,
+            size,
+        })
     }
 
     fn err(&self, what: &str, e: impl std::fmt::Debug) -> DistError {
-        DistError::Peer { rank: self.rank, message: format!("{what}: {e:?}") }
+        DistError::Peer {
+            rank: self.rank,
+            message: format!("{what}: {e:?}"),
+        }
     }
 
     fn with_comm<T>(&self, f: impl FnOnce(&Comm) -> DistResult<T>) -> DistResult<T> {
-        let c = self.comm.lock().map_err(|_| self.err("NCCL lock", "poisoned"))?;
+        let c = self
+            .comm
+            .lock()
+            .map_err(|_| self.err("NCCL lock", "poisoned"))?;
         f(&c)
     }
 }
@@ -82,39 +105,105 @@ impl Communicator for NcclCommunicator {
     }
 
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        let op = if op == ReduceOp::Mean { NcclOp::Avg } else { NcclOp::Sum };
-        let mut dev = self.stream.clone_htod(buf).map_err(|e| self.err("host to device", e))?;
-        self.with_comm(|c| c.all_reduce_in_place(&mut dev, &op).map(|_| ()).map_err(|e| self.err("ncclAllReduce", e)))?;
-        self.stream.memcpy_dtoh(&dev, buf).map_err(|e| self.err("device to host", e))?;
-        self.stream.synchronize().map_err(|e| self.err("synchronize", e))
+        let op = if op == ReduceOp::Mean {
+            NcclOp::Avg
+        } else {
+            NcclOp::Sum
+        };
+        let mut dev = self
+            .stream
+            .clone_htod(buf)
+            .map_err(|e| self.err("host to device", e))?;
+        self.with_comm(|c| {
+            c.all_reduce_in_place(&mut dev, &op)
+                .map(|_| ())
+                .map_err(|e| self.err("ncclAllReduce", e))
+        })?;
+        self.stream
+            .memcpy_dtoh(&dev, buf)
+            .map_err(|e| self.err("device to host", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("synchronize", e))
     }
 
     fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
         check_reduce_scatter(self.rank, self.size, send.len(), recv.len())?;
-        let op = if op == ReduceOp::Mean { NcclOp::Avg } else { NcclOp::Sum };
-        let src = self.stream.clone_htod(send).map_err(|e| self.err("host to device", e))?;
-        let mut dst = self.stream.alloc_zeros::<f32>(recv.len()).map_err(|e| self.err("device alloc", e))?;
-        self.with_comm(|c| c.reduce_scatter(&src, &mut dst, &op).map(|_| ()).map_err(|e| self.err("ncclReduceScatter", e)))?;
-        self.stream.memcpy_dtoh(&dst, recv).map_err(|e| self.err("device to host", e))?;
-        self.stream.synchronize().map_err(|e| self.err("synchronize", e))
+        let op = if op == ReduceOp::Mean {
+            NcclOp::Avg
+        } else {
+            NcclOp::Sum
+        };
+        let src = self
+            .stream
+            .clone_htod(send)
+            .map_err(|e| self.err("host to device", e))?;
+        let mut dst = self
+            .stream
+            .alloc_zeros::<f32>(recv.len())
+            .map_err(|e| self.err("device alloc", e))?;
+        self.with_comm(|c| {
+            c.reduce_scatter(&src, &mut dst, &op)
+                .map(|_| ())
+                .map_err(|e| self.err("ncclReduceScatter", e))
+        })?;
+        self.stream
+            .memcpy_dtoh(&dst, recv)
+            .map_err(|e| self.err("device to host", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("synchronize", e))
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
-        let mut dev = self.stream.clone_htod(buf).map_err(|e| self.err("host to device", e))?;
-        self.with_comm(|c| c.broadcast_in_place(&mut dev, root as i32).map(|_| ()).map_err(|e| self.err("ncclBroadcast", e)))?;
-        self.stream.memcpy_dtoh(&dev, buf).map_err(|e| self.err("device to host", e))?;
-        self.stream.synchronize().map_err(|e| self.err("synchronize", e))
+        let mut dev = self
+            .stream
+            .clone_htod(buf)
+            .map_err(|e| self.err("host to device", e))?;
+        self.with_comm(|c| {
+            c.broadcast_in_place(&mut dev, root as i32)
+                .map(|_| ())
+                .map_err(|e| self.err("ncclBroadcast", e))
+        })?;
+        self.stream
+            .memcpy_dtoh(&dev, buf)
+            .map_err(|e| self.err("device to host", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("synchronize", e))
     }
 
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
         if recv.len() != send.len() * self.size {
-            return Err(DistError::Invalid { rank: self.rank, message: format!("all_gather receive buffer of {} for {} x {}", recv.len(), self.size, send.len()) });
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "all_gather receive buffer of {} for {} x {}",
+                    recv.len(),
+                    self.size,
+                    send.len()
+                ),
+            });
         }
-        let src = self.stream.clone_htod(send).map_err(|e| self.err("host to device", e))?;
-        let mut dst = self.stream.clone_htod(recv).map_err(|e| self.err("host to device", e))?;
-        self.with_comm(|c| c.all_gather(&src, &mut dst).map(|_| ()).map_err(|e| self.err("ncclAllGather", e)))?;
-        self.stream.memcpy_dtoh(&dst, recv).map_err(|e| self.err("device to host", e))?;
-        self.stream.synchronize().map_err(|e| self.err("synchronize", e))
+        let src = self
+            .stream
+            .clone_htod(send)
+            .map_err(|e| self.err("host to device", e))?;
+        let mut dst = self
+            .stream
+            .clone_htod(recv)
+            .map_err(|e| self.err("host to device", e))?;
+        self.with_comm(|c| {
+            c.all_gather(&src, &mut dst)
+                .map(|_| ())
+                .map_err(|e| self.err("ncclAllGather", e))
+        })?;
+        self.stream
+            .memcpy_dtoh(&dst, recv)
+            .map_err(|e| self.err("device to host", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("synchronize", e))
     }
 
     fn barrier(&self) -> DistResult<()> {
@@ -123,22 +212,44 @@ impl Communicator for NcclCommunicator {
     }
 
     fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
-        let dev = self.stream.clone_htod(buf).map_err(|e| self.err("host to device", e))?;
-        self.with_comm(|c| c.send(&dev, dest as i32).map_err(|e| self.err("ncclSend", e)))?;
-        self.stream.synchronize().map_err(|e| self.err("synchronize", e))
+        let dev = self
+            .stream
+            .clone_htod(buf)
+            .map_err(|e| self.err("host to device", e))?;
+        self.with_comm(|c| {
+            c.send(&dev, dest as i32)
+                .map_err(|e| self.err("ncclSend", e))
+        })?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("synchronize", e))
     }
 
     fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
-        let mut dev = self.stream.clone_htod(buf).map_err(|e| self.err("host to device", e))?;
-        self.with_comm(|c| c.recv(&mut dev, src as i32).map(|_| ()).map_err(|e| self.err("ncclRecv", e)))?;
-        self.stream.memcpy_dtoh(&dev, buf).map_err(|e| self.err("device to host", e))?;
-        self.stream.synchronize().map_err(|e| self.err("synchronize", e))
+        let mut dev = self
+            .stream
+            .clone_htod(buf)
+            .map_err(|e| self.err("host to device", e))?;
+        self.with_comm(|c| {
+            c.recv(&mut dev, src as i32)
+                .map(|_| ())
+                .map_err(|e| self.err("ncclRecv", e))
+        })?;
+        self.stream
+            .memcpy_dtoh(&dev, buf)
+            .map_err(|e| self.err("device to host", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("synchronize", e))
     }
 
     fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
         // cudarc 0.19 does not expose ncclCommSplit: split the MPI group and build a new
         // NCCL group over each colour (every rank of this group takes part, as in MPI).
-        Ok(Box::new(NcclCommunicator::init(self.mpi.split_mpi(color, key)?, self.device)?))
+        Ok(Box::new(NcclCommunicator::init(
+            self.mpi.split_mpi(color, key)?,
+            self.device,
+        )?))
     }
 
     fn abort(&self, code: i32) {

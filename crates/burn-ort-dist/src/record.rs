@@ -16,17 +16,34 @@ pub type RecordTensor = (Vec<usize>, Vec<f32>);
 /// Burn keys a record's tensors by parameter id and its scalars and paths by keys that start
 /// with the id (`"<id>.<field>"`): whether `key` belongs to a parameter in `ids` (or to none).
 fn kept(key: &str, ids: &HashSet<u64>) -> bool {
-    key.split('.').next().and_then(|id| id.parse::<u64>().ok()).is_none_or(|id| ids.contains(&id))
+    key.split('.')
+        .next()
+        .and_then(|id| id.parse::<u64>().ok())
+        .is_none_or(|id| ids.contains(&id))
 }
 
 fn read(dir: &Path) -> DistResult<(PathBuf, burn_pack::Reader)> {
     let path = dir.join(REPLICATED_STATE_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| invalid(format!("{}: {e} (a checkpoint of a sharded run needs zero_stage >= 1)", path.display())))?;
-    let reader = burn_pack::Reader::from_bytes(Bytes::from_bytes_vec(bytes)).map_err(|e| invalid(format!("{}: not a valid optimizer record: {e:?}", path.display())))?;
+    let bytes = std::fs::read(&path).map_err(|e| {
+        invalid(format!(
+            "{}: {e} (a checkpoint of a sharded run needs zero_stage >= 1)",
+            path.display()
+        ))
+    })?;
+    let reader = burn_pack::Reader::from_bytes(Bytes::from_bytes_vec(bytes)).map_err(|e| {
+        invalid(format!(
+            "{}: not a valid optimizer record: {e:?}",
+            path.display()
+        ))
+    })?;
     Ok((path, reader))
 }
 
-fn write(tensors: Vec<burn_pack::Tensor>, scalars: &BTreeMap<String, burn_pack::Scalar>, paths: &BTreeMap<String, String>) -> DistResult<Bytes> {
+fn write(
+    tensors: Vec<burn_pack::Tensor>,
+    scalars: &BTreeMap<String, burn_pack::Scalar>,
+    paths: &BTreeMap<String, String>,
+) -> DistResult<Bytes> {
     let mut writer = burn_pack::Writer::new(tensors);
     for (k, v) in scalars {
         writer = writer.with_scalar(k, *v);
@@ -34,7 +51,9 @@ fn write(tensors: Vec<burn_pack::Tensor>, scalars: &BTreeMap<String, burn_pack::
     for (k, v) in paths {
         writer = writer.with_metadata(k, v);
     }
-    writer.into_bytes().map_err(|e| invalid(format!("cannot write an optimizer record: {e:?}")))
+    writer
+        .into_bytes()
+        .map_err(|e| invalid(format!("cannot write an optimizer record: {e:?}")))
 }
 
 /// The optimizer records in `dirs` as one, keeping the state of the parameters `ids` only.
@@ -42,9 +61,26 @@ pub(crate) fn merged_record(dirs: &[PathBuf], ids: &HashSet<u64>) -> DistResult<
     let (mut tensors, mut scalars, mut paths) = (Vec::new(), BTreeMap::new(), BTreeMap::new());
     for dir in dirs {
         let (path, reader) = read(dir)?;
-        let bad = |e: burn_pack::Error| invalid(format!("{}: not a valid optimizer record: {e:?}", path.display()));
-        scalars.extend(reader.scalars().iter().filter(|(k, _)| kept(k, ids)).map(|(k, v)| (k.clone(), *v)));
-        paths.extend(reader.metadata().iter().filter(|(k, _)| kept(k, ids)).map(|(k, v)| (k.clone(), v.clone())));
+        let bad = |e: burn_pack::Error| {
+            invalid(format!(
+                "{}: not a valid optimizer record: {e:?}",
+                path.display()
+            ))
+        };
+        scalars.extend(
+            reader
+                .scalars()
+                .iter()
+                .filter(|(k, _)| kept(k, ids))
+                .map(|(k, v)| (k.clone(), *v)),
+        );
+        paths.extend(
+            reader
+                .metadata()
+                .iter()
+                .filter(|(k, _)| kept(k, ids))
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
         for t in reader.into_tensors().map_err(bad)? {
             let (name, dtype, shape, id, data) = t.into_parts().map_err(bad)?;
             if id.is_none_or(|id| ids.contains(&id)) && kept(&name, ids) {
@@ -60,7 +96,11 @@ pub(crate) fn merged_record(dirs: &[PathBuf], ids: &HashSet<u64>) -> DistResult<
 /// from every rank's copy (`None`: the first rank's is kept, as for a weight every rank
 /// holds whole); scalars and metadata (step counts, identical on every rank) come from the
 /// first rank.
-pub fn regroup_records(dirs: &[PathBuf], join: impl Fn(u64, Vec<RecordTensor>) -> DistResult<Option<RecordTensor>>, out: &Path) -> DistResult<()> {
+pub fn regroup_records(
+    dirs: &[PathBuf],
+    join: impl Fn(u64, Vec<RecordTensor>) -> DistResult<Option<RecordTensor>>,
+    out: &Path,
+) -> DistResult<()> {
     let mut ranks = Vec::new();
     let (mut scalars, mut paths) = (BTreeMap::new(), BTreeMap::new());
     for (r, dir) in dirs.iter().enumerate() {
@@ -69,7 +109,12 @@ pub fn regroup_records(dirs: &[PathBuf], join: impl Fn(u64, Vec<RecordTensor>) -
             scalars = reader.scalars().clone();
             paths = reader.metadata().clone();
         }
-        let bad = |e: burn_pack::Error| invalid(format!("{}: not a valid optimizer record: {e:?}", path.display()));
+        let bad = |e: burn_pack::Error| {
+            invalid(format!(
+                "{}: not a valid optimizer record: {e:?}",
+                path.display()
+            ))
+        };
         let mut tensors = BTreeMap::new();
         for t in reader.into_tensors().map_err(bad)? {
             let (name, dtype, shape, id, data) = t.into_parts().map_err(bad)?;
@@ -86,13 +131,21 @@ pub fn regroup_records(dirs: &[PathBuf], join: impl Fn(u64, Vec<RecordTensor>) -
         };
         let mut copies = vec![(shape.to_vec(), f32_values(dtype, &data, &name, &path)?)];
         for rank in &ranks {
-            let (dtype, shape, _, data, path) = rank.get(&name).ok_or_else(|| invalid(format!("{}: no optimizer state '{name}'", path.display())))?;
+            let (dtype, shape, _, data, path) = rank.get(&name).ok_or_else(|| {
+                invalid(format!("{}: no optimizer state '{name}'", path.display()))
+            })?;
             copies.push((shape.to_vec(), f32_values(*dtype, data, &name, path)?));
         }
         match join(id, copies)? {
             Some((shape, values)) => {
                 let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                tensors.push(burn_pack::Tensor::new(name, DType::F32, shape, Some(id), Bytes::from_bytes_vec(bytes)));
+                tensors.push(burn_pack::Tensor::new(
+                    name,
+                    DType::F32,
+                    shape,
+                    Some(id),
+                    Bytes::from_bytes_vec(bytes),
+                ));
             }
             None => tensors.push(burn_pack::Tensor::new(name, dtype, shape, Some(id), data)),
         }
@@ -105,7 +158,13 @@ pub fn regroup_records(dirs: &[PathBuf], join: impl Fn(u64, Vec<RecordTensor>) -
 
 fn f32_values(dtype: DType, data: &Bytes, name: &str, path: &Path) -> DistResult<Vec<f32>> {
     if dtype != DType::F32 {
-        return Err(invalid(format!("{}: optimizer state '{name}' is {dtype:?}; only f32 state regroups across tensor-parallel sizes", path.display())));
+        return Err(invalid(format!(
+            "{}: optimizer state '{name}' is {dtype:?}; only f32 state regroups across tensor-parallel sizes",
+            path.display()
+        )));
     }
-    Ok(data[..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    Ok(data[..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }

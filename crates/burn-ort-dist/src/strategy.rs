@@ -50,16 +50,25 @@ impl ModelParallel {
     /// The group `comm` of model parts; this rank leaves out `counted_elsewhere` (copies
     /// of parameters whose squares another rank of the group contributes).
     pub fn new(comm: Arc<dyn Communicator>, counted_elsewhere: HashSet<ParamId>) -> Self {
-        ModelParallel { comm, counted_elsewhere }
+        ModelParallel {
+            comm,
+            counted_elsewhere,
+        }
     }
 
     /// The L2 norm over the whole model from this part's per-parameter sums of squares; a
     /// collective of the group when there is one.
-    pub fn global_norm(group: Option<&Self>, squares: impl Iterator<Item = (ParamId, f64)>) -> DistResult<f32> {
+    pub fn global_norm(
+        group: Option<&Self>,
+        squares: impl Iterator<Item = (ParamId, f64)>,
+    ) -> DistResult<f32> {
         let Some(g) = group else {
             return Ok(total_norm(squares.map(|(_, s)| s)));
         };
-        let local: f64 = squares.filter(|(id, _)| !g.counted_elsewhere.contains(id)).map(|(_, s)| s).sum();
+        let local: f64 = squares
+            .filter(|(id, _)| !g.counted_elsewhere.contains(id))
+            .map(|(_, s)| s)
+            .sum();
         // f64 across the wire as two f32 halves would lose nothing, but the communicator
         // is f32: send the sum split into a high and a low part.
         let hi = local as f32;
@@ -74,7 +83,14 @@ pub trait UpdateStrategy<M: Module> {
     /// Combine `grads` across ranks, clip them to global L2 norm `max_norm` (0: no
     /// clipping), update `module` at learning rate `lr`. `tensor_norms` asks for the
     /// per-parameter gradient norms in the report.
-    fn update(&mut self, lr: f64, module: M, grads: GradientsParams, max_norm: f32, tensor_norms: bool) -> DistResult<(M, UpdateReport)>;
+    fn update(
+        &mut self,
+        lr: f64,
+        module: M,
+        grads: GradientsParams,
+        max_norm: f32,
+        tensor_norms: bool,
+    ) -> DistResult<(M, UpdateReport)>;
     /// What this rank holds.
     fn memory(&self) -> MemoryUse;
     /// The files of optimizer state this rank writes into a checkpoint directory.
@@ -103,40 +119,87 @@ pub struct Replicated {
 impl Replicated {
     /// Wrap `optim` with the data-parallel settings `ddp`.
     pub fn new(ddp: DataParallel, optim: ModuleOptimizer) -> Self {
-        Replicated { ddp, optim, memory: MemoryUse::default(), model_parallel: None }
+        Replicated {
+            ddp,
+            optim,
+            memory: MemoryUse::default(),
+            model_parallel: None,
+        }
     }
 }
 
 impl<M: Module> UpdateStrategy<M> for Replicated {
-    fn update(&mut self, lr: f64, module: M, mut grads: GradientsParams, max_norm: f32, tensor_norms: bool) -> DistResult<(M, UpdateReport)> {
+    fn update(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut grads: GradientsParams,
+        max_norm: f32,
+        tensor_norms: bool,
+    ) -> DistResult<(M, UpdateReport)> {
         self.ddp.sync(&module, &mut grads)?;
         let norms = grad_squares(&module, &grads)?;
-        let grad_norm = ModelParallel::global_norm(self.model_parallel.as_ref(), norms.iter().copied())?;
+        let grad_norm =
+            ModelParallel::global_norm(self.model_parallel.as_ref(), norms.iter().copied())?;
         clip(&module, &mut grads, grad_norm, max_norm);
         let mut census = Census::default();
         module.visit(&mut census);
-        self.memory = MemoryUse { optimizer_state_bytes: 0, gradient_bytes: census.trainable * 4, parameter_bytes: census.elements * 4 };
-        let tensor_grad_norms = if tensor_norms { norms.into_iter().map(|(id, s)| (id, s.sqrt() as f32)).collect() } else { Vec::new() };
+        self.memory = MemoryUse {
+            optimizer_state_bytes: 0,
+            gradient_bytes: census.trainable * 4,
+            parameter_bytes: census.elements * 4,
+        };
+        let tensor_grad_norms = if tensor_norms {
+            norms
+                .into_iter()
+                .map(|(id, s)| (id, s.sqrt() as f32))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let module = self.optim.step(lr, module, grads);
-        Ok((module, UpdateReport { grad_norm, tensor_grad_norms }))
+        Ok((
+            module,
+            UpdateReport {
+                grad_norm,
+                tensor_grad_norms,
+            },
+        ))
     }
 
     fn memory(&self) -> MemoryUse {
-        let state = self.optim.clone().into_bytes().map(|b| b.len()).unwrap_or(0);
-        MemoryUse { optimizer_state_bytes: state, ..self.memory }
+        let state = self
+            .optim
+            .clone()
+            .into_bytes()
+            .map(|b| b.len())
+            .unwrap_or(0);
+        MemoryUse {
+            optimizer_state_bytes: state,
+            ..self.memory
+        }
     }
 
     fn state_files(&self) -> DistResult<Vec<(String, Vec<u8>)>> {
         if self.ddp.comm().rank() != 0 {
             return Ok(Vec::new());
         }
-        let bytes = self.optim.clone().into_bytes().map_err(|e| invalid(format!("cannot encode the optimizer record: {e:?}")))?;
+        let bytes = self
+            .optim
+            .clone()
+            .into_bytes()
+            .map_err(|e| invalid(format!("cannot encode the optimizer record: {e:?}")))?;
         Ok(vec![(REPLICATED_STATE_FILE.into(), bytes.to_vec())])
     }
 
     fn load_state(&mut self, module: &M, dirs: &[PathBuf]) -> DistResult<()> {
         let bytes = merged_record(dirs, &param_ids(module))?;
-        self.optim = self.optim.clone().from_bytes(bytes).map_err(|e| invalid(format!("{}: not a valid optimizer record: {e:?}", dirs[0].display())))?;
+        self.optim = self.optim.clone().from_bytes(bytes).map_err(|e| {
+            invalid(format!(
+                "{}: not a valid optimizer record: {e:?}",
+                dirs[0].display()
+            ))
+        })?;
         Ok(())
     }
 
@@ -232,12 +295,20 @@ fn clip<M: Module>(module: &M, grads: &mut GradientsParams, norm: f32, max_norm:
 /// The factor `clip_grad_norm_` scales by: `max_norm / (norm + 1e-6)` when the norm
 /// exceeds `max_norm` (> 0), else 1.
 pub fn clip_scale(norm: f32, max_norm: f32) -> f32 {
-    if max_norm > 0.0 && norm > max_norm { max_norm / (norm + 1e-6) } else { 1.0 }
+    if max_norm > 0.0 && norm > max_norm {
+        max_norm / (norm + 1e-6)
+    } else {
+        1.0
+    }
 }
 
 /// Clip `grads` of `module` to global L2 norm `max_norm` (0: only measure); returns the norm
 /// before clipping.
-pub fn clip_grad_norm<M: Module>(module: &M, grads: &mut GradientsParams, max_norm: f32) -> DistResult<f32> {
+pub fn clip_grad_norm<M: Module>(
+    module: &M,
+    grads: &mut GradientsParams,
+    max_norm: f32,
+) -> DistResult<f32> {
     let norm = total_norm(grad_squares(module, grads)?.into_iter().map(|(_, s)| s));
     clip(module, grads, norm, max_norm);
     Ok(norm)

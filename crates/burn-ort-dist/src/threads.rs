@@ -49,11 +49,17 @@ impl ThreadCommunicator {
     /// Create a group of `world` ranks; hand one to each thread.
     pub fn group(world: usize, timeout: Duration) -> Vec<ThreadCommunicator> {
         let shared = Shared::new(world, timeout);
-        (0..world).map(|rank| ThreadCommunicator::member(rank, shared.clone())).collect()
+        (0..world)
+            .map(|rank| ThreadCommunicator::member(rank, shared.clone()))
+            .collect()
     }
 
     fn member(rank: usize, shared: Arc<Shared>) -> Self {
-        ThreadCommunicator { rank, shared, splits_done: AtomicUsize::new(0) }
+        ThreadCommunicator {
+            rank,
+            shared,
+            splits_done: AtomicUsize::new(0),
+        }
     }
 
     /// Wait on the group's condition variable until `ready` holds, the group breaks, or the
@@ -73,7 +79,11 @@ impl ThreadCommunicator {
             }
             let now = Instant::now();
             let Some(deadline) = deadline else {
-                st = self.shared.cv.wait(st).map_err(|_| self.peer("lock poisoned".into()))?;
+                st = self
+                    .shared
+                    .cv
+                    .wait(st)
+                    .map_err(|_| self.peer("lock poisoned".into()))?;
                 continue;
             };
             if now >= deadline {
@@ -82,37 +92,65 @@ impl ThreadCommunicator {
                 self.shared.cv.notify_all();
                 return Err(self.peer(msg));
             }
-            st = self.shared.cv.wait_timeout(st, deadline - now).map_err(|_| self.peer("lock poisoned".into()))?.0;
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, deadline - now)
+                .map_err(|_| self.peer("lock poisoned".into()))?
+                .0;
         }
         Ok(st)
     }
 
     fn lock(&self) -> DistResult<MutexGuard<'_, State>> {
-        self.shared.state.lock().map_err(|_| self.peer("the group's lock was poisoned by a panicking rank".into()))
+        self.shared
+            .state
+            .lock()
+            .map_err(|_| self.peer("the group's lock was poisoned by a panicking rank".into()))
     }
 
     fn peer(&self, message: String) -> DistError {
-        DistError::Peer { rank: self.rank, message }
+        DistError::Peer {
+            rank: self.rank,
+            message,
+        }
     }
 
     /// Contribute with `deposit`, wait for everyone, return the finished result. Ranks
     /// deposit in rank order, so sums are added in the same order every time: results are
     /// deterministic, whatever order the threads arrive in.
-    fn rendezvous(&self, len: usize, deposit: impl FnOnce(&mut Vec<f32>)) -> DistResult<Arc<Vec<f32>>> {
+    fn rendezvous(
+        &self,
+        len: usize,
+        deposit: impl FnOnce(&mut Vec<f32>),
+    ) -> DistResult<Arc<Vec<f32>>> {
         let st = self.lock()?;
         if let Some(b) = &st.broken {
             return Err(self.peer(b.clone()));
         }
         let rank = self.rank;
-        let mut st = self.wait_until(st, &format!("collective waiting for rank {} to deposit first", rank.saturating_sub(1)), |st| st.arrived == rank)?;
+        let mut st = self.wait_until(
+            st,
+            &format!(
+                "collective waiting for rank {} to deposit first",
+                rank.saturating_sub(1)
+            ),
+            |st| st.arrived == rank,
+        )?;
         if st.arrived == 0 {
             st.acc.clear();
             st.acc.resize(len, 0.0);
         } else if st.acc.len() != len {
-            let msg = format!("buffer of {len} elements, but another rank passed {}", st.acc.len());
+            let msg = format!(
+                "buffer of {len} elements, but another rank passed {}",
+                st.acc.len()
+            );
             st.broken = Some(format!("rank {}: {msg}", self.rank));
             self.shared.cv.notify_all();
-            return Err(DistError::Invalid { rank: self.rank, message: msg });
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: msg,
+            });
         }
         deposit(&mut st.acc);
         st.arrived += 1;
@@ -127,7 +165,11 @@ impl ThreadCommunicator {
             return Ok(st.result.clone());
         }
         let waiting = self.shared.world - st.arrived;
-        let st = self.wait_until(st, &format!("collective waiting for {waiting} rank(s)"), |st| st.generation != generation)?;
+        let st = self.wait_until(
+            st,
+            &format!("collective waiting for {waiting} rank(s)"),
+            |st| st.generation != generation,
+        )?;
         Ok(st.result.clone())
     }
 }
@@ -161,7 +203,9 @@ impl Communicator for ThreadCommunicator {
     }
 
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        let result = self.rendezvous(buf.len(), |acc| acc.iter_mut().zip(buf.iter()).for_each(|(a, b)| *a += *b))?;
+        let result = self.rendezvous(buf.len(), |acc| {
+            acc.iter_mut().zip(buf.iter()).for_each(|(a, b)| *a += *b)
+        })?;
         buf.copy_from_slice(&result);
         scale_mean(buf, op, self.shared.world);
         Ok(())
@@ -170,7 +214,9 @@ impl Communicator for ThreadCommunicator {
     fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
         check_reduce_scatter(self.rank, self.shared.world, send.len(), recv.len())?;
         // The ranks sum into one shared buffer; each copies out only its own chunk.
-        let result = self.rendezvous(send.len(), |acc| acc.iter_mut().zip(send.iter()).for_each(|(a, b)| *a += *b))?;
+        let result = self.rendezvous(send.len(), |acc| {
+            acc.iter_mut().zip(send.iter()).for_each(|(a, b)| *a += *b)
+        })?;
         let n = recv.len();
         recv.copy_from_slice(&result[self.rank * n..(self.rank + 1) * n]);
         scale_mean(recv, op, self.shared.world);
@@ -179,7 +225,10 @@ impl Communicator for ThreadCommunicator {
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
         if root >= self.shared.world {
-            return Err(DistError::Invalid { rank: self.rank, message: format!("broadcast root {root} in a group of {}", self.shared.world) });
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!("broadcast root {root} in a group of {}", self.shared.world),
+            });
         }
         let is_root = self.rank == root;
         let result = self.rendezvous(buf.len(), |acc| {
@@ -194,10 +243,19 @@ impl Communicator for ThreadCommunicator {
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
         let n = send.len();
         if recv.len() != n * self.shared.world {
-            return Err(DistError::Invalid { rank: self.rank, message: format!("all_gather receive buffer of {} for {} x {n}", recv.len(), self.shared.world) });
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "all_gather receive buffer of {} for {} x {n}",
+                    recv.len(),
+                    self.shared.world
+                ),
+            });
         }
         let rank = self.rank;
-        let result = self.rendezvous(recv.len(), |acc| acc[rank * n..(rank + 1) * n].copy_from_slice(send))?;
+        let result = self.rendezvous(recv.len(), |acc| {
+            acc[rank * n..(rank + 1) * n].copy_from_slice(send)
+        })?;
         recv.copy_from_slice(&result);
         Ok(())
     }
@@ -208,27 +266,52 @@ impl Communicator for ThreadCommunicator {
 
     fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
         if dest >= self.shared.world || dest == self.rank {
-            return Err(DistError::Invalid { rank: self.rank, message: format!("send to rank {dest} in a group of {}", self.shared.world) });
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!("send to rank {dest} in a group of {}", self.shared.world),
+            });
         }
         let mut st = self.lock()?;
         if let Some(b) = &st.broken {
             return Err(self.peer(b.clone()));
         }
-        st.mail.entry((self.rank, dest)).or_default().push_back(buf.to_vec());
+        st.mail
+            .entry((self.rank, dest))
+            .or_default()
+            .push_back(buf.to_vec());
         self.shared.cv.notify_all();
         Ok(())
     }
 
     fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
         if src >= self.shared.world || src == self.rank {
-            return Err(DistError::Invalid { rank: self.rank, message: format!("receive from rank {src} in a group of {}", self.shared.world) });
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "receive from rank {src} in a group of {}",
+                    self.shared.world
+                ),
+            });
         }
         let key = (src, self.rank);
         let st = self.lock()?;
-        let mut st = self.wait_until(st, &format!("receive from rank {src}"), |st| st.mail.get(&key).is_some_and(|q| !q.is_empty()))?;
-        let msg = st.mail.get_mut(&key).and_then(VecDeque::pop_front).unwrap_or_default();
+        let mut st = self.wait_until(st, &format!("receive from rank {src}"), |st| {
+            st.mail.get(&key).is_some_and(|q| !q.is_empty())
+        })?;
+        let msg = st
+            .mail
+            .get_mut(&key)
+            .and_then(VecDeque::pop_front)
+            .unwrap_or_default();
         if msg.len() != buf.len() {
-            return Err(DistError::Invalid { rank: self.rank, message: format!("received {} values from rank {src}, expected {}", msg.len(), buf.len()) });
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "received {} values from rank {src}, expected {}",
+                    msg.len(),
+                    buf.len()
+                ),
+            });
         }
         buf.copy_from_slice(&msg);
         Ok(())
@@ -238,14 +321,22 @@ impl Communicator for ThreadCommunicator {
         let world = self.shared.world;
         let mut all = vec![0.0f32; 2 * world];
         self.all_gather(&[color as f32, key as f32], &mut all)?;
-        let mut members: Vec<(usize, usize)> =
-            (0..world).filter(|&r| all[2 * r] as usize == color).map(|r| (all[2 * r + 1] as usize, r)).collect();
+        let mut members: Vec<(usize, usize)> = (0..world)
+            .filter(|&r| all[2 * r] as usize == color)
+            .map(|r| (all[2 * r + 1] as usize, r))
+            .collect();
         members.sort_unstable();
-        let new_rank = members.iter().position(|&(_, r)| r == self.rank).unwrap_or(0);
+        let new_rank = members
+            .iter()
+            .position(|&(_, r)| r == self.rank)
+            .unwrap_or(0);
         let index = self.splits_done.fetch_add(1, Ordering::SeqCst);
         let shared = {
             let mut st = self.lock()?;
-            st.splits.entry((index, color)).or_insert_with(|| Shared::new(members.len(), self.shared.timeout)).clone()
+            st.splits
+                .entry((index, color))
+                .or_insert_with(|| Shared::new(members.len(), self.shared.timeout))
+                .clone()
         };
         Ok(Box::new(ThreadCommunicator::member(new_rank, shared)))
     }
@@ -253,7 +344,8 @@ impl Communicator for ThreadCommunicator {
     fn abort(&self, code: i32) {
         if let Ok(mut st) = self.shared.state.lock() {
             // Keep the first cause: peers should learn who failed first.
-            st.broken.get_or_insert_with(|| format!("rank {} aborted with code {code}", self.rank));
+            st.broken
+                .get_or_insert_with(|| format!("rank {} aborted with code {code}", self.rank));
             self.shared.cv.notify_all();
         }
     }
@@ -265,7 +357,15 @@ impl Drop for ThreadCommunicator {
         // run nobody waits any more, so this is harmless.
         if let Ok(mut st) = self.shared.state.lock() {
             if st.broken.is_none() {
-                st.broken = Some(format!("rank {} left the group{}", self.rank, if std::thread::panicking() { " (panicked)" } else { "" }));
+                st.broken = Some(format!(
+                    "rank {} left the group{}",
+                    self.rank,
+                    if std::thread::panicking() {
+                        " (panicked)"
+                    } else {
+                        ""
+                    }
+                ));
             }
             self.shared.cv.notify_all();
         }

@@ -42,7 +42,10 @@ impl Topology {
         if dp == 0 || tp == 0 || pp == 0 || dp * tp * pp != world {
             return Err(DistError::Invalid {
                 rank: 0,
-                message: format!("data ({dp}) x tensor ({tp}) x pipeline ({pp}) parallel sizes make {}, but the world has {world} rank(s)", dp * tp * pp),
+                message: format!(
+                    "data ({dp}) x tensor ({tp}) x pipeline ({pp}) parallel sizes make {}, but the world has {world} rank(s)",
+                    dp * tp * pp
+                ),
             });
         }
         Ok(Topology { dp, tp, pp })
@@ -50,7 +53,11 @@ impl Topology {
 
     /// `(dp, tp, pp)` coordinates of world rank `rank`.
     pub fn coords(&self, rank: usize) -> (usize, usize, usize) {
-        (rank / self.tp % self.dp, rank % self.tp, rank / (self.tp * self.dp))
+        (
+            rank / self.tp % self.dp,
+            rank % self.tp,
+            rank / (self.tp * self.dp),
+        )
     }
 
     /// The world rank at coordinates `(dp, tp, pp)`.
@@ -62,13 +69,23 @@ impl Topology {
     pub fn groups(&self, world: &dyn Communicator) -> DistResult<Groups> {
         let rank = world.rank();
         if world.world_size() != self.dp * self.tp * self.pp {
-            return Err(DistError::Invalid { rank, message: format!("topology {self:?} on a world of {}", world.world_size()) });
+            return Err(DistError::Invalid {
+                rank,
+                message: format!("topology {self:?} on a world of {}", world.world_size()),
+            });
         }
         let (d, t, p) = self.coords(rank);
         let dp: Arc<dyn Communicator> = Arc::from(world.split(p * self.tp + t, d)?);
         let tp: Arc<dyn Communicator> = Arc::from(world.split(p * self.dp + d, t)?);
         let pp: Arc<dyn Communicator> = Arc::from(world.split(d * self.tp + t, p)?);
-        Ok(Groups { dp_rank: d, tp_rank: t, pp_rank: p, dp, tp, pp })
+        Ok(Groups {
+            dp_rank: d,
+            tp_rank: t,
+            pp_rank: p,
+            dp,
+            tp,
+            pp,
+        })
     }
 }
 

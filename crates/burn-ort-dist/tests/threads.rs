@@ -7,9 +7,15 @@ use std::time::{Duration, Instant};
 use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_ort_dist::{Communicator, DataParallel, DistError, ReduceOp, Reduction, ThreadCommunicator, check_collectives, run_threads};
+use burn_ort_dist::{
+    Communicator, DataParallel, DistError, ReduceOp, Reduction, ThreadCommunicator,
+    check_collectives, run_threads,
+};
 
-fn on_threads<T: Send>(world: usize, f: impl Fn(Arc<dyn Communicator>) -> Result<T, String> + Sync) -> Vec<Result<T, String>> {
+fn on_threads<T: Send>(
+    world: usize,
+    f: impl Fn(Arc<dyn Communicator>) -> Result<T, String> + Sync,
+) -> Vec<Result<T, String>> {
     run_threads(world, Duration::from_secs(20), f)
 }
 
@@ -18,15 +24,22 @@ fn collectives_on_four_threads() {
     let results = on_threads(4, |c| {
         let r = c.rank() as f32;
         let mut sum = vec![r, 10.0 * r];
-        c.all_reduce(&mut sum, ReduceOp::Sum).map_err(|e| e.to_string())?;
+        c.all_reduce(&mut sum, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
         let mut mean = vec![r, 1.0];
-        c.all_reduce(&mut mean, ReduceOp::Mean).map_err(|e| e.to_string())?;
+        c.all_reduce(&mut mean, ReduceOp::Mean)
+            .map_err(|e| e.to_string())?;
         let mut b = vec![r; 3];
         c.broadcast(&mut b, 2).map_err(|e| e.to_string())?;
         let mut g = vec![0.0; 8];
         c.all_gather(&[r, -r], &mut g).map_err(|e| e.to_string())?;
         let mut rs = vec![0.0; 2];
-        c.reduce_scatter(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], &mut rs, ReduceOp::Sum).map_err(|e| e.to_string())?;
+        c.reduce_scatter(
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+            &mut rs,
+            ReduceOp::Sum,
+        )
+        .map_err(|e| e.to_string())?;
         c.barrier().map_err(|e| e.to_string())?;
         Ok((sum, mean, b, g, rs))
     });
@@ -45,7 +58,8 @@ fn collectives_on_four_threads() {
 fn mismatched_buffers_are_an_error_on_every_rank() {
     let results = on_threads(2, |c| {
         let mut buf = vec![0.0; 3 + c.rank()];
-        c.all_reduce(&mut buf, ReduceOp::Sum).map_err(|e| e.to_string())
+        c.all_reduce(&mut buf, ReduceOp::Sum)
+            .map_err(|e| e.to_string())
     });
     assert!(results.iter().all(Result::is_err), "{results:?}");
 }
@@ -60,10 +74,15 @@ fn a_failing_rank_ends_the_others_quickly() {
         }
         let mut buf = vec![1.0; 4];
         loop {
-            c.all_reduce(&mut buf, ReduceOp::Sum).map_err(|e| e.to_string())?;
+            c.all_reduce(&mut buf, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
         }
     });
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
     assert!(results[1].as_ref().unwrap_err().contains("panicked"));
     for r in [&results[0], &results[2]] {
         let e = r.as_ref().unwrap_err();
@@ -78,8 +97,13 @@ fn a_silent_rank_times_out() {
     let c = comms.pop().unwrap();
     let start = Instant::now();
     let err = c.barrier().unwrap_err();
-    assert!(matches!(err, DistError::Peer { .. }) && err.to_string().contains("no answer"), "{err}");
-    assert!(start.elapsed() >= Duration::from_millis(200) && start.elapsed() < Duration::from_secs(5));
+    assert!(
+        matches!(err, DistError::Peer { .. }) && err.to_string().contains("no answer"),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() >= Duration::from_millis(200) && start.elapsed() < Duration::from_secs(5)
+    );
     drop(silent);
 }
 
@@ -90,15 +114,28 @@ fn adasum_on_two_ranks_matches_the_formula() {
     let (a, b) = (&g[0], &g[1]);
     let dot = 1.0 * 0.5 + 2.0 * -1.0 + -1.0 * 3.0 + 0.5 * 2.0; // -3.5
     let (aa, bb) = (1.0 + 4.0 + 1.0 + 0.25, 0.25 + 1.0 + 9.0 + 4.0); // 6.25, 14.25
-    let want: Vec<f32> = (0..4).map(|i| ((1.0 - dot / (2.0 * aa)) * a[i] as f64 + (1.0 - dot / (2.0 * bb)) * b[i] as f64) as f32).collect();
+    let want: Vec<f32> = (0..4)
+        .map(|i| {
+            ((1.0 - dot / (2.0 * aa)) * a[i] as f64 + (1.0 - dot / (2.0 * bb)) * b[i] as f64) as f32
+        })
+        .collect();
 
     let device = Device::flex().autodiff();
     let results = on_threads(2, |c| {
-        let w: Param<Tensor<1>> = Param::from_tensor(Tensor::from_data(TensorData::new(vec![0f32; 4], vec![4]), &device));
+        let w: Param<Tensor<1>> = Param::from_tensor(Tensor::from_data(
+            TensorData::new(vec![0f32; 4], vec![4]),
+            &device,
+        ));
         let mut grads = GradientsParams::new();
-        grads.register(w.id, Tensor::<1>::from_data(TensorData::new(g[c.rank()].clone(), vec![4]), &device));
+        grads.register(
+            w.id,
+            Tensor::<1>::from_data(TensorData::new(g[c.rank()].clone(), vec![4]), &device),
+        );
         let module = vec![w];
-        DataParallel::new(c).with_reduction(Reduction::Adasum).sync(&module, &mut grads).map_err(|e| e.to_string())?;
+        DataParallel::new(c)
+            .with_reduction(Reduction::Adasum)
+            .sync(&module, &mut grads)
+            .map_err(|e| e.to_string())?;
         let t: Tensor<1> = grads.get(module[0].id).unwrap();
         Ok(t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap())
     });
@@ -124,19 +161,41 @@ fn data_parallel_averages_module_gradients_and_broadcasts_parameters() {
     let results = on_threads(3, |c| {
         let r = c.rank() as f32;
         let net = Net {
-            w: Param::from_tensor(Tensor::from_data(TensorData::new(vec![r; 6], vec![2, 3]), &device)),
-            b: Param::from_tensor(Tensor::from_data(TensorData::new(vec![r; 2], vec![2]), &device)),
+            w: Param::from_tensor(Tensor::from_data(
+                TensorData::new(vec![r; 6], vec![2, 3]),
+                &device,
+            )),
+            b: Param::from_tensor(Tensor::from_data(
+                TensorData::new(vec![r; 2], vec![2]),
+                &device,
+            )),
         };
         let ddp = DataParallel::new(c).with_bucket_bytes(16);
         let net = ddp.broadcast_parameters(net).map_err(|e| e.to_string())?;
-        let x: Tensor<2> = Tensor::from_data(TensorData::new((0..6).map(|i| i as f32 * (r + 1.0)).collect::<Vec<_>>(), vec![2, 3]), &device);
+        let x: Tensor<2> = Tensor::from_data(
+            TensorData::new(
+                (0..6).map(|i| i as f32 * (r + 1.0)).collect::<Vec<_>>(),
+                vec![2, 3],
+            ),
+            &device,
+        );
         let loss = (net.w.val() * x).sum() + net.b.val().sum().mul_scalar(r);
         let mut grads = GradientsParams::from_grads(loss.backward(), &net);
         ddp.sync(&net, &mut grads).map_err(|e| e.to_string())?;
         let gw: Tensor<2> = grads.get(net.w.id).unwrap();
         let gb: Tensor<1> = grads.get(net.b.id).unwrap();
-        let wv = net.w.val().into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
-        Ok((gw.into_data().convert::<f32>().try_to_vec::<f32>().unwrap(), gb.into_data().convert::<f32>().try_to_vec::<f32>().unwrap(), wv))
+        let wv = net
+            .w
+            .val()
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
+        Ok((
+            gw.into_data().convert::<f32>().try_to_vec::<f32>().unwrap(),
+            gb.into_data().convert::<f32>().try_to_vec::<f32>().unwrap(),
+            wv,
+        ))
     });
     for r in results {
         let (gw, gb, w) = r.unwrap();
@@ -152,10 +211,20 @@ fn mismatched_configs_are_detected() {
     let results = on_threads(2, |c| {
         let ddp = DataParallel::new(c.clone());
         ddp.check_consistent(b"same").map_err(|e| e.to_string())?;
-        ddp.check_consistent(if c.rank() == 0 { b"batch=4" } else { b"batch=8" }).map_err(|e| e.to_string())
+        ddp.check_consistent(if c.rank() == 0 {
+            b"batch=4"
+        } else {
+            b"batch=8"
+        })
+        .map_err(|e| e.to_string())
     });
     for r in &results {
-        assert!(r.as_ref().unwrap_err().contains("rank 1 runs a different configuration"), "{results:?}");
+        assert!(
+            r.as_ref()
+                .unwrap_err()
+                .contains("rank 1 runs a different configuration"),
+            "{results:?}"
+        );
     }
 }
 

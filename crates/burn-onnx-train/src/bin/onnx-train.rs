@@ -13,22 +13,22 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn::tensor::Device;
-use burn_onnx_train::graph::Dim;
-use burn_onnx_train::host_tensor::dtype;
-use burn_onnx_train::npy::{read_npy, write_npy};
-use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::export::{ExportOptions, ExternalDataPolicy, export_onnx_with};
+use burn_onnx_train::graph::Dim;
+use burn_onnx_train::host_tensor::dtype;
+use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::npy::{read_npy, write_npy};
+use burn_onnx_train::pipeline::Partition;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::{read_params, read_state};
-use burn_onnx_train::train::flags::TrainFlags;
 use burn_onnx_train::train::data::{Dataset, ImageDataset, TokenDataset};
 use burn_onnx_train::train::elastic::ElasticJob;
+use burn_onnx_train::train::flags::TrainFlags;
 use burn_onnx_train::train::launch::launch_elastic;
-use burn_onnx_train::pipeline::Partition;
 use burn_onnx_train::{Graph, Mode, OnnxError, OnnxModel, ParamRole, Value};
-use std::sync::Arc;
 use clap::{Parser, Subcommand};
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(name = "onnx-train", version, about = "Train ONNX models with Burn")]
@@ -157,21 +157,42 @@ fn inspect(path: PathBuf, stages: Option<usize>, tp: Option<usize>) -> Result<()
     let graph = Graph::load(&path)?;
     let model = OnnxModel::from_graph(graph, &Device::flex())?;
     let g = model.graph();
-    println!("model: {} (opset {}, {} nodes)", path.display(), g.opset, g.model.graph.as_ref().map_or(0, |g| g.node.len()));
+    println!(
+        "model: {} (opset {}, {} nodes)",
+        path.display(),
+        g.opset,
+        g.model.graph.as_ref().map_or(0, |g| g.node.len())
+    );
     println!("inputs:");
     for i in &g.inputs {
-        println!("  {} {} {}", i.name, dtype::name(i.elem_type), dims(&i.dims));
+        println!(
+            "  {} {} {}",
+            i.name,
+            dtype::name(i.elem_type),
+            dims(&i.dims)
+        );
     }
     println!("outputs:");
     for o in &g.outputs {
-        println!("  {} {} {}", o.name, dtype::name(o.elem_type), dims(&o.dims));
+        println!(
+            "  {} {} {}",
+            o.name,
+            dtype::name(o.elem_type),
+            dims(&o.dims)
+        );
     }
     println!("ops:");
     for (op, n) in g.op_counts() {
         println!("  {op:<24} {n}");
     }
     let infos = model.param_infos();
-    let count = |role| infos.iter().filter(|p| p.role == role).map(|p| p.shape.iter().product::<usize>()).sum::<usize>();
+    let count = |role| {
+        infos
+            .iter()
+            .filter(|p| p.role == role)
+            .map(|p| p.shape.iter().product::<usize>())
+            .sum::<usize>()
+    };
     println!(
         "initializers: {} parameters ({} trainable elements, {} state, {} constant), {} host constants",
         infos.len(),
@@ -181,10 +202,21 @@ fn inspect(path: PathBuf, stages: Option<usize>, tp: Option<usize>) -> Result<()
         model.constant_infos().len()
     );
     for p in infos {
-        println!("  {:<48} {:<16} {}: {}", p.name, format!("{:?}", p.shape), p.role.name(), p.reason);
+        println!(
+            "  {:<48} {:<16} {}: {}",
+            p.name,
+            format!("{:?}", p.shape),
+            p.role.name(),
+            p.reason
+        );
     }
     for c in model.constant_infos() {
-        println!("  {:<48} {:<16} constant: {}", c.name, format!("{:?}", c.shape), c.reason);
+        println!(
+            "  {:<48} {:<16} constant: {}",
+            c.name,
+            format!("{:?}", c.shape),
+            c.reason
+        );
     }
     if let Some(n) = stages {
         print_partition(&model, n)?;
@@ -198,16 +230,31 @@ fn inspect(path: PathBuf, stages: Option<usize>, tp: Option<usize>) -> Result<()
 /// The tensor-parallel split of `model` over `n` ranks: blocks, split weights, and the
 /// parameter elements each rank holds.
 fn print_tensor_parallel(model: OnnxModel, n: usize) -> Result<(), OnnxError> {
-    let shapes: std::collections::HashMap<String, Vec<usize>> = model.param_infos().iter().map(|p| (p.name.clone(), p.shape.clone())).collect();
+    let shapes: std::collections::HashMap<String, Vec<usize>> = model
+        .param_infos()
+        .iter()
+        .map(|p| (p.name.clone(), p.shape.clone()))
+        .collect();
     let sample = model
         .graph()
         .inputs
         .iter()
         .map(|i| {
-            let dims: Vec<usize> = i.dims.iter().enumerate().map(|(k, d)| match d {
-                Dim::Fixed(f) => *f,
-                Dim::Symbolic(_) => if k == 0 { 2 } else { 8 },
-            }).collect();
+            let dims: Vec<usize> = i
+                .dims
+                .iter()
+                .enumerate()
+                .map(|(k, d)| match d {
+                    Dim::Fixed(f) => *f,
+                    Dim::Symbolic(_) => {
+                        if k == 0 {
+                            2
+                        } else {
+                            8
+                        }
+                    }
+                })
+                .collect();
             let len = dims.iter().product();
             let value = if dtype::is_float(i.elem_type) {
                 burn_onnx_train::model::float_input(vec![0.0; len], &dims, &Device::flex())?
@@ -219,24 +266,41 @@ fn print_tensor_parallel(model: OnnxModel, n: usize) -> Result<(), OnnxError> {
             Ok((i.name.clone(), value))
         })
         .collect::<Result<Vec<_>, OnnxError>>()?;
-    let (part, t) = burn_onnx_train::tensor_parallel::TensorParallel::apply(model, sample, 0, n, true)?;
-    println!("tensor parallel: {n} ranks, {} column-parallel projection(s)", t.blocks.len());
+    let (part, t) =
+        burn_onnx_train::tensor_parallel::TensorParallel::apply(model, sample, 0, n, true)?;
+    println!(
+        "tensor parallel: {n} ranks, {} column-parallel projection(s)",
+        t.blocks.len()
+    );
     for b in &t.blocks {
         println!("  block from {b}");
     }
     for (name, split) in &t.params {
-        println!("  split {name} {:?}: axis {}, period {}", shapes[name], split.axis, split.period);
+        println!(
+            "  split {name} {:?}: axis {}, period {}",
+            shapes[name], split.axis, split.period
+        );
     }
     let whole: usize = shapes.values().map(|s| s.iter().product::<usize>()).sum();
-    let local: usize = part.param_infos().iter().map(|p| p.shape.iter().product::<usize>()).sum();
-    println!("  parameter elements per rank: {local} of {whole} ({:.1}%)", 100.0 * local as f64 / whole.max(1) as f64);
+    let local: usize = part
+        .param_infos()
+        .iter()
+        .map(|p| p.shape.iter().product::<usize>())
+        .sum();
+    println!(
+        "  parameter elements per rank: {local} of {whole} ({:.1}%)",
+        100.0 * local as f64 / whole.max(1) as f64
+    );
     Ok(())
 }
 
 /// The automatic pipeline cut of `model` into `n` stages, one line per stage.
 fn print_partition(model: &OnnxModel, n: usize) -> Result<(), OnnxError> {
     let part = Partition::auto(model, n)?;
-    let (elements, flops) = part.stages.iter().fold((0, 0.0), |(e, f), s| (e + s.param_elements, f + s.flops));
+    let (elements, flops) = part
+        .stages
+        .iter()
+        .fold((0, 0.0), |(e, f), s| (e + s.param_elements, f + s.flops));
     println!("pipeline: {n} stages");
     for s in &part.stages {
         println!(
@@ -253,21 +317,30 @@ fn print_partition(model: &OnnxModel, n: usize) -> Result<(), OnnxError> {
         );
     }
     for p in &part.shared {
-        println!("  shared {} ({} elements) held by stages {:?}", p.name, p.elements, p.stages);
+        println!(
+            "  shared {} ({} elements) held by stages {:?}",
+            p.name, p.elements, p.stages
+        );
     }
     Ok(())
 }
 
-fn run(path: PathBuf, inputs: Vec<String>, output_dir: PathBuf, device: burn_onnx_train::train::DeviceSpec) -> Result<(), OnnxError> {
+fn run(
+    path: PathBuf,
+    inputs: Vec<String>,
+    output_dir: PathBuf,
+    device: burn_onnx_train::train::DeviceSpec,
+) -> Result<(), OnnxError> {
     let device = device.device(0)?;
     let model = OnnxModel::load(&path, &device)?;
     let mut feeds = Vec::new();
     for spec in inputs {
-        let (name, file) = spec
-            .split_once('=')
-            .ok_or_else(|| OnnxError::field("--input", format!("expected NAME=FILE.npy, got '{spec}'")))?;
+        let (name, file) = spec.split_once('=').ok_or_else(|| {
+            OnnxError::field("--input", format!("expected NAME=FILE.npy, got '{spec}'"))
+        })?;
         let host = read_npy(file)?;
-        let value = Value::from_host(&host, &device).map_err(|e| OnnxError::field(format!("--input {name}"), e.0))?;
+        let value = Value::from_host(&host, &device)
+            .map_err(|e| OnnxError::field(format!("--input {name}"), e.0))?;
         feeds.push((name.to_string(), value));
     }
     let out = model.forward(feeds, Mode::Eval)?;
@@ -282,12 +355,23 @@ fn run(path: PathBuf, inputs: Vec<String>, output_dir: PathBuf, device: burn_onn
 
 /// Output names may contain `/` or `:`; keep file names flat.
 fn sanitize(name: &str) -> String {
-    name.chars().map(|c| if c.is_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
+    name.chars()
+        .map(|c| {
+            if c.is_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 fn train(args: TrainArgs) -> Result<(), OnnxError> {
     if args.run.config.is_none() {
-        return Err(OnnxError::field("--config", "is required: the TrainingConfig file (TOML or JSON)"));
+        return Err(OnnxError::field(
+            "--config",
+            "is required: the TrainingConfig file (TOML or JSON)",
+        ));
     }
     let c = args.run.apply(TrainingConfig::default())?;
     let load = |dir: &std::path::Path| -> Result<Arc<dyn Dataset>, OnnxError> {
@@ -300,7 +384,10 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
     let test = test_dir(&c).map(load).transpose()?;
     let summary = launch_elastic(c, train, test, args.run.max_restarts)?;
     if let (Some(first), Some(last)) = (summary.losses.first(), summary.losses.last()) {
-        println!("loss {:.6} (update {}) -> {:.6} (update {})", first.1, first.0, last.1, last.0);
+        println!(
+            "loss {:.6} (update {}) -> {:.6} (update {})",
+            first.1, first.0, last.1, last.0
+        );
     }
     if let Some(p) = summary.exported {
         println!("exported {}", p.display());
@@ -308,26 +395,57 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
     Ok(())
 }
 
-fn export(checkpoint: Option<PathBuf>, output: PathBuf, model: Option<PathBuf>, external_data: bool) -> Result<(), OnnxError> {
+fn export(
+    checkpoint: Option<PathBuf>,
+    output: PathBuf,
+    model: Option<PathBuf>,
+    external_data: bool,
+) -> Result<(), OnnxError> {
     let model_path = match (model, &checkpoint) {
         (Some(m), _) => m,
         (None, Some(c)) => TrainingConfig::from_toml(&read_state(c)?.config_toml, c)?.model_path,
-        (None, None) => return Err(OnnxError::field("export", "needs --checkpoint, --model, or both")),
+        (None, None) => {
+            return Err(OnnxError::field(
+                "export",
+                "needs --checkpoint, --model, or both",
+            ));
+        }
     };
     let mut model = OnnxModel::load(&model_path, &Device::flex())?;
     if let Some(c) = &checkpoint {
         model = read_params(c, model, None)?;
     }
-    let external_data = if external_data { ExternalDataPolicy::Always } else { ExternalDataPolicy::Auto };
-    export_onnx_with(&model, &output, ExportOptions { external_data, ..Default::default() })?;
+    let external_data = if external_data {
+        ExternalDataPolicy::Always
+    } else {
+        ExternalDataPolicy::Auto
+    };
+    export_onnx_with(
+        &model,
+        &output,
+        ExportOptions {
+            external_data,
+            ..Default::default()
+        },
+    )?;
     let from = checkpoint.map_or_else(String::new, |c| format!(", checkpoint {}", c.display()));
-    println!("exported {} (model {}{from})", output.display(), model_path.display());
+    println!(
+        "exported {} (model {}{from})",
+        output.display(),
+        model_path.display()
+    );
     Ok(())
 }
 
 fn gpt2(output: PathBuf, config: Gpt2Config) -> Result<(), OnnxError> {
     write_gpt2(&config, &output)?;
-    println!("wrote {} ({} layers, width {}, vocab {})", output.display(), config.n_layer, config.n_embd, config.vocab_size);
+    println!(
+        "wrote {} ({} layers, width {}, vocab {})",
+        output.display(),
+        config.n_layer,
+        config.n_embd,
+        config.vocab_size
+    );
     Ok(())
 }
 
@@ -342,24 +460,70 @@ fn test_dir(c: &TrainingConfig) -> Option<&std::path::Path> {
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { model, stages, tp } => inspect(model, stages, tp),
-        Command::Run { model, inputs, output_dir, device } => run(model, inputs, output_dir, device),
+        Command::Run {
+            model,
+            inputs,
+            output_dir,
+            device,
+        } => run(model, inputs, output_dir, device),
         Command::Train(args) => train(args),
-        Command::Export { checkpoint, output, model, external_data } => export(checkpoint, output, model, external_data),
-        Command::Gpt2 { output, layers, heads, width, vocab, positions, seed } => gpt2(
+        Command::Export {
+            checkpoint,
             output,
-            Gpt2Config { n_layer: layers, n_head: heads, n_embd: width, vocab_size: vocab, n_positions: positions, seed, ..Default::default() },
+            model,
+            external_data,
+        } => export(checkpoint, output, model, external_data),
+        Command::Gpt2 {
+            output,
+            layers,
+            heads,
+            width,
+            vocab,
+            positions,
+            seed,
+        } => gpt2(
+            output,
+            Gpt2Config {
+                n_layer: layers,
+                n_head: heads,
+                n_embd: width,
+                vocab_size: vocab,
+                n_positions: positions,
+                seed,
+                ..Default::default()
+            },
         ),
-        Command::Launch { np, max_restarts, mpirun, mpirun_args, command } => std::env::current_exe()
+        Command::Launch {
+            np,
+            max_restarts,
+            mpirun,
+            mpirun_args,
+            command,
+        } => std::env::current_exe()
             .map_err(|e| OnnxError::io("onnx-train", e))
             .and_then(|me| {
-                let command = std::iter::once(me.into_os_string()).chain(command.into_iter().map(Into::into)).collect();
+                let command = std::iter::once(me.into_os_string())
+                    .chain(command.into_iter().map(Into::into))
+                    .collect();
                 let mpirun_args = mpirun_args.into_iter().map(Into::into).collect();
-                ElasticJob { mpirun: mpirun.into_os_string(), ranks: np, mpirun_args, command, max_restarts }.run()
+                ElasticJob {
+                    mpirun: mpirun.into_os_string(),
+                    ranks: np,
+                    mpirun_args,
+                    command,
+                    max_restarts,
+                }
+                .run()
             })
             .map(|restarts| println!("the job succeeded after {restarts} restart(s)")),
     };

@@ -22,13 +22,16 @@ use std::collections::HashMap;
 use std::f64::consts::PI;
 use std::path::Path;
 
-use onnx_ir::{AttributeProto, AttributeType, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, ValueInfoProto};
+use onnx_ir::{
+    AttributeProto, AttributeType, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto,
+    ValueInfoProto,
+};
 use serde::{Deserialize, Serialize};
 
-use crate::export::{ExportOptions, write_model};
-use crate::proto_presence::restore_default_attribute_values;
 use crate::error::{OnnxError, Result};
+use crate::export::{ExportOptions, write_model};
 use crate::host_tensor::dtype;
+use crate::proto_presence::restore_default_attribute_values;
 
 /// `ai.onnx` opset the graph is written for (`Split` takes its sizes as an input).
 pub const OPSET: i64 = 17;
@@ -64,7 +67,15 @@ pub struct Gpt2Config {
 impl Default for Gpt2Config {
     /// A small GPT-2 with the real GPT-2 vocabulary: 2 layers, 4 heads, width 128.
     fn default() -> Self {
-        Gpt2Config { n_layer: 2, n_head: 4, n_embd: 128, vocab_size: 50257, n_positions: 256, layer_norm_epsilon: 1e-5, seed: 42 }
+        Gpt2Config {
+            n_layer: 2,
+            n_head: 4,
+            n_embd: 128,
+            vocab_size: 50257,
+            n_positions: 256,
+            layer_norm_epsilon: 1e-5,
+            seed: 42,
+        }
     }
 }
 
@@ -84,14 +95,23 @@ impl Gpt2Config {
                 return Err(OnnxError::field(field, "must be greater than 0"));
             }
             if i64::try_from(value).is_err() {
-                return Err(OnnxError::field(field, format!("{value} does not fit an ONNX dimension")));
+                return Err(OnnxError::field(
+                    field,
+                    format!("{value} does not fit an ONNX dimension"),
+                ));
             }
         }
         if self.n_embd % self.n_head != 0 {
-            return Err(OnnxError::field("gpt2.n_head", format!("{} does not divide n_embd ({})", self.n_head, self.n_embd)));
+            return Err(OnnxError::field(
+                "gpt2.n_head",
+                format!("{} does not divide n_embd ({})", self.n_head, self.n_embd),
+            ));
         }
         if !(self.layer_norm_epsilon.is_finite() && self.layer_norm_epsilon > 0.0) {
-            let message = format!("must be positive and finite, got {}", self.layer_norm_epsilon);
+            let message = format!(
+                "must be positive and finite, got {}",
+                self.layer_norm_epsilon
+            );
             return Err(OnnxError::field("gpt2.layer_norm_epsilon", message));
         }
         Ok(())
@@ -105,7 +125,11 @@ impl Gpt2Config {
 /// Build the GPT-2 model described by `config` (validated first).
 pub fn build_gpt2(config: &Gpt2Config) -> Result<ModelProto> {
     config.validate()?;
-    let mut builder = Gpt2Builder { cfg: config, graph: GraphBuilder::default(), rng: SplitMix64(config.seed) };
+    let mut builder = Gpt2Builder {
+        cfg: config,
+        graph: GraphBuilder::default(),
+        rng: SplitMix64(config.seed),
+    };
     builder.language_model();
     let mut model = model_proto(builder.graph.finish(config));
     restore_default_attribute_values(&mut model);
@@ -182,7 +206,11 @@ fn value_info(name: &str, elem_type: i32, dims: &[DimSpec]) -> ValueInfoProto {
             DimSpec::Fixed(size) => slot.set_dim_value(*size as i64),
         }
     }
-    ValueInfoProto { name: name.into(), type_: Some(ty).into(), ..Default::default() }
+    ValueInfoProto {
+        name: name.into(),
+        type_: Some(ty).into(),
+        ..Default::default()
+    }
 }
 
 fn tensor_proto(name: &str, data_type: i32, dims: &[usize], raw: Vec<u8>) -> TensorProto {
@@ -196,19 +224,39 @@ fn tensor_proto(name: &str, data_type: i32, dims: &[usize], raw: Vec<u8>) -> Ten
 }
 
 fn attr_int(name: &str, value: i64) -> AttributeProto {
-    AttributeProto { name: name.into(), type_: AttributeType::INT.into(), i: value, ..Default::default() }
+    AttributeProto {
+        name: name.into(),
+        type_: AttributeType::INT.into(),
+        i: value,
+        ..Default::default()
+    }
 }
 
 fn attr_ints(name: &str, values: &[i64]) -> AttributeProto {
-    AttributeProto { name: name.into(), type_: AttributeType::INTS.into(), ints: values.to_vec(), ..Default::default() }
+    AttributeProto {
+        name: name.into(),
+        type_: AttributeType::INTS.into(),
+        ints: values.to_vec(),
+        ..Default::default()
+    }
 }
 
 fn attr_float(name: &str, value: f32) -> AttributeProto {
-    AttributeProto { name: name.into(), type_: AttributeType::FLOAT.into(), f: value, ..Default::default() }
+    AttributeProto {
+        name: name.into(),
+        type_: AttributeType::FLOAT.into(),
+        f: value,
+        ..Default::default()
+    }
 }
 
 fn attr_tensor(name: &str, value: TensorProto) -> AttributeProto {
-    AttributeProto { name: name.into(), type_: AttributeType::TENSOR.into(), t: Some(value).into(), ..Default::default() }
+    AttributeProto {
+        name: name.into(),
+        type_: AttributeType::TENSOR.into(),
+        t: Some(value).into(),
+        ..Default::default()
+    }
 }
 
 /// Accumulates nodes and initializers. Nodes are named PyTorch-style after the current
@@ -227,19 +275,42 @@ impl GraphBuilder {
     fn unique_name(&mut self, op_type: &str) -> String {
         let base = format!("{}/{op_type}", self.scope);
         let count = self.name_counts.entry(base.clone()).or_default();
-        let name = if *count == 0 { base } else { format!("{base}_{count}") };
+        let name = if *count == 0 {
+            base
+        } else {
+            format!("{base}_{count}")
+        };
         *count += 1;
         name
     }
 
     /// Add a node with explicit output names.
-    fn push(&mut self, name: String, op_type: &str, inputs: &[&str], outputs: Vec<String>, attribute: Vec<AttributeProto>) {
+    fn push(
+        &mut self,
+        name: String,
+        op_type: &str,
+        inputs: &[&str],
+        outputs: Vec<String>,
+        attribute: Vec<AttributeProto>,
+    ) {
         let input = inputs.iter().map(|s| s.to_string()).collect();
-        self.nodes.push(NodeProto { name, op_type: op_type.into(), input, output: outputs, attribute, ..Default::default() });
+        self.nodes.push(NodeProto {
+            name,
+            op_type: op_type.into(),
+            input,
+            output: outputs,
+            attribute,
+            ..Default::default()
+        });
     }
 
     /// Add a node with `N` generated outputs; returns their names.
-    fn op_n<const N: usize>(&mut self, op_type: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> [String; N] {
+    fn op_n<const N: usize>(
+        &mut self,
+        op_type: &str,
+        inputs: &[&str],
+        attributes: Vec<AttributeProto>,
+    ) -> [String; N] {
         let name = self.unique_name(op_type);
         let outputs: [String; N] = std::array::from_fn(|i| format!("{name}_output_{i}"));
         self.push(name, op_type, inputs, outputs.to_vec(), attributes);
@@ -269,24 +340,39 @@ impl GraphBuilder {
     }
 
     fn int_scalar(&mut self, value: i64) -> String {
-        self.constant(tensor_proto("", dtype::INT64, &[], value.to_le_bytes().to_vec()))
+        self.constant(tensor_proto(
+            "",
+            dtype::INT64,
+            &[],
+            value.to_le_bytes().to_vec(),
+        ))
     }
 
     fn float_scalar(&mut self, value: f32) -> String {
-        self.constant(tensor_proto("", dtype::FLOAT, &[], value.to_le_bytes().to_vec()))
+        self.constant(tensor_proto(
+            "",
+            dtype::FLOAT,
+            &[],
+            value.to_le_bytes().to_vec(),
+        ))
     }
 
     /// A float initializer (a weight); returns its name.
     fn initializer(&mut self, name: &str, dims: &[usize], values: &[f32]) -> String {
         let raw = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.initializers.push(tensor_proto(name, dtype::FLOAT, dims, raw));
+        self.initializers
+            .push(tensor_proto(name, dtype::FLOAT, dims, raw));
         name.to_string()
     }
 
     fn finish(self, cfg: &Gpt2Config) -> GraphProto {
         let (batch, seq) = (DimSpec::Symbolic("batch"), DimSpec::Symbolic("seq"));
         let input = value_info("input_ids", dtype::INT64, &[batch, seq]);
-        let output = value_info("logits", dtype::FLOAT, &[batch, seq, DimSpec::Fixed(cfg.vocab_size)]);
+        let output = value_info(
+            "logits",
+            dtype::FLOAT,
+            &[batch, seq, DimSpec::Fixed(cfg.vocab_size)],
+        );
         GraphProto {
             name: "gpt2".into(),
             node: self.nodes,
@@ -312,7 +398,8 @@ impl Gpt2Builder<'_> {
     }
 
     fn filled_weight(&mut self, name: &str, dims: &[usize], value: f32) -> String {
-        self.graph.initializer(name, dims, &vec![value; dims.iter().product()])
+        self.graph
+            .initializer(name, dims, &vec![value; dims.iter().product()])
     }
 
     /// HF `Conv1D`: `x @ W + b` with `W` of shape `[n_in, n_out]`.
@@ -326,19 +413,35 @@ impl Gpt2Builder<'_> {
     fn layer_norm(&mut self, x: &str, prefix: &str) -> String {
         let gamma = self.filled_weight(&format!("{prefix}.weight"), &[self.cfg.n_embd], 1.0);
         let beta = self.filled_weight(&format!("{prefix}.bias"), &[self.cfg.n_embd], 0.0);
-        let attrs = vec![attr_int("axis", -1), attr_float("epsilon", self.cfg.layer_norm_epsilon)];
-        self.graph.op("LayerNormalization", &[x, &gamma, &beta], attrs)
+        let attrs = vec![
+            attr_int("axis", -1),
+            attr_float("epsilon", self.cfg.layer_norm_epsilon),
+        ];
+        self.graph
+            .op("LayerNormalization", &[x, &gamma, &beta], attrs)
     }
 
     /// The whole model: embeddings, blocks, `ln_f`, tied LM head.
     fn language_model(&mut self) {
         self.graph.scope = "/transformer".into();
-        let wte = self.normal_weight("transformer.wte.weight", &[self.cfg.vocab_size, self.cfg.n_embd], INIT_STD);
-        let wpe = self.normal_weight("transformer.wpe.weight", &[self.cfg.n_positions, self.cfg.n_embd], INIT_STD);
+        let wte = self.normal_weight(
+            "transformer.wte.weight",
+            &[self.cfg.vocab_size, self.cfg.n_embd],
+            INIT_STD,
+        );
+        let wpe = self.normal_weight(
+            "transformer.wpe.weight",
+            &[self.cfg.n_positions, self.cfg.n_embd],
+            INIT_STD,
+        );
         let positions = self.positions();
         let mask = self.causal_mask(&positions);
-        let tokens = self.graph.op("Gather", &[&wte, "input_ids"], vec![attr_int("axis", 0)]);
-        let places = self.graph.op("Gather", &[&wpe, &positions], vec![attr_int("axis", 0)]);
+        let tokens = self
+            .graph
+            .op("Gather", &[&wte, "input_ids"], vec![attr_int("axis", 0)]);
+        let places = self
+            .graph
+            .op("Gather", &[&wpe, &positions], vec![attr_int("axis", 0)]);
         let mut h = self.graph.op("Add", &[&tokens, &places], vec![]);
         for layer in 0..self.cfg.n_layer {
             h = self.block(&h, layer, &mask);
@@ -352,7 +455,9 @@ impl Gpt2Builder<'_> {
     fn positions(&mut self) -> String {
         let shape = self.graph.op("Shape", &["input_ids"], vec![]);
         let one = self.graph.int_scalar(1);
-        let seq = self.graph.op("Gather", &[&shape, &one], vec![attr_int("axis", 0)]);
+        let seq = self
+            .graph
+            .op("Gather", &[&shape, &one], vec![attr_int("axis", 0)]);
         let zero = self.graph.int_scalar(0);
         self.graph.op("Range", &[&zero, &seq, &one], vec![])
     }
@@ -390,18 +495,28 @@ impl Gpt2Builder<'_> {
         let e = self.cfg.n_embd;
         let qkv = self.conv1d(x, &format!("{prefix}.attn.c_attn"), e, 3 * e, INIT_STD);
         let sizes = self.graph.ints(&[e as i64; 3]);
-        let [q, k, v] = self.graph.op_n("Split", &[&qkv, &sizes], vec![attr_int("axis", -1)]);
+        let [q, k, v] = self
+            .graph
+            .op_n("Split", &[&qkv, &sizes], vec![attr_int("axis", -1)]);
         let q = self.split_heads(&q, &[0, 2, 1, 3]);
         let k = self.split_heads(&k, &[0, 2, 3, 1]);
         let v = self.split_heads(&v, &[0, 2, 1, 3]);
         let scores = self.graph.op("MatMul", &[&q, &k], vec![]);
-        let scale = self.graph.float_scalar((1.0 / (self.cfg.head_dim() as f64).sqrt()) as f32);
+        let scale = self
+            .graph
+            .float_scalar((1.0 / (self.cfg.head_dim() as f64).sqrt()) as f32);
         let scores = self.graph.op("Mul", &[&scores, &scale], vec![]);
         let masked = self.graph.float_scalar(MASK_VALUE);
         let scores = self.graph.op("Where", &[mask, &scores, &masked], vec![]);
-        let probs = self.graph.op("Softmax", &[&scores], vec![attr_int("axis", -1)]);
+        let probs = self
+            .graph
+            .op("Softmax", &[&scores], vec![attr_int("axis", -1)]);
         let context = self.graph.op("MatMul", &[&probs, &v], vec![]);
-        let context = self.graph.op("Transpose", &[&context], vec![attr_ints("perm", &[0, 2, 1, 3])]);
+        let context = self.graph.op(
+            "Transpose",
+            &[&context],
+            vec![attr_ints("perm", &[0, 2, 1, 3])],
+        );
         let merged = self.graph.ints(&[0, 0, e as i64]);
         let context = self.graph.op("Reshape", &[&context, &merged], vec![]);
         let std = self.residual_std();
@@ -410,9 +525,12 @@ impl Gpt2Builder<'_> {
 
     /// `[batch, seq, n_embd]` to `[batch, seq, n_head, head_dim]`, then transposed by `perm`.
     fn split_heads(&mut self, x: &str, perm: &[i64]) -> String {
-        let heads = self.graph.ints(&[0, 0, self.cfg.n_head as i64, self.cfg.head_dim() as i64]);
+        let heads = self
+            .graph
+            .ints(&[0, 0, self.cfg.n_head as i64, self.cfg.head_dim() as i64]);
         let x = self.graph.op("Reshape", &[x, &heads], vec![]);
-        self.graph.op("Transpose", &[&x], vec![attr_ints("perm", perm)])
+        self.graph
+            .op("Transpose", &[&x], vec![attr_ints("perm", perm)])
     }
 
     fn mlp(&mut self, x: &str, prefix: &str) -> String {
@@ -442,8 +560,11 @@ impl Gpt2Builder<'_> {
     /// `logits = h @ wte^T`: the head shares the embedding initializer through a `Transpose`.
     fn lm_head(&mut self, h: &str, wte: &str) {
         self.graph.scope = "/lm_head".into();
-        let head = self.graph.op("Transpose", &[wte], vec![attr_ints("perm", &[1, 0])]);
+        let head = self
+            .graph
+            .op("Transpose", &[wte], vec![attr_ints("perm", &[1, 0])]);
         let name = self.graph.unique_name("MatMul");
-        self.graph.push(name, "MatMul", &[h, &head], vec!["logits".into()], vec![]);
+        self.graph
+            .push(name, "MatMul", &[h, &head], vec!["logits".into()], vec![]);
     }
 }

@@ -33,7 +33,9 @@ pub fn tanh(x: PhysTensor) -> PhysTensor {
     if !fused_here(&x) {
         return x.tanh();
     }
-    PhysTensor::from_dispatch(<burn::backend::Dispatch as ActivationOps>::tanh_fused(x.into_dispatch()))
+    PhysTensor::from_dispatch(<burn::backend::Dispatch as ActivationOps>::tanh_fused(
+        x.into_dispatch(),
+    ))
 }
 
 /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
@@ -41,7 +43,9 @@ pub fn gelu_tanh(x: PhysTensor) -> PhysTensor {
     if !fused_here(&x) {
         return activation::gelu_approximate(x);
     }
-    PhysTensor::from_dispatch(<burn::backend::Dispatch as ActivationOps>::gelu_tanh_fused(x.into_dispatch()))
+    PhysTensor::from_dispatch(<burn::backend::Dispatch as ActivationOps>::gelu_tanh_fused(
+        x.into_dispatch(),
+    ))
 }
 
 /// `softmax(x)` along physical axis `dim`.
@@ -49,7 +53,9 @@ pub fn softmax(x: PhysTensor, dim: usize) -> PhysTensor {
     if !fused_here(&x) || dim != MAX_RANK - 1 {
         return activation::softmax(x, dim);
     }
-    PhysTensor::from_dispatch(<burn::backend::Dispatch as ActivationOps>::softmax_rows(x.into_dispatch()))
+    PhysTensor::from_dispatch(<burn::backend::Dispatch as ActivationOps>::softmax_rows(
+        x.into_dispatch(),
+    ))
 }
 
 /// The fused ops as a backend extension (Flex, and Autodiff over it).
@@ -83,24 +89,31 @@ fn map(x: &FlexTensor, f: impl Fn(f32) -> f32 + Sync) -> FlexTensor {
     let (x, shape) = host(x);
     let x: &[f32] = x.as_slice().expect("contiguous f32");
     let mut y = vec![0f32; x.len()];
-    y.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(y, x)| {
-        for (y, &x) in y.iter_mut().zip(x) {
-            *y = f(x);
-        }
-    });
+    y.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(y, x)| {
+            for (y, &x) in y.iter_mut().zip(x) {
+                *y = f(x);
+            }
+        });
     output(y, shape)
 }
 
 /// `f(a, g)` over every element pair in parallel chunks.
 fn map2(a: &FlexTensor, g: &FlexTensor, f: impl Fn(f32, f32) -> f32 + Sync) -> FlexTensor {
     let ((a, shape), (g, _)) = (host(a), host(g));
-    let (a, g): (&[f32], &[f32]) = (a.as_slice().expect("contiguous f32"), g.as_slice().expect("contiguous f32"));
+    let (a, g): (&[f32], &[f32]) = (
+        a.as_slice().expect("contiguous f32"),
+        g.as_slice().expect("contiguous f32"),
+    );
     let mut out = vec![0f32; a.len()];
-    out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(g.par_chunks(CHUNK))).for_each(|(out, (a, g))| {
-        for ((o, &a), &g) in out.iter_mut().zip(a).zip(g) {
-            *o = f(a, g);
-        }
-    });
+    out.par_chunks_mut(CHUNK)
+        .zip(a.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
+        .for_each(|(out, (a, g))| {
+            for ((o, &a), &g) in out.iter_mut().zip(a).zip(g) {
+                *o = f(a, g);
+            }
+        });
     output(out, shape)
 }
 
@@ -117,13 +130,16 @@ impl ActivationOps for Flex {
     }
 
     fn gelu_tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        map(&x, |x| 0.5 * x * (1.0 + fast_math::tanh(SQRT_2_OVER_PI * (x + CUBIC * x * x * x))))
+        map(&x, |x| {
+            0.5 * x * (1.0 + fast_math::tanh(SQRT_2_OVER_PI * (x + CUBIC * x * x * x)))
+        })
     }
 
     fn gelu_tanh_fused_backward(x: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
         map2(&x, &g, |x, g| {
             let t = fast_math::tanh(SQRT_2_OVER_PI * (x + CUBIC * x * x * x));
-            g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * x * x))
+            g * (0.5 * (1.0 + t)
+                + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * x * x))
         })
     }
 
@@ -132,31 +148,38 @@ impl ActivationOps for Flex {
         let x: &[f32] = x.as_slice().expect("contiguous f32");
         let cols = shape.last().copied().unwrap_or(1).max(1);
         let mut y = vec![0f32; x.len()];
-        y.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(y, x)| {
-            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut lanes = [0f64; 4];
-            for (k, (y, &x)) in y.iter_mut().zip(x).enumerate() {
-                *y = fast_math::exp(x - max);
-                lanes[k % 4] += f64::from(*y);
-            }
-            let scale = (1.0 / lanes.iter().sum::<f64>()) as f32;
-            y.iter_mut().for_each(|y| *y *= scale);
-        });
+        y.par_chunks_mut(cols)
+            .zip(x.par_chunks(cols))
+            .for_each(|(y, x)| {
+                let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut lanes = [0f64; 4];
+                for (k, (y, &x)) in y.iter_mut().zip(x).enumerate() {
+                    *y = fast_math::exp(x - max);
+                    lanes[k % 4] += f64::from(*y);
+                }
+                let scale = (1.0 / lanes.iter().sum::<f64>()) as f32;
+                y.iter_mut().for_each(|y| *y *= scale);
+            });
         output(y, shape)
     }
 
     fn softmax_rows_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
         let ((y, shape), (g, _)) = (host(&y), host(&g));
-        let (y, g): (&[f32], &[f32]) = (y.as_slice().expect("contiguous f32"), g.as_slice().expect("contiguous f32"));
+        let (y, g): (&[f32], &[f32]) = (
+            y.as_slice().expect("contiguous f32"),
+            g.as_slice().expect("contiguous f32"),
+        );
         let cols = shape.last().copied().unwrap_or(1).max(1);
         let mut dx = vec![0f32; y.len()];
-        dx.par_chunks_mut(cols).zip(y.par_chunks(cols).zip(g.par_chunks(cols))).for_each(|(dx, (y, g))| {
-            let dot: f64 = y.iter().zip(g).map(|(&y, &g)| f64::from(y * g)).sum();
-            let dot = dot as f32;
-            for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(g) {
-                *dx = y * (g - dot);
-            }
-        });
+        dx.par_chunks_mut(cols)
+            .zip(y.par_chunks(cols).zip(g.par_chunks(cols)))
+            .for_each(|(dx, (y, g))| {
+                let dot: f64 = y.iter().zip(g).map(|(&y, &g)| f64::from(y * g)).sum();
+                let dot = dot as f32;
+                for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(g) {
+                    *dx = y * (g - dot);
+                }
+            });
         output(dx, shape)
     }
 }
@@ -181,7 +204,12 @@ impl<B: Backend> std::fmt::Debug for SavedBackward<B> {
 impl<B: Backend> Backward<B, 1> for SavedBackward<B> {
     type State = FloatTensor<B>;
 
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         if let Some(node) = parent {
@@ -197,7 +225,11 @@ fn tracked<B: Backend, C: CheckpointStrategy>(
     backward: fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
     saved: Saved,
 ) -> FloatTensor<Autodiff<B, C>> {
-    match SavedBackward(backward).prepare::<C>([x.node()]).compute_bound().stateful() {
+    match SavedBackward(backward)
+        .prepare::<C>([x.node()])
+        .compute_bound()
+        .stateful()
+    {
         OpsKind::Tracked(prep) => {
             let input = x.primitive().clone();
             let out = forward(input.clone());
@@ -213,7 +245,11 @@ fn tracked<B: Backend, C: CheckpointStrategy>(
 
 /// A backward function called as an op of its own: it runs on the inner backend and is not
 /// differentiated again (first-order autodiff).
-fn untracked<B: Backend, C: CheckpointStrategy>(a: FloatTensor<Autodiff<B, C>>, g: FloatTensor<Autodiff<B, C>>, f: fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>) -> FloatTensor<Autodiff<B, C>> {
+fn untracked<B: Backend, C: CheckpointStrategy>(
+    a: FloatTensor<Autodiff<B, C>>,
+    g: FloatTensor<Autodiff<B, C>>,
+    f: fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
+) -> FloatTensor<Autodiff<B, C>> {
     Autodiff::<B, C>::from_inner(f(a.into_primitive(), g.into_primitive()))
 }
 
@@ -227,7 +263,12 @@ impl<B: Backend + ActivationOps, C: CheckpointStrategy> ActivationOps for Autodi
     }
 
     fn gelu_tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        tracked::<B, C>(x, B::gelu_tanh_fused, B::gelu_tanh_fused_backward, Saved::Input)
+        tracked::<B, C>(
+            x,
+            B::gelu_tanh_fused,
+            B::gelu_tanh_fused_backward,
+            Saved::Input,
+        )
     }
 
     fn gelu_tanh_fused_backward(x: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {

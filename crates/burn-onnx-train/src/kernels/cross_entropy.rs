@@ -20,20 +20,23 @@ pub fn cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<
 /// The plain Burn composition of [`cross_entropy_rows`].
 pub fn cross_entropy_rows_reference(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
     let n = targets.dims()[0];
-    log_softmax(logits, 1).gather(1, targets.reshape([n, 1])).reshape([n]).neg()
+    log_softmax(logits, 1)
+        .gather(1, targets.reshape([n, 1]))
+        .reshape([n])
+        .neg()
 }
 
 mod fused {
+    use burn::backend::AutodiffBackend;
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    use burn::backend::Cube;
+    use burn::backend::autodiff::Autodiff;
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
     use burn::backend::autodiff::grads::Gradients;
     use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-    use burn::backend::AutodiffBackend;
-    use burn::backend::autodiff::Autodiff;
-    use burn::backend::tensor::{FloatTensor, IntTensor};
     use burn::backend::flex::Flex;
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    use burn::backend::Cube;
+    use burn::backend::tensor::{FloatTensor, IntTensor};
     use burn::backend::{Backend, backend_extension};
     use burn::tensor::{Int, Tensor};
 
@@ -46,28 +49,49 @@ mod fused {
     #[backend_extension(Cube: cfg(any(feature = "wgpu", feature = "cuda")), Flex, Autodiff)]
     pub trait CrossEntropyOps: Backend {
         /// Per-row loss `[rows]` of `logits` `[rows, classes]` against `targets` `[rows]`.
-        fn cross_entropy_rows(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self>;
+        fn cross_entropy_rows(
+            logits: FloatTensor<Self>,
+            targets: IntTensor<Self>,
+        ) -> FloatTensor<Self>;
         /// Gradient of the per-row loss with respect to the logits, given its gradient `grad` `[rows]`.
-        fn cross_entropy_rows_backward(logits: FloatTensor<Self>, targets: IntTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
+        fn cross_entropy_rows_backward(
+            logits: FloatTensor<Self>,
+            targets: IntTensor<Self>,
+            grad: FloatTensor<Self>,
+        ) -> FloatTensor<Self>;
     }
 
     impl CrossEntropyOps for Flex {
-        fn cross_entropy_rows(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+        fn cross_entropy_rows(
+            logits: FloatTensor<Self>,
+            targets: IntTensor<Self>,
+        ) -> FloatTensor<Self> {
             host::cross_entropy_forward(logits, targets)
         }
 
-        fn cross_entropy_rows_backward(logits: FloatTensor<Self>, targets: IntTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        fn cross_entropy_rows_backward(
+            logits: FloatTensor<Self>,
+            targets: IntTensor<Self>,
+            grad: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
             host::cross_entropy_backward(logits, targets, grad)
         }
     }
 
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     impl CrossEntropyOps for Cube {
-        fn cross_entropy_rows(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+        fn cross_entropy_rows(
+            logits: FloatTensor<Self>,
+            targets: IntTensor<Self>,
+        ) -> FloatTensor<Self> {
             cube::cross_entropy_forward(logits, targets)
         }
 
-        fn cross_entropy_rows_backward(logits: FloatTensor<Self>, targets: IntTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        fn cross_entropy_rows_backward(
+            logits: FloatTensor<Self>,
+            targets: IntTensor<Self>,
+            grad: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
             cube::cross_entropy_backward(logits, targets, grad)
         }
     }
@@ -78,38 +102,66 @@ mod fused {
     impl<B: Backend + CrossEntropyOps> Backward<B, 1> for CrossEntropyBackward {
         type State = (FloatTensor<B>, IntTensor<B>);
 
-        fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        fn backward(
+            self,
+            ops: Ops<Self::State, 1>,
+            grads: &mut Gradients,
+            _checkpointer: &mut Checkpointer,
+        ) {
             let [logits_node] = ops.parents;
             let grad = grads.consume::<B>(&ops.node);
             let (logits, targets) = ops.state;
             if let Some(node) = logits_node {
-                grads.register::<B>(node.id, B::cross_entropy_rows_backward(logits, targets, grad));
+                grads.register::<B>(
+                    node.id,
+                    B::cross_entropy_rows_backward(logits, targets, grad),
+                );
             }
         }
     }
 
     impl<B: Backend + CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, C> {
-        fn cross_entropy_rows(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
-            match CrossEntropyBackward.prepare::<C>([logits.node()]).compute_bound().stateful() {
+        fn cross_entropy_rows(
+            logits: FloatTensor<Self>,
+            targets: IntTensor<Self>,
+        ) -> FloatTensor<Self> {
+            match CrossEntropyBackward
+                .prepare::<C>([logits.node()])
+                .compute_bound()
+                .stateful()
+            {
                 OpsKind::Tracked(prep) => {
                     let x = logits.primitive().clone();
                     let out = B::cross_entropy_rows(x.clone(), targets.clone());
                     prep.finish((x, targets), out)
                 }
-                OpsKind::UnTracked(prep) => prep.finish(B::cross_entropy_rows(logits.into_primitive(), targets)),
+                OpsKind::UnTracked(prep) => {
+                    prep.finish(B::cross_entropy_rows(logits.into_primitive(), targets))
+                }
             }
         }
 
-        fn cross_entropy_rows_backward(logits: FloatTensor<Self>, targets: IntTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        fn cross_entropy_rows_backward(
+            logits: FloatTensor<Self>,
+            targets: IntTensor<Self>,
+            grad: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
             // Only reached through the backward above, on the inner backend; as a forward op
             // of its own it is not differentiated again (first-order autodiff).
-            let out = B::cross_entropy_rows_backward(logits.into_primitive(), targets, grad.into_primitive());
+            let out = B::cross_entropy_rows_backward(
+                logits.into_primitive(),
+                targets,
+                grad.into_primitive(),
+            );
             Autodiff::<B, C>::from_inner(out)
         }
     }
 
     pub fn cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
-        let out = <burn::backend::Dispatch as CrossEntropyOps>::cross_entropy_rows(logits.into_dispatch(), targets.into_dispatch());
+        let out = <burn::backend::Dispatch as CrossEntropyOps>::cross_entropy_rows(
+            logits.into_dispatch(),
+            targets.into_dispatch(),
+        );
         Tensor::from_dispatch(out)
     }
 }

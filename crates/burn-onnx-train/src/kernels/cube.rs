@@ -39,7 +39,13 @@ fn reduce_shared<F: Float>(shared: &mut Shared<[F]>, #[comptime] max: bool) {
 /// `logits`: leaves the row's max in `shared[threads]` and the sum of `exp(x - max)` in
 /// `shared[0]` (`shared` holds `threads + 1` values).
 #[cube]
-fn row_softmax_stats<F: Float>(logits: &Tensor<F>, base: usize, classes: usize, shared: &mut Shared<[F]>, #[comptime] threads: u32) {
+fn row_softmax_stats<F: Float>(
+    logits: &Tensor<F>,
+    base: usize,
+    classes: usize,
+    shared: &mut Shared<[F]>,
+    #[comptime] threads: u32,
+) {
     let unit = UNIT_POS_X as usize;
     let step = CUBE_DIM_X as usize;
     // Each thread starts from an element of the row (WGSL has no -inf literal).
@@ -148,8 +154,16 @@ pub fn cross_entropy_forward(logits: CubeTensor, targets: CubeTensor) -> CubeTen
     let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
     let (rows, _) = rows_and_classes(&logits);
     let client = logits.client.clone();
-    let loss = empty_device_dtype(client.clone(), logits.device.clone(), Shape::new([rows]), logits.dtype);
-    let dtypes = [dtype_to_storage_type(logits.dtype), dtype_to_storage_type(targets.dtype)];
+    let loss = empty_device_dtype(
+        client.clone(),
+        logits.device.clone(),
+        Shape::new([rows]),
+        logits.dtype,
+    );
+    let dtypes = [
+        dtype_to_storage_type(logits.dtype),
+        dtype_to_storage_type(targets.dtype),
+    ];
     cross_entropy_forward_kernel::launch(
         &client,
         CubeCount::Static(rows as u32, 1, 1),
@@ -164,12 +178,28 @@ pub fn cross_entropy_forward(logits: CubeTensor, targets: CubeTensor) -> CubeTen
 }
 
 /// Gradient of [`cross_entropy_forward`] with respect to the logits.
-pub fn cross_entropy_backward(logits: CubeTensor, targets: CubeTensor, grad: CubeTensor) -> CubeTensor {
-    let (logits, targets, grad) = (into_contiguous(logits), into_contiguous(targets), into_contiguous(grad));
+pub fn cross_entropy_backward(
+    logits: CubeTensor,
+    targets: CubeTensor,
+    grad: CubeTensor,
+) -> CubeTensor {
+    let (logits, targets, grad) = (
+        into_contiguous(logits),
+        into_contiguous(targets),
+        into_contiguous(grad),
+    );
     let (rows, classes) = rows_and_classes(&logits);
     let client = logits.client.clone();
-    let dx = empty_device_dtype(client.clone(), logits.device.clone(), Shape::new([rows, classes]), logits.dtype);
-    let dtypes = [dtype_to_storage_type(logits.dtype), dtype_to_storage_type(targets.dtype)];
+    let dx = empty_device_dtype(
+        client.clone(),
+        logits.device.clone(),
+        Shape::new([rows, classes]),
+        logits.dtype,
+    );
+    let dtypes = [
+        dtype_to_storage_type(logits.dtype),
+        dtype_to_storage_type(targets.dtype),
+    ];
     cross_entropy_backward_kernel::launch(
         &client,
         CubeCount::Static(rows as u32, 1, 1),
@@ -189,10 +219,27 @@ pub fn unscale(grad: CubeTensor, flag: CubeTensor, factor: f32) -> CubeTensor {
     let grad = into_contiguous(grad);
     let client = grad.client.clone();
     let n = grad.shape().num_elements();
-    let out = empty_device_dtype(client.clone(), grad.device.clone(), grad.shape(), grad.dtype);
+    let out = empty_device_dtype(
+        client.clone(),
+        grad.device.clone(),
+        grad.shape(),
+        grad.dtype,
+    );
     let dim = CubeDim::new_1d(ELEMWISE_THREADS);
     let count = calculate_cube_count_elemwise(&client, n, dim);
-    assert!(grad.dtype == DType::F32 && flag.dtype == DType::F32, "unscale: gradients are f32 (got {:?})", grad.dtype);
-    unscale_kernel::launch(&client, count, dim, grad.into_tensor_arg(), flag.into_tensor_arg(), out.clone().into_tensor_arg(), factor);
+    assert!(
+        grad.dtype == DType::F32 && flag.dtype == DType::F32,
+        "unscale: gradients are f32 (got {:?})",
+        grad.dtype
+    );
+    unscale_kernel::launch(
+        &client,
+        count,
+        dim,
+        grad.into_tensor_arg(),
+        flag.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        factor,
+    );
     out
 }

@@ -31,7 +31,12 @@ pub fn exp(x: f32) -> f32 {
 pub fn tanh(x: f32) -> f32 {
     let z = x.abs();
     let s = x * x;
-    let small = ((((-5.704_988_7e-3 * s + 2.063_908_9e-2) * s - 5.373_971_6e-2) * s + 1.333_144_2e-1) * s - 3.333_328_2e-1) * s * x + x;
+    let small =
+        ((((-5.704_988_7e-3 * s + 2.063_908_9e-2) * s - 5.373_971_6e-2) * s + 1.333_144_2e-1) * s
+            - 3.333_328_2e-1)
+            * s
+            * x
+            + x;
     let large = 1.0 - 2.0 / (exp(2.0 * z.min(44.0)) + 1.0);
     if z > 0.625 { large.copysign(x) } else { small }
 }
@@ -55,7 +60,11 @@ mod tests {
 
     #[test]
     fn exp_is_within_two_ulps() {
-        assert!(max_rel(exp, f64::exp, -87.0, 88.0) < 2.5e-7, "{}", max_rel(exp, f64::exp, -87.0, 88.0));
+        assert!(
+            max_rel(exp, f64::exp, -87.0, 88.0) < 2.5e-7,
+            "{}",
+            max_rel(exp, f64::exp, -87.0, 88.0)
+        );
         assert_eq!(exp(0.0), 1.0);
         assert_eq!(exp(-1e30), 0.0);
     }

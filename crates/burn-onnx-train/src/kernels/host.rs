@@ -16,19 +16,33 @@ fn rows(logits: &FlexTensor) -> (FlexTensor, usize, usize) {
 
 /// The targets as indices (any integer dtype).
 fn targets(targets: FlexTensor) -> Vec<usize> {
-    targets.into_data().convert::<i64>().try_into_vec::<i64>().unwrap_or_default().into_iter().map(|t| t as usize).collect()
+    targets
+        .into_data()
+        .convert::<i64>()
+        .try_into_vec::<i64>()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t as usize)
+        .collect()
 }
 
 /// Max and sum of `exp(x - max)` of one row (summed in f64: a row of 50257 f32 terms
 /// summed in order would lose ~1e-5 relative).
 fn softmax_stats(row: &[f32]) -> (f32, f32) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    (max, row.iter().map(|&x| (x - max).exp() as f64).sum::<f64>() as f32)
+    (
+        max,
+        row.iter().map(|&x| (x - max).exp() as f64).sum::<f64>() as f32,
+    )
 }
 
 /// Per-row `max + ln(sum exp(x - max)) - x[target]`.
 pub fn cross_entropy_forward(logits: FlexTensor, target: FlexTensor) -> FlexTensor {
-    assert_eq!(logits.dtype(), DType::F32, "fused cross-entropy takes f32 logits");
+    assert_eq!(
+        logits.dtype(),
+        DType::F32,
+        "fused cross-entropy takes f32 logits"
+    );
     let (logits, n, c) = rows(&logits);
     let x: &[f32] = logits.as_slice().expect("contiguous f32");
     let t = targets(target);
@@ -44,20 +58,35 @@ pub fn cross_entropy_forward(logits: FlexTensor, target: FlexTensor) -> FlexTens
 }
 
 /// `(softmax(x) - onehot(target)) * grad` per row.
-pub fn cross_entropy_backward(logits: FlexTensor, target: FlexTensor, grad: FlexTensor) -> FlexTensor {
-    assert_eq!(logits.dtype(), DType::F32, "fused cross-entropy takes f32 logits");
+pub fn cross_entropy_backward(
+    logits: FlexTensor,
+    target: FlexTensor,
+    grad: FlexTensor,
+) -> FlexTensor {
+    assert_eq!(
+        logits.dtype(),
+        DType::F32,
+        "fused cross-entropy takes f32 logits"
+    );
     let (logits, n, c) = rows(&logits);
     let x: &[f32] = logits.as_slice().expect("contiguous f32");
     let t = targets(target);
-    let g = grad.into_data().convert::<f32>().try_into_vec::<f32>().unwrap_or_default();
+    let g = grad
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap_or_default();
     let mut dx = vec![0f32; n * c];
-    dx.par_chunks_mut(c).zip(x.par_chunks(c)).enumerate().for_each(|(r, (out, row))| {
-        let (max, sum) = softmax_stats(row);
-        let scale = g[r] / sum;
-        for (o, &v) in out.iter_mut().zip(row) {
-            *o = (v - max).exp() * scale;
-        }
-        out[t[r]] -= g[r];
-    });
+    dx.par_chunks_mut(c)
+        .zip(x.par_chunks(c))
+        .enumerate()
+        .for_each(|(r, (out, row))| {
+            let (max, sum) = softmax_stats(row);
+            let scale = g[r] / sum;
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o = (v - max).exp() * scale;
+            }
+            out[t[r]] -= g[r];
+        });
     FlexTensor::from_data(TensorData::new(dx, vec![n, c]))
 }

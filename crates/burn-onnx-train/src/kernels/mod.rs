@@ -28,7 +28,10 @@ use burn::tensor::Device;
 pub fn runs_cubecl(device: &Device) -> bool {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        matches!(device.clone().inner().as_dispatch(), burn::backend::DispatchDevice::Cube(_))
+        matches!(
+            device.clone().inner().as_dispatch(),
+            burn::backend::DispatchDevice::Cube(_)
+        )
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {

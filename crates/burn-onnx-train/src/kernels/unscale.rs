@@ -20,7 +20,8 @@ impl NonFiniteFlag {
         let _ = device;
         NonFiniteFlag {
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
-            device_flag: super::runs_cubecl(device).then(|| Tensor::zeros([1], &device.clone().inner())),
+            device_flag: super::runs_cubecl(device)
+                .then(|| Tensor::zeros([1], &device.clone().inner())),
             host_flag: false,
         }
     }
@@ -36,7 +37,11 @@ impl NonFiniteFlag {
 }
 
 /// `grad * factor`, raising `flag` if `grad` holds inf or NaN.
-pub fn unscale_and_check<const D: usize>(grad: Tensor<D>, factor: f32, flag: &mut NonFiniteFlag) -> Tensor<D> {
+pub fn unscale_and_check<const D: usize>(
+    grad: Tensor<D>,
+    factor: f32,
+    flag: &mut NonFiniteFlag,
+) -> Tensor<D> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if let Some(device_flag) = &flag.device_flag {
         return fused::unscale_into_flag(grad, factor, device_flag);
@@ -45,8 +50,16 @@ pub fn unscale_and_check<const D: usize>(grad: Tensor<D>, factor: f32, flag: &mu
 }
 
 /// The plain Burn composition of [`unscale_and_check`].
-pub fn unscale_and_check_reference<const D: usize>(grad: Tensor<D>, factor: f32, non_finite: &mut bool) -> Tensor<D> {
-    let g = if factor == 1.0 { grad } else { grad.mul_scalar(factor) };
+pub fn unscale_and_check_reference<const D: usize>(
+    grad: Tensor<D>,
+    factor: f32,
+    non_finite: &mut bool,
+) -> Tensor<D> {
+    let g = if factor == 1.0 {
+        grad
+    } else {
+        grad.mul_scalar(factor)
+    };
     if !*non_finite && !g.clone().is_finite().all().into_scalar::<bool>() {
         *non_finite = true;
     }
@@ -65,17 +78,33 @@ mod fused {
     #[backend_extension(Cube)]
     pub trait UnscaleOps: Backend {
         /// `grad * factor`; writes 1 into `flag` `[1]` when `grad` holds inf or NaN.
-        fn unscale_into_flag(grad: FloatTensor<Self>, flag: FloatTensor<Self>, factor: f32) -> FloatTensor<Self>;
+        fn unscale_into_flag(
+            grad: FloatTensor<Self>,
+            flag: FloatTensor<Self>,
+            factor: f32,
+        ) -> FloatTensor<Self>;
     }
 
     impl UnscaleOps for Cube {
-        fn unscale_into_flag(grad: FloatTensor<Self>, flag: FloatTensor<Self>, factor: f32) -> FloatTensor<Self> {
+        fn unscale_into_flag(
+            grad: FloatTensor<Self>,
+            flag: FloatTensor<Self>,
+            factor: f32,
+        ) -> FloatTensor<Self> {
             cube::unscale(grad, flag, factor)
         }
     }
 
-    pub fn unscale_into_flag<const D: usize>(grad: Tensor<D>, factor: f32, flag: &Tensor<1>) -> Tensor<D> {
-        let out = <burn::backend::Dispatch as UnscaleOps>::unscale_into_flag(grad.into_dispatch(), flag.clone().into_dispatch(), factor);
+    pub fn unscale_into_flag<const D: usize>(
+        grad: Tensor<D>,
+        factor: f32,
+        flag: &Tensor<1>,
+    ) -> Tensor<D> {
+        let out = <burn::backend::Dispatch as UnscaleOps>::unscale_into_flag(
+            grad.into_dispatch(),
+            flag.clone().into_dispatch(),
+            factor,
+        );
         Tensor::from_dispatch(out)
     }
 }

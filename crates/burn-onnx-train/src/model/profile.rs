@@ -35,7 +35,12 @@ pub fn active() -> bool {
 pub fn record(index: usize, name: &str, op_type: &str, elapsed: Duration) {
     ACTIVE.with(|a| {
         if let Some(nodes) = a.borrow_mut().as_mut() {
-            let t = nodes.entry((index, name.to_string())).or_insert_with(|| NodeTotal { op_type: op_type.to_string(), ..Default::default() });
+            let t = nodes
+                .entry((index, name.to_string()))
+                .or_insert_with(|| NodeTotal {
+                    op_type: op_type.to_string(),
+                    ..Default::default()
+                });
             t.calls += 1;
             t.time += elapsed;
         }
@@ -59,7 +64,12 @@ impl NodeProfiler {
         let forward_ms: f64 = nodes.values().map(|t| per_update(t.time)).sum();
         let mut by_type: HashMap<String, OpTypeTime> = HashMap::new();
         for t in nodes.values() {
-            let e = by_type.entry(t.op_type.clone()).or_insert_with(|| OpTypeTime { op_type: t.op_type.clone(), ..Default::default() });
+            let e = by_type
+                .entry(t.op_type.clone())
+                .or_insert_with(|| OpTypeTime {
+                    op_type: t.op_type.clone(),
+                    ..Default::default()
+                });
             e.nodes += 1;
             e.calls += t.calls;
             e.ms_per_update += per_update(t.time);
@@ -71,10 +81,21 @@ impl NodeProfiler {
         by_op_type.sort_by(|a, b| b.ms_per_update.total_cmp(&a.ms_per_update));
         let mut by_node: Vec<NodeTime> = nodes
             .into_iter()
-            .map(|((index, node), t)| NodeTime { index, node, op_type: t.op_type, calls: t.calls, ms_per_update: per_update(t.time) })
+            .map(|((index, node), t)| NodeTime {
+                index,
+                node,
+                op_type: t.op_type,
+                calls: t.calls,
+                ms_per_update: per_update(t.time),
+            })
             .collect();
         by_node.sort_by(|a, b| b.ms_per_update.total_cmp(&a.ms_per_update));
-        Profile { updates, forward_ms_per_update: forward_ms, by_op_type, by_node }
+        Profile {
+            updates,
+            forward_ms_per_update: forward_ms,
+            by_op_type,
+            by_node,
+        }
     }
 }
 
@@ -130,7 +151,8 @@ pub struct NodeTime {
 impl Profile {
     /// Write as JSON.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let text = serde_json::to_vec_pretty(self).map_err(|e| crate::error::OnnxError::field("profile", e.to_string()))?;
+        let text = serde_json::to_vec_pretty(self)
+            .map_err(|e| crate::error::OnnxError::field("profile", e.to_string()))?;
         write_atomic(path, &text)
     }
 }

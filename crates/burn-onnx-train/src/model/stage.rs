@@ -21,7 +21,14 @@ impl OnnxModel {
     pub fn into_stage(mut self, stage: &Stage) -> Result<OnnxModel> {
         let whole = &self.spec.graph;
         if stage.nodes.end > whole.nodes.len() || stage.nodes.is_empty() {
-            return Err(OnnxError::field("pipeline stage", format!("nodes {:?} of a graph of {}", stage.nodes, whole.nodes.len())));
+            return Err(OnnxError::field(
+                "pipeline stage",
+                format!(
+                    "nodes {:?} of a graph of {}",
+                    stage.nodes,
+                    whole.nodes.len()
+                ),
+            ));
         }
         let nodes = whole.nodes[stage.nodes.clone()].to_vec();
         let mut last_use = HashMap::new();
@@ -31,11 +38,32 @@ impl OnnxModel {
             }
         }
         let declared = |name: &String, list: &[TensorInfo]| {
-            list.iter().find(|i| &i.name == name).cloned().unwrap_or_else(|| TensorInfo { name: name.clone(), elem_type: 0, dims: Vec::new() })
+            list.iter()
+                .find(|i| &i.name == name)
+                .cloned()
+                .unwrap_or_else(|| TensorInfo {
+                    name: name.clone(),
+                    elem_type: 0,
+                    dims: Vec::new(),
+                })
         };
-        let inputs = stage.graph_inputs.iter().chain(&stage.receives).map(|n| declared(n, &whole.inputs)).collect();
-        let outputs = stage.sends.iter().map(|n| declared(n, &whole.outputs)).collect();
-        let constants = whole.constants.iter().filter(|(k, _)| last_use.contains_key(*k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let inputs = stage
+            .graph_inputs
+            .iter()
+            .chain(&stage.receives)
+            .map(|n| declared(n, &whole.inputs))
+            .collect();
+        let outputs = stage
+            .sends
+            .iter()
+            .map(|n| declared(n, &whole.outputs))
+            .collect();
+        let constants = whole
+            .constants
+            .iter()
+            .filter(|(k, _)| last_use.contains_key(*k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let graph = Graph {
             source: whole.source.clone(),
             model: whole.model.clone(),
@@ -68,6 +96,15 @@ impl OnnxModel {
             }
         }
         let constants = self.spec.constants.clone();
-        Ok(OnnxModel { params, spec: Arc::new(Spec { graph: Arc::new(graph), params: infos, constants, sources, device: self.spec.device.clone() }) })
+        Ok(OnnxModel {
+            params,
+            spec: Arc::new(Spec {
+                graph: Arc::new(graph),
+                params: infos,
+                constants,
+                sources,
+                device: self.spec.device.clone(),
+            }),
+        })
     }
 }

@@ -20,11 +20,28 @@ impl OnnxModel {
     pub fn probe(&self, inputs: Vec<(String, Value)>) -> Result<Probe> {
         let mut graph = (*self.spec.graph).clone();
         let mut outputs = graph.inputs.clone();
-        outputs.extend(graph.nodes.iter().flat_map(|n| n.outputs.iter()).filter(|o| graph.last_use.contains_key(*o)).map(|o| TensorInfo { name: o.clone(), elem_type: 0, dims: Vec::new() }));
+        outputs.extend(
+            graph
+                .nodes
+                .iter()
+                .flat_map(|n| n.outputs.iter())
+                .filter(|o| graph.last_use.contains_key(*o))
+                .map(|o| TensorInfo {
+                    name: o.clone(),
+                    elem_type: 0,
+                    dims: Vec::new(),
+                }),
+        );
         outputs.extend(graph.outputs.iter().cloned());
         graph.outputs = outputs;
-        let spec = Spec { graph: Arc::new(graph), ..self.spec_clone() };
-        let probe = OnnxModel { params: self.untracked().params, spec: Arc::new(spec) };
+        let spec = Spec {
+            graph: Arc::new(graph),
+            ..self.spec_clone()
+        };
+        let probe = OnnxModel {
+            params: self.untracked().params,
+            spec: Arc::new(spec),
+        };
         let out = probe.forward(inputs, Mode::Eval)?;
         let mut p = Probe::default();
         for (name, v) in out.outputs {
@@ -38,23 +55,51 @@ impl OnnxModel {
 
     /// Rank `rank` of `tp`: `graph` (the rewrite of this model's) with the parameters in
     /// `splits` cut to this rank's part.
-    pub fn into_tensor_parallel(mut self, graph: Graph, splits: &BTreeMap<String, AxisSplit>, rank: usize, tp: usize) -> Result<OnnxModel> {
+    pub fn into_tensor_parallel(
+        mut self,
+        graph: Graph,
+        splits: &BTreeMap<String, AxisSplit>,
+        rank: usize,
+        tp: usize,
+    ) -> Result<OnnxModel> {
         let mut infos = self.spec.params.clone();
         for (name, split) in splits {
-            let i = self.param_index(name).ok_or_else(|| OnnxError::field(format!("parameter '{name}'"), "a tensor-parallel split of a parameter the model lacks"))?;
-            let full = self.param_value(i).expect("an indexed parameter").to_array().map_err(|e| OnnxError::field(name, e.0))?;
+            let i = self.param_index(name).ok_or_else(|| {
+                OnnxError::field(
+                    format!("parameter '{name}'"),
+                    "a tensor-parallel split of a parameter the model lacks",
+                )
+            })?;
+            let full = self
+                .param_value(i)
+                .expect("an indexed parameter")
+                .to_array()
+                .map_err(|e| OnnxError::field(name, e.0))?;
             let part = split.slice(&full, rank, tp);
             let shape = part.shape().to_vec();
             let phys = padded(&shape).map_err(|e| OnnxError::field(name, e.0))?;
             let device = self.device();
-            let old = std::mem::replace(&mut self.params[i], Param::from_tensor(PhysTensor::empty([1; 6], &device)));
+            let old = std::mem::replace(
+                &mut self.params[i],
+                Param::from_tensor(PhysTensor::empty([1; 6], &device)),
+            );
             let (id, tensor, _) = old.consume();
-            let t = PhysTensor::from_data(TensorData::new(part.iter().copied().collect::<Vec<f32>>(), phys.to_vec()), &tensor.device());
+            let t = PhysTensor::from_data(
+                TensorData::new(part.iter().copied().collect::<Vec<f32>>(), phys.to_vec()),
+                &tensor.device(),
+            );
             self.params[i] = Param::initialized(id, t.set_require_grad(tensor.is_require_grad()));
             infos[i].shape = shape;
         }
-        let spec = Spec { graph: Arc::new(graph), params: infos, ..self.spec_clone() };
-        Ok(OnnxModel { params: self.params, spec: Arc::new(spec) })
+        let spec = Spec {
+            graph: Arc::new(graph),
+            params: infos,
+            ..self.spec_clone()
+        };
+        Ok(OnnxModel {
+            params: self.params,
+            spec: Arc::new(spec),
+        })
     }
 
     fn spec_clone(&self) -> Spec {

@@ -26,13 +26,26 @@ pub fn track(values: Vec<Value>) -> (Vec<Value>, Vec<FloatValue>) {
 
 /// The floats among `values`, in order.
 pub fn floats(values: &[Value]) -> Vec<&FloatValue> {
-    values.iter().filter_map(|v| if let Value::Float(f) = v { Some(f) } else { None }).collect()
+    values
+        .iter()
+        .filter_map(|v| {
+            if let Value::Float(f) = v {
+                Some(f)
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// The scalar whose gradient is the vector-Jacobian product of `outputs` with `grads`
 /// (`None` without outputs). Backward of an untracked one reaches nothing.
 pub fn surrogate(outputs: &[&FloatValue], grads: Vec<FloatValue>) -> Option<Tensor<1>> {
-    outputs.iter().zip(grads).map(|(o, g)| o.tensor.clone().mul(g.tensor).sum()).reduce(|a, b| a.add(b))
+    outputs
+        .iter()
+        .zip(grads)
+        .map(|(o, g)| o.tensor.clone().mul(g.tensor).sum())
+        .reduce(|a, b| a.add(b))
 }
 
 /// The gradients `grads` holds for `leaves` (zeros for a leaf nothing reached).

@@ -18,7 +18,13 @@ fn arg(ctx: &OpContext, mut inputs: Inputs, max: bool) -> OpResult<OpOutput> {
         Value::Bool(a) => a.mapv(|v| if v { 1.0 } else { 0.0 }),
         Value::Float(f) => f.to_array()?.mapv(f64::from),
     };
-    let better = |cand: f64, best: f64| if max { cand > best || (last && cand == best) } else { cand < best || (last && cand == best) };
+    let better = |cand: f64, best: f64| {
+        if max {
+            cand > best || (last && cand == best)
+        } else {
+            cand < best || (last && cand == best)
+        }
+    };
     let out = a.map_axis(ndarray::Axis(axis), |lane| {
         let mut best = 0usize;
         for (i, &v) in lane.iter().enumerate().skip(1) {

@@ -11,8 +11,16 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> OpResult<Vec<usize>> {
     let rank = a.len().max(b.len());
     let mut out = vec![0; rank];
     for i in 0..rank {
-        let da = if i < rank - a.len() { 1 } else { a[i - (rank - a.len())] };
-        let db = if i < rank - b.len() { 1 } else { b[i - (rank - b.len())] };
+        let da = if i < rank - a.len() {
+            1
+        } else {
+            a[i - (rank - a.len())]
+        };
+        let db = if i < rank - b.len() {
+            1
+        } else {
+            b[i - (rank - b.len())]
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -31,7 +39,11 @@ pub fn host_binary<A: Clone, B: Clone, R>(
 ) -> OpResult<ArrayD<R>> {
     let shape = broadcast_shapes(a.shape(), b.shape())?;
     let (Some(av), Some(bv)) = (a.broadcast(IxDyn(&shape)), b.broadcast(IxDyn(&shape))) else {
-        op_bail!("shapes {:?} and {:?} do not broadcast", a.shape(), b.shape());
+        op_bail!(
+            "shapes {:?} and {:?} do not broadcast",
+            a.shape(),
+            b.shape()
+        );
     };
     Ok(Zip::from(&av).and(&bv).map_collect(|x, y| f(x, y)))
 }

@@ -12,12 +12,18 @@ use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
 use crate::value::{FloatValue, Value, padded};
 
-fn compare(mut inputs: Inputs, int_cmp: fn(&i64, &i64) -> bool, float_cmp: fn(&f32, &f32) -> bool) -> OpResult<OpOutput> {
+fn compare(
+    mut inputs: Inputs,
+    int_cmp: fn(&i64, &i64) -> bool,
+    float_cmp: fn(&f32, &f32) -> bool,
+) -> OpResult<OpOutput> {
     let a = inputs.take(0, "A")?;
     let b = inputs.take(1, "B")?;
     let out = match (a, b) {
         (Value::Int(a), Value::Int(b)) => host_binary(&a, &b, int_cmp)?,
-        (Value::Bool(a), Value::Bool(b)) => host_binary(&a, &b, |x, y| int_cmp(&i64::from(*x), &i64::from(*y)))?,
+        (Value::Bool(a), Value::Bool(b)) => {
+            host_binary(&a, &b, |x, y| int_cmp(&i64::from(*x), &i64::from(*y)))?
+        }
         (a, b) => {
             let a = to_host_f32(a)?;
             let b = to_host_f32(b)?;
@@ -89,7 +95,12 @@ pub fn where_op(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     match (x, y) {
         (Value::Int(x), Value::Int(y)) => {
             let xy = host_binary(&x, &y, |a, b| (*a, *b))?;
-            Ok(Value::Int(host_binary(&cond, &xy, |c, (a, b)| if *c { *a } else { *b })?).into())
+            Ok(Value::Int(host_binary(
+                &cond,
+                &xy,
+                |c, (a, b)| if *c { *a } else { *b },
+            )?)
+            .into())
         }
         (x, y) => {
             let x = x.into_float(ctx.device)?;
@@ -97,8 +108,12 @@ pub fn where_op(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             let shape = broadcast_shapes(&broadcast_shapes(cond.shape(), &x.shape())?, &y.shape())?;
             let x = x.broadcast_to(&shape)?;
             let y = y.broadcast_to(&shape)?;
-            let cond = cond.broadcast(ndarray::IxDyn(&shape)).map(|c| c.iter().copied().collect::<Vec<bool>>());
-            let Some(cond) = cond else { crate::op_bail!("condition does not broadcast to {shape:?}") };
+            let cond = cond
+                .broadcast(ndarray::IxDyn(&shape))
+                .map(|c| c.iter().copied().collect::<Vec<bool>>());
+            let Some(cond) = cond else {
+                crate::op_bail!("condition does not broadcast to {shape:?}")
+            };
             let mask: Tensor<{ crate::value::MAX_RANK }, Bool> =
                 Tensor::from_data(TensorData::new(cond, padded(&shape)?.to_vec()), ctx.device);
             // y where the mask is false, x where it is true.

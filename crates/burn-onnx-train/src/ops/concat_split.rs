@@ -16,33 +16,65 @@ fn host_concat<T: Clone>(parts: Vec<ArrayD<T>>, axis: usize) -> OpResult<ArrayD<
 /// `Concat`
 pub fn concat(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     let values: Vec<Value> = inputs.0.into_iter().flatten().collect();
-    let Some(first) = values.first() else { op_bail!("Concat needs at least one input") };
+    let Some(first) = values.first() else {
+        op_bail!("Concat needs at least one input")
+    };
     let rank = first.rank();
     let axis = norm_axis(ctx.attrs.int("axis", 0)?, rank)?;
     let shape0 = first.shape();
     for v in &values {
         let s = v.shape();
-        if s.len() != rank || s.iter().zip(&shape0).enumerate().any(|(i, (a, b))| i != axis && a != b) {
-            op_bail!("input shapes differ outside axis {axis}: {:?}", values.iter().map(Value::shape).collect::<Vec<_>>());
+        if s.len() != rank
+            || s.iter()
+                .zip(&shape0)
+                .enumerate()
+                .any(|(i, (a, b))| i != axis && a != b)
+        {
+            op_bail!(
+                "input shapes differ outside axis {axis}: {:?}",
+                values.iter().map(Value::shape).collect::<Vec<_>>()
+            );
         }
     }
     let any_float = values.iter().any(|v| matches!(v, Value::Float(_)));
     let all_bool = values.iter().all(|v| matches!(v, Value::Bool(_)));
     let out = if any_float {
-        let parts: Vec<FloatValue> = values.into_iter().map(|v| v.into_float(ctx.device)).collect::<OpResult<_>>()?;
+        let parts: Vec<FloatValue> = values
+            .into_iter()
+            .map(|v| v.into_float(ctx.device))
+            .collect::<OpResult<_>>()?;
         let phys = parts[0].axis(axis as i64)?;
-        Value::Float(FloatValue::new(Tensor::cat(parts.into_iter().map(|p| p.tensor).collect(), phys), rank))
+        Value::Float(FloatValue::new(
+            Tensor::cat(parts.into_iter().map(|p| p.tensor).collect(), phys),
+            rank,
+        ))
     } else if all_bool {
-        Value::Bool(host_concat(values.into_iter().map(Value::into_bool).collect::<OpResult<_>>()?, axis)?)
+        Value::Bool(host_concat(
+            values
+                .into_iter()
+                .map(Value::into_bool)
+                .collect::<OpResult<_>>()?,
+            axis,
+        )?)
     } else {
-        Value::Int(host_concat(values.into_iter().map(Value::into_int).collect::<OpResult<_>>()?, axis)?)
+        Value::Int(host_concat(
+            values
+                .into_iter()
+                .map(Value::into_int)
+                .collect::<OpResult<_>>()?,
+            axis,
+        )?)
     };
     Ok(out.into())
 }
 
 /// Sizes of the pieces of a `Split`.
 fn split_sizes(ctx: &OpContext, inputs: &mut Inputs, dim: usize) -> OpResult<Vec<usize>> {
-    let explicit = if ctx.opset >= 13 { inputs.int_list(1, "split")? } else { ctx.attrs.ints("split")? };
+    let explicit = if ctx.opset >= 13 {
+        inputs.int_list(1, "split")?
+    } else {
+        ctx.attrs.ints("split")?
+    };
     if let Some(s) = explicit {
         let sizes: Vec<usize> = s.iter().map(|&x| x.max(0) as usize).collect();
         if sizes.iter().sum::<usize>() != dim {
@@ -50,7 +82,11 @@ fn split_sizes(ctx: &OpContext, inputs: &mut Inputs, dim: usize) -> OpResult<Vec
         }
         return Ok(sizes);
     }
-    let n = if ctx.attrs.has("num_outputs") { ctx.attrs.int("num_outputs", 1)? as usize } else { ctx.num_outputs };
+    let n = if ctx.attrs.has("num_outputs") {
+        ctx.attrs.int("num_outputs", 1)? as usize
+    } else {
+        ctx.num_outputs
+    };
     if n == 0 {
         op_bail!("Split needs at least one output");
     }
@@ -78,14 +114,20 @@ pub fn split(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         Value::Float(f) => {
             let phys = f.axis(axis as i64)?;
             for s in sizes {
-                out.push(Value::Float(FloatValue::new(f.tensor.clone().narrow(phys, start, s), f.rank)));
+                out.push(Value::Float(FloatValue::new(
+                    f.tensor.clone().narrow(phys, start, s),
+                    f.rank,
+                )));
                 start += s;
             }
         }
         other => {
             let a = other.into_int()?;
             for s in sizes {
-                out.push(Value::Int(a.slice_axis(Axis(axis), ndarray::Slice::from(start..start + s)).to_owned()));
+                out.push(Value::Int(
+                    a.slice_axis(Axis(axis), ndarray::Slice::from(start..start + s))
+                        .to_owned(),
+                ));
                 start += s;
             }
         }

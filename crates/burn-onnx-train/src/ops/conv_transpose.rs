@@ -22,10 +22,15 @@ fn spatial_list(ctx: &OpContext, name: &str, n: usize, default: i64) -> OpResult
 pub fn conv_transpose(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.float(0, "X", ctx.device)?;
     let w = inputs.float(1, "W", ctx.device)?;
-    let b = inputs.opt(2).map(|v| v.into_float(ctx.device)).transpose()?;
+    let b = inputs
+        .opt(2)
+        .map(|v| v.into_float(ctx.device))
+        .transpose()?;
     let (xs, ws) = (x.shape(), w.shape());
     if xs.len() != ws.len() || !(3..=4).contains(&xs.len()) || ws[0] != xs[1] {
-        op_bail!("expects X [N, C, ...] and W [C, M/group, ...] of rank 3 or 4, got {xs:?} and {ws:?}");
+        op_bail!(
+            "expects X [N, C, ...] and W [C, M/group, ...] of rank 3 or 4, got {xs:?} and {ws:?}"
+        );
     }
     let n = xs.len() - 2;
     let group = ctx.attrs.int("group", 1)?.max(1) as usize;
@@ -33,7 +38,9 @@ pub fn conv_transpose(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput>
     let dilations = spatial_list(ctx, "dilations", n, 1)?;
     let out_pad = spatial_list(ctx, "output_padding", n, 0)?;
     let kernel = &ws[2..];
-    let full: Vec<usize> = (0..n).map(|i| strides[i] * (xs[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1).collect();
+    let full: Vec<usize> = (0..n)
+        .map(|i| strides[i] * (xs[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1)
+        .collect();
     let auto_pad = ctx.attrs.string("auto_pad", "NOTSET")?;
     let pads: Vec<(usize, usize)> = if let Some(target) = ctx.attrs.ints("output_shape")? {
         let target = &target[target.len().saturating_sub(n)..];
@@ -41,10 +48,17 @@ pub fn conv_transpose(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput>
             .map(|i| {
                 let total = full[i] as i64 - target[i];
                 if total < 0 {
-                    return Err(format!("output_shape {target:?} is larger than the full output {full:?}").into());
+                    return Err(format!(
+                        "output_shape {target:?} is larger than the full output {full:?}"
+                    )
+                    .into());
                 }
                 let (small, large) = ((total / 2) as usize, (total - total / 2) as usize);
-                Ok(if auto_pad == "SAME_UPPER" { (small, large) } else { (large, small) })
+                Ok(if auto_pad == "SAME_UPPER" {
+                    (small, large)
+                } else {
+                    (large, small)
+                })
             })
             .collect::<OpResult<_>>()?
     } else if auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER" {
@@ -52,14 +66,24 @@ pub fn conv_transpose(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput>
             .map(|i| {
                 let total = full[i].saturating_sub(xs[2 + i] * strides[i]);
                 let small = total / 2;
-                if auto_pad == "SAME_UPPER" { (small, total - small) } else { (total - small, small) }
+                if auto_pad == "SAME_UPPER" {
+                    (small, total - small)
+                } else {
+                    (total - small, small)
+                }
             })
             .collect()
     } else {
         let p = spatial_list(ctx, "pads", 2 * n, 0)?;
         (0..n).map(|i| (p[i], p[i + n])).collect()
     };
-    let lift = |v: &[usize], neutral: usize| if n == 1 { [neutral, v[0]] } else { [v[0], v[1]] };
+    let lift = |v: &[usize], neutral: usize| {
+        if n == 1 {
+            [neutral, v[0]]
+        } else {
+            [v[0], v[1]]
+        }
+    };
     for i in 0..n {
         if out_pad[i] >= strides[i].max(dilations[i]) {
             op_bail!("output_padding {out_pad:?} must be smaller than the stride or dilation");
@@ -69,13 +93,29 @@ pub fn conv_transpose(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput>
         }
     }
     let (x4, w4) = if n == 1 {
-        (x.reshape(&[xs[0], xs[1], 1, xs[2]])?, w.reshape(&[ws[0], ws[1], 1, ws[2]])?)
+        (
+            x.reshape(&[xs[0], xs[1], 1, xs[2]])?,
+            w.reshape(&[ws[0], ws[1], 1, ws[2]])?,
+        )
     } else {
         (x, w)
     };
-    let options = ConvTransposeOptions { stride: lift(&strides, 1), padding: [0, 0], padding_out: lift(&out_pad, 0), dilation: lift(&dilations, 1), groups: group };
+    let options = ConvTransposeOptions {
+        stride: lift(&strides, 1),
+        padding: [0, 0],
+        padding_out: lift(&out_pad, 0),
+        dilation: lift(&dilations, 1),
+        groups: group,
+    };
     let bias = ctx.autocast_bias(b.map(|b| b.into_rank::<1>()).transpose()?);
-    let y = ctx.autocast([x4, w4], |[x4, w4]| FloatValue::from_rank(conv_transpose2d(x4.into_rank::<4>()?, w4.into_rank::<4>()?, bias, options)))?;
+    let y = ctx.autocast([x4, w4], |[x4, w4]| {
+        FloatValue::from_rank(conv_transpose2d(
+            x4.into_rank::<4>()?,
+            w4.into_rank::<4>()?,
+            bias,
+            options,
+        ))
+    })?;
     let mut y = y.into_rank::<4>()?;
     let base = 4 - n;
     for i in 0..n {

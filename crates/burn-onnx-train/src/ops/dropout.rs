@@ -16,11 +16,20 @@ use crate::value::{FloatValue, Value};
 pub fn dropout(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.float(0, "data", ctx.device)?;
     let ratio = if ctx.opset >= 12 {
-        inputs.opt(1).map(|v| v.scalar_f32("ratio")).transpose()?.unwrap_or(0.5)
+        inputs
+            .opt(1)
+            .map(|v| v.scalar_f32("ratio"))
+            .transpose()?
+            .unwrap_or(0.5)
     } else {
         ctx.attrs.float("ratio", 0.5)?
     };
-    let node_training = inputs.opt(2).map(|v| v.scalar_f32("training_mode")).transpose()?.unwrap_or(0.0) != 0.0;
+    let node_training = inputs
+        .opt(2)
+        .map(|v| v.scalar_f32("training_mode"))
+        .transpose()?
+        .unwrap_or(0.0)
+        != 0.0;
     if !(0.0..1.0).contains(&ratio) {
         op_bail!("ratio must be in [0, 1), got {ratio}");
     }
@@ -33,13 +42,24 @@ pub fn dropout(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         return Ok(vec![Value::Float(x), Value::Bool(mask)].into());
     }
     let mut rng = ChaCha8Rng::seed_from_u64(ctx.seed);
-    let mask: Vec<f32> = (0..x.numel()).map(|_| if rng.random::<f32>() >= ratio { 1.0 } else { 0.0 }).collect();
-    let keep: Tensor<{ crate::value::MAX_RANK }> = Tensor::from_data(TensorData::new(mask, x.tensor.shape()), ctx.device);
+    let mask: Vec<f32> = (0..x.numel())
+        .map(|_| {
+            if rng.random::<f32>() >= ratio {
+                1.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let keep: Tensor<{ crate::value::MAX_RANK }> =
+        Tensor::from_data(TensorData::new(mask, x.tensor.shape()), ctx.device);
     let y = x.tensor * keep.clone().mul_scalar(1.0 / (1.0 - ratio));
     let y = Value::Float(FloatValue::new(y, shape.len()));
     if ctx.num_outputs < 2 {
         return Ok(y.into());
     }
-    let mask = FloatValue::new(keep, shape.len()).to_array()?.mapv(|v| v != 0.0);
+    let mask = FloatValue::new(keep, shape.len())
+        .to_array()?
+        .mapv(|v| v != 0.0);
     Ok(vec![y, Value::Bool(mask)].into())
 }

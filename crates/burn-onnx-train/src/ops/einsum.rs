@@ -25,7 +25,13 @@ fn parse(equation: &str, n: usize) -> OpResult<(Vec<Vec<char>>, Option<Vec<char>
         None => (eq.as_str(), None),
     };
     let terms: Vec<Vec<char>> = lhs.split(',').map(|t| t.chars().collect()).collect();
-    if terms.len() != n || terms.iter().flatten().chain(rhs.iter().flatten()).any(|c| !c.is_ascii_alphabetic()) {
+    if terms.len() != n
+        || terms
+            .iter()
+            .flatten()
+            .chain(rhs.iter().flatten())
+            .any(|c| !c.is_ascii_alphabetic())
+    {
         op_bail!("equation {equation:?} does not describe {n} operand(s) with letters only");
     }
     Ok((terms, rhs))
@@ -33,7 +39,10 @@ fn parse(equation: &str, n: usize) -> OpResult<(Vec<Vec<char>>, Option<Vec<char>
 
 /// Sum away the axes whose letters are not in `keep`.
 fn sum_out(t: Term, keep: &[char]) -> OpResult<Term> {
-    let Term { mut value, mut letters } = t;
+    let Term {
+        mut value,
+        mut letters,
+    } = t;
     let mut i = letters.len();
     while i > 0 {
         i -= 1;
@@ -56,7 +65,11 @@ fn permute(t: Term, order: &[char]) -> OpResult<FloatValue> {
         *p = if i < offset {
             i
         } else {
-            offset + t.letters.iter().position(|c| *c == order[i - offset]).ok_or("einsum: letter missing")?
+            offset
+                + t.letters
+                    .iter()
+                    .position(|c| *c == order[i - offset])
+                    .ok_or("einsum: letter missing")?
         };
     }
     Ok(FloatValue::new(t.value.tensor.permute(phys), rank))
@@ -64,22 +77,58 @@ fn permute(t: Term, order: &[char]) -> OpResult<FloatValue> {
 
 fn dims_of(t: &Term, letters: &[char]) -> Vec<usize> {
     let shape = t.value.shape();
-    letters.iter().map(|c| shape[t.letters.iter().position(|x| x == c).unwrap_or(0)]).collect()
+    letters
+        .iter()
+        .map(|c| shape[t.letters.iter().position(|x| x == c).unwrap_or(0)])
+        .collect()
 }
 
 /// Contract two terms, keeping the letters in `keep` (output letters plus those needed later).
 fn contract(a: Term, b: Term, keep: &[char]) -> OpResult<Term> {
     // Letters used by one side only and not kept can be summed away first.
     let (a_letters, b_letters) = (a.letters.clone(), b.letters.clone());
-    let a_keep: Vec<char> = a_letters.iter().copied().filter(|c| keep.contains(c) || b_letters.contains(c)).collect();
-    let b_keep: Vec<char> = b_letters.iter().copied().filter(|c| keep.contains(c) || a_letters.contains(c)).collect();
+    let a_keep: Vec<char> = a_letters
+        .iter()
+        .copied()
+        .filter(|c| keep.contains(c) || b_letters.contains(c))
+        .collect();
+    let b_keep: Vec<char> = b_letters
+        .iter()
+        .copied()
+        .filter(|c| keep.contains(c) || a_letters.contains(c))
+        .collect();
     let a = sum_out(a, &a_keep)?;
     let b = sum_out(b, &b_keep)?;
-    let batch: Vec<char> = a.letters.iter().copied().filter(|c| b.letters.contains(c) && keep.contains(c)).collect();
-    let summed: Vec<char> = a.letters.iter().copied().filter(|c| b.letters.contains(c) && !keep.contains(c)).collect();
-    let left: Vec<char> = a.letters.iter().copied().filter(|c| !b.letters.contains(c)).collect();
-    let right: Vec<char> = b.letters.iter().copied().filter(|c| !a.letters.contains(c)).collect();
-    let (bd, ld, sd, rd) = (dims_of(&a, &batch), dims_of(&a, &left), dims_of(&a, &summed), dims_of(&b, &right));
+    let batch: Vec<char> = a
+        .letters
+        .iter()
+        .copied()
+        .filter(|c| b.letters.contains(c) && keep.contains(c))
+        .collect();
+    let summed: Vec<char> = a
+        .letters
+        .iter()
+        .copied()
+        .filter(|c| b.letters.contains(c) && !keep.contains(c))
+        .collect();
+    let left: Vec<char> = a
+        .letters
+        .iter()
+        .copied()
+        .filter(|c| !b.letters.contains(c))
+        .collect();
+    let right: Vec<char> = b
+        .letters
+        .iter()
+        .copied()
+        .filter(|c| !a.letters.contains(c))
+        .collect();
+    let (bd, ld, sd, rd) = (
+        dims_of(&a, &batch),
+        dims_of(&a, &left),
+        dims_of(&a, &summed),
+        dims_of(&b, &right),
+    );
     if dims_of(&b, &batch) != bd || dims_of(&b, &summed) != sd {
         op_bail!("einsum operands disagree on the sizes of shared letters");
     }
@@ -90,7 +139,10 @@ fn contract(a: Term, b: Term, keep: &[char]) -> OpResult<Term> {
     let b3 = permute(b, &b_order)?.reshape(&[prod(&bd), prod(&sd), prod(&rd)])?;
     let out = FloatValue::new(a3.tensor.matmul(b3.tensor), 3);
     let shape: Vec<usize> = bd.iter().chain(&ld).chain(&rd).copied().collect();
-    Ok(Term { value: out.reshape(&shape)?, letters: batch.into_iter().chain(left).chain(right).collect() })
+    Ok(Term {
+        value: out.reshape(&shape)?,
+        letters: batch.into_iter().chain(left).chain(right).collect(),
+    })
 }
 
 /// `Einsum`
@@ -102,7 +154,11 @@ pub fn einsum(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     for (v, letters) in values.into_iter().zip(terms) {
         let value = v.into_float(ctx.device)?;
         if value.rank != letters.len() {
-            op_bail!("operand of shape {:?} does not match subscripts {:?}", value.shape(), letters.iter().collect::<String>());
+            op_bail!(
+                "operand of shape {:?} does not match subscripts {:?}",
+                value.shape(),
+                letters.iter().collect::<String>()
+            );
         }
         let mut seen = letters.clone();
         seen.sort_unstable();
@@ -115,22 +171,38 @@ pub fn einsum(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     let output = output.unwrap_or_else(|| {
         // Implicit output: letters that appear exactly once, in alphabetical order.
         let all: Vec<char> = operands.iter().flat_map(|t| t.letters.clone()).collect();
-        let mut once: Vec<char> = all.iter().copied().filter(|c| all.iter().filter(|x| *x == c).count() == 1).collect();
+        let mut once: Vec<char> = all
+            .iter()
+            .copied()
+            .filter(|c| all.iter().filter(|x| *x == c).count() == 1)
+            .collect();
         once.sort_unstable();
         once
     });
     let mut rest = operands.into_iter();
-    let Some(mut acc) = rest.next() else { op_bail!("Einsum needs at least one operand") };
+    let Some(mut acc) = rest.next() else {
+        op_bail!("Einsum needs at least one operand")
+    };
     let later: Vec<Term> = rest.collect();
     for (k, next) in later.iter().enumerate() {
         let mut keep = output.clone();
-        keep.extend(later[k + 1..].iter().flat_map(|t| t.letters.iter().copied()));
-        let next = Term { value: next.value.clone(), letters: next.letters.clone() };
+        keep.extend(
+            later[k + 1..]
+                .iter()
+                .flat_map(|t| t.letters.iter().copied()),
+        );
+        let next = Term {
+            value: next.value.clone(),
+            letters: next.letters.clone(),
+        };
         acc = contract(acc, next, &keep)?;
     }
     let acc = sum_out(acc, &output)?;
     if acc.letters.len() != output.len() {
-        op_bail!("output subscripts {:?} name letters no operand has", output.iter().collect::<String>());
+        op_bail!(
+            "output subscripts {:?} name letters no operand has",
+            output.iter().collect::<String>()
+        );
     }
     Ok(Value::Float(permute(acc, &output)?).into())
 }

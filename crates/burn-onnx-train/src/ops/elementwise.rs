@@ -52,7 +52,13 @@ pub fn div(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     binary(
         ctx,
         inputs,
-        |a, b| if b == 0 { Err("integer division by zero".into()) } else { Ok(a / b) },
+        |a, b| {
+            if b == 0 {
+                Err("integer division by zero".into())
+            } else {
+                Ok(a / b)
+            }
+        },
         |a, b| a / b,
     )
 }
@@ -63,22 +69,35 @@ pub fn pow(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let a = inputs.take(0, "X")?;
     let b = inputs.take(1, "Y")?;
     if let (Value::Int(a), Value::Int(b)) = (&a, &b) {
-        let out = host_binary(a, b, |x, y| x.wrapping_pow((*y).clamp(0, u32::MAX as i64) as u32))?;
+        let out = host_binary(a, b, |x, y| {
+            x.wrapping_pow((*y).clamp(0, u32::MAX as i64) as u32)
+        })?;
         return Ok(Value::Int(out).into());
     }
     let a = a.into_float(ctx.device)?;
-    let exponent = if b.shape().iter().product::<usize>() == 1 && b.rank() <= a.rank { b.scalar_f32("Y").ok() } else { None };
+    let exponent = if b.shape().iter().product::<usize>() == 1 && b.rank() <= a.rank {
+        b.scalar_f32("Y").ok()
+    } else {
+        None
+    };
     let out = match exponent {
         Some(e) if e == 1.0 => a,
         Some(e) if e == 2.0 => FloatValue::new(a.tensor.clone() * a.tensor, a.rank),
-        Some(e) if e == 3.0 => FloatValue::new(a.tensor.clone() * a.tensor.clone() * a.tensor, a.rank),
+        Some(e) if e == 3.0 => {
+            FloatValue::new(a.tensor.clone() * a.tensor.clone() * a.tensor, a.rank)
+        }
         Some(e) => FloatValue::new(a.tensor.powf_scalar(e), a.rank),
         None => float_binary(a, b.into_float(ctx.device)?, |x, y| x.powf(y))?,
     };
     Ok(Value::Float(out).into())
 }
 
-fn variadic(ctx: &OpContext, inputs: Inputs, name: &str, op: fn(PhysTensor, PhysTensor) -> PhysTensor) -> OpResult<OpOutput> {
+fn variadic(
+    ctx: &OpContext,
+    inputs: Inputs,
+    name: &str,
+    op: fn(PhysTensor, PhysTensor) -> PhysTensor,
+) -> OpResult<OpOutput> {
     let mut acc: Option<FloatValue> = None;
     for v in inputs.0.into_iter().flatten() {
         let v = v.into_float(ctx.device)?;
@@ -108,7 +127,11 @@ pub fn sum(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     variadic(ctx, inputs, "Sum", |a, b| a + b)
 }
 
-fn unary(ctx: &OpContext, mut inputs: Inputs, f: impl FnOnce(PhysTensor) -> PhysTensor) -> OpResult<OpOutput> {
+fn unary(
+    ctx: &OpContext,
+    mut inputs: Inputs,
+    f: impl FnOnce(PhysTensor) -> PhysTensor,
+) -> OpResult<OpOutput> {
     let x = inputs.float(0, "X", ctx.device)?;
     Ok(Value::Float(FloatValue::new(f(x.tensor), x.rank)).into())
 }
@@ -206,7 +229,10 @@ pub fn softplus(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
 pub fn clip(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.take(0, "input")?;
     let (min, max) = if ctx.opset < 11 {
-        (Some(ctx.attrs.float("min", f32::MIN)?), Some(ctx.attrs.float("max", f32::MAX)?))
+        (
+            Some(ctx.attrs.float("min", f32::MIN)?),
+            Some(ctx.attrs.float("max", f32::MAX)?),
+        )
     } else {
         (
             inputs.opt(1).map(|v| v.scalar_f32("min")).transpose()?,
@@ -235,13 +261,23 @@ pub fn prelu(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.float(0, "X", ctx.device)?;
     let slope = inputs.float(1, "slope", ctx.device)?;
     let rank = x.rank;
-    let neg = float_binary(FloatValue::new(x.tensor.clone().clamp_max(0.0), rank), slope, |a, b| a * b)?;
-    Ok(Value::Float(FloatValue::new(x.tensor.clamp_min(0.0) + neg.tensor, neg.rank)).into())
+    let neg = float_binary(
+        FloatValue::new(x.tensor.clone().clamp_max(0.0), rank),
+        slope,
+        |a, b| a * b,
+    )?;
+    Ok(Value::Float(FloatValue::new(
+        x.tensor.clamp_min(0.0) + neg.tensor,
+        neg.rank,
+    ))
+    .into())
 }
 
 /// `HardSwish`: `x * max(0, min(1, x / 6 + 1 / 2))`
 pub fn hard_swish(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
-    unary(ctx, inputs, |x| x.clone() * activation::hard_sigmoid(x, 1.0 / 6.0, 0.5))
+    unary(ctx, inputs, |x| {
+        x.clone() * activation::hard_sigmoid(x, 1.0 / 6.0, 0.5)
+    })
 }
 
 /// `Mod`: the sign of the divisor (`fmod = 0`, integers only) or of the dividend

@@ -38,8 +38,14 @@ pub fn gather(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             let picked = FloatValue::new(f.tensor.select(phys, idx), f.rank);
             Value::Float(picked.reshape(&out_shape)?)
         }
-        Value::Int(a) => Value::Int(a.select(Axis(axis), &flat).into_shape_with_order(out_shape)?),
-        Value::Bool(a) => Value::Bool(a.select(Axis(axis), &flat).into_shape_with_order(out_shape)?),
+        Value::Int(a) => Value::Int(
+            a.select(Axis(axis), &flat)
+                .into_shape_with_order(out_shape)?,
+        ),
+        Value::Bool(a) => Value::Bool(
+            a.select(Axis(axis), &flat)
+                .into_shape_with_order(out_shape)?,
+        ),
     };
     Ok(out.into())
 }
@@ -52,7 +58,10 @@ pub fn gather_elements(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput
     let shape = data.shape();
     let axis = norm_axis(ctx.attrs.int("axis", 0)?, shape.len())?;
     if indices.ndim() != shape.len() {
-        op_bail!("indices {:?} must have the rank of data {shape:?}", indices.shape());
+        op_bail!(
+            "indices {:?} must have the rank of data {shape:?}",
+            indices.shape()
+        );
     }
     let dim = shape[axis] as i64;
     let mut flat = Vec::with_capacity(indices.len());
@@ -67,7 +76,10 @@ pub fn gather_elements(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput
     Ok(match data {
         Value::Float(f) => {
             let phys = f.axis(axis as i64)?;
-            let idx: Tensor<MAX_RANK, Int> = Tensor::from_data(TensorData::new(flat, padded(&out_shape)?.to_vec()), ctx.device);
+            let idx: Tensor<MAX_RANK, Int> = Tensor::from_data(
+                TensorData::new(flat, padded(&out_shape)?.to_vec()),
+                ctx.device,
+            );
             Value::Float(FloatValue::new(f.tensor.gather(phys, idx), f.rank))
         }
         other => {

@@ -16,7 +16,10 @@ pub fn shape(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
     let start = clamp(ctx.attrs.int("start", 0)?);
     let end = clamp(ctx.attrs.int("end", r)?);
-    let dims: Vec<i64> = shape[start..end.max(start)].iter().map(|&d| d as i64).collect();
+    let dims: Vec<i64> = shape[start..end.max(start)]
+        .iter()
+        .map(|&d| d as i64)
+        .collect();
     Ok(Value::Int(ArrayD::from_shape_vec(IxDyn(&[dims.len()]), dims)?).into())
 }
 
@@ -40,7 +43,11 @@ pub fn range(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         let v: Vec<i64> = (0..n as i64).map(|i| s + i * d).collect();
         return Ok(Value::Int(ArrayD::from_shape_vec(IxDyn(&[n]), v)?).into());
     }
-    let (s, l, d) = (start.scalar_f32("start")?, limit.scalar_f32("limit")?, delta.scalar_f32("delta")?);
+    let (s, l, d) = (
+        start.scalar_f32("start")?,
+        limit.scalar_f32("limit")?,
+        delta.scalar_f32("delta")?,
+    );
     if d == 0.0 {
         op_bail!("delta cannot be 0");
     }
@@ -65,10 +72,19 @@ pub fn constant_of_shape(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutp
         None => Value::Float(FloatValue::from_array(&ArrayD::zeros(shape), ctx.device)?),
         Some(HostTensor::Float(v)) => {
             let x = *v.iter().next().ok_or("attribute `value` is empty")?;
-            Value::Float(FloatValue::from_array(&ArrayD::from_elem(shape, x), ctx.device)?)
+            Value::Float(FloatValue::from_array(
+                &ArrayD::from_elem(shape, x),
+                ctx.device,
+            )?)
         }
-        Some(HostTensor::Int(v)) => Value::Int(ArrayD::from_elem(shape, *v.iter().next().ok_or("attribute `value` is empty")?)),
-        Some(HostTensor::Bool(v)) => Value::Bool(ArrayD::from_elem(shape, *v.iter().next().ok_or("attribute `value` is empty")?)),
+        Some(HostTensor::Int(v)) => Value::Int(ArrayD::from_elem(
+            shape,
+            *v.iter().next().ok_or("attribute `value` is empty")?,
+        )),
+        Some(HostTensor::Bool(v)) => Value::Bool(ArrayD::from_elem(
+            shape,
+            *v.iter().next().ok_or("attribute `value` is empty")?,
+        )),
     }
     .into())
 }

@@ -61,7 +61,9 @@ pub fn matmul(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 }
 
 fn transpose2(v: FloatValue) -> OpResult<FloatValue> {
-    let [r, c] = v.shape()[..] else { op_bail!("Gemm operands must be 2-D, got {:?}", v.shape()) };
+    let [r, c] = v.shape()[..] else {
+        op_bail!("Gemm operands must be 2-D, got {:?}", v.shape())
+    };
     let t = v.into_rank::<2>()?.transpose();
     debug_assert_eq!(t.dims(), [c, r]);
     FloatValue::from_rank(t)
@@ -71,23 +73,45 @@ fn transpose2(v: FloatValue) -> OpResult<FloatValue> {
 pub fn gemm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let a = inputs.float(0, "A", ctx.device)?;
     let b = inputs.float(1, "B", ctx.device)?;
-    let c = inputs.opt(2).map(|v| v.into_float(ctx.device)).transpose()?;
+    let c = inputs
+        .opt(2)
+        .map(|v| v.into_float(ctx.device))
+        .transpose()?;
     let alpha = ctx.attrs.float("alpha", 1.0)?;
     let beta = ctx.attrs.float("beta", 1.0)?;
     if a.rank != 2 || b.rank != 2 {
-        op_bail!("Gemm operands must be 2-D, got {:?} and {:?}", a.shape(), b.shape());
+        op_bail!(
+            "Gemm operands must be 2-D, got {:?} and {:?}",
+            a.shape(),
+            b.shape()
+        );
     }
-    let a = if ctx.attrs.int("transA", 0)? != 0 { transpose2(a)? } else { a };
-    let b = if ctx.attrs.int("transB", 0)? != 0 { transpose2(b)? } else { b };
+    let a = if ctx.attrs.int("transA", 0)? != 0 {
+        transpose2(a)?
+    } else {
+        a
+    };
+    let b = if ctx.attrs.int("transB", 0)? != 0 {
+        transpose2(b)?
+    } else {
+        b
+    };
     let mut y = ctx.autocast([a, b], |[a, b]| matmul_values(a, b))?;
     if alpha != 1.0 {
         y = FloatValue::new(y.tensor.mul_scalar(alpha), y.rank);
     }
     if let Some(c) = c {
-        let c = if beta != 1.0 { FloatValue::new(c.tensor.mul_scalar(beta), c.rank) } else { c };
+        let c = if beta != 1.0 {
+            FloatValue::new(c.tensor.mul_scalar(beta), c.rank)
+        } else {
+            c
+        };
         let shape = y.shape();
         if broadcast_shapes(&shape, &c.shape())? != shape {
-            op_bail!("Gemm bias {:?} does not broadcast to the product {shape:?}", c.shape());
+            op_bail!(
+                "Gemm bias {:?} does not broadcast to the product {shape:?}",
+                c.shape()
+            );
         }
         y = float_binary(y, c, |p, q| p + q)?;
     }

@@ -59,8 +59,14 @@ impl OpContext<'_> {
     /// `f` of `operands`, computed in the autocast precision when there is one: the
     /// operands are cast down and the result back to f32 (both casts differentiable, so
     /// gradients reach f32 parameters in f32).
-    pub fn autocast<const N: usize>(&self, operands: [FloatValue; N], f: impl FnOnce([FloatValue; N]) -> OpResult<FloatValue>) -> OpResult<FloatValue> {
-        let Some(low) = self.autocast else { return f(operands) };
+    pub fn autocast<const N: usize>(
+        &self,
+        operands: [FloatValue; N],
+        f: impl FnOnce([FloatValue; N]) -> OpResult<FloatValue>,
+    ) -> OpResult<FloatValue> {
+        let Some(low) = self.autocast else {
+            return f(operands);
+        };
         let out = f(operands.map(|v| FloatValue::new(v.tensor.cast(low), v.rank)))?;
         Ok(FloatValue::new(out.tensor.cast(FloatDType::F32), out.rank))
     }
@@ -85,7 +91,10 @@ pub struct OpOutput {
 
 impl From<Vec<Value>> for OpOutput {
     fn from(values: Vec<Value>) -> Self {
-        OpOutput { values, state_updates: Vec::new() }
+        OpOutput {
+            values,
+            state_updates: Vec::new(),
+        }
     }
 }
 
@@ -128,7 +137,9 @@ pub type OpFn = fn(&OpContext, Inputs) -> OpResult<OpOutput>;
 
 /// Find the implementation of an op type of the default (`ai.onnx`) domain.
 pub fn lookup(op_type: &str) -> Option<OpFn> {
-    OPS.iter().find(|(name, _)| *name == op_type).map(|(_, f)| *f)
+    OPS.iter()
+        .find(|(name, _)| *name == op_type)
+        .map(|(_, f)| *f)
 }
 
 /// The supported op types, sorted.

@@ -16,7 +16,10 @@ use crate::value::{FloatValue, Value, norm_axis};
 pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.float(0, "X", ctx.device)?;
     let scale = inputs.float(1, "Scale", ctx.device)?;
-    let bias = inputs.opt(2).map(|v| v.into_float(ctx.device)).transpose()?;
+    let bias = inputs
+        .opt(2)
+        .map(|v| v.into_float(ctx.device))
+        .transpose()?;
     let eps = ctx.attrs.float("epsilon", 1e-5)? as f64;
     let shape = x.shape();
     let axis = norm_axis(ctx.attrs.int("axis", -1)?, shape.len())?;
@@ -40,7 +43,12 @@ pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 /// Check that a parameter broadcasts onto the normalised dims.
 fn broadcast_check(v: FloatValue, dims: &[usize], what: &str) -> OpResult<FloatValue> {
     let s = v.shape();
-    if s.len() > dims.len() || s.iter().rev().zip(dims.iter().rev()).any(|(a, b)| *a != *b && *a != 1) {
+    if s.len() > dims.len()
+        || s.iter()
+            .rev()
+            .zip(dims.iter().rev())
+            .any(|(a, b)| *a != *b && *a != 1)
+    {
         op_bail!("{what} of shape {s:?} does not broadcast to the normalised dims {dims:?}");
     }
     Ok(v)
@@ -54,7 +62,11 @@ pub fn instance_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> 
     let eps = ctx.attrs.float("epsilon", 1e-5)? as f64;
     let shape = x.shape();
     if shape.len() < 3 || scale.shape() != [shape[1]] || bias.shape() != [shape[1]] {
-        op_bail!("expects input [N, C, ...] with scale and B of [C], got {shape:?}, {:?}, {:?}", scale.shape(), bias.shape());
+        op_bail!(
+            "expects input [N, C, ...] with scale and B of [C], got {shape:?}, {:?}, {:?}",
+            scale.shape(),
+            bias.shape()
+        );
     }
     let (n, c) = (shape[0], shape[1]);
     let spatial: usize = shape[2..].iter().product();
@@ -64,7 +76,8 @@ pub fn instance_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> 
     let normed = FloatValue::from_rank(centered / var.add_scalar(eps).sqrt())?.reshape(&shape)?;
     let mut channel_shape = vec![c];
     channel_shape.extend(std::iter::repeat_n(1, shape.len() - 2));
-    let y = normed.tensor * scale.reshape(&channel_shape)?.tensor + bias.reshape(&channel_shape)?.tensor;
+    let y = normed.tensor * scale.reshape(&channel_shape)?.tensor
+        + bias.reshape(&channel_shape)?.tensor;
     Ok(Value::Float(FloatValue::new(y, shape.len())).into())
 }
 
@@ -85,7 +98,8 @@ pub fn group_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x3 = x.reshape(&[n, g, c / g * spatial])?.into_rank::<3>()?;
     let centered = x3.clone() - x3.mean_dim(2);
     let var = centered.clone().square().mean_dim(2);
-    let normed = FloatValue::from_rank(centered / var.add_scalar(eps).sqrt())?.reshape(&[n, c, spatial])?;
+    let normed =
+        FloatValue::from_rank(centered / var.add_scalar(eps).sqrt())?.reshape(&[n, c, spatial])?;
     // Per-group parameters apply to each of the group's channels.
     let per_channel = |v: FloatValue, what: &str| -> OpResult<FloatValue> {
         match v.shape()[..] {
@@ -115,7 +129,12 @@ pub fn batch_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         op_bail!("X must be [N, C, ...], got {shape:?}");
     }
     let c = shape[1];
-    for (v, what) in [(&scale, "scale"), (&bias, "B"), (&mean, "input_mean"), (&var, "input_var")] {
+    for (v, what) in [
+        (&scale, "scale"),
+        (&bias, "B"),
+        (&mean, "input_mean"),
+        (&var, "input_var"),
+    ] {
         if v.shape() != [c] {
             op_bail!("{what} has shape {:?}, expected [{c}]", v.shape());
         }
@@ -127,7 +146,8 @@ pub fn batch_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let train = ctx.train || ctx.attrs.int("training_mode", 0)? != 0;
     if !train {
         let inv = per_channel(var)?.tensor.add_scalar(eps).sqrt().recip();
-        let y = (x.tensor - per_channel(mean)?.tensor) * inv * per_channel(scale)?.tensor + per_channel(bias)?.tensor;
+        let y = (x.tensor - per_channel(mean)?.tensor) * inv * per_channel(scale)?.tensor
+            + per_channel(bias)?.tensor;
         return Ok(Value::Float(FloatValue::new(y, shape.len())).into());
     }
     let n = shape[0];
@@ -142,19 +162,34 @@ pub fn batch_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let y = normed.tensor * per_channel(scale)?.tensor + per_channel(bias)?.tensor;
     let y = FloatValue::new(y, shape.len());
 
-    let batch_mean = FloatValue::from_rank(batch_mean.detach())?.reshape(&[c])?.tensor;
-    let batch_var = FloatValue::from_rank(batch_var.detach())?.reshape(&[c])?.tensor;
+    let batch_mean = FloatValue::from_rank(batch_mean.detach())?
+        .reshape(&[c])?
+        .tensor;
+    let batch_var = FloatValue::from_rank(batch_var.detach())?
+        .reshape(&[c])?
+        .tensor;
     let running = |old: FloatValue, batch: crate::value::PhysTensor, factor: f64| {
-        FloatValue::new(old.tensor.detach().mul_scalar(momentum) + batch.mul_scalar((1.0 - momentum) * factor), 1)
+        FloatValue::new(
+            old.tensor.detach().mul_scalar(momentum) + batch.mul_scalar((1.0 - momentum) * factor),
+            1,
+        )
     };
     // Graph outputs follow the ONNX spec (population variance); the state written back to
     // the model follows PyTorch (unbiased variance), whose models these usually are.
-    let unbiased = if count > 1 { count as f64 / (count - 1) as f64 } else { 1.0 };
+    let unbiased = if count > 1 {
+        count as f64 / (count - 1) as f64
+    } else {
+        1.0
+    };
     let out_mean = running(mean.clone(), batch_mean.clone(), 1.0);
     let out_var = running(var.clone(), batch_var.clone(), 1.0);
     let state_var = running(var, batch_var, unbiased);
     Ok(OpOutput {
-        values: vec![Value::Float(y), Value::Float(out_mean.clone()), Value::Float(out_var)],
+        values: vec![
+            Value::Float(y),
+            Value::Float(out_mean.clone()),
+            Value::Float(out_var),
+        ],
         state_updates: vec![(3, out_mean), (4, state_var)],
     })
 }

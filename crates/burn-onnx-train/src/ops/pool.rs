@@ -16,7 +16,11 @@ fn pool2d(
 ) -> OpResult<FloatValue> {
     let s = x.shape();
     let one_d = s.len() == 3;
-    let x4 = if one_d { x.reshape(&[s[0], s[1], 1, s[2]])? } else { x };
+    let x4 = if one_d {
+        x.reshape(&[s[0], s[1], 1, s[2]])?
+    } else {
+        x
+    };
     let y = FloatValue::from_rank(f(x4.into_rank::<4>()?))?;
     if one_d {
         let ys = y.shape();
@@ -31,7 +35,9 @@ fn window(ctx: &OpContext, x: &FloatValue) -> OpResult<Window2d> {
     if !(3..=4).contains(&s.len()) {
         op_bail!("pooling supports [N, C, L] and [N, C, H, W] inputs, got {s:?}");
     }
-    let Some(kernel) = ctx.attrs.ints("kernel_shape")? else { op_bail!("attribute `kernel_shape` is required") };
+    let Some(kernel) = ctx.attrs.ints("kernel_shape")? else {
+        op_bail!("attribute `kernel_shape` is required")
+    };
     let kernel: Vec<usize> = kernel.iter().map(|&k| k.max(1) as usize).collect();
     Window2d::from_attrs(ctx.attrs, &s[2..], &kernel)
 }
@@ -55,7 +61,10 @@ pub fn average_pool(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.float(0, "X", ctx.device)?;
     let w = window(ctx, &x)?;
     if w.dilations != [1, 1] {
-        op_bail!("AveragePool with dilations {:?} is not supported", w.dilations);
+        op_bail!(
+            "AveragePool with dilations {:?} is not supported",
+            w.dilations
+        );
     }
     let options = AvgPoolOptions {
         kernel_size: w.kernel,
@@ -75,7 +84,11 @@ fn global(ctx: &OpContext, mut inputs: Inputs, max: bool) -> OpResult<OpOutput> 
     }
     let spatial: usize = s[2..].iter().product();
     let flat = x.reshape(&[s[0], s[1], spatial])?.into_rank::<3>()?;
-    let pooled = if max { flat.max_dim(2) } else { flat.mean_dim(2) };
+    let pooled = if max {
+        flat.max_dim(2)
+    } else {
+        flat.mean_dim(2)
+    };
     let mut out_shape = s[..2].to_vec();
     out_shape.extend(std::iter::repeat_n(1, s.len() - 2));
     Ok(Value::Float(FloatValue::from_rank(pooled)?.reshape(&out_shape)?).into())

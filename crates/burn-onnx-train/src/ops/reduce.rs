@@ -21,14 +21,26 @@ enum Reduce {
     LogSumExp,
 }
 
-fn reduce(ctx: &OpContext, mut inputs: Inputs, kind: Reduce, axes_input_from: i64) -> OpResult<OpOutput> {
+fn reduce(
+    ctx: &OpContext,
+    mut inputs: Inputs,
+    kind: Reduce,
+    axes_input_from: i64,
+) -> OpResult<OpOutput> {
     let x = inputs.float(0, "data", ctx.device)?;
-    let axes = if ctx.opset >= axes_input_from { inputs.int_list(1, "axes")? } else { ctx.attrs.ints("axes")? };
+    let axes = if ctx.opset >= axes_input_from {
+        inputs.int_list(1, "axes")?
+    } else {
+        ctx.attrs.ints("axes")?
+    };
     let keepdims = ctx.attrs.int("keepdims", 1)? != 0;
     let noop_empty = ctx.attrs.int("noop_with_empty_axes", 0)? != 0;
     let shape = x.shape();
     let mut axes: Vec<usize> = match axes {
-        Some(a) if !a.is_empty() => a.iter().map(|&ax| norm_axis(ax, shape.len())).collect::<OpResult<_>>()?,
+        Some(a) if !a.is_empty() => a
+            .iter()
+            .map(|&ax| norm_axis(ax, shape.len()))
+            .collect::<OpResult<_>>()?,
         _ if noop_empty => return Ok(Value::Float(x).into()),
         _ => (0..shape.len()).collect(),
     };
@@ -53,7 +65,11 @@ fn reduce(ctx: &OpContext, mut inputs: Inputs, kind: Reduce, axes_input_from: i6
         Reduce::Max | Reduce::Min | Reduce::LogSumExp => {
             let mut m = x.tensor.clone();
             for &a in &axes {
-                m = if matches!(kind, Reduce::Min) { m.min_dim(a + offset) } else { m.max_dim(a + offset) };
+                m = if matches!(kind, Reduce::Min) {
+                    m.min_dim(a + offset)
+                } else {
+                    m.max_dim(a + offset)
+                };
             }
             if matches!(kind, Reduce::LogSumExp) {
                 let m = m.detach();
@@ -67,8 +83,12 @@ fn reduce(ctx: &OpContext, mut inputs: Inputs, kind: Reduce, axes_input_from: i6
     let out = if keepdims {
         kept
     } else {
-        let new_shape: Vec<usize> =
-            shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect();
+        let new_shape: Vec<usize> = shape
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, &d)| d)
+            .collect();
         kept.reshape(&new_shape)?
     };
     Ok(Value::Float(out).into())
@@ -108,4 +128,3 @@ pub fn reduce_log_sum_exp(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput>
 pub fn reduce_min(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     reduce(ctx, inputs, Reduce::Min, 18)
 }
-

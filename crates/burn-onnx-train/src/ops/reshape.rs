@@ -19,7 +19,10 @@ pub fn reshape_value(v: Value, shape: &[usize]) -> OpResult<Value> {
     let n: usize = shape.iter().product();
     let have: usize = v.shape().iter().product();
     if n != have {
-        op_bail!("cannot reshape {:?} ({have} elements) to {shape:?}", v.shape());
+        op_bail!(
+            "cannot reshape {:?} ({have} elements) to {shape:?}",
+            v.shape()
+        );
     }
     Ok(match v {
         Value::Float(f) => Value::Float(f.reshape(shape)?),
@@ -87,7 +90,10 @@ pub fn transpose(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let data = inputs.take(0, "data")?;
     let rank = data.rank();
     let perm: Vec<usize> = match ctx.attrs.ints("perm")? {
-        Some(p) => p.iter().map(|&a| norm_axis(a, rank)).collect::<OpResult<_>>()?,
+        Some(p) => p
+            .iter()
+            .map(|&a| norm_axis(a, rank))
+            .collect::<OpResult<_>>()?,
         None => (0..rank).rev().collect(),
     };
     let mut seen = perm.clone();
@@ -100,18 +106,34 @@ pub fn transpose(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             let offset = MAX_RANK - rank;
             let mut phys = [0usize; MAX_RANK];
             for (i, p) in phys.iter_mut().enumerate() {
-                *p = if i < offset { i } else { perm[i - offset] + offset };
+                *p = if i < offset {
+                    i
+                } else {
+                    perm[i - offset] + offset
+                };
             }
             Value::Float(FloatValue::new(f.tensor.permute(phys), rank))
         }
-        Value::Int(a) => Value::Int(a.permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned()),
-        Value::Bool(a) => Value::Bool(a.permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned()),
+        Value::Int(a) => Value::Int(
+            a.permuted_axes(IxDyn(&perm))
+                .as_standard_layout()
+                .into_owned(),
+        ),
+        Value::Bool(a) => Value::Bool(
+            a.permuted_axes(IxDyn(&perm))
+                .as_standard_layout()
+                .into_owned(),
+        ),
     }
     .into())
 }
 
 fn axes_of(ctx: &OpContext, inputs: &mut Inputs) -> OpResult<Option<Vec<i64>>> {
-    if ctx.opset >= 13 { inputs.int_list(1, "axes") } else { ctx.attrs.ints("axes") }
+    if ctx.opset >= 13 {
+        inputs.int_list(1, "axes")
+    } else {
+        ctx.attrs.ints("axes")
+    }
 }
 
 /// `Squeeze`
@@ -120,13 +142,24 @@ pub fn squeeze(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let shape = data.shape();
     let axes = axes_of(ctx, &mut inputs)?;
     let drop: Vec<usize> = match axes {
-        Some(a) => a.iter().map(|&x| norm_axis(x, shape.len())).collect::<OpResult<_>>()?,
+        Some(a) => a
+            .iter()
+            .map(|&x| norm_axis(x, shape.len()))
+            .collect::<OpResult<_>>()?,
         None => (0..shape.len()).filter(|&i| shape[i] == 1).collect(),
     };
     if let Some(&bad) = drop.iter().find(|&&i| shape[i] != 1) {
-        op_bail!("cannot squeeze axis {bad} of size {} (shape {shape:?})", shape[bad]);
+        op_bail!(
+            "cannot squeeze axis {bad} of size {} (shape {shape:?})",
+            shape[bad]
+        );
     }
-    let new: Vec<usize> = shape.iter().enumerate().filter(|(i, _)| !drop.contains(i)).map(|(_, &d)| d).collect();
+    let new: Vec<usize> = shape
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !drop.contains(i))
+        .map(|(_, &d)| d)
+        .collect();
     Ok(reshape_value(data, &new)?.into())
 }
 
@@ -134,9 +167,14 @@ pub fn squeeze(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 pub fn unsqueeze(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let data = inputs.take(0, "data")?;
     let shape = data.shape();
-    let Some(axes) = axes_of(ctx, &mut inputs)? else { op_bail!("axes are required") };
+    let Some(axes) = axes_of(ctx, &mut inputs)? else {
+        op_bail!("axes are required")
+    };
     let out_rank = shape.len() + axes.len();
-    let mut axes: Vec<usize> = axes.iter().map(|&a| norm_axis(a, out_rank)).collect::<OpResult<_>>()?;
+    let mut axes: Vec<usize> = axes
+        .iter()
+        .map(|&a| norm_axis(a, out_rank))
+        .collect::<OpResult<_>>()?;
     axes.sort_unstable();
     let mut new = shape.clone();
     for a in axes {

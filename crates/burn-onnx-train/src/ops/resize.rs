@@ -38,7 +38,11 @@ fn source_coord(mode: &str, o: usize, n_in: usize, n_out: usize, scale: f64) -> 
 fn nearest_index(mode: &str, x: f64, n_in: usize) -> OpResult<usize> {
     let i = match mode {
         "round_prefer_floor" => {
-            if x.fract() == 0.5 { x.floor() } else { x.round() }
+            if x.fract() == 0.5 {
+                x.floor()
+            } else {
+                x.round()
+            }
         }
         "round_prefer_ceil" => x.round(),
         "floor" => x.floor(),
@@ -60,17 +64,35 @@ pub fn resize(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         Some(Value::Float(f)) if f.numel() > 0 => Some(f.to_array()?.iter().copied().collect()),
         _ => None,
     };
-    let sizes = inputs.opt(3).map(|v| v.dims_list("sizes")).transpose()?.filter(|s| !s.is_empty());
+    let sizes = inputs
+        .opt(3)
+        .map(|v| v.dims_list("sizes"))
+        .transpose()?
+        .filter(|s| !s.is_empty());
     if ctx.attrs.has("axes") || ctx.attrs.int("antialias", 0)? != 0 {
         op_bail!("the `axes` and `antialias` attributes are not supported");
     }
     let (out, scale): (Vec<usize>, Vec<f64>) = match (sizes, scales) {
-        (Some(s), _) if s.len() == rank => (s.clone(), s.iter().zip(&shape).map(|(&o, &i)| o as f64 / i as f64).collect()),
-        (None, Some(sc)) if sc.len() == rank => (sc.iter().zip(&shape).map(|(&s, &i)| (i as f64 * s as f64).floor() as usize).collect(), sc.iter().map(|&s| s as f64).collect()),
+        (Some(s), _) if s.len() == rank => (
+            s.clone(),
+            s.iter()
+                .zip(&shape)
+                .map(|(&o, &i)| o as f64 / i as f64)
+                .collect(),
+        ),
+        (None, Some(sc)) if sc.len() == rank => (
+            sc.iter()
+                .zip(&shape)
+                .map(|(&s, &i)| (i as f64 * s as f64).floor() as usize)
+                .collect(),
+            sc.iter().map(|&s| s as f64).collect(),
+        ),
         _ => op_bail!("needs `scales` or `sizes` with one entry per axis of {shape:?}"),
     };
     let mode = ctx.attrs.string("mode", "nearest")?;
-    let coord = ctx.attrs.string("coordinate_transformation_mode", "half_pixel")?;
+    let coord = ctx
+        .attrs
+        .string("coordinate_transformation_mode", "half_pixel")?;
     let nearest = ctx.attrs.string("nearest_mode", "round_prefer_floor")?;
     let mut t = x.tensor;
     for axis in 0..rank {
@@ -79,10 +101,15 @@ pub fn resize(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             continue;
         }
         let phys = axis + MAX_RANK - rank;
-        let coords: Vec<f64> = (0..n_out).map(|o| source_coord(&coord, o, n_in, n_out, scale[axis])).collect::<OpResult<_>>()?;
+        let coords: Vec<f64> = (0..n_out)
+            .map(|o| source_coord(&coord, o, n_in, n_out, scale[axis]))
+            .collect::<OpResult<_>>()?;
         t = match mode.as_str() {
             "nearest" => {
-                let idx: Vec<i64> = coords.iter().map(|&c| nearest_index(&nearest, c, n_in).map(|i| i as i64)).collect::<OpResult<_>>()?;
+                let idx: Vec<i64> = coords
+                    .iter()
+                    .map(|&c| nearest_index(&nearest, c, n_in).map(|i| i as i64))
+                    .collect::<OpResult<_>>()?;
                 t.select(phys, int_tensor_1d(idx, ctx.device))
             }
             "linear" => {
@@ -98,7 +125,8 @@ pub fn resize(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
                 }
                 let mut wshape = [1usize; MAX_RANK];
                 wshape[phys] = n_out;
-                let w_hi: Tensor<MAX_RANK> = Tensor::from_data(TensorData::new(w_hi, wshape.to_vec()), ctx.device);
+                let w_hi: Tensor<MAX_RANK> =
+                    Tensor::from_data(TensorData::new(w_hi, wshape.to_vec()), ctx.device);
                 let a = t.clone().select(phys, int_tensor_1d(lo, ctx.device));
                 let b = t.select(phys, int_tensor_1d(hi, ctx.device));
                 a.clone() + (b - a) * w_hi

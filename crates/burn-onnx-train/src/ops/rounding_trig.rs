@@ -6,7 +6,12 @@ use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
 use crate::value::{FloatValue, PhysTensor, Value};
 
-fn float_or_int(ctx: &OpContext, mut inputs: Inputs, f: fn(PhysTensor) -> PhysTensor, int: fn(i64) -> i64) -> OpResult<OpOutput> {
+fn float_or_int(
+    ctx: &OpContext,
+    mut inputs: Inputs,
+    f: fn(PhysTensor) -> PhysTensor,
+    int: fn(i64) -> i64,
+) -> OpResult<OpOutput> {
     Ok(match inputs.take(0, "X")? {
         Value::Int(a) => Value::Int(a.mapv(int)),
         other => {

@@ -11,7 +11,9 @@ use crate::value::{FloatValue, Value, norm_axis};
 pub fn cumsum(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.take(0, "x")?;
     let axis_list = inputs.take(1, "axis")?.int_list("axis")?;
-    let [axis] = axis_list[..] else { op_bail!("axis must hold one value") };
+    let [axis] = axis_list[..] else {
+        op_bail!("axis must hold one value")
+    };
     let axis = norm_axis(axis, x.rank())?;
     let exclusive = ctx.attrs.int("exclusive", 0)? != 0;
     let reverse = ctx.attrs.int("reverse", 0)? != 0;
@@ -19,7 +21,11 @@ pub fn cumsum(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         Value::Int(mut a) => {
             for mut lane in a.lanes_mut(Axis(axis)) {
                 let n = lane.len();
-                let order: Vec<usize> = if reverse { (0..n).rev().collect() } else { (0..n).collect() };
+                let order: Vec<usize> = if reverse {
+                    (0..n).rev().collect()
+                } else {
+                    (0..n).collect()
+                };
                 let mut acc = 0i64;
                 for i in order {
                     let v = lane[i];
@@ -32,7 +38,11 @@ pub fn cumsum(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         other => {
             let x = other.into_float(ctx.device)?;
             let d = x.axis(axis as i64)?;
-            let t = if reverse { x.tensor.clone().flip([d]) } else { x.tensor.clone() };
+            let t = if reverse {
+                x.tensor.clone().flip([d])
+            } else {
+                x.tensor.clone()
+            };
             let mut c = t.clone().cumsum(d);
             if exclusive {
                 c = c - t;
@@ -48,12 +58,21 @@ pub fn cumsum(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 /// shifted by `k`.
 pub fn trilu(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.take(0, "input")?;
-    let k = inputs.int_list(1, "k")?.and_then(|v| v.first().copied()).unwrap_or(0);
+    let k = inputs
+        .int_list(1, "k")?
+        .and_then(|v| v.first().copied())
+        .unwrap_or(0);
     let upper = ctx.attrs.int("upper", 1)? != 0;
     if x.rank() < 2 {
         op_bail!("Trilu needs rank >= 2, got {:?}", x.shape());
     }
-    let keep = |i: usize, j: usize| if upper { j as i64 - i as i64 >= k } else { j as i64 - i as i64 <= k };
+    let keep = |i: usize, j: usize| {
+        if upper {
+            j as i64 - i as i64 >= k
+        } else {
+            j as i64 - i as i64 <= k
+        }
+    };
     fn mask<T: Copy + Default>(a: &mut ArrayD<T>, keep: impl Fn(usize, usize) -> bool) {
         let r = a.ndim();
         for (idx, v) in a.indexed_iter_mut() {
@@ -72,7 +91,11 @@ pub fn trilu(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             Value::Bool(a)
         }
         Value::Float(f) => {
-            let t = if upper { f.tensor.triu(k) } else { f.tensor.tril(k) };
+            let t = if upper {
+                f.tensor.triu(k)
+            } else {
+                f.tensor.tril(k)
+            };
             Value::Float(FloatValue::new(t, f.rank))
         }
     }

@@ -43,12 +43,25 @@ pub fn slice(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let data = inputs.take(0, "data")?;
     let shape = data.shape();
     let (starts, ends, axes, steps) = if ctx.opset >= 10 {
-        let Some(starts) = inputs.int_list(1, "starts")? else { op_bail!("input `starts` is required") };
-        let Some(ends) = inputs.int_list(2, "ends")? else { op_bail!("input `ends` is required") };
-        (starts, ends, inputs.int_list(3, "axes")?, inputs.int_list(4, "steps")?)
+        let Some(starts) = inputs.int_list(1, "starts")? else {
+            op_bail!("input `starts` is required")
+        };
+        let Some(ends) = inputs.int_list(2, "ends")? else {
+            op_bail!("input `ends` is required")
+        };
+        (
+            starts,
+            ends,
+            inputs.int_list(3, "axes")?,
+            inputs.int_list(4, "steps")?,
+        )
     } else {
-        let Some(starts) = ctx.attrs.ints("starts")? else { op_bail!("attribute `starts` is required") };
-        let Some(ends) = ctx.attrs.ints("ends")? else { op_bail!("attribute `ends` is required") };
+        let Some(starts) = ctx.attrs.ints("starts")? else {
+            op_bail!("attribute `starts` is required")
+        };
+        let Some(ends) = ctx.attrs.ints("ends")? else {
+            op_bail!("attribute `ends` is required")
+        };
         (starts, ends, ctx.attrs.ints("axes")?, None)
     };
     let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());

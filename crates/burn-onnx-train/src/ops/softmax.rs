@@ -7,7 +7,11 @@ use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
 use crate::value::{FloatValue, PhysTensor, Value, norm_axis};
 
-fn along_axis(ctx: &OpContext, mut inputs: Inputs, f: fn(PhysTensor, usize) -> PhysTensor) -> OpResult<OpOutput> {
+fn along_axis(
+    ctx: &OpContext,
+    mut inputs: Inputs,
+    f: fn(PhysTensor, usize) -> PhysTensor,
+) -> OpResult<OpOutput> {
     let x = inputs.float(0, "input", ctx.device)?;
     let shape = x.shape();
     let default_axis = if ctx.opset >= 13 { -1 } else { 1 };

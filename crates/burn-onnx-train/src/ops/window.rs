@@ -20,13 +20,20 @@ pub struct Window2d {
 
 fn to_usize(v: &[i64], what: &str) -> OpResult<Vec<usize>> {
     v.iter()
-        .map(|&x| usize::try_from(x).map_err(|_| format!("attribute `{what}` has a negative entry: {v:?}").into()))
+        .map(|&x| {
+            usize::try_from(x)
+                .map_err(|_| format!("attribute `{what}` has a negative entry: {v:?}").into())
+        })
         .collect()
 }
 
 /// Lift a 1-D spatial list to 2-D by prepending the neutral value.
 fn lift(v: Vec<usize>, spatial: usize, neutral: usize) -> [usize; 2] {
-    if spatial == 1 { [neutral, v[0]] } else { [v[0], v[1]] }
+    if spatial == 1 {
+        [neutral, v[0]]
+    } else {
+        [v[0], v[1]]
+    }
 }
 
 impl Window2d {
@@ -35,12 +42,17 @@ impl Window2d {
     pub fn from_attrs(attrs: &Attributes, input: &[usize], kernel: &[usize]) -> OpResult<Self> {
         let spatial = input.len();
         if !(1..=2).contains(&spatial) || kernel.len() != spatial {
-            op_bail!("only 1-D and 2-D windows are supported (input spatial dims {input:?}, kernel {kernel:?})");
+            op_bail!(
+                "only 1-D and 2-D windows are supported (input spatial dims {input:?}, kernel {kernel:?})"
+            );
         }
         let list = |name: &str, default: usize| -> OpResult<Vec<usize>> {
             match attrs.ints(name)? {
                 Some(v) if v.len() == spatial => to_usize(&v, name),
-                Some(v) => op_bail!("attribute `{name}` has {} entries, expected {spatial}", v.len()),
+                Some(v) => op_bail!(
+                    "attribute `{name}` has {} entries, expected {spatial}",
+                    v.len()
+                ),
                 None => Ok(vec![default; spatial]),
             }
         };
@@ -51,7 +63,11 @@ impl Window2d {
             "NOTSET" => {
                 if let Some(p) = attrs.ints("pads")? {
                     if p.len() != 2 * spatial {
-                        op_bail!("attribute `pads` has {} entries, expected {}", p.len(), 2 * spatial);
+                        op_bail!(
+                            "attribute `pads` has {} entries, expected {}",
+                            p.len(),
+                            2 * spatial
+                        );
                     }
                     let p = to_usize(&p, "pads")?;
                     for i in 0..spatial {
@@ -66,7 +82,11 @@ impl Window2d {
                     let needed = (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1;
                     let total = needed.saturating_sub(input[i]);
                     let small = total / 2;
-                    pads[i] = if mode == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
+                    pads[i] = if mode == "SAME_UPPER" {
+                        (small, total - small)
+                    } else {
+                        (total - small, small)
+                    };
                 }
             }
             other => op_bail!("attribute `auto_pad` has unknown value {other:?}"),
@@ -74,7 +94,11 @@ impl Window2d {
         if strides.contains(&0) || dilations.contains(&0) {
             op_bail!("strides and dilations must be positive");
         }
-        let pads2 = if spatial == 1 { [(0, 0), pads[0]] } else { [pads[0], pads[1]] };
+        let pads2 = if spatial == 1 {
+            [(0, 0), pads[0]]
+        } else {
+            [pads[0], pads[1]]
+        };
         Ok(Window2d {
             kernel: lift(kernel.to_vec(), spatial, 1),
             strides: lift(strides, spatial, 1),

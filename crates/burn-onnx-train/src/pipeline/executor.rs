@@ -77,7 +77,15 @@ impl StageExec<'_> {
 
     /// Run `schedule` over `micro` (the micro-batches) on `model` (this stage). `seeds[j]`
     /// drives micro-batch `j`'s dropout; `scale` multiplies the loss before backward.
-    pub fn run(&self, model: &mut OnnxModel, micro: &[Batch], c: &TrainingConfig, schedule: PipelineSchedule, seeds: &[u64], scale: f64) -> Result<StageResult> {
+    pub fn run(
+        &self,
+        model: &mut OnnxModel,
+        micro: &[Batch],
+        c: &TrainingConfig,
+        schedule: PipelineSchedule,
+        seeds: &[u64],
+        scale: f64,
+    ) -> Result<StageResult> {
         let mut flights: Vec<Option<InFlight>> = (0..micro.len()).map(|_| None).collect();
         let mut acc = GradientsAccumulator::<OnnxModel>::new();
         let mut loss_sum = 0.0;
@@ -89,18 +97,32 @@ impl StageExec<'_> {
                     flights[j] = Some(flight);
                 }
                 Pass::Backward(j) => {
-                    let flight = flights[j].take().ok_or_else(|| OnnxError::field("pipeline", format!("backward of micro-batch {j} before its forward")))?;
+                    let flight = flights[j].take().ok_or_else(|| {
+                        OnnxError::field(
+                            "pipeline",
+                            format!("backward of micro-batch {j} before its forward"),
+                        )
+                    })?;
                     let grads = self.backward(model, flight)?;
                     acc.accumulate(model, grads);
                 }
             }
         }
-        Ok(StageResult { grads: acc.grads(), loss_sum, waited: self.waited.take() })
+        Ok(StageResult {
+            grads: acc.grads(),
+            loss_sum,
+            waited: self.waited.take(),
+        })
     }
 
     /// Evaluation forward of `batch` through this stage: the last stage returns the loss
     /// and correct predictions.
-    pub fn eval(&self, model: &OnnxModel, batch: &Batch, c: &TrainingConfig) -> Result<Option<(f32, usize)>> {
+    pub fn eval(
+        &self,
+        model: &OnnxModel,
+        batch: &Batch,
+        c: &TrainingConfig,
+    ) -> Result<Option<(f32, usize)>> {
         let (inputs, _) = self.inputs(batch, c, false)?;
         let out = model.forward_with(inputs, Mode::Eval, 0, c.precision.autocast())?;
         if self.last() {
@@ -114,13 +136,28 @@ impl StageExec<'_> {
 
     /// The stage's inputs for `batch`: graph inputs from the batch, activations from the
     /// previous stage (as gradient leaves when `track`, returned apart too).
-    fn inputs(&self, batch: &Batch, c: &TrainingConfig, track: bool) -> Result<(Vec<(String, Value)>, Vec<FloatValue>)> {
+    fn inputs(
+        &self,
+        batch: &Batch,
+        c: &TrainingConfig,
+        track: bool,
+    ) -> Result<(Vec<(String, Value)>, Vec<FloatValue>)> {
         let mut inputs = Vec::new();
         for name in &self.stage.graph_inputs {
             if name != &c.input_name {
-                return Err(OnnxError::field("config.input_name", format!("stage {} reads graph input '{name}', but batches feed only '{}'", self.stage.index, c.input_name)));
+                return Err(OnnxError::field(
+                    "config.input_name",
+                    format!(
+                        "stage {} reads graph input '{name}', but batches feed only '{}'",
+                        self.stage.index, c.input_name
+                    ),
+                ));
             }
-            inputs.push((name.clone(), Value::from_host(&batch.input, self.device).map_err(|e| OnnxError::field("batch", e.0))?));
+            inputs.push((
+                name.clone(),
+                Value::from_host(&batch.input, self.device)
+                    .map_err(|e| OnnxError::field("batch", e.0))?,
+            ));
         }
         let mut received = Vec::new();
         if !self.first() {
@@ -133,18 +170,43 @@ impl StageExec<'_> {
         Ok((inputs, received))
     }
 
-    fn forward(&self, model: &mut OnnxModel, batch: &Batch, c: &TrainingConfig, seed: u64, scale: f64) -> Result<(InFlight, f64)> {
+    fn forward(
+        &self,
+        model: &mut OnnxModel,
+        batch: &Batch,
+        c: &TrainingConfig,
+        seed: u64,
+        scale: f64,
+    ) -> Result<(InFlight, f64)> {
         let (inputs, received) = self.inputs(batch, c, true)?;
         let out = model.forward_with(inputs, Mode::Train, seed, c.precision.autocast())?;
         let state = out.state_updates.clone();
         let result = if self.last() {
             let step = loss_of_outputs(out, batch, c, self.device, Mode::Train)?;
             let loss = f64::from(scalar(step.loss.clone()));
-            (InFlight { received, sent: Vec::new(), loss: Some(step.loss.mul_scalar(scale)) }, loss)
+            (
+                InFlight {
+                    received,
+                    sent: Vec::new(),
+                    loss: Some(step.loss.mul_scalar(scale)),
+                },
+                loss,
+            )
         } else {
             let sent: Vec<Value> = out.outputs.into_iter().map(|(_, v)| v).collect();
-            send_values(self.comm, self.stage.index + 1, &sent.iter().collect::<Vec<_>>())?;
-            (InFlight { received, sent, loss: None }, 0.0)
+            send_values(
+                self.comm,
+                self.stage.index + 1,
+                &sent.iter().collect::<Vec<_>>(),
+            )?;
+            (
+                InFlight {
+                    received,
+                    sent,
+                    loss: None,
+                },
+                0.0,
+            )
         };
         *model = model.clone().apply_state(state);
         Ok(result)
@@ -158,7 +220,10 @@ impl StageExec<'_> {
                 let grads = self.recv(self.stage.index + 1, outputs.len())?;
                 let grads = grads.into_iter().map(|g| match g {
                     Value::Float(g) => Ok(g),
-                    _ => Err(OnnxError::field("pipeline", "a gradient arrived as a non-float value")),
+                    _ => Err(OnnxError::field(
+                        "pipeline",
+                        "a gradient arrived as a non-float value",
+                    )),
                 });
                 vjp::surrogate(&outputs, grads.collect::<Result<_>>()?)
             }
@@ -167,8 +232,15 @@ impl StageExec<'_> {
         // back-propagate to nothing.
         let grads = surrogate.map(|s| s.backward());
         if !self.first() {
-            let back: Vec<Value> = vjp::leaf_grads(&flight.received, grads.as_ref()).into_iter().map(Value::Float).collect();
-            send_values(self.comm, self.stage.index - 1, &back.iter().collect::<Vec<_>>())?;
+            let back: Vec<Value> = vjp::leaf_grads(&flight.received, grads.as_ref())
+                .into_iter()
+                .map(Value::Float)
+                .collect();
+            send_values(
+                self.comm,
+                self.stage.index - 1,
+                &back.iter().collect::<Vec<_>>(),
+            )?;
         }
         Ok(match grads {
             Some(g) => GradientsParams::from_grads(g, model),

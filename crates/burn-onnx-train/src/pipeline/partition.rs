@@ -72,13 +72,23 @@ impl Partition {
     pub fn auto(model: &OnnxModel, n: usize) -> Result<Self> {
         let nodes = model.graph().nodes.len();
         if n == 0 || n > nodes {
-            return Err(OnnxError::field("config.pipeline_parallel_size", format!("{n} stages for a graph of {nodes} nodes: use 1 to {nodes}")));
+            return Err(OnnxError::field(
+                "config.pipeline_parallel_size",
+                format!("{n} stages for a graph of {nodes} nodes: use 1 to {nodes}"),
+            ));
         }
         let (elements, flops) = node_costs(model);
-        let (te, tf) = (elements.iter().sum::<f64>().max(1.0), flops.iter().sum::<f64>().max(1.0));
+        let (te, tf) = (
+            elements.iter().sum::<f64>().max(1.0),
+            flops.iter().sum::<f64>().max(1.0),
+        );
         // Every node also weighs a little, so parameter-free stretches (attention) spread.
         let unit = 0.05 / nodes as f64;
-        let weight: Vec<f64> = elements.iter().zip(&flops).map(|(e, f)| 0.475 * e / te + 0.475 * f / tf + unit).collect();
+        let weight: Vec<f64> = elements
+            .iter()
+            .zip(&flops)
+            .map(|(e, f)| 0.475 * e / te + 0.475 * f / tf + unit)
+            .collect();
         let mut prefix = vec![0.0; nodes + 1];
         for i in 0..nodes {
             prefix[i + 1] = prefix[i] + weight[i];
@@ -95,7 +105,11 @@ impl Partition {
                 .min_by(|&a, &b| {
                     let key = |c: usize| {
                         let off = (prefix[c] - target).abs();
-                        (if off <= slack { 0 } else { 1 }, if off <= slack { crossing[c] } else { 0 }, off)
+                        (
+                            if off <= slack { 0 } else { 1 },
+                            if off <= slack { crossing[c] } else { 0 },
+                            off,
+                        )
                     };
                     let (ka, kb) = (key(a), key(b));
                     (ka.0, ka.1).cmp(&(kb.0, kb.1)).then(ka.2.total_cmp(&kb.2))
@@ -110,14 +124,27 @@ impl Partition {
     /// Cut after the nodes that produce the named values (ORT's cut edges), in order.
     pub fn after(model: &OnnxModel, cuts: &[String]) -> Result<Self> {
         let graph = model.graph();
-        let producer: HashMap<&str, usize> = graph.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i))).collect();
+        let producer: HashMap<&str, usize> = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
+            .collect();
         let mut bounds = vec![0];
         for cut in cuts {
-            let &p = producer.get(cut.as_str()).ok_or_else(|| OnnxError::field("config.pipeline_cut_after", format!("'{cut}' is not the output of a node")))?;
+            let &p = producer.get(cut.as_str()).ok_or_else(|| {
+                OnnxError::field(
+                    "config.pipeline_cut_after",
+                    format!("'{cut}' is not the output of a node"),
+                )
+            })?;
             if p + 1 <= *bounds.last().unwrap_or(&0) || p + 1 >= graph.nodes.len() {
                 return Err(OnnxError::field(
                     "config.pipeline_cut_after",
-                    format!("cutting after '{cut}' (node {p} of {}) leaves an empty stage: list cuts in execution order, none after the last node", graph.nodes.len()),
+                    format!(
+                        "cutting after '{cut}' (node {p} of {}) leaves an empty stage: list cuts in execution order, none after the last node",
+                        graph.nodes.len()
+                    ),
                 ));
             }
             bounds.push(p + 1);
@@ -147,14 +174,32 @@ impl Partition {
                         }
                     }
                 }
-                let sends = if w[1] == graph.nodes.len() { graph.outputs.iter().map(|o| o.name.clone()).collect() } else { live_at(model, w[1]) };
+                let sends = if w[1] == graph.nodes.len() {
+                    graph.outputs.iter().map(|o| o.name.clone()).collect()
+                } else {
+                    live_at(model, w[1])
+                };
                 Stage {
                     index,
-                    receives: if w[0] == 0 { Vec::new() } else { live_at(model, w[0]) },
+                    receives: if w[0] == 0 {
+                        Vec::new()
+                    } else {
+                        live_at(model, w[0])
+                    },
                     sends,
                     graph_inputs,
-                    params: model.param_infos().iter().filter(|p| params.contains(p.name.as_str())).map(|p| p.name.clone()).collect(),
-                    param_elements: model.param_infos().iter().filter(|p| params.contains(p.name.as_str())).map(|p| p.shape.iter().product::<usize>()).sum(),
+                    params: model
+                        .param_infos()
+                        .iter()
+                        .filter(|p| params.contains(p.name.as_str()))
+                        .map(|p| p.name.clone())
+                        .collect(),
+                    param_elements: model
+                        .param_infos()
+                        .iter()
+                        .filter(|p| params.contains(p.name.as_str()))
+                        .map(|p| p.shape.iter().product::<usize>())
+                        .sum(),
                     flops: flops[nodes.clone()].iter().sum(),
                     nodes,
                 }
@@ -165,7 +210,11 @@ impl Partition {
             .iter()
             .map(|p| SharedParam {
                 name: p.name.clone(),
-                stages: stages.iter().filter(|s| s.params.contains(&p.name)).map(|s| s.index).collect(),
+                stages: stages
+                    .iter()
+                    .filter(|s| s.params.contains(&p.name))
+                    .map(|s| s.index)
+                    .collect(),
                 elements: p.shape.iter().product(),
                 trainable: p.role == crate::model::ParamRole::Trainable,
             })
@@ -177,17 +226,38 @@ impl Partition {
 
 /// Per node: parameter elements read, and estimated multiply-adds per position.
 fn node_costs(model: &OnnxModel) -> (Vec<f64>, Vec<f64>) {
-    let size = |name: &str| model.param_index(name).map_or(0.0, |i| model.param_infos()[i].shape.iter().product::<usize>() as f64);
+    let size = |name: &str| {
+        model.param_index(name).map_or(0.0, |i| {
+            model.param_infos()[i].shape.iter().product::<usize>() as f64
+        })
+    };
     let mut seen = HashSet::new();
     model
         .graph()
         .nodes
         .iter()
         .map(|n| {
-            let weights: f64 = n.inputs.iter().filter(|i| model.param_index(i).is_some()).map(|i| size(i)).sum();
+            let weights: f64 = n
+                .inputs
+                .iter()
+                .filter(|i| model.param_index(i).is_some())
+                .map(|i| size(i))
+                .sum();
             // Memory counts a shared parameter once, at its first reader.
-            let fresh: f64 = n.inputs.iter().filter(|i| model.param_index(i).is_some() && seen.insert(i.as_str())).map(|i| size(i)).sum();
-            (fresh, if WEIGHTED_OPS.contains(&n.op_type.as_str()) { 2.0 * weights } else { 0.0 })
+            let fresh: f64 = n
+                .inputs
+                .iter()
+                .filter(|i| model.param_index(i).is_some() && seen.insert(i.as_str()))
+                .map(|i| size(i))
+                .sum();
+            (
+                fresh,
+                if WEIGHTED_OPS.contains(&n.op_type.as_str()) {
+                    2.0 * weights
+                } else {
+                    0.0
+                },
+            )
         })
         .unzip()
 }
@@ -215,7 +285,11 @@ fn crossing_counts(model: &OnnxModel) -> Vec<usize> {
     let mut diff = vec![0i64; n + 2];
     for (p, node) in graph.nodes.iter().enumerate() {
         for o in node.outputs.iter().filter(|o| !o.is_empty()) {
-            let end = if outputs.contains(o.as_str()) { n } else { graph.last_use.get(o).copied().unwrap_or(p) };
+            let end = if outputs.contains(o.as_str()) {
+                n
+            } else {
+                graph.last_use.get(o).copied().unwrap_or(p)
+            };
             if end > p {
                 diff[p + 1] += 1;
                 diff[end + 1] -= 1;

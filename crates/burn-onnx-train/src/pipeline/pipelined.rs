@@ -43,13 +43,24 @@ pub struct Pipelined {
 impl Pipelined {
     fn exec<'a>(&'a self, device: &'a Device) -> StageExec<'a> {
         let stage = self.comm.rank();
-        StageExec { stage: &self.partition.stages[stage], stages: self.partition.stages.len(), comm: self.comm.as_ref(), device, waited: Default::default() }
+        StageExec {
+            stage: &self.partition.stages[stage],
+            stages: self.partition.stages.len(),
+            comm: self.comm.as_ref(),
+            device,
+            waited: Default::default(),
+        }
     }
 
     /// Sum the gradients of parameters held by several stages over the group (zeros from
     /// stages without the parameter), one all-reduce for all of them.
     fn sum_shared(&self, model: &OnnxModel, grads: &mut GradientsParams) -> Result<()> {
-        let shared: Vec<_> = self.partition.shared.iter().filter(|s| s.trainable).collect();
+        let shared: Vec<_> = self
+            .partition
+            .shared
+            .iter()
+            .filter(|s| s.trainable)
+            .collect();
         if shared.is_empty() {
             return Ok(());
         }
@@ -59,8 +70,17 @@ impl Pipelined {
             let (name, n) = (&s.name, s.elements);
             let start = flat.len();
             flat.resize(start + n, 0.0);
-            if let Some(g) = model.param_index(name).and_then(|i| grads.get::<MAX_RANK>(model.params()[i].id)) {
-                let v = g.into_data().convert::<f32>().try_into_vec::<f32>().map_err(|e| OnnxError::field("pipeline", format!("gradient of '{name}': {e:?}")))?;
+            if let Some(g) = model
+                .param_index(name)
+                .and_then(|i| grads.get::<MAX_RANK>(model.params()[i].id))
+            {
+                let v = g
+                    .into_data()
+                    .convert::<f32>()
+                    .try_into_vec::<f32>()
+                    .map_err(|e| {
+                        OnnxError::field("pipeline", format!("gradient of '{name}': {e:?}"))
+                    })?;
                 flat[start..].copy_from_slice(&v);
             }
             spans.push(start..start + n);
@@ -68,31 +88,65 @@ impl Pipelined {
         self.comm.all_reduce(&mut flat, ReduceOp::Sum)?;
         for (s, span) in shared.iter().zip(spans) {
             let name = &s.name;
-            let Some(i) = model.param_index(name) else { continue };
+            let Some(i) = model.param_index(name) else {
+                continue;
+            };
             let p: &Param<PhysTensor> = &model.params()[i];
             if !p.val().is_require_grad() {
                 continue;
             }
-            let shape = padded(&model.param_infos()[i].shape).map_err(|e| OnnxError::field(name.as_str(), e.0))?;
+            let shape = padded(&model.param_infos()[i].shape)
+                .map_err(|e| OnnxError::field(name.as_str(), e.0))?;
             let device = p.val().inner().device();
-            grads.register(p.id, PhysTensor::from_data(TensorData::new(flat[span].to_vec(), shape.to_vec()), &device));
+            grads.register(
+                p.id,
+                PhysTensor::from_data(
+                    TensorData::new(flat[span].to_vec(), shape.to_vec()),
+                    &device,
+                ),
+            );
         }
         Ok(())
     }
 }
 
 impl Passes for Pipelined {
-    fn train(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize, loss_scale: f64) -> Result<Accumulated> {
+    fn train(
+        &self,
+        c: &TrainingConfig,
+        model: &mut OnnxModel,
+        prefetch: &Prefetcher,
+        micro: &mut usize,
+        update: usize,
+        loss_scale: f64,
+    ) -> Result<Accumulated> {
         let k = c.gradient_accumulation_steps;
         let m = self.micro_batches;
         let exec = self.exec(&self.device);
         let scale = loss_scale / (m * k) as f64;
-        let (mut acc, mut loss_sum, mut items, mut waited) = (burn::optim::GradientsAccumulator::<OnnxModel>::new(), 0.0f64, 0usize, Duration::ZERO);
+        let (mut acc, mut loss_sum, mut items, mut waited) = (
+            burn::optim::GradientsAccumulator::<OnnxModel>::new(),
+            0.0f64,
+            0usize,
+            Duration::ZERO,
+        );
         for _ in 0..k {
             let batch = prefetch.next_batch()?;
             let parts = batch.split(m)?;
-            let seeds: Vec<u64> = (0..m).map(|j| mix_seed(mix_seed(mix_seed(c.seed, self.replica as u64), *micro as u64), j as u64)).collect();
-            tracing::debug!(micro_step = *micro, update, stage = exec.stage.index, "pipeline batch");
+            let seeds: Vec<u64> = (0..m)
+                .map(|j| {
+                    mix_seed(
+                        mix_seed(mix_seed(c.seed, self.replica as u64), *micro as u64),
+                        j as u64,
+                    )
+                })
+                .collect();
+            tracing::debug!(
+                micro_step = *micro,
+                update,
+                stage = exec.stage.index,
+                "pipeline batch"
+            );
             let out = exec.run(model, &parts, c, self.schedule, &seeds, scale)?;
             acc.accumulate(model, out.grads);
             loss_sum += out.loss_sum / m as f64;
@@ -103,11 +157,22 @@ impl Passes for Pipelined {
         let mut grads = acc.grads();
         self.sum_shared(model, &mut grads)?;
         let mut loss = [loss_sum as f32 / k as f32];
-        self.comm.broadcast(&mut loss, self.partition.stages.len() - 1)?;
-        Ok(Accumulated { grads, loss: f64::from(loss[0]), items, waited })
+        self.comm
+            .broadcast(&mut loss, self.partition.stages.len() - 1)?;
+        Ok(Accumulated {
+            grads,
+            loss: f64::from(loss[0]),
+            items,
+            waited,
+        })
     }
 
-    fn eval(&self, c: &TrainingConfig, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {
+    fn eval(
+        &self,
+        c: &TrainingConfig,
+        model: &OnnxModel,
+        batch: &Batch,
+    ) -> Result<Option<(f32, usize)>> {
         let device = model.device();
         self.exec(&device).eval(model, batch, c)
     }

@@ -40,7 +40,10 @@ impl PipelineSchedule {
     /// The passes stage `stage` of `stages` runs for `micro` micro-batches, in order.
     pub fn passes(self, stages: usize, stage: usize, micro: usize) -> Vec<Pass> {
         match self {
-            PipelineSchedule::Gpipe => (0..micro).map(Pass::Forward).chain((0..micro).map(Pass::Backward)).collect(),
+            PipelineSchedule::Gpipe => (0..micro)
+                .map(Pass::Forward)
+                .chain((0..micro).map(Pass::Backward))
+                .collect(),
             PipelineSchedule::OneFOneB => {
                 let warm = (stages - stage - 1).min(micro);
                 let mut out: Vec<Pass> = (0..warm).map(Pass::Forward).collect();
@@ -82,7 +85,17 @@ mod tests {
                     assert_eq!(p.len(), 2 * micro);
                     assert!(peak_in_flight(&p) <= (stages - stage).min(micro));
                     assert_eq!(peak_in_flight(&g), micro);
-                    let back = |v: &[Pass]| v.iter().filter_map(|x| if let Pass::Backward(j) = x { Some(*j) } else { None }).collect::<Vec<_>>();
+                    let back = |v: &[Pass]| {
+                        v.iter()
+                            .filter_map(|x| {
+                                if let Pass::Backward(j) = x {
+                                    Some(*j)
+                                } else {
+                                    None
+                                }
+                            })
+                            .collect::<Vec<_>>()
+                    };
                     assert_eq!(back(&p), (0..micro).collect::<Vec<_>>());
                     assert_eq!(back(&g), back(&p));
                     for (i, x) in p.iter().enumerate() {
@@ -94,6 +107,14 @@ mod tests {
             }
         }
         // The last stage alternates from the start.
-        assert_eq!(PipelineSchedule::OneFOneB.passes(4, 3, 2), vec![Pass::Forward(0), Pass::Backward(0), Pass::Forward(1), Pass::Backward(1)]);
+        assert_eq!(
+            PipelineSchedule::OneFOneB.passes(4, 3, 2),
+            vec![
+                Pass::Forward(0),
+                Pass::Backward(0),
+                Pass::Forward(1),
+                Pass::Backward(1)
+            ]
+        );
     }
 }

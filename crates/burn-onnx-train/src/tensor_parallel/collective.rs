@@ -14,13 +14,13 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use burn::backend::Cube;
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-use burn::backend::Cube;
 use burn::backend::flex::Flex;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata, backend_extension};
@@ -56,12 +56,20 @@ pub fn active() -> bool {
 /// interpreter turns a panic in forward into an error naming the node, and a panic in
 /// backward ends the rank, which ends every rank of the run.
 fn host_all_reduce<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
-    let group = GROUP.with(|g| g.borrow().clone()).expect("a tensor-parallel op ran outside a tensor-parallel run");
+    let group = GROUP
+        .with(|g| g.borrow().clone())
+        .expect("a tensor-parallel op ran outside a tensor-parallel run");
     let (device, dtype) = (x.device(), x.dtype());
-    let data = read_sync(B::float_into_data(x)).expect("tensor-parallel all-reduce: reading the tensor");
+    let data =
+        read_sync(B::float_into_data(x)).expect("tensor-parallel all-reduce: reading the tensor");
     let shape = data.shape().clone();
-    let mut values: Vec<f32> = data.convert::<f32>().try_into_vec::<f32>().expect("f32 values");
-    group.all_reduce(&mut values, ReduceOp::Sum).unwrap_or_else(|e| panic!("tensor-parallel all-reduce failed: {e}"));
+    let mut values: Vec<f32> = data
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("f32 values");
+    group
+        .all_reduce(&mut values, ReduceOp::Sum)
+        .unwrap_or_else(|e| panic!("tensor-parallel all-reduce failed: {e}"));
     B::float_from_data(TensorData::new(values, shape).convert_dtype(dtype), &device)
 }
 
@@ -107,7 +115,12 @@ impl<B: Backend> std::fmt::Debug for MapGrad<B> {
 impl<B: Backend> Backward<B, 1> for MapGrad<B> {
     type State = ();
 
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         if let Some(node) = parent {
@@ -117,8 +130,16 @@ impl<B: Backend> Backward<B, 1> for MapGrad<B> {
 }
 
 /// `forward(x)` under autodiff with gradient `backward(g)`.
-fn tracked<B: Backend, C: CheckpointStrategy>(x: FloatTensor<Autodiff<B, C>>, forward: fn(FloatTensor<B>) -> FloatTensor<B>, backward: fn(FloatTensor<B>) -> FloatTensor<B>) -> FloatTensor<Autodiff<B, C>> {
-    match MapGrad(backward).prepare::<C>([x.node()]).compute_bound().stateful() {
+fn tracked<B: Backend, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    forward: fn(FloatTensor<B>) -> FloatTensor<B>,
+    backward: fn(FloatTensor<B>) -> FloatTensor<B>,
+) -> FloatTensor<Autodiff<B, C>> {
+    match MapGrad(backward)
+        .prepare::<C>([x.node()])
+        .compute_bound()
+        .stateful()
+    {
         OpsKind::Tracked(prep) => {
             let out = forward(x.primitive().clone());
             prep.finish((), out)
@@ -143,10 +164,14 @@ impl<B: Backend + TensorParallelOps, C: CheckpointStrategy> TensorParallelOps fo
 
 /// Megatron's `f` on a tensor.
 pub fn tp_copy(x: PhysTensor) -> PhysTensor {
-    PhysTensor::from_dispatch(<burn::backend::Dispatch as TensorParallelOps>::tp_copy(x.into_dispatch()))
+    PhysTensor::from_dispatch(<burn::backend::Dispatch as TensorParallelOps>::tp_copy(
+        x.into_dispatch(),
+    ))
 }
 
 /// Megatron's `g` on a tensor.
 pub fn tp_reduce(x: PhysTensor) -> PhysTensor {
-    PhysTensor::from_dispatch(<burn::backend::Dispatch as TensorParallelOps>::tp_reduce(x.into_dispatch()))
+    PhysTensor::from_dispatch(<burn::backend::Dispatch as TensorParallelOps>::tp_reduce(
+        x.into_dispatch(),
+    ))
 }

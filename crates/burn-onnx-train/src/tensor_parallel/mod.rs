@@ -39,29 +39,59 @@ impl TensorParallel {
     /// Plan `model` (the whole model) for `size` ranks from a probe on `sample` inputs,
     /// and return rank `rank`'s model. A graph with nothing to split is an error unless
     /// `allow_replicated`.
-    pub fn apply(model: OnnxModel, sample: Vec<(String, Value)>, rank: usize, size: usize, allow_replicated: bool) -> Result<(OnnxModel, TensorParallel)> {
+    pub fn apply(
+        model: OnnxModel,
+        sample: Vec<(String, Value)>,
+        rank: usize,
+        size: usize,
+        allow_replicated: bool,
+    ) -> Result<(OnnxModel, TensorParallel)> {
         let probe = model.probe(sample)?;
         let plan = plan::plan(&model, &probe, size);
-        let source = model.graph().source.as_ref().map_or_else(|| "the model".to_string(), |p| p.display().to_string());
+        let source = model
+            .graph()
+            .source
+            .as_ref()
+            .map_or_else(|| "the model".to_string(), |p| p.display().to_string());
         if plan.starts.is_empty() && !allow_replicated {
             return Err(OnnxError::field(
                 "horizontal_parallel_size",
-                format!("no Megatron block (MatMul/Gemm on a 2-D weight -> ... -> MatMul/Gemm contracting its split axis) splits over {size} ranks in {source}: nothing to split (set tensor_parallel_allow_replicated to run it replicated)"),
+                format!(
+                    "no Megatron block (MatMul/Gemm on a 2-D weight -> ... -> MatMul/Gemm contracting its split axis) splits over {size} ranks in {source}: nothing to split (set tensor_parallel_allow_replicated to run it replicated)"
+                ),
             ));
         }
-        let blocks: Vec<String> = plan.starts.iter().map(|&i| model.graph().nodes[i].name.clone()).collect();
+        let blocks: Vec<String> = plan
+            .starts
+            .iter()
+            .map(|&i| model.graph().nodes[i].name.clone())
+            .collect();
         let graph = rewrite::rewrite(model.graph(), &plan)?;
         let model = model.into_tensor_parallel(graph, &plan.params, rank, size)?;
-        Ok((model, TensorParallel { rank, size, params: plan.params, blocks }))
+        Ok((
+            model,
+            TensorParallel {
+                rank,
+                size,
+                params: plan.params,
+                blocks,
+            },
+        ))
     }
 
     /// The full values of the split parameters `model` holds (a pipeline stage holds some),
     /// assembled on rank 0 of `group` (`None` on the others). A collective of the group.
-    pub fn gather(&self, model: &OnnxModel, group: &dyn Communicator) -> Result<Option<HashMap<String, FloatValue>>> {
+    pub fn gather(
+        &self,
+        model: &OnnxModel,
+        group: &dyn Communicator,
+    ) -> Result<Option<HashMap<String, FloatValue>>> {
         let mut full = HashMap::new();
         let device = model.device();
         for (name, split) in &self.params {
-            let Some(local) = model.param_by_name(name) else { continue };
+            let Some(local) = model.param_by_name(name) else {
+                continue;
+            };
             let a = local.to_array().map_err(|e| OnnxError::field(name, e.0))?;
             let send: Vec<f32> = a.iter().copied().collect();
             let mut recv = vec![0f32; send.len() * self.size];
@@ -71,9 +101,13 @@ impl TensorParallel {
             }
             let parts: Vec<_> = recv
                 .chunks(send.len())
-                .map(|c| ndarray::ArrayD::from_shape_vec(a.raw_dim(), c.to_vec()).expect("a part of the same shape"))
+                .map(|c| {
+                    ndarray::ArrayD::from_shape_vec(a.raw_dim(), c.to_vec())
+                        .expect("a part of the same shape")
+                })
                 .collect();
-            let v = FloatValue::from_array(&split.assemble(&parts), &device).map_err(|e| OnnxError::field(name, e.0))?;
+            let v = FloatValue::from_array(&split.assemble(&parts), &device)
+                .map_err(|e| OnnxError::field(name, e.0))?;
             full.insert(name.clone(), v);
         }
         Ok((self.rank == 0).then_some(full))

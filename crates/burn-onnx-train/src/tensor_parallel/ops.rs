@@ -19,7 +19,9 @@ pub const FULL: &str = "burn.tp.full";
 
 fn float_input(inputs: &mut Inputs, op: &str) -> OpResult<FloatValue> {
     if !active() {
-        op_bail!("{op} runs only inside a tensor-parallel run (no tensor-parallel group on this thread)");
+        op_bail!(
+            "{op} runs only inside a tensor-parallel run (no tensor-parallel group on this thread)"
+        );
     }
     match inputs.take(0, "input")? {
         Value::Float(f) => Ok(f),
@@ -42,8 +44,14 @@ pub fn reduce(_ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 /// Reshape whose target names the full size of the split axis: that entry becomes this
 /// rank's size (0 and -1 entries, and an entry already at the local size, are kept).
 pub fn reshape(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
-    let (parts, axis, full) = (ctx.attrs.int(PARTS, 1)?, ctx.attrs.int(AXIS, 0)? as usize, ctx.attrs.int(FULL, 0)?);
-    let Some(Some(shape)) = inputs.0.get(1).cloned() else { op_bail!("Reshape needs its shape input") };
+    let (parts, axis, full) = (
+        ctx.attrs.int(PARTS, 1)?,
+        ctx.attrs.int(AXIS, 0)? as usize,
+        ctx.attrs.int(FULL, 0)?,
+    );
+    let Some(Some(shape)) = inputs.0.get(1).cloned() else {
+        op_bail!("Reshape needs its shape input")
+    };
     let mut dims = shape.int_list("shape")?;
     if axis >= dims.len() {
         op_bail!("tensor-parallel reshape: split axis {axis} outside the target shape {dims:?}");
@@ -52,7 +60,10 @@ pub fn reshape(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         dims[axis] = full / parts;
     }
     let n = dims.len();
-    inputs.0[1] = Some(Value::Int(ArrayD::from_shape_vec(ndarray::IxDyn(&[n]), dims).map_err(|e| crate::error::OpError(e.to_string()))?));
+    inputs.0[1] = Some(Value::Int(
+        ArrayD::from_shape_vec(ndarray::IxDyn(&[n]), dims)
+            .map_err(|e| crate::error::OpError(e.to_string()))?,
+    ));
     (lookup("Reshape").expect("Reshape is an op"))(ctx, inputs)
 }
 
@@ -66,7 +77,10 @@ pub fn split(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             op_bail!("tensor-parallel split: sizes {sizes:?} are not multiples of {parts} ranks");
         }
         let local: Vec<i64> = sizes.iter().map(|s| s / parts).collect();
-        inputs.0[1] = Some(Value::Int(ArrayD::from_shape_vec(ndarray::IxDyn(&[local.len()]), local).map_err(|e| crate::error::OpError(e.to_string()))?));
+        inputs.0[1] = Some(Value::Int(
+            ArrayD::from_shape_vec(ndarray::IxDyn(&[local.len()]), local)
+                .map_err(|e| crate::error::OpError(e.to_string()))?,
+        ));
     }
     (lookup("Split").expect("Split is an op"))(ctx, inputs)
 }

@@ -58,9 +58,54 @@ pub struct Plan {
 const GROUPINGS: [usize; 3] = [1, 3, 2];
 
 const ELEMENTWISE: &[&str] = &[
-    "Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Relu", "Tanh", "Erf", "Sigmoid", "Gelu", "Sqrt", "Exp", "Log", "Neg", "Abs",
-    "Reciprocal", "Cast", "Identity", "Dropout", "Softplus", "Softsign", "Clip", "LeakyRelu", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Mish",
-    "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "IsNaN", "IsInf",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Where",
+    "Max",
+    "Min",
+    "Relu",
+    "Tanh",
+    "Erf",
+    "Sigmoid",
+    "Gelu",
+    "Sqrt",
+    "Exp",
+    "Log",
+    "Neg",
+    "Abs",
+    "Reciprocal",
+    "Cast",
+    "Identity",
+    "Dropout",
+    "Softplus",
+    "Softsign",
+    "Clip",
+    "LeakyRelu",
+    "Elu",
+    "Selu",
+    "Celu",
+    "HardSigmoid",
+    "HardSwish",
+    "Mish",
+    "Sin",
+    "Cos",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Sign",
+    "Equal",
+    "Less",
+    "Greater",
+    "LessOrEqual",
+    "GreaterOrEqual",
+    "Not",
+    "And",
+    "Or",
+    "IsNaN",
+    "IsInf",
 ];
 
 /// Why propagation stopped, and which candidates the offending split came from.
@@ -75,13 +120,33 @@ type Step = std::result::Result<(), Failure>;
 /// Plan the split of `model`'s graph over `tp` ranks. An empty plan when no block closes.
 pub fn plan(model: &OnnxModel, probe: &Probe, tp: usize) -> Plan {
     let graph = model.graph();
-    let candidates: Vec<usize> = graph.nodes.iter().enumerate().filter(|(_, n)| column_weight(model, n).is_some()).map(|(i, _)| i).collect();
+    let candidates: Vec<usize> = graph
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| column_weight(model, n).is_some())
+        .map(|(i, _)| i)
+        .collect();
     let mut choice: BTreeMap<usize, usize> = candidates.into_iter().map(|i| (i, 0)).collect();
     loop {
         if choice.is_empty() {
-            return Plan { tp, ..Plan::default() };
+            return Plan {
+                tp,
+                ..Plan::default()
+            };
         }
-        let mut walk = Walk { model, graph, probe, tp, plan: Plan { tp, ..Plan::default() }, values: HashMap::new(), param_origins: HashMap::new() };
+        let mut walk = Walk {
+            model,
+            graph,
+            probe,
+            tp,
+            plan: Plan {
+                tp,
+                ..Plan::default()
+            },
+            values: HashMap::new(),
+            param_origins: HashMap::new(),
+        };
         match walk.run(&choice) {
             Ok(()) => return walk.plan,
             Err(f) => {
@@ -104,12 +169,22 @@ fn column_weight(model: &OnnxModel, node: &Node) -> Option<(usize, usize)> {
     let w = node.inputs.get(1)?;
     let i = model.param_index(w)?;
     let info = &model.param_infos()[i];
-    if info.role != ParamRole::Trainable || info.shape.len() != 2 || model.param_index(&node.inputs[0]).is_some() {
+    if info.role != ParamRole::Trainable
+        || info.shape.len() != 2
+        || model.param_index(&node.inputs[0]).is_some()
+    {
         return None;
     }
     match node.op_type.as_str() {
         "MatMul" => Some((1, 1)),
-        "Gemm" if node.attrs.int("transA", 0).ok()? == 0 => Some((1, if node.attrs.int("transB", 0).ok()? == 0 { 1 } else { 0 })),
+        "Gemm" if node.attrs.int("transA", 0).ok()? == 0 => Some((
+            1,
+            if node.attrs.int("transB", 0).ok()? == 0 {
+                1
+            } else {
+                0
+            },
+        )),
         _ => None,
     }
 }
@@ -136,7 +211,11 @@ impl Walk<'_> {
         if let Some(t) = self.graph.constants.get(name) {
             return Some(t.shape().to_vec());
         }
-        self.model.constant_infos().iter().find(|c| c.name == name).map(|c| c.shape.clone())
+        self.model
+            .constant_infos()
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.shape.clone())
     }
 
     fn is_float(&self, name: &str) -> bool {
@@ -145,28 +224,45 @@ impl Walk<'_> {
 
     fn run(&mut self, choice: &BTreeMap<usize, usize>) -> Step {
         for (i, node) in self.graph.nodes.iter().enumerate() {
-            let split_inputs: Vec<usize> = (0..node.inputs.len()).filter(|&k| self.values.contains_key(&node.inputs[k])).collect();
+            let split_inputs: Vec<usize> = (0..node.inputs.len())
+                .filter(|&k| self.values.contains_key(&node.inputs[k]))
+                .collect();
             if split_inputs.is_empty() {
                 if let Some(&g) = choice.get(&i) {
                     self.start(i, node, GROUPINGS[g])?;
                 }
                 continue;
             }
-            let origins: BTreeSet<usize> = split_inputs.iter().flat_map(|&k| self.values[&node.inputs[k]].1.clone()).collect();
-            let fail = || Failure { origins: origins.clone(), at: format!("{} ({})", node.name, node.op_type) };
+            let origins: BTreeSet<usize> = split_inputs
+                .iter()
+                .flat_map(|&k| self.values[&node.inputs[k]].1.clone())
+                .collect();
+            let fail = || Failure {
+                origins: origins.clone(),
+                at: format!("{} ({})", node.name, node.op_type),
+            };
             self.plan.region.insert(i);
             self.through(i, node, &origins).map_err(|_| fail())?;
             // The bias of a row-parallel Gemm moves after the all-reduce, out of the block.
-            let moved_bias = |k: usize| k == 2 && node.op_type == "Gemm" && self.plan.ends.contains(&i);
+            let moved_bias =
+                |k: usize| k == 2 && node.op_type == "Gemm" && self.plan.ends.contains(&i);
             for (k, input) in node.inputs.iter().enumerate() {
-                if !input.is_empty() && !split_inputs.contains(&k) && !moved_bias(k) && self.is_float(input) && !self.plan.params.contains_key(input) {
+                if !input.is_empty()
+                    && !split_inputs.contains(&k)
+                    && !moved_bias(k)
+                    && self.is_float(input)
+                    && !self.plan.params.contains_key(input)
+                {
                     self.plan.copies.insert(input.clone());
                 }
             }
         }
         for o in &self.graph.outputs {
             if let Some((_, origins)) = self.values.get(&o.name) {
-                return Err(Failure { origins: origins.clone(), at: format!("graph output {}", o.name) });
+                return Err(Failure {
+                    origins: origins.clone(),
+                    at: format!("graph output {}", o.name),
+                });
             }
         }
         // A sliced weight must be read only inside the blocks that slice it.
@@ -176,7 +272,10 @@ impl Walk<'_> {
             }
             for input in &node.inputs {
                 if let Some(origins) = self.param_origins.get(input) {
-                    return Err(Failure { origins: origins.clone(), at: format!("{} reads split weight {input}", node.name) });
+                    return Err(Failure {
+                        origins: origins.clone(),
+                        at: format!("{} reads split weight {input}", node.name),
+                    });
                 }
             }
         }
@@ -186,7 +285,10 @@ impl Walk<'_> {
     /// A column-parallel projection: its output split along the last axis.
     fn start(&mut self, i: usize, node: &Node, grouping: usize) -> Step {
         let me = BTreeSet::from([i]);
-        let fail = || Failure { origins: me.clone(), at: format!("{} (start)", node.name) };
+        let fail = || Failure {
+            origins: me.clone(),
+            at: format!("{} (start)", node.name),
+        };
         let (slot, axis) = column_weight(self.model, node).ok_or_else(fail)?;
         let w = &node.inputs[slot];
         let width = self.shape(w).ok_or_else(fail)?[axis];
@@ -203,14 +305,30 @@ impl Walk<'_> {
                 if self.model.param_index(c).is_none() {
                     return Err(fail());
                 }
-                self.slice_param(c, AxisSplit { axis: shape.len() - 1, period }, &me)?;
+                self.slice_param(
+                    c,
+                    AxisSplit {
+                        axis: shape.len() - 1,
+                        period,
+                    },
+                    &me,
+                )?;
             }
         }
         self.plan.copies.insert(node.inputs[0].clone());
         self.plan.starts.insert(i);
         let out = &node.outputs[0];
         let rank = self.shape(out).ok_or_else(fail)?.len();
-        self.values.insert(out.clone(), (AxisSplit { axis: rank - 1, period }, me));
+        self.values.insert(
+            out.clone(),
+            (
+                AxisSplit {
+                    axis: rank - 1,
+                    period,
+                },
+                me,
+            ),
+        );
         Ok(())
     }
 
@@ -218,7 +336,10 @@ impl Walk<'_> {
         let entry = self.param_origins.entry(name.to_string()).or_default();
         entry.extend(origins.iter().copied());
         match self.plan.params.get(name) {
-            Some(s) if *s != split => Err(Failure { origins: entry.clone(), at: format!("weight {name} split two ways") }),
+            Some(s) if *s != split => Err(Failure {
+                origins: entry.clone(),
+                at: format!("weight {name} split two ways"),
+            }),
             _ => {
                 self.plan.params.insert(name.to_string(), split);
                 Ok(())
@@ -232,12 +353,18 @@ impl Walk<'_> {
 
     fn set(&mut self, name: &str, split: AxisSplit, origins: &BTreeSet<usize>) {
         if !name.is_empty() {
-            self.values.insert(name.to_string(), (split, origins.clone()));
+            self.values
+                .insert(name.to_string(), (split, origins.clone()));
         }
     }
 
     /// The rule of `node`, which reads at least one split value.
-    fn through(&mut self, i: usize, node: &Node, origins: &BTreeSet<usize>) -> std::result::Result<(), ()> {
+    fn through(
+        &mut self,
+        i: usize,
+        node: &Node,
+        origins: &BTreeSet<usize>,
+    ) -> std::result::Result<(), ()> {
         let op = node.op_type.as_str();
         let x = &node.inputs[0];
         let in_shape = |w: &Self, k: usize| node.inputs.get(k).and_then(|n| w.shape(n)).ok_or(());
@@ -269,7 +396,8 @@ impl Walk<'_> {
                     if self.model.param_index(input).is_none() {
                         return Err(());
                     }
-                    self.slice_param(input, target.on(target.axis - lift), origins).map_err(|_| ())?;
+                    self.slice_param(input, target.on(target.axis - lift), origins)
+                        .map_err(|_| ())?;
                 }
                 for out in &node.outputs {
                     self.set(out, target, origins);
@@ -279,7 +407,8 @@ impl Walk<'_> {
                 let s = self.split_of(x).ok_or(())?;
                 let rank = in_shape(self, 0)?.len();
                 let default = if self.graph.opset >= 13 { -1 } else { 1 };
-                let axis = norm_axis(node.attrs.int("axis", default).map_err(|_| ())?, rank).map_err(|_| ())?;
+                let axis = norm_axis(node.attrs.int("axis", default).map_err(|_| ())?, rank)
+                    .map_err(|_| ())?;
                 if axis == s.axis || (self.graph.opset < 13 && s.axis > axis) {
                     return Err(());
                 }
@@ -297,20 +426,30 @@ impl Walk<'_> {
             }
             "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
                 let s = self.split_of(x).ok_or(())?;
-                if node.inputs.iter().skip(1).any(|n| self.values.contains_key(n)) {
+                if node
+                    .inputs
+                    .iter()
+                    .skip(1)
+                    .any(|n| self.values.contains_key(n))
+                {
                     return Err(());
                 }
                 let out_shape = self.shape(&node.outputs[0]).ok_or(())?;
-                let out = s.through_reshape(&in_shape(self, 0)?, &out_shape, self.tp).ok_or(())?;
+                let out = s
+                    .through_reshape(&in_shape(self, 0)?, &out_shape, self.tp)
+                    .ok_or(())?;
                 if op == "Reshape" {
-                    self.plan.reshapes.insert(i, (out.axis, out_shape[out.axis]));
+                    self.plan
+                        .reshapes
+                        .insert(i, (out.axis, out_shape[out.axis]));
                 }
                 self.set(&node.outputs[0], out, origins);
             }
             "Split" => {
                 let s = self.split_of(x).ok_or(())?;
                 let shape = in_shape(self, 0)?;
-                let axis = norm_axis(node.attrs.int("axis", 0).map_err(|_| ())?, shape.len()).map_err(|_| ())?;
+                let axis = norm_axis(node.attrs.int("axis", 0).map_err(|_| ())?, shape.len())
+                    .map_err(|_| ())?;
                 if axis == s.axis {
                     let mut offset = 0;
                     for out in &node.outputs {
@@ -329,12 +468,17 @@ impl Walk<'_> {
             "Gather" => {
                 let s = self.split_of(x).ok_or(())?;
                 let rank = in_shape(self, 0)?.len();
-                let axis = norm_axis(node.attrs.int("axis", 0).map_err(|_| ())?, rank).map_err(|_| ())?;
+                let axis =
+                    norm_axis(node.attrs.int("axis", 0).map_err(|_| ())?, rank).map_err(|_| ())?;
                 let indices = in_shape(self, 1)?.len();
                 if axis == s.axis || self.values.contains_key(&node.inputs[1]) {
                     return Err(());
                 }
-                let out = if axis < s.axis { s.axis + indices - 1 } else { s.axis };
+                let out = if axis < s.axis {
+                    s.axis + indices - 1
+                } else {
+                    s.axis
+                };
                 self.set(&node.outputs[0], s.on(out), origins);
             }
             "MatMul" => self.matmul(i, node, origins)?,
@@ -344,11 +488,20 @@ impl Walk<'_> {
                 let trans_b = node.attrs.int("transB", 0).map_err(|_| ())?;
                 let w = &node.inputs[1];
                 let beta = node.attrs.float("beta", 1.0).map_err(|_| ())?;
-                let bias_ok = node.inputs.get(2).is_none_or(|c| c.is_empty() || (beta == 1.0 && !self.values.contains_key(c)));
-                if trans_a != 0 || s.axis != 1 || self.values.contains_key(w) || self.model.param_index(w).is_none() || !bias_ok {
+                let bias_ok = node
+                    .inputs
+                    .get(2)
+                    .is_none_or(|c| c.is_empty() || (beta == 1.0 && !self.values.contains_key(c)));
+                if trans_a != 0
+                    || s.axis != 1
+                    || self.values.contains_key(w)
+                    || self.model.param_index(w).is_none()
+                    || !bias_ok
+                {
                     return Err(());
                 }
-                self.slice_param(w, s.on(trans_b as usize), origins).map_err(|_| ())?;
+                self.slice_param(w, s.on(trans_b as usize), origins)
+                    .map_err(|_| ())?;
                 self.plan.ends.insert(i);
             }
             "Shape" => {}
@@ -358,7 +511,12 @@ impl Walk<'_> {
     }
 
     /// Batched products on split heads, or the row-parallel end.
-    fn matmul(&mut self, i: usize, node: &Node, origins: &BTreeSet<usize>) -> std::result::Result<(), ()> {
+    fn matmul(
+        &mut self,
+        i: usize,
+        node: &Node,
+        origins: &BTreeSet<usize>,
+    ) -> std::result::Result<(), ()> {
         let (a, b) = (&node.inputs[0], &node.inputs[1]);
         let (sa, sb) = (self.shape(a).ok_or(())?, self.shape(b).ok_or(())?);
         let out_rank = self.shape(&node.outputs[0]).ok_or(())?.len();
@@ -404,7 +562,11 @@ impl Walk<'_> {
                 for (shape, split) in [(&sa, sa_split), (&sb, sb_split)] {
                     let lift = out_rank - shape.len();
                     let batch = target.axis + 2 < out_rank;
-                    if split.is_none() && batch && target.axis >= lift && shape[target.axis - lift] != 1 {
+                    if split.is_none()
+                        && batch
+                        && target.axis >= lift
+                        && shape[target.axis - lift] != 1
+                    {
                         return Err(());
                     }
                 }

@@ -24,9 +24,19 @@ pub fn rewrite(graph: &Graph, plan: &Plan) -> Result<Graph> {
         let mut node = node.clone();
         let in_block = plan.region.contains(&i) || plan.starts.contains(&i);
         if in_block {
-            for input in node.inputs.iter_mut().filter(|n| plan.copies.contains(n.as_str())) {
+            for input in node
+                .inputs
+                .iter_mut()
+                .filter(|n| plan.copies.contains(n.as_str()))
+            {
                 if emitted.insert(plan.copies.get(input.as_str()).expect("a copied value")) {
-                    nodes.push(new_node(format!("{}::tp_copy", input), "TensorParallelCopy", vec![input.clone()], vec![copied(input)], ops::copy));
+                    nodes.push(new_node(
+                        format!("{}::tp_copy", input),
+                        "TensorParallelCopy",
+                        vec![input.clone()],
+                        vec![copied(input)],
+                        ops::copy,
+                    ));
                 }
                 *input = copied(input);
             }
@@ -40,9 +50,16 @@ pub fn rewrite(graph: &Graph, plan: &Plan) -> Result<Graph> {
         if plan.splits.contains(&i) {
             if let Some(Attr::Ints(sizes)) = node.attrs.get("split").cloned() {
                 if sizes.iter().any(|s| s % tp != 0) {
-                    return Err(OnnxError::Node { node: node.name.clone(), op_type: node.op_type.clone(), message: format!("split sizes {sizes:?} are not multiples of {tp} tensor-parallel ranks") });
+                    return Err(OnnxError::Node {
+                        node: node.name.clone(),
+                        op_type: node.op_type.clone(),
+                        message: format!(
+                            "split sizes {sizes:?} are not multiples of {tp} tensor-parallel ranks"
+                        ),
+                    });
                 }
-                node.attrs.set("split", Attr::Ints(sizes.iter().map(|s| s / tp).collect()));
+                node.attrs
+                    .set("split", Attr::Ints(sizes.iter().map(|s| s / tp).collect()));
             }
             node.attrs.set(ops::PARTS, Attr::Int(tp));
             node.op = ops::split;
@@ -54,19 +71,40 @@ pub fn rewrite(graph: &Graph, plan: &Plan) -> Result<Graph> {
         let out = node.outputs[0].clone();
         let partial = format!("{out}::tp_partial");
         node.outputs[0] = partial.clone();
-        let bias = (node.op_type == "Gemm").then(|| node.inputs.get(2).cloned()).flatten().filter(|c| !c.is_empty());
+        let bias = (node.op_type == "Gemm")
+            .then(|| node.inputs.get(2).cloned())
+            .flatten()
+            .filter(|c| !c.is_empty());
         if bias.is_some() {
             node.inputs.truncate(2);
         }
         let name = node.name.clone();
         nodes.push(node);
         match bias {
-            None => nodes.push(new_node(format!("{name}::tp_reduce"), "TensorParallelReduce", vec![partial], vec![out], ops::reduce)),
+            None => nodes.push(new_node(
+                format!("{name}::tp_reduce"),
+                "TensorParallelReduce",
+                vec![partial],
+                vec![out],
+                ops::reduce,
+            )),
             Some(c) => {
                 let summed = format!("{out}::tp_sum");
-                nodes.push(new_node(format!("{name}::tp_reduce"), "TensorParallelReduce", vec![partial], vec![summed.clone()], ops::reduce));
+                nodes.push(new_node(
+                    format!("{name}::tp_reduce"),
+                    "TensorParallelReduce",
+                    vec![partial],
+                    vec![summed.clone()],
+                    ops::reduce,
+                ));
                 let add = crate::ops::lookup("Add").expect("Add is an op");
-                nodes.push(new_node(format!("{name}::tp_bias"), "Add", vec![summed, c], vec![out], add));
+                nodes.push(new_node(
+                    format!("{name}::tp_bias"),
+                    "Add",
+                    vec![summed, c],
+                    vec![out],
+                    add,
+                ));
             }
         }
     }
@@ -76,9 +114,27 @@ pub fn rewrite(graph: &Graph, plan: &Plan) -> Result<Graph> {
             last_use.insert(input.clone(), i);
         }
     }
-    Ok(Graph { nodes, last_use, initializers: Vec::new(), ..graph.clone() })
+    Ok(Graph {
+        nodes,
+        last_use,
+        initializers: Vec::new(),
+        ..graph.clone()
+    })
 }
 
-fn new_node(name: String, op_type: &str, inputs: Vec<String>, outputs: Vec<String>, op: crate::ops::OpFn) -> Node {
-    Node { name, op_type: op_type.into(), inputs, outputs, attrs: Attributes::default(), op }
+fn new_node(
+    name: String,
+    op_type: &str,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    op: crate::ops::OpFn,
+) -> Node {
+    Node {
+        name,
+        op_type: op_type.into(),
+        inputs,
+        outputs,
+        attrs: Attributes::default(),
+        op,
+    }
 }

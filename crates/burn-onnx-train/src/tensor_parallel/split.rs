@@ -19,7 +19,10 @@ pub struct AxisSplit {
 
 /// Group the axes of a reshape `input -> output` into runs with equal products:
 /// `(input axes, output axes)` ranges. `None` when the element counts differ.
-fn reshape_groups(input: &[usize], output: &[usize]) -> Option<Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>> {
+fn reshape_groups(
+    input: &[usize],
+    output: &[usize],
+) -> Option<Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>> {
     let (mut i, mut j, mut groups) = (0, 0, Vec::new());
     while i < input.len() || j < output.len() {
         let (i0, j0) = (i, j);
@@ -52,9 +55,16 @@ impl AxisSplit {
     /// The split of a reshape's output given this split of its input (shapes are full
     /// sizes), or `None` when the ranks' parts would not be whole slices of one output
     /// axis (a head split with heads not divisible by `tp`, say).
-    pub fn through_reshape(self, input: &[usize], output: &[usize], tp: usize) -> Option<AxisSplit> {
+    pub fn through_reshape(
+        self,
+        input: &[usize],
+        output: &[usize],
+        tp: usize,
+    ) -> Option<AxisSplit> {
         let groups = reshape_groups(input, output)?;
-        let (ins, outs) = groups.into_iter().find(|(ins, _)| ins.contains(&self.axis))?;
+        let (ins, outs) = groups
+            .into_iter()
+            .find(|(ins, _)| ins.contains(&self.axis))?;
         // Within the group's flattened index, ownership repeats every `period * inner` and
         // changes every `unit` elements.
         let inner: usize = input[self.axis + 1..ins.end].iter().product();
@@ -66,7 +76,10 @@ impl AxisSplit {
         for j in outs.clone() {
             let stride: usize = output[j + 1..outs.end].iter().product();
             if unit % stride == 0 && (stride * output[j]) % cycle == 0 {
-                return Some(AxisSplit { axis: j, period: cycle / stride });
+                return Some(AxisSplit {
+                    axis: j,
+                    period: cycle / stride,
+                });
             }
         }
         None
@@ -74,7 +87,10 @@ impl AxisSplit {
 
     /// The same split on another axis.
     pub fn on(self, axis: usize) -> AxisSplit {
-        AxisSplit { axis, period: self.period }
+        AxisSplit {
+            axis,
+            period: self.period,
+        }
     }
 
     /// Rank `rank`'s part of `full` (of `tp` ranks).
@@ -83,11 +99,17 @@ impl AxisSplit {
         let mut blocked: Vec<usize> = shape[..self.axis].to_vec();
         blocked.extend([shape[self.axis] / self.period, tp, self.period / tp]);
         blocked.extend_from_slice(&shape[self.axis + 1..]);
-        let view = full.view().into_shape_with_order(IxDyn(&blocked)).expect("a split divides its axis");
+        let view = full
+            .view()
+            .into_shape_with_order(IxDyn(&blocked))
+            .expect("a split divides its axis");
         let mut local = shape.to_vec();
         local[self.axis] /= tp;
         let part = view.index_axis(Axis(self.axis + 1), rank).to_owned();
-        part.as_standard_layout().into_owned().into_shape_with_order(IxDyn(&local)).expect("same element count")
+        part.as_standard_layout()
+            .into_owned()
+            .into_shape_with_order(IxDyn(&local))
+            .expect("same element count")
     }
 
     /// The full array from every rank's part, in rank order.
@@ -97,11 +119,22 @@ impl AxisSplit {
         let mut blocked: Vec<usize> = local[..self.axis].to_vec();
         blocked.extend([local[self.axis] * tp / self.period, self.period / tp]);
         blocked.extend_from_slice(&local[self.axis + 1..]);
-        let views: Vec<_> = parts.iter().map(|p| p.view().into_shape_with_order(IxDyn(&blocked)).expect("a part of the split")).collect();
+        let views: Vec<_> = parts
+            .iter()
+            .map(|p| {
+                p.view()
+                    .into_shape_with_order(IxDyn(&blocked))
+                    .expect("a part of the split")
+            })
+            .collect();
         let stacked = ndarray::stack(Axis(self.axis + 1), &views).expect("parts of equal shape");
         let mut full = local.to_vec();
         full[self.axis] *= tp;
-        stacked.as_standard_layout().into_owned().into_shape_with_order(IxDyn(&full)).expect("same element count")
+        stacked
+            .as_standard_layout()
+            .into_owned()
+            .into_shape_with_order(IxDyn(&full))
+            .expect("same element count")
     }
 }
 
@@ -113,30 +146,49 @@ mod tests {
     fn head_split_and_merge() {
         // [B, T, d=8] -> [B, T, H=4, hd=2]: column split of d lands on the heads.
         let s = AxisSplit { axis: 2, period: 8 };
-        assert_eq!(s.through_reshape(&[2, 3, 8], &[2, 3, 4, 2], 2), Some(AxisSplit { axis: 2, period: 4 }));
+        assert_eq!(
+            s.through_reshape(&[2, 3, 8], &[2, 3, 4, 2], 2),
+            Some(AxisSplit { axis: 2, period: 4 })
+        );
         // 3 heads cannot be split in 2.
-        assert_eq!(AxisSplit { axis: 2, period: 6 }.through_reshape(&[2, 3, 6], &[2, 3, 3, 2], 2), None);
+        assert_eq!(
+            AxisSplit { axis: 2, period: 6 }.through_reshape(&[2, 3, 6], &[2, 3, 3, 2], 2),
+            None
+        );
         // Merge back.
         let h = AxisSplit { axis: 2, period: 4 };
-        assert_eq!(h.through_reshape(&[2, 3, 4, 2], &[2, 3, 8], 2), Some(AxisSplit { axis: 2, period: 8 }));
+        assert_eq!(
+            h.through_reshape(&[2, 3, 4, 2], &[2, 3, 8], 2),
+            Some(AxisSplit { axis: 2, period: 8 })
+        );
         // Fused q/k/v, [B, T, 3d] -> [B, T, 3, H, hd]: the heads, in every one of the three.
         let qkv = AxisSplit { axis: 2, period: 8 };
-        assert_eq!(qkv.through_reshape(&[2, 3, 24], &[2, 3, 3, 4, 2], 2), Some(AxisSplit { axis: 3, period: 4 }));
+        assert_eq!(
+            qkv.through_reshape(&[2, 3, 24], &[2, 3, 3, 4, 2], 2),
+            Some(AxisSplit { axis: 3, period: 4 })
+        );
         // Flattening the batch keeps the column axis.
-        assert_eq!(AxisSplit { axis: 2, period: 8 }.through_reshape(&[2, 3, 8], &[6, 8], 2), Some(AxisSplit { axis: 1, period: 8 }));
+        assert_eq!(
+            AxisSplit { axis: 2, period: 8 }.through_reshape(&[2, 3, 8], &[6, 8], 2),
+            Some(AxisSplit { axis: 1, period: 8 })
+        );
     }
 
     #[test]
     fn slice_and_assemble_fused_columns() {
         // 2 x 6 with period 3 (q|k of width 3 each... here two blocks), over 3 ranks? use tp 3.
-        let full = ArrayD::from_shape_vec(IxDyn(&[2, 6]), (0..12).map(|x| x as f32).collect()).unwrap();
+        let full =
+            ArrayD::from_shape_vec(IxDyn(&[2, 6]), (0..12).map(|x| x as f32).collect()).unwrap();
         let s = AxisSplit { axis: 1, period: 3 };
         let parts: Vec<_> = (0..3).map(|r| s.slice(&full, r, 3)).collect();
         assert_eq!(parts[1].as_slice().unwrap(), &[1.0, 4.0, 7.0, 10.0]);
         assert_eq!(s.assemble(&parts), full);
         let rows = AxisSplit { axis: 0, period: 2 };
         let parts: Vec<_> = (0..2).map(|r| rows.slice(&full, r, 2)).collect();
-        assert_eq!(parts[1].as_slice().unwrap(), &[6.0, 7.0, 8.0, 9.0, 10.0, 11.0]);
+        assert_eq!(
+            parts[1].as_slice().unwrap(),
+            &[6.0, 7.0, 8.0, 9.0, 10.0, 11.0]
+        );
         assert_eq!(rows.assemble(&parts), full);
     }
 }

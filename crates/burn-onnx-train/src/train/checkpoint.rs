@@ -90,7 +90,11 @@ pub fn model_file(stage: Option<usize>, tp_rank: Option<usize>) -> String {
 
 /// The tensor-parallel rank of a model file name (`None`: whole weights).
 fn file_tp_rank(name: &str) -> Option<usize> {
-    name.strip_suffix(".safetensors")?.rsplit_once("-tp-")?.1.parse().ok()
+    name.strip_suffix(".safetensors")?
+        .rsplit_once("-tp-")?
+        .1
+        .parse()
+        .ok()
 }
 
 /// Where a rank keeps its optimizer state inside a checkpoint: `stage-<k>/` in a pipeline,
@@ -108,8 +112,13 @@ pub fn state_dir(stage: Option<usize>, tp_rank: Option<usize>) -> Option<String>
 /// `tp_rank`, written by a run of `stages` pipeline stages: one per stage.
 pub fn state_dirs(path: &Path, stages: usize, tp_rank: Option<usize>) -> Vec<PathBuf> {
     match stages {
-        0 | 1 => vec![state_dir(None, tp_rank).map_or_else(|| path.to_path_buf(), |d| path.join(d))],
-        n => (0..n).filter_map(|k| state_dir(Some(k), tp_rank)).map(|d| path.join(d)).collect(),
+        0 | 1 => {
+            vec![state_dir(None, tp_rank).map_or_else(|| path.to_path_buf(), |d| path.join(d))]
+        }
+        n => (0..n)
+            .filter_map(|k| state_dir(Some(k), tp_rank))
+            .map(|d| path.join(d))
+            .collect(),
     }
 }
 
@@ -132,11 +141,18 @@ pub fn checkpoint_name(step: usize) -> String {
 
 /// Complete checkpoints in `dir`, oldest first.
 pub fn list_checkpoints(dir: &Path) -> Vec<(usize, PathBuf)> {
-    let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
     let mut out: Vec<(usize, PathBuf)> = entries
         .filter_map(|e| {
             let path = e.ok()?.path();
-            let step = path.file_name()?.to_str()?.strip_prefix("ckpt-")?.parse().ok()?;
+            let step = path
+                .file_name()?
+                .to_str()?
+                .strip_prefix("ckpt-")?
+                .parse()
+                .ok()?;
             path.join(STATE_FILE).is_file().then_some((step, path))
         })
         .collect();
@@ -147,9 +163,18 @@ pub fn list_checkpoints(dir: &Path) -> Vec<(usize, PathBuf)> {
 /// Serialise the parameters `keep` selects by ONNX name.
 pub fn model_bytes(model: &OnnxModel, keep: impl Fn(&str) -> bool) -> Result<Vec<u8>> {
     let mut buffers = Vec::new();
-    for (i, info) in model.param_infos().iter().enumerate().filter(|(_, info)| keep(&info.name)) {
-        let v = model.param_value(i).ok_or_else(|| OnnxError::field(&info.name, "missing parameter"))?;
-        let a = v.to_array().map_err(|e| OnnxError::field(&info.name, e.0))?;
+    for (i, info) in model
+        .param_infos()
+        .iter()
+        .enumerate()
+        .filter(|(_, info)| keep(&info.name))
+    {
+        let v = model
+            .param_value(i)
+            .ok_or_else(|| OnnxError::field(&info.name, "missing parameter"))?;
+        let a = v
+            .to_array()
+            .map_err(|e| OnnxError::field(&info.name, e.0))?;
         let bytes: Vec<u8> = a.iter().flat_map(|x| x.to_le_bytes()).collect();
         buffers.push((info.name.clone(), info.shape.clone(), bytes));
     }
@@ -190,9 +215,12 @@ pub fn save_checkpoint(
     comm.barrier()?;
     let target = dir.join(&name);
     if root {
-        let json = serde_json::to_vec_pretty(state).map_err(|e| OnnxError::field("checkpoint state", e.to_string()))?;
+        let json = serde_json::to_vec_pretty(state)
+            .map_err(|e| OnnxError::field("checkpoint state", e.to_string()))?;
         write_synced(&tmp.join(STATE_FILE), &json)?;
-        File::open(&tmp).and_then(|d| d.sync_all()).map_err(io(&tmp))?;
+        File::open(&tmp)
+            .and_then(|d| d.sync_all())
+            .map_err(io(&tmp))?;
         if target.exists() {
             fs::remove_dir_all(&target).map_err(io(&target))?;
         }
@@ -214,7 +242,9 @@ pub fn remove_stale_temporaries(dir: &Path) {
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
             let n = e.file_name();
-            if n.to_str().is_some_and(|n| n.starts_with(".ckpt-") && n.contains(".tmp")) {
+            if n.to_str()
+                .is_some_and(|n| n.starts_with(".ckpt-") && n.contains(".tmp"))
+            {
                 let _ = fs::remove_dir_all(e.path());
             }
         }
@@ -225,40 +255,77 @@ pub fn remove_stale_temporaries(dir: &Path) {
 pub fn read_state(path: &Path) -> Result<CheckpointState> {
     let state_path = path.join(STATE_FILE);
     let text = fs::read(&state_path).map_err(io(&state_path))?;
-    serde_json::from_slice(&text).map_err(|e| OnnxError::Decode { path: state_path.clone(), what: "checkpoint state (JSON)", message: e.to_string() })
+    serde_json::from_slice(&text).map_err(|e| OnnxError::Decode {
+        path: state_path.clone(),
+        what: "checkpoint state (JSON)",
+        message: e.to_string(),
+    })
 }
 
 /// Set `model`'s parameters to the checkpoint's (every parameter must be there, in f32 and
 /// with the model's shape), from `model.safetensors` or the stages' part files. Parts of
 /// tensor-parallel ranks are reassembled, then cut for `tp` (this rank's split of the
 /// model; `None` for a whole model).
-pub fn read_params(path: &Path, model: OnnxModel, tp: Option<&TensorParallel>) -> Result<OnnxModel> {
+pub fn read_params(
+    path: &Path,
+    model: OnnxModel,
+    tp: Option<&TensorParallel>,
+) -> Result<OnnxModel> {
     let mut files: Vec<PathBuf> = fs::read_dir(path)
         .map_err(io(path))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors")))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
+        })
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(OnnxError::io(&path.join(MODEL_FILE), std::io::Error::new(std::io::ErrorKind::NotFound, "no model parameters in the checkpoint")));
+        return Err(OnnxError::io(
+            &path.join(MODEL_FILE),
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no model parameters in the checkpoint",
+            ),
+        ));
     }
-    let wanted: HashMap<&str, &[usize]> = model.param_infos().iter().map(|i| (i.name.as_str(), i.shape.as_slice())).collect();
+    let wanted: HashMap<&str, &[usize]> = model
+        .param_infos()
+        .iter()
+        .map(|i| (i.name.as_str(), i.shape.as_slice()))
+        .collect();
     let mut whole: HashMap<String, ndarray::ArrayD<f32>> = HashMap::new();
     let mut parts: BTreeMap<String, BTreeMap<usize, ndarray::ArrayD<f32>>> = BTreeMap::new();
     for model_path in &files {
         let bytes = fs::read(model_path).map_err(io(model_path))?;
-        let bad = |message: String| OnnxError::Decode { path: model_path.clone(), what: "checkpoint model (safetensors)", message };
+        let bad = |message: String| OnnxError::Decode {
+            path: model_path.clone(),
+            what: "checkpoint model (safetensors)",
+            message,
+        };
         let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
-        let tp_rank = model_path.file_name().and_then(|n| n.to_str()).and_then(file_tp_rank);
+        let tp_rank = model_path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(file_tp_rank);
         for (name, view) in st.tensors() {
             if !wanted.contains_key(name.as_str()) {
                 continue;
             }
             if view.dtype() != Dtype::F32 {
-                return Err(bad(format!("parameter '{name}' is {:?}, not f32", view.dtype())));
+                return Err(bad(format!(
+                    "parameter '{name}' is {:?}, not f32",
+                    view.dtype()
+                )));
             }
-            let data: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(view.shape()), data).map_err(|e| bad(format!("{name}: {e}")))?;
+            let data: Vec<f32> = view
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(view.shape()), data)
+                .map_err(|e| bad(format!("{name}: {e}")))?;
             match tp_rank {
                 Some(r) => {
                     parts.entry(name).or_default().insert(r, array);
@@ -275,7 +342,17 @@ pub fn read_params(path: &Path, model: OnnxModel, tp: Option<&TensorParallel>) -
             let arrays: Vec<_> = by_rank.into_values().collect();
             let joined = match state.tensor_parallel_splits.get(&name) {
                 Some(split) if arrays.len() == state.tensor_parallel => split.assemble(&arrays),
-                Some(_) => return Err(OnnxError::Decode { path: path.to_path_buf(), what: "checkpoint model (safetensors)", message: format!("parameter '{name}': {} of {} tensor-parallel parts", arrays.len(), state.tensor_parallel) }),
+                Some(_) => {
+                    return Err(OnnxError::Decode {
+                        path: path.to_path_buf(),
+                        what: "checkpoint model (safetensors)",
+                        message: format!(
+                            "parameter '{name}': {} of {} tensor-parallel parts",
+                            arrays.len(),
+                            state.tensor_parallel
+                        ),
+                    });
+                }
                 None => arrays.into_iter().next().expect("at least one part"),
             };
             whole.insert(name, joined);
@@ -288,7 +365,15 @@ pub fn read_params(path: &Path, model: OnnxModel, tp: Option<&TensorParallel>) -
             return Err(OnnxError::Decode {
                 path: files[0].clone(),
                 what: "checkpoint model (safetensors)",
-                message: format!("parameter '{}': not in {}", info.name, files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")),
+                message: format!(
+                    "parameter '{}': not in {}",
+                    info.name,
+                    files
+                        .iter()
+                        .map(|f| f.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             });
         };
         let array = match tp.and_then(|t| t.params.get(&info.name).map(|s| (t, s))) {
@@ -296,9 +381,19 @@ pub fn read_params(path: &Path, model: OnnxModel, tp: Option<&TensorParallel>) -
             None => full.clone(),
         };
         if array.shape() != info.shape.as_slice() {
-            return Err(OnnxError::Decode { path: path.to_path_buf(), what: "checkpoint model (safetensors)", message: format!("parameter '{}' is {:?}, the model has {:?}", info.name, array.shape(), info.shape) });
+            return Err(OnnxError::Decode {
+                path: path.to_path_buf(),
+                what: "checkpoint model (safetensors)",
+                message: format!(
+                    "parameter '{}' is {:?}, the model has {:?}",
+                    info.name,
+                    array.shape(),
+                    info.shape
+                ),
+            });
         }
-        let v = FloatValue::from_array(&array, &device).map_err(|e| OnnxError::field(&info.name, e.0))?;
+        let v = FloatValue::from_array(&array, &device)
+            .map_err(|e| OnnxError::field(&info.name, e.0))?;
         values.insert(info.name.clone(), v);
     }
     model.set_params(&values)

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{OnnxError, Result};
-use crate::loss::LossKind;
 use super::device::DeviceSpec;
 use super::precision::{Precision, check_loss_scale};
+use crate::error::{OnnxError, Result};
+use crate::loss::LossKind;
 use crate::pipeline::PipelineSchedule;
 
 /// Optimizer choice (ORT: `training_optimizer_name`).
@@ -56,7 +56,13 @@ impl Default for OptimizerConfig {
             beta2: 0.999,
             epsilon: 1e-8,
             weight_decay: 0.01,
-            no_weight_decay: vec!["bias".into(), "ln_".into(), "LayerNorm".into(), "layer_norm".into(), "norm".into()],
+            no_weight_decay: vec![
+                "bias".into(),
+                "ln_".into(),
+                "LayerNorm".into(),
+                "layer_norm".into(),
+                "norm".into(),
+            ],
         }
     }
 }
@@ -95,7 +101,13 @@ pub struct LrConfig {
 
 impl Default for LrConfig {
     fn default() -> Self {
-        LrConfig { initial_lr: 1e-3, warmup_ratio: 0.0, mode: ScheduleKind::None, poly_power: 1.0, end_lr: 0.0 }
+        LrConfig {
+            initial_lr: 1e-3,
+            warmup_ratio: 0.0,
+            mode: ScheduleKind::None,
+            poly_power: 1.0,
+            end_lr: 0.0,
+        }
     }
 }
 
@@ -303,14 +315,19 @@ fn ort_precision_aliases(file: &mut toml::Table) -> std::result::Result<(), Stri
     };
     let (mixed, bf16) = (flag("use_mixed_precision")?, flag("use_bfloat16")?);
     if bf16 && !mixed {
-        return Err("use_bfloat16 = true needs use_mixed_precision = true (or write precision = \"bf16\")".into());
+        return Err(
+            "use_bfloat16 = true needs use_mixed_precision = true (or write precision = \"bf16\")"
+                .into(),
+        );
     }
     if !mixed {
         return Ok(());
     }
     let implied = if bf16 { "bf16" } else { "f16" };
     match file.get("precision") {
-        Some(p) if p.as_str() != Some(implied) => Err(format!("precision = {p} contradicts use_mixed_precision/use_bfloat16, which mean \"{implied}\"")),
+        Some(p) if p.as_str() != Some(implied) => Err(format!(
+            "precision = {p} contradicts use_mixed_precision/use_bfloat16, which mean \"{implied}\""
+        )),
         _ => {
             file.insert("precision".into(), implied.into());
             Ok(())
@@ -328,21 +345,32 @@ impl TrainingConfig {
     /// tables merge field by field): how a front end's defaults meet a user's config file.
     pub fn from_file_over(base: TrainingConfig, path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| OnnxError::io(path, e))?;
-        let bad = |m: String| OnnxError::Decode { path: path.to_path_buf(), what: "training config", message: m };
+        let bad = |m: String| OnnxError::Decode {
+            path: path.to_path_buf(),
+            what: "training config",
+            message: m,
+        };
         let mut file: toml::Table = match path.extension().and_then(|e| e.to_str()) {
             Some("json") => serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?,
             _ => toml::from_str(&text).map_err(|e| bad(e.to_string()))?,
         };
         ort_precision_aliases(&mut file).map_err(bad)?;
-        let mut merged: toml::Table = toml::Table::try_from(&base).map_err(|e| bad(e.to_string()))?;
+        let mut merged: toml::Table =
+            toml::Table::try_from(&base).map_err(|e| bad(e.to_string()))?;
         merge(&mut merged, file);
-        toml::Value::Table(merged).try_into().map_err(|e: toml::de::Error| bad(e.to_string()))
+        toml::Value::Table(merged)
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(e.to_string()))
     }
 
     /// Parse TOML held in memory (a checkpoint's copy of its run's config); `source` names
     /// where it came from in errors.
     pub fn from_toml(text: &str, source: &Path) -> Result<Self> {
-        toml::from_str(text).map_err(|e| OnnxError::Decode { path: source.to_path_buf(), what: "training config", message: e.to_string() })
+        toml::from_str(text).map_err(|e| OnnxError::Decode {
+            path: source.to_path_buf(),
+            what: "training config",
+            message: e.to_string(),
+        })
     }
 
     /// Serialise as TOML (written next to checkpoints so a run documents itself).
@@ -361,7 +389,10 @@ impl TrainingConfig {
         if self.num_train_steps == 0 {
             return Err(invalid(
                 "num_train_epochs",
-                format!("{} epoch(s) of {batches_per_epoch} batch(es) per rank make no update of {k} accumulated micro-step(s)", self.num_train_epochs),
+                format!(
+                    "{} epoch(s) of {batches_per_epoch} batch(es) per rank make no update of {k} accumulated micro-step(s)",
+                    self.num_train_epochs
+                ),
             ));
         }
         Ok(())
@@ -372,7 +403,10 @@ impl TrainingConfig {
     pub fn micro_batches(&self) -> usize {
         match (self.pipeline_parallel_size, self.num_pipeline_micro_batches) {
             (1, _) => 1,
-            (p, 0) => (1..=2 * p).rev().find(|m| self.batch_size % m == 0).unwrap_or(1),
+            (p, 0) => (1..=2 * p)
+                .rev()
+                .find(|m| self.batch_size % m == 0)
+                .unwrap_or(1),
             (_, m) => m,
         }
     }
@@ -384,7 +418,9 @@ impl TrainingConfig {
 
     /// Resolved checkpoint directory.
     pub fn checkpoints_dir(&self) -> PathBuf {
-        self.checkpoints_dir.clone().unwrap_or_else(|| self.output_dir.join("checkpoints"))
+        self.checkpoints_dir
+            .clone()
+            .unwrap_or_else(|| self.output_dir.join("checkpoints"))
     }
 
     /// Resolved TensorBoard directory, `None` when disabled.
@@ -404,34 +440,73 @@ impl TrainingConfig {
     /// 1 or 2, keeping the global batch (`batch_size` x ranks). Either resumes on any
     /// pipeline stage count (each stage takes its parameters' state from the stages that
     /// wrote it). Step counts, schedules, periods and paths may change.
-    pub fn check_resume(&self, saved: &TrainingConfig, saved_world: usize, saved_zero: usize, world: usize, checkpoint: &Path) -> Result<()> {
+    pub fn check_resume(
+        &self,
+        saved: &TrainingConfig,
+        saved_world: usize,
+        saved_zero: usize,
+        world: usize,
+        checkpoint: &Path,
+    ) -> Result<()> {
         let here = checkpoint.display();
         if (saved_zero == 0) != (self.zero_stage == 0) {
             return Err(invalid(
                 "zero_stage",
-                format!("{} cannot continue {here}, written at zero_stage {saved_zero}: a replicated optimizer record and ZeRO shards do not convert", self.zero_stage),
+                format!(
+                    "{} cannot continue {here}, written at zero_stage {saved_zero}: a replicated optimizer record and ZeRO shards do not convert",
+                    self.zero_stage
+                ),
             ));
         }
         if saved_zero == 0 && saved_world != world {
             return Err(invalid(
                 "data_parallel_size",
-                format!("{here} was written by a run of {saved_world} rank(s); this run has {world} (only ZeRO checkpoints, zero_stage >= 1, reshard onto another world size)"),
+                format!(
+                    "{here} was written by a run of {saved_world} rank(s); this run has {world} (only ZeRO checkpoints, zero_stage >= 1, reshard onto another world size)"
+                ),
             ));
         }
         let (was, is) = (saved.batch_size * saved_world, self.batch_size * world);
         if was != is {
-            return Err(invalid("batch_size", format!("{} per rank x {world} rank(s) = {is} samples per micro-step, but {here} was trained with {was}", self.batch_size)));
+            return Err(invalid(
+                "batch_size",
+                format!(
+                    "{} per rank x {world} rank(s) = {is} samples per micro-step, but {here} was trained with {was}",
+                    self.batch_size
+                ),
+            ));
         }
         let pairs = [
-            ("seq_len", format!("{}", saved.seq_len), format!("{}", self.seq_len)),
-            ("gradient_accumulation_steps", format!("{}", saved.gradient_accumulation_steps), format!("{}", self.gradient_accumulation_steps)),
+            (
+                "seq_len",
+                format!("{}", saved.seq_len),
+                format!("{}", self.seq_len),
+            ),
+            (
+                "gradient_accumulation_steps",
+                format!("{}", saved.gradient_accumulation_steps),
+                format!("{}", self.gradient_accumulation_steps),
+            ),
             ("seed", format!("{}", saved.seed), format!("{}", self.seed)),
-            ("loss", format!("{:?}", saved.loss), format!("{:?}", self.loss)),
-            ("optimizer.kind", format!("{:?}", saved.optimizer.kind), format!("{:?}", self.optimizer.kind)),
+            (
+                "loss",
+                format!("{:?}", saved.loss),
+                format!("{:?}", self.loss),
+            ),
+            (
+                "optimizer.kind",
+                format!("{:?}", saved.optimizer.kind),
+                format!("{:?}", self.optimizer.kind),
+            ),
         ];
         for (field, was, is) in pairs {
             if was != is {
-                return Err(invalid(field, format!("{is} differs from {was} in the run that wrote {here}: the run cannot resume from it (use a fresh output_dir or checkpoints_dir)")));
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{is} differs from {was} in the run that wrote {here}: the run cannot resume from it (use a fresh output_dir or checkpoints_dir)"
+                    ),
+                ));
             }
         }
         Ok(())
@@ -443,41 +518,64 @@ impl TrainingConfig {
             return Err(invalid("model_path", "is required"));
         }
         if matches!(self.device, DeviceSpec::Wgpu(_)) && self.precision == Precision::Bf16 {
-            return Err(invalid("precision", "bf16 on wgpu: Vulkan, Metal and DX12 store bf16 but do not compute in it; use f16 (or f32), or bf16 on cuda"));
+            return Err(invalid(
+                "precision",
+                "bf16 on wgpu: Vulkan, Metal and DX12 store bf16 but do not compute in it; use f16 (or f32), or bf16 on cuda",
+            ));
         }
         for (field, v) in [
             ("batch_size", self.batch_size),
             ("eval_batch_size", self.eval_batch_size),
             ("num_train_steps", self.num_train_steps),
-            ("gradient_accumulation_steps", self.gradient_accumulation_steps),
+            (
+                "gradient_accumulation_steps",
+                self.gradient_accumulation_steps,
+            ),
             ("data_parallel_size", self.data_parallel_size),
             ("horizontal_parallel_size", self.horizontal_parallel_size),
             ("pipeline_parallel_size", self.pipeline_parallel_size),
             ("max_num_checkpoints", self.max_num_checkpoints),
-            ("loss_scale_growth_interval", self.loss_scale_growth_interval),
+            (
+                "loss_scale_growth_interval",
+                self.loss_scale_growth_interval,
+            ),
         ] {
             if v == 0 {
                 return Err(invalid(field, "must be at least 1"));
             }
         }
-        if self.num_train_epochs == 0 && self.num_train_steps % self.gradient_accumulation_steps != 0 {
+        if self.num_train_epochs == 0
+            && self.num_train_steps % self.gradient_accumulation_steps != 0
+        {
             return Err(invalid(
                 "num_train_steps",
-                format!("{} is not a multiple of gradient_accumulation_steps ({})", self.num_train_steps, self.gradient_accumulation_steps),
+                format!(
+                    "{} is not a multiple of gradient_accumulation_steps ({})",
+                    self.num_train_steps, self.gradient_accumulation_steps
+                ),
             ));
         }
-        let product = self.data_parallel_size * self.horizontal_parallel_size * self.pipeline_parallel_size;
+        let product =
+            self.data_parallel_size * self.horizontal_parallel_size * self.pipeline_parallel_size;
         if product != world_size {
             return Err(invalid(
                 "data_parallel_size",
                 format!(
                     "data_parallel_size ({}) * horizontal_parallel_size ({}) * pipeline_parallel_size ({}) = {product}, but the world has {world_size} process(es)",
-                    self.data_parallel_size, self.horizontal_parallel_size, self.pipeline_parallel_size
+                    self.data_parallel_size,
+                    self.horizontal_parallel_size,
+                    self.pipeline_parallel_size
                 ),
             ));
         }
         if self.zero_stage > 2 {
-            return Err(invalid("zero_stage", format!("{} is not available: use 0, 1 or 2 (stage 3, sharded parameters, is not implemented yet)", self.zero_stage)));
+            return Err(invalid(
+                "zero_stage",
+                format!(
+                    "{} is not available: use 0, 1 or 2 (stage 3, sharded parameters, is not implemented yet)",
+                    self.zero_stage
+                ),
+            ));
         }
         if self.zero_stage >= 2 && self.enable_adasum {
             return Err(invalid(
@@ -488,23 +586,45 @@ impl TrainingConfig {
         if self.pipeline_parallel_size > 1 && self.batch_size % self.micro_batches() != 0 {
             return Err(invalid(
                 "num_pipeline_micro_batches",
-                format!("{} micro-batches do not divide batch_size {}", self.micro_batches(), self.batch_size),
+                format!(
+                    "{} micro-batches do not divide batch_size {}",
+                    self.micro_batches(),
+                    self.batch_size
+                ),
             ));
         }
         if matches!(self.loss, LossKind::LmCrossEntropy) && self.seq_len < 2 {
-            return Err(invalid("seq_len", "must be at least 2 for the language-model loss"));
+            return Err(invalid(
+                "seq_len",
+                "must be at least 2 for the language-model loss",
+            ));
         }
         if !(0.0..1.0).contains(&self.lr.warmup_ratio) {
-            return Err(invalid("lr.warmup_ratio", format!("{} is outside [0, 1)", self.lr.warmup_ratio)));
+            return Err(invalid(
+                "lr.warmup_ratio",
+                format!("{} is outside [0, 1)", self.lr.warmup_ratio),
+            ));
         }
         if self.lr.warmup_ratio > 0.0 && self.lr.mode == ScheduleKind::None {
-            return Err(invalid("lr.warmup_ratio", format!("{} has no effect with lr.mode = \"none\" (no warm-up); use mode \"constant\" for warm-up then a constant rate", self.lr.warmup_ratio)));
+            return Err(invalid(
+                "lr.warmup_ratio",
+                format!(
+                    "{} has no effect with lr.mode = \"none\" (no warm-up); use mode \"constant\" for warm-up then a constant rate",
+                    self.lr.warmup_ratio
+                ),
+            ));
         }
         if !(self.lr.initial_lr > 0.0 && self.lr.initial_lr.is_finite()) {
-            return Err(invalid("lr.initial_lr", format!("{} must be a positive number", self.lr.initial_lr)));
+            return Err(invalid(
+                "lr.initial_lr",
+                format!("{} must be a positive number", self.lr.initial_lr),
+            ));
         }
         if self.max_grad_norm < 0.0 || !self.max_grad_norm.is_finite() {
-            return Err(invalid("max_grad_norm", format!("{} must be >= 0 (0 disables clipping)", self.max_grad_norm)));
+            return Err(invalid(
+                "max_grad_norm",
+                format!("{} must be >= 0 (0 disables clipping)", self.max_grad_norm),
+            ));
         }
         let o = &self.optimizer;
         for (field, beta) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
@@ -519,17 +639,29 @@ impl TrainingConfig {
             return Err(invalid("optimizer.weight_decay", "must be >= 0"));
         }
         if !(0.0..1.0).contains(&o.momentum) {
-            return Err(invalid("optimizer.momentum", format!("{} is outside [0, 1)", o.momentum)));
+            return Err(invalid(
+                "optimizer.momentum",
+                format!("{} is outside [0, 1)", o.momentum),
+            ));
         }
         check_loss_scale(self.loss_scale)?;
         if self.recompute_segments == 1 {
-            return Err(invalid("recompute_segments", "1 segment recomputes nothing: use 0 (off) or at least 2"));
+            return Err(invalid(
+                "recompute_segments",
+                "1 segment recomputes nothing: use 0 (off) or at least 2",
+            ));
         }
         if self.recompute_segments > 1 && self.pipeline_parallel_size > 1 {
-            return Err(invalid("recompute_segments", "recomputation inside pipeline stages is not implemented: use one or the other"));
+            return Err(invalid(
+                "recompute_segments",
+                "recomputation inside pipeline stages is not implemented: use one or the other",
+            ));
         }
         if self.recompute_segments > 1 && self.horizontal_parallel_size > 1 {
-            return Err(invalid("recompute_segments", "recomputation with tensor parallelism is not implemented: use one or the other"));
+            return Err(invalid(
+                "recompute_segments",
+                "recomputation with tensor parallelism is not implemented: use one or the other",
+            ));
         }
         Ok(())
     }

@@ -60,7 +60,9 @@ impl Batch {
         if parts == 0 || samples % parts != 0 {
             return Err(OnnxError::field(
                 "config.num_pipeline_micro_batches",
-                format!("{parts} micro-batches do not divide a batch of {samples} samples: make batch_size a multiple of it"),
+                format!(
+                    "{parts} micro-batches do not divide a batch of {samples} samples: make batch_size a multiple of it"
+                ),
             ));
         }
         let n = samples / parts;
@@ -68,13 +70,21 @@ impl Batch {
         Ok((0..parts)
             .map(|i| Batch {
                 input: match &self.input {
-                    HostTensor::Float(a) => HostTensor::Float(a.slice_axis(Axis(0), rows(i)).to_owned()),
-                    HostTensor::Int(a) => HostTensor::Int(a.slice_axis(Axis(0), rows(i)).to_owned()),
-                    HostTensor::Bool(a) => HostTensor::Bool(a.slice_axis(Axis(0), rows(i)).to_owned()),
+                    HostTensor::Float(a) => {
+                        HostTensor::Float(a.slice_axis(Axis(0), rows(i)).to_owned())
+                    }
+                    HostTensor::Int(a) => {
+                        HostTensor::Int(a.slice_axis(Axis(0), rows(i)).to_owned())
+                    }
+                    HostTensor::Bool(a) => {
+                        HostTensor::Bool(a.slice_axis(Axis(0), rows(i)).to_owned())
+                    }
                 },
                 target: match &self.target {
                     Target::NextToken => Target::NextToken,
-                    Target::Classes(t) => Target::Classes(t.slice_axis(Axis(0), rows(i)).to_owned()),
+                    Target::Classes(t) => {
+                        Target::Classes(t.slice_axis(Axis(0), rows(i)).to_owned())
+                    }
                     Target::Values(t) => Target::Values(t.slice_axis(Axis(0), rows(i)).to_owned()),
                 },
                 items: self.items / parts,
@@ -120,12 +130,17 @@ fn shard_files(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.extension().is_some_and(|x| x == "npy")
-                && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix))
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(prefix))
         })
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(OnnxError::field(dir.display().to_string(), format!("no {prefix}*.npy shards in this directory")));
+        return Err(OnnxError::field(
+            dir.display().to_string(),
+            format!("no {prefix}*.npy shards in this directory"),
+        ));
     }
     Ok(files)
 }
@@ -144,17 +159,31 @@ impl TokenDataset {
             match read_npy(&f)? {
                 HostTensor::Int(a) if a.ndim() == 1 => tokens.extend(a.iter().copied()),
                 other => {
-                    return Err(OnnxError::field(f.display().to_string(), format!("token shard must be 1-D integers, got {} {:?}", other.kind(), other.shape())));
+                    return Err(OnnxError::field(
+                        f.display().to_string(),
+                        format!(
+                            "token shard must be 1-D integers, got {} {:?}",
+                            other.kind(),
+                            other.shape()
+                        ),
+                    ));
                 }
             }
         }
-        Self::from_tokens(tokens, seq_len).map_err(|e| OnnxError::field(dir.display().to_string(), e.to_string()))
+        Self::from_tokens(tokens, seq_len)
+            .map_err(|e| OnnxError::field(dir.display().to_string(), e.to_string()))
     }
 
     /// Wrap an in-memory token stream.
     pub fn from_tokens(tokens: Vec<i64>, seq_len: usize) -> Result<Self> {
         if seq_len == 0 || tokens.len() < seq_len {
-            return Err(OnnxError::field("tokens", format!("{} tokens cannot fill one window of {seq_len}", tokens.len())));
+            return Err(OnnxError::field(
+                "tokens",
+                format!(
+                    "{} tokens cannot fill one window of {seq_len}",
+                    tokens.len()
+                ),
+            ));
         }
         Ok(TokenDataset { tokens, seq_len })
     }
@@ -176,8 +205,13 @@ impl Dataset for TokenDataset {
         for &i in indices {
             ids.extend_from_slice(&self.tokens[i * s..(i + 1) * s]);
         }
-        let input = ArrayD::from_shape_vec(IxDyn(&[indices.len(), s]), ids).map_err(|e| OnnxError::field("batch", e.to_string()))?;
-        Ok(Batch { input: HostTensor::Int(input), target: Target::NextToken, items: indices.len() * s })
+        let input = ArrayD::from_shape_vec(IxDyn(&[indices.len(), s]), ids)
+            .map_err(|e| OnnxError::field("batch", e.to_string()))?;
+        Ok(Batch {
+            input: HostTensor::Int(input),
+            target: Target::NextToken,
+            items: indices.len() * s,
+        })
     }
 
     fn unit(&self) -> &'static str {
@@ -201,7 +235,12 @@ pub struct ImageDataset {
 
 fn concat<T: Clone>(parts: &[ArrayD<T>], dir: &Path) -> Result<ArrayD<T>> {
     let views: Vec<_> = parts.iter().map(|a| a.view()).collect();
-    concatenate(Axis(0), &views).map_err(|e| OnnxError::field(dir.display().to_string(), format!("shards disagree in shape: {e}")))
+    concatenate(Axis(0), &views).map_err(|e| {
+        OnnxError::field(
+            dir.display().to_string(),
+            format!("shards disagree in shape: {e}"),
+        )
+    })
 }
 
 impl ImageDataset {
@@ -210,38 +249,74 @@ impl ImageDataset {
         let (mut images, mut labels, mut values) = (Vec::new(), Vec::new(), Vec::new());
         for f in shard_files(dir, "images_")? {
             let sibling = |prefix: &str| {
-                let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default().replacen("images_", prefix, 1);
+                let name = f
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default()
+                    .replacen("images_", prefix, 1);
                 f.with_file_name(name)
             };
             let bad = |p: &Path, m: String| OnnxError::field(p.display().to_string(), m);
-            let HostTensor::Float(img) = read_npy(&f)? else { return Err(bad(&f, "images must be float32".into())) };
+            let HostTensor::Float(img) = read_npy(&f)? else {
+                return Err(bad(&f, "images must be float32".into()));
+            };
             let (lf, tf) = (sibling("labels_"), sibling("targets_"));
             let n = match (lf.is_file(), tf.is_file()) {
                 (true, false) => {
-                    let HostTensor::Int(lab) = read_npy(&lf)? else { return Err(bad(&lf, "labels must be integers".into())) };
+                    let HostTensor::Int(lab) = read_npy(&lf)? else {
+                        return Err(bad(&lf, "labels must be integers".into()));
+                    };
                     if lab.ndim() != 1 {
-                        return Err(bad(&lf, format!("labels must be 1-D [N], got {:?}", lab.shape())));
+                        return Err(bad(
+                            &lf,
+                            format!("labels must be 1-D [N], got {:?}", lab.shape()),
+                        ));
                     }
                     labels.push(lab);
                     labels.last().map(|l| l.len())
                 }
                 (false, true) => {
-                    let HostTensor::Float(t) = read_npy(&tf)? else { return Err(bad(&tf, "targets must be float32".into())) };
+                    let HostTensor::Float(t) = read_npy(&tf)? else {
+                        return Err(bad(&tf, "targets must be float32".into()));
+                    };
                     values.push(t);
                     values.last().and_then(|t| t.shape().first().copied())
                 }
-                (true, true) => return Err(bad(&f, format!("has both {} and {}: keep one", lf.display(), tf.display()))),
-                (false, false) => return Err(bad(&f, format!("has neither {} nor {}", lf.display(), tf.display()))),
+                (true, true) => {
+                    return Err(bad(
+                        &f,
+                        format!("has both {} and {}: keep one", lf.display(), tf.display()),
+                    ));
+                }
+                (false, false) => {
+                    return Err(bad(
+                        &f,
+                        format!("has neither {} nor {}", lf.display(), tf.display()),
+                    ));
+                }
             };
             if img.ndim() < 2 || n != Some(img.shape()[0]) {
-                return Err(bad(&f, format!("{:?} images and {n:?} labels/targets: the first dimensions must agree", img.shape())));
+                return Err(bad(
+                    &f,
+                    format!(
+                        "{:?} images and {n:?} labels/targets: the first dimensions must agree",
+                        img.shape()
+                    ),
+                ));
             }
             images.push(img);
         }
         if !labels.is_empty() && !values.is_empty() {
-            return Err(OnnxError::field(dir.display().to_string(), "some shards have labels_*.npy and others targets_*.npy"));
+            return Err(OnnxError::field(
+                dir.display().to_string(),
+                "some shards have labels_*.npy and others targets_*.npy",
+            ));
         }
-        let targets = if values.is_empty() { Target::Classes(concat(&labels, dir)?) } else { Target::Values(concat(&values, dir)?) };
+        let targets = if values.is_empty() {
+            Target::Classes(concat(&labels, dir)?)
+        } else {
+            Target::Values(concat(&values, dir)?)
+        };
         Self::new(concat(&images, dir)?, targets)
     }
 
@@ -254,7 +329,13 @@ impl ImageDataset {
             _ => None,
         };
         if images.ndim() < 2 || n != Some(images.shape()[0]) {
-            return Err(OnnxError::field("data set", format!("images {:?} do not pair up with their labels/targets", images.shape())));
+            return Err(OnnxError::field(
+                "data set",
+                format!(
+                    "images {:?} do not pair up with their labels/targets",
+                    images.shape()
+                ),
+            ));
         }
         Ok(ImageDataset { images, targets })
     }
@@ -279,7 +360,11 @@ impl Dataset for ImageDataset {
             Target::Values(v) => Target::Values(v.select(Axis(0), indices)),
             Target::NextToken => Target::NextToken,
         };
-        Ok(Batch { input: HostTensor::Float(self.images.select(Axis(0), indices)), target: targets, items: indices.len() })
+        Ok(Batch {
+            input: HostTensor::Float(self.images.select(Axis(0), indices)),
+            target: targets,
+            items: indices.len(),
+        })
     }
 
     fn unit(&self) -> &'static str {
@@ -320,7 +405,9 @@ impl DistributedSampler {
     pub fn epoch_indices(&self, epoch: u64) -> Vec<usize> {
         let mut all: Vec<usize> = (0..self.len).collect();
         if self.shuffle {
-            all.shuffle(&mut ChaCha8Rng::seed_from_u64(self.seed.wrapping_add(epoch)));
+            all.shuffle(&mut ChaCha8Rng::seed_from_u64(
+                self.seed.wrapping_add(epoch),
+            ));
         }
         let total = self.len.div_ceil(self.world) * self.world;
         let mut k = 0;
@@ -328,7 +415,10 @@ impl DistributedSampler {
             all.push(all[k]);
             k += 1;
         }
-        all.into_iter().skip(self.rank).step_by(self.world).collect()
+        all.into_iter()
+            .skip(self.rank)
+            .step_by(self.world)
+            .collect()
     }
 
     /// Full batches per epoch on this rank.
@@ -342,7 +432,10 @@ impl DistributedSampler {
         if per == 0 {
             return Err(OnnxError::field(
                 "config.batch_size",
-                format!("{} samples over {} rank(s) cannot fill one batch of {}", self.len, self.world, self.batch_size),
+                format!(
+                    "{} samples over {} rank(s) cannot fill one batch of {}",
+                    self.len, self.world, self.batch_size
+                ),
             ));
         }
         let epoch = (k / per) as u64;
@@ -360,7 +453,12 @@ pub struct Prefetcher {
 
 impl Prefetcher {
     /// Start prefetching from batch number `start`.
-    pub fn start(data: Arc<dyn Dataset>, sampler: DistributedSampler, start: usize, depth: usize) -> Self {
+    pub fn start(
+        data: Arc<dyn Dataset>,
+        sampler: DistributedSampler,
+        start: usize,
+        depth: usize,
+    ) -> Self {
         let (tx, rx): (SyncSender<Result<Batch>>, _) = sync_channel(depth.max(1));
         let handle = std::thread::spawn(move || {
             for k in start.. {
@@ -371,12 +469,17 @@ impl Prefetcher {
                 }
             }
         });
-        Prefetcher { rx, handle: Some(handle) }
+        Prefetcher {
+            rx,
+            handle: Some(handle),
+        }
     }
 
     /// The next batch.
     pub fn next_batch(&self) -> Result<Batch> {
-        self.rx.recv().map_err(|_| OnnxError::field("data", "the prefetch thread stopped"))?
+        self.rx
+            .recv()
+            .map_err(|_| OnnxError::field("data", "the prefetch thread stopped"))?
     }
 }
 

@@ -43,12 +43,18 @@ impl DeviceSpec {
 #[cfg(feature = "wgpu")]
 fn wgpu_device(index: Option<usize>) -> Result<Device> {
     use burn::tensor::DeviceKind;
-    Ok(Device::wgpu(index.map_or(DeviceKind::DefaultDevice, DeviceKind::DiscreteGpu)))
+    Ok(Device::wgpu(index.map_or(
+        DeviceKind::DefaultDevice,
+        DeviceKind::DiscreteGpu,
+    )))
 }
 
 #[cfg(not(feature = "wgpu"))]
 fn wgpu_device(_: Option<usize>) -> Result<Device> {
-    Err(OnnxError::field("device", "wgpu: this binary was built without the `wgpu` feature (rebuild with --features wgpu)"))
+    Err(OnnxError::field(
+        "device",
+        "wgpu: this binary was built without the `wgpu` feature (rebuild with --features wgpu)",
+    ))
 }
 
 #[cfg(feature = "cuda")]
@@ -58,16 +64,23 @@ fn cuda_device(index: usize) -> Result<Device> {
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_device(_: usize) -> Result<Device> {
-    Err(OnnxError::field("device", "cuda: this binary was built without the `cuda` feature (rebuild with --features cuda)"))
+    Err(OnnxError::field(
+        "device",
+        "cuda: this binary was built without the `cuda` feature (rebuild with --features cuda)",
+    ))
 }
 
 /// This process's index among the ranks of its node: the launcher's local rank
 /// (OpenMPI, MPICH/Intel MPI, Slurm), else `rank` (thread ranks share one process).
 pub fn local_rank(rank: usize) -> usize {
-    ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.parse().ok())
-        .unwrap_or(rank)
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    .unwrap_or(rank)
 }
 
 impl FromStr for DeviceSpec {
@@ -75,14 +88,22 @@ impl FromStr for DeviceSpec {
 
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let (kind, index) = match s.split_once(':') {
-            Some((kind, n)) => (kind, Some(n.parse::<usize>().map_err(|_| format!("device `{s}`: `{n}` is not a device index"))?)),
+            Some((kind, n)) => (
+                kind,
+                Some(
+                    n.parse::<usize>()
+                        .map_err(|_| format!("device `{s}`: `{n}` is not a device index"))?,
+                ),
+            ),
             None => (s, None),
         };
         match (kind, index) {
             ("cpu", None) => Ok(DeviceSpec::Cpu),
             ("wgpu", index) => Ok(DeviceSpec::Wgpu(index)),
             ("cuda", index) => Ok(DeviceSpec::Cuda(index)),
-            _ => Err(format!("device `{s}`: expected cpu, wgpu, wgpu:N, cuda or cuda:N")),
+            _ => Err(format!(
+                "device `{s}`: expected cpu, wgpu, wgpu:N, cuda or cuda:N"
+            )),
         }
     }
 }
@@ -109,7 +130,9 @@ impl Serialize for DeviceSpec {
 
 impl<'de> Deserialize<'de> for DeviceSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -119,12 +142,21 @@ mod tests {
 
     #[test]
     fn parses_and_prints_every_form() {
-        for (text, spec) in [("cpu", DeviceSpec::Cpu), ("wgpu", DeviceSpec::Wgpu(None)), ("wgpu:1", DeviceSpec::Wgpu(Some(1))), ("cuda", DeviceSpec::Cuda(None)), ("cuda:3", DeviceSpec::Cuda(Some(3)))] {
+        for (text, spec) in [
+            ("cpu", DeviceSpec::Cpu),
+            ("wgpu", DeviceSpec::Wgpu(None)),
+            ("wgpu:1", DeviceSpec::Wgpu(Some(1))),
+            ("cuda", DeviceSpec::Cuda(None)),
+            ("cuda:3", DeviceSpec::Cuda(Some(3))),
+        ] {
             assert_eq!(text.parse::<DeviceSpec>().unwrap(), spec);
             assert_eq!(spec.to_string(), text);
         }
         for bad in ["gpu", "cpu:0", "cuda:x", ""] {
-            assert!(bad.parse::<DeviceSpec>().unwrap_err().contains("device"), "{bad}");
+            assert!(
+                bad.parse::<DeviceSpec>().unwrap_err().contains("device"),
+                "{bad}"
+            );
         }
     }
 }

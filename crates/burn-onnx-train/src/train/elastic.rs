@@ -29,7 +29,10 @@ impl ElasticJob {
     /// restarts it took.
     pub fn run(&self) -> Result<usize> {
         let Some((program, args)) = self.command.split_first() else {
-            return Err(OnnxError::field("launch", "no command to run (onnx-train launch --np N -- train --config run.toml)"));
+            return Err(OnnxError::field(
+                "launch",
+                "no command to run (onnx-train launch --np N -- train --config run.toml)",
+            ));
         };
         for attempt in 0..=self.max_restarts {
             let status = Command::new(&self.mpirun)
@@ -46,7 +49,13 @@ impl ElasticJob {
             if attempt < self.max_restarts {
                 tracing::warn!(%status, restart = attempt + 1, max_restarts = self.max_restarts, "the job failed; restarting it from the newest checkpoint");
             } else {
-                return Err(OnnxError::field("launch", format!("the job failed ({status}) and {} restart(s) are used up", self.max_restarts)));
+                return Err(OnnxError::field(
+                    "launch",
+                    format!(
+                        "the job failed ({status}) and {} restart(s) are used up",
+                        self.max_restarts
+                    ),
+                ));
             }
         }
         unreachable!("the loop returns on its last attempt")

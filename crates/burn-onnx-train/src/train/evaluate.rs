@@ -33,19 +33,42 @@ pub struct EvalMetrics {
 pub fn eval_batches(c: &TrainingConfig, len: usize) -> Result<usize> {
     let n = len / c.eval_batch_size;
     if n == 0 {
-        return Err(OnnxError::field("config.eval_batch_size", format!("the test set ({len} samples) cannot fill one batch of {}", c.eval_batch_size)));
+        return Err(OnnxError::field(
+            "config.eval_batch_size",
+            format!(
+                "the test set ({len} samples) cannot fill one batch of {}",
+                c.eval_batch_size
+            ),
+        ));
     }
-    Ok(if c.eval_batches == 0 { n } else { n.min(c.eval_batches) })
+    Ok(if c.eval_batches == 0 {
+        n
+    } else {
+        n.min(c.eval_batches)
+    })
 }
 
 /// Mean loss (and perplexity or accuracy) of `model` on `test` at update `step`: this rank
 /// is replica `replica` of `replicas`, runs `passes`, and `world` holds every rank. Of the
 /// tensor-parallel ranks of a replica, which compute the same losses together, only the
 /// first (`reports`) counts them.
-pub fn evaluate(c: &TrainingConfig, world: &dyn Communicator, (replica, replicas): (usize, usize), reports: bool, passes: &dyn Passes, model: &OnnxModel, test: &dyn Dataset, step: usize) -> Result<EvalMetrics> {
+pub fn evaluate(
+    c: &TrainingConfig,
+    world: &dyn Communicator,
+    (replica, replicas): (usize, usize),
+    reports: bool,
+    passes: &dyn Passes,
+    model: &OnnxModel,
+    test: &dyn Dataset,
+    step: usize,
+) -> Result<EvalMetrics> {
     let eval_model = model.valid();
     let batches = eval_batches(c, test.len())?;
-    let (first, stride) = if c.eval_partitioned { (replica, replicas) } else { (0, 1) };
+    let (first, stride) = if c.eval_partitioned {
+        (replica, replicas)
+    } else {
+        (0, 1)
+    };
     // [loss sum, correct, samples]
     let mut sums = [0.0f32; 3];
     for b in (first..batches).step_by(stride) {
@@ -63,13 +86,18 @@ pub fn evaluate(c: &TrainingConfig, world: &dyn Communicator, (replica, replicas
         world.all_reduce(&mut sums, ReduceOp::Sum)?;
     }
     // Replicated evaluation: every replica summed every batch.
-    let copies = if c.eval_partitioned { 1.0 } else { replicas as f32 };
+    let copies = if c.eval_partitioned {
+        1.0
+    } else {
+        replicas as f32
+    };
     sums.iter_mut().for_each(|s| *s /= copies);
     let loss = f64::from(sums[0]) / batches as f64;
     Ok(EvalMetrics {
         step,
         loss,
         perplexity: (c.loss == LossKind::LmCrossEntropy).then(|| loss.exp()),
-        accuracy: (c.loss == LossKind::CrossEntropy).then(|| f64::from(sums[1]) / f64::from(sums[2])),
+        accuracy: (c.loss == LossKind::CrossEntropy)
+            .then(|| f64::from(sums[1]) / f64::from(sums[2])),
     })
 }

@@ -111,7 +111,9 @@ impl TrainFlags {
         c.output_dir = self.output_dir.clone().unwrap_or(c.output_dir);
         set(&mut c.gradient_accumulation_steps, self.accumulation);
         if let Some(n) = self.steps {
-            c.num_train_steps = n.checked_mul(c.gradient_accumulation_steps).ok_or_else(|| OnnxError::field("--steps", "too large"))?;
+            c.num_train_steps = n
+                .checked_mul(c.gradient_accumulation_steps)
+                .ok_or_else(|| OnnxError::field("--steps", "too large"))?;
             c.num_train_epochs = 0;
         }
         set(&mut c.num_train_epochs, self.epochs);

@@ -33,7 +33,9 @@ fn mpi_comm(config: &TrainingConfig) -> Result<Option<Arc<dyn Communicator>>> {
         #[cfg(feature = "cuda")]
         super::device::DeviceSpec::Cuda(index) => {
             let gpu = index.unwrap_or_else(|| local_rank(mpi.rank()));
-            Ok(Some(Arc::new(burn_ort_dist::NcclCommunicator::init(mpi, gpu)?)))
+            Ok(Some(Arc::new(burn_ort_dist::NcclCommunicator::init(
+                mpi, gpu,
+            )?)))
         }
         _ => Ok(Some(Arc::new(mpi))),
     }
@@ -41,13 +43,24 @@ fn mpi_comm(config: &TrainingConfig) -> Result<Option<Arc<dyn Communicator>>> {
 
 #[cfg(not(feature = "mpi"))]
 fn mpi_comm(_: &TrainingConfig) -> Result<Option<Arc<dyn Communicator>>> {
-    if ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().any(|v| std::env::var_os(v).is_some()) {
-        return Err(OnnxError::field("launch", "started by mpirun, but built without the `mpi` feature (rebuild with --features mpi)"));
+    if ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+    {
+        return Err(OnnxError::field(
+            "launch",
+            "started by mpirun, but built without the `mpi` feature (rebuild with --features mpi)",
+        ));
     }
     Ok(None)
 }
 
-fn run_rank(config: TrainingConfig, comm: Arc<dyn Communicator>, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>) -> Result<RunSummary> {
+fn run_rank(
+    config: TrainingConfig,
+    comm: Arc<dyn Communicator>,
+    train: Arc<dyn Dataset>,
+    test: Option<Arc<dyn Dataset>>,
+) -> Result<RunSummary> {
     let result = config
         .device
         .device(local_rank(comm.rank()))
@@ -62,7 +75,11 @@ fn run_rank(config: TrainingConfig, comm: Arc<dyn Communicator>, train: Arc<dyn 
 
 /// Train as configured; returns rank 0's summary (other ranks' when this process is one
 /// MPI rank).
-pub fn launch(config: TrainingConfig, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>) -> Result<RunSummary> {
+pub fn launch(
+    config: TrainingConfig,
+    train: Arc<dyn Dataset>,
+    test: Option<Arc<dyn Dataset>>,
+) -> Result<RunSummary> {
     launch_elastic(config, train, test, 0)
 }
 
@@ -70,10 +87,18 @@ pub fn launch(config: TrainingConfig, train: Arc<dyn Dataset>, test: Option<Arc<
 /// attempt resumes from the newest checkpoint of the run (resharding ZeRO state as needed).
 /// Under `mpirun` the processes of a failed job are gone: restarts belong to
 /// `onnx-train launch`, and `max_restarts` > 0 is an error here.
-pub fn launch_elastic(config: TrainingConfig, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>, max_restarts: usize) -> Result<RunSummary> {
+pub fn launch_elastic(
+    config: TrainingConfig,
+    train: Arc<dyn Dataset>,
+    test: Option<Arc<dyn Dataset>>,
+    max_restarts: usize,
+) -> Result<RunSummary> {
     if let Some(comm) = mpi_comm(&config)? {
         if max_restarts > 0 {
-            return Err(OnnxError::field("--max-restarts", "under mpirun a failed rank ends the job: restart it with `onnx-train launch --max-restarts K -- train ...`"));
+            return Err(OnnxError::field(
+                "--max-restarts",
+                "under mpirun a failed rank ends the job: restart it with `onnx-train launch --max-restarts K -- train ...`",
+            ));
         }
         return run_rank(config, comm, train, test);
     }
@@ -94,12 +119,19 @@ pub fn launch_elastic(config: TrainingConfig, train: Arc<dyn Dataset>, test: Opt
 
 /// One attempt on this process: a thread per rank of the topology (data x tensor x
 /// pipeline parallel sizes), or one plain run.
-fn launch_threads(config: TrainingConfig, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>) -> Result<RunSummary> {
-    let world = config.data_parallel_size * config.horizontal_parallel_size * config.pipeline_parallel_size;
+fn launch_threads(
+    config: TrainingConfig,
+    train: Arc<dyn Dataset>,
+    test: Option<Arc<dyn Dataset>>,
+) -> Result<RunSummary> {
+    let world =
+        config.data_parallel_size * config.horizontal_parallel_size * config.pipeline_parallel_size;
     if world <= 1 {
         return run_rank(config, Arc::new(LocalCommunicator), train, test);
     }
-    let results = run_threads(world, THREAD_TIMEOUT, |comm| run_rank(config.clone(), comm, train.clone(), test.clone()));
+    let results = run_threads(world, THREAD_TIMEOUT, |comm| {
+        run_rank(config.clone(), comm, train.clone(), test.clone())
+    });
     let mut first_error = None;
     let mut root = None;
     for (rank, r) in results.into_iter().enumerate() {

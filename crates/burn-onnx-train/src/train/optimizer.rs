@@ -11,7 +11,9 @@ use std::sync::Arc;
 use burn::module::{ParamGroup, ParamId};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
-use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, LambConfig, ModuleOptimizer, SgdConfig};
+use burn::optim::{
+    AdamConfig, AdamWConfig, GradientsParams, LambConfig, ModuleOptimizer, SgdConfig,
+};
 use burn_ort_dist::zero::flat_optim::Rule;
 use burn_ort_dist::{Communicator, DataParallel, Reduction, Replicated, UpdateStrategy, Zero};
 
@@ -21,8 +23,14 @@ use crate::model::{OnnxModel, ParamRole};
 
 fn sgd(c: &OptimizerConfig, weight_decay: f32) -> SgdConfig {
     SgdConfig::new()
-        .with_momentum((c.momentum > 0.0).then_some(MomentumConfig { momentum: c.momentum, dampening: 0.0, nesterov: false }))
-        .with_weight_decay((weight_decay > 0.0).then_some(WeightDecayConfig { penalty: weight_decay }))
+        .with_momentum((c.momentum > 0.0).then_some(MomentumConfig {
+            momentum: c.momentum,
+            dampening: 0.0,
+            nesterov: false,
+        }))
+        .with_weight_decay((weight_decay > 0.0).then_some(WeightDecayConfig {
+            penalty: weight_decay,
+        }))
 }
 
 fn adam(c: &OptimizerConfig, weight_decay: f32) -> AdamConfig {
@@ -30,20 +38,32 @@ fn adam(c: &OptimizerConfig, weight_decay: f32) -> AdamConfig {
         .with_beta_1(c.beta1)
         .with_beta_2(c.beta2)
         .with_epsilon(c.epsilon)
-        .with_weight_decay((weight_decay > 0.0).then_some(WeightDecayConfig { penalty: weight_decay }))
+        .with_weight_decay((weight_decay > 0.0).then_some(WeightDecayConfig {
+            penalty: weight_decay,
+        }))
 }
 
 fn adamw(c: &OptimizerConfig, weight_decay: f32) -> AdamWConfig {
-    AdamWConfig::new().with_beta_1(c.beta1).with_beta_2(c.beta2).with_epsilon(c.epsilon).with_weight_decay(weight_decay)
+    AdamWConfig::new()
+        .with_beta_1(c.beta1)
+        .with_beta_2(c.beta2)
+        .with_epsilon(c.epsilon)
+        .with_weight_decay(weight_decay)
 }
 
 fn lamb(c: &OptimizerConfig, weight_decay: f32) -> LambConfig {
-    LambConfig::new().with_beta_1(c.beta1).with_beta_2(c.beta2).with_epsilon(c.epsilon).with_weight_decay(weight_decay)
+    LambConfig::new()
+        .with_beta_1(c.beta1)
+        .with_beta_2(c.beta2)
+        .with_epsilon(c.epsilon)
+        .with_weight_decay(weight_decay)
 }
 
 /// Is `name` excluded from weight decay by the configured substrings?
 pub fn skips_weight_decay(c: &OptimizerConfig, name: &str) -> bool {
-    c.no_weight_decay.iter().any(|s| !s.is_empty() && name.contains(s.as_str()))
+    c.no_weight_decay
+        .iter()
+        .any(|s| !s.is_empty() && name.contains(s.as_str()))
 }
 
 /// The optimizer for `model`: one group with weight decay, one without for the parameters
@@ -78,7 +98,11 @@ pub fn build_optimizer(c: &OptimizerConfig, model: &OnnxModel) -> ModuleOptimize
 /// Clip gradients to a global L2 norm (`torch.nn.utils.clip_grad_norm_`): if the norm over
 /// all gradients exceeds `max_norm`, every gradient is scaled by `max_norm / (norm + 1e-6)`.
 /// Returns the norm before clipping (summed in f64, as every update strategy does).
-pub fn clip_global_norm(grads: &mut GradientsParams, model: &OnnxModel, max_norm: f32) -> Result<f32> {
+pub fn clip_global_norm(
+    grads: &mut GradientsParams,
+    model: &OnnxModel,
+    max_norm: f32,
+) -> Result<f32> {
     Ok(burn_ort_dist::clip_grad_norm(model, grads, max_norm)?)
 }
 
@@ -86,27 +110,67 @@ pub fn clip_global_norm(grads: &mut GradientsParams, model: &OnnxModel, max_norm
 pub fn flat_rule(c: &OptimizerConfig) -> Rule {
     let (beta1, beta2, epsilon) = (c.beta1, c.beta2, c.epsilon);
     match c.kind {
-        OptimizerKind::Sgd => Rule::Sgd { momentum: c.momentum },
-        OptimizerKind::Adam => Rule::Adam { beta1, beta2, epsilon },
-        OptimizerKind::Adamw => Rule::AdamW { beta1, beta2, epsilon },
-        OptimizerKind::Lamb => Rule::Lamb { beta1, beta2, epsilon },
+        OptimizerKind::Sgd => Rule::Sgd {
+            momentum: c.momentum,
+        },
+        OptimizerKind::Adam => Rule::Adam {
+            beta1,
+            beta2,
+            epsilon,
+        },
+        OptimizerKind::Adamw => Rule::AdamW {
+            beta1,
+            beta2,
+            epsilon,
+        },
+        OptimizerKind::Lamb => Rule::Lamb {
+            beta1,
+            beta2,
+            epsilon,
+        },
     }
 }
 
 /// The update strategy of a run: ZeRO stage 0 (replicated, Burn's optimizer from
 /// [`build_optimizer`]) or stages 1-2 (sharded flat buffers), over `comm`.
-pub fn build_strategy(c: &TrainingConfig, model: &OnnxModel, comm: Arc<dyn Communicator>) -> Result<Box<dyn UpdateStrategy<OnnxModel>>> {
-    let reduction = if c.enable_adasum { Reduction::Adasum } else { Reduction::Mean };
+pub fn build_strategy(
+    c: &TrainingConfig,
+    model: &OnnxModel,
+    comm: Arc<dyn Communicator>,
+) -> Result<Box<dyn UpdateStrategy<OnnxModel>>> {
+    let reduction = if c.enable_adasum {
+        Reduction::Adasum
+    } else {
+        Reduction::Mean
+    };
     if c.zero_stage == 0 {
         let ddp = DataParallel::new(comm).with_reduction(reduction);
-        return Ok(Box::new(Replicated::new(ddp, build_optimizer(&c.optimizer, model))));
+        return Ok(Box::new(Replicated::new(
+            ddp,
+            build_optimizer(&c.optimizer, model),
+        )));
     }
     let decay: HashMap<ParamId, f32> = model
         .param_infos()
         .iter()
         .zip(model.params())
-        .map(|(info, p)| (p.id, if skips_weight_decay(&c.optimizer, &info.name) { 0.0 } else { c.optimizer.weight_decay }))
+        .map(|(info, p)| {
+            (
+                p.id,
+                if skips_weight_decay(&c.optimizer, &info.name) {
+                    0.0
+                } else {
+                    c.optimizer.weight_decay
+                },
+            )
+        })
         .collect();
     let decay_of = Box::new(move |id: ParamId| decay.get(&id).copied().unwrap_or(0.0));
-    Ok(Box::new(Zero::new(c.zero_stage, comm, flat_rule(&c.optimizer), reduction, decay_of)?))
+    Ok(Box::new(Zero::new(
+        c.zero_stage,
+        comm,
+        flat_rule(&c.optimizer),
+        reduction,
+        decay_of,
+    )?))
 }

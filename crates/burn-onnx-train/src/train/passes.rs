@@ -31,10 +31,23 @@ pub trait Passes {
     /// The `gradient_accumulation_steps` micro-steps of update `update`: batches from
     /// `prefetch`, `micro` counts micro-steps (dropout masks are a function of it); the
     /// gradients are those of the loss times `loss_scale`.
-    fn train(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize, loss_scale: f64) -> Result<Accumulated>;
+    fn train(
+        &self,
+        c: &TrainingConfig,
+        model: &mut OnnxModel,
+        prefetch: &Prefetcher,
+        micro: &mut usize,
+        update: usize,
+        loss_scale: f64,
+    ) -> Result<Accumulated>;
     /// An evaluation batch's loss and correct predictions, on the rank that computes them
     /// (`None` on the others; the evaluation sums over ranks).
-    fn eval(&self, c: &TrainingConfig, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>>;
+    fn eval(
+        &self,
+        c: &TrainingConfig,
+        model: &OnnxModel,
+        batch: &Batch,
+    ) -> Result<Option<(f32, usize)>>;
 }
 
 /// The whole model on this rank: ORT's micro-steps (`GradientAccumulateStep`, then
@@ -47,26 +60,51 @@ pub struct Sequential {
 }
 
 impl Passes for Sequential {
-    fn train(&self, c: &TrainingConfig, model: &mut OnnxModel, prefetch: &Prefetcher, micro: &mut usize, update: usize, loss_scale: f64) -> Result<Accumulated> {
+    fn train(
+        &self,
+        c: &TrainingConfig,
+        model: &mut OnnxModel,
+        prefetch: &Prefetcher,
+        micro: &mut usize,
+        update: usize,
+        loss_scale: f64,
+    ) -> Result<Accumulated> {
         let k = c.gradient_accumulation_steps;
         let mut acc = GradientsAccumulator::<OnnxModel>::new();
         let (mut loss_sum, mut items) = (0.0f64, 0usize);
         for m in 0..k {
-            let mode = if m + 1 < k { SessionMode::GradientAccumulateStep } else { SessionMode::ModelUpdateStep };
+            let mode = if m + 1 < k {
+                SessionMode::GradientAccumulateStep
+            } else {
+                SessionMode::ModelUpdateStep
+            };
             tracing::debug!(?mode, micro_step = *micro, update, "session run");
             let batch = prefetch.next_batch()?;
             let seed = mix_seed(mix_seed(c.seed, self.replica as u64), *micro as u64);
             let out = forward_loss(model, &batch, c, &self.device, Mode::Train, seed)?;
             loss_sum += f64::from(scalar(out.loss.clone()));
             items += batch.items;
-            acc.accumulate(model, GradientsParams::from_grads(scaled_loss(out.loss, k, loss_scale).backward(), model));
+            acc.accumulate(
+                model,
+                GradientsParams::from_grads(scaled_loss(out.loss, k, loss_scale).backward(), model),
+            );
             *model = model.clone().apply_state(out.state_updates);
             *micro += 1;
         }
-        Ok(Accumulated { grads: acc.grads(), loss: loss_sum / k as f64, items, waited: Duration::ZERO })
+        Ok(Accumulated {
+            grads: acc.grads(),
+            loss: loss_sum / k as f64,
+            items,
+            waited: Duration::ZERO,
+        })
     }
 
-    fn eval(&self, c: &TrainingConfig, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {
+    fn eval(
+        &self,
+        c: &TrainingConfig,
+        model: &OnnxModel,
+        batch: &Batch,
+    ) -> Result<Option<(f32, usize)>> {
         let out = forward_loss(model, batch, c, &self.device, Mode::Eval, 0)?;
         Ok(Some((scalar(out.loss), out.correct.unwrap_or(0))))
     }
@@ -75,6 +113,14 @@ impl Passes for Sequential {
 /// What a micro-step back-propagates: its loss averaged over the `accumulation` micro-steps
 /// of an update and multiplied by the loss scale.
 pub fn scaled_loss(loss: Tensor<1>, accumulation: usize, loss_scale: f64) -> Tensor<1> {
-    let loss = if accumulation > 1 { loss.div_scalar(accumulation as f64) } else { loss };
-    if loss_scale != 1.0 { loss.mul_scalar(loss_scale) } else { loss }
+    let loss = if accumulation > 1 {
+        loss.div_scalar(accumulation as f64)
+    } else {
+        loss
+    };
+    if loss_scale != 1.0 {
+        loss.mul_scalar(loss_scale)
+    } else {
+        loss
+    }
 }

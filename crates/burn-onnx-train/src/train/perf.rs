@@ -78,14 +78,29 @@ pub struct MemoryReport {
 impl MemoryReport {
     /// Collect every rank's figures (a collective).
     pub fn gather(m: MemoryUse, comm: &dyn Communicator) -> Result<Self> {
-        let mine = [m.optimizer_state_bytes as u64, m.gradient_bytes as u64, m.parameter_bytes as u64, peak_rss_bytes()];
+        let mine = [
+            m.optimizer_state_bytes as u64,
+            m.gradient_bytes as u64,
+            m.parameter_bytes as u64,
+            peak_rss_bytes(),
+        ];
         // Each value as two 24-bit halves, exact in f32 (values below 2^48).
-        let send: Vec<f32> = mine.iter().flat_map(|v| [(v >> 24) as f32, (v & 0xff_ffff) as f32]).collect();
+        let send: Vec<f32> = mine
+            .iter()
+            .flat_map(|v| [(v >> 24) as f32, (v & 0xff_ffff) as f32])
+            .collect();
         let mut all = vec![0.0f32; send.len() * comm.world_size()];
         comm.all_gather(&send, &mut all)?;
-        let value = |rank: usize, k: usize| ((all[rank * 8 + 2 * k] as u64) << 24) | all[rank * 8 + 2 * k + 1] as u64;
+        let value = |rank: usize, k: usize| {
+            ((all[rank * 8 + 2 * k] as u64) << 24) | all[rank * 8 + 2 * k + 1] as u64
+        };
         let column = |k: usize| (0..comm.world_size()).map(|r| value(r, k)).collect();
-        Ok(MemoryReport { optimizer_state_bytes: column(0), gradient_bytes: column(1), parameter_bytes: column(2), peak_rss_bytes: column(3) })
+        Ok(MemoryReport {
+            optimizer_state_bytes: column(0),
+            gradient_bytes: column(1),
+            parameter_bytes: column(2),
+            peak_rss_bytes: column(3),
+        })
     }
 }
 
@@ -102,7 +117,12 @@ pub fn peak_rss_bytes() -> u64 {
 impl PerfMeter {
     /// A meter counting `unit`.
     pub fn new(unit: &'static str) -> Self {
-        PerfMeter { unit, steps: Vec::new(), sync: Vec::new(), waited: Vec::new() }
+        PerfMeter {
+            unit,
+            steps: Vec::new(),
+            sync: Vec::new(),
+            waited: Vec::new(),
+        }
     }
 
     /// Record one update of `items` items that took `elapsed`, `sync` of it in gradient
@@ -118,7 +138,11 @@ impl PerfMeter {
         let half = self.steps.len() / 2;
         let busy: f64 = self.steps[half..].iter().map(|s| s.1.as_secs_f64()).sum();
         let waited: f64 = self.waited[half..].iter().map(Duration::as_secs_f64).sum();
-        let mine = [if busy > 0.0 { (waited / busy) as f32 } else { 0.0 }];
+        let mine = [if busy > 0.0 {
+            (waited / busy) as f32
+        } else {
+            0.0
+        }];
         let mut all = vec![0.0f32; comm.world_size()];
         comm.all_gather(&mine, &mut all)?;
         Ok(all.into_iter().map(f64::from).collect())
@@ -136,16 +160,24 @@ impl PerfMeter {
     }
 
     /// The report over the last half of the updates.
-    pub fn report(&self, c: &TrainingConfig, world_size: usize, memory: MemoryReport, idle: Vec<f64>) -> PerfReport {
+    pub fn report(
+        &self,
+        c: &TrainingConfig,
+        world_size: usize,
+        memory: MemoryReport,
+        idle: Vec<f64>,
+    ) -> PerfReport {
         let half = self.steps.len() / 2;
         let measured = &self.steps[half..];
         let sync = &self.sync[half..];
-        let ms = measured.iter().map(|s| s.1.as_secs_f64()).sum::<f64>() * 1000.0 / measured.len().max(1) as f64;
+        let ms = measured.iter().map(|s| s.1.as_secs_f64()).sum::<f64>() * 1000.0
+            / measured.len().max(1) as f64;
         PerfReport {
             unit: self.unit.to_string(),
             throughput_per_sec: Self::rate(measured),
             avg_update_ms: ms,
-            avg_sync_and_update_ms: sync.iter().map(Duration::as_secs_f64).sum::<f64>() * 1000.0 / sync.len().max(1) as f64,
+            avg_sync_and_update_ms: sync.iter().map(Duration::as_secs_f64).sum::<f64>() * 1000.0
+                / sync.len().max(1) as f64,
             updates_measured: measured.len(),
             updates_total: self.steps.len(),
             batch_size: c.batch_size,
@@ -165,7 +197,8 @@ impl PerfMeter {
 impl PerfReport {
     /// Write as pretty JSON.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let json = serde_json::to_vec_pretty(self).map_err(|e| OnnxError::field("perf", e.to_string()))?;
+        let json =
+            serde_json::to_vec_pretty(self).map_err(|e| OnnxError::field("perf", e.to_string()))?;
         write_atomic(path, &json)
     }
 }

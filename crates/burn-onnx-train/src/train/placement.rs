@@ -45,21 +45,53 @@ pub struct Placement {
 impl Placement {
     /// Carve the groups out of `world` (collective) for `c`'s sizes.
     pub fn new(c: &TrainingConfig, world: &dyn Communicator) -> Result<Self> {
-        let topology = Topology::new(c.data_parallel_size, c.horizontal_parallel_size, c.pipeline_parallel_size, world.world_size())?;
+        let topology = Topology::new(
+            c.data_parallel_size,
+            c.horizontal_parallel_size,
+            c.pipeline_parallel_size,
+            world.world_size(),
+        )?;
         let groups = topology.groups(world)?;
-        let model_group = if topology.tp > 1 && topology.pp > 1 { Some(Arc::from(world.split(groups.dp_rank, world.rank())?)) } else { None };
-        Ok(Placement { topology, groups, partition: None, tensor_parallel: None, model_group })
+        let model_group = if topology.tp > 1 && topology.pp > 1 {
+            Some(Arc::from(world.split(groups.dp_rank, world.rank())?))
+        } else {
+            None
+        };
+        Ok(Placement {
+            topology,
+            groups,
+            partition: None,
+            tensor_parallel: None,
+            model_group,
+        })
     }
 
     /// This rank's part of `model` (the whole model): its tensor-parallel split (planned
     /// from a probe pass on two samples of `train`), then its pipeline stage.
-    pub fn model_part(&mut self, c: &TrainingConfig, model: OnnxModel, train: &dyn Dataset) -> Result<OnnxModel> {
+    pub fn model_part(
+        &mut self,
+        c: &TrainingConfig,
+        model: OnnxModel,
+        train: &dyn Dataset,
+    ) -> Result<OnnxModel> {
         let model = if self.topology.tp > 1 {
             let sample = train.batch(&[0, 1.min(train.len().saturating_sub(1))])?;
-            let input = Value::from_host(&sample.input, &model.device()).map_err(|e| OnnxError::field("batch", e.0))?;
-            let (part, t) = TensorParallel::apply(model, vec![(c.input_name.clone(), input)], self.groups.tp_rank, self.topology.tp, c.tensor_parallel_allow_replicated)?;
+            let input = Value::from_host(&sample.input, &model.device())
+                .map_err(|e| OnnxError::field("batch", e.0))?;
+            let (part, t) = TensorParallel::apply(
+                model,
+                vec![(c.input_name.clone(), input)],
+                self.groups.tp_rank,
+                self.topology.tp,
+                c.tensor_parallel_allow_replicated,
+            )?;
             if self.groups.tp_rank == 0 && self.groups.dp_rank == 0 && self.groups.pp_rank == 0 {
-                tracing::info!(ranks = t.size, blocks = t.blocks.len(), split_weights = t.params.len(), "tensor parallelism");
+                tracing::info!(
+                    ranks = t.size,
+                    blocks = t.blocks.len(),
+                    split_weights = t.params.len(),
+                    "tensor parallelism"
+                );
             }
             self.tensor_parallel = Some(t);
             part
@@ -75,7 +107,12 @@ impl Placement {
             if c.pipeline_cut_after.len() + 1 != self.topology.pp {
                 return Err(OnnxError::field(
                     "config.pipeline_cut_after",
-                    format!("{} cut(s) make {} stages, but pipeline_parallel_size is {}", c.pipeline_cut_after.len(), c.pipeline_cut_after.len() + 1, self.topology.pp),
+                    format!(
+                        "{} cut(s) make {} stages, but pipeline_parallel_size is {}",
+                        c.pipeline_cut_after.len(),
+                        c.pipeline_cut_after.len() + 1,
+                        self.topology.pp
+                    ),
                 ));
             }
             Partition::after(&model, &c.pipeline_cut_after)?
@@ -86,16 +123,34 @@ impl Placement {
     }
 
     /// The passes this rank runs on `model` (its part of the model).
-    pub fn passes(&self, c: &TrainingConfig, model: &OnnxModel, device: &Device) -> Result<Box<dyn Passes>> {
+    pub fn passes(
+        &self,
+        c: &TrainingConfig,
+        model: &OnnxModel,
+        device: &Device,
+    ) -> Result<Box<dyn Passes>> {
         Ok(match &self.partition {
             None if c.recompute_segments > 1 => {
                 let nodes = model.graph().nodes.len();
                 if c.recompute_segments > nodes {
-                    return Err(OnnxError::field("config.recompute_segments", format!("{} segments for a graph of {nodes} nodes", c.recompute_segments)));
+                    return Err(OnnxError::field(
+                        "config.recompute_segments",
+                        format!(
+                            "{} segments for a graph of {nodes} nodes",
+                            c.recompute_segments
+                        ),
+                    ));
                 }
-                Box::new(Recomputed { partition: Arc::new(Partition::auto(model, c.recompute_segments)?), replica: self.groups.dp_rank, device: device.clone() })
+                Box::new(Recomputed {
+                    partition: Arc::new(Partition::auto(model, c.recompute_segments)?),
+                    replica: self.groups.dp_rank,
+                    device: device.clone(),
+                })
             }
-            None => Box::new(Sequential { replica: self.groups.dp_rank, device: device.clone() }),
+            None => Box::new(Sequential {
+                replica: self.groups.dp_rank,
+                device: device.clone(),
+            }),
             Some(p) => Box::new(Pipelined {
                 partition: p.clone(),
                 comm: self.groups.pp.clone(),
@@ -110,7 +165,9 @@ impl Placement {
     /// Make the tensor-parallel group this thread's while the guard lives (`None` without
     /// tensor parallelism).
     pub fn enter_tensor_parallel(&self) -> Option<GroupGuard> {
-        self.tensor_parallel.as_ref().map(|_| enter(self.groups.tp.clone()))
+        self.tensor_parallel
+            .as_ref()
+            .map(|_| enter(self.groups.tp.clone()))
     }
 
     /// The model-parallel norm group of a stage or tp rank (`None` when the model is
@@ -121,10 +178,25 @@ impl Placement {
         let mut elsewhere: HashSet<ParamId> = HashSet::new();
         if let Some(p) = &self.partition {
             let me = self.groups.pp_rank;
-            elsewhere.extend(p.shared.iter().filter(|s| s.stages.first() != Some(&me)).filter_map(|s| id(&s.name)));
+            elsewhere.extend(
+                p.shared
+                    .iter()
+                    .filter(|s| s.stages.first() != Some(&me))
+                    .filter_map(|s| id(&s.name)),
+            );
         }
-        if let Some(t) = self.tensor_parallel.as_ref().filter(|_| self.groups.tp_rank != 0) {
-            elsewhere.extend(model.param_infos().iter().filter(|i| !t.params.contains_key(&i.name)).filter_map(|i| id(&i.name)));
+        if let Some(t) = self
+            .tensor_parallel
+            .as_ref()
+            .filter(|_| self.groups.tp_rank != 0)
+        {
+            elsewhere.extend(
+                model
+                    .param_infos()
+                    .iter()
+                    .filter(|i| !t.params.contains_key(&i.name))
+                    .filter_map(|i| id(&i.name)),
+            );
         }
         let group = match (&self.partition, &self.tensor_parallel, &self.model_group) {
             (None, None, _) => return None,
@@ -139,7 +211,11 @@ impl Placement {
     fn owns(&self, name: &str) -> bool {
         match &self.partition {
             None => true,
-            Some(p) => p.shared.iter().find(|s| s.name == name).is_none_or(|s| s.stages.first() == Some(&self.groups.pp_rank)),
+            Some(p) => p
+                .shared
+                .iter()
+                .find(|s| s.name == name)
+                .is_none_or(|s| s.stages.first() == Some(&self.groups.pp_rank)),
         }
     }
 
@@ -150,14 +226,24 @@ impl Placement {
 
     /// This rank's files in a checkpoint: its part of the model (first replica only) and
     /// the optimizer state `state` (under `stage-<k>/` in a pipeline, `tp-<r>/` for a tp rank).
-    pub fn checkpoint_files(&self, model: &OnnxModel, state: Vec<(String, Vec<u8>)>) -> Result<Vec<(String, Vec<u8>)>> {
+    pub fn checkpoint_files(
+        &self,
+        model: &OnnxModel,
+        state: Vec<(String, Vec<u8>)>,
+    ) -> Result<Vec<(String, Vec<u8>)>> {
         let stage = self.partition.as_ref().map(|_| self.groups.pp_rank);
         let mut files: Vec<(String, Vec<u8>)> = match state_dir(stage, self.tp_rank()) {
             None => state,
-            Some(dir) => state.into_iter().map(|(n, b)| (format!("{dir}/{n}"), b)).collect(),
+            Some(dir) => state
+                .into_iter()
+                .map(|(n, b)| (format!("{dir}/{n}"), b))
+                .collect(),
         };
         if self.groups.dp_rank == 0 {
-            files.push((model_file(stage, self.tp_rank()), model_bytes(model, |n| self.owns(n))?));
+            files.push((
+                model_file(stage, self.tp_rank()),
+                model_bytes(model, |n| self.owns(n))?,
+            ));
         }
         Ok(files)
     }
@@ -172,12 +258,16 @@ impl Placement {
         }
     }
 
-
     /// The whole trained model on world rank 0 (`None` elsewhere): in a pipeline, the
     /// first replica's stages send their parameters to stage 0, which sets them into the
     /// model loaded from `c.model_path`. Collective over `world`: no rank leaves before
     /// the parameters have arrived.
-    pub fn whole_model(&self, c: &TrainingConfig, model: &OnnxModel, world: &dyn Communicator) -> Result<Option<OnnxModel>> {
+    pub fn whole_model(
+        &self,
+        c: &TrainingConfig,
+        model: &OnnxModel,
+        world: &dyn Communicator,
+    ) -> Result<Option<OnnxModel>> {
         // The first replica's tp ranks assemble their split weights on tp rank 0.
         let mut values: HashMap<String, FloatValue> = HashMap::new();
         if let Some(t) = &self.tensor_parallel
@@ -193,14 +283,21 @@ impl Placement {
         }
         for (i, info) in model.param_infos().iter().enumerate() {
             if !values.contains_key(&info.name) {
-                values.insert(info.name.clone(), model.param_value(i).expect("an indexed parameter"));
+                values.insert(
+                    info.name.clone(),
+                    model.param_value(i).expect("an indexed parameter"),
+                );
             }
         }
         let whole = match &self.partition {
             None if world.rank() == 0 && self.tensor_parallel.is_none() => Some(model.clone()),
-            None if world.rank() == 0 => Some(OnnxModel::load(&c.model_path, &model.device())?.set_params(&values)?),
+            None if world.rank() == 0 => {
+                Some(OnnxModel::load(&c.model_path, &model.device())?.set_params(&values)?)
+            }
             None => None,
-            Some(p) if self.groups.dp_rank == 0 => self.gather_stages(c, p, &values, &model.device())?,
+            Some(p) if self.groups.dp_rank == 0 => {
+                self.gather_stages(c, p, &values, &model.device())?
+            }
             Some(_) => None,
         };
         world.barrier()?;
@@ -209,24 +306,52 @@ impl Placement {
 
     /// The first replica's part of [`Self::whole_model`]: `values` are this stage's
     /// whole parameters.
-    fn gather_stages(&self, c: &TrainingConfig, p: &Partition, values: &HashMap<String, FloatValue>, device: &Device) -> Result<Option<OnnxModel>> {
+    fn gather_stages(
+        &self,
+        c: &TrainingConfig,
+        p: &Partition,
+        values: &HashMap<String, FloatValue>,
+        device: &Device,
+    ) -> Result<Option<OnnxModel>> {
         let me = self.groups.pp_rank;
         let comm = self.groups.pp.as_ref();
-        let owned = |k: usize| -> Vec<&String> { p.stages[k].params.iter().filter(|n| (0..k).all(|e| !p.stages[e].params.contains(n))).collect() };
+        let owned = |k: usize| -> Vec<&String> {
+            p.stages[k]
+                .params
+                .iter()
+                .filter(|n| (0..k).all(|e| !p.stages[e].params.contains(n)))
+                .collect()
+        };
         if me != 0 {
             let values: Vec<Value> = owned(me)
                 .into_iter()
-                .map(|n| values.get(n).cloned().map(Value::Float).ok_or_else(|| OnnxError::field("pipeline", format!("stage {me} lacks '{n}'"))))
+                .map(|n| {
+                    values.get(n).cloned().map(Value::Float).ok_or_else(|| {
+                        OnnxError::field("pipeline", format!("stage {me} lacks '{n}'"))
+                    })
+                })
                 .collect::<Result<_>>()?;
             send_values(comm, 0, &values.iter().collect::<Vec<_>>())?;
             return Ok(None);
         }
         let device = device.clone();
-        let mut values: HashMap<String, FloatValue> = p.stages[0].params.iter().filter_map(|n| values.get(n).map(|v| (n.clone(), v.clone()))).collect();
+        let mut values: HashMap<String, FloatValue> = p.stages[0]
+            .params
+            .iter()
+            .filter_map(|n| values.get(n).map(|v| (n.clone(), v.clone())))
+            .collect();
         for k in 1..p.stages.len() {
             let names = owned(k);
-            for (n, v) in names.iter().zip(recv_values(comm, k, names.len(), &device)?) {
-                let Value::Float(f) = v else { return Err(OnnxError::field("pipeline", format!("parameter '{n}' arrived as a non-float value"))) };
+            for (n, v) in names
+                .iter()
+                .zip(recv_values(comm, k, names.len(), &device)?)
+            {
+                let Value::Float(f) = v else {
+                    return Err(OnnxError::field(
+                        "pipeline",
+                        format!("parameter '{n}' arrived as a non-float value"),
+                    ));
+                };
                 values.insert((*n).clone(), f);
             }
         }

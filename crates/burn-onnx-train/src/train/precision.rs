@@ -77,8 +77,19 @@ impl LossScaler {
             None => c.precision == Precision::F16,
             Some(s) => s == 0.0,
         };
-        let scale = if dynamic { INITIAL_DYNAMIC_SCALE } else { c.loss_scale.unwrap_or(1.0) };
-        LossScaler { state: ScalerState { scale, good_steps: 0 }, dynamic, growth_interval: c.loss_scale_growth_interval }
+        let scale = if dynamic {
+            INITIAL_DYNAMIC_SCALE
+        } else {
+            c.loss_scale.unwrap_or(1.0)
+        };
+        LossScaler {
+            state: ScalerState {
+                scale,
+                good_steps: 0,
+            },
+            dynamic,
+            growth_interval: c.loss_scale_growth_interval,
+        }
     }
 
     /// The scale the next backward multiplies the loss by.
@@ -118,8 +129,17 @@ impl LossScaler {
         }
         let overflow = self.unscale(&model, &mut grads, world)?;
         let result = if overflow {
-            tracing::warn!(scale = self.state.scale, "inf/NaN gradients: update skipped");
-            (model, UpdateReport { grad_norm: f32::INFINITY, tensor_grad_norms: Vec::new() })
+            tracing::warn!(
+                scale = self.state.scale,
+                "inf/NaN gradients: update skipped"
+            );
+            (
+                model,
+                UpdateReport {
+                    grad_norm: f32::INFINITY,
+                    tensor_grad_norms: Vec::new(),
+                },
+            )
         } else {
             strategy.update(lr, model, grads, max_norm, tensor_norms)?
         };
@@ -129,8 +149,17 @@ impl LossScaler {
 
     /// Divide `grads` of `model` by the scale and report whether any gradient on any rank
     /// of `world` is inf or NaN (a collective: every rank gets the same answer).
-    fn unscale(&self, model: &OnnxModel, grads: &mut GradientsParams, world: &dyn Communicator) -> Result<bool> {
-        let mut unscale = Unscale { grads, factor: (1.0 / self.state.scale) as f32, flag: NonFiniteFlag::new(&model.device()) };
+    fn unscale(
+        &self,
+        model: &OnnxModel,
+        grads: &mut GradientsParams,
+        world: &dyn Communicator,
+    ) -> Result<bool> {
+        let mut unscale = Unscale {
+            grads,
+            factor: (1.0 / self.state.scale) as f32,
+            flag: NonFiniteFlag::new(&model.device()),
+        };
         model.visit(&mut unscale);
         let mut flag = [if unscale.flag.raised() { 1.0f32 } else { 0.0 }];
         world.all_reduce(&mut flag, ReduceOp::Sum)?;
@@ -144,11 +173,17 @@ impl LossScaler {
             return;
         }
         if overflow {
-            self.state = ScalerState { scale: (self.state.scale / 2.0).max(f64::MIN_POSITIVE), good_steps: 0 };
+            self.state = ScalerState {
+                scale: (self.state.scale / 2.0).max(f64::MIN_POSITIVE),
+                good_steps: 0,
+            };
         } else {
             self.state.good_steps += 1;
             if self.state.good_steps >= self.growth_interval {
-                self.state = ScalerState { scale: self.state.scale * 2.0, good_steps: 0 };
+                self.state = ScalerState {
+                    scale: self.state.scale * 2.0,
+                    good_steps: 0,
+                };
             }
         }
     }
@@ -174,7 +209,10 @@ impl ModuleVisitor for Unscale<'_> {
 /// A clear error for a scale that cannot work.
 pub fn check_loss_scale(scale: Option<f64>) -> Result<()> {
     match scale {
-        Some(s) if !(s.is_finite() && s >= 0.0) => Err(OnnxError::field("config.loss_scale", format!("{s}: use 0 (dynamic) or a positive scale"))),
+        Some(s) if !(s.is_finite() && s >= 0.0) => Err(OnnxError::field(
+            "config.loss_scale",
+            format!("{s}: use 0 (dynamic) or a positive scale"),
+        )),
         _ => Ok(()),
     }
 }
@@ -184,7 +222,12 @@ mod tests {
     use super::*;
 
     fn scaler(loss_scale: Option<f64>, precision: Precision, interval: usize) -> LossScaler {
-        LossScaler::new(&TrainingConfig { loss_scale, precision, loss_scale_growth_interval: interval, ..Default::default() })
+        LossScaler::new(&TrainingConfig {
+            loss_scale,
+            precision,
+            loss_scale_growth_interval: interval,
+            ..Default::default()
+        })
     }
 
     #[test]
@@ -201,18 +244,33 @@ mod tests {
         assert_eq!(s.scale(), 65536.0);
         s.update(false);
         s.update(true);
-        assert_eq!(s.state(), Some(ScalerState { scale: 32768.0, good_steps: 0 }), "an overflow restarts the count");
+        assert_eq!(
+            s.state(),
+            Some(ScalerState {
+                scale: 32768.0,
+                good_steps: 0
+            }),
+            "an overflow restarts the count"
+        );
     }
 
     #[test]
     fn static_and_off_scales_never_change() {
-        for mut s in [scaler(Some(1024.0), Precision::F16, 1), scaler(None, Precision::Bf16, 1), scaler(None, Precision::F32, 1)] {
+        for mut s in [
+            scaler(Some(1024.0), Precision::F16, 1),
+            scaler(None, Precision::Bf16, 1),
+            scaler(None, Precision::F32, 1),
+        ] {
             let before = s.scale();
             s.update(true);
             s.update(false);
             assert_eq!(s.scale(), before);
             assert_eq!(s.state(), None);
         }
-        assert_eq!(scaler(Some(0.0), Precision::F32, 1).scale(), 65536.0, "0 asks for a dynamic scale in any precision");
+        assert_eq!(
+            scaler(Some(0.0), Precision::F32, 1).scale(),
+            65536.0,
+            "0 asks for a dynamic scale in any precision"
+        );
     }
 }

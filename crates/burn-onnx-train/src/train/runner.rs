@@ -19,14 +19,17 @@ use burn_ort_dist::{Communicator, DataParallel, UpdateStrategy};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use super::checkpoint::{CheckpointState, list_checkpoints, read_params, read_state, remove_stale_temporaries, save_checkpoint, state_dirs};
-use super::placement::Placement;
+use super::checkpoint::{
+    CheckpointState, list_checkpoints, read_params, read_state, remove_stale_temporaries,
+    save_checkpoint, state_dirs,
+};
 use super::config::TrainingConfig;
 use super::data::{Dataset, DistributedSampler, Prefetcher};
 pub use super::evaluate::EvalMetrics;
 use super::evaluate::evaluate;
 use super::optimizer::build_strategy;
 use super::perf::{MemoryReport, PerfMeter};
+use super::placement::Placement;
 use super::precision::LossScaler;
 use super::preflight::{check_data, check_weight_names};
 use super::schedule::LrSchedule;
@@ -75,14 +78,25 @@ struct Reporter {
 
 impl Reporter {
     /// After update `step`: summary, progress bar, TensorBoard, and the log line when `display`.
-    fn update(&mut self, step: usize, loss: f64, lr: f64, grad_norm: f32, loss_scale: Option<f64>, display: bool) -> Result<()> {
+    fn update(
+        &mut self,
+        step: usize,
+        loss: f64,
+        lr: f64,
+        grad_norm: f32,
+        loss_scale: Option<f64>,
+        display: bool,
+    ) -> Result<()> {
         let (rate, unit) = (self.perf.recent_rate(), self.unit);
         self.summary.losses.push((step, loss));
         self.bar.set_position(step as u64);
-        self.bar.set_message(format!("loss {loss:.4} | {rate:.0} {unit}/s"));
-        self.tb.update(step, loss, lr, grad_norm, loss_scale, rate, unit)?;
+        self.bar
+            .set_message(format!("loss {loss:.4} | {rate:.0} {unit}/s"));
+        self.tb
+            .update(step, loss, lr, grad_norm, loss_scale, rate, unit)?;
         if self.root && display {
-            self.bar.suspend(|| tracing::info!(step, loss, lr, grad_norm, rate, unit, "train"));
+            self.bar
+                .suspend(|| tracing::info!(step, loss, lr, grad_norm, rate, unit, "train"));
         }
         Ok(())
     }
@@ -90,7 +104,15 @@ impl Reporter {
     /// After an evaluation.
     fn eval(&mut self, m: EvalMetrics, model: &OnnxModel) -> Result<()> {
         if self.root {
-            self.bar.suspend(|| tracing::info!(step = m.step, loss = m.loss, perplexity = m.perplexity, accuracy = m.accuracy, "eval"));
+            self.bar.suspend(|| {
+                tracing::info!(
+                    step = m.step,
+                    loss = m.loss,
+                    perplexity = m.perplexity,
+                    accuracy = m.accuracy,
+                    "eval"
+                )
+            });
         }
         self.tb.eval(&m, model)?;
         self.summary.evals.push(m);
@@ -107,9 +129,17 @@ pub struct TrainingRunner {
 
 impl TrainingRunner {
     /// Validate the config against the communicator's world.
-    pub fn new(config: TrainingConfig, comm: Arc<dyn Communicator>, device: Device) -> Result<Self> {
+    pub fn new(
+        config: TrainingConfig,
+        comm: Arc<dyn Communicator>,
+        device: Device,
+    ) -> Result<Self> {
         config.validate(comm.world_size())?;
-        Ok(TrainingRunner { config, comm, device })
+        Ok(TrainingRunner {
+            config,
+            comm,
+            device,
+        })
     }
 
     /// The config.
@@ -122,11 +152,22 @@ impl TrainingRunner {
     }
 
     /// Train on `train`, evaluating on `test`.
-    pub fn run(&self, train: Arc<dyn Dataset>, test: Option<Arc<dyn Dataset>>) -> Result<RunSummary> {
+    pub fn run(
+        &self,
+        train: Arc<dyn Dataset>,
+        test: Option<Arc<dyn Dataset>>,
+    ) -> Result<RunSummary> {
         let mut c = self.config.clone();
         let mut place = Placement::new(&c, self.comm.as_ref())?;
         let (replica, replicas) = (place.groups.dp_rank, place.topology.dp);
-        let sampler = DistributedSampler { len: train.len(), batch_size: c.batch_size, rank: replica, world: replicas, seed: c.seed, shuffle: true };
+        let sampler = DistributedSampler {
+            len: train.len(),
+            batch_size: c.batch_size,
+            rank: replica,
+            world: replicas,
+            seed: c.seed,
+            shuffle: true,
+        };
         c.resolve_epochs(sampler.batches_per_epoch())?;
         sampler.batch_indices(0)?;
         let model = OnnxModel::load(&c.model_path, &self.device)?.select_trainable(
@@ -144,7 +185,8 @@ impl TrainingRunner {
             strategy.set_model_parallel(group);
         }
         let mut scaler = LossScaler::new(&c);
-        let (model, mut update, mut micro) = self.resume(&c, &place, model, strategy.as_mut(), &mut scaler)?;
+        let (model, mut update, mut micro) =
+            self.resume(&c, &place, model, strategy.as_mut(), &mut scaler)?;
         DataParallel::new(self.comm.clone()).check_consistent(c.to_toml()?.as_bytes())?;
         let mut model = DataParallel::new(place.groups.dp.clone()).broadcast_parameters(model)?;
         let (start_step, total) = (update, c.num_updates());
@@ -152,7 +194,13 @@ impl TrainingRunner {
         let prefetch = Prefetcher::start(train.clone(), sampler, micro, 4);
         let mut out = Reporter {
             perf: PerfMeter::new(train.unit()),
-            summary: RunSummary { start_step, losses: Vec::new(), evals: Vec::new(), exported: None, perf: None },
+            summary: RunSummary {
+                start_step,
+                losses: Vec::new(),
+                evals: Vec::new(),
+                exported: None,
+                perf: None,
+            },
             tb: Summaries::open(&c, place.summary_role(self.comm.rank()))?,
             bar: self.progress_bar(total, start_step),
             unit: train.unit(),
@@ -162,10 +210,25 @@ impl TrainingRunner {
 
         while update < total {
             let started = Instant::now();
-            let acc = passes.train(&c, &mut model, &prefetch, &mut micro, update, scaler.scale())?;
+            let acc = passes.train(
+                &c,
+                &mut model,
+                &prefetch,
+                &mut micro,
+                update,
+                scaler.scale(),
+            )?;
             let display = (update + 1) % c.display_loss_steps.max(1) == 0 || update + 1 == total;
             let (lr, update_started) = (schedule.lr(update), Instant::now());
-            let (next, report) = scaler.step(strategy.as_mut(), self.comm.as_ref(), lr, model, acc.grads, c.max_grad_norm, display && out.tb.wants_norms())?;
+            let (next, report) = scaler.step(
+                strategy.as_mut(),
+                self.comm.as_ref(),
+                lr,
+                model,
+                acc.grads,
+                c.max_grad_norm,
+                display && out.tb.wants_norms(),
+            )?;
             let sync_time = update_started.elapsed();
             model = next;
             update += 1;
@@ -173,13 +236,40 @@ impl TrainingRunner {
                 out.tb.norms(&model, &report.tensor_grad_norms, update)?;
             }
             if !acc.loss.is_finite() {
-                return Err(OnnxError::field("training", format!("loss became {} at update {update}", acc.loss)));
+                return Err(OnnxError::field(
+                    "training",
+                    format!("loss became {} at update {update}", acc.loss),
+                ));
             }
-            out.perf.record(acc.items * replicas, started.elapsed(), sync_time, acc.waited);
-            out.update(update, acc.loss, lr, report.grad_norm, scaler.state().map(|s| s.scale), display)?;
+            out.perf.record(
+                acc.items * replicas,
+                started.elapsed(),
+                sync_time,
+                acc.waited,
+            );
+            out.update(
+                update,
+                acc.loss,
+                lr,
+                report.grad_norm,
+                scaler.state().map(|s| s.scale),
+                display,
+            )?;
             let eval_due = c.evaluation_period > 0 && update % c.evaluation_period == 0;
             if let Some(test) = test.as_ref().filter(|_| eval_due || update == total) {
-                out.eval(evaluate(&c, self.comm.as_ref(), (replica, replicas), place.groups.tp_rank == 0, passes.as_ref(), &model, test.as_ref(), update)?, &model)?;
+                out.eval(
+                    evaluate(
+                        &c,
+                        self.comm.as_ref(),
+                        (replica, replicas),
+                        place.groups.tp_rank == 0,
+                        passes.as_ref(),
+                        &model,
+                        test.as_ref(),
+                        update,
+                    )?,
+                    &model,
+                )?;
             }
             if c.checkpoint_period > 0 && (update % c.checkpoint_period == 0 || update == total) {
                 let state = CheckpointState {
@@ -192,13 +282,25 @@ impl TrainingRunner {
                     zero_stage: c.zero_stage,
                     pipeline_stages: place.topology.pp,
                     tensor_parallel: place.topology.tp,
-                    tensor_parallel_splits: place.tensor_parallel.as_ref().map(|t| t.params.clone()).unwrap_or_default(),
+                    tensor_parallel_splits: place
+                        .tensor_parallel
+                        .as_ref()
+                        .map(|t| t.params.clone())
+                        .unwrap_or_default(),
                     config_toml: c.to_toml()?,
                 };
                 let files = place.checkpoint_files(&model, strategy.state_files()?)?;
-                let path = save_checkpoint(&c.checkpoints_dir(), files, &state, c.max_num_checkpoints, self.comm.as_ref())?;
+                let path = save_checkpoint(
+                    &c.checkpoints_dir(),
+                    files,
+                    &state,
+                    c.max_num_checkpoints,
+                    self.comm.as_ref(),
+                )?;
                 if self.is_root() {
-                    out.bar.suspend(|| tracing::info!(step = update, path = %path.display(), "checkpoint"));
+                    out.bar.suspend(
+                        || tracing::info!(step = update, path = %path.display(), "checkpoint"),
+                    );
                 }
             }
         }
@@ -223,23 +325,46 @@ impl TrainingRunner {
     /// optimizer state loaded: a fresh start, or the checkpoint named by
     /// `checkpoint_to_load_path`, or the newest in the checkpoint directory (which must come
     /// from a compatible run).
-    fn resume(&self, c: &TrainingConfig, place: &Placement, model: OnnxModel, strategy: &mut dyn UpdateStrategy<OnnxModel>, scaler: &mut LossScaler) -> Result<(OnnxModel, usize, usize)> {
+    fn resume(
+        &self,
+        c: &TrainingConfig,
+        place: &Placement,
+        model: OnnxModel,
+        strategy: &mut dyn UpdateStrategy<OnnxModel>,
+        scaler: &mut LossScaler,
+    ) -> Result<(OnnxModel, usize, usize)> {
         let dir = c.checkpoints_dir();
         if self.is_root() {
             remove_stale_temporaries(&dir);
         }
-        let Some(path) = c.checkpoint_to_load_path.clone().or_else(|| list_checkpoints(&dir).pop().map(|(_, p)| p)) else {
+        let Some(path) = c
+            .checkpoint_to_load_path
+            .clone()
+            .or_else(|| list_checkpoints(&dir).pop().map(|(_, p)| p))
+        else {
             return Ok((model, 0, 0));
         };
         let state = read_state(&path)?;
         let saved = TrainingConfig::from_toml(&state.config_toml, &path)?;
-        let saved_replicas = state.world_size / (saved.pipeline_parallel_size * saved.horizontal_parallel_size).max(1);
-        c.check_resume(&saved, saved_replicas, state.zero_stage, place.topology.dp, &path)?;
+        let saved_replicas = state.world_size
+            / (saved.pipeline_parallel_size * saved.horizontal_parallel_size).max(1);
+        c.check_resume(
+            &saved,
+            saved_replicas,
+            state.zero_stage,
+            place.topology.dp,
+            &path,
+        )?;
         let model = read_params(&path, model, place.tensor_parallel.as_ref())?;
         if state.tensor_parallel == place.topology.tp {
-            strategy.load_state(&model, &state_dirs(&path, state.pipeline_stages, place.tp_rank()))?;
+            strategy.load_state(
+                &model,
+                &state_dirs(&path, state.pipeline_stages, place.tp_rank()),
+            )?;
         } else {
-            let scratch = c.output_dir.join(format!(".tp-regroup-{}", self.comm.rank()));
+            let scratch = c
+                .output_dir
+                .join(format!(".tp-regroup-{}", self.comm.rank()));
             let dirs = regrouped_state_dirs(&path, &state, place, &model, &scratch)?;
             strategy.load_state(&model, &dirs)?;
             let _ = std::fs::remove_dir_all(&scratch);
@@ -249,7 +374,9 @@ impl TrainingRunner {
         if self.is_root() {
             tracing::info!(checkpoint = %path.display(), update, total = c.num_updates(), "resumed");
             if update >= c.num_updates() {
-                tracing::warn!("the checkpoint is already at the last update: nothing to train (raise num_train_steps or use a fresh output_dir)");
+                tracing::warn!(
+                    "the checkpoint is already at the last update: nothing to train (raise num_train_steps or use a fresh output_dir)"
+                );
             }
         }
         Ok((model, update, micro))
@@ -257,7 +384,11 @@ impl TrainingRunner {
 
     fn export(&self, c: &TrainingConfig, model: &OnnxModel) -> Result<PathBuf> {
         std::fs::create_dir_all(&c.output_dir).map_err(|e| OnnxError::io(&c.output_dir, e))?;
-        let stem = c.model_path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+        let stem = c
+            .model_path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("model");
         let path = c.output_dir.join(format!("{stem}_trained.onnx"));
         export_onnx(model, &path)?;
         tracing::info!(path = %path.display(), "exported");
@@ -269,8 +400,9 @@ impl TrainingRunner {
             return ProgressBar::hidden();
         }
         let bar = ProgressBar::new(total as u64).with_position(start as u64);
-        let style = ProgressStyle::with_template("{bar:30} {pos}/{len} updates | {msg} | ETA {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
+        let style =
+            ProgressStyle::with_template("{bar:30} {pos}/{len} updates | {msg} | ETA {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
         bar
     }

@@ -24,8 +24,16 @@ pub struct LrSchedule {
 impl LrSchedule {
     /// Resolve `config` for `total` optimizer updates.
     pub fn new(config: &LrConfig, total: usize) -> Self {
-        let warmup = if config.mode == ScheduleKind::None { 0 } else { (config.warmup_ratio * total as f64).floor() as usize };
-        LrSchedule { config: config.clone(), total, warmup }
+        let warmup = if config.mode == ScheduleKind::None {
+            0
+        } else {
+            (config.warmup_ratio * total as f64).floor() as usize
+        };
+        LrSchedule {
+            config: config.clone(),
+            total,
+            warmup,
+        }
     }
 
     /// Number of warm-up updates.
@@ -46,7 +54,9 @@ impl LrSchedule {
             ScheduleKind::None | ScheduleKind::Constant => c.initial_lr,
             ScheduleKind::Linear => c.initial_lr * ((total - t) / span).max(0.0),
             ScheduleKind::Cosine => c.initial_lr * (0.5 * (1.0 + (PI * progress).cos())).max(0.0),
-            ScheduleKind::Poly => (c.initial_lr - c.end_lr) * (1.0 - progress).powf(c.poly_power) + c.end_lr,
+            ScheduleKind::Poly => {
+                (c.initial_lr - c.end_lr) * (1.0 - progress).powf(c.poly_power) + c.end_lr
+            }
         }
     }
 }

@@ -23,44 +23,96 @@ pub struct StepOutput {
 
 /// Forward `batch` through `model` and apply the configured loss; `seed` drives the pass's
 /// randomness (dropout).
-pub fn forward_loss(model: &OnnxModel, batch: &Batch, config: &TrainingConfig, device: &Device, mode: Mode, seed: u64) -> Result<StepOutput> {
-    let input = Value::from_host(&batch.input, device).map_err(|e| OnnxError::field("batch", e.0))?;
-    let out = model.forward_with(vec![(config.input_name.clone(), input)], mode, seed, config.precision.autocast())?;
+pub fn forward_loss(
+    model: &OnnxModel,
+    batch: &Batch,
+    config: &TrainingConfig,
+    device: &Device,
+    mode: Mode,
+    seed: u64,
+) -> Result<StepOutput> {
+    let input =
+        Value::from_host(&batch.input, device).map_err(|e| OnnxError::field("batch", e.0))?;
+    let out = model.forward_with(
+        vec![(config.input_name.clone(), input)],
+        mode,
+        seed,
+        config.precision.autocast(),
+    )?;
     loss_of_outputs(out, batch, config, device, mode)
 }
 
 /// The configured loss of a forward pass's outputs against `batch`'s targets (the last
 /// pipeline stage calls this on its outputs).
-pub fn loss_of_outputs(out: ForwardOutput, batch: &Batch, config: &TrainingConfig, device: &Device, mode: Mode) -> Result<StepOutput> {
+pub fn loss_of_outputs(
+    out: ForwardOutput,
+    batch: &Batch,
+    config: &TrainingConfig,
+    device: &Device,
+    mode: Mode,
+) -> Result<StepOutput> {
     let Some(Value::Float(pred)) = out.get(&config.output_name).cloned() else {
-        return Err(OnnxError::field("config.output_name", format!("'{}' is not a float output of the model", config.output_name)));
+        return Err(OnnxError::field(
+            "config.output_name",
+            format!(
+                "'{}' is not a float output of the model",
+                config.output_name
+            ),
+        ));
     };
     let (loss, correct) = match (config.loss, &batch.target, &batch.input) {
-        (LossKind::LmCrossEntropy, Target::NextToken, HostTensor::Int(ids)) => (lm_cross_entropy(pred, ids)?, None),
+        (LossKind::LmCrossEntropy, Target::NextToken, HostTensor::Int(ids)) => {
+            (lm_cross_entropy(pred, ids)?, None)
+        }
         (LossKind::CrossEntropy, Target::Classes(labels), _) => {
-            let correct = if mode == Mode::Eval { Some(count_correct(&pred, labels)?) } else { None };
+            let correct = if mode == Mode::Eval {
+                Some(count_correct(&pred, labels)?)
+            } else {
+                None
+            };
             (cross_entropy(pred, labels)?, correct)
         }
         (LossKind::Mse, Target::Values(t), _) => {
-            let t = FloatValue::from_array(t, device).map_err(|e| OnnxError::field("batch targets", e.0))?;
+            let t = FloatValue::from_array(t, device)
+                .map_err(|e| OnnxError::field("batch targets", e.0))?;
             (mse(pred, t)?, None)
         }
         (kind, _, _) => {
-            return Err(OnnxError::field("config.loss", format!("loss {kind:?} does not fit this data set's targets")));
+            return Err(OnnxError::field(
+                "config.loss",
+                format!("loss {kind:?} does not fit this data set's targets"),
+            ));
         }
     };
-    Ok(StepOutput { loss, state_updates: out.state_updates, correct })
+    Ok(StepOutput {
+        loss,
+        state_updates: out.state_updates,
+        correct,
+    })
 }
 
-fn count_correct(logits: &crate::value::FloatValue, labels: &ndarray::ArrayD<i64>) -> Result<usize> {
-    let a = logits.to_array().map_err(|e| OnnxError::field("logits", e.0))?;
+fn count_correct(
+    logits: &crate::value::FloatValue,
+    labels: &ndarray::ArrayD<i64>,
+) -> Result<usize> {
+    let a = logits
+        .to_array()
+        .map_err(|e| OnnxError::field("logits", e.0))?;
     let classes = *a.shape().last().unwrap_or(&1);
-    let rows = a.as_standard_layout().into_owned().into_shape_with_order((labels.len(), classes)).map_err(|e| OnnxError::field("logits", e.to_string()))?;
+    let rows = a
+        .as_standard_layout()
+        .into_owned()
+        .into_shape_with_order((labels.len(), classes))
+        .map_err(|e| OnnxError::field("logits", e.to_string()))?;
     Ok(rows
         .outer_iter()
         .zip(labels.iter())
         .filter(|(row, l)| {
-            let best = row.iter().enumerate().fold((0, f32::MIN), |acc, (i, &v)| if v > acc.1 { (i, v) } else { acc });
+            let best =
+                row.iter().enumerate().fold(
+                    (0, f32::MIN),
+                    |acc, (i, &v)| if v > acc.1 { (i, v) } else { acc },
+                );
             best.0 as i64 == **l
         })
         .count())

@@ -37,13 +37,33 @@ pub struct Summaries {
 impl Summaries {
     /// Open the config's log directory for `role`.
     pub fn open(c: &TrainingConfig, role: SummaryRole) -> Result<Self> {
-        let writer = if role == SummaryRole::Silent { None } else { c.log_dir().map(|d| EventWriter::create(&d)).transpose()? };
-        Ok(Summaries { writer, scalars: role == SummaryRole::Run, histogram_weights: c.histogram_weights.clone(), norm_weights: c.norm_weights.clone() })
+        let writer = if role == SummaryRole::Silent {
+            None
+        } else {
+            c.log_dir().map(|d| EventWriter::create(&d)).transpose()?
+        };
+        Ok(Summaries {
+            writer,
+            scalars: role == SummaryRole::Run,
+            histogram_weights: c.histogram_weights.clone(),
+            norm_weights: c.norm_weights.clone(),
+        })
     }
 
     /// Scalars of one optimizer update.
-    pub fn update(&mut self, step: usize, loss: f64, lr: f64, grad_norm: f32, loss_scale: Option<f64>, rate: f64, unit: &str) -> Result<()> {
-        let Some(w) = self.writer.as_mut().filter(|_| self.scalars) else { return Ok(()) };
+    pub fn update(
+        &mut self,
+        step: usize,
+        loss: f64,
+        lr: f64,
+        grad_norm: f32,
+        loss_scale: Option<f64>,
+        rate: f64,
+        unit: &str,
+    ) -> Result<()> {
+        let Some(w) = self.writer.as_mut().filter(|_| self.scalars) else {
+            return Ok(());
+        };
         let step = step as i64;
         w.add_scalar("train/loss", loss as f32, step)?;
         w.add_scalar("train/learning_rate", lr as f32, step)?;
@@ -61,16 +81,32 @@ impl Summaries {
 
     /// L2 norms of the selected weights and of their (synchronised, unclipped) gradients,
     /// `grad_norms` by parameter id as the update strategy measured them.
-    pub fn norms(&mut self, model: &OnnxModel, grad_norms: &[(ParamId, f32)], step: usize) -> Result<()> {
-        let Some(w) = self.writer.as_mut() else { return Ok(()) };
+    pub fn norms(
+        &mut self,
+        model: &OnnxModel,
+        grad_norms: &[(ParamId, f32)],
+        step: usize,
+    ) -> Result<()> {
+        let Some(w) = self.writer.as_mut() else {
+            return Ok(());
+        };
         let all = self.norm_weights.iter().any(|n| n == "*");
         for (info, p) in model.param_infos().iter().zip(model.params()) {
-            let selected = if all { info.role == ParamRole::Trainable } else { self.norm_weights.contains(&info.name) };
+            let selected = if all {
+                info.role == ParamRole::Trainable
+            } else {
+                self.norm_weights.contains(&info.name)
+            };
             if !selected {
                 continue;
             }
-            let norm = |t: burn::tensor::Tensor<MAX_RANK>| t.square().sum().sqrt().into_scalar::<f32>();
-            w.add_scalar(&format!("norms/weight/{}", info.name), norm(p.val()), step as i64)?;
+            let norm =
+                |t: burn::tensor::Tensor<MAX_RANK>| t.square().sum().sqrt().into_scalar::<f32>();
+            w.add_scalar(
+                &format!("norms/weight/{}", info.name),
+                norm(p.val()),
+                step as i64,
+            )?;
             if let Some((_, g)) = grad_norms.iter().find(|(id, _)| *id == p.id) {
                 w.add_scalar(&format!("norms/gradient/{}", info.name), *g, step as i64)?;
             }
@@ -80,7 +116,9 @@ impl Summaries {
 
     /// An evaluation's metrics and the weight histograms.
     pub fn eval(&mut self, m: &EvalMetrics, model: &OnnxModel) -> Result<()> {
-        let Some(w) = self.writer.as_mut() else { return Ok(()) };
+        let Some(w) = self.writer.as_mut() else {
+            return Ok(());
+        };
         let step = m.step as i64;
         if self.scalars {
             w.add_scalar("eval/loss", m.loss as f32, step)?;
@@ -94,9 +132,15 @@ impl Summaries {
         for name in &self.histogram_weights {
             // The names were checked against the whole model; a pipeline stage writes the
             // ones it holds.
-            let Some(v) = model.param_by_name(name) else { continue };
+            let Some(v) = model.param_by_name(name) else {
+                continue;
+            };
             let a = v.to_array().map_err(|e| OnnxError::field(name, e.0))?;
-            w.add_histogram(&format!("weights/{name}"), a.as_slice().unwrap_or(&[]), step)?;
+            w.add_histogram(
+                &format!("weights/{name}"),
+                a.as_slice().unwrap_or(&[]),
+                step,
+            )?;
         }
         w.flush()
     }

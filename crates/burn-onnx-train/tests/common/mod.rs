@@ -13,12 +13,16 @@ use ndarray::ArrayD;
 
 /// Path under the copied reference kit (`tests/data/refkit`).
 pub fn refkit(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/refkit").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/refkit")
+        .join(rel)
 }
 
 /// Path under `tests/data`.
 pub fn data(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(rel)
 }
 
 pub fn eval_device() -> Device {
@@ -57,7 +61,10 @@ pub fn int(t: &HostTensor) -> &ArrayD<i64> {
 /// Largest absolute difference; panics on shape mismatch.
 pub fn max_abs_diff(a: &ArrayD<f32>, b: &ArrayD<f32>) -> f32 {
     assert_eq!(a.shape(), b.shape(), "shape mismatch");
-    a.iter().zip(b.iter()).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b.iter())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// Assert every element is within `atol + rtol * |expected|`.
@@ -98,14 +105,20 @@ pub fn tempdir(tag: &str) -> PathBuf {
 pub fn lcg(seed: u64) -> impl FnMut() -> u64 {
     let mut x = seed;
     move || {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         x >> 33
     }
 }
 
 /// The data-parallel equivalence runs: 10 updates of SGD (lr 0.1, momentum 0.9), no
 /// clipping, no evaluation, no TensorBoard, quiet.
-pub fn sgd_config(model: PathBuf, loss: burn_onnx_train::loss::LossKind, input: &str) -> burn_onnx_train::train::TrainingConfig {
+pub fn sgd_config(
+    model: PathBuf,
+    loss: burn_onnx_train::loss::LossKind,
+    input: &str,
+) -> burn_onnx_train::train::TrainingConfig {
     use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
     burn_onnx_train::train::TrainingConfig {
         model_path: model,
@@ -115,8 +128,16 @@ pub fn sgd_config(model: PathBuf, loss: burn_onnx_train::loss::LossKind, input: 
         seq_len: 16,
         num_train_steps: 10,
         evaluation_period: 0,
-        optimizer: OptimizerConfig { kind: OptimizerKind::Sgd, momentum: 0.9, weight_decay: 0.0, ..Default::default() },
-        lr: LrConfig { initial_lr: 0.1, ..Default::default() },
+        optimizer: OptimizerConfig {
+            kind: OptimizerKind::Sgd,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            ..Default::default()
+        },
+        lr: LrConfig {
+            initial_lr: 0.1,
+            ..Default::default()
+        },
         max_grad_norm: 0.0,
         log_dir: Some(PathBuf::new()),
         progress: false,
@@ -126,8 +147,18 @@ pub fn sgd_config(model: PathBuf, loss: burn_onnx_train::loss::LossKind, input: 
 
 /// Every parameter of an ONNX file, by initializer name, in file order.
 pub fn onnx_params(path: PathBuf) -> Vec<(String, ArrayD<f32>)> {
-    let m = burn_onnx_train::OnnxModel::load(&path, &Device::flex()).unwrap_or_else(|e| panic!("{e}"));
-    m.param_infos().iter().enumerate().map(|(i, p)| (p.name.clone(), m.param_value(i).unwrap().to_array().unwrap())).collect()
+    let m =
+        burn_onnx_train::OnnxModel::load(&path, &Device::flex()).unwrap_or_else(|e| panic!("{e}"));
+    m.param_infos()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            (
+                p.name.clone(),
+                m.param_value(i).unwrap().to_array().unwrap(),
+            )
+        })
+        .collect()
 }
 
 /// Every parameter of `trained` differs from `initial` somewhere, and the largest change over
@@ -136,14 +167,27 @@ pub fn onnx_params(path: PathBuf) -> Vec<(String, ArrayD<f32>)> {
 pub fn assert_moved(initial: &std::path::Path, trained: &std::path::Path, min_move: f32) {
     let before = onnx_params(initial.to_path_buf());
     let after = onnx_params(trained.to_path_buf());
-    assert_eq!(before.len(), after.len(), "{}: parameter count", trained.display());
+    assert_eq!(
+        before.len(),
+        after.len(),
+        "{}: parameter count",
+        trained.display()
+    );
     let mut largest = 0.0f32;
     for ((name, a), (_, b)) in before.iter().zip(&after) {
         let d = max_abs_diff(a, b);
-        assert!(d > 0.0, "{}: parameter {name} did not move", trained.display());
+        assert!(
+            d > 0.0,
+            "{}: parameter {name} did not move",
+            trained.display()
+        );
         largest = largest.max(d);
     }
-    assert!(largest > min_move, "{}: parameters moved by at most {largest} (want > {min_move})", trained.display());
+    assert!(
+        largest > min_move,
+        "{}: parameters moved by at most {largest} (want > {min_move})",
+        trained.display()
+    );
 }
 
 /// The Python named by `var` (`ONNX_TRAIN_PYTHON`: onnxruntime + onnx; `TENSORBOARD_PYTHON`:
@@ -152,7 +196,9 @@ pub fn assert_moved(initial: &std::path::Path, trained: &std::path::Path, min_mo
 pub fn python_for(var: &str, check: &str) -> Option<std::ffi::OsString> {
     match std::env::var_os(var) {
         Some(p) => Some(p),
-        None if std::env::var_os("CI").is_some() => panic!("{var} is not set, but CI must run the {check} cross-check"),
+        None if std::env::var_os("CI").is_some() => {
+            panic!("{var} is not set, but CI must run the {check} cross-check")
+        }
         None => {
             eprintln!("{var} not set: {check} cross-check left out (CI runs it)");
             None
@@ -185,7 +231,10 @@ pub fn gpt2_config(out: &std::path::Path) -> burn_onnx_train::train::TrainingCon
         display_loss_steps: 1,
         evaluation_period: 0,
         eval_batches: 2,
-        optimizer: OptimizerConfig { kind: OptimizerKind::Adamw, ..Default::default() },
+        optimizer: OptimizerConfig {
+            kind: OptimizerKind::Adamw,
+            ..Default::default()
+        },
         log_dir: Some(PathBuf::new()),
         progress: false,
         ..Default::default()
@@ -194,7 +243,12 @@ pub fn gpt2_config(out: &std::path::Path) -> burn_onnx_train::train::TrainingCon
 
 /// Run `c` in this process (one rank) on [`gpt2_tokens`], evaluating on the same stream.
 pub fn run_local(c: burn_onnx_train::train::TrainingConfig) -> burn_onnx_train::train::RunSummary {
-    let runner = burn_onnx_train::train::TrainingRunner::new(c, std::sync::Arc::new(burn_ort_dist::LocalCommunicator), Device::flex().autodiff()).unwrap();
+    let runner = burn_onnx_train::train::TrainingRunner::new(
+        c,
+        std::sync::Arc::new(burn_ort_dist::LocalCommunicator),
+        Device::flex().autodiff(),
+    )
+    .unwrap();
     runner.run(gpt2_tokens(), Some(gpt2_tokens())).unwrap()
 }
 
@@ -202,12 +256,26 @@ pub fn run_local(c: burn_onnx_train::train::TrainingConfig) -> burn_onnx_train::
 /// exceeds 1e-6 within `atol`; the others (which Adam moves by an arbitrary fraction of lr
 /// under any rounding change) within 1e-4. `atol` 1e-5 tells AdamW's weight decay on from
 /// off (it moves a weight by lr * wd * |w| ~ 1e-5 per step).
-pub fn assert_close_where_grad(what: &str, got: &ArrayD<f32>, want: &ArrayD<f32>, grad0: &ArrayD<f32>, atol: f32) {
+pub fn assert_close_where_grad(
+    what: &str,
+    got: &ArrayD<f32>,
+    want: &ArrayD<f32>,
+    grad0: &ArrayD<f32>,
+    atol: f32,
+) {
     assert_eq!(got.shape(), want.shape(), "{what}: shape mismatch");
-    assert_eq!(grad0.shape(), want.shape(), "{what}: gradient shape mismatch");
+    assert_eq!(
+        grad0.shape(),
+        want.shape(),
+        "{what}: gradient shape mismatch"
+    );
     for (i, ((g, w), d)) in got.iter().zip(want.iter()).zip(grad0.iter()).enumerate() {
         let tol = if d.abs() > 1e-6 { atol } else { atol.max(1e-4) };
-        assert!((g - w).abs() <= tol, "{what}: element {i}: got {g}, want {w} (|grad0| {}, tolerance {tol})", d.abs());
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: element {i}: got {g}, want {w} (|grad0| {}, tolerance {tol})",
+            d.abs()
+        );
     }
 }
 
@@ -221,9 +289,17 @@ pub fn check_inference(device: &Device, model_name: &str, input_file: &str, expe
     let input = Value::from_host(&input, &device).unwrap();
     let name = model.graph().inputs[0].name.clone();
     let out = model.forward(vec![(name, input)], Mode::Eval).unwrap();
-    let Value::Float(got) = out.first().unwrap() else { panic!("float output expected") };
+    let Value::Float(got) = out.first().unwrap() else {
+        panic!("float output expected")
+    };
     let got = got.to_array().unwrap();
     let want = npy_f32(refkit(&format!("inference/{model_name}/{expected_file}")));
     // 1e-4 absolute, or relative for large logits.
-    assert_close(&format!("{model_name}/{input_file}"), &got, &want, 1e-4, 1e-4);
+    assert_close(
+        &format!("{model_name}/{input_file}"),
+        &got,
+        &want,
+        1e-4,
+        1e-4,
+    );
 }

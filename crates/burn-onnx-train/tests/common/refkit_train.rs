@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig, momentum::MomentumConfig};
+use burn::optim::{
+    AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig, momentum::MomentumConfig,
+};
 use burn::tensor::{Device, Tensor};
 use burn_onnx_train::host_tensor::HostTensor;
 use burn_onnx_train::loss::{cross_entropy, lm_cross_entropy};
@@ -22,7 +24,11 @@ pub struct Case {
 
 impl Case {
     pub fn new(name: &'static str, model: &'static str) -> Self {
-        Case { name, model, batch: npz(refkit(&format!("train/{name}/batch.npz"))) }
+        Case {
+            name,
+            model,
+            batch: npz(refkit(&format!("train/{name}/batch.npz"))),
+        }
     }
 
     fn load(&self, device: &Device) -> OnnxModel {
@@ -33,13 +39,24 @@ impl Case {
     fn loss(&self, model: &OnnxModel, device: &Device) -> Tensor<1> {
         if self.name == "mlp" {
             let x = Value::from_host(&self.batch["input"], device).unwrap();
-            let out = model.forward(vec![("input".into(), x)], Mode::Train).unwrap();
-            let Some(Value::Float(logits)) = out.first().cloned() else { panic!() };
+            let out = model
+                .forward(vec![("input".into(), x)], Mode::Train)
+                .unwrap();
+            let Some(Value::Float(logits)) = out.first().cloned() else {
+                panic!()
+            };
             cross_entropy(logits, int(&self.batch["target"])).unwrap()
         } else {
             let ids = int(&self.batch["input_ids"]).clone();
-            let out = model.forward(vec![("input_ids".into(), Value::Int(ids.clone()))], Mode::Train).unwrap();
-            let Some(Value::Float(logits)) = out.first().cloned() else { panic!() };
+            let out = model
+                .forward(
+                    vec![("input_ids".into(), Value::Int(ids.clone()))],
+                    Mode::Train,
+                )
+                .unwrap();
+            let Some(Value::Float(logits)) = out.first().cloned() else {
+                panic!()
+            };
             lm_cross_entropy(logits, &ids).unwrap()
         }
     }
@@ -49,7 +66,12 @@ impl Case {
             .param_infos()
             .iter()
             .enumerate()
-            .map(|(i, info)| (info.name.clone(), model.param_value(i).unwrap().to_array().unwrap()))
+            .map(|(i, info)| {
+                (
+                    info.name.clone(),
+                    model.param_value(i).unwrap().to_array().unwrap(),
+                )
+            })
             .collect()
     }
 }
@@ -66,28 +88,57 @@ pub fn check_gradients(case: Case, device: &Device, loss_tol: f32, grad_tol: f32
     let loss = case.loss(&model, &device);
     let want_loss = losses(case.name)["loss0"].as_f64().unwrap() as f32;
     let got_loss = scalar(loss.clone());
-    assert!((got_loss - want_loss).abs() < loss_tol, "{}: loss {got_loss} vs {want_loss}", case.name);
+    assert!(
+        (got_loss - want_loss).abs() < loss_tol,
+        "{}: loss {got_loss} vs {want_loss}",
+        case.name
+    );
     let grads = loss.backward();
     let got = model.param_grads(&grads);
     let want = npz(refkit(&format!("train/{}/grads.npz", case.name)));
     assert_eq!(got.len(), want.len(), "every initializer gets a gradient");
     for (name, g) in got {
-        let w = float(want.get(&name).unwrap_or_else(|| panic!("no reference gradient for {name}")));
-        assert_close(&format!("{}: grad {name}", case.name), &g.to_array().unwrap(), w, grad_tol, 0.0);
+        let w = float(
+            want.get(&name)
+                .unwrap_or_else(|| panic!("no reference gradient for {name}")),
+        );
+        assert_close(
+            &format!("{}: grad {name}", case.name),
+            &g.to_array().unwrap(),
+            w,
+            grad_tol,
+            0.0,
+        );
     }
 }
 
 /// Train 10 steps on `device`; each step's loss within `loss_tol` of PyTorch's, the final
 /// parameters within `atol`.
-pub fn check_trajectory(case: Case, device: &Device, mut optim: ModuleOptimizer, lr: f64, key: &str, loss_tol: f64, atol: f32) {
+pub fn check_trajectory(
+    case: Case,
+    device: &Device,
+    mut optim: ModuleOptimizer,
+    lr: f64,
+    key: &str,
+    loss_tol: f64,
+    atol: f32,
+) {
     let device = device.clone().autodiff();
     let mut model = case.load(&device);
-    let want_losses: Vec<f64> =
-        losses(case.name)[format!("{key}_losses")].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let want_losses: Vec<f64> = losses(case.name)[format!("{key}_losses")]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     for (step, want) in want_losses.iter().enumerate() {
         let loss = case.loss(&model, &device);
         let got = scalar(loss.clone());
-        assert!((got as f64 - want).abs() < loss_tol, "{} {key} step {step}: loss {got} vs {want}", case.name);
+        assert!(
+            (got as f64 - want).abs() < loss_tol,
+            "{} {key} step {step}: loss {got} vs {want}",
+            case.name
+        );
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(lr, model, grads);
     }
@@ -95,17 +146,31 @@ pub fn check_trajectory(case: Case, device: &Device, mut optim: ModuleOptimizer,
     let grads0 = npz(refkit(&format!("train/{}/grads.npz", case.name)));
     let got = case.params(&model);
     for (name, w) in &want {
-        assert_close_where_grad(&format!("{} {key} step 10: {name}", case.name), &got[name], float(w), float(&grads0[name]), atol);
+        assert_close_where_grad(
+            &format!("{} {key} step 10: {name}", case.name),
+            &got[name],
+            float(w),
+            float(&grads0[name]),
+            atol,
+        );
     }
 }
 
 pub fn sgd() -> ModuleOptimizer {
     SgdConfig::new()
-        .with_momentum(Some(MomentumConfig { momentum: 0.9, dampening: 0.0, nesterov: false }))
+        .with_momentum(Some(MomentumConfig {
+            momentum: 0.9,
+            dampening: 0.0,
+            nesterov: false,
+        }))
         .init()
 }
 
 pub fn adamw() -> ModuleOptimizer {
-    AdamWConfig::new().with_beta_1(0.9).with_beta_2(0.999).with_epsilon(1e-8).with_weight_decay(0.01).init()
+    AdamWConfig::new()
+        .with_beta_1(0.9)
+        .with_beta_2(0.999)
+        .with_epsilon(1e-8)
+        .with_weight_decay(0.01)
+        .init()
 }
-

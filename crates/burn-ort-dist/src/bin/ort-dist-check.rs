@@ -29,7 +29,11 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     if comm.rank() == 0 {
-        println!("{} of {} ranks OK: all_reduce, broadcast, all_gather, reduce_scatter, send/recv, split, barrier", ok[0], comm.world_size());
+        println!(
+            "{} of {} ranks OK: all_reduce, broadcast, all_gather, reduce_scatter, send/recv, split, barrier",
+            ok[0],
+            comm.world_size()
+        );
     }
     ExitCode::SUCCESS
 }

@@ -89,19 +89,36 @@ pub fn apply(
             for p in pieces.iter().filter(trained) {
                 let wd = decay[p.slot];
                 for i in p.local.clone() {
-                    let g = if wd != 0.0 { params[i] * wd + grads[i] } else { grads[i] };
+                    let g = if wd != 0.0 {
+                        params[i] * wd + grads[i]
+                    } else {
+                        grads[i]
+                    };
                     let step = if momentum == 0.0 {
                         g
                     } else {
                         let v = &mut state.slots[0][i];
-                        *v = if t == 1 { g } else { g * 1.0 + *v * momentum as f32 };
+                        *v = if t == 1 {
+                            g
+                        } else {
+                            g * 1.0 + *v * momentum as f32
+                        };
                         *v
                     };
                     params[i] -= step * lr32;
                 }
             }
         }
-        Rule::Adam { beta1, beta2, epsilon } | Rule::AdamW { beta1, beta2, epsilon } => {
+        Rule::Adam {
+            beta1,
+            beta2,
+            epsilon,
+        }
+        | Rule::AdamW {
+            beta1,
+            beta2,
+            epsilon,
+        } => {
             let decoupled = matches!(rule, Rule::AdamW { .. });
             let (c1, c2) = (1f32 - beta1.powi(t), 1f32 - beta2.powi(t));
             let (f1, f2) = (1.0 - beta1, 1.0 - beta2);
@@ -109,15 +126,27 @@ pub fn apply(
                 let wd = decay[p.slot];
                 let keep = (1.0 - lr * f64::from(wd)) as f32;
                 for i in p.local.clone() {
-                    let g = if !decoupled && wd != 0.0 { params[i] * wd + grads[i] } else { grads[i] };
+                    let g = if !decoupled && wd != 0.0 {
+                        params[i] * wd + grads[i]
+                    } else {
+                        grads[i]
+                    };
                     let (m, v) = moments(state, i, g, beta1, beta2, f1, f2);
                     let delta = (m / c1) / ((v / c2).sqrt() + epsilon);
-                    let p0 = if decoupled && wd != 0.0 { params[i] * keep } else { params[i] };
+                    let p0 = if decoupled && wd != 0.0 {
+                        params[i] * keep
+                    } else {
+                        params[i]
+                    };
                     params[i] = p0 - delta * lr32;
                 }
             }
         }
-        Rule::Lamb { beta1, beta2, epsilon } => {
+        Rule::Lamb {
+            beta1,
+            beta2,
+            epsilon,
+        } => {
             let (c1, c2) = (1f32 - beta1.powi(t), 1f32 - beta2.powi(t));
             let (f1, f2) = (1.0 - beta1, 1.0 - beta2);
             // The update direction u into `direction`, with per-slot partial |p|^2 and |u|^2.
@@ -156,7 +185,15 @@ pub fn apply(
 
 /// Burn's moment update: `m = m b1 + g (1 - b1)`, `v = v b2 + g^2 (1 - b2)` (from zero on
 /// the first step, which gives the same values).
-fn moments(state: &mut ShardState, i: usize, g: f32, b1: f32, b2: f32, f1: f32, f2: f32) -> (f32, f32) {
+fn moments(
+    state: &mut ShardState,
+    i: usize,
+    g: f32,
+    b1: f32,
+    b2: f32,
+    f1: f32,
+    f2: f32,
+) -> (f32, f32) {
     let m = state.slots[0][i] * b1 + g * f1;
     let v = state.slots[1][i] * b2 + (g * g) * f2;
     state.slots[0][i] = m;

@@ -55,7 +55,13 @@ impl ModuleVisitor for Describe {
         let t = param.val();
         let shape = t.dims().to_vec();
         let len = shape.iter().product();
-        self.0.push(Slot { id: param.id, shape, offset: self.1, len, trainable: t.is_require_grad() });
+        self.0.push(Slot {
+            id: param.id,
+            shape,
+            offset: self.1,
+            len,
+            trainable: t.is_require_grad(),
+        });
         self.1 += len;
     }
 }
@@ -66,7 +72,12 @@ impl FlatLayout {
         let mut d = Describe(Vec::new(), 0);
         module.visit(&mut d);
         let len = d.1;
-        FlatLayout { slots: d.0, len, padded: len.div_ceil(world.max(1)) * world.max(1), world: world.max(1) }
+        FlatLayout {
+            slots: d.0,
+            len,
+            padded: len.div_ceil(world.max(1)) * world.max(1),
+            world: world.max(1),
+        }
     }
 
     /// Elements per shard.
@@ -88,7 +99,10 @@ impl FlatLayout {
             .enumerate()
             .filter_map(|(i, s)| {
                 let (a, b) = (s.offset.max(shard.start), (s.offset + s.len).min(shard.end));
-                (a < b).then(|| Piece { slot: i, local: a - shard.start..b - shard.start })
+                (a < b).then(|| Piece {
+                    slot: i,
+                    local: a - shard.start..b - shard.start,
+                })
             })
             .collect()
     }
@@ -97,18 +111,34 @@ impl FlatLayout {
     /// tensor by tensor without forming the whole flat buffer.
     pub fn shard_params<M: Module>(&self, module: &M, rank: usize) -> DistResult<Vec<f32>> {
         let shard = self.shard(rank);
-        let mut v = ShardOf { shard: shard.clone(), offset: 0, out: vec![0.0; shard.len()], error: None };
+        let mut v = ShardOf {
+            shard: shard.clone(),
+            offset: 0,
+            out: vec![0.0; shard.len()],
+            error: None,
+        };
         module.visit(&mut v);
         match v.error {
-            Some(e) => Err(DistError::Invalid { rank, message: format!("cannot read a parameter: {e}") }),
+            Some(e) => Err(DistError::Invalid {
+                rank,
+                message: format!("cannot read a parameter: {e}"),
+            }),
             None => Ok(v.out),
         }
     }
 
     /// Take the gradients out of `grads` into one flat padded buffer (zeros where a
     /// parameter has none).
-    pub fn take_grads<M: Module>(&self, module: &M, grads: &mut GradientsParams) -> DistResult<Vec<f32>> {
-        let mut v = TakeGrads { grads, out: Vec::with_capacity(self.padded), error: None };
+    pub fn take_grads<M: Module>(
+        &self,
+        module: &M,
+        grads: &mut GradientsParams,
+    ) -> DistResult<Vec<f32>> {
+        let mut v = TakeGrads {
+            grads,
+            out: Vec::with_capacity(self.padded),
+            error: None,
+        };
         module.visit(&mut v);
         finish(v.out, v.error, self.padded)
     }
@@ -121,14 +151,20 @@ impl FlatLayout {
 
 fn finish(mut out: Vec<f32>, error: Option<String>, padded: usize) -> DistResult<Vec<f32>> {
     if let Some(e) = error {
-        return Err(DistError::Invalid { rank: 0, message: format!("cannot read a parameter or gradient: {e}") });
+        return Err(DistError::Invalid {
+            rank: 0,
+            message: format!("cannot read a parameter or gradient: {e}"),
+        });
     }
     out.resize(padded, 0.0);
     Ok(out)
 }
 
 fn host<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, String> {
-    t.into_data().convert::<f32>().try_to_vec::<f32>().map_err(|e| format!("{e:?}"))
+    t.into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .map_err(|e| format!("{e:?}"))
 }
 
 struct ShardOf {
@@ -142,10 +178,14 @@ impl ModuleVisitor for ShardOf {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let t = param.val();
         let n: usize = t.dims().iter().product();
-        let (start, end) = (self.offset.max(self.shard.start), (self.offset + n).min(self.shard.end));
+        let (start, end) = (
+            self.offset.max(self.shard.start),
+            (self.offset + n).min(self.shard.end),
+        );
         if start < end {
             match host(t) {
-                Ok(v) => self.out[start - self.shard.start..end - self.shard.start].copy_from_slice(&v[start - self.offset..end - self.offset]),
+                Ok(v) => self.out[start - self.shard.start..end - self.shard.start]
+                    .copy_from_slice(&v[start - self.offset..end - self.offset]),
                 Err(e) => self.error = Some(e),
             }
         }
@@ -183,7 +223,8 @@ impl ModuleMapper for Unflatten<'_> {
             let (require, device, shape) = (t.is_require_grad(), t.device(), t.dims());
             len = shape.iter().product();
             let values = flat[offset..offset + len].to_vec();
-            Tensor::<D>::from_data(TensorData::new(values, shape), &device).set_require_grad(require)
+            Tensor::<D>::from_data(TensorData::new(values, shape), &device)
+                .set_require_grad(require)
         });
         self.offset += len;
         param

@@ -29,7 +29,9 @@ use burn::optim::GradientsParams;
 use crate::communicator::{Communicator, ReduceOp};
 use crate::error::{DistError, DistResult};
 use crate::grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, reduce_gradients};
-use crate::strategy::{MemoryUse, ModelParallel, UpdateReport, UpdateStrategy, clip_scale, sum_squares};
+use crate::strategy::{
+    MemoryUse, ModelParallel, UpdateReport, UpdateStrategy, clip_scale, sum_squares,
+};
 use flat_optim::{Rule, ShardState, apply};
 use layout::{FlatLayout, Piece};
 
@@ -51,10 +53,21 @@ pub struct Zero {
 impl Zero {
     /// Stage `stage` (1 or 2) with update `rule`; `decay_of` gives each parameter's weight
     /// decay (0 for the excluded ones).
-    pub fn new(stage: usize, comm: Arc<dyn Communicator>, rule: Rule, reduction: Reduction, decay_of: Box<dyn Fn(burn::module::ParamId) -> f32 + Send>) -> DistResult<Self> {
+    pub fn new(
+        stage: usize,
+        comm: Arc<dyn Communicator>,
+        rule: Rule,
+        reduction: Reduction,
+        decay_of: Box<dyn Fn(burn::module::ParamId) -> f32 + Send>,
+    ) -> DistResult<Self> {
         let rank = comm.rank();
         if !(1..=2).contains(&stage) {
-            return Err(DistError::Invalid { rank, message: format!("ZeRO stage {stage} is not available here (1 or 2; stage 0 is Replicated)") });
+            return Err(DistError::Invalid {
+                rank,
+                message: format!(
+                    "ZeRO stage {stage} is not available here (1 or 2; stage 0 is Replicated)"
+                ),
+            });
         }
         if stage >= 2 && reduction == Reduction::Adasum {
             return Err(DistError::Invalid {
@@ -62,7 +75,20 @@ impl Zero {
                 message: "Adasum combines whole per-tensor gradients of rank pairs, but ZeRO-2 reduce-scatters the gradient so no rank ever holds another's whole tensor: use stage 1 or mean reduction".into(),
             });
         }
-        Ok(Zero { stage, comm, rule, reduction, decay_of, layout: None, state: ShardState { step: 0, slots: Vec::new() }, memory: MemoryUse::default(), model_parallel: None })
+        Ok(Zero {
+            stage,
+            comm,
+            rule,
+            reduction,
+            decay_of,
+            layout: None,
+            state: ShardState {
+                step: 0,
+                slots: Vec::new(),
+            },
+            memory: MemoryUse::default(),
+            model_parallel: None,
+        })
     }
 
     /// The layout for `module`, made on first use with fresh (zero) state.
@@ -81,10 +107,21 @@ impl Zero {
 
     /// This rank's shard of the reduced gradient: stage 1 all-reduces (or Adasum-combines)
     /// the whole gradient and keeps its shard; stage 2 reduce-scatters.
-    fn reduce<M: Module>(&self, module: &M, mut grads: GradientsParams, layout: &FlatLayout) -> DistResult<Vec<f32>> {
+    fn reduce<M: Module>(
+        &self,
+        module: &M,
+        mut grads: GradientsParams,
+        layout: &FlatLayout,
+    ) -> DistResult<Vec<f32>> {
         let shard = layout.shard(self.comm.rank());
         if self.stage == 1 {
-            reduce_gradients(self.comm.as_ref(), module, &mut grads, DEFAULT_BUCKET_BYTES, self.reduction)?;
+            reduce_gradients(
+                self.comm.as_ref(),
+                module,
+                &mut grads,
+                DEFAULT_BUCKET_BYTES,
+                self.reduction,
+            )?;
             let full = layout.take_grads(module, &mut grads)?;
             return Ok(full[shard].to_vec());
         }
@@ -96,29 +133,72 @@ impl Zero {
 }
 
 impl<M: Module> UpdateStrategy<M> for Zero {
-    fn update(&mut self, lr: f64, module: M, grads: GradientsParams, max_norm: f32, tensor_norms: bool) -> DistResult<(M, UpdateReport)> {
+    fn update(
+        &mut self,
+        lr: f64,
+        module: M,
+        grads: GradientsParams,
+        max_norm: f32,
+        tensor_norms: bool,
+    ) -> DistResult<(M, UpdateReport)> {
         self.prepare(&module);
         let (layout, pieces, decay) = self.layout.as_ref().expect("prepared above");
         let mut g = self.reduce(&module, grads, layout)?;
         let squares = slot_squares(self.comm.as_ref(), layout, pieces, &g)?;
-        let grad_norm = ModelParallel::global_norm(self.model_parallel.as_ref(), layout.slots.iter().map(|s| s.id).zip(squares.iter().copied()))?;
+        let grad_norm = ModelParallel::global_norm(
+            self.model_parallel.as_ref(),
+            layout
+                .slots
+                .iter()
+                .map(|s| s.id)
+                .zip(squares.iter().copied()),
+        )?;
         let scale = clip_scale(grad_norm, max_norm);
         if scale != 1.0 {
             g.iter_mut().for_each(|x| *x *= scale);
         }
         let mut mine = layout.shard_params(&module, self.comm.rank())?;
-        apply(self.rule, lr, layout, pieces, decay, &mut mine, &g, &mut self.state, self.comm.as_ref())?;
+        apply(
+            self.rule,
+            lr,
+            layout,
+            pieces,
+            decay,
+            &mut mine,
+            &g,
+            &mut self.state,
+            self.comm.as_ref(),
+        )?;
         let mut all = vec![0.0; layout.padded];
         self.comm.all_gather(&mine, &mut all)?;
-        let full_grad = if self.stage == 1 { layout.padded } else { layout.shard_len() };
+        let full_grad = if self.stage == 1 {
+            layout.padded
+        } else {
+            layout.shard_len()
+        };
         self.memory = MemoryUse {
             optimizer_state_bytes: self.state.slots.iter().map(Vec::len).sum::<usize>() * 4,
             gradient_bytes: full_grad * 4,
             parameter_bytes: layout.len * 4,
         };
-        let tensor_grad_norms = if tensor_norms { layout.slots.iter().zip(&squares).map(|(s, q)| (s.id, q.sqrt() as f32)).collect() } else { Vec::new() };
+        let tensor_grad_norms = if tensor_norms {
+            layout
+                .slots
+                .iter()
+                .zip(&squares)
+                .map(|(s, q)| (s.id, q.sqrt() as f32))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let module = layout.scatter_params(module, &all);
-        Ok((module, UpdateReport { grad_norm, tensor_grad_norms }))
+        Ok((
+            module,
+            UpdateReport {
+                grad_norm,
+                tensor_grad_norms,
+            },
+        ))
     }
 
     fn memory(&self) -> MemoryUse {
@@ -147,15 +227,23 @@ impl<M: Module> UpdateStrategy<M> for Zero {
 /// Every trainable slot's gradient sum of squares, in f64: this rank's partial sums, gathered
 /// from all ranks (as f64 split into two f32s) and added in rank order, so every rank gets
 /// the same values and they equal a whole-tensor sum to f64 rounding.
-fn slot_squares(comm: &dyn Communicator, layout: &FlatLayout, pieces: &[Piece], g: &[f32]) -> DistResult<Vec<f64>> {
+fn slot_squares(
+    comm: &dyn Communicator,
+    layout: &FlatLayout,
+    pieces: &[Piece],
+    g: &[f32],
+) -> DistResult<Vec<f64>> {
     let mut mine = vec![0.0f64; layout.slots.len()];
     for p in pieces.iter().filter(|p| layout.slots[p.slot].trainable) {
         mine[p.slot] = sum_squares(&g[p.local.clone()]);
     }
-    let send: Vec<f32> = mine.iter().flat_map(|x| {
-        let hi = *x as f32;
-        [hi, (*x - f64::from(hi)) as f32]
-    }).collect();
+    let send: Vec<f32> = mine
+        .iter()
+        .flat_map(|x| {
+            let hi = *x as f32;
+            [hi, (*x - f64::from(hi)) as f32]
+        })
+        .collect();
     let mut all = vec![0.0f32; send.len() * comm.world_size()];
     comm.all_gather(&send, &mut all)?;
     let mut total = vec![0.0f64; layout.slots.len()];

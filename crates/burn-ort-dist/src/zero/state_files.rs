@@ -42,7 +42,12 @@ struct Manifest {
 }
 
 /// The files rank `rank` contributes to a checkpoint.
-pub fn write(rank: usize, stage: usize, layout: &FlatLayout, state: &ShardState) -> DistResult<Vec<(String, Vec<u8>)>> {
+pub fn write(
+    rank: usize,
+    stage: usize,
+    layout: &FlatLayout,
+    state: &ShardState,
+) -> DistResult<Vec<(String, Vec<u8>)>> {
     let mut bytes = Vec::with_capacity(state.slots.iter().map(Vec::len).sum::<usize>() * 4);
     for v in &state.slots {
         bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
@@ -58,7 +63,8 @@ pub fn write(rank: usize, stage: usize, layout: &FlatLayout, state: &ShardState)
             parameter_elements: layout.slots.iter().map(|s| s.len).collect(),
             parameter_ids: layout.slots.iter().map(|s| s.id.val()).collect(),
         };
-        let json = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(rank, format!("cannot encode {MANIFEST}: {e}")))?;
+        let json = serde_json::to_vec_pretty(&manifest)
+            .map_err(|e| bad(rank, format!("cannot encode {MANIFEST}: {e}")))?;
         files.push((MANIFEST.into(), json));
     }
     Ok(files)
@@ -66,7 +72,12 @@ pub fn write(rank: usize, stage: usize, layout: &FlatLayout, state: &ShardState)
 
 /// Rank `rank`'s state for `layout`, from the shards of whatever world size wrote `dirs`
 /// (one directory, or one per pipeline stage of the run that wrote them).
-pub fn read(dirs: &[PathBuf], rank: usize, layout: &FlatLayout, vectors: usize) -> DistResult<ShardState> {
+pub fn read(
+    dirs: &[PathBuf],
+    rank: usize,
+    layout: &FlatLayout,
+    vectors: usize,
+) -> DistResult<ShardState> {
     let want: Vec<usize> = layout.slots.iter().map(|s| s.len).collect();
     let mut step = None;
     // Per parameter (by id, or by position in a single legacy directory): its state vectors.
@@ -76,12 +87,24 @@ pub fn read(dirs: &[PathBuf], rank: usize, layout: &FlatLayout, vectors: usize) 
         let (m, full) = read_dir(dir, rank, vectors)?;
         let path = dir.join(MANIFEST);
         if *step.get_or_insert(m.step) != m.step {
-            return Err(bad(rank, format!("{}: step {} differs from the other stages' {}", path.display(), m.step, step.unwrap_or(0))));
+            return Err(bad(
+                rank,
+                format!(
+                    "{}: step {} differs from the other stages' {}",
+                    path.display(),
+                    m.step,
+                    step.unwrap_or(0)
+                ),
+            ));
         }
         let mut offset = 0;
         let mut params = Vec::with_capacity(m.parameter_elements.len());
         for &n in &m.parameter_elements {
-            params.push(full.iter().map(|v| v[offset..offset + n].to_vec()).collect::<Vec<_>>());
+            params.push(
+                full.iter()
+                    .map(|v| v[offset..offset + n].to_vec())
+                    .collect::<Vec<_>>(),
+            );
             offset += n;
         }
         if m.parameter_ids.len() == params.len() {
@@ -89,7 +112,15 @@ pub fn read(dirs: &[PathBuf], rank: usize, layout: &FlatLayout, vectors: usize) 
         } else if dirs.len() == 1 && m.parameter_elements == want {
             by_position = Some(params);
         } else {
-            return Err(bad(rank, format!("{}: the checkpoint's parameters ({} tensors) do not match the model's ({} tensors)", path.display(), m.parameter_elements.len(), want.len())));
+            return Err(bad(
+                rank,
+                format!(
+                    "{}: the checkpoint's parameters ({} tensors) do not match the model's ({} tensors)",
+                    path.display(),
+                    m.parameter_elements.len(),
+                    want.len()
+                ),
+            ));
         }
     }
     let mut full = vec![Vec::with_capacity(layout.padded); vectors];
@@ -99,7 +130,15 @@ pub fn read(dirs: &[PathBuf], rank: usize, layout: &FlatLayout, vectors: usize) 
             None => by_id.get(&slot.id.val()).ok_or_else(|| bad(rank, format!("the checkpoint holds no optimizer state for parameter {} of the model ({} elements)", slot.id, slot.len)))?,
         };
         if state[0].len() != slot.len {
-            return Err(bad(rank, format!("parameter {}: {} elements of optimizer state, the model's has {}", slot.id, state[0].len(), slot.len)));
+            return Err(bad(
+                rank,
+                format!(
+                    "parameter {}: {} elements of optimizer state, the model's has {}",
+                    slot.id,
+                    state[0].len(),
+                    slot.len
+                ),
+            ));
         }
         for (v, part) in full.iter_mut().zip(state) {
             v.extend_from_slice(part);
@@ -113,7 +152,10 @@ pub fn read(dirs: &[PathBuf], rank: usize, layout: &FlatLayout, vectors: usize) 
             v[mine.clone()].to_vec()
         })
         .collect();
-    Ok(ShardState { step: step.unwrap_or(0), slots })
+    Ok(ShardState {
+        step: step.unwrap_or(0),
+        slots,
+    })
 }
 
 /// One directory's manifest and its state vectors, the shards concatenated and the padding
@@ -123,12 +165,32 @@ fn read_dir(dir: &Path, rank: usize, vectors: usize) -> DistResult<(Manifest, Ve
     let text = std::fs::read(&path).map_err(|e| {
         bad(rank, format!("{}: {e} (the checkpoint has no ZeRO state: it comes from a run with zero_stage 0, whose optimizer record cannot be resharded)", path.display()))
     })?;
-    let m: Manifest = serde_json::from_slice(&text).map_err(|e| bad(rank, format!("{}: not a valid ZeRO manifest: {e}", path.display())))?;
+    let m: Manifest = serde_json::from_slice(&text).map_err(|e| {
+        bad(
+            rank,
+            format!("{}: not a valid ZeRO manifest: {e}", path.display()),
+        )
+    })?;
     if m.state_vectors != vectors {
-        return Err(bad(rank, format!("{}: {} state vectors per element, this optimizer keeps {vectors} (another optimizer?)", path.display(), m.state_vectors)));
+        return Err(bad(
+            rank,
+            format!(
+                "{}: {} state vectors per element, this optimizer keeps {vectors} (another optimizer?)",
+                path.display(),
+                m.state_vectors
+            ),
+        ));
     }
     if m.parameter_elements.iter().sum::<usize>() != m.elements {
-        return Err(bad(rank, format!("{}: parameter sizes add up to {}, not {}", path.display(), m.parameter_elements.iter().sum::<usize>(), m.elements)));
+        return Err(bad(
+            rank,
+            format!(
+                "{}: parameter sizes add up to {}, not {}",
+                path.display(),
+                m.parameter_elements.iter().sum::<usize>(),
+                m.elements
+            ),
+        ));
     }
     let world = m.world_size.max(1);
     let old_shard = m.elements.div_ceil(world);
@@ -137,11 +199,22 @@ fn read_dir(dir: &Path, rank: usize, vectors: usize) -> DistResult<(Manifest, Ve
         let p = dir.join(shard_file(r));
         let bytes = std::fs::read(&p).map_err(|e| bad(rank, format!("{}: {e}", p.display())))?;
         if bytes.len() != old_shard * vectors * 4 {
-            return Err(bad(rank, format!("{}: {} bytes, expected {} ({vectors} x {old_shard} f32)", p.display(), bytes.len(), old_shard * vectors * 4)));
+            return Err(bad(
+                rank,
+                format!(
+                    "{}: {} bytes, expected {} ({vectors} x {old_shard} f32)",
+                    p.display(),
+                    bytes.len(),
+                    old_shard * vectors * 4
+                ),
+            ));
         }
         for (k, v) in full.iter_mut().enumerate() {
             let part = &bytes[k * old_shard * 4..(k + 1) * old_shard * 4];
-            v.extend(part.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            v.extend(
+                part.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
         }
     }
     for v in &mut full {
