@@ -24,6 +24,7 @@
 pub mod atomic_file;
 pub mod attributes;
 pub mod builders;
+pub mod collective;
 pub mod error;
 pub mod export;
 pub mod functions;

@@ -25,7 +25,10 @@ use crate::ops::{Inputs, OpContext};
 use crate::trainability::{DefaultRole, Usage};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 
+pub use sharded::Sharding;
+
 pub mod profile;
+mod sharded;
 mod stage;
 mod tensor_parallel;
 pub mod vjp;
@@ -88,7 +91,7 @@ enum Source {
 }
 
 /// The immutable part of a model: graph plus parameter table.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Spec {
     graph: Arc<Graph>,
     params: Vec<ParamInfo>,
@@ -96,6 +99,8 @@ struct Spec {
     sources: HashMap<String, Source>,
     /// The device the model was loaded onto: where a model without parameters computes.
     device: Device,
+    /// ZeRO-3: the parameters hold only this rank's chunk (see [`sharded`]).
+    sharding: Option<Sharding>,
 }
 
 /// Forward mode.
@@ -223,6 +228,7 @@ impl OnnxModel {
                 constants,
                 sources,
                 device: device.clone(),
+                sharding: None,
             }),
         })
     }
@@ -245,13 +251,11 @@ impl OnnxModel {
         }
     }
 
-    /// The value of a parameter in its logical ONNX shape.
+    /// The value of a parameter in its logical ONNX shape (of a ZeRO-3 model, this rank's
+    /// chunk as a vector: see [`Self::unsharded`]).
     pub fn param_value(&self, index: usize) -> Option<FloatValue> {
         let p = self.params.get(index)?;
-        Some(FloatValue::new(
-            p.val(),
-            self.spec.params[index].shape.len(),
-        ))
+        Some(FloatValue::new(p.val(), self.stored_rank(index)))
     }
 
     /// The value of a parameter by ONNX name.
@@ -335,11 +339,8 @@ impl OnnxModel {
             })
             .collect();
         let spec = Spec {
-            graph: self.spec.graph.clone(),
             params: spec_params,
-            constants: self.spec.constants.clone(),
-            sources: self.spec.sources.clone(),
-            device: self.spec.device.clone(),
+            ..(*self.spec).clone()
         };
         self.spec = Arc::new(spec);
         Ok(self)
@@ -361,7 +362,7 @@ impl OnnxModel {
             }
             // A fresh untracked tensor: `v` may be a tracked parameter or a non-leaf of
             // another graph (a parameter reshaped to its logical shape).
-            let t = PhysTensor::from_inner(v.tensor.clone().inner());
+            let t = self.stored(PhysTensor::from_inner(v.tensor.clone().inner()));
             let p = std::mem::replace(&mut self.params[i], Param::from_tensor(t.clone()));
             let (id, old, _) = p.consume();
             let require = old.is_require_grad();
@@ -371,16 +372,27 @@ impl OnnxModel {
         Ok(self)
     }
 
-    /// Gradients of the trainable parameters, by ONNX name, in their logical shapes.
+    /// Gradients of the trainable parameters, by ONNX name, in their logical shapes (of a
+    /// ZeRO-3 model, this rank's chunks).
     pub fn param_grads(&self, grads: &Gradients) -> Vec<(String, FloatValue)> {
         self.params
             .iter()
             .zip(&self.spec.params)
             .filter(|(_, info)| info.role == ParamRole::Trainable)
             .filter_map(|(p, info)| {
-                p.val()
-                    .grad(grads)
-                    .map(|g| (info.name.clone(), FloatValue::new(g, info.shape.len())))
+                p.val().grad(grads).map(|g| {
+                    (
+                        info.name.clone(),
+                        FloatValue::new(
+                            g,
+                            if self.spec.sharding.is_some() {
+                                1
+                            } else {
+                                info.shape.len()
+                            },
+                        ),
+                    )
+                })
             })
             .collect()
     }
@@ -388,6 +400,7 @@ impl OnnxModel {
     /// Apply state updates returned by a training-mode forward pass.
     pub fn apply_state(mut self, updates: Vec<(usize, PhysTensor)>) -> Self {
         for (i, t) in updates {
+            let t = self.stored(t);
             let p = std::mem::replace(&mut self.params[i], Param::from_tensor(t.clone()));
             let (id, _, _) = p.consume();
             self.params[i] = Param::initialized(id, t.detach().set_require_grad(false));
@@ -574,10 +587,7 @@ impl OnnxModel {
             return Ok(v.clone());
         }
         match self.spec.sources.get(name) {
-            Some(Source::Param(i)) => Ok(Value::Float(FloatValue::new(
-                self.params[*i].val(),
-                self.spec.params[*i].shape.len(),
-            ))),
+            Some(Source::Param(i)) => Ok(Value::Float(self.read_param(*i)?)),
             Some(Source::Constant(t)) => Value::from_host(t, device),
             None => Err(OpError(format!(
                 "value '{name}' was not computed (an optional output this importer does not produce?)"

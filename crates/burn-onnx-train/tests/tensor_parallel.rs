@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use burn::tensor::Device;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
+use burn_onnx_train::collective::{self, Group};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::loss::lm_cross_entropy;
-use burn_onnx_train::tensor_parallel::{AxisSplit, TensorParallel, collective};
+use burn_onnx_train::tensor_parallel::{AxisSplit, TensorParallel};
 use burn_onnx_train::train::checkpoint::{list_checkpoints, read_params};
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, TokenDataset};
@@ -234,7 +235,7 @@ fn check_equivalence(path: &Path, tp: usize, vocab: u64) {
             inner: comm.clone(),
             calls: Default::default(),
         });
-        let _group = collective::enter(counting.clone());
+        let _group = collective::enter(Group::TensorParallel, counting.clone());
         let (logits, grads) = logits_and_grads(&model, &x);
         let calls = counting.calls.lock().unwrap().clone();
         let tokens = want_logits.len() / want_logits.shape()[2];

@@ -1,7 +1,7 @@
-//! ZeRO stages 1 and 2 on thread ranks against plain data parallelism (stage 0) on the same
-//! samples: 10 updates of AdamW (with its no-decay group and global clipping), SGD and LAMB
-//! on gpt2_tiny and the MLP; memory per rank in `perf.json`; sharded checkpoints that resume
-//! on another world size and stage.
+//! ZeRO stages 1, 2 and 3 on thread ranks against plain data parallelism (stage 0) on the
+//! same samples: 10 updates of AdamW (with its no-decay group and global clipping), SGD and
+//! LAMB on gpt2_tiny and the MLP, evaluation included; memory per rank in `perf.json`;
+//! sharded checkpoints that resume on another world size and stage.
 
 mod common;
 
@@ -22,6 +22,7 @@ fn gpt2(out: &Path, ranks: usize, stage: usize) -> TrainingConfig {
         batch_size: 4 / ranks,
         data_parallel_size: ranks,
         zero_stage: stage,
+        max_grad_norm: 0.5,
         ..gpt2_config(out)
     }
 }
@@ -44,6 +45,8 @@ fn mlp(out: &Path, ranks: usize, stage: usize, kind: OptimizerKind) -> TrainingC
             epsilon: 1e-6,
             ..Default::default()
         },
+        // No clipping: a clipped step would hide a gradient off by a constant factor.
+        max_grad_norm: 0.0,
         ..gpt2(out, ranks, stage)
     }
 }
@@ -65,11 +68,17 @@ fn perf(out: &Path) -> serde_json::Value {
 
 fn gpt2_case(ranks: usize) {
     let base = tempdir(&format!("zero-gpt2-{ranks}-0"));
-    launch(gpt2(&base, ranks, 0), gpt2_tokens(), None).unwrap();
+    // Evaluation after update 5 and 10 over 3 batches: replicas get unequal shares.
+    let c = |out: &Path, stage| TrainingConfig {
+        evaluation_period: 5,
+        eval_batches: 3,
+        ..gpt2(out, ranks, stage)
+    };
+    let want = launch(c(&base, 0), gpt2_tokens(), Some(gpt2_tokens())).unwrap();
     let replicated = perf(&base);
-    for stage in [1, 2] {
+    for stage in [1, 2, 3] {
         let out = tempdir(&format!("zero-gpt2-{ranks}-{stage}"));
-        launch(gpt2(&out, ranks, stage), gpt2_tokens(), None).unwrap();
+        let got = launch(c(&out, stage), gpt2_tokens(), Some(gpt2_tokens())).unwrap();
         same(
             refkit("models/gpt2_tiny.onnx"),
             &base,
@@ -78,20 +87,30 @@ fn gpt2_case(ranks: usize) {
             1e-6,
             1e-3,
         );
+        assert_eq!(got.evals.len(), 2);
+        for (g, w) in got.evals.iter().zip(&want.evals) {
+            assert!(
+                (g.loss - w.loss).abs() < 1e-5,
+                "stage {stage}: evaluation loss {} against {}",
+                g.loss,
+                w.loss
+            );
+        }
         let p = perf(&out);
         assert_eq!(p["zero_stage"], stage);
         // Adam keeps 2 floats per element; each rank holds 1/N of them (plus padding).
         let elements = replicated["parameter_bytes"][0].as_u64().unwrap() / 4;
-        let full_state = (elements * 2 * 4) as f64;
+        let share = |bytes: f64| bytes * (1.0 / ranks as f64 + 0.02);
         for r in 0..ranks {
             let state = p["optimizer_state_bytes"][r].as_u64().unwrap() as f64;
             assert!(
-                state <= full_state * (1.0 / ranks as f64 + 0.02),
-                "stage {stage} rank {r}: {state} state bytes of {full_state}"
+                state <= share((elements * 2 * 4) as f64),
+                "stage {stage} rank {r}: {state} state bytes of {}",
+                elements * 8
             );
             let grads = p["gradient_bytes"][r].as_u64().unwrap() as f64;
             let limit = if stage >= 2 {
-                elements as f64 * 4.0 * (1.0 / ranks as f64 + 0.02)
+                share(elements as f64 * 4.0)
             } else {
                 elements as f64 * 4.0 * 1.02
             };
@@ -99,17 +118,28 @@ fn gpt2_case(ranks: usize) {
                 grads <= limit,
                 "stage {stage} rank {r}: {grads} gradient bytes"
             );
+            let params = p["parameter_bytes"][r].as_u64().unwrap() as f64;
+            let limit = if stage == 3 {
+                share(elements as f64 * 4.0)
+            } else {
+                elements as f64 * 4.0
+            };
+            assert!(
+                params <= limit,
+                "stage {stage} rank {r}: {params} parameter bytes of {}",
+                elements * 4
+            );
         }
     }
 }
 
 #[test]
-fn stages_1_and_2_on_two_ranks_match_replicated_adamw_on_gpt2_tiny() {
+fn stages_1_to_3_on_two_ranks_match_replicated_adamw_on_gpt2_tiny() {
     gpt2_case(2);
 }
 
 #[test]
-fn stages_1_and_2_on_four_ranks_match_replicated_adamw_on_gpt2_tiny() {
+fn stages_1_to_3_on_four_ranks_match_replicated_adamw_on_gpt2_tiny() {
     gpt2_case(4);
 }
 
@@ -123,15 +153,76 @@ fn every_optimizer_sharded_matches_replicated_on_the_mlp() {
     ] {
         let base = tempdir(&format!("zero-mlp-{kind:?}-0"));
         launch(mlp(&base, 2, 0, kind), mlp_data(), None).unwrap();
-        let out = tempdir(&format!("zero-mlp-{kind:?}-2"));
-        launch(mlp(&out, 2, 2, kind), mlp_data(), None).unwrap();
+        for stage in [2, 3] {
+            let out = tempdir(&format!("zero-mlp-{kind:?}-{stage}"));
+            launch(mlp(&out, 2, stage, kind), mlp_data(), None).unwrap();
+            same(
+                refkit("models/mlp.onnx"),
+                &base,
+                &out,
+                "mlp_trained.onnx",
+                1e-6,
+                1e-4,
+            );
+        }
+    }
+}
+
+#[test]
+fn stage_3_with_recomputed_segments_matches_replicated() {
+    let base = tempdir("zero3-recompute-0");
+    launch(gpt2(&base, 2, 0), gpt2_tokens(), None).unwrap();
+    let out = tempdir("zero3-recompute-3");
+    launch(
+        TrainingConfig {
+            recompute_segments: 3,
+            ..gpt2(&out, 2, 3)
+        },
+        gpt2_tokens(),
+        None,
+    )
+    .unwrap();
+    same(
+        refkit("models/gpt2_tiny.onnx"),
+        &base,
+        &out,
+        "gpt2_tiny_trained.onnx",
+        1e-6,
+        1e-3,
+    );
+}
+
+#[test]
+fn a_stage_3_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_3_and_on_one_process_at_stage_1()
+ {
+    let full = tempdir("zero3-ckpt-full");
+    launch(
+        TrainingConfig {
+            checkpoint_period: 4,
+            ..gpt2(&full, 4, 3)
+        },
+        gpt2_tokens(),
+        None,
+    )
+    .unwrap();
+    let ckpt = full.join("checkpoints/ckpt-000000004");
+    let manifest = std::fs::read_to_string(ckpt.join("zero.json")).unwrap();
+    assert!(manifest.contains("per_tensor"), "{manifest}");
+    for (ranks, stage) in [(2, 3), (1, 1)] {
+        let out = tempdir(&format!("zero3-ckpt-{ranks}"));
+        let c = TrainingConfig {
+            checkpoint_to_load_path: Some(ckpt.clone()),
+            ..gpt2(&out, ranks, stage)
+        };
+        let summary = launch(c, gpt2_tokens(), None).unwrap();
+        assert_eq!(summary.start_step, 4);
         same(
-            refkit("models/mlp.onnx"),
-            &base,
+            refkit("models/gpt2_tiny.onnx"),
+            &full,
             &out,
-            "mlp_trained.onnx",
-            1e-6,
-            1e-4,
+            "gpt2_tiny_trained.onnx",
+            1e-5,
+            1e-3,
         );
     }
 }
@@ -202,12 +293,32 @@ fn unsupported_combinations_are_config_errors() {
             .to_string()
             .contains("config.enable_adasum")
     );
-    let c = gpt2(&dir, 2, 3);
+    let c = gpt2(&dir, 2, 4);
     assert!(
         c.validate(2)
             .unwrap_err()
             .to_string()
             .contains("config.zero_stage")
+    );
+    let c = TrainingConfig {
+        histogram_weights: vec!["wte".into()],
+        ..gpt2(&dir, 2, 3)
+    };
+    assert!(
+        c.validate(2)
+            .unwrap_err()
+            .to_string()
+            .contains("config.histogram_weights")
+    );
+    let c = TrainingConfig {
+        enable_adasum: true,
+        ..gpt2(&dir, 2, 3)
+    };
+    assert!(
+        c.validate(2)
+            .unwrap_err()
+            .to_string()
+            .contains("config.enable_adasum")
     );
     // Adasum with stage 1 is fine: the whole gradient is combined before sharding.
     assert!(

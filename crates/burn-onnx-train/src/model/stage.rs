@@ -104,6 +104,7 @@ impl OnnxModel {
                 constants,
                 sources,
                 device: self.spec.device.clone(),
+                sharding: self.spec.sharding,
             }),
         })
     }

@@ -36,7 +36,7 @@ impl OnnxModel {
         graph.outputs = outputs;
         let spec = Spec {
             graph: Arc::new(graph),
-            ..self.spec_clone()
+            ..(*self.spec).clone()
         };
         let probe = OnnxModel {
             params: self.untracked().params,
@@ -94,21 +94,11 @@ impl OnnxModel {
         let spec = Spec {
             graph: Arc::new(graph),
             params: infos,
-            ..self.spec_clone()
+            ..(*self.spec).clone()
         };
         Ok(OnnxModel {
             params: self.params,
             spec: Arc::new(spec),
         })
-    }
-
-    fn spec_clone(&self) -> Spec {
-        Spec {
-            graph: self.spec.graph.clone(),
-            params: self.spec.params.clone(),
-            constants: self.spec.constants.clone(),
-            sources: self.spec.sources.clone(),
-            device: self.spec.device.clone(),
-        }
     }
 }

@@ -1,11 +1,10 @@
 //! Tensor (horizontal) parallelism on ONNX graphs, as Megatron-LM splits transformer
 //! layers and ORT's `horizontal_parallel_size` did by rewriting the training graph:
 //! [`plan`] finds the column- and row-parallel projections by following splits through
-//! the graph, [`rewrite`] inserts Megatron's `f`/`g` operators ([`collective`], with their
-//! own backward) and adapts reshapes and splits to local sizes, and each rank keeps its
+//! the graph, [`rewrite`] inserts Megatron's `f`/`g` operators ([`crate::collective::megatron`],
+//! with their own backward) and adapts reshapes and splits to local sizes, and each rank keeps its
 //! part of the split weights ([`AxisSplit`]). [`TensorParallel`] does all of it for a run.
 
-pub mod collective;
 pub mod ops;
 pub mod plan;
 pub mod rewrite;

@@ -1,10 +1,11 @@
 //! The interpreter ops a tensor-parallel rewrite adds or adapts: `f` and `g` (see
-//! [`super::collective`]), and Reshape and Split on a split axis, whose sizes in the file
+//! [`crate::collective::megatron`]), and Reshape and Split on a split axis, whose sizes in the file
 //! are the full model's and shrink by the rank count here.
 
 use ndarray::ArrayD;
 
-use super::collective::{active, tp_copy, tp_reduce};
+use crate::collective::megatron::{tp_copy, tp_reduce};
+use crate::collective::{Group, active};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::ops::{Inputs, OpContext, OpOutput, lookup};
@@ -18,7 +19,7 @@ pub const AXIS: &str = "burn.tp.axis";
 pub const FULL: &str = "burn.tp.full";
 
 fn float_input(inputs: &mut Inputs, op: &str) -> OpResult<FloatValue> {
-    if !active() {
+    if !active(Group::TensorParallel) {
         op_bail!(
             "{op} runs only inside a tensor-parallel run (no tensor-parallel group on this thread)"
         );

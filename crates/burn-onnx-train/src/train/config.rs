@@ -204,7 +204,9 @@ pub struct TrainingConfig {
     /// Combine data-parallel gradients with Adasum instead of averaging them.
     pub enable_adasum: bool,
     /// ZeRO stage (ORT: `deepspeed_zero_stage`): 0 replicates the optimizer state on every
-    /// rank; 1 shards it across the data-parallel ranks; 2 also shards the gradients.
+    /// rank; 1 shards it across the data-parallel ranks; 2 also shards the gradients; 3
+    /// also shards the parameters (gathered where a node reads them). With
+    /// `recompute_segments`, stage 3 holds one segment's gathered parameters at a time.
     #[serde(alias = "deepspeed_zero_stage")]
     pub zero_stage: usize,
     /// Checkpoint directory (default `<output_dir>/checkpoints`).
@@ -568,19 +570,29 @@ impl TrainingConfig {
                 ),
             ));
         }
-        if self.zero_stage > 2 {
+        if self.zero_stage > 3 {
             return Err(invalid(
                 "zero_stage",
-                format!(
-                    "{} is not available: use 0, 1 or 2 (stage 3, sharded parameters, is not implemented yet)",
-                    self.zero_stage
-                ),
+                format!("{} is not a ZeRO stage: use 0, 1, 2 or 3", self.zero_stage),
             ));
         }
         if self.zero_stage >= 2 && self.enable_adasum {
             return Err(invalid(
                 "enable_adasum",
-                "Adasum needs each rank's whole per-tensor gradient, but ZeRO-2 reduce-scatters the gradient so no rank holds another's: use zero_stage 1 or mean reduction",
+                "Adasum needs each rank's whole per-tensor gradient, but ZeRO-2 and 3 reduce-scatter the gradient so no rank holds another's: use zero_stage 1 or mean reduction",
+            ));
+        }
+        if self.zero_stage == 3
+            && !(self.histogram_weights.is_empty() && self.norm_weights.is_empty())
+        {
+            let field = if self.histogram_weights.is_empty() {
+                "norm_weights"
+            } else {
+                "histogram_weights"
+            };
+            return Err(invalid(
+                field,
+                "weight summaries read whole weights, which ZeRO-3 shards across the ranks: not available with zero_stage 3",
             ));
         }
         if self.pipeline_parallel_size > 1 && self.batch_size % self.micro_batches() != 0 {

@@ -71,11 +71,21 @@ pub fn evaluate(
     };
     // [loss sum, correct, samples]
     let mut sums = [0.0f32; 3];
-    for b in (first..batches).step_by(stride) {
+    // A ZeRO-3 model gathers its parameters in every forward pass, a collective of the
+    // replicas: a replica left without a batch in the last round runs batch 0 uncounted.
+    let lockstep = model.sharding().is_some();
+    for round in 0..batches.div_ceil(stride) {
+        let b = first + round * stride;
+        if b >= batches && !lockstep {
+            break;
+        }
+        let counted = b < batches;
+        let b = if counted { b } else { 0 };
         let idx: Vec<usize> = (b * c.eval_batch_size..(b + 1) * c.eval_batch_size).collect();
         let batch = test.batch(&idx)?;
         if let Some((loss, correct)) = passes.eval(c, &eval_model, &batch)?
             && reports
+            && counted
         {
             sums[0] += loss;
             sums[1] += correct as f32;

@@ -52,7 +52,8 @@ pub struct TrainFlags {
     #[arg(long)]
     pub dp: Option<usize>,
     /// ZeRO stage (`zero_stage`): 0 replicated, 1 optimizer state sharded across the
-    /// data-parallel ranks, 2 gradients sharded too.
+    /// data-parallel ranks, 2 gradients sharded too, 3 parameters sharded too (gathered
+    /// where a node reads them; add `--recompute N` to hold one segment's at a time).
     #[arg(long, value_name = "STAGE")]
     pub zero: Option<usize>,
     /// Pipeline stages (`pipeline_parallel_size`): the graph is cut into N consecutive

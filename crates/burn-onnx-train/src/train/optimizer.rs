@@ -132,7 +132,8 @@ pub fn flat_rule(c: &OptimizerConfig) -> Rule {
 }
 
 /// The update strategy of a run: ZeRO stage 0 (replicated, Burn's optimizer from
-/// [`build_optimizer`]) or stages 1-2 (sharded flat buffers), over `comm`.
+/// [`build_optimizer`]) or stages 1-3 (sharded flat buffers), over `comm`; `model` is
+/// this rank's whole part of the model (before stage 3 shards it).
 pub fn build_strategy(
     c: &TrainingConfig,
     model: &OnnxModel,
@@ -165,12 +166,13 @@ pub fn build_strategy(
             )
         })
         .collect();
-    let decay_of = Box::new(move |id: ParamId| decay.get(&id).copied().unwrap_or(0.0));
+    let decay_of = |id: ParamId| decay.get(&id).copied().unwrap_or(0.0);
     Ok(Box::new(Zero::new(
         c.zero_stage,
         comm,
         flat_rule(&c.optimizer),
         reduction,
         decay_of,
+        model,
     )?))
 }

@@ -20,12 +20,12 @@ use super::data::Dataset;
 use super::passes::{Passes, Sequential};
 use super::recompute::Recomputed;
 use super::summaries::SummaryRole;
+use crate::collective::{Group, GroupGuard, enter};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::pipeline::wire::{recv_values, send_values};
 use crate::pipeline::{Partition, Pipelined};
 use crate::tensor_parallel::TensorParallel;
-use crate::tensor_parallel::collective::{GroupGuard, enter};
 use crate::value::{FloatValue, Value};
 
 /// This rank's coordinates, groups and pipeline partition.
@@ -40,6 +40,8 @@ pub struct Placement {
     pub tensor_parallel: Option<TensorParallel>,
     /// The tp x pp ranks of this replica (the global norm's group when both split).
     model_group: Option<Arc<dyn Communicator>>,
+    /// ZeRO-3: parameters sharded across the data-parallel group.
+    sharded: bool,
 }
 
 impl Placement {
@@ -63,6 +65,7 @@ impl Placement {
             partition: None,
             tensor_parallel: None,
             model_group,
+            sharded: c.zero_stage == 3,
         })
     }
 
@@ -162,12 +165,27 @@ impl Placement {
         })
     }
 
-    /// Make the tensor-parallel group this thread's while the guard lives (`None` without
-    /// tensor parallelism).
-    pub fn enter_tensor_parallel(&self) -> Option<GroupGuard> {
-        self.tensor_parallel
-            .as_ref()
-            .map(|_| enter(self.groups.tp.clone()))
+    /// Make the groups the model's collective ops run on this thread's while the guards
+    /// live: the tensor-parallel group with tensor parallelism, the data-parallel group with
+    /// ZeRO-3.
+    pub fn enter_groups(&self) -> Vec<GroupGuard> {
+        let mut guards = Vec::new();
+        if self.tensor_parallel.is_some() {
+            guards.push(enter(Group::TensorParallel, self.groups.tp.clone()));
+        }
+        if self.sharded {
+            guards.push(enter(Group::Sharding, self.groups.dp.clone()));
+        }
+        guards
+    }
+
+    /// What this rank trains of `model` (its whole part): with ZeRO-3 its data-parallel
+    /// rank's chunk of every parameter, otherwise all of it.
+    pub fn shard(&self, model: OnnxModel) -> Result<OnnxModel> {
+        if !self.sharded {
+            return Ok(model);
+        }
+        model.into_sharded(self.groups.dp_rank, self.topology.dp)
     }
 
     /// The model-parallel norm group of a stage or tp rank (`None` when the model is
@@ -226,11 +244,13 @@ impl Placement {
 
     /// This rank's files in a checkpoint: its part of the model (first replica only) and
     /// the optimizer state `state` (under `stage-<k>/` in a pipeline, `tp-<r>/` for a tp rank).
+    /// With ZeRO-3 the data-parallel group gathers the whole part first (a collective).
     pub fn checkpoint_files(
         &self,
         model: &OnnxModel,
         state: Vec<(String, Vec<u8>)>,
     ) -> Result<Vec<(String, Vec<u8>)>> {
+        let model = &model.unsharded(self.groups.dp.as_ref())?;
         let stage = self.partition.as_ref().map(|_| self.groups.pp_rank);
         let mut files: Vec<(String, Vec<u8>)> = match state_dir(stage, self.tp_rank()) {
             None => state,
@@ -268,6 +288,8 @@ impl Placement {
         model: &OnnxModel,
         world: &dyn Communicator,
     ) -> Result<Option<OnnxModel>> {
+        // ZeRO-3: every replica gathers its chunks into whole parameters.
+        let model = &model.unsharded(self.groups.dp.as_ref())?;
         // The first replica's tp ranks assemble their split weights on tp rank 0.
         let mut values: HashMap<String, FloatValue> = HashMap::new();
         if let Some(t) = &self.tensor_parallel

@@ -178,7 +178,7 @@ impl TrainingRunner {
         check_weight_names(&c, &model)?;
         check_data(&c, &model, train.as_ref(), test.as_deref())?;
         let model = place.model_part(&c, model, train.as_ref())?;
-        let _tensor_parallel = place.enter_tensor_parallel();
+        let _groups = place.enter_groups();
         let passes = place.passes(&c, &model, &self.device)?;
         let mut strategy = build_strategy(&c, &model, place.groups.dp.clone())?;
         if let Some(group) = place.model_parallel(&model) {
@@ -188,7 +188,8 @@ impl TrainingRunner {
         let (model, mut update, mut micro) =
             self.resume(&c, &place, model, strategy.as_mut(), &mut scaler)?;
         DataParallel::new(self.comm.clone()).check_consistent(c.to_toml()?.as_bytes())?;
-        let mut model = DataParallel::new(place.groups.dp.clone()).broadcast_parameters(model)?;
+        let mut model =
+            place.shard(DataParallel::new(place.groups.dp.clone()).broadcast_parameters(model)?)?;
         let (start_step, total) = (update, c.num_updates());
         let schedule = LrSchedule::new(&c.lr, total);
         let prefetch = Prefetcher::start(train.clone(), sampler, micro, 4);

@@ -1,6 +1,15 @@
 //! The flat layout ZeRO partitions: every float parameter of a module, in the module's
-//! visiting order (the same on every rank), laid end to end in one `f32` buffer, padded to
-//! a multiple of the world size and cut into one contiguous shard per rank.
+//! visiting order (the same on every rank), and how it is cut among the ranks
+//! ([`Partitioning`]):
+//! - contiguous (stages 1 and 2): the parameters laid end to end in one `f32` buffer,
+//!   padded to a multiple of the world size and cut into one contiguous shard per rank;
+//! - per tensor (stage 3): every parameter cut on its own into `world` equal chunks (the
+//!   last padded), rank `r` holding chunk `r` of each, so that it can be gathered for the
+//!   node that reads it without touching the others.
+//!
+//! Either way a rank's shard is one buffer of [`FlatLayout::shard_len`] values, and
+//! [`FlatLayout::cut`] / [`FlatLayout::join`] convert between shards and whole tensors
+//! (checkpoints reshard through them).
 
 use std::ops::Range;
 
@@ -26,6 +35,17 @@ pub struct Slot {
     pub trainable: bool,
 }
 
+/// How the parameters are cut among the ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Partitioning {
+    /// One contiguous range of the concatenated parameters per rank (ZeRO-1/2).
+    #[default]
+    Contiguous,
+    /// Chunk `r` of every parameter on rank `r` (ZeRO-3).
+    PerTensor,
+}
+
 /// The flat layout of a module across `world` ranks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlatLayout {
@@ -37,6 +57,8 @@ pub struct FlatLayout {
     pub padded: usize,
     /// Ranks sharing the buffer.
     pub world: usize,
+    /// How it is cut.
+    pub partitioning: Partitioning,
 }
 
 /// The part of one parameter inside a shard.
@@ -67,16 +89,36 @@ impl ModuleVisitor for Describe {
 }
 
 impl FlatLayout {
-    /// The layout of `module` for `world` ranks.
+    /// The contiguous layout of `module` for `world` ranks.
     pub fn of<M: Module>(module: &M, world: usize) -> Self {
+        Self::partitioned(module, world, Partitioning::Contiguous)
+    }
+
+    /// The layout of `module` for `world` ranks, cut as `partitioning` says.
+    pub fn partitioned<M: Module>(module: &M, world: usize, partitioning: Partitioning) -> Self {
         let mut d = Describe(Vec::new(), 0);
         module.visit(&mut d);
-        let len = d.1;
+        Self::from_slots(d.0, world, partitioning)
+    }
+
+    /// The layout of parameters `slots` (offsets are recomputed).
+    pub fn from_slots(mut slots: Vec<Slot>, world: usize, partitioning: Partitioning) -> Self {
+        let world = world.max(1);
+        let mut len = 0;
+        for s in &mut slots {
+            s.offset = len;
+            len += s.len;
+        }
+        let shard_len = match partitioning {
+            Partitioning::Contiguous => len.div_ceil(world),
+            Partitioning::PerTensor => slots.iter().map(|s| s.len.div_ceil(world)).sum(),
+        };
         FlatLayout {
-            slots: d.0,
+            slots,
             len,
-            padded: len.div_ceil(world.max(1)) * world.max(1),
-            world: world.max(1),
+            padded: shard_len * world,
+            world,
+            partitioning,
         }
     }
 
@@ -85,26 +127,109 @@ impl FlatLayout {
         self.padded / self.world
     }
 
-    /// Rank `rank`'s range of the flat buffer.
+    /// Rank `rank`'s range of the contiguous flat buffer.
     pub fn shard(&self, rank: usize) -> Range<usize> {
         let n = self.shard_len();
         rank * n..(rank + 1) * n
     }
 
+    /// Elements of slot `slot` each rank holds under per-tensor partitioning.
+    pub fn chunk(&self, slot: usize) -> usize {
+        self.slots[slot].len.div_ceil(self.world)
+    }
+
     /// The parameters (or parts) inside rank `rank`'s shard, in order.
     pub fn pieces(&self, rank: usize) -> Vec<Piece> {
-        let shard = self.shard(rank);
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                let (a, b) = (s.offset.max(shard.start), (s.offset + s.len).min(shard.end));
-                (a < b).then(|| Piece {
-                    slot: i,
-                    local: a - shard.start..b - shard.start,
-                })
-            })
-            .collect()
+        match self.partitioning {
+            Partitioning::Contiguous => {
+                let shard = self.shard(rank);
+                self.slots
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| {
+                        let (a, b) = (s.offset.max(shard.start), (s.offset + s.len).min(shard.end));
+                        (a < b).then(|| Piece {
+                            slot: i,
+                            local: a - shard.start..b - shard.start,
+                        })
+                    })
+                    .collect()
+            }
+            Partitioning::PerTensor => {
+                let mut at = 0;
+                let mut pieces = Vec::new();
+                for (i, s) in self.slots.iter().enumerate() {
+                    let c = self.chunk(i);
+                    let valid = s.len.saturating_sub(rank * c).min(c);
+                    if valid > 0 {
+                        pieces.push(Piece {
+                            slot: i,
+                            local: at..at + valid,
+                        });
+                    }
+                    at += c;
+                }
+                pieces
+            }
+        }
+    }
+
+    /// Rank `rank`'s shard of whole per-parameter vectors (`whole[i]` of slot `i`), padded
+    /// with zeros.
+    pub fn cut(&self, rank: usize, whole: &[&[f32]]) -> Vec<f32> {
+        match self.partitioning {
+            Partitioning::Contiguous => {
+                let shard = self.shard(rank);
+                let mut out = vec![0.0; shard.len()];
+                for (s, w) in self.slots.iter().zip(whole) {
+                    let (a, b) = (s.offset.max(shard.start), (s.offset + s.len).min(shard.end));
+                    if a < b {
+                        out[a - shard.start..b - shard.start]
+                            .copy_from_slice(&w[a - s.offset..b - s.offset]);
+                    }
+                }
+                out
+            }
+            Partitioning::PerTensor => {
+                let mut out = Vec::with_capacity(self.shard_len());
+                for (i, w) in whole.iter().enumerate() {
+                    let c = self.chunk(i);
+                    let start = (rank * c).min(w.len());
+                    let part = &w[start..(start + c).min(w.len())];
+                    out.extend_from_slice(part);
+                    out.resize(out.len() + c - part.len(), 0.0);
+                }
+                out
+            }
+        }
+    }
+
+    /// The whole per-parameter vectors from every rank's shard (`shards[r]` of rank `r`).
+    pub fn join(&self, shards: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        match self.partitioning {
+            Partitioning::Contiguous => {
+                let flat: Vec<f32> = shards.concat();
+                self.slots
+                    .iter()
+                    .map(|s| flat[s.offset..s.offset + s.len].to_vec())
+                    .collect()
+            }
+            Partitioning::PerTensor => {
+                let mut at = 0;
+                let mut whole = Vec::with_capacity(self.slots.len());
+                for (i, s) in self.slots.iter().enumerate() {
+                    let c = self.chunk(i);
+                    let mut v: Vec<f32> = shards
+                        .iter()
+                        .flat_map(|r| r[at..at + c].iter().copied())
+                        .collect();
+                    v.truncate(s.len);
+                    whole.push(v);
+                    at += c;
+                }
+                whole
+            }
+        }
     }
 
     /// The module's parameter values in rank `rank`'s shard (zeros in the padding), read

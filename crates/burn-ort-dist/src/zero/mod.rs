@@ -2,12 +2,16 @@
 //! without replicating what the update needs.
 //!
 //! Parameters and gradients are laid out in one flat buffer ([`layout::FlatLayout`]); rank
-//! `r` owns one contiguous shard of it.
+//! `r` owns one shard of it.
 //! - Stage 1: the gradient is all-reduced (or Adasum-combined) whole, as in plain data
 //!   parallelism; each rank keeps the optimizer state of its shard only, updates its
 //!   shard, and the new parameters are all-gathered.
 //! - Stage 2: the gradient is reduce-scattered: each rank receives (and keeps) only the
 //!   reduced gradient of its shard.
+//! - Stage 3: the module itself holds only this rank's chunk of every parameter (per-tensor
+//!   partitioning); the model gathers a parameter where a node reads it and its backward
+//!   reduce-scatters the gradient, so the update receives the reduced gradient shards,
+//!   updates them in place and all-gathers nothing.
 //!
 //! Global-norm clipping and LAMB's per-tensor trust ratios work on shards: partial sums of
 //! squares, combined across ranks. Weight decay exclusions are per parameter.
@@ -33,87 +37,87 @@ use crate::strategy::{
     MemoryUse, ModelParallel, UpdateReport, UpdateStrategy, clip_scale, sum_squares,
 };
 use flat_optim::{Rule, ShardState, apply};
-use layout::{FlatLayout, Piece};
+use layout::{FlatLayout, Partitioning, Piece};
 
-/// ZeRO stages 1 and 2 over a communicator.
+/// ZeRO stages 1, 2 and 3 over a communicator.
 pub struct Zero {
     stage: usize,
     comm: Arc<dyn Communicator>,
     rule: Rule,
     reduction: Reduction,
-    /// Weight decay of a parameter.
-    decay_of: Box<dyn Fn(burn::module::ParamId) -> f32 + Send>,
-    /// The layout, this rank's pieces of it and each slot's weight decay (made on first use).
-    layout: Option<(FlatLayout, Vec<Piece>, Vec<f32>)>,
+    /// The layout of the whole module.
+    layout: FlatLayout,
+    /// This rank's pieces of it.
+    pieces: Vec<Piece>,
+    /// Each slot's weight decay.
+    decay: Vec<f32>,
     state: ShardState,
     memory: MemoryUse,
     model_parallel: Option<ModelParallel>,
 }
 
 impl Zero {
-    /// Stage `stage` (1 or 2) with update `rule`; `decay_of` gives each parameter's weight
-    /// decay (0 for the excluded ones).
-    pub fn new(
+    /// Stage `stage` (1 to 3) for `module` (whole: at stage 3, before its parameters are
+    /// sharded) with update `rule`; `decay_of` gives each parameter's weight decay (0 for
+    /// the excluded ones).
+    pub fn new<M: Module>(
         stage: usize,
         comm: Arc<dyn Communicator>,
         rule: Rule,
         reduction: Reduction,
-        decay_of: Box<dyn Fn(burn::module::ParamId) -> f32 + Send>,
+        decay_of: impl Fn(burn::module::ParamId) -> f32,
+        module: &M,
     ) -> DistResult<Self> {
         let rank = comm.rank();
-        if !(1..=2).contains(&stage) {
+        if !(1..=3).contains(&stage) {
             return Err(DistError::Invalid {
                 rank,
                 message: format!(
-                    "ZeRO stage {stage} is not available here (1 or 2; stage 0 is Replicated)"
+                    "ZeRO stage {stage} is not available here (1 to 3; stage 0 is Replicated)"
                 ),
             });
         }
         if stage >= 2 && reduction == Reduction::Adasum {
             return Err(DistError::Invalid {
                 rank,
-                message: "Adasum combines whole per-tensor gradients of rank pairs, but ZeRO-2 reduce-scatters the gradient so no rank ever holds another's whole tensor: use stage 1 or mean reduction".into(),
+                message: "Adasum combines whole per-tensor gradients of rank pairs, but ZeRO-2 and 3 reduce-scatter the gradient so no rank ever holds another's whole tensor: use stage 1 or mean reduction".into(),
             });
         }
+        let partitioning = if stage == 3 {
+            Partitioning::PerTensor
+        } else {
+            Partitioning::Contiguous
+        };
+        let layout = FlatLayout::partitioned(module, comm.world_size(), partitioning);
+        let pieces = layout.pieces(rank);
+        let decay = layout.slots.iter().map(|s| decay_of(s.id)).collect();
+        let state = ShardState {
+            step: 0,
+            slots: vec![vec![0.0; layout.shard_len()]; rule.state_slots()],
+        };
         Ok(Zero {
             stage,
             comm,
             rule,
             reduction,
-            decay_of,
-            layout: None,
-            state: ShardState {
-                step: 0,
-                slots: Vec::new(),
-            },
+            layout,
+            pieces,
+            decay,
+            state,
             memory: MemoryUse::default(),
             model_parallel: None,
         })
     }
 
-    /// The layout for `module`, made on first use with fresh (zero) state.
-    fn prepare<M: Module>(&mut self, module: &M) {
-        if self.layout.is_some() {
-            return;
-        }
-        let layout = FlatLayout::of(module, self.comm.world_size());
-        let pieces = layout.pieces(self.comm.rank());
-        let decay = layout.slots.iter().map(|s| (self.decay_of)(s.id)).collect();
-        if self.state.slots.is_empty() {
-            self.state.slots = vec![vec![0.0; layout.shard_len()]; self.rule.state_slots()];
-        }
-        self.layout = Some((layout, pieces, decay));
-    }
-
     /// This rank's shard of the reduced gradient: stage 1 all-reduces (or Adasum-combines)
-    /// the whole gradient and keeps its shard; stage 2 reduce-scatters.
-    fn reduce<M: Module>(
-        &self,
-        module: &M,
-        mut grads: GradientsParams,
-        layout: &FlatLayout,
-    ) -> DistResult<Vec<f32>> {
+    /// the whole gradient and keeps its shard; stage 2 reduce-scatters; at stage 3 the
+    /// backward pass did (the gradients are the module's chunks).
+    fn reduce<M: Module>(&self, module: &M, mut grads: GradientsParams) -> DistResult<Vec<f32>> {
+        let layout = &self.layout;
         let shard = layout.shard(self.comm.rank());
+        if self.stage == 3 {
+            return FlatLayout::of(module, 1).take_grads(module, &mut grads);
+        }
         if self.stage == 1 {
             reduce_gradients(
                 self.comm.as_ref(),
@@ -141,10 +145,20 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         max_norm: f32,
         tensor_norms: bool,
     ) -> DistResult<(M, UpdateReport)> {
-        self.prepare(&module);
-        let (layout, pieces, decay) = self.layout.as_ref().expect("prepared above");
-        let mut g = self.reduce(&module, grads, layout)?;
-        let squares = slot_squares(self.comm.as_ref(), layout, pieces, &g)?;
+        let mut g = self.reduce(&module, grads)?;
+        let (layout, rank) = (&self.layout, self.comm.rank());
+        if g.len() != layout.shard_len() {
+            return Err(DistError::Invalid {
+                rank,
+                message: format!(
+                    "ZeRO-{}: a gradient shard of {} values, the layout's is {} (is the module sharded as the stage expects?)",
+                    self.stage,
+                    g.len(),
+                    layout.shard_len()
+                ),
+            });
+        }
+        let squares = slot_squares(self.comm.as_ref(), layout, &self.pieces, &g)?;
         let grad_norm = ModelParallel::global_norm(
             self.model_parallel.as_ref(),
             layout
@@ -157,29 +171,45 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         if scale != 1.0 {
             g.iter_mut().for_each(|x| *x *= scale);
         }
-        let mut mine = layout.shard_params(&module, self.comm.rank())?;
+        // At stage 3 the module's parameters are this rank's chunks: its local flat buffer
+        // is the shard.
+        let local = if self.stage == 3 {
+            Some(FlatLayout::of(&module, 1))
+        } else {
+            None
+        };
+        let mut mine = match &local {
+            Some(l) => l.shard_params(&module, 0)?,
+            None => layout.shard_params(&module, rank)?,
+        };
         apply(
             self.rule,
             lr,
             layout,
-            pieces,
-            decay,
+            &self.pieces,
+            &self.decay,
             &mut mine,
             &g,
             &mut self.state,
             self.comm.as_ref(),
         )?;
-        let mut all = vec![0.0; layout.padded];
-        self.comm.all_gather(&mine, &mut all)?;
-        let full_grad = if self.stage == 1 {
-            layout.padded
-        } else {
-            layout.shard_len()
+        let module = match &local {
+            Some(l) => l.scatter_params(module, &mine),
+            None => {
+                let mut all = vec![0.0; layout.padded];
+                self.comm.all_gather(&mine, &mut all)?;
+                layout.scatter_params(module, &all)
+            }
         };
         self.memory = MemoryUse {
             optimizer_state_bytes: self.state.slots.iter().map(Vec::len).sum::<usize>() * 4,
-            gradient_bytes: full_grad * 4,
-            parameter_bytes: layout.len * 4,
+            gradient_bytes: if self.stage == 1 {
+                layout.padded * 4
+            } else {
+                layout.shard_len() * 4
+            },
+            // What the module holds: at stage 3 its chunks.
+            parameter_bytes: local.as_ref().map_or(layout.len, |l| l.len) * 4,
         };
         let tensor_grad_norms = if tensor_norms {
             layout
@@ -191,7 +221,6 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         } else {
             Vec::new()
         };
-        let module = layout.scatter_params(module, &all);
         Ok((
             module,
             UpdateReport {
@@ -206,16 +235,16 @@ impl<M: Module> UpdateStrategy<M> for Zero {
     }
 
     fn state_files(&self) -> DistResult<Vec<(String, Vec<u8>)>> {
-        let Some((layout, ..)) = &self.layout else {
-            return Ok(Vec::new());
-        };
-        state_files::write(self.comm.rank(), self.stage, layout, &self.state)
+        state_files::write(self.comm.rank(), self.stage, &self.layout, &self.state)
     }
 
-    fn load_state(&mut self, module: &M, dirs: &[PathBuf]) -> DistResult<()> {
-        self.prepare(module);
-        let (layout, ..) = self.layout.as_ref().expect("prepared above");
-        self.state = state_files::read(dirs, self.comm.rank(), layout, self.rule.state_slots())?;
+    fn load_state(&mut self, _module: &M, dirs: &[PathBuf]) -> DistResult<()> {
+        self.state = state_files::read(
+            dirs,
+            self.comm.rank(),
+            &self.layout,
+            self.rule.state_slots(),
+        )?;
         Ok(())
     }
 

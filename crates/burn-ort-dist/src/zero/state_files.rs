@@ -2,9 +2,9 @@
 //!
 //! Rank `r` writes `zero-<r>.bin`: its shard of every state vector, little-endian f32, one
 //! after another. Rank 0 writes `zero.json`: the stage, world size, step, the number of
-//! state vectors, and the layout (element count and id of every parameter, in order), so
-//! that a run with another world size or stage can concatenate the old shards, drop the old
-//! padding, pick its parameters' state by id and cut its own shard. A checkpoint of a
+//! state vectors, and the layout (element count and id of every parameter, in order, and
+//! its partitioning), so that a run with another world size or stage can join the old
+//! shards into whole tensors, pick its parameters' state by id and cut its own shard. A checkpoint of a
 //! pipeline holds one such directory per stage; a run with another stage count reads them
 //! all and takes the parameters it holds from each.
 
@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{DistError, DistResult};
 use crate::zero::flat_optim::ShardState;
-use crate::zero::layout::FlatLayout;
+use burn::module::ParamId;
+
+use crate::zero::layout::{FlatLayout, Partitioning, Slot};
 
 /// The manifest's file name.
 pub const MANIFEST: &str = "zero.json";
@@ -39,6 +41,9 @@ struct Manifest {
     /// reload only onto the same layout).
     #[serde(default)]
     parameter_ids: Vec<u64>,
+    /// How the shards cut the parameters (absent before ZeRO-3: contiguous).
+    #[serde(default)]
+    partitioning: Partitioning,
 }
 
 /// The files rank `rank` contributes to a checkpoint.
@@ -62,6 +67,7 @@ pub fn write(
             elements: layout.len,
             parameter_elements: layout.slots.iter().map(|s| s.len).collect(),
             parameter_ids: layout.slots.iter().map(|s| s.id.val()).collect(),
+            partitioning: layout.partitioning,
         };
         let json = serde_json::to_vec_pretty(&manifest)
             .map_err(|e| bad(rank, format!("cannot encode {MANIFEST}: {e}")))?;
@@ -70,8 +76,9 @@ pub fn write(
     Ok(files)
 }
 
-/// Rank `rank`'s state for `layout`, from the shards of whatever world size wrote `dirs`
-/// (one directory, or one per pipeline stage of the run that wrote them).
+/// Rank `rank`'s state for `layout`, from the shards of whatever world size and
+/// partitioning wrote `dirs` (one directory, or one per pipeline stage of the run that
+/// wrote them).
 pub fn read(
     dirs: &[PathBuf],
     rank: usize,
@@ -84,7 +91,7 @@ pub fn read(
     let mut by_id: HashMap<u64, Vec<Vec<f32>>> = HashMap::new();
     let mut by_position: Option<Vec<Vec<Vec<f32>>>> = None;
     for dir in dirs {
-        let (m, full) = read_dir(dir, rank, vectors)?;
+        let (m, params) = read_dir(dir, rank, vectors)?;
         let path = dir.join(MANIFEST);
         if *step.get_or_insert(m.step) != m.step {
             return Err(bad(
@@ -96,16 +103,6 @@ pub fn read(
                     step.unwrap_or(0)
                 ),
             ));
-        }
-        let mut offset = 0;
-        let mut params = Vec::with_capacity(m.parameter_elements.len());
-        for &n in &m.parameter_elements {
-            params.push(
-                full.iter()
-                    .map(|v| v[offset..offset + n].to_vec())
-                    .collect::<Vec<_>>(),
-            );
-            offset += n;
         }
         if m.parameter_ids.len() == params.len() {
             by_id.extend(m.parameter_ids.iter().copied().zip(params));
@@ -123,13 +120,13 @@ pub fn read(
             ));
         }
     }
-    let mut full = vec![Vec::with_capacity(layout.padded); vectors];
+    let mut per_slot = Vec::with_capacity(layout.slots.len());
     for (k, slot) in layout.slots.iter().enumerate() {
         let state = match &by_position {
             Some(p) => &p[k],
             None => by_id.get(&slot.id.val()).ok_or_else(|| bad(rank, format!("the checkpoint holds no optimizer state for parameter {} of the model ({} elements)", slot.id, slot.len)))?,
         };
-        if state[0].len() != slot.len {
+        if state.iter().any(|v| v.len() != slot.len) {
             return Err(bad(
                 rank,
                 format!(
@@ -140,16 +137,14 @@ pub fn read(
                 ),
             ));
         }
-        for (v, part) in full.iter_mut().zip(state) {
-            v.extend_from_slice(part);
-        }
+        per_slot.push(state);
     }
-    let mine = layout.shard(rank);
-    let slots = full
-        .into_iter()
-        .map(|mut v| {
-            v.resize(layout.padded, 0.0);
-            v[mine.clone()].to_vec()
+    let slots = (0..vectors)
+        .map(|v| {
+            layout.cut(
+                rank,
+                &per_slot.iter().map(|s| s[v].as_slice()).collect::<Vec<_>>(),
+            )
         })
         .collect();
     Ok(ShardState {
@@ -158,9 +153,9 @@ pub fn read(
     })
 }
 
-/// One directory's manifest and its state vectors, the shards concatenated and the padding
-/// dropped.
-fn read_dir(dir: &Path, rank: usize, vectors: usize) -> DistResult<(Manifest, Vec<Vec<f32>>)> {
+/// One directory's manifest and, per parameter in its order, its whole state vectors
+/// (the shards joined, the padding dropped).
+fn read_dir(dir: &Path, rank: usize, vectors: usize) -> DistResult<(Manifest, Vec<Vec<Vec<f32>>>)> {
     let path = dir.join(MANIFEST);
     let text = std::fs::read(&path).map_err(|e| {
         bad(rank, format!("{}: {e} (the checkpoint has no ZeRO state: it comes from a run with zero_stage 0, whose optimizer record cannot be resharded)", path.display()))
@@ -192,10 +187,21 @@ fn read_dir(dir: &Path, rank: usize, vectors: usize) -> DistResult<(Manifest, Ve
             ),
         ));
     }
-    let world = m.world_size.max(1);
-    let old_shard = m.elements.div_ceil(world);
-    let mut full = vec![Vec::with_capacity(old_shard * world); vectors];
-    for r in 0..world {
+    let slots = m
+        .parameter_elements
+        .iter()
+        .map(|&len| Slot {
+            id: ParamId::from(0),
+            shape: vec![len],
+            offset: 0,
+            len,
+            trainable: true,
+        })
+        .collect();
+    let old = FlatLayout::from_slots(slots, m.world_size, m.partitioning);
+    let old_shard = old.shard_len();
+    let mut shards = vec![Vec::with_capacity(old.world); vectors];
+    for r in 0..old.world {
         let p = dir.join(shard_file(r));
         let bytes = std::fs::read(&p).map_err(|e| bad(rank, format!("{}: {e}", p.display())))?;
         if bytes.len() != old_shard * vectors * 4 {
@@ -209,16 +215,18 @@ fn read_dir(dir: &Path, rank: usize, vectors: usize) -> DistResult<(Manifest, Ve
                 ),
             ));
         }
-        for (k, v) in full.iter_mut().enumerate() {
+        for (k, v) in shards.iter_mut().enumerate() {
             let part = &bytes[k * old_shard * 4..(k + 1) * old_shard * 4];
-            v.extend(
+            v.push(
                 part.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect::<Vec<f32>>(),
             );
         }
     }
-    for v in &mut full {
-        v.truncate(m.elements);
-    }
-    Ok((m, full))
+    let whole: Vec<Vec<Vec<f32>>> = shards.iter().map(|s| old.join(s)).collect();
+    let params = (0..old.slots.len())
+        .map(|i| whole.iter().map(|v| v[i].clone()).collect())
+        .collect();
+    Ok((m, params))
 }

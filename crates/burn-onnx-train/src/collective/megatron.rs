@@ -1,0 +1,86 @@
+//! Megatron's two conjugate operators as differentiable ops, on the tensor-parallel group
+//! of the calling thread ([`super::Group::TensorParallel`]):
+//! - [`tp_copy`] (`f`): identity forward, all-reduce of the gradient backward (before a
+//!   column-parallel block: every rank's partial gradient of the block input is summed);
+//! - [`tp_reduce`] (`g`): all-reduce forward, identity backward (after a row-parallel
+//!   projection: the ranks' partial products are summed).
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use burn::backend::Cube;
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::flex::Flex;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, backend_extension};
+use burn_ort_dist::ReduceOp;
+
+use super::{Group, HostCopy, group, tracked};
+use crate::value::PhysTensor;
+
+/// Sum `x` over this thread's tensor-parallel group, through host memory.
+fn host_all_reduce<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
+    let mut host = HostCopy::<B>::of(x, "tensor-parallel all-reduce");
+    group(Group::TensorParallel)
+        .all_reduce(&mut host.values, ReduceOp::Sum)
+        .unwrap_or_else(|e| panic!("tensor-parallel all-reduce failed: {e}"));
+    let (values, shape) = (std::mem::take(&mut host.values), host.shape.clone());
+    host.make(values, shape)
+}
+
+/// The two operators as a backend extension.
+#[backend_extension(Cube: cfg(any(feature = "wgpu", feature = "cuda")), Flex, Autodiff)]
+pub trait TensorParallelOps: Backend {
+    /// `f`: identity (its gradient is all-reduced).
+    fn tp_copy(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `g`: all-reduce (its gradient passes through).
+    fn tp_reduce(x: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+impl TensorParallelOps for Flex {
+    fn tp_copy(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        x
+    }
+
+    fn tp_reduce(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        host_all_reduce::<Self>(x)
+    }
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl TensorParallelOps for Cube {
+    fn tp_copy(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        x
+    }
+
+    fn tp_reduce(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        host_all_reduce::<Self>(x)
+    }
+}
+
+fn identity<B: Backend>(g: FloatTensor<B>) -> FloatTensor<B> {
+    g
+}
+
+impl<B: Backend + TensorParallelOps, C: CheckpointStrategy> TensorParallelOps for Autodiff<B, C> {
+    fn tp_copy(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        tracked::<B, C>(x, B::tp_copy, host_all_reduce::<B>)
+    }
+
+    fn tp_reduce(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        tracked::<B, C>(x, B::tp_reduce, identity::<B>)
+    }
+}
+
+/// Megatron's `f` on a tensor.
+pub fn tp_copy(x: PhysTensor) -> PhysTensor {
+    PhysTensor::from_dispatch(<burn::backend::Dispatch as TensorParallelOps>::tp_copy(
+        x.into_dispatch(),
+    ))
+}
+
+/// Megatron's `g` on a tensor.
+pub fn tp_reduce(x: PhysTensor) -> PhysTensor {
+    PhysTensor::from_dispatch(<burn::backend::Dispatch as TensorParallelOps>::tp_reduce(
+        x.into_dispatch(),
+    ))
+}

@@ -1,0 +1,87 @@
+//! ZeRO-3's parameter gather as a differentiable op, on the sharding group of the calling
+//! thread ([`super::Group::Sharding`]): [`gather_param`] all-gathers the ranks' chunks of a
+//! parameter into the whole tensor where a node reads it; its backward reduce-scatters the
+//! whole gradient (mean over the ranks, as data parallelism averages), so each rank's chunk
+//! receives the reduced gradient of its part and no rank keeps a whole gradient.
+//!
+//! Nothing holds a gathered parameter but the ops reading it: without an autodiff tape it
+//! is freed after its last reader; with one, until the backward of its readers (activation
+//! recomputation re-gathers a segment's parameters for its re-forward instead).
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use burn::backend::Cube;
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::flex::Flex;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, TensorMetadata, backend_extension};
+use burn_ort_dist::ReduceOp;
+
+use super::{Group, HostCopy, group, tracked};
+use crate::value::{MAX_RANK, PhysTensor};
+
+/// The whole parameter of physical `shape` from every rank's chunk of it.
+fn host_gather<B: Backend>(chunk: FloatTensor<B>, shape: Vec<usize>) -> FloatTensor<B> {
+    let host = HostCopy::<B>::of(chunk, "ZeRO-3 parameter gather");
+    let g = group(Group::Sharding);
+    let mut all = vec![0.0; host.values.len() * g.world_size()];
+    g.all_gather(&host.values, &mut all)
+        .unwrap_or_else(|e| panic!("ZeRO-3 parameter gather failed: {e}"));
+    all.truncate(shape.iter().product());
+    host.make(all, shape)
+}
+
+/// This rank's chunk (of `chunk_shape`) of the whole gradient averaged over the ranks.
+fn host_reduce_scatter<B: Backend>(
+    grad: FloatTensor<B>,
+    chunk_shape: Vec<usize>,
+) -> FloatTensor<B> {
+    let mut host = HostCopy::<B>::of(grad, "ZeRO-3 gradient reduce-scatter");
+    let g = group(Group::Sharding);
+    let chunk: usize = chunk_shape.iter().product();
+    host.values.resize(chunk * g.world_size(), 0.0);
+    let mut mine = vec![0.0; chunk];
+    g.reduce_scatter(&host.values, &mut mine, ReduceOp::Mean)
+        .unwrap_or_else(|e| panic!("ZeRO-3 gradient reduce-scatter failed: {e}"));
+    host.make(mine, chunk_shape)
+}
+
+/// The gather as a backend extension.
+#[backend_extension(Cube: cfg(any(feature = "wgpu", feature = "cuda")), Flex, Autodiff)]
+pub trait ParamGatherOps: Backend {
+    /// The whole parameter of physical `shape` from this rank's `chunk` and the others'.
+    fn gather_param(chunk: FloatTensor<Self>, shape: Vec<usize>) -> FloatTensor<Self>;
+}
+
+impl ParamGatherOps for Flex {
+    fn gather_param(chunk: FloatTensor<Self>, shape: Vec<usize>) -> FloatTensor<Self> {
+        host_gather::<Self>(chunk, shape)
+    }
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl ParamGatherOps for Cube {
+    fn gather_param(chunk: FloatTensor<Self>, shape: Vec<usize>) -> FloatTensor<Self> {
+        host_gather::<Self>(chunk, shape)
+    }
+}
+
+impl<B: Backend + ParamGatherOps, C: CheckpointStrategy> ParamGatherOps for Autodiff<B, C> {
+    fn gather_param(chunk: FloatTensor<Self>, shape: Vec<usize>) -> FloatTensor<Self> {
+        let chunk_shape = chunk.shape().to_vec();
+        tracked::<B, C>(
+            chunk,
+            move |x| B::gather_param(x, shape),
+            move |g| host_reduce_scatter::<B>(g, chunk_shape),
+        )
+    }
+}
+
+/// The whole parameter of physical `shape` from this rank's `chunk` (a collective of the
+/// thread's sharding group).
+pub fn gather_param(chunk: PhysTensor, shape: [usize; MAX_RANK]) -> PhysTensor {
+    PhysTensor::from_dispatch(<burn::backend::Dispatch as ParamGatherOps>::gather_param(
+        chunk.into_dispatch(),
+        shape.to_vec(),
+    ))
+}

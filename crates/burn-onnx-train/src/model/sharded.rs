@@ -1,0 +1,163 @@
+//! An [`OnnxModel`] under ZeRO-3: every float parameter holds only this rank's chunk of
+//! it (the parameter flattened and cut into `world` equal chunks, the last zero-padded:
+//! `burn_ort_dist`'s per-tensor partitioning, so the update strategy's shard is the
+//! model's parameters in order). A node reading a parameter gets the whole tensor through
+//! [`gather_param`], whose backward reduce-scatters the gradient; checkpoints and export
+//! take [`OnnxModel::unsharded`].
+
+use std::sync::Arc;
+
+use burn::module::Param;
+use burn::tensor::TensorData;
+use burn_ort_dist::Communicator;
+
+use super::{OnnxModel, Spec};
+use crate::collective::param_gather::gather_param;
+use crate::error::{OnnxError, OpError, Result};
+use crate::value::{FloatValue, MAX_RANK, PhysTensor, padded};
+
+/// Which chunk of every parameter a ZeRO-3 model holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sharding {
+    /// This rank's chunk.
+    pub rank: usize,
+    /// Chunks per parameter (the sharding group's size).
+    pub world: usize,
+}
+
+impl Sharding {
+    /// Chunk `rank` of `whole`, zero-padded to `whole.len().div_ceil(world)`.
+    fn cut(&self, whole: &[f32]) -> Vec<f32> {
+        let c = whole.len().div_ceil(self.world);
+        let start = (self.rank * c).min(whole.len());
+        let mut part = whole[start..(start + c).min(whole.len())].to_vec();
+        part.resize(c, 0.0);
+        part
+    }
+}
+
+fn host(t: PhysTensor, what: &str) -> Result<Vec<f32>> {
+    t.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|e| OnnxError::field(what, format!("{e:?}")))
+}
+
+fn vector(values: Vec<f32>, like: &PhysTensor) -> PhysTensor {
+    let mut shape = [1; MAX_RANK];
+    shape[MAX_RANK - 1] = values.len();
+    PhysTensor::from_data(TensorData::new(values, shape.to_vec()), &like.device())
+}
+
+impl OnnxModel {
+    /// Keep chunk `rank` of `world` of every float parameter (ZeRO-3); the parameters keep
+    /// their ids and roles.
+    pub fn into_sharded(mut self, rank: usize, world: usize) -> Result<OnnxModel> {
+        if self.spec.sharding.is_some() {
+            return Err(OnnxError::field(
+                "zero_stage",
+                "the model is sharded already",
+            ));
+        }
+        let sharding = Sharding {
+            rank,
+            world: world.max(1),
+        };
+        for (p, info) in self.params.iter_mut().zip(&self.spec.params) {
+            let old = std::mem::replace(
+                p,
+                Param::from_tensor(PhysTensor::empty([1; MAX_RANK], &self.spec.device)),
+            );
+            let (id, t, _) = old.consume();
+            let require = t.is_require_grad();
+            let chunk = vector(sharding.cut(&host(t.clone(), &info.name)?), &t);
+            *p = Param::initialized(id, chunk.set_require_grad(require));
+        }
+        self.spec = Arc::new(Spec {
+            sharding: Some(sharding),
+            ..(*self.spec).clone()
+        });
+        Ok(self)
+    }
+
+    /// The sharding of a ZeRO-3 model.
+    pub fn sharding(&self) -> Option<Sharding> {
+        self.spec.sharding
+    }
+
+    /// The model with whole parameters: each gathered from the chunks of every rank of
+    /// `group` (a collective of the group; every rank gets the whole model). A model that
+    /// is not sharded comes back as it is.
+    pub fn unsharded(&self, group: &dyn Communicator) -> Result<OnnxModel> {
+        let Some(s) = self.spec.sharding else {
+            return Ok(self.clone());
+        };
+        if group.world_size() != s.world {
+            return Err(OnnxError::field(
+                "zero_stage",
+                format!(
+                    "the model is sharded {} ways, the group has {} ranks",
+                    s.world,
+                    group.world_size()
+                ),
+            ));
+        }
+        let mut params = Vec::with_capacity(self.params.len());
+        for (p, info) in self.params.iter().zip(&self.spec.params) {
+            let t = p.val();
+            let chunk = host(t.clone(), &info.name)?;
+            let mut whole = vec![0.0; chunk.len() * s.world];
+            group.all_gather(&chunk, &mut whole)?;
+            let phys = padded(&info.shape).map_err(|e| OnnxError::field(&info.name, e.0))?;
+            whole.truncate(phys.iter().product());
+            let t2 = PhysTensor::from_data(TensorData::new(whole, phys.to_vec()), &t.device())
+                .set_require_grad(t.is_require_grad());
+            params.push(Param::initialized(p.id, t2));
+        }
+        Ok(OnnxModel {
+            params,
+            spec: Arc::new(Spec {
+                sharding: None,
+                ..(*self.spec).clone()
+            }),
+        })
+    }
+
+    /// Parameter `i` as a node reads it: whole (gathered on a ZeRO-3 model).
+    pub(super) fn read_param(&self, i: usize) -> std::result::Result<FloatValue, OpError> {
+        let (p, info) = (&self.params[i], &self.spec.params[i]);
+        match self.spec.sharding {
+            None => Ok(FloatValue::new(p.val(), info.shape.len())),
+            Some(_) => Ok(FloatValue::new(
+                gather_param(p.val(), padded(&info.shape)?),
+                info.shape.len(),
+            )),
+        }
+    }
+
+    /// The logical rank of what parameter `i` stores: its own, or 1 for a chunk.
+    pub(super) fn stored_rank(&self, i: usize) -> usize {
+        if self.spec.sharding.is_some() {
+            1
+        } else {
+            self.spec.params[i].shape.len()
+        }
+    }
+
+    /// A whole parameter value as this model stores it: this rank's chunk on a ZeRO-3
+    /// model.
+    pub(super) fn stored(&self, t: PhysTensor) -> PhysTensor {
+        match self.spec.sharding {
+            None => t,
+            Some(s) => {
+                let values = t
+                    .clone()
+                    .into_data()
+                    .convert::<f32>()
+                    .try_to_vec::<f32>()
+                    .expect("a float tensor converted to f32 reads as f32");
+                vector(s.cut(&values), &t)
+            }
+        }
+    }
+}
