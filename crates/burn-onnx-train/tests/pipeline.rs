@@ -467,8 +467,9 @@ fn every_stage_writes_the_summaries_of_its_own_weights() {
 
 #[test]
 fn zero_runs_inside_each_stage_data_parallel_group() {
-    // 2 replicas x 2 stages, AdamW with clipping that binds: ZeRO-1 and ZeRO-2 shard each
-    // stage's optimizer state over its two replicas and end where the replicated update does.
+    // 2 replicas x 2 stages, AdamW with clipping that binds: ZeRO-1, 2 and 3 shard each
+    // stage's optimizer state (3: and parameters) over its two replicas and end where the
+    // replicated update does.
     let data = tokens(1024);
     let base = |out: &Path, zero: usize| TrainingConfig {
         optimizer: OptimizerConfig {
@@ -489,7 +490,7 @@ fn zero_runs_inside_each_stage_data_parallel_group() {
     };
     let replicated = tempdir("pp-zero0");
     run(base(&replicated, 0), &data);
-    for zero in [1, 2] {
+    for zero in [1, 2, 3] {
         let out = tempdir(&format!("pp-zero{zero}"));
         let summary = run(base(&out, zero), &data);
         assert_eq!(summary.perf.unwrap().memory.optimizer_state_bytes.len(), 4);
@@ -497,7 +498,11 @@ fn zero_runs_inside_each_stage_data_parallel_group() {
             &refkit("models/gpt2_tiny.onnx"),
             &replicated.join("gpt2_tiny_trained.onnx"),
             &out.join("gpt2_tiny_trained.onnx"),
-            1e-6,
+            // Stage 3 averages each read's gradient of the tied embedding over the replicas
+            // before the stages add theirs, the others after: last-bit differences, which
+            // AdamW turns into up to 3e-6 on rare embedding rows (a wrong chunk or scale
+            // moves weights by whole steps, lr 1e-3).
+            if zero == 3 { 1e-5 } else { 1e-6 },
         );
     }
 }

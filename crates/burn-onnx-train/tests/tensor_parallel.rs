@@ -475,8 +475,8 @@ fn data_and_pipeline_parallel_compose_with_tensor_parallel() {
 fn zero_and_mixed_precision_compose_with_tensor_parallel() {
     let model = refkit("models/gpt2_tiny.onnx");
     let data = tokens(1024);
-    // ZeRO within each tp rank's data-parallel group: stage 2 (gradients and optimizer
-    // state sharded) ends where the replicated update does.
+    // ZeRO within each tp rank's data-parallel group: stages 2 (gradients and optimizer
+    // state sharded) and 3 (parameters too) end where the replicated update does.
     let grid = |out: &Path, zero_stage: usize| TrainingConfig {
         data_parallel_size: 2,
         horizontal_parallel_size: 2,
@@ -488,6 +488,10 @@ fn zero_and_mixed_precision_compose_with_tensor_parallel() {
     let a = run(grid(&plain, 0), &data);
     let b = run(grid(&zero, 2), &data);
     same_run(&model, (&plain, &a), (&zero, &b), 1e-6, true);
+    // Stage 3: each tp rank's parts sharded over its data-parallel group.
+    let zero3 = tempdir("tp-zero3");
+    let b = run(grid(&zero3, 3), &data);
+    same_run(&model, (&plain, &a), (&zero3, &b), 1e-6, true);
     // bf16 autocast: each rank multiplies its slices in bf16 and the partial sums add up in
     // f32, one process multiplies whole in bf16; the losses agree to bf16's precision.
     let (one, two) = (tempdir("tp-bf16-1"), tempdir("tp-bf16-2"));
