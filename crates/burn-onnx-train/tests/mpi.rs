@@ -222,7 +222,14 @@ fn mpi_zero_stages_match_replicated() {
     // 1.2e-5 (measured on two machines with OpenMPI 4.1.4); a wrong shard or a missed
     // reduction moves weights by whole steps (lr 1e-3).
     // Stage 3 reduce-scatters each parameter's gradient on its own in backward.
-    for (np, stage, atol) in [(2, 1, 1e-6), (2, 2, 1e-6), (2, 3, 1e-6), (4, 1, 1e-6), (4, 2, 2e-5), (4, 3, 2e-5)] {
+    for (np, stage, atol) in [
+        (2, 1, 1e-6),
+        (2, 2, 1e-6),
+        (2, 3, 1e-6),
+        (4, 1, 1e-6),
+        (4, 2, 2e-5),
+        (4, 3, 2e-5),
+    ] {
         zero_equivalence(np, stage, atol);
     }
 }
