@@ -43,6 +43,7 @@ pub mod tensor_parallel;
 pub mod tensorboard;
 pub mod train;
 pub mod trainability;
+pub mod unary_op;
 pub mod value;
 
 pub use error::{OnnxError, Result};

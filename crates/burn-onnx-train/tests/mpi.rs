@@ -57,6 +57,14 @@ fn onnx_train() -> &'static str {
     env!("CARGO_BIN_EXE_onnx-train")
 }
 
+/// Held by each test for its whole run: one MPI job at a time. OpenMPI's ranks busy-poll
+/// while they wait, so two jobs side by side on a 2-core machine starve each other (a
+/// 1-second job took minutes next to a 4-rank one).
+fn one_job_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static JOBS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    JOBS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn mpirun(np: usize) -> Command {
     let mut cmd = Command::new("timeout");
     cmd.args([
@@ -216,6 +224,7 @@ fn zero_equivalence(np: usize, stage: usize, atol: f32) {
 
 #[test]
 fn mpi_zero_stages_match_replicated() {
+    let _serial = one_job_at_a_time();
     // Two ranks add in one order whatever the algorithm: bit-identical. With four, OpenMPI's
     // reduce-scatter adds the ranks' gradients in another order than its all-reduce, and
     // AdamW turns last-bit differences of tiny gradients (rare embedding rows) into 3e-6 to
@@ -236,61 +245,73 @@ fn mpi_zero_stages_match_replicated() {
 
 #[test]
 fn mpi_two_ranks_equal_one_process_gpt2_tiny() {
+    let _serial = one_job_at_a_time();
     equivalence("gpt2", 2, 2);
 }
 
 #[test]
 fn mpi_four_ranks_equal_one_process_gpt2_tiny() {
+    let _serial = one_job_at_a_time();
     equivalence("gpt2", 4, 1);
 }
 
 #[test]
 fn mpi_two_pipeline_stages_equal_one_process_gpt2_tiny() {
+    let _serial = one_job_at_a_time();
     grid_equivalence("gpt2", 1, 1, 2, 4);
 }
 
 #[test]
 fn mpi_four_pipeline_stages_equal_one_process_gpt2_tiny() {
+    let _serial = one_job_at_a_time();
     grid_equivalence("gpt2", 1, 1, 4, 4);
 }
 
 #[test]
 fn mpi_two_replicas_of_two_stages_equal_one_process_gpt2_tiny() {
+    let _serial = one_job_at_a_time();
     grid_equivalence("gpt2", 2, 1, 2, 2);
 }
 
 #[test]
 fn mpi_two_tensor_parallel_ranks_equal_one_process_gpt2_tiny() {
+    let _serial = one_job_at_a_time();
     grid_equivalence("gpt2", 1, 2, 1, 4);
 }
 
 #[test]
 fn mpi_four_tensor_parallel_ranks_equal_one_process_gpt2_tiny() {
+    let _serial = one_job_at_a_time();
     grid_equivalence("gpt2", 1, 4, 1, 4);
 }
 
 #[test]
 fn mpi_two_replicas_of_two_tensor_parallel_ranks_equal_one_process_gpt2_tiny() {
+    let _serial = one_job_at_a_time();
     grid_equivalence("gpt2", 2, 2, 1, 2);
 }
 
 #[test]
 fn mpi_two_tensor_parallel_ranks_equal_one_process_mlp() {
+    let _serial = one_job_at_a_time();
     grid_equivalence("mlp", 1, 2, 1, 8);
 }
 
 #[test]
 fn mpi_two_ranks_equal_one_process_mlp() {
+    let _serial = one_job_at_a_time();
     equivalence("mlp", 2, 4);
 }
 
 #[test]
 fn mpi_four_ranks_equal_one_process_mlp() {
+    let _serial = one_job_at_a_time();
     equivalence("mlp", 4, 2);
 }
 
 #[test]
 fn an_op_error_on_a_rank_is_printed_before_the_job_ends() {
+    let _serial = one_job_at_a_time();
     // Sequences of 200 tokens index gpt2_tiny's 128-row position table out of range: the
     // Gather node fails at run time on every rank.
     let dir = tempdir("mpi-op-error");
@@ -322,6 +343,7 @@ fn an_op_error_on_a_rank_is_printed_before_the_job_ends() {
 
 #[test]
 fn mismatched_dp_and_world_size_fails_every_rank() {
+    let _serial = one_job_at_a_time();
     let dir = tempdir("mpi-mismatch");
     let cfg = setup(&dir, "mlp", 4);
     let out = mpirun(2)
@@ -341,12 +363,14 @@ fn mismatched_dp_and_world_size_fails_every_rank() {
 /// within 30 seconds.
 #[test]
 fn a_killed_rank_ends_the_job_within_30_seconds() {
+    let _serial = one_job_at_a_time();
     kill_one_of_two("mpi-kill", &["--dp", "2", "--batch-size", "1"]);
 }
 
 /// The same for a pipeline: the other stage, blocked on a receive from the killed one, ends.
 #[test]
 fn a_killed_stage_ends_the_pipeline_within_30_seconds() {
+    let _serial = one_job_at_a_time();
     kill_one_of_two("mpi-kill-pp", &["--pp", "2", "--batch-size", "2"]);
 }
 
@@ -446,6 +470,7 @@ fn descendants_named(root: u32, name: &str) -> Vec<u32> {
 /// it resumes from the newest checkpoint and ends exactly where an uninterrupted job does.
 #[test]
 fn launch_restarts_a_job_whose_rank_was_killed() {
+    let _serial = one_job_at_a_time();
     let dir = tempdir("mpi-elastic");
     let cfg = setup(&dir, "gpt2", 300);
     let text = std::fs::read_to_string(&cfg)

@@ -192,48 +192,14 @@ fn stage_3_with_recomputed_segments_matches_replicated() {
     );
 }
 
-#[test]
-fn a_stage_3_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_3_and_on_one_process_at_stage_1()
- {
-    let full = tempdir("zero3-ckpt-full");
+/// A checkpoint written at update 4 of a 4-rank run at `stage` (its directory), resumed by
+/// `resumes` (ranks, stage): each ends where the uninterrupted run did.
+fn resumes_from_a_four_rank_checkpoint(stage: usize, resumes: &[(usize, usize)]) -> PathBuf {
+    let full = tempdir(&format!("zero{stage}-ckpt-full"));
     launch(
         TrainingConfig {
             checkpoint_period: 4,
-            ..gpt2(&full, 4, 3)
-        },
-        gpt2_tokens(),
-        None,
-    )
-    .unwrap();
-    let ckpt = full.join("checkpoints/ckpt-000000004");
-    let manifest = std::fs::read_to_string(ckpt.join("zero.json")).unwrap();
-    assert!(manifest.contains("per_tensor"), "{manifest}");
-    for (ranks, stage) in [(2, 3), (1, 1)] {
-        let out = tempdir(&format!("zero3-ckpt-{ranks}"));
-        let c = TrainingConfig {
-            checkpoint_to_load_path: Some(ckpt.clone()),
-            ..gpt2(&out, ranks, stage)
-        };
-        let summary = launch(c, gpt2_tokens(), None).unwrap();
-        assert_eq!(summary.start_step, 4);
-        same(
-            refkit("models/gpt2_tiny.onnx"),
-            &full,
-            &out,
-            "gpt2_tiny_trained.onnx",
-            1e-5,
-            1e-3,
-        );
-    }
-}
-
-#[test]
-fn a_stage_2_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_1_and_on_one_process() {
-    let full = tempdir("zero-ckpt-full");
-    launch(
-        TrainingConfig {
-            checkpoint_period: 4,
-            ..gpt2(&full, 4, 2)
+            ..gpt2(&full, 4, stage)
         },
         gpt2_tokens(),
         None,
@@ -245,11 +211,11 @@ fn a_stage_2_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_1_and_on_one
             && (0..4).all(|r| ckpt.join(format!("zero-{r}.bin")).is_file()),
         "one shard per rank and a manifest"
     );
-    for (ranks, stage) in [(2, 1), (1, 1)] {
-        let out = tempdir(&format!("zero-ckpt-{ranks}"));
+    for &(ranks, to) in resumes {
+        let out = tempdir(&format!("zero{stage}-ckpt-{ranks}-{to}"));
         let c = TrainingConfig {
             checkpoint_to_load_path: Some(ckpt.clone()),
-            ..gpt2(&out, ranks, stage)
+            ..gpt2(&out, ranks, to)
         };
         let summary = launch(c, gpt2_tokens(), None).unwrap();
         assert_eq!(summary.start_step, 4);
@@ -264,6 +230,20 @@ fn a_stage_2_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_1_and_on_one
             1e-3,
         );
     }
+    ckpt
+}
+
+#[test]
+fn a_stage_3_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_3_and_on_one_process_at_stage_1()
+ {
+    let ckpt = resumes_from_a_four_rank_checkpoint(3, &[(2, 3), (1, 1)]);
+    let manifest = std::fs::read_to_string(ckpt.join("zero.json")).unwrap();
+    assert!(manifest.contains("per_tensor"), "{manifest}");
+}
+
+#[test]
+fn a_stage_2_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_1_and_on_one_process() {
+    let ckpt = resumes_from_a_four_rank_checkpoint(2, &[(2, 1), (1, 1)]);
     // A replicated run cannot take ZeRO shards.
     let out = tempdir("zero-ckpt-replicated");
     let err = launch(

@@ -14,7 +14,8 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, backend_extension};
 use burn_ort_dist::ReduceOp;
 
-use super::{Group, HostCopy, group, tracked};
+use super::{Group, HostCopy, group};
+use crate::unary_op::unary;
 use crate::value::PhysTensor;
 
 /// Sum `x` over this thread's tensor-parallel group, through host memory.
@@ -57,17 +58,13 @@ impl TensorParallelOps for Cube {
     }
 }
 
-fn identity<B: Backend>(g: FloatTensor<B>) -> FloatTensor<B> {
-    g
-}
-
 impl<B: Backend + TensorParallelOps, C: CheckpointStrategy> TensorParallelOps for Autodiff<B, C> {
     fn tp_copy(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        tracked::<B, C>(x, B::tp_copy, host_all_reduce::<B>)
+        unary::<B, C, ()>(x, B::tp_copy, |_, _| (), |(), g| host_all_reduce::<B>(g))
     }
 
     fn tp_reduce(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        tracked::<B, C>(x, B::tp_reduce, identity::<B>)
+        unary::<B, C, ()>(x, B::tp_reduce, |_, _| (), |(), g| g)
     }
 }
 

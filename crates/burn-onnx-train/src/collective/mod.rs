@@ -16,11 +16,6 @@ pub mod param_gather;
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use burn::backend::autodiff::Autodiff;
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata};
 use burn::tensor::{DType, TensorData, read_sync};
@@ -111,50 +106,5 @@ impl<B: Backend> HostCopy<B> {
             TensorData::new(values, shape).convert_dtype(self.dtype),
             &self.device,
         )
-    }
-}
-
-/// The backward of a collective op: the gradient mapped by a function.
-struct MapGrad<B: Backend>(Box<dyn FnOnce(FloatTensor<B>) -> FloatTensor<B> + Send>);
-
-impl<B: Backend> std::fmt::Debug for MapGrad<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("MapGrad")
-    }
-}
-
-impl<B: Backend> Backward<B, 1> for MapGrad<B> {
-    type State = ();
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 1>,
-        grads: &mut Gradients,
-        _checkpointer: &mut Checkpointer,
-    ) {
-        let [parent] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        if let Some(node) = parent {
-            grads.register::<B>(node.id, (self.0)(grad));
-        }
-    }
-}
-
-/// `forward(x)` under autodiff with gradient `backward(g)`.
-fn tracked<B: Backend, C: CheckpointStrategy>(
-    x: FloatTensor<Autodiff<B, C>>,
-    forward: impl FnOnce(FloatTensor<B>) -> FloatTensor<B>,
-    backward: impl FnOnce(FloatTensor<B>) -> FloatTensor<B> + Send + 'static,
-) -> FloatTensor<Autodiff<B, C>> {
-    match MapGrad::<B>(Box::new(backward))
-        .prepare::<C>([x.node()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => {
-            let out = forward(x.primitive().clone());
-            prep.finish((), out)
-        }
-        OpsKind::UnTracked(prep) => prep.finish(forward(x.into_primitive())),
     }
 }

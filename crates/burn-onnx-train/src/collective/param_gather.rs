@@ -17,7 +17,8 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata, backend_extension};
 use burn_ort_dist::ReduceOp;
 
-use super::{Group, HostCopy, group, tracked};
+use super::{Group, HostCopy, group};
+use crate::unary_op::unary;
 use crate::value::{MAX_RANK, PhysTensor};
 
 /// The whole parameter of physical `shape` from every rank's chunk of it.
@@ -69,10 +70,11 @@ impl ParamGatherOps for Cube {
 impl<B: Backend + ParamGatherOps, C: CheckpointStrategy> ParamGatherOps for Autodiff<B, C> {
     fn gather_param(chunk: FloatTensor<Self>, shape: Vec<usize>) -> FloatTensor<Self> {
         let chunk_shape = chunk.shape().to_vec();
-        tracked::<B, C>(
+        unary::<B, C, ()>(
             chunk,
             move |x| B::gather_param(x, shape),
-            move |g| host_reduce_scatter::<B>(g, chunk_shape),
+            |_, _| (),
+            move |(), g| host_reduce_scatter::<B>(g, chunk_shape),
         )
     }
 }

@@ -6,10 +6,7 @@
 //! are also the reference the tests hold these to.
 
 use burn::backend::autodiff::Autodiff;
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::{Flex, FlexTensor};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
@@ -19,6 +16,7 @@ use rayon::prelude::*;
 
 use super::fast_math;
 use super::runs_cubecl;
+use crate::unary_op::unary;
 use crate::value::{MAX_RANK, PhysTensor};
 
 /// Elements per parallel chunk of an element-wise pass.
@@ -191,33 +189,6 @@ enum Saved {
     Output,
 }
 
-/// The backward of a one-input op whose gradient is `backward(saved, g)` (`saved`: its
-/// input or its output).
-struct SavedBackward<B: Backend>(fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>);
-
-impl<B: Backend> std::fmt::Debug for SavedBackward<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SavedBackward")
-    }
-}
-
-impl<B: Backend> Backward<B, 1> for SavedBackward<B> {
-    type State = FloatTensor<B>;
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 1>,
-        grads: &mut Gradients,
-        _checkpointer: &mut Checkpointer,
-    ) {
-        let [parent] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        if let Some(node) = parent {
-            grads.register::<B>(node.id, (self.0)(ops.state, grad));
-        }
-    }
-}
-
 /// `forward(x)` under autodiff, differentiated by `backward` from the `saved` tensor.
 fn tracked<B: Backend, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
@@ -225,22 +196,11 @@ fn tracked<B: Backend, C: CheckpointStrategy>(
     backward: fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
     saved: Saved,
 ) -> FloatTensor<Autodiff<B, C>> {
-    match SavedBackward(backward)
-        .prepare::<C>([x.node()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => {
-            let input = x.primitive().clone();
-            let out = forward(input.clone());
-            let state = match saved {
-                Saved::Input => input,
-                Saved::Output => out.clone(),
-            };
-            prep.finish(state, out)
-        }
-        OpsKind::UnTracked(prep) => prep.finish(forward(x.into_primitive())),
-    }
+    let keep = move |input: &FloatTensor<B>, output: &FloatTensor<B>| match saved {
+        Saved::Input => input.clone(),
+        Saved::Output => output.clone(),
+    };
+    unary::<B, C, FloatTensor<B>>(x, forward, keep, backward)
 }
 
 /// A backward function called as an op of its own: it runs on the inner backend and is not
