@@ -412,6 +412,25 @@ fn tp_matches_one_process(model: &Path, vocab: u64, tp: usize) {
 }
 
 #[test]
+fn recomputed_segments_at_tp2_end_where_one_process_does() {
+    // Each segment's re-forward runs its `g` all-reduces again between the backward's `f`
+    // all-reduces; every tp rank cuts the same segments, so they meet in the same order.
+    let model = refkit("models/gpt2_tiny.onnx");
+    let data = tokens(1024);
+    let (one, dir) = (tempdir("tp-recompute-one"), tempdir("tp-recompute-tp2"));
+    let base = run(config(&model, &one, OptimizerKind::Sgd), &data);
+    let s = run(
+        TrainingConfig {
+            horizontal_parallel_size: 2,
+            recompute_segments: 3,
+            ..config(&model, &dir, OptimizerKind::Sgd)
+        },
+        &data,
+    );
+    same_run(&model, (&one, &base), (&dir, &s), 1e-5, true);
+}
+
+#[test]
 fn runner_gpt2_tiny_tp2_and_tp4_end_where_one_process_does() {
     tp_matches_one_process(&refkit("models/gpt2_tiny.onnx"), 1024, 2);
     tp_matches_one_process(&refkit("models/gpt2_tiny.onnx"), 1024, 4);

@@ -669,12 +669,6 @@ impl TrainingConfig {
                 "recomputation inside pipeline stages is not implemented: use one or the other",
             ));
         }
-        if self.recompute_segments > 1 && self.horizontal_parallel_size > 1 {
-            return Err(invalid(
-                "recompute_segments",
-                "recomputation with tensor parallelism is not implemented: use one or the other",
-            ));
-        }
         Ok(())
     }
 }
