@@ -6,7 +6,8 @@
 //! is an error that says so. Through the runner, 10 updates (SGD, AdamW; clipped)
 //! at tp 2 and 4, dp x tp, tp x pp and dp x tp x pp end where one process does; ZeRO and
 //! bf16 compose; checkpoints hold each tp rank's part, resume exactly, reassemble into
-//! the whole model and resume at another tp size (weights and Adam moments regrouped).
+//! the whole model and resume at another tp size (weights and Adam moments regrouped, ZeRO
+//! state included).
 
 mod common;
 
@@ -623,34 +624,51 @@ fn tensor_parallel_checkpoints_hold_each_part_resume_exactly_and_reassemble() {
             "the regrouped records are removed"
         );
     }
-    // ZeRO shards are laid out per tp rank: another tp size is an error that says so.
-    let zero_dir = tempdir("tp-ckpt-zero");
-    let z = TrainingConfig {
-        data_parallel_size: 2,
-        batch_size: 2,
-        zero_stage: 1,
-        num_train_steps: 2,
-        checkpoint_period: 2,
-        output_dir: zero_dir.clone(),
-        ..c.clone()
-    };
-    run(z.clone(), &data);
-    let (_, two) = list_checkpoints(&zero_dir.join("checkpoints"))
-        .pop()
-        .unwrap();
-    let other = TrainingConfig {
-        horizontal_parallel_size: 1,
-        checkpoint_to_load_path: Some(two),
-        num_train_steps: 4,
-        output_dir: tempdir("tp-ckpt-zero-other"),
-        ..z
-    };
-    let err = launch(other, data.clone(), None)
-        .err()
-        .expect("ZeRO shards do not regroup")
-        .to_string();
-    assert!(
-        err.contains("horizontal_parallel_size") && err.contains("ZeRO"),
-        "{err}"
-    );
+    // ZeRO state regroups too: a dp2 x tp2 checkpoint at stages 1 and 3 resumes at dp2 x
+    // tp1 (4 ranks to 2) and ends where the uninterrupted run does.
+    for stage in [1, 3] {
+        let zero_dir = tempdir(&format!("tp-ckpt-zero{stage}"));
+        let z = TrainingConfig {
+            data_parallel_size: 2,
+            batch_size: 2,
+            zero_stage: stage,
+            num_train_steps: 4,
+            checkpoint_period: 2,
+            output_dir: zero_dir.clone(),
+            ..c.clone()
+        };
+        let uninterrupted = run(z.clone(), &data);
+        let other_dir = tempdir(&format!("tp-ckpt-zero{stage}-tp1"));
+        let resumed = run(
+            TrainingConfig {
+                horizontal_parallel_size: 1,
+                checkpoint_to_load_path: Some(zero_dir.join("checkpoints/ckpt-000000002")),
+                checkpoint_period: 0,
+                output_dir: other_dir.clone(),
+                ..z
+            },
+            &data,
+        );
+        assert_eq!(resumed.start_step, 2);
+        for ((s, a), (t, b)) in uninterrupted.losses[2..].iter().zip(&resumed.losses) {
+            assert_eq!(s, t);
+            assert!(
+                (a - b).abs() < 1e-5,
+                "stage {stage}: loss at update {s}: {a} vs {b}"
+            );
+        }
+        for ((name, want), (_, got)) in onnx_params(trained(&zero_dir, &model))
+            .iter()
+            .zip(onnx_params(trained(&other_dir, &model)))
+        {
+            assert_close(
+                &format!("stage {stage} resumed at tp1: {name}"),
+                &got,
+                want,
+                1e-5,
+                0.0,
+            );
+        }
+        assert_moved(&model, &trained(&other_dir, &model), 1e-3);
+    }
 }

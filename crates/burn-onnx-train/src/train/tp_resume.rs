@@ -1,12 +1,14 @@
 //! Resuming a checkpoint written at another tensor-parallel size: the optimizer records of
 //! the saved tp ranks (per pipeline stage) are regrouped into this rank's: the moments of a
 //! split weight are reassembled by the saved split and cut by this run's, like the weight
-//! itself (`read_params`). ZeRO shards hold flat buffers laid out per tp rank and do not
-//! regroup.
+//! itself (`read_params`). ZeRO state is regrouped the same way from its shards joined
+//! into whole per-parameter vectors (laid out as the parameter's tp part, row-major), and
+//! the update strategy cuts its own shard from the result.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use burn_ort_dist::zero::state_files::{read_whole, write_whole};
 use burn_ort_dist::{DistError, RecordTensor, regroup_records};
 use ndarray::{ArrayD, IxDyn};
 
@@ -25,17 +27,6 @@ pub fn regrouped_state_dirs(
     model: &OnnxModel,
     scratch: &Path,
 ) -> Result<Vec<PathBuf>> {
-    if state.zero_stage > 0 {
-        return Err(OnnxError::field(
-            "horizontal_parallel_size",
-            format!(
-                "{} was written by {} tensor-parallel rank(s) with ZeRO: its optimizer shards are laid out per tp rank and do not regroup onto {} (resume at the same tp size)",
-                path.display(),
-                state.tensor_parallel,
-                place.topology.tp
-            ),
-        ));
-    }
     // Parameter id -> (name, logical rank).
     let params: HashMap<u64, (String, usize)> = model
         .param_infos()
@@ -100,8 +91,96 @@ pub fn regrouped_state_dirs(
             })
             .collect();
         let out = scratch.join(stage.map_or_else(|| "whole".to_string(), |k| format!("stage-{k}")));
-        regroup_records(&sources, &join, &out)?;
+        if state.zero_stage > 0 {
+            regroup_zero(&sources, state, place, model, &out)?;
+        } else {
+            regroup_records(&sources, &join, &out)?;
+        }
         dirs.push(out);
     }
     Ok(dirs)
+}
+
+/// ZeRO state of the saved tp ranks `sources` (one pipeline stage's) regrouped for this
+/// rank's parameters into the one-rank directory `out`: a split parameter's state vectors
+/// are reassembled by the saved split (each rank's vector in the shape of its part) and
+/// cut by this run's; a parameter split in neither takes the first saved rank's state (tp
+/// ranks hold identical state for replicated weights).
+fn regroup_zero(
+    sources: &[PathBuf],
+    state: &CheckpointState,
+    place: &Placement,
+    model: &OnnxModel,
+    out: &Path,
+) -> Result<()> {
+    let mut step = 0;
+    let mut saved: Vec<HashMap<u64, Vec<Vec<f32>>>> = Vec::new();
+    for dir in sources {
+        let (s, params) = read_whole(dir)?;
+        step = s;
+        saved.push(params.into_iter().collect());
+    }
+    let vectors = saved
+        .first()
+        .and_then(|p| p.values().next())
+        .map_or(0, Vec::len);
+    let mut params = Vec::new();
+    for (info, p) in model.param_infos().iter().zip(model.params()) {
+        let id = p.id.val();
+        let Some(first) = saved.first().and_then(|s| s.get(&id)) else {
+            continue;
+        };
+        let from = (state.tensor_parallel > 1)
+            .then(|| state.tensor_parallel_splits.get(&info.name).copied())
+            .flatten();
+        let to = place
+            .tensor_parallel
+            .as_ref()
+            .and_then(|t| t.params.get(&info.name).map(|s| (*s, t.rank, t.size)));
+        if from.is_none() && to.is_none() {
+            params.push((id, first.clone()));
+            continue;
+        }
+        // The whole logical shape, then the saved parts' shape.
+        let mut whole_shape = info.shape.clone();
+        if let Some((s, _, tp)) = to {
+            whole_shape[s.axis] *= tp;
+        }
+        let mut part_shape = whole_shape.clone();
+        if let Some(s) = from {
+            part_shape[s.axis] /= state.tensor_parallel;
+        }
+        let mut joined = Vec::with_capacity(vectors);
+        for k in 0..vectors {
+            let parts = saved
+                .iter()
+                .map(|s| {
+                    let v = s.get(&id).ok_or_else(|| {
+                        OnnxError::field(
+                            "checkpoint",
+                            format!("a tensor-parallel rank's ZeRO state lacks '{}'", info.name),
+                        )
+                    })?;
+                    ArrayD::from_shape_vec(IxDyn(&part_shape), v[k].clone()).map_err(|e| {
+                        OnnxError::field(
+                            format!("checkpoint state of '{}'", info.name),
+                            e.to_string(),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let whole = match from {
+                Some(s) => s.assemble(&parts),
+                None => parts.into_iter().next().expect("one part per saved rank"),
+            };
+            let part = match to {
+                Some((s, r, tp)) => s.slice(&whole, r, tp),
+                None => whole,
+            };
+            joined.push(part.iter().copied().collect());
+        }
+        params.push((id, joined));
+    }
+    write_whole(out, state.zero_stage, step, vectors, &params)?;
+    Ok(())
 }

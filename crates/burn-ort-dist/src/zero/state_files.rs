@@ -91,7 +91,7 @@ pub fn read(
     let mut by_id: HashMap<u64, Vec<Vec<f32>>> = HashMap::new();
     let mut by_position: Option<Vec<Vec<Vec<f32>>>> = None;
     for dir in dirs {
-        let (m, params) = read_dir(dir, rank, vectors)?;
+        let (m, params) = read_dir(dir, rank, Some(vectors))?;
         let path = dir.join(MANIFEST);
         if *step.get_or_insert(m.step) != m.step {
             return Err(bad(
@@ -155,7 +155,11 @@ pub fn read(
 
 /// One directory's manifest and, per parameter in its order, its whole state vectors
 /// (the shards joined, the padding dropped).
-fn read_dir(dir: &Path, rank: usize, vectors: usize) -> DistResult<(Manifest, Vec<Vec<Vec<f32>>>)> {
+fn read_dir(
+    dir: &Path,
+    rank: usize,
+    vectors: Option<usize>,
+) -> DistResult<(Manifest, Vec<Vec<Vec<f32>>>)> {
     let path = dir.join(MANIFEST);
     let text = std::fs::read(&path).map_err(|e| {
         bad(rank, format!("{}: {e} (the checkpoint has no ZeRO state: it comes from a run with zero_stage 0, whose optimizer record cannot be resharded)", path.display()))
@@ -166,6 +170,7 @@ fn read_dir(dir: &Path, rank: usize, vectors: usize) -> DistResult<(Manifest, Ve
             format!("{}: not a valid ZeRO manifest: {e}", path.display()),
         )
     })?;
+    let vectors = vectors.unwrap_or(m.state_vectors);
     if m.state_vectors != vectors {
         return Err(bad(
             rank,
@@ -229,4 +234,65 @@ fn read_dir(dir: &Path, rank: usize, vectors: usize) -> DistResult<(Manifest, Ve
         .map(|i| whole.iter().map(|v| v[i].clone()).collect())
         .collect();
     Ok((m, params))
+}
+
+/// The optimizer state of one checkpoint directory, whole: its step and, per parameter id,
+/// its state vectors (the shards joined, the padding dropped).
+pub fn read_whole(dir: &Path) -> DistResult<(usize, Vec<(u64, Vec<Vec<f32>>)>)> {
+    let (m, params) = read_dir(dir, 0, None)?;
+    if m.parameter_ids.len() != params.len() {
+        return Err(bad(
+            0,
+            format!(
+                "{}: a manifest without parameter ids cannot be regrouped",
+                dir.join(MANIFEST).display()
+            ),
+        ));
+    }
+    Ok((
+        m.step,
+        m.parameter_ids.iter().copied().zip(params).collect(),
+    ))
+}
+
+/// Write whole per-parameter state (`params`: id and state vectors, `vectors` of them) as
+/// the directory of a one-rank run at `stage` and `step`, for [`read`] to reshard.
+pub fn write_whole(
+    dir: &Path,
+    stage: usize,
+    step: usize,
+    vectors: usize,
+    params: &[(u64, Vec<Vec<f32>>)],
+) -> DistResult<()> {
+    let slots = params
+        .iter()
+        .map(|(id, v)| {
+            let len = v.first().map_or(0, Vec::len);
+            Slot {
+                id: ParamId::from(*id),
+                shape: vec![len],
+                offset: 0,
+                len,
+                trainable: true,
+            }
+        })
+        .collect();
+    let layout = FlatLayout::from_slots(slots, 1, Partitioning::Contiguous);
+    let state = ShardState {
+        step,
+        slots: (0..vectors)
+            .map(|k| {
+                params
+                    .iter()
+                    .flat_map(|(_, v)| v[k].iter().copied())
+                    .collect()
+            })
+            .collect(),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| bad(0, format!("{}: {e}", dir.display())))?;
+    for (name, bytes) in write(0, stage, &layout, &state)? {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).map_err(|e| bad(0, format!("{}: {e}", path.display())))?;
+    }
+    Ok(())
 }
