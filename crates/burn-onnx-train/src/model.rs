@@ -508,6 +508,19 @@ impl OnnxModel {
                 op_type: node.op_type.clone(),
                 message: m,
             };
+            // ZeRO-3: a parameter is gathered once per pass, at its first reader, and kept
+            // with the computed values until its last reader (a tied embedding's two
+            // readers share one gather, and their gradients one reduce-scatter).
+            if self.spec.sharding.is_some() {
+                for name in &node.inputs {
+                    if let (false, Some(Source::Param(p))) =
+                        (env.contains_key(name), self.spec.sources.get(name))
+                    {
+                        let whole = self.read_param(*p).map_err(|e| err(e.0))?;
+                        env.insert(name.clone(), Value::Float(whole));
+                    }
+                }
+            }
             let mut args = Vec::with_capacity(node.inputs.len());
             for name in &node.inputs {
                 args.push(if name.is_empty() {

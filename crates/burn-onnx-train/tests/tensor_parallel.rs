@@ -19,15 +19,15 @@ use burn::tensor::Device;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::collective::{self, Group};
 use burn_onnx_train::loss::LossKind;
-use burn_onnx_train::loss::lm_cross_entropy;
 use burn_onnx_train::tensor_parallel::{AxisSplit, TensorParallel};
 use burn_onnx_train::train::checkpoint::{list_checkpoints, read_params};
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, TokenDataset};
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::{RunSummary, TrainingConfig};
-use burn_onnx_train::{Mode, OnnxModel, Value};
-use burn_ort_dist::{Communicator, DistResult, ReduceOp, run_threads};
+use burn_onnx_train::{OnnxModel, Value};
+use burn_ort_dist::run_threads;
+use common::counting::{Counting, logits_and_grads};
 use common::*;
 use ndarray::{ArrayD, IxDyn};
 
@@ -59,25 +59,6 @@ fn builder_gpt2(tag: &str) -> PathBuf {
 
 fn sample(ids: &ArrayD<i64>) -> Vec<(String, Value)> {
     vec![("input_ids".into(), Value::Int(ids.clone()))]
-}
-
-/// Logits and `(name, gradient)` of every trainable parameter.
-fn logits_and_grads(
-    model: &OnnxModel,
-    ids: &ArrayD<i64>,
-) -> (ArrayD<f32>, Vec<(String, ArrayD<f32>)>) {
-    let out = model.forward(sample(ids), Mode::Train).unwrap();
-    let Some(Value::Float(logits)) = out.get("logits").cloned() else {
-        panic!("no logits")
-    };
-    let loss = lm_cross_entropy(logits.clone(), ids).unwrap();
-    let grads = loss.backward();
-    let named = model
-        .param_grads(&grads)
-        .into_iter()
-        .map(|(n, g)| (n, g.to_array().unwrap()))
-        .collect();
-    (logits.to_array().unwrap(), named)
 }
 
 fn splits_of(path: &Path, tp: usize, ids: &ArrayD<i64>) -> TensorParallel {
@@ -179,46 +160,6 @@ fn a_graph_without_blocks_is_an_error() {
     );
 }
 
-/// A group that counts its all-reduces and the values they carry.
-struct Counting {
-    inner: Arc<dyn Communicator>,
-    calls: std::sync::Mutex<Vec<usize>>,
-}
-
-impl Communicator for Counting {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        self.calls.lock().unwrap().push(buf.len());
-        self.inner.all_reduce(buf, op)
-    }
-    fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
-        self.inner.broadcast(buf, root)
-    }
-    fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
-        self.inner.all_gather(send, recv)
-    }
-    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        self.inner.reduce_scatter(send, recv, op)
-    }
-    fn barrier(&self) -> DistResult<()> {
-        self.inner.barrier()
-    }
-    fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
-        self.inner.send(buf, dest)
-    }
-    fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
-        self.inner.recv(buf, src)
-    }
-    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
-        self.inner.split(color, key)
-    }
-}
-
 /// On `tp` thread ranks: logits equal the whole model's, every gradient equals the whole
 /// model's (for split parameters, this rank's part of it), and the forward and backward
 /// passes all-reduced `[batch, seq, width]` activations 4 times per layer (Megatron: 2 in
@@ -232,13 +173,10 @@ fn check_equivalence(path: &Path, tp: usize, vocab: u64) {
         let model = OnnxModel::load(path, &Device::flex().autodiff()).map_err(|e| e.to_string())?;
         let (model, t) =
             TensorParallel::apply(model, sample(&x), rank, tp, false).map_err(|e| e.to_string())?;
-        let counting = Arc::new(Counting {
-            inner: comm.clone(),
-            calls: Default::default(),
-        });
+        let counting = Arc::new(Counting::new(comm.clone()));
         let _group = collective::enter(Group::TensorParallel, counting.clone());
         let (logits, grads) = logits_and_grads(&model, &x);
-        let calls = counting.calls.lock().unwrap().clone();
+        let calls = counting.all_reduces.lock().unwrap().clone();
         let tokens = want_logits.len() / want_logits.shape()[2];
         let layers = t.blocks.len() / 2;
         assert_eq!(

@@ -8,11 +8,16 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use burn_onnx_train::OnnxModel;
+use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
+use burn_onnx_train::collective::{self, Group};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, DistributedSampler, ImageDataset, Target};
 use burn_onnx_train::train::launch::launch;
+use burn_ort_dist::run_threads;
+use common::counting::{Counting, logits_and_grads};
 use common::*;
 use ndarray::{ArrayD, IxDyn};
 
@@ -389,4 +394,98 @@ fn a_failed_thread_run_restarts_from_its_newest_checkpoint_and_ends_as_an_uninte
         0.0,
         1e-3,
     );
+}
+
+#[test]
+fn a_sharded_model_gathers_each_parameter_once_per_pass_and_gets_the_whole_models_gradient_chunks()
+{
+    // Our builder's GPT-2 ties the embedding: one initializer read by Gather and MatMul.
+    let path = tempdir("zero3-gather-model").join("gpt2.onnx");
+    let config = Gpt2Config {
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 32,
+        vocab_size: 97,
+        n_positions: 32,
+        ..Default::default()
+    };
+    write_gpt2(&config, &path).unwrap();
+    let mut next = lcg(5);
+    let x = ArrayD::from_shape_vec(
+        IxDyn(&[2, 16]),
+        (0..32).map(|_| (next() % 97) as i64).collect(),
+    )
+    .unwrap();
+    let whole = OnnxModel::load(&path, &train_device()).unwrap();
+    let (want_logits, want_grads) = logits_and_grads(&whole, &x);
+    let read = whole.params().len();
+    let reads: usize = whole
+        .graph()
+        .nodes
+        .iter()
+        .map(|n| {
+            n.inputs
+                .iter()
+                .filter(|i| whole.param_index(i).is_some())
+                .count()
+        })
+        .sum();
+    assert!(
+        reads > read,
+        "a parameter with two readers ({reads} reads of {read} parameters)"
+    );
+    let results = run_threads(
+        2,
+        std::time::Duration::from_secs(120),
+        |comm| -> Result<(), String> {
+            let rank = comm.rank();
+            let model = OnnxModel::load(&path, &train_device())
+                .and_then(|m| m.into_sharded(rank, 2))
+                .map_err(|e| e.to_string())?;
+            let counting = Arc::new(Counting::new(comm.clone()));
+            let _group = collective::enter(Group::Sharding, counting.clone());
+            // Both ranks see the same tokens: the averaged gradient is the whole model's.
+            let (logits, grads) = logits_and_grads(&model, &x);
+            let (gathers, scatters) = (
+                counting.all_gathers.lock().unwrap().len(),
+                counting.reduce_scatters.lock().unwrap().len(),
+            );
+            assert_eq!(
+                gathers, read,
+                "one gather per parameter, not per read ({reads} reads)"
+            );
+            assert_eq!(
+                scatters,
+                grads.len(),
+                "one reduce-scatter per trained parameter"
+            );
+            assert_close(
+                &format!("rank {rank} logits"),
+                &logits,
+                &want_logits,
+                1e-5,
+                1e-5,
+            );
+            assert_eq!(grads.len(), want_grads.len());
+            for ((name, got), (_, want)) in grads.iter().zip(&want_grads) {
+                let flat: Vec<f32> = want.iter().copied().collect();
+                let c = flat.len().div_ceil(2);
+                let mut chunk =
+                    flat[(rank * c).min(flat.len())..((rank + 1) * c).min(flat.len())].to_vec();
+                chunk.resize(c, 0.0);
+                let chunk = ArrayD::from_shape_vec(IxDyn(&[c]), chunk).unwrap();
+                assert_close(
+                    &format!("rank {rank} gradient chunk of {name}"),
+                    got,
+                    &chunk,
+                    1e-5,
+                    1e-4,
+                );
+            }
+            Ok(())
+        },
+    );
+    for r in results {
+        r.unwrap();
+    }
 }

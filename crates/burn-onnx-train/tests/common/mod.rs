@@ -3,6 +3,8 @@
 
 pub mod refkit_train;
 
+pub mod counting;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 

@@ -1,0 +1,90 @@
+//! A communicator that counts the collectives it carries (and their sizes), and the
+//! forward + backward pass the collective tests count them over.
+
+use std::sync::{Arc, Mutex};
+
+use burn_onnx_train::loss::lm_cross_entropy;
+use burn_onnx_train::{Mode, OnnxModel, Value};
+use burn_ort_dist::{Communicator, DistResult, ReduceOp};
+use ndarray::ArrayD;
+
+/// Wraps a group and records the length of every all-reduce, all-gather (send side) and
+/// reduce-scatter (receive side).
+pub struct Counting {
+    pub inner: Arc<dyn Communicator>,
+    pub all_reduces: Mutex<Vec<usize>>,
+    pub all_gathers: Mutex<Vec<usize>>,
+    pub reduce_scatters: Mutex<Vec<usize>>,
+}
+
+impl Counting {
+    pub fn new(inner: Arc<dyn Communicator>) -> Self {
+        Counting {
+            inner,
+            all_reduces: Default::default(),
+            all_gathers: Default::default(),
+            reduce_scatters: Default::default(),
+        }
+    }
+}
+
+impl Communicator for Counting {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        self.all_reduces.lock().unwrap().push(buf.len());
+        self.inner.all_reduce(buf, op)
+    }
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
+        self.inner.broadcast(buf, root)
+    }
+    fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
+        self.all_gathers.lock().unwrap().push(send.len());
+        self.inner.all_gather(send, recv)
+    }
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        self.reduce_scatters.lock().unwrap().push(recv.len());
+        self.inner.reduce_scatter(send, recv, op)
+    }
+    fn barrier(&self) -> DistResult<()> {
+        self.inner.barrier()
+    }
+    fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
+        self.inner.send(buf, dest)
+    }
+    fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
+        self.inner.recv(buf, src)
+    }
+    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
+        self.inner.split(color, key)
+    }
+}
+
+/// Logits of a training-mode forward pass on token `ids` and `(name, gradient)` of every
+/// trainable parameter under the LM loss.
+pub fn logits_and_grads(
+    model: &OnnxModel,
+    ids: &ArrayD<i64>,
+) -> (ArrayD<f32>, Vec<(String, ArrayD<f32>)>) {
+    let out = model
+        .forward(
+            vec![("input_ids".into(), Value::Int(ids.clone()))],
+            Mode::Train,
+        )
+        .unwrap();
+    let Some(Value::Float(logits)) = out.get("logits").cloned() else {
+        panic!("no logits")
+    };
+    let loss = lm_cross_entropy(logits.clone(), ids).unwrap();
+    let grads = loss.backward();
+    let named = model
+        .param_grads(&grads)
+        .into_iter()
+        .map(|(n, g)| (n, g.to_array().unwrap()))
+        .collect();
+    (logits.to_array().unwrap(), named)
+}
