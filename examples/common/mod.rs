@@ -31,14 +31,24 @@ pub fn main_with<A: clap::Parser>(run: fn(A) -> Result<(), OnnxError>) -> ExitCo
 }
 
 /// The run's output directory; `--bench` measures in a fresh `<output>/bench` so that it
-/// never resumes from an earlier run's checkpoints.
+/// never resumes from an earlier run's checkpoints. Under `mpirun` only world rank 0
+/// clears it (two ranks removing one tree race each other); the others start from what
+/// it leaves.
 pub fn output_dir(base: &Path, bench: bool) -> Result<PathBuf, OnnxError> {
     if !bench {
         return Ok(base.to_path_buf());
     }
     let dir = base.join("bench");
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).map_err(|e| OnnxError::io(&dir, e))?;
+    let rank = ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok());
+    if dir.exists() && rank.as_deref().is_none_or(|r| r == "0") {
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(OnnxError::io(&dir, e));
+            }
+            _ => {}
+        }
     }
     Ok(dir)
 }

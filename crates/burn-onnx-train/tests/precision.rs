@@ -312,7 +312,7 @@ fn gpt2_in_bf16_and_f16_ends_within_two_percent_of_f32() {
 }
 
 #[test]
-fn mixed_precision_composes_with_data_and_pipeline_parallelism() {
+fn mixed_precision_composes_with_data_pipeline_and_zero_3() {
     // f16 with its dynamic scale on 2 replicas x 2 stages against one process on the same 4
     // samples per update: the scale crosses the pipeline, the unscale and the overflow vote
     // span every rank. An f16 product rounds to 11 mantissa bits, so a last-bit change in
@@ -346,7 +346,7 @@ fn mixed_precision_composes_with_data_and_pipeline_parallelism() {
             pipeline_parallel_size: 2,
             ..base(&grid)
         },
-        data,
+        data.clone(),
         None,
     )
     .unwrap();
@@ -358,6 +358,27 @@ fn mixed_precision_composes_with_data_and_pipeline_parallelism() {
         assert_close(&format!("f16 dp2 x pp2: {name}"), &b, a, 5e-5, 0.0);
     }
     assert_moved(&refkit("models/gpt2_tiny.onnx"), &one.join(file), 1e-3);
+    // ZeRO-3 under f16: the sharded gradients are unscaled and checked per rank, the
+    // overflow vote spans the replicas, and the parameters are gathered in f32.
+    let zero3 = tempdir("mp-zero3");
+    launch(
+        TrainingConfig {
+            batch_size: 2,
+            eval_batch_size: 2,
+            data_parallel_size: 2,
+            zero_stage: 3,
+            ..base(&zero3)
+        },
+        data,
+        None,
+    )
+    .unwrap();
+    for ((name, a), (_, b)) in onnx_params(one.join(file))
+        .iter()
+        .zip(onnx_params(zero3.join(file)))
+    {
+        assert_close(&format!("f16 dp2 zero3: {name}"), &b, a, 5e-5, 0.0);
+    }
 }
 
 #[test]
