@@ -145,3 +145,37 @@ fn the_runner_on_wgpu_matches_the_cpu_run_and_its_checkpoint_resumes_on_the_cpu(
         );
     }
 }
+
+#[test]
+fn zero_3_on_wgpu_matches_the_replicated_cpu_run() {
+    // The parameter gather and its reduce-scatter as CubeCL-backend ops, 2 thread ranks
+    // on the wgpu device.
+    let run = |device: DeviceSpec, zero_stage: usize, out: &Path| {
+        let c = TrainingConfig {
+            device,
+            data_parallel_size: 2,
+            batch_size: 2,
+            zero_stage,
+            num_train_steps: 10,
+            ..gpt2_config(out)
+        };
+        launch(c, gpt2_tokens(), None).unwrap()
+    };
+    let (gpu_out, cpu_out) = (tempdir("wgpu-zero3"), tempdir("wgpu-zero3-cpu"));
+    let gpu = run(DeviceSpec::Wgpu(None), 3, &gpu_out);
+    let cpu = run(DeviceSpec::Cpu, 0, &cpu_out);
+    for ((step, g), (_, c)) in gpu.losses.iter().zip(&cpu.losses) {
+        assert!(
+            (g - c).abs() < 1e-4,
+            "update {step}: loss {g} on wgpu at ZeRO-3, {c} on the CPU"
+        );
+    }
+    let file = "gpt2_tiny_trained.onnx";
+    assert_moved(&refkit("models/gpt2_tiny.onnx"), &gpu_out.join(file), 1e-3);
+    for ((name, g), (_, c)) in onnx_params(gpu_out.join(file))
+        .iter()
+        .zip(onnx_params(cpu_out.join(file)))
+    {
+        assert_close(&format!("wgpu ZeRO-3 vs CPU: {name}"), g, &c, 1e-4, 1e-4);
+    }
+}
