@@ -233,15 +233,36 @@ fn mse_trains_end_to_end_with_the_loss_numpy_would_compute() {
 
 #[test]
 fn histograms_and_norm_summaries_reach_tensorboard() {
-    let out = tempdir("feat-tb");
-    run_local(TrainingConfig {
-        log_dir: None,
-        display_loss_steps: 2,
-        evaluation_period: 3,
-        histogram_weights: vec![WPE.into()],
-        norm_weights: vec![WPE.into(), "*".into()],
-        ..gpt2_config(&out)
-    });
+    summaries_reach_tensorboard("feat-tb", 1, 0);
+}
+
+#[test]
+fn weight_summaries_of_a_zero_3_run_are_of_the_whole_weights() {
+    // Two thread ranks at ZeRO-3, the same global batch: rank 0 logs the norms and
+    // histograms of the gathered weights, equal to one process's.
+    summaries_reach_tensorboard("feat-tb-zero3", 2, 3);
+}
+
+/// Norms every display step and histograms at each evaluation, on `ranks` data-parallel
+/// thread ranks at `zero_stage` (global batch 4 either way).
+fn summaries_reach_tensorboard(tag: &str, ranks: usize, zero_stage: usize) {
+    let out = tempdir(tag);
+    burn_onnx_train::train::launch::launch(
+        TrainingConfig {
+            log_dir: None,
+            display_loss_steps: 2,
+            evaluation_period: 3,
+            histogram_weights: vec![WPE.into()],
+            norm_weights: vec![WPE.into(), "*".into()],
+            data_parallel_size: ranks,
+            batch_size: 4 / ranks,
+            zero_stage,
+            ..gpt2_config(&out)
+        },
+        gpt2_tokens(),
+        Some(gpt2_tokens()),
+    )
+    .unwrap();
     let file = std::fs::read_dir(out.join("tensorboard"))
         .unwrap()
         .next()
@@ -266,7 +287,7 @@ fn histograms_and_norm_summaries_reach_tensorboard() {
     );
     // The weight norm logged at update 2 is that of the weights after update 2: recompute it
     // from a 2-update run.
-    let one = tempdir("feat-tb-one");
+    let one = tempdir(&format!("{tag}-one"));
     run_local(TrainingConfig {
         num_train_steps: 2,
         ..gpt2_config(&one)

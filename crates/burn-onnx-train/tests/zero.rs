@@ -286,16 +286,6 @@ fn unsupported_combinations_are_config_errors() {
             .contains("config.zero_stage")
     );
     let c = TrainingConfig {
-        histogram_weights: vec!["wte".into()],
-        ..gpt2(&dir, 2, 3)
-    };
-    assert!(
-        c.validate(2)
-            .unwrap_err()
-            .to_string()
-            .contains("config.histogram_weights")
-    );
-    let c = TrainingConfig {
         enable_adasum: true,
         ..gpt2(&dir, 2, 3)
     };

@@ -582,19 +582,6 @@ impl TrainingConfig {
                 "Adasum needs each rank's whole per-tensor gradient, but ZeRO-2 and 3 reduce-scatter the gradient so no rank holds another's: use zero_stage 1 or mean reduction",
             ));
         }
-        if self.zero_stage == 3
-            && !(self.histogram_weights.is_empty() && self.norm_weights.is_empty())
-        {
-            let field = if self.histogram_weights.is_empty() {
-                "norm_weights"
-            } else {
-                "histogram_weights"
-            };
-            return Err(invalid(
-                field,
-                "weight summaries read whole weights, which ZeRO-3 shards across the ranks: not available with zero_stage 3",
-            ));
-        }
         if self.pipeline_parallel_size > 1 && self.batch_size % self.micro_batches() != 0 {
             return Err(invalid(
                 "num_pipeline_micro_batches",

@@ -7,6 +7,7 @@
 //! checkpoints, and hands it on for export (tp rank 0 gathers the split weights, stage 0
 //! the stages).
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -177,6 +178,16 @@ impl Placement {
             guards.push(enter(Group::Sharding, self.groups.dp.clone()));
         }
         guards
+    }
+
+    /// `model` with whole parameters to read them from (weight summaries) when `wanted`:
+    /// with ZeRO-3 gathered over the data-parallel group (a collective: every rank calls it
+    /// at the same points with the same `wanted`), otherwise `model` itself.
+    pub fn readable<'a>(&self, model: &'a OnnxModel, wanted: bool) -> Result<Cow<'a, OnnxModel>> {
+        if self.sharded && wanted {
+            return Ok(Cow::Owned(model.unsharded(self.groups.dp.as_ref())?));
+        }
+        Ok(Cow::Borrowed(model))
     }
 
     /// What this rank trains of `model` (its whole part): with ZeRO-3 its data-parallel

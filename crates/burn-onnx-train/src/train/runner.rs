@@ -233,8 +233,9 @@ impl TrainingRunner {
             let sync_time = update_started.elapsed();
             model = next;
             update += 1;
-            if display && out.tb.wants_norms() {
-                out.tb.norms(&model, &report.tensor_grad_norms, update)?;
+            if display && !c.norm_weights.is_empty() {
+                let whole = place.readable(&model, true)?;
+                out.tb.norms(&whole, &report.tensor_grad_norms, update)?;
             }
             if !acc.loss.is_finite() {
                 return Err(OnnxError::field(
@@ -269,7 +270,7 @@ impl TrainingRunner {
                         test.as_ref(),
                         update,
                     )?,
-                    &model,
+                    &*place.readable(&model, !c.histogram_weights.is_empty())?,
                 )?;
             }
             if c.checkpoint_period > 0 && (update % c.checkpoint_period == 0 || update == total) {
