@@ -375,24 +375,14 @@ impl OnnxModel {
     /// Gradients of the trainable parameters, by ONNX name, in their logical shapes (of a
     /// ZeRO-3 model, this rank's chunks).
     pub fn param_grads(&self, grads: &Gradients) -> Vec<(String, FloatValue)> {
-        self.params
-            .iter()
-            .zip(&self.spec.params)
-            .filter(|(_, info)| info.role == ParamRole::Trainable)
-            .filter_map(|(p, info)| {
-                p.val().grad(grads).map(|g| {
-                    (
-                        info.name.clone(),
-                        FloatValue::new(
-                            g,
-                            if self.spec.sharding.is_some() {
-                                1
-                            } else {
-                                info.shape.len()
-                            },
-                        ),
-                    )
-                })
+        (0..self.params.len())
+            .filter(|&i| self.spec.params[i].role == ParamRole::Trainable)
+            .filter_map(|i| {
+                let g = self.params[i].val().grad(grads)?;
+                Some((
+                    self.spec.params[i].name.clone(),
+                    FloatValue::new(g, self.stored_rank(i)),
+                ))
             })
             .collect()
     }

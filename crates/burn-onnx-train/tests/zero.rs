@@ -268,33 +268,18 @@ fn a_stage_2_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_1_and_on_one
 #[test]
 fn unsupported_combinations_are_config_errors() {
     let dir = tempdir("zero-invalid");
-    let c = TrainingConfig {
+    let adasum = |stage| TrainingConfig {
         enable_adasum: true,
-        ..gpt2(&dir, 2, 2)
+        ..gpt2(&dir, 2, stage)
     };
-    assert!(
-        c.validate(2)
-            .unwrap_err()
-            .to_string()
-            .contains("config.enable_adasum")
-    );
-    let c = gpt2(&dir, 2, 4);
-    assert!(
-        c.validate(2)
-            .unwrap_err()
-            .to_string()
-            .contains("config.zero_stage")
-    );
-    let c = TrainingConfig {
-        enable_adasum: true,
-        ..gpt2(&dir, 2, 3)
-    };
-    assert!(
-        c.validate(2)
-            .unwrap_err()
-            .to_string()
-            .contains("config.enable_adasum")
-    );
+    for (c, field) in [
+        (adasum(2), "config.enable_adasum"),
+        (adasum(3), "config.enable_adasum"),
+        (gpt2(&dir, 2, 4), "config.zero_stage"),
+    ] {
+        let err = c.validate(2).unwrap_err().to_string();
+        assert!(err.contains(field), "{err}");
+    }
     // Adasum with stage 1 is fine: the whole gradient is combined before sharding.
     assert!(
         TrainingConfig {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use burn::module::Param;
 use burn::tensor::TensorData;
 use burn_ort_dist::Communicator;
+use burn_ort_dist::zero::layout::chunk_of;
 
 use super::{OnnxModel, Spec};
 use crate::collective::param_gather::gather_param;
@@ -26,13 +27,9 @@ pub struct Sharding {
 }
 
 impl Sharding {
-    /// Chunk `rank` of `whole`, zero-padded to `whole.len().div_ceil(world)`.
+    /// This rank's chunk of `whole`.
     fn cut(&self, whole: &[f32]) -> Vec<f32> {
-        let c = whole.len().div_ceil(self.world);
-        let start = (self.rank * c).min(whole.len());
-        let mut part = whole[start..(start + c).min(whole.len())].to_vec();
-        part.resize(c, 0.0);
-        part
+        chunk_of(whole, self.rank, self.world)
     }
 }
 

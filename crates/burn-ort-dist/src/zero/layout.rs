@@ -35,6 +35,16 @@ pub struct Slot {
     pub trainable: bool,
 }
 
+/// Chunk `rank` of `world` equal chunks of `whole` (per-tensor partitioning), the last
+/// zero-padded to `whole.len().div_ceil(world)` values.
+pub fn chunk_of(whole: &[f32], rank: usize, world: usize) -> Vec<f32> {
+    let c = whole.len().div_ceil(world.max(1));
+    let start = (rank * c).min(whole.len());
+    let mut part = whole[start..(start + c).min(whole.len())].to_vec();
+    part.resize(c, 0.0);
+    part
+}
+
 /// How the parameters are cut among the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -190,17 +200,10 @@ impl FlatLayout {
                 }
                 out
             }
-            Partitioning::PerTensor => {
-                let mut out = Vec::with_capacity(self.shard_len());
-                for (i, w) in whole.iter().enumerate() {
-                    let c = self.chunk(i);
-                    let start = (rank * c).min(w.len());
-                    let part = &w[start..(start + c).min(w.len())];
-                    out.extend_from_slice(part);
-                    out.resize(out.len() + c - part.len(), 0.0);
-                }
-                out
-            }
+            Partitioning::PerTensor => whole
+                .iter()
+                .flat_map(|w| chunk_of(w, rank, self.world))
+                .collect(),
         }
     }
 

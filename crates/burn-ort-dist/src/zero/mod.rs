@@ -111,12 +111,17 @@ impl Zero {
 
     /// This rank's shard of the reduced gradient: stage 1 all-reduces (or Adasum-combines)
     /// the whole gradient and keeps its shard; stage 2 reduce-scatters; at stage 3 the
-    /// backward pass did (the gradients are the module's chunks).
-    fn reduce<M: Module>(&self, module: &M, mut grads: GradientsParams) -> DistResult<Vec<f32>> {
+    /// backward pass did (the gradients are the module's chunks, laid out by `local`).
+    fn reduce<M: Module>(
+        &self,
+        module: &M,
+        mut grads: GradientsParams,
+        local: Option<&FlatLayout>,
+    ) -> DistResult<Vec<f32>> {
         let layout = &self.layout;
         let shard = layout.shard(self.comm.rank());
-        if self.stage == 3 {
-            return FlatLayout::of(module, 1).take_grads(module, &mut grads);
+        if let Some(local) = local {
+            return local.take_grads(module, &mut grads);
         }
         if self.stage == 1 {
             reduce_gradients(
@@ -145,7 +150,10 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         max_norm: f32,
         tensor_norms: bool,
     ) -> DistResult<(M, UpdateReport)> {
-        let mut g = self.reduce(&module, grads)?;
+        // At stage 3 the module's parameters are this rank's chunks: its local flat buffer
+        // is the shard.
+        let local = (self.stage == 3).then(|| FlatLayout::of(&module, 1));
+        let mut g = self.reduce(&module, grads, local.as_ref())?;
         let (layout, rank) = (&self.layout, self.comm.rank());
         if g.len() != layout.shard_len() {
             return Err(DistError::Invalid {
@@ -171,13 +179,6 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         if scale != 1.0 {
             g.iter_mut().for_each(|x| *x *= scale);
         }
-        // At stage 3 the module's parameters are this rank's chunks: its local flat buffer
-        // is the shard.
-        let local = if self.stage == 3 {
-            Some(FlatLayout::of(&module, 1))
-        } else {
-            None
-        };
         let mut mine = match &local {
             Some(l) => l.shard_params(&module, 0)?,
             None => layout.shard_params(&module, rank)?,
