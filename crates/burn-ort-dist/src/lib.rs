@@ -22,6 +22,7 @@ pub mod mpi_comm;
 #[cfg(feature = "cuda")]
 pub mod nccl_comm;
 pub mod record;
+pub mod replica_optimizer;
 pub mod strategy;
 pub mod threads;
 pub mod topology;
@@ -42,7 +43,8 @@ pub use mpi;
 pub use mpi_comm::{MpiCommunicator, launched_by_mpi};
 #[cfg(feature = "cuda")]
 pub use nccl_comm::NcclCommunicator;
-pub use record::{RecordTensor, regroup_records};
+pub use record::{MomentState, RecordTensor, decode_moments, encode_moments, regroup_records};
+pub use replica_optimizer::ReplicaOptimizer;
 pub use strategy::{
     MemoryUse, ModelParallel, Replicated, UpdateReport, UpdateStrategy, clip_grad_norm,
 };

@@ -1,13 +1,14 @@
 //! Burn optimizer records on disk (`optimizer.bpk`, burn-pack): the records of several
 //! pipeline stages merged into one, and the records of a tensor-parallel group's ranks
-//! regrouped for another tensor-parallel size.
+//! regrouped for another tensor-parallel size; and the Adam-family moments of a record
+//! encoded from and decoded into plain vectors (for optimizers that keep them elsewhere).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Bytes, DType};
 
-use crate::error::DistResult;
+use crate::error::{DistError, DistResult};
 use crate::strategy::{REPLICATED_STATE_FILE, invalid};
 
 /// One tensor of a record: its shape and values.
@@ -167,4 +168,100 @@ fn f32_values(dtype: DType, data: &Bytes, name: &str, path: &Path) -> DistResult
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
+}
+
+/// One parameter's Adam-family state (Adam, AdamW, LAMB) as Burn records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MomentState {
+    /// Updates applied to the parameter.
+    pub time: usize,
+    /// The parameter's shape.
+    pub shape: Vec<usize>,
+    /// First moment, row-major.
+    pub moment_1: Vec<f32>,
+    /// Second moment, row-major.
+    pub moment_2: Vec<f32>,
+}
+
+/// Where Burn's record keeps a parameter's moments: Adam and AdamW nest them in a
+/// `momentum` field (`"<id>.momentum.moment_1"`), LAMB does not (`"<id>.moment_1"`).
+fn moment_prefix(id: u64, nested: bool) -> String {
+    if nested {
+        format!("{id}.momentum")
+    } else {
+        id.to_string()
+    }
+}
+
+/// Burn's optimizer record (burn-pack bytes, what `ModuleOptimizer::into_bytes` writes)
+/// holding `states`, keyed by parameter id; `nested` as for Adam/AdamW, else LAMB.
+pub fn encode_moments(states: &[(u64, MomentState)], nested: bool) -> DistResult<Bytes> {
+    let mut tensors = Vec::new();
+    let mut scalars = BTreeMap::new();
+    for (id, s) in states {
+        let prefix = moment_prefix(*id, nested);
+        scalars.insert(
+            format!("{id}.__rank"),
+            burn_pack::Scalar::from(s.shape.len()),
+        );
+        scalars.insert(format!("{prefix}.time"), burn_pack::Scalar::from(s.time));
+        for (leaf, values) in [("moment_1", &s.moment_1), ("moment_2", &s.moment_2)] {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            tensors.push(burn_pack::Tensor::new(
+                format!("{prefix}.{leaf}"),
+                DType::F32,
+                s.shape.clone(),
+                Some(*id),
+                Bytes::from_bytes_vec(bytes),
+            ));
+        }
+    }
+    write(tensors, &scalars, &BTreeMap::new())
+}
+
+/// The per-parameter moments in a record `bytes` (see [`encode_moments`]); parameters
+/// without state are absent.
+pub fn decode_moments(bytes: Bytes, nested: bool) -> DistResult<BTreeMap<u64, MomentState>> {
+    let bad = |e: burn_pack::Error| invalid(format!("not a valid optimizer record: {e:?}"));
+    let reader = burn_pack::Reader::from_bytes(bytes).map_err(bad)?;
+    let scalars = reader.scalars().clone();
+    let mut tensors = BTreeMap::new();
+    for t in reader.into_tensors().map_err(bad)? {
+        let (name, dtype, shape, _, data) = t.into_parts().map_err(bad)?;
+        tensors.insert(name, (dtype, shape.to_vec(), data));
+    }
+    let mut out = BTreeMap::new();
+    for key in scalars.keys() {
+        let Some(id) = key
+            .strip_suffix(".__rank")
+            .and_then(|id| id.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let prefix = moment_prefix(id, nested);
+        let time = scalars
+            .get(&format!("{prefix}.time"))
+            .and_then(|s| usize::try_from(*s).ok())
+            .ok_or_else(|| invalid(format!("optimizer record: no step count '{prefix}.time' (a record of another optimizer kind?)")))?;
+        let mut moment = |leaf: &str| {
+            let name = format!("{prefix}.{leaf}");
+            let (dtype, shape, data) = tensors
+                .remove(&name)
+                .ok_or_else(|| invalid(format!("optimizer record: no state '{name}'")))?;
+            let values = f32_values(dtype, &data, &name, Path::new("optimizer record"))?;
+            Ok::<_, DistError>((shape, values))
+        };
+        let (shape, moment_1) = moment("moment_1")?;
+        let (_, moment_2) = moment("moment_2")?;
+        out.insert(
+            id,
+            MomentState {
+                time,
+                shape,
+                moment_1,
+                moment_2,
+            },
+        );
+    }
+    Ok(out)
 }

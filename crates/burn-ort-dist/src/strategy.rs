@@ -1,7 +1,7 @@
 //! The update a training loop calls after backward: [`UpdateStrategy`]. It owns the
 //! optimizer state and decides how gradients cross ranks and where the update runs:
 //! [`Replicated`] (plain data parallelism, ZeRO stage 0: all-reduce, every rank updates
-//! everything with Burn's optimizer) or [`crate::zero::Zero`] (stages 1 and 2: each rank
+//! everything with a [`ReplicaOptimizer`]: Burn's, or a fused one) or [`crate::zero::Zero`] (stages 1 and 2: each rank
 //! updates its shard of a flat buffer). The loop does not branch on the kind.
 
 use std::collections::HashSet;
@@ -16,6 +16,7 @@ use crate::communicator::{Communicator, ReduceOp};
 use crate::data_parallel::DataParallel;
 use crate::error::{DistError, DistResult};
 use crate::record::merged_record;
+use crate::replica_optimizer::ReplicaOptimizer;
 
 /// What an update measured.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -108,17 +109,18 @@ pub trait UpdateStrategy<M: Module> {
 pub const REPLICATED_STATE_FILE: &str = "optimizer.bpk";
 
 /// ZeRO stage 0: gradients all-reduced (or Adasum-combined) in buckets, every rank runs
-/// Burn's optimizer on every parameter; rank 0 saves the optimizer record.
-pub struct Replicated {
+/// the optimizer `O` (Burn's by default) on every parameter; rank 0 saves the optimizer
+/// record.
+pub struct Replicated<O = ModuleOptimizer> {
     ddp: DataParallel,
-    optim: ModuleOptimizer,
+    optim: O,
     memory: MemoryUse,
     model_parallel: Option<ModelParallel>,
 }
 
-impl Replicated {
+impl<O: ReplicaOptimizer> Replicated<O> {
     /// Wrap `optim` with the data-parallel settings `ddp`.
-    pub fn new(ddp: DataParallel, optim: ModuleOptimizer) -> Self {
+    pub fn new(ddp: DataParallel, optim: O) -> Self {
         Replicated {
             ddp,
             optim,
@@ -128,7 +130,7 @@ impl Replicated {
     }
 }
 
-impl<M: Module> UpdateStrategy<M> for Replicated {
+impl<M: Module, O: ReplicaOptimizer> UpdateStrategy<M> for Replicated<O> {
     fn update(
         &mut self,
         lr: f64,
@@ -157,7 +159,7 @@ impl<M: Module> UpdateStrategy<M> for Replicated {
         } else {
             Vec::new()
         };
-        let module = self.optim.step(lr, module, grads);
+        let module = self.optim.step(lr, module, grads)?;
         Ok((
             module,
             UpdateReport {
@@ -168,14 +170,8 @@ impl<M: Module> UpdateStrategy<M> for Replicated {
     }
 
     fn memory(&self) -> MemoryUse {
-        let state = self
-            .optim
-            .clone()
-            .into_bytes()
-            .map(|b| b.len())
-            .unwrap_or(0);
         MemoryUse {
-            optimizer_state_bytes: state,
+            optimizer_state_bytes: self.optim.state_bytes(),
             ..self.memory
         }
     }
@@ -184,23 +180,18 @@ impl<M: Module> UpdateStrategy<M> for Replicated {
         if self.ddp.comm().rank() != 0 {
             return Ok(Vec::new());
         }
-        let bytes = self
-            .optim
-            .clone()
-            .into_bytes()
-            .map_err(|e| invalid(format!("cannot encode the optimizer record: {e:?}")))?;
+        let bytes = self.optim.record_bytes()?;
         Ok(vec![(REPLICATED_STATE_FILE.into(), bytes.to_vec())])
     }
 
     fn load_state(&mut self, module: &M, dirs: &[PathBuf]) -> DistResult<()> {
         let bytes = merged_record(dirs, &param_ids(module))?;
-        self.optim = self.optim.clone().from_bytes(bytes).map_err(|e| {
-            invalid(format!(
-                "{}: not a valid optimizer record: {e:?}",
-                dirs[0].display()
-            ))
-        })?;
-        Ok(())
+        self.optim.load_record_bytes(bytes).map_err(|e| match e {
+            DistError::Invalid { message, .. } => {
+                invalid(format!("{}: {message}", dirs[0].display()))
+            }
+            other => other,
+        })
     }
 
     fn set_model_parallel(&mut self, group: ModelParallel) {

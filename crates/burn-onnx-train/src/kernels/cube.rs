@@ -17,7 +17,7 @@ const ELEMWISE_THREADS: u32 = 256;
 /// Tree reduction of `shared[0..threads]` into `shared[0]` (max or sum) by the cube's
 /// `threads` units.
 #[cube]
-fn reduce_shared<F: Float>(shared: &mut Shared<[F]>, #[comptime] max: bool) {
+pub(super) fn reduce_shared<F: Float>(shared: &mut Shared<[F]>, #[comptime] max: bool) {
     let unit = UNIT_POS_X as usize;
     let mut stride = CUBE_DIM_X as usize / 2;
     while stride > 0 {

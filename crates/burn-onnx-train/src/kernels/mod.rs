@@ -8,18 +8,26 @@
 //! - [`unscale_and_check`]: divide a gradient by the loss scale and note inf/NaN in the
 //!   same pass, with one read-back for all gradients (CubeCL);
 //! - [`tanh`], [`gelu_tanh`] and [`softmax`]: one pass each way with vectorizable
-//!   `exp`/`tanh` (Flex).
+//!   `exp`/`tanh` (Flex);
+//! - `FusedAdam`: Adam, AdamW and LAMB over all parameters in one launch (three for LAMB)
+//!   on flat buffers, the optimizer of replicated runs on CubeCL devices.
 
 mod activation;
 mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cube_optim;
 mod fast_math;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod fused_adam;
 mod host;
 mod unscale;
 
 pub use activation::{gelu_tanh, softmax, tanh};
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub use fused_adam::FusedAdam;
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
 
 use burn::tensor::Device;

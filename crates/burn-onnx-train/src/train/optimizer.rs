@@ -131,9 +131,28 @@ pub fn flat_rule(c: &OptimizerConfig) -> Rule {
     }
 }
 
-/// The update strategy of a run: ZeRO stage 0 (replicated, Burn's optimizer from
-/// [`build_optimizer`]) or stages 1-3 (sharded flat buffers), over `comm`; `model` is
-/// this rank's whole part of the model (before stage 3 shards it).
+/// Every parameter's weight decay: the configured one, or 0 where `no_weight_decay`
+/// matches its name.
+pub fn weight_decays(c: &OptimizerConfig, model: &OnnxModel) -> HashMap<ParamId, f32> {
+    model
+        .param_infos()
+        .iter()
+        .zip(model.params())
+        .map(|(info, p)| {
+            let wd = if skips_weight_decay(c, &info.name) {
+                0.0
+            } else {
+                c.weight_decay
+            };
+            (p.id, wd)
+        })
+        .collect()
+}
+
+/// The update strategy of a run: ZeRO stage 0 (replicated: on devices that run CubeCL,
+/// Adam/AdamW/LAMB fused over flat buffers ([`crate::kernels::FusedAdam`]), elsewhere
+/// Burn's optimizer from [`build_optimizer`]) or stages 1-3 (sharded flat buffers), over
+/// `comm`; `model` is this rank's whole part of the model (before stage 3 shards it).
 pub fn build_strategy(
     c: &TrainingConfig,
     model: &OnnxModel,
@@ -144,28 +163,21 @@ pub fn build_strategy(
     } else {
         Reduction::Mean
     };
+    let decay = weight_decays(&c.optimizer, model);
     if c.zero_stage == 0 {
         let ddp = DataParallel::new(comm).with_reduction(reduction);
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if crate::kernels::runs_cubecl(&model.device())
+            && let Some(fused) =
+                crate::kernels::FusedAdam::new(flat_rule(&c.optimizer), decay.clone())
+        {
+            return Ok(Box::new(Replicated::new(ddp, fused)));
+        }
         return Ok(Box::new(Replicated::new(
             ddp,
             build_optimizer(&c.optimizer, model),
         )));
     }
-    let decay: HashMap<ParamId, f32> = model
-        .param_infos()
-        .iter()
-        .zip(model.params())
-        .map(|(info, p)| {
-            (
-                p.id,
-                if skips_weight_decay(&c.optimizer, &info.name) {
-                    0.0
-                } else {
-                    c.optimizer.weight_decay
-                },
-            )
-        })
-        .collect();
     let decay_of = |id: ParamId| decay.get(&id).copied().unwrap_or(0.0);
     Ok(Box::new(Zero::new(
         c.zero_stage,

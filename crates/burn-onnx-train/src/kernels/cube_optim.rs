@@ -1,0 +1,333 @@
+//! The `#[cube]` kernels of the multi-tensor optimizer (see `fused_adam.rs`) and their
+//! launches. All parameters of a model lie end to end in one flat f32 buffer, each padded
+//! to a whole number of chunks of `chunk` values, so a chunk belongs to one parameter:
+//! `chunk_starts[t]` is the first chunk of parameter `t` (the last entry is the chunk
+//! count; f32 holds chunk indices exactly up to 2^24 chunks). `factors[t]` is parameter
+//! `t`'s weight-decay term for this step. One cube updates one chunk.
+//!
+//! - Adam / AdamW: one launch updates parameters and both moments in place.
+//! - LAMB: three launches: the direction `u` with per-chunk partial sums of `p^2` and
+//!   `u^2`; one cube per parameter turns its partials into the trust ratio `|p| / |u|`; the
+//!   update `p - (u * trust) * lr`.
+//!
+//! The arithmetic is Burn's `Adam`, `AdamW` and `Lamb` operation by operation, in f32.
+
+use burn::backend::DType;
+use burn::backend::TensorMetadata;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::calculate_cube_count_elemwise;
+use cubecl::prelude::*;
+
+use super::cube::reduce_shared;
+
+/// Values per chunk (a multiple of [`THREADS`]).
+pub const CHUNK: usize = 2048;
+/// Threads per cube (a power of two for the tree reductions).
+const THREADS: u32 = 256;
+
+/// The parameter that chunk `chunk` belongs to (binary search in `chunk_starts`).
+#[cube]
+fn owner(chunk_starts: &Tensor<f32>, chunk: usize) -> usize {
+    let mut lo = 0;
+    let mut hi = chunk_starts.len() - 1;
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if (u32::cast_from(chunk_starts[mid]) as usize) <= chunk {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// Adam (`decoupled` false: L2 decay `factors[t]` added to the gradient) or AdamW
+/// (`decoupled`: the parameter multiplied by `factors[t] = 1 - lr * decay` first).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn adam_kernel(
+    params: &mut Tensor<f32>,
+    grads: &Tensor<f32>,
+    moment_1: &mut Tensor<f32>,
+    moment_2: &mut Tensor<f32>,
+    chunk_starts: &Tensor<f32>,
+    factors: &Tensor<f32>,
+    hyper: &Tensor<f32>,
+    #[comptime] chunk: u32,
+    #[comptime] decoupled: bool,
+) {
+    let c = CUBE_POS;
+    let size = chunk as usize;
+    if c * size < params.len() {
+        let (lr, beta_1, beta_2, factor_1) = (hyper[0], hyper[1], hyper[2], hyper[3]);
+        let (factor_2, corr_1, corr_2, epsilon) = (hyper[4], hyper[5], hyper[6], hyper[7]);
+        let f = factors[owner(chunk_starts, c)];
+        let mut j = UNIT_POS_X as usize;
+        while j < size {
+            let i = c * size + j;
+            let p = params[i];
+            let mut g = grads[i];
+            if !comptime![decoupled] {
+                g = p * f + g;
+            }
+            let m = moment_1[i] * beta_1 + g * factor_1;
+            let v = moment_2[i] * beta_2 + (g * g) * factor_2;
+            moment_1[i] = m;
+            moment_2[i] = v;
+            let delta = (m / corr_1) / (f32::sqrt(v / corr_2) + epsilon);
+            let mut kept = p;
+            if comptime![decoupled] {
+                kept = p * f;
+            }
+            params[i] = kept - delta * lr;
+            j += CUBE_DIM_X as usize;
+        }
+    }
+}
+
+/// LAMB's direction `u = m^ / (sqrt(v^) + eps) + p * decay` into `direction`, and the
+/// chunk's sums of `p^2` and `u^2` into `partials[2c]`, `partials[2c + 1]`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn lamb_direction_kernel(
+    params: &Tensor<f32>,
+    grads: &Tensor<f32>,
+    moment_1: &mut Tensor<f32>,
+    moment_2: &mut Tensor<f32>,
+    direction: &mut Tensor<f32>,
+    partials: &mut Tensor<f32>,
+    chunk_starts: &Tensor<f32>,
+    factors: &Tensor<f32>,
+    hyper: &Tensor<f32>,
+    #[comptime] chunk: u32,
+    #[comptime] threads: u32,
+) {
+    let c = CUBE_POS;
+    let size = chunk as usize;
+    if c * size < params.len() {
+        let (beta_1, beta_2, factor_1) = (hyper[1], hyper[2], hyper[3]);
+        let (factor_2, corr_1, corr_2, epsilon) = (hyper[4], hyper[5], hyper[6], hyper[7]);
+        let decay = factors[owner(chunk_starts, c)];
+        let mut pp = f32::new(0.0);
+        let mut uu = f32::new(0.0);
+        let mut j = UNIT_POS_X as usize;
+        while j < size {
+            let i = c * size + j;
+            let p = params[i];
+            let g = grads[i];
+            let m = moment_1[i] * beta_1 + g * factor_1;
+            let v = moment_2[i] * beta_2 + (g * g) * factor_2;
+            moment_1[i] = m;
+            moment_2[i] = v;
+            let u = (m / corr_1) / (f32::sqrt(v / corr_2) + epsilon) + p * decay;
+            direction[i] = u;
+            pp += p * p;
+            uu += u * u;
+            j += CUBE_DIM_X as usize;
+        }
+        let unit = UNIT_POS_X as usize;
+        let mut shared_p = Shared::new_slice(threads as usize);
+        let mut shared_u = Shared::new_slice(threads as usize);
+        shared_p[unit] = pp;
+        shared_u[unit] = uu;
+        sync_cube();
+        reduce_shared::<f32>(&mut shared_p, false);
+        reduce_shared::<f32>(&mut shared_u, false);
+        if unit == 0 {
+            partials[2 * c] = shared_p[0];
+            partials[2 * c + 1] = shared_u[0];
+        }
+    }
+}
+
+/// One cube per parameter: `trust[t] = |p| / |u|` from its chunks' partial sums (1 when
+/// either norm is 0, as Burn's LAMB).
+#[cube(launch)]
+fn lamb_trust_kernel(
+    partials: &Tensor<f32>,
+    chunk_starts: &Tensor<f32>,
+    trust: &mut Tensor<f32>,
+    #[comptime] threads: u32,
+) {
+    let t = CUBE_POS;
+    if t < trust.len() {
+        let first = u32::cast_from(chunk_starts[t]) as usize;
+        let end = u32::cast_from(chunk_starts[t + 1]) as usize;
+        let mut pp = f32::new(0.0);
+        let mut uu = f32::new(0.0);
+        let mut k = first + UNIT_POS_X as usize;
+        while k < end {
+            pp += partials[2 * k];
+            uu += partials[2 * k + 1];
+            k += CUBE_DIM_X as usize;
+        }
+        let unit = UNIT_POS_X as usize;
+        let mut shared_p = Shared::new_slice(threads as usize);
+        let mut shared_u = Shared::new_slice(threads as usize);
+        shared_p[unit] = pp;
+        shared_u[unit] = uu;
+        sync_cube();
+        reduce_shared::<f32>(&mut shared_p, false);
+        reduce_shared::<f32>(&mut shared_u, false);
+        if unit == 0 {
+            let p_norm = f32::sqrt(shared_p[0]);
+            let u_norm = f32::sqrt(shared_u[0]);
+            let mut ratio = f32::new(1.0);
+            if p_norm > 0.0 && u_norm > 0.0 {
+                ratio = p_norm / u_norm;
+            }
+            trust[t] = ratio;
+        }
+    }
+}
+
+/// `p = p - (u * trust[t]) * lr`.
+#[cube(launch)]
+fn lamb_apply_kernel(
+    params: &mut Tensor<f32>,
+    direction: &Tensor<f32>,
+    chunk_starts: &Tensor<f32>,
+    trust: &Tensor<f32>,
+    hyper: &Tensor<f32>,
+    #[comptime] chunk: u32,
+) {
+    let c = CUBE_POS;
+    let size = chunk as usize;
+    if c * size < params.len() {
+        let lr = hyper[0];
+        let ratio = trust[owner(chunk_starts, c)];
+        let mut j = UNIT_POS_X as usize;
+        while j < size {
+            let i = c * size + j;
+            params[i] = params[i] - (direction[i] * ratio) * lr;
+            j += CUBE_DIM_X as usize;
+        }
+    }
+}
+
+/// The buffers of one update: parameters, gradients and the two moments (flat, of a whole
+/// number of chunks), the chunk table, this step's per-parameter factors, and `hyper` =
+/// `[lr, beta_1, beta_2, 1 - beta_1, 1 - beta_2, 1 - beta_1^t, 1 - beta_2^t, epsilon]`.
+pub struct FlatBuffers {
+    /// Parameters (updated in place).
+    pub params: CubeTensor,
+    /// Gradients.
+    pub grads: CubeTensor,
+    /// First moments (updated in place).
+    pub moment_1: CubeTensor,
+    /// Second moments (updated in place).
+    pub moment_2: CubeTensor,
+    /// First chunk of every parameter, then the chunk count.
+    pub chunk_starts: CubeTensor,
+    /// Per-parameter decay factor of this step.
+    pub factors: CubeTensor,
+    /// The step's scalars.
+    pub hyper: CubeTensor,
+}
+
+/// A tensor this launch may write: contiguous f32, and not shared with another handle.
+fn writable(t: CubeTensor, what: &str) -> CubeTensor {
+    assert_eq!(
+        t.dtype,
+        DType::F32,
+        "multi-tensor update: {what} must be f32"
+    );
+    let t = burn_cubecl::kernel::into_contiguous(t);
+    if t.can_mut() { t } else { t.copy() }
+}
+
+fn readable(t: CubeTensor, what: &str) -> CubeTensor {
+    assert_eq!(
+        t.dtype,
+        DType::F32,
+        "multi-tensor update: {what} must be f32"
+    );
+    burn_cubecl::kernel::into_contiguous(t)
+}
+
+/// One Adam (`decoupled` false) or AdamW step; returns `(params, moment_1, moment_2)`.
+pub fn adam(b: FlatBuffers, decoupled: bool) -> (CubeTensor, CubeTensor, CubeTensor) {
+    let params = writable(b.params, "parameters");
+    let (m1, m2) = (
+        writable(b.moment_1, "moments"),
+        writable(b.moment_2, "moments"),
+    );
+    let client = params.client.clone();
+    let chunks = params.shape().num_elements() / CHUNK;
+    let dim = CubeDim::new_1d(THREADS);
+    adam_kernel::launch(
+        &client,
+        calculate_cube_count_elemwise(&client, chunks * THREADS as usize, dim),
+        dim,
+        params.clone().into_tensor_arg(),
+        readable(b.grads, "gradients").into_tensor_arg(),
+        m1.clone().into_tensor_arg(),
+        m2.clone().into_tensor_arg(),
+        readable(b.chunk_starts, "the chunk table").into_tensor_arg(),
+        readable(b.factors, "factors").into_tensor_arg(),
+        readable(b.hyper, "hyper-parameters").into_tensor_arg(),
+        CHUNK as u32,
+        decoupled,
+    );
+    (params, m1, m2)
+}
+
+/// One LAMB step; returns `(params, moment_1, moment_2)`.
+pub fn lamb(b: FlatBuffers) -> (CubeTensor, CubeTensor, CubeTensor) {
+    let params = writable(b.params, "parameters");
+    let (m1, m2) = (
+        writable(b.moment_1, "moments"),
+        writable(b.moment_2, "moments"),
+    );
+    let (starts, hyper) = (
+        readable(b.chunk_starts, "the chunk table"),
+        readable(b.hyper, "hyper-parameters"),
+    );
+    let client = params.client.clone();
+    let (n, device) = (params.shape().num_elements(), params.device.clone());
+    let chunks = n / CHUNK;
+    let tensors = starts.shape().num_elements() - 1;
+    let empty =
+        |len: usize| empty_device_dtype(client.clone(), device.clone(), [len].into(), DType::F32);
+    let (direction, partials, trust) = (empty(n), empty(2 * chunks), empty(tensors));
+    let dim = CubeDim::new_1d(THREADS);
+    let per_chunk = calculate_cube_count_elemwise(&client, chunks * THREADS as usize, dim);
+    lamb_direction_kernel::launch(
+        &client,
+        per_chunk.clone(),
+        dim,
+        params.clone().into_tensor_arg(),
+        readable(b.grads, "gradients").into_tensor_arg(),
+        m1.clone().into_tensor_arg(),
+        m2.clone().into_tensor_arg(),
+        direction.clone().into_tensor_arg(),
+        partials.clone().into_tensor_arg(),
+        starts.clone().into_tensor_arg(),
+        readable(b.factors, "factors").into_tensor_arg(),
+        hyper.clone().into_tensor_arg(),
+        CHUNK as u32,
+        THREADS,
+    );
+    lamb_trust_kernel::launch(
+        &client,
+        calculate_cube_count_elemwise(&client, tensors * THREADS as usize, dim),
+        dim,
+        partials.into_tensor_arg(),
+        starts.clone().into_tensor_arg(),
+        trust.clone().into_tensor_arg(),
+        THREADS,
+    );
+    lamb_apply_kernel::launch(
+        &client,
+        per_chunk,
+        dim,
+        params.clone().into_tensor_arg(),
+        direction.into_tensor_arg(),
+        starts.into_tensor_arg(),
+        trust.into_tensor_arg(),
+        hyper.into_tensor_arg(),
+        CHUNK as u32,
+    );
+    (params, m1, m2)
+}

@@ -1,0 +1,438 @@
+//! Adam, AdamW and LAMB over every parameter at once on CubeCL devices: the "multi-tensor
+//! apply" of NVIDIA Apex's FusedAdam/FusedLAMB and DeepSpeed. The parameters and gradients
+//! of a step are laid end to end in one flat buffer (each padded to whole chunks); the
+//! moments live in two flat device buffers across steps; one kernel launch updates it all
+//! (three for LAMB: direction, per-parameter trust ratio, update), where Burn's optimizer
+//! runs ~15 tensor ops per parameter. The state is written and read as Burn's optimizer
+//! record, so a checkpoint resumes under either optimizer, on any device.
+//!
+//! Parameters and moments are f32 (master weights): under `--precision f16/bf16` the
+//! interpreter casts at the autocast ops, so there is no separate low-precision copy.
+
+use std::collections::{BTreeMap, HashMap};
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::{Bytes, Device, Tensor, TensorData};
+use burn_ort_dist::zero::flat_optim::Rule;
+use burn_ort_dist::{
+    DistError, DistResult, MomentState, ReplicaOptimizer, decode_moments, encode_moments,
+};
+
+use super::cube_optim::CHUNK;
+
+/// One parameter in the flat buffers.
+#[derive(Debug, Clone)]
+struct Slot {
+    id: ParamId,
+    shape: Vec<usize>,
+    len: usize,
+    /// First chunk.
+    chunk: usize,
+    decay: f32,
+}
+
+impl Slot {
+    fn offset(&self) -> usize {
+        self.chunk * CHUNK
+    }
+    fn padded(&self) -> usize {
+        self.len.div_ceil(CHUNK).max(1) * CHUNK
+    }
+}
+
+/// The flat layout and the device state of a run's optimizer.
+struct Flat {
+    slots: Vec<Slot>,
+    len: usize,
+    device: Device,
+    chunk_starts: Tensor<1>,
+    moment_1: Tensor<1>,
+    moment_2: Tensor<1>,
+    time: usize,
+}
+
+/// Adam, AdamW or LAMB over flat device buffers; Burn's optimizer record as its state.
+pub struct FusedAdam {
+    rule: Rule,
+    decay: HashMap<ParamId, f32>,
+    flat: Option<Flat>,
+    /// A loaded record, placed into the flat buffers at the first step.
+    loaded: Option<BTreeMap<u64, MomentState>>,
+}
+
+fn invalid(message: String) -> DistError {
+    DistError::Invalid { rank: 0, message }
+}
+
+impl FusedAdam {
+    /// The fused form of `rule` (Adam, AdamW or LAMB; `None` for SGD); `decay` holds each
+    /// parameter's weight decay (absent: none).
+    pub fn new(rule: Rule, decay: HashMap<ParamId, f32>) -> Option<Self> {
+        (!matches!(rule, Rule::Sgd { .. })).then_some(FusedAdam {
+            rule,
+            decay,
+            flat: None,
+            loaded: None,
+        })
+    }
+
+    /// Adam and AdamW nest their moments in a `momentum` field of Burn's record.
+    fn nested(&self) -> bool {
+        !matches!(self.rule, Rule::Lamb { .. })
+    }
+
+    /// The flat layout of the parameters with a gradient, in visiting order, with the
+    /// state of a loaded record (or zeros) in place.
+    fn lay_out(&mut self, grads: &[(ParamId, Tensor<1>, Vec<usize>)]) -> DistResult<Flat> {
+        let device = grads
+            .first()
+            .map(|(_, g, _)| g.device())
+            .ok_or_else(|| invalid("fused optimizer: no parameter has a gradient".into()))?;
+        let mut slots = Vec::with_capacity(grads.len());
+        let mut chunk = 0;
+        for (id, g, shape) in grads {
+            let slot = Slot {
+                id: *id,
+                shape: shape.clone(),
+                len: g.dims()[0],
+                chunk,
+                decay: self.decay.get(id).copied().unwrap_or(0.0),
+            };
+            chunk += slot.padded() / CHUNK;
+            slots.push(slot);
+        }
+        let len = chunk * CHUNK;
+        let (mut m1, mut m2, mut time) = (vec![0.0f32; len], vec![0.0f32; len], 0);
+        if let Some(mut loaded) = self.loaded.take() {
+            let mut times = Vec::new();
+            for s in &slots {
+                let Some(state) = loaded.remove(&s.id.val()) else {
+                    continue;
+                };
+                if state.moment_1.len() != s.len || state.moment_2.len() != s.len {
+                    return Err(invalid(format!(
+                        "optimizer record: the state of parameter {} has {} values, the parameter {}",
+                        s.id,
+                        state.moment_1.len(),
+                        s.len
+                    )));
+                }
+                m1[s.offset()..s.offset() + s.len].copy_from_slice(&state.moment_1);
+                m2[s.offset()..s.offset() + s.len].copy_from_slice(&state.moment_2);
+                times.push(state.time);
+            }
+            time = times.first().copied().unwrap_or(0);
+            if times.iter().any(|t| *t != time) || (time > 0 && times.len() != slots.len()) {
+                return Err(invalid(format!(
+                    "optimizer record: its parameters were updated different numbers of times ({} of {} have state); the fused optimizer steps all of them together",
+                    times.len(),
+                    slots.len()
+                )));
+            }
+        }
+        let starts: Vec<f32> = slots
+            .iter()
+            .map(|s| s.chunk as f32)
+            .chain([chunk as f32])
+            .collect();
+        let upload = |v: Vec<f32>| {
+            let n = v.len();
+            Tensor::<1>::from_data(TensorData::new(v, [n]), &device)
+        };
+        Ok(Flat {
+            chunk_starts: upload(starts),
+            moment_1: upload(m1),
+            moment_2: upload(m2),
+            slots,
+            len,
+            device: device.clone(),
+            time,
+        })
+    }
+}
+
+/// Takes every parameter's gradient (flattened) and its value, in visiting order.
+struct Collect<'a> {
+    grads: &'a mut GradientsParams,
+    taken: Vec<(ParamId, Tensor<1>, Vec<usize>)>,
+    values: Vec<Tensor<1>>,
+}
+
+impl ModuleVisitor for Collect<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(g) = self.grads.remove::<D>(param.id) {
+            let shape = g.dims().to_vec();
+            let n: usize = shape.iter().product();
+            self.taken.push((param.id, g.reshape([n]), shape));
+            self.values.push(param.val().inner().reshape([n]));
+        }
+    }
+}
+
+/// Puts the updated values back, as views of the flat buffer.
+struct Scatter<'a> {
+    flat: &'a Tensor<1>,
+    slots: HashMap<ParamId, &'a Slot>,
+}
+
+impl ModuleMapper for Scatter<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let Some(slot) = self.slots.get(&param.id).copied() else {
+            return param;
+        };
+        let flat = self.flat;
+        param.map(|t| {
+            let require = t.is_require_grad();
+            let shape: [usize; D] = slot.shape.clone().try_into().expect("rank D");
+            let part = flat
+                .clone()
+                .slice(slot.offset()..slot.offset() + slot.len)
+                .reshape(shape);
+            Tensor::from_inner(part).set_require_grad(require)
+        })
+    }
+}
+
+/// `parts` end to end, each padded with zeros to its slot's whole chunks.
+fn padded_cat(parts: Vec<Tensor<1>>, slots: &[Slot], device: &Device) -> Tensor<1> {
+    let mut all = Vec::with_capacity(2 * parts.len());
+    for (t, s) in parts.into_iter().zip(slots) {
+        all.push(t);
+        if s.padded() > s.len {
+            all.push(Tensor::zeros([s.padded() - s.len], device));
+        }
+    }
+    Tensor::cat(all, 0)
+}
+
+impl ReplicaOptimizer for FusedAdam {
+    fn step<M: Module>(&mut self, lr: f64, module: M, mut grads: GradientsParams) -> DistResult<M> {
+        let mut c = Collect {
+            grads: &mut grads,
+            taken: Vec::new(),
+            values: Vec::new(),
+        };
+        module.visit(&mut c);
+        let (taken, values) = (c.taken, c.values);
+        if self.flat.is_none() {
+            self.flat = Some(self.lay_out(&taken)?);
+        }
+        let rule = self.rule;
+        let flat = self.flat.as_mut().expect("laid out above");
+        if taken.len() != flat.slots.len()
+            || taken
+                .iter()
+                .zip(&flat.slots)
+                .any(|((id, ..), s)| *id != s.id)
+        {
+            return Err(invalid(format!(
+                "fused optimizer: {} parameters have a gradient at this step, {} at the first; it updates the same parameters at every step",
+                taken.len(),
+                flat.slots.len()
+            )));
+        }
+        flat.time += 1;
+        let device = flat.device.clone();
+        let grads = padded_cat(
+            taken.into_iter().map(|(_, g, _)| g).collect(),
+            &flat.slots,
+            &device,
+        );
+        let params = padded_cat(values, &flat.slots, &device);
+        let (beta_1, beta_2, epsilon) = match rule {
+            Rule::Adam {
+                beta1,
+                beta2,
+                epsilon,
+            }
+            | Rule::AdamW {
+                beta1,
+                beta2,
+                epsilon,
+            }
+            | Rule::Lamb {
+                beta1,
+                beta2,
+                epsilon,
+            } => (beta1, beta2, epsilon),
+            Rule::Sgd { .. } => unreachable!("FusedAdam::new refuses SGD"),
+        };
+        let t = flat.time as i32;
+        let hyper = [
+            lr as f32,
+            beta_1,
+            beta_2,
+            1.0 - beta_1,
+            1.0 - beta_2,
+            1f32 - beta_1.powi(t),
+            1f32 - beta_2.powi(t),
+            epsilon,
+        ];
+        // AdamW multiplies the parameter by 1 - lr * decay (in f64, as Burn); Adam and
+        // LAMB take the decay itself.
+        let factors: Vec<f32> = flat
+            .slots
+            .iter()
+            .map(|s| match rule {
+                Rule::AdamW { .. } => (1.0 - lr * f64::from(s.decay)) as f32,
+                _ => s.decay,
+            })
+            .collect();
+        let upload =
+            |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
+        // The moments move into the update, which writes them in place.
+        let buffers = ops::Buffers {
+            params,
+            grads,
+            moment_1: std::mem::replace(&mut flat.moment_1, Tensor::empty([0], &device)),
+            moment_2: std::mem::replace(&mut flat.moment_2, Tensor::empty([0], &device)),
+            chunk_starts: flat.chunk_starts.clone(),
+            factors: upload(&factors),
+            hyper: upload(&hyper),
+        };
+        let (params, m1, m2) = ops::update(buffers, rule);
+        flat.moment_1 = m1;
+        flat.moment_2 = m2;
+        let slots = flat.slots.iter().map(|s| (s.id, s)).collect();
+        Ok(module.map(&mut Scatter {
+            flat: &params,
+            slots,
+        }))
+    }
+
+    fn record_bytes(&self) -> DistResult<Bytes> {
+        let Some(flat) = &self.flat else {
+            let loaded: Vec<_> = self
+                .loaded
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            return encode_moments(&loaded, self.nested());
+        };
+        let host = |t: &Tensor<1>| {
+            t.clone()
+                .into_data()
+                .try_to_vec::<f32>()
+                .map_err(|e| invalid(format!("cannot read the optimizer state: {e:?}")))
+        };
+        let (m1, m2) = (host(&flat.moment_1)?, host(&flat.moment_2)?);
+        let states: Vec<(u64, MomentState)> = if flat.time == 0 {
+            Vec::new()
+        } else {
+            flat.slots
+                .iter()
+                .map(|s| {
+                    let r = s.offset()..s.offset() + s.len;
+                    (
+                        s.id.val(),
+                        MomentState {
+                            time: flat.time,
+                            shape: s.shape.clone(),
+                            moment_1: m1[r.clone()].to_vec(),
+                            moment_2: m2[r].to_vec(),
+                        },
+                    )
+                })
+                .collect()
+        };
+        encode_moments(&states, self.nested())
+    }
+
+    fn load_record_bytes(&mut self, bytes: Bytes) -> DistResult<()> {
+        self.loaded = Some(decode_moments(bytes, self.nested())?);
+        self.flat = None;
+        Ok(())
+    }
+
+    fn state_bytes(&self) -> usize {
+        self.flat.as_ref().map_or(0, |f| 2 * f.len * 4)
+    }
+}
+
+/// The update as a backend extension on CubeCL tensors.
+mod ops {
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{Backend, Cube, backend_extension};
+    use burn::tensor::Tensor;
+    use burn_ort_dist::zero::flat_optim::Rule;
+
+    use crate::kernels::cube_optim::{self, FlatBuffers};
+
+    pub struct Buffers {
+        pub params: Tensor<1>,
+        pub grads: Tensor<1>,
+        pub moment_1: Tensor<1>,
+        pub moment_2: Tensor<1>,
+        pub chunk_starts: Tensor<1>,
+        pub factors: Tensor<1>,
+        pub hyper: Tensor<1>,
+    }
+
+    #[backend_extension(Cube)]
+    pub trait MultiTensorOps: Backend {
+        /// One Adam/AdamW (`lamb` false; `decoupled` for AdamW) or LAMB step over flat
+        /// buffers: `(params, moment_1, moment_2)`.
+        #[allow(clippy::too_many_arguments)]
+        fn multi_tensor_update(
+            params: FloatTensor<Self>,
+            grads: FloatTensor<Self>,
+            moment_1: FloatTensor<Self>,
+            moment_2: FloatTensor<Self>,
+            chunk_starts: FloatTensor<Self>,
+            factors: FloatTensor<Self>,
+            hyper: FloatTensor<Self>,
+            lamb: bool,
+            decoupled: bool,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    }
+
+    impl MultiTensorOps for Cube {
+        fn multi_tensor_update(
+            params: FloatTensor<Self>,
+            grads: FloatTensor<Self>,
+            moment_1: FloatTensor<Self>,
+            moment_2: FloatTensor<Self>,
+            chunk_starts: FloatTensor<Self>,
+            factors: FloatTensor<Self>,
+            hyper: FloatTensor<Self>,
+            lamb: bool,
+            decoupled: bool,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+            let b = FlatBuffers {
+                params,
+                grads,
+                moment_1,
+                moment_2,
+                chunk_starts,
+                factors,
+                hyper,
+            };
+            if lamb {
+                cube_optim::lamb(b)
+            } else {
+                cube_optim::adam(b, decoupled)
+            }
+        }
+    }
+
+    pub fn update(b: Buffers, rule: Rule) -> (Tensor<1>, Tensor<1>, Tensor<1>) {
+        let (p, m1, m2) = <burn::backend::Dispatch as MultiTensorOps>::multi_tensor_update(
+            b.params.into_dispatch(),
+            b.grads.into_dispatch(),
+            b.moment_1.into_dispatch(),
+            b.moment_2.into_dispatch(),
+            b.chunk_starts.into_dispatch(),
+            b.factors.into_dispatch(),
+            b.hyper.into_dispatch(),
+            matches!(rule, Rule::Lamb { .. }),
+            matches!(rule, Rule::AdamW { .. }),
+        );
+        (
+            Tensor::from_dispatch(p),
+            Tensor::from_dispatch(m1),
+            Tensor::from_dispatch(m2),
+        )
+    }
+}
