@@ -1,8 +1,9 @@
 //! The whole path on Burn's wgpu backend (feature `wgpu`; on these GPU-less machines Mesa's
 //! software Vulkan driver, lavapipe, runs the same CubeCL kernels a GPU would): the kit's
 //! forward passes against onnxruntime, forward+backward and 10 AdamW steps against
-//! PyTorch, and the runner end to end (evaluation, checkpoints, export) against the same
-//! run on the CPU. Without a Vulkan driver these tests fail; they never pass silently.
+//! PyTorch, and the runner end to end (evaluation, checkpoints, export, and the fused
+//! multi-tensor AdamW it uses there) against the same run on the CPU, with checkpoints
+//! resuming across the two. Without a Vulkan driver these tests fail; they never pass silently.
 #![cfg(feature = "wgpu")]
 
 mod common;
@@ -134,10 +135,40 @@ fn the_runner_on_wgpu_matches_the_cpu_run_and_its_checkpoint_resumes_on_the_cpu(
     assert_eq!(again.start_step, 5);
     for ((name, r), (_, c)) in onnx_params(resumed.join("gpt2_tiny_trained.onnx"))
         .iter()
-        .zip(onnx_params(cpu_model))
+        .zip(onnx_params(cpu_model.clone()))
     {
         assert_close(
             &format!("resumed on the CPU from wgpu's checkpoint: {name}"),
+            r,
+            &c,
+            1e-4,
+            0.0,
+        );
+    }
+
+    // And the converse: the CPU run's checkpoint (Burn's AdamW record) resumes under the
+    // fused update on wgpu.
+    let resumed = tempdir("cpu-resumed-on-wgpu");
+    let c = TrainingConfig {
+        device: DeviceSpec::Wgpu(None),
+        num_train_steps: 10,
+        evaluation_period: 5,
+        lr: LrConfig {
+            warmup_ratio: 0.2,
+            mode: ScheduleKind::Constant,
+            ..Default::default()
+        },
+        checkpoint_to_load_path: Some(cpu_out.join("checkpoints/ckpt-000000005")),
+        ..gpt2_config(&resumed)
+    };
+    let again = launch(c, gpt2_tokens(), None).unwrap();
+    assert_eq!(again.start_step, 5);
+    for ((name, r), (_, c)) in onnx_params(resumed.join("gpt2_tiny_trained.onnx"))
+        .iter()
+        .zip(onnx_params(cpu_model))
+    {
+        assert_close(
+            &format!("resumed on wgpu from the CPU's checkpoint: {name}"),
             r,
             &c,
             1e-4,

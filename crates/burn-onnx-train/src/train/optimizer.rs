@@ -171,6 +171,7 @@ pub fn build_strategy(
             && let Some(fused) =
                 crate::kernels::FusedAdam::new(flat_rule(&c.optimizer), decay.clone())
         {
+            tracing::info!(optimizer = ?c.optimizer.kind, "fused multi-tensor update (CubeCL)");
             return Ok(Box::new(Replicated::new(ddp, fused)));
         }
         return Ok(Box::new(Replicated::new(
