@@ -74,6 +74,9 @@ pub enum Reduction {
     /// The mean (PyTorch DDP, ORT's AllReduce).
     #[default]
     Mean,
+    /// The mean with the gradients sent as f16 (ORT's `allreduce_in_fp16`; see
+    /// [`crate::fp16_wire`]): half the bytes, f16's precision.
+    MeanFp16,
     /// Adasum (Maleki et al. 2021; ORT's `enable_adasum`), per tensor, over a binary tree of
     /// the ranks: `adasum(a, b) = (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b`.
     Adasum,
@@ -162,6 +165,11 @@ pub fn reduce_gradients<M: Module>(
             Reduction::Mean => {
                 let mut b = bucket;
                 comm.all_reduce(&mut b, ReduceOp::Mean)?;
+                b
+            }
+            Reduction::MeanFp16 => {
+                let mut b = bucket;
+                crate::fp16_wire::all_reduce(comm, &mut b, ReduceOp::Mean)?;
                 b
             }
             Reduction::Adasum => adasum_bucket(comm, &bucket, &slots[start..end])?,

@@ -15,6 +15,7 @@ pub mod collective_check;
 pub mod communicator;
 pub mod data_parallel;
 pub mod error;
+pub mod fp16_wire;
 pub mod grad_sync;
 pub mod launch;
 #[cfg(feature = "mpi")]

@@ -2,9 +2,11 @@
 //!
 //! Collectives meet at a generation-counted rendezvous: every rank deposits its
 //! contribution under a mutex, the last to arrive completes the collective, and all leave
-//! with the result. A rank that is dropped (its thread returned an error or panicked)
-//! marks the group broken and wakes everyone, so the others fail at once with an error
-//! naming it; a rank that stops answering makes the others fail after `timeout`
+//! with the result. A rank that aborts (its thread returned an error) or panics marks the
+//! group broken and wakes everyone, so the others fail at once with an error naming it; a
+//! rank that finishes leaves the group, which fails only what needs it (a collective, a
+//! message from it or to it: point-to-point patterns finish rank by rank); a rank that
+//! stops answering makes the others fail after `timeout`
 //! (`Duration::MAX`: never, for launchers where a live rank is a working rank).
 
 use std::collections::{HashMap, VecDeque};
@@ -22,8 +24,10 @@ struct State {
     acc: Vec<f32>,
     /// The finished result of the previous generation.
     result: Arc<Vec<f32>>,
-    /// Set when a rank left; the group is unusable afterwards.
+    /// Set when a rank failed; the group is unusable afterwards.
     broken: Option<String>,
+    /// Ranks that finished and dropped their communicator.
+    left: Vec<bool>,
     /// Point-to-point messages in flight, by (source, destination).
     mail: HashMap<(usize, usize), VecDeque<Vec<f32>>>,
     /// Sub-groups made by `split`, by (split number, colour), created by their first member.
@@ -62,21 +66,23 @@ impl ThreadCommunicator {
         }
     }
 
-    /// Wait on the group's condition variable until `ready` holds, the group breaks, or the
-    /// timeout passes.
+    /// Wait on the group's condition variable until `ready` holds, the group breaks, a rank
+    /// the wait needs (`peer`; `None`: every rank) leaves, or the timeout passes.
     fn wait_until<'a>(
         &self,
         mut st: MutexGuard<'a, State>,
         what: &str,
+        peer: Option<usize>,
         mut ready: impl FnMut(&mut State) -> bool,
     ) -> DistResult<MutexGuard<'a, State>> {
         // `Duration::MAX` (no deadline): wait as long as the peers live; a departed peer
-        // breaks the group, so only a live but stuck rank could make this wait forever.
+        // fails the wait, so only a live but stuck rank could make this wait forever.
         let deadline = Instant::now().checked_add(self.shared.timeout);
         while !ready(&mut st) {
             if let Some(b) = &st.broken {
                 return Err(self.peer(b.clone()));
             }
+            self.check_present(&st, peer)?;
             let now = Instant::now();
             let Some(deadline) = deadline else {
                 st = self
@@ -100,6 +106,18 @@ impl ThreadCommunicator {
                 .0;
         }
         Ok(st)
+    }
+
+    /// An error when rank `peer` (`None`: any rank) has left the group.
+    fn check_present(&self, st: &State, peer: Option<usize>) -> DistResult<()> {
+        let gone = match peer {
+            Some(p) => st.left[p].then_some(p),
+            None => st.left.iter().position(|l| *l),
+        };
+        match gone {
+            Some(r) => Err(self.peer(format!("rank {r} left the group"))),
+            None => Ok(()),
+        }
     }
 
     fn lock(&self) -> DistResult<MutexGuard<'_, State>> {
@@ -135,6 +153,7 @@ impl ThreadCommunicator {
                 "collective waiting for rank {} to deposit first",
                 rank.saturating_sub(1)
             ),
+            None,
             |st| st.arrived == rank,
         )?;
         if st.arrived == 0 {
@@ -168,6 +187,7 @@ impl ThreadCommunicator {
         let st = self.wait_until(
             st,
             &format!("collective waiting for {waiting} rank(s)"),
+            None,
             |st| st.generation != generation,
         )?;
         Ok(st.result.clone())
@@ -185,6 +205,7 @@ impl Shared {
                 acc: Vec::new(),
                 result: Arc::new(Vec::new()),
                 broken: None,
+                left: vec![false; world],
                 mail: HashMap::new(),
                 splits: HashMap::new(),
             }),
@@ -275,6 +296,7 @@ impl Communicator for ThreadCommunicator {
         if let Some(b) = &st.broken {
             return Err(self.peer(b.clone()));
         }
+        self.check_present(&st, Some(dest))?;
         st.mail
             .entry((self.rank, dest))
             .or_default()
@@ -295,7 +317,7 @@ impl Communicator for ThreadCommunicator {
         }
         let key = (src, self.rank);
         let st = self.lock()?;
-        let mut st = self.wait_until(st, &format!("receive from rank {src}"), |st| {
+        let mut st = self.wait_until(st, &format!("receive from rank {src}"), Some(src), |st| {
             st.mail.get(&key).is_some_and(|q| !q.is_empty())
         })?;
         let msg = st
@@ -353,19 +375,15 @@ impl Communicator for ThreadCommunicator {
 
 impl Drop for ThreadCommunicator {
     fn drop(&mut self) {
-        // A rank leaving while others may still wait on it breaks the group; after a clean
-        // run nobody waits any more, so this is harmless.
+        // A panicking rank breaks the group; a finished one leaves it, which fails only the
+        // waits that need it (after a clean run nobody waits any more).
         if let Ok(mut st) = self.shared.state.lock() {
-            if st.broken.is_none() {
-                st.broken = Some(format!(
-                    "rank {} left the group{}",
-                    self.rank,
-                    if std::thread::panicking() {
-                        " (panicked)"
-                    } else {
-                        ""
-                    }
-                ));
+            if std::thread::panicking() {
+                if st.broken.is_none() {
+                    st.broken = Some(format!("rank {} left the group (panicked)", self.rank));
+                }
+            } else {
+                st.left[self.rank] = true;
             }
             self.shared.cv.notify_all();
         }

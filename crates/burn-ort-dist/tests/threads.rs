@@ -236,3 +236,28 @@ fn every_operation_checks_out_on_one_to_five_threads() {
         }
     }
 }
+
+#[test]
+fn a_finished_rank_fails_only_what_needs_it() {
+    let results = on_threads(3, |c| match c.rank() {
+        // Finishes at once.
+        0 => Ok(()),
+        1 => {
+            std::thread::sleep(Duration::from_millis(100));
+            c.send(&[1.0], 2).map_err(|e| e.to_string())?;
+            match c.recv(&mut [0.0], 0) {
+                Err(e) if e.to_string().contains("rank 0 left the group") => Ok(()),
+                other => Err(format!("a receive from the finished rank 0 gave {other:?}")),
+            }
+        }
+        _ => {
+            let mut b = [0.0];
+            c.recv(&mut b, 1).map_err(|e| e.to_string())?;
+            assert_eq!(b, [1.0]);
+            Ok(())
+        }
+    });
+    for (r, result) in results.iter().enumerate() {
+        assert!(result.is_ok(), "rank {r}: {result:?}");
+    }
+}

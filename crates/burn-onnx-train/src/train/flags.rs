@@ -83,6 +83,10 @@ pub struct TrainFlags {
     /// Loss scale (`loss_scale`): 0 dynamic (the default under f16), or a static scale.
     #[arg(long, value_name = "S")]
     pub loss_scale: Option<f64>,
+    /// Send data-parallel gradients as f16 (`allreduce_in_fp16`): half the bytes on the
+    /// wire, f16's precision.
+    #[arg(long)]
+    pub allreduce_in_fp16: bool,
     /// Activation recomputation over N segments (`recompute_segments`; 0 off).
     #[arg(long, value_name = "N")]
     pub recompute: Option<usize>,
@@ -137,6 +141,7 @@ impl TrainFlags {
         c.loss_scale = self.loss_scale.or(c.loss_scale);
         set(&mut c.recompute_segments, self.recompute);
         c.profile |= self.profile;
+        c.allreduce_in_fp16 |= self.allreduce_in_fp16;
         Ok(c)
     }
 }

@@ -160,6 +160,8 @@ pub fn build_strategy(
 ) -> Result<Box<dyn UpdateStrategy<OnnxModel>>> {
     let reduction = if c.enable_adasum {
         Reduction::Adasum
+    } else if c.allreduce_in_fp16 {
+        Reduction::MeanFp16
     } else {
         Reduction::Mean
     };

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use burn::module::ParamId;
 use burn::tensor::Device;
+use burn_ort_dist::fp16_wire::Fp16ReduceScatter;
 use burn_ort_dist::{Communicator, Groups, ModelParallel, Topology};
 
 use super::checkpoint::{model_bytes, model_file, state_dir};
@@ -43,6 +44,8 @@ pub struct Placement {
     model_group: Option<Arc<dyn Communicator>>,
     /// ZeRO-3: parameters sharded across the data-parallel group.
     sharded: bool,
+    /// Gradients cross the data-parallel group as f16 (`allreduce_in_fp16`).
+    fp16_gradients: bool,
 }
 
 impl Placement {
@@ -67,6 +70,7 @@ impl Placement {
             tensor_parallel: None,
             model_group,
             sharded: c.zero_stage == 3,
+            fp16_gradients: c.allreduce_in_fp16,
         })
     }
 
@@ -175,7 +179,13 @@ impl Placement {
             guards.push(enter(Group::TensorParallel, self.groups.tp.clone()));
         }
         if self.sharded {
-            guards.push(enter(Group::Sharding, self.groups.dp.clone()));
+            // ZeRO-3 reduce-scatters the gradients in backward through this group.
+            let group: Arc<dyn Communicator> = if self.fp16_gradients {
+                Arc::new(Fp16ReduceScatter(self.groups.dp.clone()))
+            } else {
+                self.groups.dp.clone()
+            };
+            guards.push(enter(Group::Sharding, group));
         }
         guards
     }

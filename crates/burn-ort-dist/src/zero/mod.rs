@@ -136,7 +136,11 @@ impl Zero {
         }
         let full = layout.take_grads(module, &mut grads)?;
         let mut mine = vec![0.0; layout.shard_len()];
-        self.comm.reduce_scatter(&full, &mut mine, ReduceOp::Mean)?;
+        if self.reduction == Reduction::MeanFp16 {
+            crate::fp16_wire::reduce_scatter(self.comm.as_ref(), &full, &mut mine, ReduceOp::Mean)?;
+        } else {
+            self.comm.reduce_scatter(&full, &mut mine, ReduceOp::Mean)?;
+        }
         Ok(mine)
     }
 }
