@@ -69,6 +69,17 @@ pub fn max_abs_diff(a: &ArrayD<f32>, b: &ArrayD<f32>) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// How far the update `initial -> got` is from the update `initial -> want`, as the
+/// relative L2 error `|got - want| / |want - initial|`.
+pub fn relative_update_error(initial: &ArrayD<f32>, got: &ArrayD<f32>, want: &ArrayD<f32>) -> f64 {
+    let (mut err, mut norm) = (0.0f64, 0.0f64);
+    for ((g, w), p) in got.iter().zip(want.iter()).zip(initial.iter()) {
+        err += f64::from(g - w).powi(2);
+        norm += f64::from(w - p).powi(2);
+    }
+    (err / norm.max(1e-30)).sqrt()
+}
+
 /// Assert every element is within `atol + rtol * |expected|`.
 pub fn assert_close(what: &str, got: &ArrayD<f32>, want: &ArrayD<f32>, atol: f32, rtol: f32) {
     assert_eq!(got.shape(), want.shape(), "{what}: shape mismatch");
