@@ -1,5 +1,6 @@
 //! All-reduce of 10M f32 through our `MpiCommunicator` against a plain rsmpi
-//! `all_reduce_into` of the same buffer, in the same run:
+//! `all_reduce_into` of the same buffer, and our f16 ring (`allreduce_in_fp16`: half the
+//! bytes, over point-to-point messages), in the same run:
 //!
 //! ```text
 //! cargo build --release --features mpi --example allreduce_bench
@@ -10,7 +11,7 @@ use std::time::Instant;
 
 use burn_ort::burn_ort_dist::mpi::collective::SystemOperation;
 use burn_ort::burn_ort_dist::mpi::traits::CommunicatorCollectives;
-use burn_ort::burn_ort_dist::{Communicator, MpiCommunicator, ReduceOp};
+use burn_ort::burn_ort_dist::{Communicator, MpiCommunicator, ReduceOp, fp16_wire};
 
 const N: usize = 10_000_000;
 const REPEATS: usize = 10;
@@ -25,6 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rank = comm.rank();
     let mut ours = Vec::new();
     let mut raw = Vec::new();
+    let mut half = Vec::new();
     let mut buf = vec![rank as f32 + 1.0; N];
     let mut recv = vec![0f32; N];
     for _ in 0..REPEATS {
@@ -37,15 +39,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         comm.with_world(|w| w.all_reduce_into(&buf[..], &mut recv[..], SystemOperation::sum()))?;
         raw.push(t.elapsed().as_secs_f64() * 1e3);
         buf.fill(rank as f32 + 1.0);
+        comm.barrier()?;
+        let t = Instant::now();
+        fp16_wire::all_reduce(&comm, &mut buf, ReduceOp::Sum)?;
+        half.push(t.elapsed().as_secs_f64() * 1e3);
+        buf.fill(rank as f32 + 1.0);
     }
     if rank == 0 {
-        let (o, r) = (median(ours), median(raw));
+        let (o, r, h) = (median(ours), median(raw), median(half));
         println!(
-            "| ranks | elements | burn-ort-dist all_reduce (ms, median of {REPEATS}) | rsmpi all_reduce_into (ms) | ratio |"
+            "| ranks | elements | burn-ort-dist all_reduce (ms, median of {REPEATS}) | rsmpi all_reduce_into (ms) | ratio | f16 ring (ms) |"
         );
-        println!("|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|");
         println!(
-            "| {} | {N} | {o:.1} | {r:.1} | {:.2} |",
+            "| {} | {N} | {o:.1} | {r:.1} | {:.2} | {h:.1} |",
             comm.world_size(),
             o / r
         );

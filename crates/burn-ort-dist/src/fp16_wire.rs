@@ -22,6 +22,7 @@
 use std::sync::Arc;
 
 use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use crate::communicator::{Communicator, ReduceOp, check_reduce_scatter};
 use crate::error::DistResult;
@@ -29,35 +30,35 @@ use crate::error::DistResult;
 /// Largest partial sum the ring may form: below f16's maximum (65504) with margin.
 const SUM_LIMIT: f64 = 32768.0;
 
-/// Two f16 values per f32 slot (the last slot's upper half 0 for an odd count).
-fn pack(values: &[f32]) -> Vec<f32> {
-    values
-        .chunks(2)
-        .map(|p| {
-            let lo = u32::from(f16::from_f32(p[0]).to_bits());
-            let hi = p
-                .get(1)
-                .map_or(0, |v| u32::from(f16::from_f32(*v).to_bits()));
-            f32::from_bits(lo | (hi << 16))
-        })
-        .collect()
+/// `values` as f16, two to an f32 slot (the last slot's upper half 0 for an odd count),
+/// into `out` (`values.len().div_ceil(2)` slots). Vectorised (F16C where the CPU has it).
+fn pack(values: &[f32], out: &mut [f32]) {
+    let halves: &mut [u16] = bytemuck::cast_slice_mut(out);
+    halves[values.len()..].fill(0);
+    halves[..values.len()]
+        .reinterpret_cast_mut::<f16>()
+        .convert_from_f32_slice(values);
 }
 
-/// The first `n` f16 values of `packed`, as f32.
-fn unpack(packed: &[f32], n: usize) -> Vec<f32> {
-    packed
-        .iter()
-        .flat_map(|w| {
-            let bits = w.to_bits();
-            [bits as u16, (bits >> 16) as u16].map(|h| f16::from_bits(h).to_f32())
-        })
-        .take(n)
-        .collect()
-}
+/// Values converted at a time by [`unpack_into`] (on the stack).
+const BLOCK: usize = 1024;
 
-/// The value as the f16 wire holds it.
-fn round(x: f32) -> f32 {
-    f16::from_f32(x).to_f32()
+/// The f16 values of `packed` (as many as `acc` holds), added into `acc` (`add`) or
+/// written over it.
+fn unpack_into(packed: &[f32], acc: &mut [f32], add: bool) {
+    let halves: &[u16] = bytemuck::cast_slice(packed);
+    let mut block = [0.0f32; BLOCK];
+    for (a, h) in acc.chunks_mut(BLOCK).zip(halves.chunks(BLOCK)) {
+        let b = &mut block[..a.len()];
+        h[..a.len()]
+            .reinterpret_cast::<f16>()
+            .convert_to_f32_slice(b);
+        if add {
+            a.iter_mut().zip(b.iter()).for_each(|(x, y)| *x += *y);
+        } else {
+            a.copy_from_slice(b);
+        }
+    }
 }
 
 /// Send `out` to the next rank of the ring and receive `into` from the previous one.
@@ -76,12 +77,13 @@ fn exchange(comm: &dyn Communicator, out: &[f32], into: &mut [f32]) -> DistResul
 /// The shared power of two for the buffers `local` of every rank; `None` when a rank
 /// holds inf or NaN.
 fn shared_scale(comm: &dyn Communicator, local: &[f32]) -> DistResult<Option<f32>> {
-    let max = local
+    // The largest magnitude as bits (non-negative floats order as integers; inf and NaN
+    // above every finite value): one vectorisable pass.
+    let bits = local
         .iter()
-        .try_fold(0.0f32, |m, x| x.is_finite().then(|| m.max(x.abs())))
-        .unwrap_or(f32::NAN);
+        .fold(0u32, |m, x| m.max(x.to_bits() & 0x7fff_ffff));
     let mut all = vec![0.0f32; comm.world_size()];
-    comm.all_gather(&[max], &mut all)?;
+    comm.all_gather(&[f32::from_bits(bits)], &mut all)?;
     if all.iter().any(|m| !m.is_finite()) {
         return Ok(None);
     }
@@ -96,48 +98,76 @@ fn shared_scale(comm: &dyn Communicator, local: &[f32]) -> DistResult<Option<f32
     Ok(Some(2f64.powi(k as i32) as f32))
 }
 
-/// Ring reduce-scatter of `acc` (already scaled; `world` chunks of `c` values): on return
-/// this rank's chunk holds the f16-rounded sum over the ranks.
-fn ring_reduce_scatter(comm: &dyn Communicator, acc: &mut [f32], c: usize) -> DistResult<()> {
-    let (r, n) = (comm.rank(), comm.world_size());
-    let mut incoming = vec![0.0f32; c.div_ceil(2)];
-    for s in 0..n - 1 {
-        let (send, recv) = ((r + 2 * n - s - 1) % n, (r + 2 * n - s - 2) % n);
-        let out = pack(&acc[send * c..(send + 1) * c]);
-        exchange(comm, &out, &mut incoming)?;
-        for (a, p) in acc[recv * c..(recv + 1) * c]
-            .iter_mut()
-            .zip(unpack(&incoming, c))
-        {
-            *a = round(p + *a);
+/// The ring's chunks of a buffer of `len` values: `world` ranges of `ceil(len / world)`
+/// (the last ones shorter or empty).
+struct Chunks {
+    len: usize,
+    size: usize,
+}
+
+impl Chunks {
+    fn new(len: usize, world: usize) -> Self {
+        Chunks {
+            len,
+            size: len.div_ceil(world),
         }
     }
-    if n == 1 {
-        acc.iter_mut().for_each(|a| *a = round(*a));
+    fn range(&self, i: usize) -> std::ops::Range<usize> {
+        (i * self.size).min(self.len)..((i + 1) * self.size).min(self.len)
     }
+}
+
+/// Ring reduce-scatter of `acc` (already scaled), in place: on return this rank's chunk
+/// holds the f16-rounded sum over the ranks. Each hop sends the f16 rounding of the
+/// running sum (`pack` rounds).
+fn ring_reduce_scatter(
+    comm: &dyn Communicator,
+    acc: &mut [f32],
+    chunks: &Chunks,
+) -> DistResult<()> {
+    let (r, n) = (comm.rank(), comm.world_size());
+    let slots = |i: usize| chunks.range(i).len().div_ceil(2);
+    let mut out = vec![0.0f32; chunks.size.div_ceil(2)];
+    let mut incoming = out.clone();
+    for s in 0..n - 1 {
+        let (send, recv) = ((r + 2 * n - s - 1) % n, (r + 2 * n - s - 2) % n);
+        pack(&acc[chunks.range(send)], &mut out[..slots(send)]);
+        exchange(comm, &out[..slots(send)], &mut incoming[..slots(recv)])?;
+        unpack_into(&incoming[..slots(recv)], &mut acc[chunks.range(recv)], true);
+    }
+    let mine = &mut acc[chunks.range(r)];
+    pack(mine, &mut out[..slots(r)]);
+    unpack_into(&out[..slots(r)], mine, false);
     Ok(())
 }
 
 /// Ring all-gather of the chunks of `acc` (rank `r` holding chunk `r`, f16 values).
-fn ring_all_gather(comm: &dyn Communicator, acc: &mut [f32], c: usize) -> DistResult<()> {
+fn ring_all_gather(comm: &dyn Communicator, acc: &mut [f32], chunks: &Chunks) -> DistResult<()> {
     let (r, n) = (comm.rank(), comm.world_size());
-    let mut incoming = vec![0.0f32; c.div_ceil(2)];
+    let slots = |i: usize| chunks.range(i).len().div_ceil(2);
+    let mut out = vec![0.0f32; chunks.size.div_ceil(2)];
+    let mut incoming = out.clone();
     for s in 0..n - 1 {
         let (send, recv) = ((r + n - s) % n, (r + 2 * n - s - 1) % n);
-        let out = pack(&acc[send * c..(send + 1) * c]);
-        exchange(comm, &out, &mut incoming)?;
-        acc[recv * c..(recv + 1) * c].copy_from_slice(&unpack(&incoming, c));
+        pack(&acc[chunks.range(send)], &mut out[..slots(send)]);
+        exchange(comm, &out[..slots(send)], &mut incoming[..slots(recv)])?;
+        unpack_into(
+            &incoming[..slots(recv)],
+            &mut acc[chunks.range(recv)],
+            false,
+        );
     }
     Ok(())
 }
 
-/// Undo the scale (and divide by the world size for a mean) in place.
+/// Undo the scale, and divide by the world size for a mean, in one exact step (`scale`
+/// is a power of two, so `x / (scale * world)` rounds as `(x / scale) / world`).
 fn unscale(values: &mut [f32], scale: f32, op: ReduceOp, world: usize) {
-    let inv = 1.0 / scale;
-    for v in values.iter_mut() {
-        *v *= inv;
-    }
-    crate::communicator::scale_mean(values, op, world);
+    let d = match op {
+        ReduceOp::Sum => scale,
+        ReduceOp::Mean => scale * world as f32,
+    };
+    values.iter_mut().for_each(|v| *v /= d);
 }
 
 /// All-reduce `buf` over `comm` with f16 on the wire (see the module documentation).
@@ -149,12 +179,10 @@ pub fn all_reduce(comm: &dyn Communicator, buf: &mut [f32], op: ReduceOp) -> Dis
     let Some(scale) = shared_scale(comm, buf)? else {
         return comm.all_reduce(buf, op);
     };
-    let c = buf.len().div_ceil(n);
-    let mut acc: Vec<f32> = buf.iter().map(|x| x * scale).collect();
-    acc.resize(c * n, 0.0);
-    ring_reduce_scatter(comm, &mut acc, c)?;
-    ring_all_gather(comm, &mut acc, c)?;
-    buf.copy_from_slice(&acc[..buf.len()]);
+    buf.iter_mut().for_each(|x| *x *= scale);
+    let chunks = Chunks::new(buf.len(), n);
+    ring_reduce_scatter(comm, buf, &chunks)?;
+    ring_all_gather(comm, buf, &chunks)?;
     unscale(buf, scale, op, n);
     Ok(())
 }
@@ -174,10 +202,10 @@ pub fn reduce_scatter(
     let Some(scale) = shared_scale(comm, send)? else {
         return comm.reduce_scatter(send, recv, op);
     };
-    let c = recv.len();
     let mut acc: Vec<f32> = send.iter().map(|x| x * scale).collect();
-    ring_reduce_scatter(comm, &mut acc, c)?;
-    recv.copy_from_slice(&acc[r * c..(r + 1) * c]);
+    let chunks = Chunks::new(acc.len(), n);
+    ring_reduce_scatter(comm, &mut acc, &chunks)?;
+    recv.copy_from_slice(&acc[chunks.range(r)]);
     unscale(recv, scale, op, n);
     Ok(())
 }
