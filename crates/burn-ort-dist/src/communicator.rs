@@ -12,6 +12,19 @@ pub enum ReduceOp {
     Mean,
 }
 
+/// Averaging of gradient buckets that stay on the GPU (NCCL on CUDA devices): no host
+/// copies on the way.
+pub trait DeviceReduce: Send + Sync {
+    /// Whether buffers on `device` can be reduced here.
+    fn reduces_on(&self, device: &burn::tensor::Device) -> bool;
+    /// The mean over the group of `bucket`, a flat f32 tensor on this rank's device (each
+    /// rank passes its own, of the same length).
+    fn all_reduce_mean(
+        &self,
+        bucket: burn::tensor::Tensor<1>,
+    ) -> DistResult<burn::tensor::Tensor<1>>;
+}
+
 /// Collective operations among the ranks of one group.
 pub trait Communicator: Send + Sync {
     /// This process's rank in the group.
@@ -42,6 +55,10 @@ pub trait Communicator: Send + Sync {
     /// terminates every rank with `code`; threads: peers fail at their next collective).
     fn abort(&self, code: i32) {
         let _ = code;
+    }
+    /// The group's reduction of device buffers, when it has one (NCCL).
+    fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
+        None
     }
 }
 

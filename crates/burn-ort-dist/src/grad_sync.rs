@@ -4,6 +4,8 @@
 //! the `GradientsParams`, packs them into flat buckets of at most `bucket_bytes` (PyTorch
 //! DDP's default is 25 MB), averages every bucket across the group, and puts the averaged
 //! gradients back. Every rank walks the same module in the same order, so buckets line up.
+//! When the group reduces device buffers (NCCL on CUDA), the buckets stay on the GPU
+//! ([`crate::device_buckets`]).
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
@@ -130,6 +132,13 @@ pub fn reduce_gradients<M: Module>(
     if comm.world_size() == 1 {
         return Ok(());
     }
+    let device = module.devices().into_iter().next().unwrap_or_default();
+    if reduction == Reduction::Mean
+        && let Some(on_device) = comm.device_reduce()
+        && on_device.reduces_on(&device)
+    {
+        return crate::device_buckets::reduce_on_device(on_device, module, grads, bucket_bytes);
+    }
     let mut collect = Collect {
         grads,
         slots: Vec::new(),
@@ -147,16 +156,9 @@ pub fn reduce_gradients<M: Module>(
             message: format!("cannot read a gradient: {e}"),
         });
     }
-    let device = module.devices().into_iter().next().unwrap_or_default();
-    let cap = (bucket_bytes / 4).max(1);
-    let mut start = 0;
-    while start < slots.len() {
-        let mut end = start + 1;
-        let mut len = slots[start].values.len();
-        while end < slots.len() && len + slots[end].values.len() <= cap {
-            len += slots[end].values.len();
-            end += 1;
-        }
+    let lens: Vec<usize> = slots.iter().map(|s| s.values.len()).collect();
+    for range in bucket_ranges(&lens, bucket_bytes) {
+        let (start, end) = (range.start, range.end);
         let bucket: Vec<f32> = slots[start..end]
             .iter()
             .flat_map(|s| s.values.iter().copied())
@@ -180,7 +182,6 @@ pub fn reduce_gradients<M: Module>(
             slot.values.copy_from_slice(&reduced[offset..offset + n]);
             offset += n;
         }
-        start = end;
     }
     let mut restore = Restore {
         grads,
@@ -189,6 +190,24 @@ pub fn reduce_gradients<M: Module>(
     };
     module.visit(&mut restore);
     Ok(())
+}
+
+/// Consecutive tensors of `lens` elements grouped into buckets of at most `bucket_bytes`
+/// of f32 (a larger tensor is a bucket of its own), in order.
+pub(crate) fn bucket_ranges(lens: &[usize], bucket_bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let cap = (bucket_bytes / 4).max(1);
+    let mut ranges = Vec::new();
+    let mut start = 0;
+    while start < lens.len() {
+        let (mut end, mut len) = (start + 1, lens[start]);
+        while end < lens.len() && len + lens[end] <= cap {
+            len += lens[end];
+            end += 1;
+        }
+        ranges.push(start..end);
+        start = end;
+    }
+    ranges
 }
 
 /// Gather the bucket from every rank and apply Adasum tensor by tensor.

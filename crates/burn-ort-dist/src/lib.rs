@@ -14,6 +14,7 @@
 pub mod collective_check;
 pub mod communicator;
 pub mod data_parallel;
+pub mod device_buckets;
 pub mod error;
 pub mod fp16_wire;
 pub mod grad_sync;
@@ -30,7 +31,7 @@ pub mod topology;
 pub mod zero;
 
 pub use collective_check::check_collectives;
-pub use communicator::{Communicator, LocalCommunicator, ReduceOp};
+pub use communicator::{Communicator, DeviceReduce, LocalCommunicator, ReduceOp};
 pub use data_parallel::{DataParallel, DistributedOptimizer};
 pub use error::{DistError, DistResult};
 pub use grad_sync::{

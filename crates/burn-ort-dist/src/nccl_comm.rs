@@ -5,16 +5,24 @@
 //! cudarc loads `libcuda` and `libnccl` at run time (`dynamic-loading`), so this compiles
 //! on machines without the CUDA toolkit; [`NcclCommunicator::init`] checks that both
 //! libraries are present before touching them. Rank 0 creates the NCCL unique id and
-//! broadcasts it over MPI, which is what makes the group span nodes. Every collective
-//! copies the host buffer to the rank's GPU, runs the NCCL collective on the rank's
-//! stream, and copies the result back.
+//! broadcasts it over MPI, which is what makes the group span nodes. The [`Communicator`]
+//! collectives copy the host buffer to the rank's GPU, run the NCCL collective on the
+//! rank's stream, and copy the result back; gradient buckets that live on the GPU (Burn's
+//! CUDA backend) are averaged where they are ([`DeviceReduce`]): NCCL reads and writes
+//! the CubeCL buffer through its device address, after the kernels that wrote it finish.
+//! Both sides retain the device's primary CUDA context, so the address is valid for both.
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaStream};
+use burn::backend::{BackendTensor, DispatchDevice, DispatchTensor, DispatchTensorKind};
+use burn::tensor::{Device, Tensor};
+use cubecl_runtime::runtime::Runtime;
+use cubecl::cuda::CudaRuntime;
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
 
-use crate::communicator::{Communicator, ReduceOp, check_reduce_scatter};
+use crate::communicator::{Communicator, DeviceReduce, ReduceOp, check_reduce_scatter};
 use crate::error::{DistError, DistResult};
 use crate::mpi_comm::MpiCommunicator;
 
@@ -254,5 +262,83 @@ impl Communicator for NcclCommunicator {
 
     fn abort(&self, code: i32) {
         self.mpi.abort(code);
+    }
+
+    fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
+        Some(self)
+    }
+}
+
+/// A buffer of Burn's CUDA backend, as cudarc's NCCL calls take it.
+struct Borrowed {
+    ptr: CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+}
+
+impl DeviceSlice<f32> for Borrowed {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl DevicePtrMut<f32> for Borrowed {
+    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        // The caller finished every write before (a device sync) and synchronises NCCL's
+        // stream after, so there is no event to record.
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl DeviceReduce for NcclCommunicator {
+    fn reduces_on(&self, device: &Device) -> bool {
+        matches!(
+            device.clone().inner().as_dispatch(),
+            DispatchDevice::Cube(_)
+        )
+    }
+
+    fn all_reduce_mean(&self, bucket: Tensor<1>) -> DistResult<Tensor<1>> {
+        let device = bucket.device();
+        let DispatchTensor { kind, autodiff } = bucket.into_dispatch();
+        let DispatchTensorKind::Cube(BackendTensor::Float(t)) = kind else {
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: "NCCL reduces gradients of Burn's CUDA backend only".into(),
+            });
+        };
+        // NCCL writes in place: a contiguous buffer no other tensor shares.
+        let t = burn_cubecl::kernel::into_contiguous(t);
+        let t = if t.can_mut() { t } else { t.copy() };
+        let len = burn::backend::TensorMetadata::shape(&t).num_elements();
+        // NCCL runs on its own stream: the kernels that wrote the bucket must be done.
+        device
+            .sync()
+            .map_err(|e| self.err("finishing the gradient kernels", e))?;
+        let resource = t
+            .client
+            .get_resource::<<CudaRuntime as Runtime>::Server>(t.handle.clone())
+            .map_err(|e| self.err("the gradient bucket's device address", e))?;
+        let mut buffer = Borrowed {
+            ptr: resource.resource().ptr,
+            len,
+            stream: self.stream.clone(),
+        };
+        self.with_comm(|c| {
+            c.all_reduce_in_place(&mut buffer, &NcclOp::Avg)
+                .map(|_| ())
+                .map_err(|e| self.err("ncclAllReduce", e))
+        })?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("synchronize", e))?;
+        drop(resource);
+        Ok(Tensor::from_dispatch(DispatchTensor {
+            kind: DispatchTensorKind::Cube(BackendTensor::Float(t)),
+            autodiff,
+        }))
     }
 }
