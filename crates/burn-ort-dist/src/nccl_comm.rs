@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use burn::backend::{BackendTensor, DispatchDevice, DispatchTensor, DispatchTensorKind};
 use burn::tensor::{Device, Tensor};
-use cubecl_runtime::runtime::Runtime;
 use cubecl::cuda::CudaRuntime;
+use cubecl_runtime::runtime::Runtime;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
