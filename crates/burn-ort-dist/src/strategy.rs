@@ -244,25 +244,60 @@ pub fn total_norm(squares: impl Iterator<Item = f64>) -> f32 {
     squares.sum::<f64>().sqrt() as f32
 }
 
-/// Sum of squares of every parameter's gradient.
+/// Sum of squares of every parameter's gradient. On the host (Flex) from the values, in
+/// f64 (as the sharded strategies sum); on a device, each gradient's sum on the device and
+/// all of them read back at once, so that gradients never leave the GPU.
 fn grad_squares<M: Module>(module: &M, grads: &GradientsParams) -> DistResult<Vec<(ParamId, f64)>> {
-    struct Squares<'a>(&'a GradientsParams, Vec<(ParamId, f64)>, Option<String>);
+    struct Squares<'a> {
+        grads: &'a GradientsParams,
+        on_host: bool,
+        host: Vec<(ParamId, f64)>,
+        device: Vec<(ParamId, Tensor<1>)>,
+        error: Option<String>,
+    }
     impl ModuleVisitor for Squares<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let Some(g) = self.0.get::<D>(param.id) {
-                match g.into_data().convert::<f32>().try_to_vec::<f32>() {
-                    Ok(v) => self.1.push((param.id, sum_squares(&v))),
-                    Err(e) => self.2 = Some(format!("{e:?}")),
-                }
+            let Some(g) = self.grads.get::<D>(param.id) else {
+                return;
+            };
+            if !self.on_host {
+                self.device.push((param.id, g.square().sum()));
+                return;
+            }
+            match g.into_data().convert::<f32>().try_to_vec::<f32>() {
+                Ok(v) => self.host.push((param.id, sum_squares(&v))),
+                Err(e) => self.error = Some(format!("{e:?}")),
             }
         }
     }
-    let mut n = Squares(grads, Vec::new(), None);
+    let device = module.devices().into_iter().next().unwrap_or_default();
+    let mut n = Squares {
+        grads,
+        on_host: matches!(
+            device.inner().as_dispatch(),
+            burn::backend::DispatchDevice::Flex(_)
+        ),
+        host: Vec::new(),
+        device: Vec::new(),
+        error: None,
+    };
     module.visit(&mut n);
-    match n.2 {
-        Some(e) => Err(invalid(format!("cannot read a gradient: {e}"))),
-        None => Ok(n.1),
+    if let Some(e) = n.error {
+        return Err(invalid(format!("cannot read a gradient: {e}")));
     }
+    if n.device.is_empty() {
+        return Ok(n.host);
+    }
+    let (ids, sums): (Vec<ParamId>, Vec<Tensor<1>>) = n.device.into_iter().unzip();
+    let values = Tensor::cat(sums, 0)
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .map_err(|e| invalid(format!("cannot read the gradient norms: {e:?}")))?;
+    Ok(ids
+        .into_iter()
+        .zip(values.into_iter().map(f64::from))
+        .collect())
 }
 
 /// Clip gradients to a global L2 norm (`torch.nn.utils.clip_grad_norm_`): when `norm`
