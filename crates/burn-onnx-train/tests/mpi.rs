@@ -83,6 +83,30 @@ fn mpirun(np: usize) -> Command {
     cmd
 }
 
+/// `onnx-train train --config cfg --output-dir out ARGS` under `mpirun -np np` (0: as one
+/// plain process); asserts it succeeds.
+fn train_run(np: usize, cfg: &Path, out: &Path, args: &[&str]) {
+    let mut cmd = if np == 0 {
+        Command::new(onnx_train())
+    } else {
+        let mut c = mpirun(np);
+        c.arg(onnx_train());
+        c
+    };
+    let run = cmd
+        .args(["train", "--config", cfg.to_str().unwrap()])
+        .args(["--output-dir", out.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
 fn equivalence(case: &str, np: usize, per_rank: usize) {
     grid_equivalence(case, np, 1, 1, per_rank);
 }
@@ -93,48 +117,32 @@ fn grid_equivalence(case: &str, dp: usize, tp: usize, pp: usize, per_rank: usize
     let np = dp * tp * pp;
     let dir = tempdir(&format!("mpi-{case}-{dp}x{tp}x{pp}"));
     let cfg = setup(&dir, case, 10);
-    let single = Command::new(onnx_train())
-        .args([
-            "train",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--output-dir",
-            dir.join("one").to_str().unwrap(),
-        ])
-        .args(["--batch-size", &(dp * per_rank).to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        single.status.success(),
-        "{}",
-        String::from_utf8_lossy(&single.stderr)
+    train_run(
+        0,
+        &cfg,
+        &dir.join("one"),
+        &["--batch-size", &(dp * per_rank).to_string()],
     );
-    let multi = mpirun(np)
-        .arg(onnx_train())
-        .args([
-            "train",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--output-dir",
-            dir.join("many").to_str().unwrap(),
-        ])
-        .args([
+    let (per_rank, dp, tp, pp) = (
+        per_rank.to_string(),
+        dp.to_string(),
+        tp.to_string(),
+        pp.to_string(),
+    );
+    train_run(
+        np,
+        &cfg,
+        &dir.join("many"),
+        &[
             "--batch-size",
-            &per_rank.to_string(),
+            &per_rank,
             "--dp",
-            &dp.to_string(),
+            &dp,
             "--tp",
-            &tp.to_string(),
+            &tp,
             "--pp",
-            &pp.to_string(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        multi.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&multi.stdout),
-        String::from_utf8_lossy(&multi.stderr)
+            &pp,
+        ],
     );
     let file = format!(
         "{}_trained.onnx",
@@ -171,30 +179,9 @@ fn zero_equivalence(np: usize, stage: usize, atol: f32) {
         .replace("initial_lr = 0.1", "initial_lr = 0.001");
     std::fs::write(&cfg, text).unwrap();
     for (out, zero) in [("zero0", 0), ("zeroN", stage)] {
-        let run = mpirun(np)
-            .arg(onnx_train())
-            .args([
-                "train",
-                "--config",
-                cfg.to_str().unwrap(),
-                "--output-dir",
-                dir.join(out).to_str().unwrap(),
-            ])
-            .args([
-                "--batch-size",
-                "1",
-                "--dp",
-                &np.to_string(),
-                "--zero",
-                &zero.to_string(),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            run.status.success(),
-            "{}",
-            String::from_utf8_lossy(&run.stderr)
-        );
+        let (n, zero) = (np.to_string(), zero.to_string());
+        let args = ["--batch-size", "1", "--dp", &n, "--zero", &zero];
+        train_run(np, &cfg, &dir.join(out), &args);
     }
     let file = "gpt2_tiny_trained.onnx";
     for ((name, a), (_, b)) in onnx_params(dir.join("zero0").join(file))
@@ -230,29 +217,10 @@ fn fp16_gradients_follow_f32(np: usize, stage: usize) {
     let dir = tempdir(&format!("mpi-fp16-{np}-{stage}"));
     let cfg = setup(&dir, "gpt2", 10);
     for (out, extra) in [("f32", None), ("f16", Some("--allreduce-in-fp16"))] {
-        let run = mpirun(np)
-            .arg(onnx_train())
-            .args([
-                "train",
-                "--config",
-                cfg.to_str().unwrap(),
-                "--output-dir",
-                dir.join(out).to_str().unwrap(),
-                "--batch-size",
-                "1",
-                "--dp",
-                &np.to_string(),
-                "--zero",
-                &stage.to_string(),
-            ])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            run.status.success(),
-            "{}",
-            String::from_utf8_lossy(&run.stderr)
-        );
+        let (n, zero) = (np.to_string(), stage.to_string());
+        let mut args = vec!["--batch-size", "1", "--dp", &n, "--zero", &zero];
+        args.extend(extra);
+        train_run(np, &cfg, &dir.join(out), &args);
     }
     let file = "gpt2_tiny_trained.onnx";
     let initial = onnx_params(refkit("models/gpt2_tiny.onnx"));

@@ -25,7 +25,11 @@ fn values(rank: usize, n: usize) -> Vec<f32> {
     (0..n)
         .map(|i| {
             let k = (i * 7 + rank * 13) % 17;
-            let sign = if (i + rank) % 3 == 0 { -1.0 } else { 1.0 };
+            let sign = if (i + rank).is_multiple_of(3) {
+                -1.0
+            } else {
+                1.0
+            };
             sign * 2f32.powi(k as i32 - 12) * (1.0 + ((i * 31 + rank) % 97) as f32 / 97.0)
         })
         .collect()

@@ -42,6 +42,23 @@ fn owner(chunk_starts: &Tensor<f32>, chunk: usize) -> usize {
     lo
 }
 
+/// Burn's moment update at `i` for gradient `g` (`m = m b1 + g (1 - b1)`,
+/// `v = v b2 + g^2 (1 - b2)`), returning Adam's direction `m^ / (sqrt(v^) + eps)`.
+#[cube]
+fn adam_direction(
+    g: f32,
+    moment_1: &mut Tensor<f32>,
+    moment_2: &mut Tensor<f32>,
+    i: usize,
+    hyper: &Tensor<f32>,
+) -> f32 {
+    let m = moment_1[i] * hyper[1] + g * hyper[3];
+    let v = moment_2[i] * hyper[2] + (g * g) * hyper[4];
+    moment_1[i] = m;
+    moment_2[i] = v;
+    (m / hyper[5]) / (f32::sqrt(v / hyper[6]) + hyper[7])
+}
+
 /// Adam (`decoupled` false: L2 decay `factors[t]` added to the gradient) or AdamW
 /// (`decoupled`: the parameter multiplied by `factors[t] = 1 - lr * decay` first).
 #[cube(launch)]
@@ -60,8 +77,7 @@ fn adam_kernel(
     let c = CUBE_POS;
     let size = chunk as usize;
     if c * size < params.len() {
-        let (lr, beta_1, beta_2, factor_1) = (hyper[0], hyper[1], hyper[2], hyper[3]);
-        let (factor_2, corr_1, corr_2, epsilon) = (hyper[4], hyper[5], hyper[6], hyper[7]);
+        let lr = hyper[0];
         let f = factors[owner(chunk_starts, c)];
         let mut j = UNIT_POS_X as usize;
         while j < size {
@@ -69,13 +85,9 @@ fn adam_kernel(
             let p = params[i];
             let mut g = grads[i];
             if !comptime![decoupled] {
-                g = p * f + g;
+                g += p * f;
             }
-            let m = moment_1[i] * beta_1 + g * factor_1;
-            let v = moment_2[i] * beta_2 + (g * g) * factor_2;
-            moment_1[i] = m;
-            moment_2[i] = v;
-            let delta = (m / corr_1) / (f32::sqrt(v / corr_2) + epsilon);
+            let delta = adam_direction(g, moment_1, moment_2, i, hyper);
             let mut kept = p;
             if comptime![decoupled] {
                 kept = p * f;
@@ -106,8 +118,6 @@ fn lamb_direction_kernel(
     let c = CUBE_POS;
     let size = chunk as usize;
     if c * size < params.len() {
-        let (beta_1, beta_2, factor_1) = (hyper[1], hyper[2], hyper[3]);
-        let (factor_2, corr_1, corr_2, epsilon) = (hyper[4], hyper[5], hyper[6], hyper[7]);
         let decay = factors[owner(chunk_starts, c)];
         let mut pp = f32::new(0.0);
         let mut uu = f32::new(0.0);
@@ -115,12 +125,7 @@ fn lamb_direction_kernel(
         while j < size {
             let i = c * size + j;
             let p = params[i];
-            let g = grads[i];
-            let m = moment_1[i] * beta_1 + g * factor_1;
-            let v = moment_2[i] * beta_2 + (g * g) * factor_2;
-            moment_1[i] = m;
-            moment_2[i] = v;
-            let u = (m / corr_1) / (f32::sqrt(v / corr_2) + epsilon) + p * decay;
+            let u = adam_direction(grads[i], moment_1, moment_2, i, hyper) + p * decay;
             direction[i] = u;
             pp += p * p;
             uu += u * u;
@@ -200,7 +205,7 @@ fn lamb_apply_kernel(
         let mut j = UNIT_POS_X as usize;
         while j < size {
             let i = c * size + j;
-            params[i] = params[i] - (direction[i] * ratio) * lr;
+            params[i] -= (direction[i] * ratio) * lr;
             j += CUBE_DIM_X as usize;
         }
     }
