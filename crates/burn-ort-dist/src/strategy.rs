@@ -1,8 +1,9 @@
 //! The update a training loop calls after backward: [`UpdateStrategy`]. It owns the
 //! optimizer state and decides how gradients cross ranks and where the update runs:
 //! [`Replicated`] (plain data parallelism, ZeRO stage 0: all-reduce, every rank updates
-//! everything with a [`ReplicaOptimizer`]: Burn's, or a fused one) or [`crate::zero::Zero`] (stages 1 and 2: each rank
-//! updates its shard of a flat buffer). The loop does not branch on the kind.
+//! everything with a [`ReplicaOptimizer`]: Burn's, or a fused one) or
+//! [`crate::zero::Zero`] (stages 1 to 3: each rank updates its shard of a flat buffer).
+//! The loop does not branch on the kind.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
