@@ -40,7 +40,7 @@ fn inspect_lists_inputs_ops_and_parameters() {
 
 #[test]
 fn run_writes_outputs_equal_to_onnxruntime() {
-    let dir = std::env::temp_dir().join(format!("onnx-train-cli-{}", std::process::id()));
+    let dir = tempdir("cli-run");
     let model = refkit("models/lenet_bn.onnx");
     let input = refkit("inference/lenet_bn/input.npy");
     let out = onnx_train(&[

@@ -69,7 +69,7 @@ fn batches_continue_across_epochs() {
 
 #[test]
 fn shards_load_from_directories() {
-    let dir = std::env::temp_dir().join(format!("onnx-train-data-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("onnx-train-data");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("tok")).unwrap();
     std::fs::create_dir_all(dir.join("img")).unwrap();

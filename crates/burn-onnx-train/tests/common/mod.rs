@@ -6,7 +6,7 @@ pub mod refkit_train;
 pub mod counting;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
 use burn_onnx_train::host_tensor::HostTensor;
@@ -106,9 +106,11 @@ pub fn losses(case: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// A fresh, empty directory for one test (named by `tag` and the test process id).
+/// A fresh, empty directory for one test, named by `tag` under cargo's scratch directory for
+/// integration tests (`target/tmp`): the next run of the same test empties and reuses it, so
+/// runs do not pile up outputs (checkpoints, exported models) on the disk.
 pub fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("onnx-train-{tag}-{}", std::process::id()));
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("onnx-train-{tag}"));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
