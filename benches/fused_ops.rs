@@ -2,15 +2,20 @@
 //! backward under autodiff on the Flex backend, at the shapes of a gpt2_tiny step (4 x 128
 //! tokens): tanh and GELU over the MLP's `[512, 512]` hidden activations, softmax over the
 //! attention's `[1024, 128]` score rows, and softmax cross-entropy over GPT-2's 50257-class
-//! logits for 64 tokens. `cargo bench --bench fused_ops`.
+//! logits for 64 tokens; and at the shapes of a SqueezeNet 1.1 step (8 images of 224x224):
+//! its first convolution (3 -> 64, 3x3 stride 2), a fire module's 3x3 expand (16 -> 64 on
+//! 55x55) and 1x1 squeeze (128 -> 16), and the first 3x3 stride-2 ceil-mode max pooling.
+//! `cargo bench --bench fused_ops`.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use burn::tensor::activation;
+use burn::tensor::module::{conv2d as burn_conv2d, max_pool2d as burn_max_pool2d};
+use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_onnx_train::kernels::{
-    cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, softmax, tanh,
+    conv2d, cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, max_pool2d, softmax, tanh,
 };
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -95,9 +100,76 @@ fn cross_entropy(c: &mut Criterion) {
     }
 }
 
+fn image(shape: [usize; 4], seed: usize) -> Tensor<4> {
+    let x: Vec<f32> = (0..shape.iter().product::<usize>())
+        .map(|i| ((i * 7919 + seed) % 2000) as f32 / 1000.0 - 1.0)
+        .collect();
+    Tensor::from_data(
+        TensorData::new(x, shape.to_vec()),
+        &Device::flex().autodiff(),
+    )
+}
+
+fn convolutions(c: &mut Criterion) {
+    type Conv = fn(Tensor<4>, Tensor<4>, Option<Tensor<1>>, ConvOptions<2>) -> Tensor<4>;
+    for (name, x, w, stride, pad) in [
+        ("conv 3->64 3x3 s2", [8, 3, 224, 224], [64, 3, 3, 3], 2, 0),
+        ("conv 16->64 3x3", [8, 16, 55, 55], [64, 16, 3, 3], 1, 1),
+        ("conv 128->16 1x1", [8, 128, 55, 55], [16, 128, 1, 1], 1, 0),
+    ] {
+        let (x, w, b) = (
+            image(x, 1),
+            image(w, 2),
+            image([1, 1, 1, w[0]], 3).reshape([w[0]]),
+        );
+        let options = ConvOptions::new([stride; 2], [pad; 2], [1, 1], 1);
+        for (kind, f) in [("fused", conv2d as Conv), ("burn", burn_conv2d as Conv)] {
+            c.bench_function(&format!("{name} fwd+bwd {kind}"), |bench| {
+                bench.iter(|| {
+                    let (x, w, b) = (
+                        x.clone().require_grad(),
+                        w.clone().require_grad(),
+                        b.clone().require_grad(),
+                    );
+                    black_box(f(x, w, Some(b), options.clone()).sum().backward())
+                })
+            });
+        }
+    }
+}
+
+fn pooling(c: &mut Criterion) {
+    type Pool = fn(Tensor<4>, MaxPoolOptions<2>) -> Tensor<4>;
+    let x = image([8, 64, 111, 111], 4);
+    let options = MaxPoolOptions {
+        kernel_size: [3, 3],
+        stride: [2, 2],
+        padding: [(0, 0); 2],
+        dilation: [1, 1],
+        ceil_mode: true,
+    };
+    for (kind, f) in [
+        ("fused", max_pool2d as Pool),
+        ("burn", burn_max_pool2d as Pool),
+    ] {
+        c.bench_function(
+            &format!("max_pool 3x3 s2 [8, 64, 111, 111] fwd+bwd {kind}"),
+            |b| {
+                b.iter(|| {
+                    black_box(
+                        f(x.clone().require_grad(), options.clone())
+                            .sum()
+                            .backward(),
+                    )
+                })
+            },
+        );
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
-    targets = activations, cross_entropy
+    targets = activations, cross_entropy, convolutions, pooling
 }
 criterion_main!(benches);

@@ -9,10 +9,15 @@
 //!   same pass, with one read-back for all gradients (CubeCL);
 //! - [`tanh`], [`gelu_tanh`] and [`softmax`]: one pass each way with vectorizable
 //!   `exp`/`tanh` (Flex);
+//! - [`conv2d`]: one-group convolution as im2col + GEMM per image, forward and backward,
+//!   straight on NCHW (Flex);
+//! - [`max_pool2d`]: max pooling with window bounds worked out once per call and a
+//!   backward that finds each maximum again instead of keeping indices (Flex);
 //! - `FusedAdam`: Adam, AdamW and LAMB over all parameters in one launch (three for LAMB)
 //!   on flat buffers, the optimizer of replicated runs on CubeCL devices.
 
 mod activation;
+mod conv;
 mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube;
@@ -22,12 +27,15 @@ mod fast_math;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod fused_adam;
 mod host;
+mod pool;
 mod unscale;
 
 pub use activation::{gelu_tanh, softmax, tanh};
+pub use conv::conv2d;
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use fused_adam::FusedAdam;
+pub use pool::max_pool2d;
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
 
 use burn::tensor::Device;

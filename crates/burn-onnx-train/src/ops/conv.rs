@@ -1,11 +1,12 @@
-//! `Conv` (1-D and 2-D, grouped, dilated, padded) on Burn's `conv2d`.
+//! `Conv` (1-D and 2-D, grouped, dilated, padded) on [`crate::kernels::conv2d`] (im2col +
+//! GEMM on the CPU, Burn's `conv2d` elsewhere).
 
-use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
 
 use super::window::Window2d;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
+use crate::kernels::conv2d;
 use crate::op_bail;
 use crate::value::{FloatValue, Value};
 

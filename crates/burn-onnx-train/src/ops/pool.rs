@@ -1,11 +1,13 @@
-//! Pooling: `MaxPool`, `AveragePool`, `GlobalAveragePool`, `GlobalMaxPool` (1-D and 2-D).
+//! Pooling: `MaxPool` (on [`crate::kernels::max_pool2d`]), `AveragePool`,
+//! `GlobalAveragePool`, `GlobalMaxPool` (1-D and 2-D).
 
-use burn::tensor::module::{avg_pool2d, max_pool2d};
+use burn::tensor::module::avg_pool2d;
 use burn::tensor::ops::{AvgPoolOptions, MaxPoolOptions};
 
 use super::window::Window2d;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
+use crate::kernels::max_pool2d;
 use crate::op_bail;
 use crate::value::{FloatValue, Value};
 
