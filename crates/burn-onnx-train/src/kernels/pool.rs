@@ -137,9 +137,11 @@ impl Pooling {
                         for tap in 0..nx {
                             let i = row + tap * dx;
                             let v = x[i];
-                            if v > max || v.is_nan() {
-                                (at, max) = (i, v);
-                            }
+                            // Selects, not a branch: which tap wins is data-dependent and
+                            // a mispredicted branch per tap cost more than the compare.
+                            let take = v > max || v.is_nan();
+                            at = if take { i } else { at };
+                            max = if take { v } else { max };
                         }
                     }
                     at
