@@ -6,6 +6,9 @@ report throughput over the last half of the steps, like our perf.json.
     python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch onnx2torch onnx numpy
     /tmp/torchvenv/bin/python tools/torch_bench.py gpt2 runs/gpt2/gpt2.onnx --batch 8 --seq 64 --steps 30
     /tmp/torchvenv/bin/python tools/torch_bench.py squeezenet crates/burn-onnx-train/tests/data/refkit/models/squeezenet1_1_dynbatch.onnx --batch 8 --steps 20
+
+`--native` (squeezenet only; needs torchvision) trains torchvision's own `squeezenet1_1`
+module instead of the converted file: PyTorch's native module, the same architecture.
 """
 import argparse
 import json
@@ -36,12 +39,18 @@ p.add_argument("--seq", type=int, default=64)
 p.add_argument("--steps", type=int, default=30)
 p.add_argument("--threads", type=int, default=2)
 p.add_argument("--vocab", type=int, default=50257)
+p.add_argument("--native", action="store_true", help="squeezenet: torchvision's squeezenet1_1")
 args = p.parse_args()
+if args.native and args.kind != "squeezenet":
+    p.error("--native exists for squeezenet only (torchvision's squeezenet1_1)")
 
 torch.set_num_threads(args.threads)
 torch.manual_seed(0)
-model = onnx.load(args.model)
-net = convert(model).train()
+if args.native:
+    import torchvision
+    net = torchvision.models.squeezenet1_1(num_classes=1000).train()
+else:
+    net = convert(onnx.load(args.model)).train()
 opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
 times, losses = [], []
 for step in range(args.steps):
@@ -65,7 +74,7 @@ for step in range(args.steps):
     losses.append(loss.item())
 half = times[len(times) // 2:]
 print(json.dumps({
-    "framework": f"torch {torch.__version__}", "model": args.model, "batch": args.batch,
+    "framework": f"torch {torch.__version__}" + (" native" if args.native else " onnx2torch"), "model": args.model, "batch": args.batch,
     "seq": args.seq if args.kind == "gpt2" else None, "threads": torch.get_num_threads(),
     "avg_update_ms": 1000 * sum(half) / len(half),
     "throughput_per_sec": items * len(half) / sum(half),
