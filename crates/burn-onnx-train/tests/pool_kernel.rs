@@ -14,10 +14,18 @@ use common::*;
 
 type PoolFn = fn(Tensor<4>, MaxPoolOptions<2>) -> Tensor<4>;
 
-fn out_size(input: usize, k: usize, pad: (usize, usize), s: usize, d: usize, ceil: bool) -> usize {
+/// Output size along spatial axis `i` (0: height, 1: width).
+fn out_size(shape: [usize; 4], o: &MaxPoolOptions<2>, i: usize) -> usize {
+    let (input, k, pad, s, d) = (
+        shape[2 + i],
+        o.kernel_size[i],
+        o.padding[i],
+        o.stride[i],
+        o.dilation[i],
+    );
     let span = d * (k - 1) + 1;
     let num = input + pad.0 + pad.1 - span;
-    if !ceil {
+    if !o.ceil_mode {
         return num / s + 1;
     }
     let out = num.div_ceil(s) + 1;
@@ -31,22 +39,7 @@ fn out_size(input: usize, k: usize, pad: (usize, usize), s: usize, d: usize, cei
 /// Output and input gradient of `sum(r * maxpool(x))`, by the definition.
 fn direct(shape: [usize; 4], o: &MaxPoolOptions<2>, x: &[f32], r: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let [n, c, h, w] = shape;
-    let oh = out_size(
-        h,
-        o.kernel_size[0],
-        o.padding[0],
-        o.stride[0],
-        o.dilation[0],
-        o.ceil_mode,
-    );
-    let ow = out_size(
-        w,
-        o.kernel_size[1],
-        o.padding[1],
-        o.stride[1],
-        o.dilation[1],
-        o.ceil_mode,
-    );
+    let (oh, ow) = (out_size(shape, o, 0), out_size(shape, o, 1));
     let (mut y, mut dx) = (
         vec![f32::NEG_INFINITY; n * c * oh * ow],
         vec![0f32; x.len()],
@@ -125,16 +118,7 @@ fn check(name: &str, shape: [usize; 4], o: MaxPoolOptions<2>, relu: bool, burn_t
     if !relu {
         x[7] = f32::NAN;
     }
-    let out = |i: usize| {
-        out_size(
-            shape[2 + i],
-            o.kernel_size[i],
-            o.padding[i],
-            o.stride[i],
-            o.dilation[i],
-            o.ceil_mode,
-        )
-    };
+    let out = |i: usize| out_size(shape, &o, i);
     let r: Vec<f32> = (0..shape[0] * shape[1] * out(0) * out(1))
         .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
         .collect();
