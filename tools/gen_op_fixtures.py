@@ -250,3 +250,12 @@ xg = np.random.default_rng(99).standard_normal((4, 33)).astype(np.float32) * 3
 save("gelu_tanh_pattern_13", gelu_tanh_nodes("x", "y", "g_"), [("x", xg)], [("y", F)], [("x", xg)], 13)
 # The Tanh output is also a graph output: the pattern must stay unfused.
 save("gelu_tanh_escaping_13", gelu_tanh_nodes("x", "y", "g_"), [("x", xg)], [("y", F), ("g_t", F)], [("x", xg)], 13)
+
+# --- Conv followed by Relu (the Relu folded into the Conv on load) ------------------------
+xc2 = np.random.default_rng(7).standard_normal((2, 3, 8, 8)).astype(np.float32)
+wc2 = np.random.default_rng(8).standard_normal((4, 3, 3, 3)).astype(np.float32)
+bc2 = np.random.default_rng(9).standard_normal(4).astype(np.float32)
+conv_relu = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+save("conv_relu_pattern_13", conv_relu, [("x", xc2)], [("y", F)], [("x", xc2)], 13, inits=[("w", wc2), ("b", bc2)])
+# The Conv output is also a graph output: the Relu must stay a node of its own.
+save("conv_relu_escaping_13", conv_relu, [("x", xc2)], [("y", F), ("c", F)], [("x", xc2)], 13, inits=[("w", wc2), ("b", bc2)])

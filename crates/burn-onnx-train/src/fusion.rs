@@ -7,6 +7,11 @@
 //! - GELU, tanh form (`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`: HF's `gelu_new`,
 //!   as PyTorch's TorchScript and dynamo exporters and our builder write it, 8 nodes) ->
 //!   `Gelu(approximate = "tanh")`.
+//! - Conv followed by Relu (the Conv's output read by the Relu alone) -> the Conv marked
+//!   with [`FUSED_ACTIVATION`] = `"Relu"`: `kernels::conv2d` applies the ReLU to each image's
+//!   output while it is in cache and masks the gradient in its backward, instead of a pass
+//!   of its own over the activations each way. The mark is internal: export writes the
+//!   original graph.
 
 use std::collections::HashMap;
 
@@ -178,6 +183,41 @@ pub fn fuse_gelu(graph: &mut Graph) -> usize {
             op: ops::lookup("Gelu").expect("Gelu is an op"),
         };
     }
+    remove_nodes(graph, &drop);
+    found.len()
+}
+
+/// The attribute marking a Conv that applies the named activation to its output itself.
+pub const FUSED_ACTIVATION: &str = "__fused_activation";
+
+/// Fold every Relu whose input is a Conv's output read by nothing else into that Conv;
+/// returns how many.
+pub fn fuse_conv_relu(graph: &mut Graph) -> usize {
+    let found: Vec<(usize, usize)> = {
+        let view = View::new(graph);
+        graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.op_type == "Relu" && n.inputs.len() == 1)
+            .filter_map(|(r, n)| view.sole(&n.inputs[0], "Conv").map(|c| (c, r)))
+            .collect()
+    };
+    let mut drop = vec![false; graph.nodes.len()];
+    for &(conv, relu) in &found {
+        drop[relu] = true;
+        let outputs = graph.nodes[relu].outputs.clone();
+        let node = &mut graph.nodes[conv];
+        node.outputs = outputs;
+        node.attrs
+            .set(FUSED_ACTIVATION, Attr::String("Relu".into()));
+    }
+    remove_nodes(graph, &drop);
+    found.len()
+}
+
+/// Remove the nodes marked in `drop` and recompute each value's last reader.
+fn remove_nodes(graph: &mut Graph, drop: &[bool]) {
     let mut index = 0;
     graph.nodes.retain(|_| {
         index += 1;
@@ -189,5 +229,4 @@ pub fn fuse_gelu(graph: &mut Graph) -> usize {
             graph.last_use.insert(input.clone(), i);
         }
     }
-    found.len()
 }

@@ -364,6 +364,7 @@ impl Graph {
             node_offset: 0,
         };
         crate::fusion::fuse_gelu(&mut graph);
+        crate::fusion::fuse_conv_relu(&mut graph);
         Ok(graph)
     }
 

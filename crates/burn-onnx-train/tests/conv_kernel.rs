@@ -1,11 +1,12 @@
 //! The CPU convolution (`kernels::conv2d`: im2col + GEMM with its own backward) against a
 //! direct f64 convolution written out here (forward, and the gradients of `sum(r * y)` with
 //! respect to input, weight and bias), over strides, asymmetric padding, dilation, 1x1
-//! kernels, one image and more images than cores; and the same problems through Burn's
-//! own `conv2d` as a second opinion.
+//! kernels, one image and more images than cores, and with the ReLU a fused Conv applies;
+//! and the same problems through Burn's own `conv2d` (and `relu`) as a second opinion.
 
 mod common;
 
+use burn::tensor::activation::relu;
 use burn::tensor::module::conv2d as burn_conv2d;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -20,6 +21,7 @@ struct Case {
     padding: [(usize, usize); 2],
     dilation: [usize; 2],
     bias: bool,
+    relu: bool,
 }
 
 impl Case {
@@ -60,26 +62,40 @@ fn direct(case: &Case, x: &[f32], w: &[f32], b: &[f32], r: &[f32]) -> [Vec<f64>;
             for oy in 0..oh {
                 for ox in 0..ow {
                     let yi = ((img * cout + co) * oh + oy) * ow + ox;
-                    let g = f64::from(r[yi]);
                     let mut acc = if case.bias { f64::from(b[co]) } else { 0.0 };
+                    let taps = || {
+                        (0..cin).flat_map(move |ci| {
+                            (0..kh).flat_map(move |ki| (0..kw).map(move |kj| (ci, ki, kj)))
+                        })
+                    };
+                    // (input index, weight index) of every tap inside the image.
+                    let inside = |(ci, ki, kj): (usize, usize, usize)| {
+                        let iy = (oy * case.stride[0] + ki * case.dilation[0]) as isize
+                            - case.padding[0].0 as isize;
+                        let ix = (ox * case.stride[1] + kj * case.dilation[1]) as isize
+                            - case.padding[1].0 as isize;
+                        (iy >= 0 && ix >= 0 && iy < h as isize && ix < wd as isize).then(|| {
+                            (
+                                ((img * cin + ci) * h + iy as usize) * wd + ix as usize,
+                                ((co * cin + ci) * kh + ki) * kw + kj,
+                            )
+                        })
+                    };
+                    for (xi, wi) in taps().filter_map(inside) {
+                        acc += f64::from(x[xi]) * f64::from(w[wi]);
+                    }
+                    let g = if case.relu && acc <= 0.0 {
+                        0.0
+                    } else {
+                        f64::from(r[yi])
+                    };
                     db[co] += g;
-                    for ci in 0..cin {
-                        for ki in 0..kh {
-                            for kj in 0..kw {
-                                let iy = (oy * case.stride[0] + ki * case.dilation[0]) as isize
-                                    - case.padding[0].0 as isize;
-                                let ix = (ox * case.stride[1] + kj * case.dilation[1]) as isize
-                                    - case.padding[1].0 as isize;
-                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
-                                    continue;
-                                }
-                                let xi = ((img * cin + ci) * h + iy as usize) * wd + ix as usize;
-                                let wi = ((co * cin + ci) * kh + ki) * kw + kj;
-                                acc += f64::from(x[xi]) * f64::from(w[wi]);
-                                dx[xi] += g * f64::from(w[wi]);
-                                dw[wi] += g * f64::from(x[xi]);
-                            }
-                        }
+                    for (xi, wi) in taps().filter_map(inside) {
+                        dx[xi] += g * f64::from(w[wi]);
+                        dw[wi] += g * f64::from(x[xi]);
+                    }
+                    if case.relu {
+                        acc = acc.max(0.0);
                     }
                     y[yi] = acc;
                 }
@@ -139,10 +155,15 @@ fn check(name: &str, case: Case) {
     let b = values(case.w[0], 3);
     let r = values(case.out().iter().product(), 4);
     let [y, dx, dw, db] = direct(&case, &x, &w, &b, &r);
-    for (conv, which) in [
-        (conv2d as ConvFn, "kernel"),
-        (burn_conv2d as ConvFn, "burn"),
-    ] {
+    let (kernel, burn): (ConvFn, ConvFn) = if case.relu {
+        (
+            |x, w, b, o| conv2d(x, w, b, o, true),
+            |x, w, b, o| relu(burn_conv2d(x, w, b, o)),
+        )
+    } else {
+        (|x, w, b, o| conv2d(x, w, b, o, false), burn_conv2d)
+    };
+    for (conv, which) in [(kernel, "kernel"), (burn, "burn")] {
         let got = autodiff(&case, conv, [&x, &w, &b, &r]);
         assert_matches(&format!("{name} {which} y"), &got[0], &y);
         assert_matches(&format!("{name} {which} dx"), &got[1], &dx);
@@ -168,6 +189,7 @@ fn strided_padded_3x3_with_bias() {
             padding: [(1, 1), (1, 1)],
             dilation: [1, 1],
             bias: true,
+            relu: false,
         },
     );
 }
@@ -183,6 +205,7 @@ fn asymmetric_padding_mixed_strides_and_dilation() {
             padding: [(0, 2), (1, 0)],
             dilation: [2, 1],
             bias: false,
+            relu: false,
         },
     );
 }
@@ -199,6 +222,7 @@ fn pointwise_and_strided_1x1() {
                 padding: [(0, 0), (0, 0)],
                 dilation: [1, 1],
                 bias: true,
+                relu: false,
             },
         );
     }
@@ -215,6 +239,24 @@ fn one_image_and_a_kernel_wider_than_the_padding() {
             padding: [(1, 1), (1, 1)],
             dilation: [1, 1],
             bias: true,
+            relu: false,
+        },
+    );
+}
+
+#[test]
+fn relu_folded_into_the_convolution() {
+    // Outputs on both sides of zero: the ReLU's mask decides half the gradients.
+    check(
+        "3x3 p1 relu",
+        Case {
+            x: [3, 4, 7, 6],
+            w: [5, 4, 3, 3],
+            stride: [1, 1],
+            padding: [(1, 1), (1, 1)],
+            dilation: [1, 1],
+            bias: true,
+            relu: true,
         },
     );
 }

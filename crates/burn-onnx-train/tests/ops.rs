@@ -1,7 +1,8 @@
 //! Single-op models (opsets 11-20, including the opset 18+ forms of Split, ReduceMean and
 //! friends, LayerNormalization, Gelu, training-mode BatchNormalization and Dropout) against
 //! what onnxruntime computed on the same inputs; the exporters' 8-node tanh GELU becomes one
-//! fused Gelu node where nothing else reads its intermediates. Fixtures:
+//! fused Gelu node and a Conv's Relu folds into the Conv where nothing else reads their
+//! intermediates. Fixtures:
 //! `tools/gen_op_fixtures.py`.
 
 mod common;
@@ -177,4 +178,22 @@ fn the_exporters_tanh_gelu_becomes_one_fused_node() {
             model.display()
         );
     }
+}
+
+#[test]
+fn a_relu_after_a_conv_folds_into_it() {
+    // The pattern alone (its output checked against onnxruntime by the fixture test above).
+    assert_eq!(
+        op_types(data("ops/conv_relu_pattern_13.onnx")),
+        vec!["Conv"]
+    );
+    // The Conv's output read elsewhere (a graph output) keeps the Relu.
+    assert_eq!(
+        op_types(data("ops/conv_relu_escaping_13.onnx")),
+        vec!["Conv", "Relu"]
+    );
+    // SqueezeNet 1.1: every one of its 26 Relus follows a Conv read by it alone.
+    let ops = op_types(refkit("models/squeezenet1_1_dynbatch.onnx"));
+    assert_eq!(ops.iter().filter(|o| *o == "Conv").count(), 26);
+    assert!(!ops.iter().any(|o| o == "Relu"), "{ops:?}");
 }

@@ -2,7 +2,8 @@
 //! backward: the output of image `b` is `W [Cout, K] x col_b [K, OH*OW]` written straight
 //! into NCHW (no layout changes), the weight gradient is `sum_b dY_b x col_b^T`, the input
 //! gradient `col2im(W^T x dY_b)`. A 1x1 convolution with stride 1 and no padding uses the
-//! image itself as `col_b`. Images run in parallel, each GEMM on one core; with fewer
+//! image itself as `col_b`. A ReLU after the convolution can be applied to each image's
+//! output while it is in cache, its gradient mask taken from the saved output. Images run in parallel, each GEMM on one core; with fewer
 //! images than cores the GEMMs split instead. Other group counts, dtypes and CubeCL
 //! devices use Burn's `conv2d`, which is also the reference the tests hold this to.
 
@@ -14,6 +15,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::{Flex, FlexTensor};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
+use burn::tensor::activation;
 use burn::tensor::module::conv2d as burn_conv2d;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Tensor, TensorData};
@@ -22,12 +24,14 @@ use rayon::prelude::*;
 
 use super::runs_cubecl;
 
-/// `conv2d(x, weight) + bias` (`x` `[N, Cin, H, W]`, `weight` `[Cout, Cin / groups, KH, KW]`).
+/// `conv2d(x, weight) + bias` (`x` `[N, Cin, H, W]`, `weight` `[Cout, Cin / groups, KH, KW]`),
+/// then `relu` if asked.
 pub fn conv2d(
     x: Tensor<4>,
     weight: Tensor<4>,
     bias: Option<Tensor<1>>,
     options: ConvOptions<2>,
+    relu: bool,
 ) -> Tensor<4> {
     let fused = x.dtype() == DType::F32
         && weight.dtype() == DType::F32
@@ -35,7 +39,8 @@ pub fn conv2d(
         && options.groups == 1
         && !runs_cubecl(&x.device());
     if !fused {
-        return burn_conv2d(x, weight, bias, options);
+        let y = burn_conv2d(x, weight, bias, options);
+        return if relu { activation::relu(y) } else { y };
     }
     let bias = bias.unwrap_or_else(|| Tensor::zeros([weight.dims()[0]], &weight.device()));
     Tensor::from_dispatch(<burn::backend::Dispatch as ConvOps>::conv2d_gemm(
@@ -43,18 +48,20 @@ pub fn conv2d(
         weight.into_dispatch(),
         bias.into_dispatch(),
         options,
+        relu,
     ))
 }
 
 /// The convolution as a backend extension (Flex, and Autodiff over it).
 #[backend_extension(Flex, Autodiff)]
 pub trait ConvOps: Backend {
-    /// `conv2d(x, weight) + bias`, one group.
+    /// `conv2d(x, weight) + bias`, one group, then `relu` if asked.
     fn conv2d_gemm(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         options: ConvOptions<2>,
+        relu: bool,
     ) -> FloatTensor<Self>;
     /// The gradient of `x` (whose shape `x` gives) from the output's gradient `grad`.
     fn conv2d_gemm_x_grad(
@@ -283,6 +290,7 @@ impl ConvOps for Flex {
         weight: FlexTensor,
         bias: FlexTensor,
         options: ConvOptions<2>,
+        relu: bool,
     ) -> FlexTensor {
         let ((x, xs), (weight, ws), (bias, _)) = (values(&x), values(&weight), values(&bias));
         let g = Geometry::new(&xs, &ws, &options);
@@ -304,6 +312,10 @@ impl ConvOps for Flex {
                         g.im2col(x, col);
                         matmul([g.cout, p, k], y, true, w, (col, p as isize, 1), par);
                     });
+                }
+                if relu {
+                    // `< 0` rather than `max`: NaN stays NaN, as in Burn's `relu`.
+                    y.iter_mut().filter(|v| **v < 0.0).for_each(|v| *v = 0.0);
                 }
             });
         tensor(y, vec![g.n, g.cout, g.oh, g.ow])
@@ -408,12 +420,22 @@ impl ConvOps for Flex {
 struct ConvBackward;
 
 impl<B: Backend + ConvOps> Backward<B, 3> for ConvBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>, ConvOptions<2>);
+    /// Input, weight, options, and the output when a ReLU was applied (its mask).
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        ConvOptions<2>,
+        Option<FloatTensor<B>>,
+    );
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [x_node, w_node, b_node] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let (x, weight, options) = ops.state;
+        let (x, weight, options, relu_output) = ops.state;
+        let grad = match relu_output {
+            Some(y) => B::relu_backward(y, grad),
+            None => grad,
+        };
         if let Some(node) = x_node {
             let dx =
                 B::conv2d_gemm_x_grad(x.clone(), weight.clone(), grad.clone(), options.clone());
@@ -435,6 +457,7 @@ impl<B: Backend + ConvOps, C: CheckpointStrategy> ConvOps for Autodiff<B, C> {
         weight: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         options: ConvOptions<2>,
+        relu: bool,
     ) -> FloatTensor<Self> {
         match ConvBackward
             .prepare::<C>([x.node(), weight.node(), bias.node()])
@@ -448,14 +471,17 @@ impl<B: Backend + ConvOps, C: CheckpointStrategy> ConvOps for Autodiff<B, C> {
                     wp.clone(),
                     bias.into_primitive(),
                     options.clone(),
+                    relu,
                 );
-                prep.finish((xp, wp, options), y)
+                let mask = relu.then(|| y.clone());
+                prep.finish((xp, wp, options, mask), y)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::conv2d_gemm(
                 x.into_primitive(),
                 weight.into_primitive(),
                 bias.into_primitive(),
                 options,
+                relu,
             )),
         }
     }

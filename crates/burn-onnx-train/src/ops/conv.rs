@@ -1,11 +1,13 @@
 //! `Conv` (1-D and 2-D, grouped, dilated, padded) on [`crate::kernels::conv2d`] (im2col +
-//! GEMM on the CPU, Burn's `conv2d` elsewhere).
+//! GEMM on the CPU, Burn's `conv2d` elsewhere), with the ReLU that
+//! [`crate::fusion::fuse_conv_relu`] folded into it.
 
 use burn::tensor::ops::ConvOptions;
 
 use super::window::Window2d;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
+use crate::fusion::FUSED_ACTIVATION;
 use crate::kernels::conv2d;
 use crate::op_bail;
 use crate::value::{FloatValue, Value};
@@ -63,6 +65,11 @@ pub fn conv(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         dilation: win.dilations,
         groups: group as usize,
     };
+    let relu = match ctx.attrs.string(FUSED_ACTIVATION, "")?.as_str() {
+        "" => false,
+        "Relu" => true,
+        other => op_bail!("unknown fused activation {other:?}"),
+    };
     let bias = ctx.autocast_bias(b.map(|b| b.into_rank::<1>()).transpose()?);
     let y = ctx.autocast([x4, w4], |[x4, w4]| {
         FloatValue::from_rank(conv2d(
@@ -70,6 +77,7 @@ pub fn conv(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             w4.into_rank::<4>()?,
             bias,
             options,
+            relu,
         ))
     })?;
     let y = if one_d {
