@@ -114,8 +114,21 @@ fn equivalence(case: &str, np: usize, per_rank: usize) {
 /// `mpirun -np dp*tp*pp ... --dp dp --tp tp --pp pp` with per-replica batch B against one
 /// process with batch dp*B.
 fn grid_equivalence(case: &str, dp: usize, tp: usize, pp: usize, per_rank: usize) {
+    grid_equivalence_with(case, dp, tp, pp, per_rank, &[]);
+}
+
+/// [`grid_equivalence`] with `extra` flags for the parallel run; returns the directory
+/// (`one/`, `many/` output directories).
+fn grid_equivalence_with(
+    case: &str,
+    dp: usize,
+    tp: usize,
+    pp: usize,
+    per_rank: usize,
+    extra: &[&str],
+) -> PathBuf {
     let np = dp * tp * pp;
-    let dir = tempdir(&format!("mpi-{case}-{dp}x{tp}x{pp}"));
+    let dir = tempdir(&format!("mpi-{case}-{dp}x{tp}x{pp}{}", extra.join("")));
     let cfg = setup(&dir, case, 10);
     train_run(
         0,
@@ -142,7 +155,10 @@ fn grid_equivalence(case: &str, dp: usize, tp: usize, pp: usize, per_rank: usize
             &tp,
             "--pp",
             &pp,
-        ],
+        ]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect::<Vec<_>>(),
     );
     let file = format!(
         "{}_trained.onnx",
@@ -165,6 +181,7 @@ fn grid_equivalence(case: &str, dp: usize, tp: usize, pp: usize, per_rank: usize
         if case == "gpt2" { "gpt2_tiny" } else { "mlp" }
     ));
     assert_moved(&initial, &dir.join("one").join(&file), 1e-3);
+    dir
 }
 
 /// `mpirun -np N ... --zero STAGE` ends where `--zero 0` does (10 AdamW updates with
@@ -281,6 +298,19 @@ fn mpi_zero_stages_match_replicated() {
 fn mpi_two_ranks_equal_one_process_gpt2_tiny() {
     let _serial = one_job_at_a_time();
     equivalence("gpt2", 2, 2);
+}
+
+#[test]
+fn mpi_two_ranks_averaging_during_backward_equal_one_process_gpt2_tiny() {
+    let _serial = one_job_at_a_time();
+    let dir = grid_equivalence_with("gpt2", 2, 1, 1, 2, &["--overlap", "3"]);
+    let perf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("many/perf.json")).unwrap()).unwrap();
+    let busy = perf["avg_overlapped_sync_ms"].as_f64().unwrap();
+    assert!(
+        busy > 0.0,
+        "no gradient was averaged during backward: {perf}"
+    );
 }
 
 #[test]

@@ -19,7 +19,7 @@ use burn_onnx_train::train::checkpoint::{list_checkpoints, read_state};
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
 use burn_onnx_train::train::launch::launch;
-use burn_onnx_train::train::optimizer::build_strategy;
+use burn_onnx_train::train::optimizer::{build_strategy, data_parallel};
 use burn_onnx_train::train::precision::{LossScaler, Precision, ScalerState};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use burn_ort_dist::run_threads;
@@ -106,7 +106,8 @@ fn an_inf_gradient_on_one_rank_skips_the_update_on_every_rank() {
         let model = OnnxModel::load(&c.model_path, &Device::flex().autodiff())
             .map_err(|e| e.to_string())?;
         let before = onnx_values(&model);
-        let mut strategy = build_strategy(&c, &model, comm.clone()).map_err(|e| e.to_string())?;
+        let mut strategy = build_strategy(&c, &model, &data_parallel(&c, comm.clone()))
+            .map_err(|e| e.to_string())?;
         let mut scaler = LossScaler::new(&c);
         let mut grads = GradientsParams::new();
         for (i, p) in model.params().iter().enumerate() {

@@ -8,23 +8,31 @@
 //! let mut optim = ddp.wrap(optim);                // averages gradients inside step()
 //! model = optim.step(lr, model, grads)?;
 //! ```
+//!
+//! To hide the averaging behind backward, hand finished gradients to the
+//! [`OverlappedSync`] of [`DataParallel::overlapped`] as backward produces them; `sync` then
+//! averages only the rest.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use burn::module::{Module, ModuleMapper, Param};
+use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Tensor, TensorData};
 
 use crate::communicator::Communicator;
 use crate::error::{DistError, DistResult};
-use crate::grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, reduce_gradients};
+use crate::grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, reduce_gradients_except};
+use crate::overlap::OverlappedSync;
 
-/// Data-parallel settings around a communicator.
+/// Data-parallel settings around a communicator. Clones share the record of gradients
+/// averaged during backward.
 #[derive(Clone)]
 pub struct DataParallel {
     comm: Arc<dyn Communicator>,
     bucket_bytes: usize,
     reduction: Reduction,
+    reduced: Arc<Mutex<HashSet<ParamId>>>,
 }
 
 impl DataParallel {
@@ -34,6 +42,7 @@ impl DataParallel {
             comm,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             reduction: Reduction::Mean,
+            reduced: Arc::default(),
         }
     }
 
@@ -54,14 +63,41 @@ impl DataParallel {
         &self.comm
     }
 
-    /// Combine `grads` across ranks.
+    /// The gradient combination rule.
+    pub fn reduction(&self) -> Reduction {
+        self.reduction
+    }
+
+    /// Bucket size in bytes.
+    pub fn bucket_bytes(&self) -> usize {
+        self.bucket_bytes
+    }
+
+    /// Start averaging one update's gradients during backward (a communication thread; mean
+    /// reductions only).
+    pub fn overlapped(&self) -> DistResult<OverlappedSync> {
+        OverlappedSync::start(self.clone())
+    }
+
+    /// The gradients of `ids` for the coming [`Self::sync`] are averaged already.
+    pub(crate) fn mark_reduced(&self, ids: impl IntoIterator<Item = ParamId>) {
+        self.reduced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(ids);
+    }
+
+    /// Combine `grads` across ranks (those marked reduced excepted; the marks are used up).
     pub fn sync<M: Module>(&self, module: &M, grads: &mut GradientsParams) -> DistResult<()> {
-        reduce_gradients(
+        let skip =
+            std::mem::take(&mut *self.reduced.lock().unwrap_or_else(PoisonError::into_inner));
+        reduce_gradients_except(
             self.comm.as_ref(),
             module,
             grads,
             self.bucket_bytes,
             self.reduction,
+            &skip,
         )
     }
 

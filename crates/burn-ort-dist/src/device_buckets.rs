@@ -3,7 +3,7 @@
 //! back into the gradients, with no host copy. Same bucket sizes and order as the host
 //! path of [`crate::grad_sync`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -16,11 +16,15 @@ use crate::grad_sync::bucket_ranges;
 /// Takes every gradient out, flattened.
 struct Take<'a> {
     grads: &'a mut GradientsParams,
+    skip: &'a HashSet<ParamId>,
     taken: Vec<(ParamId, Tensor<1>)>,
 }
 
 impl ModuleVisitor for Take<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if self.skip.contains(&param.id) {
+            return;
+        }
         if let Some(g) = self.grads.remove::<D>(param.id) {
             let n: usize = g.dims().iter().product();
             self.taken.push((param.id, g.reshape([n])));
@@ -43,19 +47,21 @@ impl ModuleVisitor for Put<'_> {
 }
 
 /// Average the gradients of `module` over the group of `device`, bucket by bucket, on the
-/// device.
+/// device, leaving out the parameters in `skip` (averaged already).
 pub fn reduce_on_device<M: Module>(
     device: &dyn DeviceReduce,
     module: &M,
     grads: &mut GradientsParams,
     bucket_bytes: usize,
+    skip: &HashSet<ParamId>,
 ) -> DistResult<()> {
     let mut take = Take {
         grads,
+        skip,
         taken: Vec::new(),
     };
     module.visit(&mut take);
-    let Take { grads, taken } = take;
+    let Take { grads, taken, .. } = take;
     let lens: Vec<usize> = taken.iter().map(|(_, g)| g.dims()[0]).collect();
     let mut reduced = HashMap::with_capacity(taken.len());
     for range in bucket_ranges(&lens, bucket_bytes) {

@@ -5,9 +5,12 @@
 //! DDP's default is 25 MB), averages every bucket across the group, and puts the averaged
 //! gradients back. Every rank walks the same module in the same order, so buckets line up.
 //! When the group reduces device buffers (NCCL on CUDA), the buckets stay on the GPU
-//! ([`crate::device_buckets`]).
+//! ([`crate::device_buckets`]). Gradients already averaged during backward
+//! ([`crate::overlap`]) are left out.
 
-use burn::module::{Module, ModuleVisitor, Param};
+use std::collections::{HashMap, HashSet};
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
 
@@ -17,28 +20,34 @@ use crate::error::{DistError, DistResult};
 /// PyTorch DDP's default bucket size.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 * 1024 * 1024;
 
-/// One gradient taken out for communication.
-struct Slot {
-    id: burn::module::ParamId,
+/// One gradient taken out of a `GradientsParams` as flat host values.
+pub struct FlatGrad {
+    /// Its parameter.
+    pub id: ParamId,
     shape: Vec<usize>,
     rank: usize,
-    values: Vec<f32>,
+    /// The values, row-major.
+    pub values: Vec<f32>,
 }
 
-struct Collect<'a> {
+struct Collect<'a, F> {
     grads: &'a mut GradientsParams,
-    slots: Vec<Slot>,
+    keep: F,
+    slots: Vec<FlatGrad>,
     error: Option<String>,
 }
 
-impl ModuleVisitor for Collect<'_> {
+impl<F: Fn(ParamId) -> bool> ModuleVisitor for Collect<'_, F> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if !(self.keep)(param.id) {
+            return;
+        }
         let Some(g) = self.grads.remove::<D>(param.id) else {
             return;
         };
         let shape = g.dims().to_vec();
         match g.into_data().convert::<f32>().try_to_vec::<f32>() {
-            Ok(values) => self.slots.push(Slot {
+            Ok(values) => self.slots.push(FlatGrad {
                 id: param.id,
                 shape,
                 rank: D,
@@ -49,25 +58,60 @@ impl ModuleVisitor for Collect<'_> {
     }
 }
 
+/// Take out of `grads` the gradients of `module`'s parameters that `keep` selects, in the
+/// module's parameter order, as flat host values.
+pub fn take_flat<M: Module>(
+    module: &M,
+    grads: &mut GradientsParams,
+    keep: impl Fn(ParamId) -> bool,
+    rank: usize,
+) -> DistResult<Vec<FlatGrad>> {
+    let mut collect = Collect {
+        grads,
+        keep,
+        slots: Vec::new(),
+        error: None,
+    };
+    module.visit(&mut collect);
+    match collect.error {
+        Some(e) => Err(DistError::Invalid {
+            rank,
+            message: format!("cannot read a gradient: {e}"),
+        }),
+        None => Ok(collect.slots),
+    }
+}
+
 struct Restore<'a> {
     grads: &'a mut GradientsParams,
-    slots: std::vec::IntoIter<Slot>,
+    slots: HashMap<ParamId, FlatGrad>,
     device: burn::tensor::Device,
 }
 
 impl ModuleVisitor for Restore<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let Some(next) = self.slots.as_slice().first() else {
-            return;
-        };
-        if next.id != param.id || next.rank != D {
+        if self.slots.get(&param.id).is_none_or(|s| s.rank != D) {
             return;
         }
-        let slot = self.slots.next().expect("peeked above");
+        let slot = self.slots.remove(&param.id).expect("looked up above");
         let t: Tensor<D> =
             Tensor::from_data(TensorData::new(slot.values, slot.shape), &self.device);
         self.grads.register(param.id, t);
     }
+}
+
+/// Put gradients taken by [`take_flat`] back into `grads`, on `module`'s device.
+pub fn put_flat<M: Module>(
+    module: &M,
+    grads: &mut GradientsParams,
+    flat: impl IntoIterator<Item = FlatGrad>,
+) {
+    let mut restore = Restore {
+        grads,
+        slots: flat.into_iter().map(|f| (f.id, f)).collect(),
+        device: module.devices().into_iter().next().unwrap_or_default(),
+    };
+    module.visit(&mut restore);
 }
 
 /// How gradients from the ranks are combined.
@@ -129,6 +173,26 @@ pub fn reduce_gradients<M: Module>(
     bucket_bytes: usize,
     reduction: Reduction,
 ) -> DistResult<()> {
+    reduce_gradients_except(
+        comm,
+        module,
+        grads,
+        bucket_bytes,
+        reduction,
+        &HashSet::new(),
+    )
+}
+
+/// [`reduce_gradients`] leaving out the gradients of the parameters in `skip` (averaged
+/// already).
+pub(crate) fn reduce_gradients_except<M: Module>(
+    comm: &dyn Communicator,
+    module: &M,
+    grads: &mut GradientsParams,
+    bucket_bytes: usize,
+    reduction: Reduction,
+    skip: &HashSet<ParamId>,
+) -> DistResult<()> {
     if comm.world_size() == 1 {
         return Ok(());
     }
@@ -137,25 +201,15 @@ pub fn reduce_gradients<M: Module>(
         && let Some(on_device) = comm.device_reduce()
         && on_device.reduces_on(&device)
     {
-        return crate::device_buckets::reduce_on_device(on_device, module, grads, bucket_bytes);
+        return crate::device_buckets::reduce_on_device(
+            on_device,
+            module,
+            grads,
+            bucket_bytes,
+            skip,
+        );
     }
-    let mut collect = Collect {
-        grads,
-        slots: Vec::new(),
-        error: None,
-    };
-    module.visit(&mut collect);
-    let Collect {
-        grads,
-        mut slots,
-        error,
-    } = collect;
-    if let Some(e) = error {
-        return Err(DistError::Invalid {
-            rank: comm.rank(),
-            message: format!("cannot read a gradient: {e}"),
-        });
-    }
+    let mut slots = take_flat(module, grads, |id| !skip.contains(&id), comm.rank())?;
     let lens: Vec<usize> = slots.iter().map(|s| s.values.len()).collect();
     for range in bucket_ranges(&lens, bucket_bytes) {
         let (start, end) = (range.start, range.end);
@@ -164,17 +218,12 @@ pub fn reduce_gradients<M: Module>(
             .flat_map(|s| s.values.iter().copied())
             .collect();
         let reduced = match reduction {
-            Reduction::Mean => {
-                let mut b = bucket;
-                comm.all_reduce(&mut b, ReduceOp::Mean)?;
-                b
-            }
-            Reduction::MeanFp16 => {
-                let mut b = bucket;
-                crate::fp16_wire::all_reduce(comm, &mut b, ReduceOp::Mean)?;
-                b
-            }
             Reduction::Adasum => adasum_bucket(comm, &bucket, &slots[start..end])?,
+            _ => {
+                let mut b = bucket;
+                reduce_bucket(comm, &mut b, reduction)?;
+                b
+            }
         };
         let mut offset = 0;
         for slot in &mut slots[start..end] {
@@ -183,18 +232,30 @@ pub fn reduce_gradients<M: Module>(
             offset += n;
         }
     }
-    let mut restore = Restore {
-        grads,
-        slots: slots.into_iter(),
-        device,
-    };
-    module.visit(&mut restore);
+    put_flat(module, grads, slots);
     Ok(())
+}
+
+/// Average one flat bucket across the ranks with a mean `reduction` (f32, or f16 on the
+/// wire); Adasum works per tensor and is refused here.
+pub(crate) fn reduce_bucket(
+    comm: &dyn Communicator,
+    bucket: &mut [f32],
+    reduction: Reduction,
+) -> DistResult<()> {
+    match reduction {
+        Reduction::Mean => comm.all_reduce(bucket, ReduceOp::Mean),
+        Reduction::MeanFp16 => crate::fp16_wire::all_reduce(comm, bucket, ReduceOp::Mean),
+        Reduction::Adasum => Err(DistError::Invalid {
+            rank: comm.rank(),
+            message: "Adasum combines whole tensors, not a flat bucket".into(),
+        }),
+    }
 }
 
 /// Consecutive tensors of `lens` elements grouped into buckets of at most `bucket_bytes`
 /// of f32 (a larger tensor is a bucket of its own), in order.
-pub(crate) fn bucket_ranges(lens: &[usize], bucket_bytes: usize) -> Vec<std::ops::Range<usize>> {
+pub fn bucket_ranges(lens: &[usize], bucket_bytes: usize) -> Vec<std::ops::Range<usize>> {
     let cap = (bucket_bytes / 4).max(1);
     let mut ranges = Vec::new();
     let mut start = 0;
@@ -211,7 +272,11 @@ pub(crate) fn bucket_ranges(lens: &[usize], bucket_bytes: usize) -> Vec<std::ops
 }
 
 /// Gather the bucket from every rank and apply Adasum tensor by tensor.
-fn adasum_bucket(comm: &dyn Communicator, bucket: &[f32], slots: &[Slot]) -> DistResult<Vec<f32>> {
+fn adasum_bucket(
+    comm: &dyn Communicator,
+    bucket: &[f32],
+    slots: &[FlatGrad],
+) -> DistResult<Vec<f32>> {
     let world = comm.world_size();
     let mut all = vec![0.0; bucket.len() * world];
     comm.all_gather(bucket, &mut all)?;

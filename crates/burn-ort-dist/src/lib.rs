@@ -23,6 +23,7 @@ pub mod launch;
 pub mod mpi_comm;
 #[cfg(feature = "cuda")]
 pub mod nccl_comm;
+pub mod overlap;
 pub mod record;
 pub mod replica_optimizer;
 pub mod strategy;
@@ -35,7 +36,7 @@ pub use communicator::{Communicator, DeviceReduce, LocalCommunicator, ReduceOp};
 pub use data_parallel::{DataParallel, DistributedOptimizer};
 pub use error::{DistError, DistResult};
 pub use grad_sync::{
-    DEFAULT_BUCKET_BYTES, Reduction, adasum_pair, adasum_tree, all_reduce_gradients,
+    DEFAULT_BUCKET_BYTES, FlatGrad, Reduction, adasum_pair, adasum_tree, all_reduce_gradients,
     reduce_gradients,
 };
 pub use launch::run_threads;
@@ -45,6 +46,7 @@ pub use mpi;
 pub use mpi_comm::{MpiCommunicator, launched_by_mpi};
 #[cfg(feature = "cuda")]
 pub use nccl_comm::NcclCommunicator;
+pub use overlap::{OverlappedSync, SyncTimes};
 pub use record::{MomentState, RecordTensor, decode_moments, encode_moments, regroup_records};
 pub use replica_optimizer::ReplicaOptimizer;
 pub use strategy::{

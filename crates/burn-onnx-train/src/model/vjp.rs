@@ -7,14 +7,15 @@ use burn::tensor::{Gradients, Tensor};
 
 use crate::value::{FloatValue, Value};
 
-/// `values` with every float made a gradient leaf, and those leaves in order.
+/// `values` with every float cut from any tape and made a gradient leaf, and those leaves
+/// in order.
 pub fn track(values: Vec<Value>) -> (Vec<Value>, Vec<FloatValue>) {
     let mut leaves = Vec::new();
     let tracked = values
         .into_iter()
         .map(|v| match v {
             Value::Float(f) => {
-                let leaf = FloatValue::new(f.tensor.require_grad(), f.rank);
+                let leaf = FloatValue::new(f.tensor.detach().require_grad(), f.rank);
                 leaves.push(leaf.clone());
                 Value::Float(leaf)
             }

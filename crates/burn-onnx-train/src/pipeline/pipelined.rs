@@ -164,6 +164,7 @@ impl Passes for Pipelined {
             loss: f64::from(loss[0]),
             items,
             waited,
+            sync: burn_ort_dist::SyncTimes::default(),
         })
     }
 

@@ -205,6 +205,13 @@ pub struct TrainingConfig {
     /// pass and re-run each segment's forward in backward. 0: off; at least 2 otherwise.
     /// Not with a pipeline.
     pub recompute_segments: usize,
+    /// Average data-parallel gradients during backward (PyTorch DDP's overlap): cut the
+    /// graph into this many balanced segments, run backward segment by segment from the
+    /// last, and average the gradients each segment completes on a communication thread
+    /// while the earlier segments' backward runs. 0: off (average after backward); at least
+    /// 2 otherwise. Needs data_parallel_size > 1 and ZeRO stage 0 with mean reduction; not
+    /// with pipeline or tensor parallelism. With `recompute_segments`, the same count.
+    pub overlap_segments: usize,
     /// Combine data-parallel gradients with Adasum instead of averaging them.
     pub enable_adasum: bool,
     /// ZeRO stage (ORT: `deepspeed_zero_stage`): 0 replicates the optimizer state on every
@@ -278,6 +285,7 @@ impl Default for TrainingConfig {
             pipeline_schedule: PipelineSchedule::OneFOneB,
             pipeline_cut_after: Vec::new(),
             recompute_segments: 0,
+            overlap_segments: 0,
             enable_adasum: false,
             zero_stage: 0,
             checkpoints_dir: None,
@@ -665,6 +673,48 @@ impl TrainingConfig {
             return Err(invalid(
                 "recompute_segments",
                 "recomputation inside pipeline stages is not implemented: use one or the other",
+            ));
+        }
+        self.check_overlap()
+    }
+
+    /// The combinations `overlap_segments` supports.
+    fn check_overlap(&self) -> Result<()> {
+        let s = self.overlap_segments;
+        let refuse = |why: &str| Err(invalid("overlap_segments", why.to_string()));
+        if s == 0 {
+            return Ok(());
+        }
+        if s == 1 {
+            return refuse("1 segment overlaps nothing: use 0 (off) or at least 2");
+        }
+        if self.data_parallel_size < 2 {
+            return refuse(
+                "there is no gradient averaging to overlap with one data-parallel replica: set data_parallel_size > 1 or overlap_segments 0",
+            );
+        }
+        if self.zero_stage > 0 {
+            return refuse(
+                "ZeRO stages 1-3 reduce-scatter gradients in the update strategy; overlap is implemented for stage 0",
+            );
+        }
+        if self.enable_adasum {
+            return refuse(
+                "Adasum combines whole gradients after backward: drop one of enable_adasum and overlap_segments",
+            );
+        }
+        if self.pipeline_parallel_size > 1 || self.horizontal_parallel_size > 1 {
+            return refuse(
+                "not implemented with pipeline or tensor parallelism: use overlap_segments 0",
+            );
+        }
+        if self.recompute_segments > 1 && self.recompute_segments != s {
+            return Err(invalid(
+                "overlap_segments",
+                format!(
+                    "{s} differs from recompute_segments ({}): both cut the same segments",
+                    self.recompute_segments
+                ),
             ));
         }
         Ok(())

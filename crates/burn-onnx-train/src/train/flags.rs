@@ -90,6 +90,10 @@ pub struct TrainFlags {
     /// Activation recomputation over N segments (`recompute_segments`; 0 off).
     #[arg(long, value_name = "N")]
     pub recompute: Option<usize>,
+    /// Average data-parallel gradients during backward, over N segments
+    /// (`overlap_segments`; 0 off).
+    #[arg(long, value_name = "N")]
+    pub overlap: Option<usize>,
     /// Time each node's forward and write `<output_dir>/profile.json` (`profile`).
     #[arg(long)]
     pub profile: bool,
@@ -140,6 +144,7 @@ impl TrainFlags {
         c.precision = self.precision.unwrap_or(c.precision);
         c.loss_scale = self.loss_scale.or(c.loss_scale);
         set(&mut c.recompute_segments, self.recompute);
+        set(&mut c.overlap_segments, self.overlap);
         c.profile |= self.profile;
         c.allreduce_in_fp16 |= self.allreduce_in_fp16;
         Ok(c)

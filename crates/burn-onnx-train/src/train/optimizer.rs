@@ -149,15 +149,9 @@ pub fn weight_decays(c: &OptimizerConfig, model: &OnnxModel) -> HashMap<ParamId,
         .collect()
 }
 
-/// The update strategy of a run: ZeRO stage 0 (replicated: on devices that run CubeCL,
-/// Adam/AdamW/LAMB fused over flat buffers ([`crate::kernels::FusedAdam`]), elsewhere
-/// Burn's optimizer from [`build_optimizer`]) or stages 1-3 (sharded flat buffers), over
-/// `comm`; `model` is this rank's whole part of the model (before stage 3 shards it).
-pub fn build_strategy(
-    c: &TrainingConfig,
-    model: &OnnxModel,
-    comm: Arc<dyn Communicator>,
-) -> Result<Box<dyn UpdateStrategy<OnnxModel>>> {
+/// The data-parallel settings of a run over the data-parallel group `comm`: the
+/// reduction its config asks for (mean, mean with f16 on the wire, or Adasum).
+pub fn data_parallel(c: &TrainingConfig, comm: Arc<dyn Communicator>) -> DataParallel {
     let reduction = if c.enable_adasum {
         Reduction::Adasum
     } else if c.allreduce_in_fp16 {
@@ -165,9 +159,21 @@ pub fn build_strategy(
     } else {
         Reduction::Mean
     };
+    DataParallel::new(comm).with_reduction(reduction)
+}
+
+/// The update strategy of a run: ZeRO stage 0 (replicated: on devices that run CubeCL,
+/// Adam/AdamW/LAMB fused over flat buffers ([`crate::kernels::FusedAdam`]), elsewhere
+/// Burn's optimizer from [`build_optimizer`]) or stages 1-3 (sharded flat buffers), over
+/// `ddp`'s group; `model` is this rank's whole part of the model (before stage 3 shards it).
+pub fn build_strategy(
+    c: &TrainingConfig,
+    model: &OnnxModel,
+    ddp: &DataParallel,
+) -> Result<Box<dyn UpdateStrategy<OnnxModel>>> {
     let decay = weight_decays(&c.optimizer, model);
     if c.zero_stage == 0 {
-        let ddp = DataParallel::new(comm).with_reduction(reduction);
+        let ddp = ddp.clone();
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if crate::kernels::runs_cubecl(&model.device())
             && let Some(fused) =
@@ -184,9 +190,9 @@ pub fn build_strategy(
     let decay_of = |id: ParamId| decay.get(&id).copied().unwrap_or(0.0);
     Ok(Box::new(Zero::new(
         c.zero_stage,
-        comm,
+        ddp.comm().clone(),
         flat_rule(&c.optimizer),
-        reduction,
+        ddp.reduction(),
         decay_of,
         model,
     )?))

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
+use burn_ort_dist::SyncTimes;
 
 use super::config::TrainingConfig;
 use super::data::{Batch, Prefetcher};
@@ -24,6 +25,8 @@ pub struct Accumulated {
     pub items: usize,
     /// Time blocked waiting for other pipeline stages (zero without a pipeline).
     pub waited: Duration,
+    /// Gradient averaging done during backward (zero unless overlapped).
+    pub sync: SyncTimes,
 }
 
 /// The forward and backward passes of training and evaluation.
@@ -96,6 +99,7 @@ impl Passes for Sequential {
             loss: loss_sum / k as f64,
             items,
             waited: Duration::ZERO,
+            sync: SyncTimes::default(),
         })
     }
 

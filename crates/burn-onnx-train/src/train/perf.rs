@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use burn_ort_dist::{Communicator, MemoryUse};
+use burn_ort_dist::{Communicator, MemoryUse, SyncTimes};
 
 use super::config::TrainingConfig;
 use crate::atomic_file::write_atomic;
@@ -18,6 +18,7 @@ pub struct PerfMeter {
     steps: Vec<(usize, Duration)>,
     sync: Vec<Duration>,
     waited: Vec<Duration>,
+    overlapped: Vec<SyncTimes>,
 }
 
 /// The throughput report written to `perf.json`.
@@ -29,10 +30,15 @@ pub struct PerfReport {
     pub throughput_per_sec: f64,
     /// Mean wall time per optimizer update, in milliseconds.
     pub avg_update_ms: f64,
-    /// Of which the update strategy: gradient synchronisation across ranks (not overlapped
-    /// with compute: Burn's backward returns all gradients at once), clipping and the
-    /// optimizer step, in milliseconds.
+    /// Of which the update strategy: gradient synchronisation across ranks (what backward
+    /// did not average already), clipping and the optimizer step, in milliseconds.
     pub avg_sync_and_update_ms: f64,
+    /// With `overlap_segments`: time per update the communication thread spent averaging
+    /// gradients during backward, in milliseconds (0 otherwise).
+    pub avg_overlapped_sync_ms: f64,
+    /// Of it, the time the update waited for it after backward ended: the part not
+    /// hidden behind backward, in milliseconds.
+    pub avg_exposed_sync_ms: f64,
     /// Updates measured (the last half).
     pub updates_measured: usize,
     /// Updates in the run.
@@ -122,15 +128,25 @@ impl PerfMeter {
             steps: Vec::new(),
             sync: Vec::new(),
             waited: Vec::new(),
+            overlapped: Vec::new(),
         }
     }
 
-    /// Record one update of `items` items that took `elapsed`, `sync` of it in gradient
-    /// synchronisation and `waited` blocked on other pipeline stages.
-    pub fn record(&mut self, items: usize, elapsed: Duration, sync: Duration, waited: Duration) {
+    /// Record one update of `items` items that took `elapsed`, `sync` of it in the update
+    /// strategy, `waited` blocked on other pipeline stages, and the gradient averaging
+    /// `overlapped` with backward.
+    pub fn record(
+        &mut self,
+        items: usize,
+        elapsed: Duration,
+        sync: Duration,
+        waited: Duration,
+        overlapped: SyncTimes,
+    ) {
         self.steps.push((items, elapsed));
         self.sync.push(sync);
         self.waited.push(waited);
+        self.overlapped.push(overlapped);
     }
 
     /// Every rank's idle fraction over its measured updates (a collective over `comm`).
@@ -170,14 +186,17 @@ impl PerfMeter {
         let half = self.steps.len() / 2;
         let measured = &self.steps[half..];
         let sync = &self.sync[half..];
-        let ms = measured.iter().map(|s| s.1.as_secs_f64()).sum::<f64>() * 1000.0
-            / measured.len().max(1) as f64;
+        let mean_ms = |d: &mut dyn Iterator<Item = Duration>| {
+            d.map(|d| d.as_secs_f64()).sum::<f64>() * 1000.0 / measured.len().max(1) as f64
+        };
+        let overlapped = &self.overlapped[half..];
         PerfReport {
             unit: self.unit.to_string(),
             throughput_per_sec: Self::rate(measured),
-            avg_update_ms: ms,
-            avg_sync_and_update_ms: sync.iter().map(Duration::as_secs_f64).sum::<f64>() * 1000.0
-                / sync.len().max(1) as f64,
+            avg_update_ms: mean_ms(&mut measured.iter().map(|s| s.1)),
+            avg_sync_and_update_ms: mean_ms(&mut sync.iter().copied()),
+            avg_overlapped_sync_ms: mean_ms(&mut overlapped.iter().map(|o| o.busy)),
+            avg_exposed_sync_ms: mean_ms(&mut overlapped.iter().map(|o| o.exposed)),
             updates_measured: measured.len(),
             updates_total: self.steps.len(),
             batch_size: c.batch_size,

@@ -14,13 +14,13 @@ use std::sync::Arc;
 use burn::module::ParamId;
 use burn::tensor::Device;
 use burn_ort_dist::fp16_wire::Fp16ReduceScatter;
-use burn_ort_dist::{Communicator, Groups, ModelParallel, Topology};
+use burn_ort_dist::{Communicator, DataParallel, Groups, ModelParallel, Topology};
 
 use super::checkpoint::{model_bytes, model_file, state_dir};
 use super::config::TrainingConfig;
 use super::data::Dataset;
 use super::passes::{Passes, Sequential};
-use super::recompute::Recomputed;
+use super::segmented::Segmented;
 use super::summaries::SummaryRole;
 use crate::collective::{Group, GroupGuard, enter};
 use crate::error::{OnnxError, Result};
@@ -130,29 +130,36 @@ impl Placement {
         Ok(part)
     }
 
-    /// The passes this rank runs on `model` (its part of the model).
+    /// The passes this rank runs on `model` (its part of the model); `ddp` averages the
+    /// gradients (during backward with `overlap_segments`).
     pub fn passes(
         &self,
         c: &TrainingConfig,
         model: &OnnxModel,
         device: &Device,
+        ddp: &DataParallel,
     ) -> Result<Box<dyn Passes>> {
+        let (recompute, overlap) = (c.recompute_segments > 1, c.overlap_segments > 1);
         Ok(match &self.partition {
-            None if c.recompute_segments > 1 => {
+            None if recompute || overlap => {
+                let (segments, field) = if recompute {
+                    (c.recompute_segments, "config.recompute_segments")
+                } else {
+                    (c.overlap_segments, "config.overlap_segments")
+                };
                 let nodes = model.graph().nodes.len();
-                if c.recompute_segments > nodes {
+                if segments > nodes {
                     return Err(OnnxError::field(
-                        "config.recompute_segments",
-                        format!(
-                            "{} segments for a graph of {nodes} nodes",
-                            c.recompute_segments
-                        ),
+                        field,
+                        format!("{segments} segments for a graph of {nodes} nodes"),
                     ));
                 }
-                Box::new(Recomputed {
-                    partition: Arc::new(Partition::auto(model, c.recompute_segments)?),
+                Box::new(Segmented {
+                    partition: Arc::new(Partition::auto(model, segments)?),
                     replica: self.groups.dp_rank,
                     device: device.clone(),
+                    recompute,
+                    overlap: overlap.then(|| ddp.clone()),
                 })
             }
             None => Box::new(Sequential {

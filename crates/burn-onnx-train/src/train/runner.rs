@@ -27,7 +27,7 @@ use super::config::TrainingConfig;
 use super::data::{Dataset, DistributedSampler, Prefetcher};
 pub use super::evaluate::EvalMetrics;
 use super::evaluate::evaluate;
-use super::optimizer::build_strategy;
+use super::optimizer::{build_strategy, data_parallel};
 use super::perf::{MemoryReport, PerfMeter};
 use super::placement::Placement;
 use super::precision::LossScaler;
@@ -179,8 +179,9 @@ impl TrainingRunner {
         check_data(&c, &model, train.as_ref(), test.as_deref())?;
         let model = place.model_part(&c, model, train.as_ref())?;
         let _groups = place.enter_groups();
-        let passes = place.passes(&c, &model, &self.device)?;
-        let mut strategy = build_strategy(&c, &model, place.groups.dp.clone())?;
+        let ddp = data_parallel(&c, place.groups.dp.clone());
+        let passes = place.passes(&c, &model, &self.device, &ddp)?;
+        let mut strategy = build_strategy(&c, &model, &ddp)?;
         if let Some(group) = place.model_parallel(&model) {
             strategy.set_model_parallel(group);
         }
@@ -248,6 +249,7 @@ impl TrainingRunner {
                 started.elapsed(),
                 sync_time,
                 acc.waited,
+                acc.sync,
             );
             out.update(
                 update,

@@ -1,0 +1,211 @@
+//! Data-parallel gradient averaging during backward (`overlap_segments`): thread ranks that
+//! average each segment's finished gradients while the earlier segments run backward end
+//! where one process with the whole batch does, on gpt2_tiny with SGD and on a
+//! tied-embedding GPT-2 (its embedding is read by the first and the last segment) with
+//! AdamW, clipping and gradient accumulation, alone and together with recomputation. The
+//! combinations it does not support are config errors.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
+use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
+use burn_onnx_train::train::data::{Dataset, TokenDataset};
+use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::{RunSummary, TrainingConfig};
+use common::*;
+
+fn tokens(vocab: u64) -> Arc<dyn Dataset> {
+    let mut next = lcg(23);
+    Arc::new(
+        TokenDataset::from_tokens((0..16 * 64).map(|_| (next() % vocab) as i64).collect(), 16)
+            .unwrap(),
+    )
+}
+
+/// `c` on one process with batch `2 * per_rank`, then on two thread ranks of `per_rank`
+/// averaging during backward over `overlap` segments (`recompute` segments too, or 0):
+/// every parameter agrees within `atol`, the parameters moved, and the overlapped run did
+/// average during backward.
+fn compare(
+    c: TrainingConfig,
+    data: Arc<dyn Dataset>,
+    per_rank: usize,
+    overlap: usize,
+    recompute: usize,
+    atol: f32,
+) {
+    let stem = c
+        .model_path
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let tag = format!("ov-{stem}-{overlap}-{recompute}");
+    let (one, two) = (
+        tempdir(&format!("{tag}-one")),
+        tempdir(&format!("{tag}-two")),
+    );
+    let run = |out: &Path, c: TrainingConfig| -> RunSummary {
+        launch(
+            TrainingConfig {
+                output_dir: out.to_path_buf(),
+                ..c
+            },
+            data.clone(),
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let a = run(
+        &one,
+        TrainingConfig {
+            batch_size: 2 * per_rank,
+            ..c.clone()
+        },
+    );
+    let b = run(
+        &two,
+        TrainingConfig {
+            batch_size: per_rank,
+            data_parallel_size: 2,
+            overlap_segments: overlap,
+            recompute_segments: recompute,
+            ..c.clone()
+        },
+    );
+    let perf = b.perf.expect("a perf report");
+    assert!(
+        perf.avg_overlapped_sync_ms > 0.0,
+        "nothing was averaged during backward: {perf:?}"
+    );
+    // The ranks report their own half's loss, so the parameters are what compares.
+    assert_eq!(a.losses.len(), b.losses.len());
+    let file = format!("{stem}_trained.onnx");
+    for ((name, x), (_, y)) in onnx_params(one.join(&file))
+        .iter()
+        .zip(onnx_params(two.join(&file)))
+    {
+        assert_close(&format!("overlap {overlap}: {name}"), &y, x, atol, 0.0);
+    }
+    assert_moved(&c.model_path, &one.join(&file), 1e-3);
+}
+
+#[test]
+fn gpt2_tiny_averaged_during_backward_trains_as_one_process() {
+    let c = sgd_config(
+        refkit("models/gpt2_tiny.onnx"),
+        LossKind::LmCrossEntropy,
+        "input_ids",
+    );
+    compare(c, tokens(1024), 2, 4, 0, 1e-5);
+}
+
+fn tied_gpt2(tag: &str) -> TrainingConfig {
+    let model = tempdir(tag).join("gpt2_tied.onnx");
+    write_gpt2(
+        &Gpt2Config {
+            n_layer: 3,
+            n_head: 2,
+            n_embd: 32,
+            vocab_size: 256,
+            n_positions: 32,
+            ..Default::default()
+        },
+        &model,
+    )
+    .unwrap();
+    TrainingConfig {
+        optimizer: OptimizerConfig {
+            kind: OptimizerKind::Adamw,
+            ..Default::default()
+        },
+        lr: LrConfig {
+            initial_lr: 3e-3,
+            ..Default::default()
+        },
+        max_grad_norm: 0.5,
+        gradient_accumulation_steps: 2,
+        num_train_steps: 12,
+        ..sgd_config(model, LossKind::LmCrossEntropy, "input_ids")
+    }
+}
+
+#[test]
+fn a_tied_embedding_gpt2_with_adamw_clipping_and_accumulation_averaged_during_backward() {
+    compare(tied_gpt2("ov-tied"), tokens(256), 2, 3, 0, 1e-5);
+}
+
+#[test]
+fn averaging_during_backward_composes_with_recomputation() {
+    compare(tied_gpt2("ov-tied-rc"), tokens(256), 2, 3, 3, 1e-5);
+}
+
+#[test]
+fn unsupported_combinations_are_config_errors() {
+    let c = TrainingConfig {
+        data_parallel_size: 2,
+        overlap_segments: 3,
+        ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input")
+    };
+    c.validate(2).unwrap();
+    let refused = |bad: TrainingConfig, world: usize, why: &str| {
+        let err = bad.validate(world).unwrap_err().to_string();
+        assert!(
+            err.contains("overlap_segments") && err.contains(why),
+            "{err}"
+        );
+    };
+    refused(
+        TrainingConfig {
+            overlap_segments: 1,
+            ..c.clone()
+        },
+        2,
+        "1 segment",
+    );
+    refused(
+        TrainingConfig {
+            data_parallel_size: 1,
+            ..c.clone()
+        },
+        1,
+        "one data-parallel replica",
+    );
+    refused(
+        TrainingConfig {
+            zero_stage: 1,
+            ..c.clone()
+        },
+        2,
+        "ZeRO",
+    );
+    refused(
+        TrainingConfig {
+            enable_adasum: true,
+            ..c.clone()
+        },
+        2,
+        "Adasum",
+    );
+    refused(
+        TrainingConfig {
+            pipeline_parallel_size: 2,
+            ..c.clone()
+        },
+        4,
+        "pipeline",
+    );
+    refused(
+        TrainingConfig {
+            recompute_segments: 2,
+            ..c
+        },
+        2,
+        "recompute_segments",
+    );
+}
