@@ -36,7 +36,7 @@ if ! "$ortpy" -c "from onnxruntime.training import artifacts" 2>/dev/null; then
   ortpy=/tmp/ortt/bin/python
 fi
 cd "$root"
-cargo build --release --example gpt2 --example squeezenet -p burn-onnx-train --bin onnx-train
+cargo build --release --workspace --example gpt2 --example squeezenet --bin onnx-train
 squeezenet="$root/crates/burn-onnx-train/tests/data/refkit/models/squeezenet1_1_dynbatch.onnx"
 tiny="$root/crates/burn-onnx-train/tests/data/refkit/models/gpt2_tiny.onnx"
 out="$(mktemp -d /tmp/compare-bench.XXXX)"
