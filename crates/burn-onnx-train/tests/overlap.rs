@@ -10,7 +10,6 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, TokenDataset};
@@ -106,19 +105,7 @@ fn gpt2_tiny_averaged_during_backward_trains_as_one_process() {
 }
 
 fn tied_gpt2(tag: &str) -> TrainingConfig {
-    let model = tempdir(tag).join("gpt2_tied.onnx");
-    write_gpt2(
-        &Gpt2Config {
-            n_layer: 3,
-            n_head: 2,
-            n_embd: 32,
-            vocab_size: 256,
-            n_positions: 32,
-            ..Default::default()
-        },
-        &model,
-    )
-    .unwrap();
+    let model = small_gpt2(tag, "gpt2_tied.onnx", 3, 2, 256);
     TrainingConfig {
         optimizer: OptimizerConfig {
             kind: OptimizerKind::Adamw,

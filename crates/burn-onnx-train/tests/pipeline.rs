@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use burn::tensor::Device;
 use burn_onnx_train::OnnxModel;
-use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::pipeline::{Partition, PipelineSchedule};
 use burn_onnx_train::tensorboard::{EventKind, ValueKind, read_events, scalars};
@@ -132,20 +131,8 @@ fn tied_embedding_split_across_stages_trains_as_one_parameter() {
     // Our GPT-2 builder ties the LM head to the token embedding: the first stage (Gather)
     // and the last (MatMul) each hold a copy, their gradients are summed, and the global
     // norm (AdamW with clipping at 0.5, which binds) counts the parameter once.
-    let dir = tempdir("pp-tied");
-    let model = dir.join("gpt2_tied.onnx");
-    write_gpt2(
-        &Gpt2Config {
-            n_layer: 2,
-            n_head: 2,
-            n_embd: 32,
-            vocab_size: 256,
-            n_positions: 32,
-            ..Default::default()
-        },
-        &model,
-    )
-    .unwrap();
+    let model = small_gpt2("pp-tied", "gpt2_tied.onnx", 2, 2, 256);
+    let dir = model.parent().unwrap().to_path_buf();
     let loaded = OnnxModel::load(&model, &Device::flex()).unwrap();
     let part = Partition::auto(&loaded, 2).unwrap();
     let wte = part

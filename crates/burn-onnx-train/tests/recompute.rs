@@ -8,7 +8,6 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
@@ -89,20 +88,7 @@ fn gpt2_tiny_recomputed_in_four_segments_trains_as_the_plain_pass() {
 
 #[test]
 fn a_tied_embedding_gpt2_with_adamw_and_clipping_recomputes_exactly_enough() {
-    let dir = tempdir("rc-tied");
-    let model = dir.join("gpt2_tied.onnx");
-    write_gpt2(
-        &Gpt2Config {
-            n_layer: 3,
-            n_head: 2,
-            n_embd: 32,
-            vocab_size: 256,
-            n_positions: 32,
-            ..Default::default()
-        },
-        &model,
-    )
-    .unwrap();
+    let model = small_gpt2("rc-tied", "gpt2_tied.onnx", 3, 2, 256);
     let c = TrainingConfig {
         optimizer: OptimizerConfig {
             kind: OptimizerKind::Adamw,

@@ -41,20 +41,7 @@ fn ids(vocab: u64) -> ArrayD<i64> {
 }
 
 fn builder_gpt2(tag: &str) -> PathBuf {
-    let path = tempdir(tag).join("gpt2.onnx");
-    write_gpt2(
-        &Gpt2Config {
-            n_layer: 2,
-            n_head: 4,
-            n_embd: 32,
-            vocab_size: 97,
-            n_positions: 32,
-            ..Default::default()
-        },
-        &path,
-    )
-    .unwrap();
-    path
+    small_gpt2(tag, "gpt2.onnx", 2, 4, 97)
 }
 
 fn sample(ids: &ArrayD<i64>) -> Vec<(String, Value)> {

@@ -318,3 +318,29 @@ pub fn check_inference(device: &Device, model_name: &str, input_file: &str, expe
         1e-4,
     );
 }
+
+/// A GPT-2 from our builder (its embedding tied to the LM head: one initializer read by
+/// Gather and MatMul), width 32 and 32 positions, written to `<tempdir(tag)>/<file>`.
+pub fn small_gpt2(
+    tag: &str,
+    file: &str,
+    n_layer: usize,
+    n_head: usize,
+    vocab_size: usize,
+) -> PathBuf {
+    use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
+    let path = tempdir(tag).join(file);
+    write_gpt2(
+        &Gpt2Config {
+            n_layer,
+            n_head,
+            n_embd: 32,
+            vocab_size,
+            n_positions: 32,
+            ..Default::default()
+        },
+        &path,
+    )
+    .unwrap();
+    path
+}
