@@ -237,7 +237,11 @@ fn run(c: TrainingConfig, data: &Arc<dyn Dataset>) -> RunSummary {
 /// agree to ~1e-8). Adam divides each gradient by its running magnitude plus epsilon; with
 /// the default 1e-8, gradients near 1e-8 have their rounding noise amplified to steps of a
 /// sizeable fraction of the learning rate (measured: up to 3e-4 apart after 10 updates).
-/// With 1e-6 (BERT's setting) that noise stays below 1e-6 per update.
+/// With 1e-6 (BERT's setting) that noise stays near 1e-6 per update: AdamW runs agree
+/// within 5e-5 after 10 updates (with the GEMMs on AVX-512 micro-kernels, measured 1.02e-5
+/// for gpt2_tiny at tp 4 and 1.89e-5 for the example GPT-2 at tp 2, in the tied embedding;
+/// below 1e-5 with AVX2 ones), still 60x below one step (lr 3e-3), the size of the
+/// difference a wrong gradient or norm makes.
 fn config(model: &Path, out: &Path, kind: OptimizerKind) -> TrainingConfig {
     TrainingConfig {
         optimizer: OptimizerConfig {
@@ -315,10 +319,11 @@ fn same_run(
     }
 }
 
-/// The same runs at 1 and `tp` ranks with SGD and AdamW, within 1e-5.
+/// The same runs at 1 and `tp` ranks with SGD (within 1e-5) and AdamW (within 5e-5, see
+/// [`config`]).
 fn tp_matches_one_process(model: &Path, vocab: u64, tp: usize) {
     let data = tokens(vocab);
-    for (kind, atol) in [(OptimizerKind::Sgd, 1e-5), (OptimizerKind::Adamw, 1e-5)] {
+    for (kind, atol) in [(OptimizerKind::Sgd, 1e-5), (OptimizerKind::Adamw, 5e-5)] {
         let tag = format!("tp-run-{}-{kind:?}", model.display()).replace('/', "_");
         let (one, dir) = (
             tempdir(&format!("{tag}-one")),
