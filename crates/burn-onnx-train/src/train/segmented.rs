@@ -104,7 +104,7 @@ impl Segmented {
         for name in &stage.receives {
             let v = env.get(name).cloned().ok_or_else(|| {
                 OnnxError::field(
-                    "recompute",
+                    "segments",
                     format!(
                         "segment {} needs '{name}', which no earlier segment produced",
                         stage.index
