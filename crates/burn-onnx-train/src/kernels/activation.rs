@@ -2,7 +2,8 @@
 //! backward, on the CPU's Flex backend: one pass over the host buffer each way, in
 //! parallel chunks or rows, with [`super::fast_math`]'s vectorizable `exp` and `tanh`. The
 //! backward passes use the saved output (`g (1 - y^2)`, `y (g - sum(g y))`) or, for GELU,
-//! the saved input. Other dtypes, other axes and CubeCL devices use Burn's own ops, which
+//! the saved input. Every chunk's loop runs through [`super::simd::vectorized`] (AVX-512 or
+//! AVX2 where the CPU has them). Other dtypes, other axes and CubeCL devices use Burn's own ops, which
 //! are also the reference the tests hold these to.
 
 use burn::backend::autodiff::Autodiff;
@@ -16,6 +17,7 @@ use rayon::prelude::*;
 
 use super::fast_math;
 use super::runs_cubecl;
+use super::simd::{self, Kernel};
 use crate::unary_op::unary;
 use crate::value::{MAX_RANK, PhysTensor};
 
@@ -82,23 +84,47 @@ fn output(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))
 }
 
-/// `f` over every element of `x` in parallel chunks.
-fn map(x: &FlexTensor, f: impl Fn(f32) -> f32 + Sync) -> FlexTensor {
+/// `y[i] = f(x[i])` over one chunk.
+struct MapChunk<'a, F>(&'a mut [f32], &'a [f32], &'a F);
+
+impl<F: Fn(f32) -> f32> Kernel for MapChunk<'_, F> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let MapChunk(y, x, f) = self;
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y = f(x);
+        }
+    }
+}
+
+/// `out[i] = f(a[i], g[i])` over one chunk.
+struct Map2Chunk<'a, F>(&'a mut [f32], &'a [f32], &'a [f32], &'a F);
+
+impl<F: Fn(f32, f32) -> f32> Kernel for Map2Chunk<'_, F> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let Map2Chunk(out, a, g, f) = self;
+        for ((o, &a), &g) in out.iter_mut().zip(a).zip(g) {
+            *o = f(a, g);
+        }
+    }
+}
+
+/// `f` (an `#[inline(always)]` fn) over every element of `x` in parallel chunks.
+fn map<F: Fn(f32) -> f32 + Sync>(x: &FlexTensor, f: F) -> FlexTensor {
     let (x, shape) = host(x);
     let x: &[f32] = x.as_slice().expect("contiguous f32");
     let mut y = vec![0f32; x.len()];
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
-        .for_each(|(y, x)| {
-            for (y, &x) in y.iter_mut().zip(x) {
-                *y = f(x);
-            }
-        });
+        .for_each(|(y, x)| simd::vectorized(MapChunk(y, x, &f)));
     output(y, shape)
 }
 
-/// `f(a, g)` over every element pair in parallel chunks.
-fn map2(a: &FlexTensor, g: &FlexTensor, f: impl Fn(f32, f32) -> f32 + Sync) -> FlexTensor {
+/// `f(a, g)` (an `#[inline(always)]` fn) over every element pair in parallel chunks.
+fn map2<F: Fn(f32, f32) -> f32 + Sync>(a: &FlexTensor, g: &FlexTensor, f: F) -> FlexTensor {
     let ((a, shape), (g, _)) = (host(a), host(g));
     let (a, g): (&[f32], &[f32]) = (
         a.as_slice().expect("contiguous f32"),
@@ -107,16 +133,60 @@ fn map2(a: &FlexTensor, g: &FlexTensor, f: impl Fn(f32, f32) -> f32 + Sync) -> F
     let mut out = vec![0f32; a.len()];
     out.par_chunks_mut(CHUNK)
         .zip(a.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
-        .for_each(|(out, (a, g))| {
-            for ((o, &a), &g) in out.iter_mut().zip(a).zip(g) {
-                *o = f(a, g);
-            }
-        });
+        .for_each(|(out, (a, g))| simd::vectorized(Map2Chunk(out, a, g, &f)));
     output(out, shape)
 }
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const CUBIC: f32 = 0.044_715;
+
+#[inline(always)]
+fn tanh_grad(y: f32, g: f32) -> f32 {
+    g * (1.0 - y * y)
+}
+
+#[inline(always)]
+fn gelu_tanh_at(x: f32) -> f32 {
+    0.5 * x * (1.0 + fast_math::tanh(SQRT_2_OVER_PI * (x + CUBIC * x * x * x)))
+}
+
+#[inline(always)]
+fn gelu_tanh_grad(x: f32, g: f32) -> f32 {
+    let t = fast_math::tanh(SQRT_2_OVER_PI * (x + CUBIC * x * x * x));
+    g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * x * x))
+}
+
+/// `y = softmax(x)` of one row.
+struct SoftmaxRow<'a>(&'a mut [f32], &'a [f32]);
+
+impl Kernel for SoftmaxRow<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let SoftmaxRow(y, x) = self;
+        let max = simd::max(x);
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y = fast_math::exp(x - max);
+        }
+        let scale = (1.0 / simd::sum_f64(y)) as f32;
+        y.iter_mut().for_each(|y| *y *= scale);
+    }
+}
+
+/// `dx = y (g - sum(g y))` of one row.
+struct SoftmaxRowBackward<'a>(&'a mut [f32], &'a [f32], &'a [f32]);
+
+impl Kernel for SoftmaxRowBackward<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let SoftmaxRowBackward(dx, y, g) = self;
+        let dot = simd::dot_f64(y, g) as f32;
+        for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(g) {
+            *dx = y * (g - dot);
+        }
+    }
+}
 
 impl ActivationOps for Flex {
     fn tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -124,21 +194,15 @@ impl ActivationOps for Flex {
     }
 
     fn tanh_fused_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
-        map2(&y, &g, |y, g| g * (1.0 - y * y))
+        map2(&y, &g, tanh_grad)
     }
 
     fn gelu_tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        map(&x, |x| {
-            0.5 * x * (1.0 + fast_math::tanh(SQRT_2_OVER_PI * (x + CUBIC * x * x * x)))
-        })
+        map(&x, gelu_tanh_at)
     }
 
     fn gelu_tanh_fused_backward(x: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
-        map2(&x, &g, |x, g| {
-            let t = fast_math::tanh(SQRT_2_OVER_PI * (x + CUBIC * x * x * x));
-            g * (0.5 * (1.0 + t)
-                + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * x * x))
-        })
+        map2(&x, &g, gelu_tanh_grad)
     }
 
     fn softmax_rows(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -148,16 +212,7 @@ impl ActivationOps for Flex {
         let mut y = vec![0f32; x.len()];
         y.par_chunks_mut(cols)
             .zip(x.par_chunks(cols))
-            .for_each(|(y, x)| {
-                let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut lanes = [0f64; 4];
-                for (k, (y, &x)) in y.iter_mut().zip(x).enumerate() {
-                    *y = fast_math::exp(x - max);
-                    lanes[k % 4] += f64::from(*y);
-                }
-                let scale = (1.0 / lanes.iter().sum::<f64>()) as f32;
-                y.iter_mut().for_each(|y| *y *= scale);
-            });
+            .for_each(|(y, x)| simd::vectorized(SoftmaxRow(y, x)));
         output(y, shape)
     }
 
@@ -171,13 +226,7 @@ impl ActivationOps for Flex {
         let mut dx = vec![0f32; y.len()];
         dx.par_chunks_mut(cols)
             .zip(y.par_chunks(cols).zip(g.par_chunks(cols)))
-            .for_each(|(dx, (y, g))| {
-                let dot: f64 = y.iter().zip(g).map(|(&y, &g)| f64::from(y * g)).sum();
-                let dot = dot as f32;
-                for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(g) {
-                    *dx = y * (g - dot);
-                }
-            });
+            .for_each(|(dx, (y, g))| simd::vectorized(SoftmaxRowBackward(dx, y, g)));
         output(dx, shape)
     }
 }

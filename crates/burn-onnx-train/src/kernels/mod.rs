@@ -8,7 +8,7 @@
 //! - [`unscale_and_check`]: divide a gradient by the loss scale and note inf/NaN in the
 //!   same pass, with one read-back for all gradients (CubeCL);
 //! - [`tanh`], [`gelu_tanh`] and [`softmax`]: one pass each way with vectorizable
-//!   `exp`/`tanh` (Flex);
+//!   `exp`/`tanh` (Flex), compiled for AVX-512 or AVX2 when the CPU has them (`simd`);
 //! - [`conv2d`]: one-group convolution as im2col + GEMM per image, forward and backward,
 //!   straight on NCHW (Flex);
 //! - [`max_pool2d`]: max pooling with window bounds worked out once per call and a
@@ -28,6 +28,7 @@ mod fast_math;
 mod fused_adam;
 mod host;
 mod pool;
+mod simd;
 mod unscale;
 
 pub use activation::{gelu_tanh, softmax, tanh};
