@@ -2,12 +2,17 @@
 //! parallel (rayon). Same arithmetic as the `#[cube]` kernels: per row a max, a sum of
 //! exponentials and a pick in forward; in backward the exponentials written once straight
 //! into the gradient row and scaled in place to `softmax - onehot`, no intermediate
-//! `[rows, classes]` tensor.
+//! `[rows, classes]` tensor. The row loops run on [`fast_math::exp`] through
+//! [`simd::vectorized`] (AVX-512 or AVX2): libm's `expf`, one element at a time, was ~9% of
+//! a gpt2_tiny step (vocabulary 1024).
 
 use burn::backend::flex::FlexTensor;
 use burn::backend::{DType, TensorMetadata};
 use burn::tensor::TensorData;
 use rayon::prelude::*;
+
+use super::fast_math;
+use super::simd::{self, Kernel};
 
 /// The f32 values of a contiguous `[rows, classes]` tensor and its two dimensions.
 fn rows(logits: &FlexTensor) -> (FlexTensor, usize, usize) {
@@ -27,37 +32,52 @@ fn targets(targets: FlexTensor) -> Vec<usize> {
         .collect()
 }
 
-/// Values per block of a row's exponentials (written to a buffer, then summed).
-const BLOCK: usize = 256;
+/// `(max, sum(exp(x - max)))` of one row, the sum in f64 lanes (a row of 50257 f32 terms
+/// summed in order would lose ~1e-5 relative).
+struct SoftmaxStats<'a>(&'a [f32]);
 
-/// `out[i] = exp(x[i] - max)` over one block; returns the block's sum in f64 (a row of
-/// 50257 f32 terms summed in order would lose ~1e-5 relative). libm's `expf`, not
-/// `fast_math::exp`: the polynomial's 2-ulp error in every probability moved AdamW's
-/// updates of rarely seen tokens' embeddings by 1.3e-5 between a tensor-parallel and a
-/// one-process run (0.5e-5 with `expf`), past `tests/tensor_parallel.rs`' 1e-5.
-fn exp_block(x: &[f32], max: f32, out: &mut [f32]) -> f64 {
-    out.iter_mut()
-        .zip(x)
-        .map(|(e, &v)| {
-            *e = (v - max).exp();
-            f64::from(*e)
-        })
-        .sum()
+impl Kernel for SoftmaxStats<'_> {
+    type Output = (f32, f64);
+    #[inline(always)]
+    fn run(self) -> (f32, f64) {
+        let max = simd::max(self.0);
+        let mut lanes = [0f64; simd::LANES];
+        let mut chunks = self.0.chunks_exact(lanes.len());
+        for c in &mut chunks {
+            for (l, &x) in lanes.iter_mut().zip(c) {
+                *l += f64::from(fast_math::exp(x - max));
+            }
+        }
+        let tail: f64 = chunks
+            .remainder()
+            .iter()
+            .map(|&x| f64::from(fast_math::exp(x - max)))
+            .sum();
+        (max, lanes.iter().sum::<f64>() + tail)
+    }
 }
 
-fn row_max(row: &[f32]) -> f32 {
-    row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+/// One row of the gradient, `(softmax(x) - onehot(t)) * g`: the exponentials written into
+/// the row once, then scaled in place.
+struct GradientRow<'a> {
+    out: &'a mut [f32],
+    x: &'a [f32],
+    target: usize,
+    g: f32,
 }
 
-/// Max and sum of `exp(x - max)` of one row.
-fn softmax_stats(row: &[f32]) -> (f32, f32) {
-    let max = row_max(row);
-    let mut block = [0f32; BLOCK];
-    let sum: f64 = row
-        .chunks(BLOCK)
-        .map(|x| exp_block(x, max, &mut block[..x.len()]))
-        .sum();
-    (max, sum as f32)
+impl Kernel for GradientRow<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let max = simd::max(self.x);
+        for (e, &x) in self.out.iter_mut().zip(self.x) {
+            *e = fast_math::exp(x - max);
+        }
+        let scale = self.g / simd::sum_f64(self.out) as f32;
+        self.out.iter_mut().for_each(|o| *o *= scale);
+        self.out[self.target] -= self.g;
+    }
 }
 
 /// Per-row `max + ln(sum exp(x - max)) - x[target]`.
@@ -74,8 +94,8 @@ pub fn cross_entropy_forward(logits: FlexTensor, target: FlexTensor) -> FlexTens
         .par_chunks(c)
         .zip(t.par_iter())
         .map(|(row, &t)| {
-            let (max, sum) = softmax_stats(row);
-            max + sum.ln() - row[t]
+            let (max, sum) = simd::vectorized(SoftmaxStats(row));
+            max + (sum as f32).ln() - row[t]
         })
         .collect();
     FlexTensor::from_data(TensorData::new(loss, vec![n]))
@@ -104,17 +124,13 @@ pub fn cross_entropy_backward(
     dx.par_chunks_mut(c)
         .zip(x.par_chunks(c))
         .enumerate()
-        .for_each(|(r, (out, row))| {
-            // One pass of exponentials, kept in the gradient row, then scaled in place.
-            let max = row_max(row);
-            let sum: f64 = row
-                .chunks(BLOCK)
-                .zip(out.chunks_mut(BLOCK))
-                .map(|(x, e)| exp_block(x, max, e))
-                .sum();
-            let scale = g[r] / sum as f32;
-            out.iter_mut().for_each(|o| *o *= scale);
-            out[t[r]] -= g[r];
+        .for_each(|(r, (out, x))| {
+            simd::vectorized(GradientRow {
+                out,
+                x,
+                target: t[r],
+                g: g[r],
+            })
         });
     FlexTensor::from_data(TensorData::new(dx, vec![n, c]))
 }

@@ -10,7 +10,7 @@
 //! on the lane width. On gpt2_tiny this took a step from 32.8 to 30.9 ms (BENCHMARKS.md).
 
 /// Independent accumulators of the reductions (a multiple of every vector width used).
-const LANES: usize = 16;
+pub const LANES: usize = 16;
 
 /// A loop over slices, to be compiled for the widest vector unit.
 pub trait Kernel {
