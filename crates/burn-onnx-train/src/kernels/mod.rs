@@ -9,6 +9,8 @@
 //!   same pass, with one read-back for all gradients (CubeCL);
 //! - [`tanh`], [`gelu_tanh`] and [`softmax`]: one pass each way with vectorizable
 //!   `exp`/`tanh` (Flex), compiled for AVX-512 or AVX2 when the CPU has them (`simd`);
+//! - [`matmul`]: the matrix product written by the GEMM into an uninitialised buffer, its
+//!   backward the same kernel on transposed views (Flex);
 //! - [`conv2d`]: one-group convolution as im2col + GEMM per image, forward and backward,
 //!   straight on NCHW (Flex);
 //! - [`max_pool2d`]: max pooling with window bounds worked out once per call and a
@@ -27,6 +29,7 @@ mod fast_math;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod fused_adam;
 mod host;
+mod matmul;
 mod pool;
 mod simd;
 mod unscale;
@@ -36,6 +39,7 @@ pub use conv::conv2d;
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use fused_adam::FusedAdam;
+pub use matmul::matmul;
 pub use pool::max_pool2d;
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
 

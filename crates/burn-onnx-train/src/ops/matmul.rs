@@ -3,6 +3,7 @@
 use super::broadcast::{broadcast_shapes, float_binary};
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
+use crate::kernels;
 use crate::op_bail;
 use crate::value::{FloatValue, Value};
 
@@ -28,7 +29,7 @@ pub fn matmul_values(a: FloatValue, b: FloatValue) -> OpResult<FloatValue> {
         // [.., M, K] x [K, N]: one GEMM over all rows.
         let rows: usize = sa[..sa.len() - 1].iter().product();
         let a2 = a.reshape(&[rows, k])?;
-        let prod = FloatValue::new(a2.tensor.matmul(b.tensor), 2);
+        let prod = FloatValue::new(kernels::matmul(a2.tensor, b.tensor), 2);
         let mut shape = sa[..sa.len() - 1].to_vec();
         shape.push(n);
         prod.reshape(&shape)?
@@ -39,7 +40,7 @@ pub fn matmul_values(a: FloatValue, b: FloatValue) -> OpResult<FloatValue> {
         sb_full.extend([k, n]);
         let a = a.broadcast_to(&sa_full)?;
         let b = b.broadcast_to(&sb_full)?;
-        FloatValue::new(a.tensor.matmul(b.tensor), sa_full.len())
+        FloatValue::new(kernels::matmul(a.tensor, b.tensor), sa_full.len())
     };
     let mut shape = out.shape();
     if b_vec {

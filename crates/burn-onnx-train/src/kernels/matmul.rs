@@ -1,0 +1,202 @@
+//! Matrix product of f32 tensors on the CPU's Flex backend, forward and backward, written
+//! by the GEMM straight into an uninitialised buffer. Burn's Flex matmul allocates each
+//! product zeroed as bytes and then copies it into an aligned buffer before the GEMM
+//! overwrites it (a memset and a memcpy per product, ~5% of a gpt2_tiny step by perf).
+//! Operands are read through their strides (a transposed view costs nothing), so the
+//! backward `dA = g B^T`, `dB = A^T g` are the same kernel on swapped strides. Batched
+//! operands must have the same batch dimensions (broadcasting is left to Burn's matmul,
+//! which is also the reference the tests hold this one to).
+
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::{Flex, FlexTensor};
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, TensorMetadata, backend_extension};
+use burn::tensor::{DType, TensorData};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::runs_cubecl;
+use crate::value::PhysTensor;
+
+/// `a [.., m, k] x b [.., k, n]`, the batch dimensions equal or either side's all 1.
+pub fn matmul(a: PhysTensor, b: PhysTensor) -> PhysTensor {
+    let (sa, sb) = (a.dims(), b.dims());
+    let r = sa.len();
+    let fused = a.dtype() == DType::F32
+        && b.dtype() == DType::F32
+        && !runs_cubecl(&a.device())
+        && sa[..r - 2] == sb[..r - 2];
+    if !fused {
+        return a.matmul(b);
+    }
+    PhysTensor::from_dispatch(<burn::backend::Dispatch as MatmulOps>::matmul_fused(
+        a.into_dispatch(),
+        b.into_dispatch(),
+    ))
+}
+
+/// The product as a backend extension (Flex, and Autodiff over it).
+#[backend_extension(Flex, Autodiff)]
+pub trait MatmulOps: Backend {
+    /// `a [.., m, k] x b [.., k, n]` with equal batch dimensions.
+    fn matmul_fused(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// The last two dimensions swapped (a view where the backend allows).
+    fn transpose_last(x: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+/// Products at least this big (multiply-adds) use every core inside the GEMM.
+const PARALLEL_GEMM: usize = 192 * 192 * 192;
+/// A batch of products at least this big in all runs its products in parallel instead.
+const PARALLEL_BATCH: usize = 128 * 128 * 128;
+
+/// Where matrix `i` of a batch starts in `t`'s storage.
+fn batch_offset(t: &FlexTensor, i: usize) -> isize {
+    let (shape, strides) = (t.layout().shape(), t.layout().strides());
+    let mut offset = t.layout().start_offset() as isize;
+    let mut rest = i;
+    for d in (0..shape.num_dims() - 2).rev() {
+        offset += (rest % shape[d]) as isize * strides[d];
+        rest /= shape[d];
+    }
+    offset
+}
+
+/// Row and column strides of `t`'s matrices.
+fn matrix_strides(t: &FlexTensor) -> (isize, isize) {
+    let s = t.layout().strides();
+    (s[s.len() - 2], s[s.len() - 1])
+}
+
+impl MatmulOps for Flex {
+    fn matmul_fused(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
+        let r = sa.len();
+        assert!(
+            r >= 2 && sb.len() == r,
+            "matmul_fused takes two tensors of one rank >= 2"
+        );
+        assert_eq!(
+            sa[..r - 2],
+            sb[..r - 2],
+            "matmul_fused: batch dimensions differ"
+        );
+        let (m, k, n) = (sa[r - 2], sa[r - 1], sb[r - 1]);
+        assert_eq!(k, sb[r - 2], "matmul_fused: inner dimensions differ");
+        let count: usize = sa[..r - 2].iter().product();
+        let mut shape = sa[..r - 2].to_vec();
+        shape.extend([m, n]);
+        if k == 0 {
+            return FlexTensor::from_data(TensorData::new(vec![0f32; count * m * n], shape));
+        }
+        let (ra, ca) = matrix_strides(&a);
+        let (rb, cb) = matrix_strides(&b);
+        let (da, db): (&[f32], &[f32]) = (a.storage(), b.storage());
+        let mut out: Vec<f32> = Vec::with_capacity(count * m * n);
+        let product = |dst: *mut f32, i: usize, parallelism: Parallelism| {
+            // SAFETY: the offsets and strides are the operands' own layouts, so every read
+            // stays inside their storage; `dst` holds `m * n` values in rows of `n`, which
+            // the GEMM writes without reading (`read_dst` false).
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    dst,
+                    1,
+                    n as isize,
+                    false,
+                    da.as_ptr().offset(batch_offset(&a, i)),
+                    ca,
+                    ra,
+                    db.as_ptr().offset(batch_offset(&b, i)),
+                    cb,
+                    rb,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    parallelism,
+                )
+            }
+        };
+        let ops = m * n * k;
+        let spare = &mut out.spare_capacity_mut()[..count * m * n];
+        if m * n > 0 {
+            if count > 1 && count * ops >= PARALLEL_BATCH {
+                spare
+                    .par_chunks_mut(m * n)
+                    .enumerate()
+                    .for_each(|(i, dst)| product(dst.as_mut_ptr().cast(), i, Parallelism::None));
+            } else {
+                let parallelism = if ops >= PARALLEL_GEMM {
+                    Parallelism::Rayon(0)
+                } else {
+                    Parallelism::None
+                };
+                for (i, dst) in spare.chunks_mut(m * n).enumerate() {
+                    product(dst.as_mut_ptr().cast(), i, parallelism);
+                }
+            }
+        }
+        // SAFETY: the GEMMs above wrote all `count * m * n` values.
+        unsafe { out.set_len(count * m * n) };
+        FlexTensor::from_data(TensorData::new(out, shape))
+    }
+
+    fn transpose_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let r = x.shape().num_dims();
+        x.transpose(r - 2, r - 1)
+    }
+}
+
+/// `dA = g B^T`, `dB = A^T g` from the operands the forward kept (each only when the other
+/// side needs a gradient).
+#[derive(Debug)]
+struct MatmulBackward;
+
+impl<B: Backend + MatmulOps> Backward<B, 2> for MatmulBackward {
+    type State = (Option<FloatTensor<B>>, Option<FloatTensor<B>>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [a_node, b_node] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (a, b) = ops.state;
+        if let (Some(node), Some(b)) = (a_node, b) {
+            let da = B::matmul_fused(grad.clone(), B::transpose_last(b));
+            grads.register::<B>(node.id, da);
+        }
+        if let (Some(node), Some(a)) = (b_node, a) {
+            grads.register::<B>(node.id, B::matmul_fused(B::transpose_last(a), grad));
+        }
+    }
+}
+
+impl<B: Backend + MatmulOps, C: CheckpointStrategy> MatmulOps for Autodiff<B, C> {
+    fn matmul_fused(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (a_tracked, b_tracked) = (a.is_tracked(), b.is_tracked());
+        match MatmulBackward
+            .prepare::<C>([a.node(), b.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (a, b) = (a.into_primitive(), b.into_primitive());
+                let out = B::matmul_fused(a.clone(), b.clone());
+                prep.finish((b_tracked.then_some(a), a_tracked.then_some(b)), out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::matmul_fused(a.into_primitive(), b.into_primitive()))
+            }
+        }
+    }
+
+    fn transpose_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Autodiff::<B, C>::float_transpose(x)
+    }
+}
