@@ -163,6 +163,15 @@ fn squeezenet_pooling_ceil_mode_with_ties() {
         true,
         true,
     );
+    // Even sizes: ceil mode keeps a last partial window in both directions, beside the
+    // whole windows that are scanned a row at a time.
+    check(
+        "ceil relu partial",
+        [2, 3, 12, 20],
+        options(3, 2, [(0, 0); 2], 1, true),
+        true,
+        true,
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! 2-D max pooling (f32) on the CPU with its own backward: planes in parallel, each
-//! window's valid rows and columns worked out once per call instead of per element, and
-//! no index tensor: the backward finds each window's maximum again (the first one in scan
+//! window's valid rows and columns worked out once per call instead of per element, the
+//! whole windows of an output row scanned together (independent compares instead of one
+//! dependent chain per window), and no index tensor: the backward finds each window's maximum again (the first one in scan
 //! order, NaN winning, as PyTorch and Burn pick it) and adds the gradient there. Other
 //! dtypes and CubeCL devices use Burn's `max_pool2d`, the reference the tests hold this to.
 
@@ -15,6 +16,7 @@ use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::runs_cubecl;
+use super::simd::{self, Kernel};
 use crate::unary_op::unary;
 
 /// Max pooling of `x` `[N, C, H, W]`.
@@ -45,6 +47,8 @@ pub trait PoolOps: Backend {
 struct Axis {
     /// Per output position: the first input index and how many valid taps it reads.
     windows: Vec<(usize, usize)>,
+    kernel: usize,
+    stride: usize,
     dilation: usize,
 }
 
@@ -86,7 +90,12 @@ impl Axis {
                 (start, end - first)
             })
             .collect();
-        Axis { windows, dilation }
+        Axis {
+            windows,
+            kernel,
+            stride,
+            dilation,
+        }
     }
 
     fn len(&self) -> usize {
@@ -121,35 +130,122 @@ impl Pooling {
         }
     }
 
-    /// `f(output index, input index of the window's maximum)` over one plane; windows with
-    /// no valid tap give `None` (and the output -inf).
-    fn argmax(&self, x: &[f32], mut f: impl FnMut(usize, Option<usize>)) {
+    /// The input index of every window's maximum over one plane, in output order (`None`
+    /// for a window with no valid tap, whose output is -inf). Per output row, the columns
+    /// whose windows are whole run tap by tap across the row, so consecutive outputs are
+    /// independent work (a window at a time is one long chain of dependent compares); the
+    /// clipped windows at the edges go one by one. Both visit a window's taps in scan
+    /// order, so they pick the same maximum.
+    #[inline(always)]
+    fn argmax(&self, x: &[f32], at: &mut Vec<Option<usize>>) {
+        at.clear();
         let w = self.plane[1];
-        for (oy, &(y0, ny)) in self.rows.windows.iter().enumerate() {
+        let (dy, dx, stride) = (self.rows.dilation * w, self.cols.dilation, self.cols.stride);
+        let kernel = self.cols.kernel;
+        // The whole windows: a contiguous run of columns, each `stride` after the one before.
+        let whole = |ox: &usize| self.cols.windows[*ox].1 == kernel;
+        let lo = (0..self.cols.len()).find(whole).unwrap_or(0);
+        let hi = (lo..self.cols.len()).rfind(whole).map_or(lo, |l| l + 1);
+        let n = hi - lo;
+        let (mut best, mut tap, mut vals) = (vec![0f32; n], vec![0u32; n], vec![0f32; n]);
+        // Per tap of a window (scan order), its offset from the window's first tap.
+        let mut offsets = Vec::with_capacity(self.rows.kernel * kernel);
+        for &(y0, ny) in &self.rows.windows {
+            let row_at = at.len();
             for (ox, &(x0, nx)) in self.cols.windows.iter().enumerate() {
-                let best = (ny > 0 && nx > 0).then(|| {
-                    let (dy, dx) = (self.rows.dilation * w, self.cols.dilation);
-                    let (mut at, mut max) = (y0 * w + x0, x[y0 * w + x0]);
-                    for ty in 0..ny {
-                        let row = (y0 * w + x0) + ty * dy;
-                        // A counted loop: `step_by` divides once per row, which cost more
-                        // than the comparisons.
-                        for tap in 0..nx {
-                            let i = row + tap * dx;
-                            let v = x[i];
-                            // Selects, not a branch: which tap wins is data-dependent and
-                            // a mispredicted branch per tap cost more than the compare.
-                            let take = v > max || v.is_nan();
-                            at = if take { i } else { at };
-                            max = if take { v } else { max };
-                        }
-                    }
-                    at
+                let clipped = ox < lo || ox >= hi || ny == 0;
+                at.push(if clipped {
+                    window_argmax(x, y0 * w + x0, ny, nx, dy, dx)
+                } else {
+                    None
                 });
-                f(oy * self.cols.len() + ox, best);
+            }
+            if ny == 0 || n == 0 {
+                continue;
+            }
+            // Tap by tap (scan order) across the row: the tap's values gathered, then
+            // compared with every window's best so far at once.
+            let first = y0 * w + self.cols.windows[lo].0;
+            offsets.clear();
+            offsets.extend((0..ny).flat_map(|ty| (0..kernel).map(move |tx| ty * dy + tx * dx)));
+            for (t, &offset) in offsets.iter().enumerate() {
+                let origin = first + offset;
+                let taps = &x[origin..=origin + (n - 1) * stride];
+                for (v, &xv) in vals.iter_mut().zip(taps.iter().step_by(stride.max(1))) {
+                    *v = xv;
+                }
+                if t == 0 {
+                    best.copy_from_slice(&vals);
+                    tap.fill(0);
+                }
+                tap_max(&mut best, &mut tap, &vals, t as u32);
+            }
+            for (k, (slot, &t)) in at[row_at + lo..row_at + hi]
+                .iter_mut()
+                .zip(&tap)
+                .enumerate()
+            {
+                *slot = Some(first + k * stride + offsets[t as usize]);
             }
         }
     }
+}
+
+/// One tap of every whole window in a row: where the tap's value `vals[k]` beats window
+/// `k`'s best so far (or is NaN), it becomes the best and `t` its tap. Selects, not
+/// branches (`|`, not `||`), so the loop vectorizes.
+#[inline(always)]
+fn tap_max(best: &mut [f32], tap: &mut [u32], vals: &[f32], t: u32) {
+    for ((b, tap), &v) in best.iter_mut().zip(tap.iter_mut()).zip(vals) {
+        let take = (v > *b) | v.is_nan();
+        *tap = if take { t } else { *tap };
+        *b = if take { v } else { *b };
+    }
+}
+
+/// [`Pooling::argmax`] of one plane, compiled for the widest vector unit.
+struct PlaneArgmax<'a> {
+    pooling: &'a Pooling,
+    x: &'a [f32],
+    at: &'a mut Vec<Option<usize>>,
+}
+
+impl Kernel for PlaneArgmax<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        self.pooling.argmax(self.x, self.at);
+    }
+}
+
+/// The input index of the maximum of one window of `ny` x `nx` taps from `origin` (steps
+/// `dy`, `dx`) in scan order: the first maximum, or the last NaN; `None` when empty.
+fn window_argmax(
+    x: &[f32],
+    origin: usize,
+    ny: usize,
+    nx: usize,
+    dy: usize,
+    dx: usize,
+) -> Option<usize> {
+    (ny > 0 && nx > 0).then(|| {
+        let (mut at, mut max) = (origin, x[origin]);
+        for ty in 0..ny {
+            let row = origin + ty * dy;
+            // A counted loop: `step_by` divides once per row, which cost more than the
+            // comparisons.
+            for tap in 0..nx {
+                let i = row + tap * dx;
+                let v = x[i];
+                // Selects, not a branch: which tap wins is data-dependent and a
+                // mispredicted branch per tap cost more than the compare.
+                let take = v > max || v.is_nan();
+                at = if take { i } else { at };
+                max = if take { v } else { max };
+            }
+        }
+        at
+    })
 }
 
 fn plane_sizes(shape: &[usize], p: &Pooling) -> (usize, usize) {
@@ -166,12 +262,13 @@ impl PoolOps for Flex {
         if output_plane > 0 {
             y.par_chunks_mut(output_plane)
                 .zip(x.par_chunks(input_plane))
-                .for_each(|(y, x)| {
-                    p.argmax(x, |o, i| {
-                        if let Some(i) = i {
-                            y[o] = x[i];
+                .for_each_init(Vec::new, |at, (y, x)| {
+                    simd::vectorized(PlaneArgmax { pooling: &p, x, at });
+                    for (y, i) in y.iter_mut().zip(at.iter()) {
+                        if let Some(i) = *i {
+                            *y = x[i];
                         }
-                    })
+                    }
                 });
         }
         let out = vec![shape[0], shape[1], p.rows.len(), p.cols.len()];
@@ -195,12 +292,13 @@ impl PoolOps for Flex {
         if output_plane > 0 {
             dx.par_chunks_mut(input_plane)
                 .zip(x.par_chunks(input_plane).zip(g.par_chunks(output_plane)))
-                .for_each(|(dx, (x, g))| {
-                    p.argmax(x, |o, i| {
-                        if let Some(i) = i {
-                            dx[i] += g[o];
+                .for_each_init(Vec::new, |at, (dx, (x, g))| {
+                    simd::vectorized(PlaneArgmax { pooling: &p, x, at });
+                    for (&g, i) in g.iter().zip(at.iter()) {
+                        if let Some(i) = *i {
+                            dx[i] += g;
                         }
-                    })
+                    }
                 });
         }
         FlexTensor::from_data(TensorData::new(dx, shape))
