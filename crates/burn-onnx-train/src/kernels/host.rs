@@ -41,19 +41,7 @@ impl Kernel for SoftmaxStats<'_> {
     #[inline(always)]
     fn run(self) -> (f32, f64) {
         let max = simd::max(self.0);
-        let mut lanes = [0f64; simd::LANES];
-        let mut chunks = self.0.chunks_exact(lanes.len());
-        for c in &mut chunks {
-            for (l, &x) in lanes.iter_mut().zip(c) {
-                *l += f64::from(fast_math::exp(x - max));
-            }
-        }
-        let tail: f64 = chunks
-            .remainder()
-            .iter()
-            .map(|&x| f64::from(fast_math::exp(x - max)))
-            .sum();
-        (max, lanes.iter().sum::<f64>() + tail)
+        (max, simd::sum_map_f64(self.0, |x| fast_math::exp(x - max)))
     }
 }
 

@@ -1,9 +1,10 @@
 //! 2-D max pooling (f32) on the CPU with its own backward: planes in parallel, each
 //! window's valid rows and columns worked out once per call instead of per element, the
 //! whole windows of an output row scanned together (independent compares instead of one
-//! dependent chain per window), and no index tensor: the backward finds each window's maximum again (the first one in scan
-//! order, NaN winning, as PyTorch and Burn pick it) and adds the gradient there. Other
-//! dtypes and CubeCL devices use Burn's `max_pool2d`, the reference the tests hold this to.
+//! dependent chain per window), and no index tensor: the backward finds each window's
+//! maximum again (the first one in scan order, NaN winning, as PyTorch and Burn pick it)
+//! and adds the gradient there. Other dtypes and CubeCL devices use Burn's `max_pool2d`,
+//! the reference the tests hold this to.
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;

@@ -10,7 +10,7 @@
 //! on the lane width. On gpt2_tiny this took a step from 32.8 to 30.9 ms (BENCHMARKS.md).
 
 /// Independent accumulators of the reductions (a multiple of every vector width used).
-pub const LANES: usize = 16;
+const LANES: usize = 16;
 
 /// A loop over slices, to be compiled for the widest vector unit.
 pub trait Kernel {
@@ -88,22 +88,25 @@ pub fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
     lanes.iter().sum::<f64>() + tail
 }
 
-/// `sum(x[i])` in f64.
+/// `sum(f(x[i]))` in f64; `f` is inlined into the loop (keep it small: a call of an
+/// `#[inline(always)]` function).
 #[inline(always)]
-pub fn sum_f64(x: &[f32]) -> f64 {
+pub fn sum_map_f64(x: &[f32], f: impl Fn(f32) -> f32) -> f64 {
     let mut lanes = [0f64; LANES];
     let mut chunks = x.chunks_exact(LANES);
     for c in &mut chunks {
         for (l, &v) in lanes.iter_mut().zip(c) {
-            *l += f64::from(v);
+            *l += f64::from(f(v));
         }
     }
-    lanes.iter().sum::<f64>()
-        + chunks
-            .remainder()
-            .iter()
-            .map(|&v| f64::from(v))
-            .sum::<f64>()
+    let tail: f64 = chunks.remainder().iter().map(|&v| f64::from(f(v))).sum();
+    lanes.iter().sum::<f64>() + tail
+}
+
+/// `sum(x[i])` in f64.
+#[inline(always)]
+pub fn sum_f64(x: &[f32]) -> f64 {
+    sum_map_f64(x, |v| v)
 }
 
 #[cfg(test)]
