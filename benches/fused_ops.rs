@@ -2,7 +2,8 @@
 //! backward under autodiff on the Flex backend, at the shapes of a gpt2_tiny step (4 x 128
 //! tokens): tanh and GELU over the MLP's `[512, 512]` hidden activations, softmax over the
 //! attention's `[1024, 128]` score rows, and softmax cross-entropy over GPT-2's 50257-class
-//! logits for 64 tokens; and at the shapes of a SqueezeNet 1.1 step (8 images of 224x224):
+//! logits for 64 tokens, layer normalisation of the `[512, 128]` residual rows (and of
+//! GPT-2 124M's width 768); and at the shapes of a SqueezeNet 1.1 step (8 images of 224x224):
 //! its first convolution (3 -> 64, 3x3 stride 2), a fire module's 3x3 expand (16 -> 64 on
 //! 55x55) and 1x1 squeeze (128 -> 16), and the first 3x3 stride-2 ceil-mode max pooling.
 //! `cargo bench --bench fused_ops`.
@@ -15,7 +16,8 @@ use burn::tensor::module::{conv2d as burn_conv2d, max_pool2d as burn_max_pool2d}
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_onnx_train::kernels::{
-    conv2d, cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, max_pool2d, softmax, tanh,
+    conv2d, cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, layer_norm, max_pool2d,
+    softmax, tanh,
 };
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -168,9 +170,43 @@ fn pooling(c: &mut Criterion) {
     }
 }
 
+/// Burn's composition of a row layer norm (what `ops/normalization.rs` runs off the CPU).
+fn layer_norm_burn(x: Tensor<2>, scale: Tensor<1>, bias: Tensor<1>, eps: f32) -> Tensor<2> {
+    let mean = x.clone().mean_dim(1);
+    let centered = x - mean;
+    let var = centered.clone().square().mean_dim(1);
+    let normed = centered / var.add_scalar(eps).sqrt();
+    normed * scale.unsqueeze() + bias.unsqueeze()
+}
+
+fn layer_norms(c: &mut Criterion) {
+    type Norm = fn(Tensor<2>, Tensor<1>, Tensor<1>, f32) -> Tensor<2>;
+    for (rows, cols) in [(512, 128), (512, 768)] {
+        let x: Tensor<2> = values(rows, cols).reshape([rows, cols]);
+        let device = x.device();
+        let scale = Tensor::<1>::ones([cols], &device);
+        let bias = Tensor::<1>::zeros([cols], &device);
+        for (kind, f) in [("fused", layer_norm as Norm), ("burn", layer_norm_burn)] {
+            c.bench_function(
+                &format!("layer_norm [{rows}, {cols}] fwd+bwd {kind}"),
+                |b| {
+                    b.iter(|| {
+                        let (x, s, bi) = (
+                            x.clone().require_grad(),
+                            scale.clone().require_grad(),
+                            bias.clone().require_grad(),
+                        );
+                        black_box(f(x, s, bi, 1e-5).sum().backward())
+                    })
+                },
+            );
+        }
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
-    targets = activations, cross_entropy, convolutions, pooling
+    targets = activations, cross_entropy, layer_norms, convolutions, pooling
 }
 criterion_main!(benches);

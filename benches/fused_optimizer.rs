@@ -1,8 +1,10 @@
-//! One AdamW update on a CubeCL device (wgpu; lavapipe on these GPU-less machines): the
-//! fused multi-tensor update (`FusedAdam`, one launch for all parameters) against Burn's
-//! `AdamW` (a chain of tensor ops per parameter), on the parameters of gpt2_tiny and of
-//! the GPT-2 example's default model (vocabulary 50257, width 128). Gradients are fixed random values; every iteration waits
-//! for the device. `cargo bench --features wgpu --bench fused_optimizer`.
+//! One AdamW update, the fused update (`FusedAdam`: in place per parameter on the CPU, one
+//! launch for all parameters on a CubeCL device) against Burn's `AdamW` (a chain of tensor
+//! ops per parameter), on the parameters of gpt2_tiny and of the GPT-2 example's default
+//! model (vocabulary 50257, width 128), on the CPU and, with feature `wgpu`, on wgpu
+//! (lavapipe on these GPU-less machines). Gradients are fixed random values; every
+//! iteration waits for the device. `cargo bench --bench fused_optimizer` (CPU),
+//! `cargo bench --features wgpu --bench fused_optimizer` (both).
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -91,13 +93,12 @@ fn bench_model(c: &mut Criterion, name: &str, model: OnnxModel, device: &Device)
     black_box(m);
 }
 
-fn updates(c: &mut Criterion) {
-    let device = DeviceSpec::Wgpu(None).device(0).unwrap().autodiff();
+fn updates_on(c: &mut Criterion, on: &str, device: Device) {
     let tiny = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("crates/burn-onnx-train/tests/data/refkit/models/gpt2_tiny.onnx");
     bench_model(
         c,
-        "gpt2_tiny",
+        &format!("{on} gpt2_tiny"),
         OnnxModel::load(tiny, &device).unwrap(),
         &device,
     );
@@ -105,9 +106,19 @@ fn updates(c: &mut Criterion) {
     write_gpt2(&Gpt2Config::default(), &example).unwrap();
     bench_model(
         c,
-        "gpt2 example",
+        &format!("{on} gpt2 example"),
         OnnxModel::load(&example, &device).unwrap(),
         &device,
+    );
+}
+
+fn updates(c: &mut Criterion) {
+    updates_on(c, "cpu", DeviceSpec::Cpu.device(0).unwrap().autodiff());
+    #[cfg(feature = "wgpu")]
+    updates_on(
+        c,
+        "wgpu",
+        DeviceSpec::Wgpu(None).device(0).unwrap().autodiff(),
     );
 }
 

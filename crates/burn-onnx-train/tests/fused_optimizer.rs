@@ -1,11 +1,10 @@
-//! The fused multi-tensor Adam, AdamW and LAMB (CubeCL kernels; wgpu on lavapipe here)
-//! against Burn's own optimizers on the same device: gpt2_tiny's parameters (tensors of
-//! 64 to 32k values, so one to many chunks each), weight decay on all but the biases, three
-//! updates with the same random gradients, within 1e-6 relative to each parameter's
-//! magnitude. The record either one
-//! writes continues under the other for a fourth update. Without a Vulkan driver these
-//! tests fail; they never pass silently.
-#![cfg(feature = "wgpu")]
+//! The fused multi-tensor Adam, AdamW and LAMB against Burn's own optimizers on the same
+//! device, on the CPU (the host loop) and on wgpu (the CubeCL kernels; lavapipe here):
+//! gpt2_tiny's parameters (tensors of 64 to 32k values, so one to many chunks each), weight
+//! decay on all but the biases, three updates with the same random gradients, within 1e-6
+//! relative to each parameter's magnitude. The record either one writes continues under
+//! the other for a fourth update. Without a Vulkan driver the wgpu tests fail; they never
+//! pass silently.
 
 mod common;
 
@@ -22,7 +21,12 @@ use burn_onnx_train::train::optimizer::{build_optimizer, flat_rule, weight_decay
 use burn_ort_dist::ReplicaOptimizer;
 use common::*;
 
-fn device() -> Device {
+fn cpu() -> Device {
+    DeviceSpec::Cpu.device(0).unwrap().autodiff()
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu() -> Device {
     DeviceSpec::Wgpu(None).device(0).unwrap().autodiff()
 }
 
@@ -109,13 +113,9 @@ fn assert_same(what: &str, got: &OnnxModel, want: &OnnxModel, initial: &OnnxMode
     );
 }
 
-fn model() -> OnnxModel {
-    OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device()).unwrap()
-}
-
-fn check(kind: OptimizerKind) {
+fn check(kind: OptimizerKind, device: Device) {
     let c = config(kind);
-    let initial = model();
+    let initial = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
     let fused_new = || FusedAdam::new(flat_rule(&c), weight_decays(&c, &initial)).unwrap();
     let (mut fused, mut burn) = (fused_new(), build_optimizer(&c, &initial));
     let (mut a, mut b) = (initial.clone(), initial.clone());
@@ -155,18 +155,36 @@ fn check(kind: OptimizerKind) {
 }
 
 #[test]
-fn fused_adamw_matches_burns_adamw_and_their_records_interchange() {
-    check(OptimizerKind::Adamw);
+fn cpu_fused_adamw_matches_burns_adamw_and_their_records_interchange() {
+    check(OptimizerKind::Adamw, cpu());
 }
 
 #[test]
-fn fused_adam_matches_burns_adam_and_their_records_interchange() {
-    check(OptimizerKind::Adam);
+fn cpu_fused_adam_matches_burns_adam_and_their_records_interchange() {
+    check(OptimizerKind::Adam, cpu());
 }
 
 #[test]
-fn fused_lamb_matches_burns_lamb_and_their_records_interchange() {
-    check(OptimizerKind::Lamb);
+fn cpu_fused_lamb_matches_burns_lamb_and_their_records_interchange() {
+    check(OptimizerKind::Lamb, cpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_fused_adamw_matches_burns_adamw_and_their_records_interchange() {
+    check(OptimizerKind::Adamw, wgpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_fused_adam_matches_burns_adam_and_their_records_interchange() {
+    check(OptimizerKind::Adam, wgpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_fused_lamb_matches_burns_lamb_and_their_records_interchange() {
+    check(OptimizerKind::Lamb, wgpu());
 }
 
 #[test]

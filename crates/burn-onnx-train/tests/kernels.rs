@@ -1,7 +1,7 @@
 //! The fused kernels against f64 closed forms and the plain Burn compositions they replace:
 //! softmax cross-entropy forward and backward on the CPU (Flex) and, with feature `wgpu`
 //! (lavapipe here), the CubeCL kernels, plus unscale with the inf/NaN check; tanh, GELU
-//! (tanh form) and softmax forward and backward on the CPU.
+//! (tanh form), softmax and layer normalisation forward and backward on the CPU.
 
 mod common;
 
@@ -11,7 +11,7 @@ use burn_onnx_train::kernels::{
     NonFiniteFlag, runs_cubecl, unscale_and_check, unscale_and_check_reference,
 };
 use burn_onnx_train::kernels::{
-    cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, softmax, tanh,
+    cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, layer_norm, softmax, tanh,
 };
 #[cfg(feature = "wgpu")]
 use burn_onnx_train::train::DeviceSpec;
@@ -322,4 +322,96 @@ fn softmax_on_another_axis_is_burns() {
         .try_to_vec::<f32>()
         .unwrap();
     assert_eq!(got, want);
+}
+
+/// LayerNorm's output and the gradients of `sum(w * y)` for x, scale and bias, in f64.
+fn layer_norm_f64(
+    x: &[f32],
+    scale: &[f32],
+    bias: &[f32],
+    w: &[f32],
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let cols = scale.len();
+    let (mut y, mut dx) = (Vec::new(), Vec::new());
+    let (mut ds, mut db) = (vec![0f64; cols], vec![0f64; cols]);
+    for (row, wr) in x.chunks(cols).zip(w.chunks(cols)) {
+        let n = cols as f64;
+        let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+        let var = row
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        let rstd = 1.0 / (var + eps).sqrt();
+        let xh: Vec<f64> = row.iter().map(|&v| (f64::from(v) - mean) * rstd).collect();
+        let h: Vec<f64> = wr
+            .iter()
+            .zip(scale)
+            .map(|(&w, &s)| f64::from(w * s))
+            .collect();
+        let a = h.iter().sum::<f64>() / n;
+        let b = h.iter().zip(&xh).map(|(h, x)| h * x).sum::<f64>() / n;
+        for i in 0..cols {
+            y.push(xh[i] * f64::from(scale[i]) + f64::from(bias[i]));
+            dx.push(rstd * (h[i] - a - xh[i] * b));
+            ds[i] += f64::from(wr[i]) * xh[i];
+            db[i] += f64::from(wr[i]);
+        }
+    }
+    (y, dx, ds, db)
+}
+
+#[test]
+fn layer_norm_forward_and_backward_match_the_f64_closed_form() {
+    // Rows that are not a whole number of backward blocks; an offset mean, a tiny-variance
+    // row (eps matters there).
+    for (rows, cols) in [(77, 128), (3, 1000), (1, 5)] {
+        let (mut x, w) = activation_problem(rows, cols);
+        x.iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = *v * 0.1 + 3.0 + (i / cols) as f32 * 0.01);
+        x[..cols]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = 1e-3 * (i % 3) as f32);
+        let scale: Vec<f32> = (0..cols).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let bias: Vec<f32> = (0..cols).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
+        let eps = 1e-5;
+        let device = Device::flex().autodiff();
+        let t = |v: &[f32], shape: Vec<usize>| {
+            Tensor::<2>::from_data(TensorData::new(v.to_vec(), shape), &device)
+        };
+        let xt = t(&x, vec![rows, cols]).require_grad();
+        let st = t(&scale, vec![1, cols]).reshape([cols]).require_grad();
+        let bt = t(&bias, vec![1, cols]).reshape([cols]).require_grad();
+        let y = layer_norm(xt.clone(), st.clone(), bt.clone(), eps as f32);
+        let grads = (y.clone() * t(&w, vec![rows, cols])).sum().backward();
+        let (want_y, want_dx, want_ds, want_db) = layer_norm_f64(&x, &scale, &bias, &w, eps);
+        let v2 = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+        let v1 = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().unwrap();
+        let what = format!("layer norm {rows}x{cols}");
+        assert_close_rel(&what, &v2(y.inner()), &want_y, 1e-5, 1e-5);
+        assert_close_rel(
+            &format!("{what} dx"),
+            &v2(xt.grad(&grads).unwrap()),
+            &want_dx,
+            1e-4,
+            1e-4,
+        );
+        assert_close_rel(
+            &format!("{what} dscale"),
+            &v1(st.grad(&grads).unwrap()),
+            &want_ds,
+            1e-5,
+            1e-4,
+        );
+        assert_close_rel(
+            &format!("{what} dbias"),
+            &v1(bt.grad(&grads).unwrap()),
+            &want_db,
+            1e-5,
+            1e-4,
+        );
+    }
 }

@@ -122,14 +122,20 @@ fn tied_gpt2(tag: &str) -> TrainingConfig {
     }
 }
 
+/// Twelve AdamW updates at 3e-3 turn f32 rounding differences (the batch split in two)
+/// into up to ~1e-5 differences in elements whose gradient is near zero: 5.4e-6 with
+/// LayerNorm composed of Burn ops, 1.3e-5 with the fused LayerNorm kernel (the same with
+/// Burn's AdamW and the fused one). A gradient averaged wrongly moves parameters by ~lr.
+const TIED_ATOL: f32 = 3e-5;
+
 #[test]
 fn a_tied_embedding_gpt2_with_adamw_clipping_and_accumulation_averaged_during_backward() {
-    compare(tied_gpt2("ov-tied"), tokens(256), 2, 3, 0, 1e-5);
+    compare(tied_gpt2("ov-tied"), tokens(256), 2, 3, 0, TIED_ATOL);
 }
 
 #[test]
 fn averaging_during_backward_composes_with_recomputation() {
-    compare(tied_gpt2("ov-tied-rc"), tokens(256), 2, 3, 3, 1e-5);
+    compare(tied_gpt2("ov-tied-rc"), tokens(256), 2, 3, 3, TIED_ATOL);
 }
 
 #[test]

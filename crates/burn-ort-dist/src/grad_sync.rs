@@ -46,7 +46,8 @@ impl<F: Fn(ParamId) -> bool> ModuleVisitor for Collect<'_, F> {
             return;
         };
         let shape = g.dims().to_vec();
-        match g.into_data().convert::<f32>().try_to_vec::<f32>() {
+        // A gradient taken out owns its buffer: its values move out without a copy.
+        match g.into_data().convert::<f32>().try_into_vec::<f32>() {
             Ok(values) => self.slots.push(FlatGrad {
                 id: param.id,
                 shape,

@@ -235,9 +235,37 @@ impl ModuleVisitor for Census {
 }
 
 /// Sum of squares in f64: every strategy measures gradient norms with it, so that
-/// replicated and sharded runs clip by the same factor.
+/// replicated and sharded runs clip by the same factor. Eight independent accumulators,
+/// which the compiler vectorizes (one f64 chain waits ~4 cycles per element).
 pub fn sum_squares(values: &[f32]) -> f64 {
-    values.iter().map(|x| f64::from(*x) * f64::from(*x)).sum()
+    let mut lanes = [0f64; 8];
+    let mut chunks = values.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += f64::from(x) * f64::from(x);
+        }
+    }
+    let tail: f64 = chunks
+        .remainder()
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum();
+    lanes.iter().sum::<f64>() + tail
+}
+
+/// [`sum_squares`] of a gradient on the host: read in place when it is a contiguous f32
+/// Flex tensor (no copy), otherwise from its values.
+fn host_sum_squares<const D: usize>(g: Tensor<D>) -> Result<f64, String> {
+    if let Ok(t) = g.clone().try_into_primitive::<burn::backend::flex::Flex>()
+        && let Some(values) = t.as_slice::<f32>()
+    {
+        return Ok(sum_squares(values));
+    }
+    g.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map(|v| sum_squares(&v))
+        .map_err(|e| format!("{e:?}"))
 }
 
 /// The global L2 norm from per-tensor sums of squares.
@@ -265,9 +293,9 @@ fn grad_squares<M: Module>(module: &M, grads: &GradientsParams) -> DistResult<Ve
                 self.device.push((param.id, g.square().sum()));
                 return;
             }
-            match g.into_data().convert::<f32>().try_to_vec::<f32>() {
-                Ok(v) => self.host.push((param.id, sum_squares(&v))),
-                Err(e) => self.error = Some(format!("{e:?}")),
+            match host_sum_squares(g) {
+                Ok(s) => self.host.push((param.id, s)),
+                Err(e) => self.error = Some(e),
             }
         }
     }

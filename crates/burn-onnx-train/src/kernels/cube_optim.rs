@@ -20,9 +20,8 @@ use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
 
 use super::cube::reduce_shared;
+use super::fused_adam::CHUNK;
 
-/// Values per chunk (a multiple of [`THREADS`]).
-pub const CHUNK: usize = 2048;
 /// Threads per cube (a power of two for the tree reductions).
 const THREADS: u32 = 256;
 

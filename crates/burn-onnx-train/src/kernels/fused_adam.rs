@@ -1,25 +1,34 @@
-//! Adam, AdamW and LAMB over every parameter at once on CubeCL devices: the "multi-tensor
-//! apply" of NVIDIA Apex's FusedAdam/FusedLAMB and DeepSpeed. The parameters and gradients
-//! of a step are laid end to end in one flat buffer (each padded to whole chunks); the
-//! moments live in two flat device buffers across steps; one kernel launch updates it all
-//! (three for LAMB: direction, per-parameter trust ratio, update), where Burn's optimizer
-//! runs ~15 tensor ops per parameter. The state is written and read as Burn's optimizer
-//! record, so a checkpoint resumes under either optimizer, on any device.
+//! Adam, AdamW and LAMB over every parameter at once: the "multi-tensor apply" of NVIDIA
+//! Apex's FusedAdam/FusedLAMB and DeepSpeed. The parameters and gradients of a step are
+//! laid end to end in one flat buffer (each padded to whole chunks); the moments live in
+//! two flat buffers across steps; one pass updates it all (three for LAMB: direction,
+//! per-parameter trust ratio, update), where Burn's optimizer runs ~15 tensor ops per
+//! parameter. On CubeCL devices the pass is one kernel launch (`cube_optim.rs`); on the
+//! CPU each parameter is updated in place in its own buffer, the moments flat on the host
+//! (`host_optim.rs`). The state is written and
+//! read as Burn's optimizer record, so a checkpoint resumes under either optimizer, on any
+//! device.
 //!
 //! Parameters and moments are f32 (master weights): under `--precision f16/bf16` the
 //! interpreter casts at the autocast ops, so there is no separate low-precision copy.
 
 use std::collections::{BTreeMap, HashMap};
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use super::host_optim::{HostRule, HostSlot, InPlace};
+use burn::backend::flex::Flex;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use burn::module::ModuleMapper;
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Bytes, Device, Tensor, TensorData};
-use burn_ort_dist::zero::flat_optim::Rule;
+use burn_ort_dist::zero::flat_optim::{AdamStep, Rule};
 use burn_ort_dist::{
     DistError, DistResult, MomentState, ReplicaOptimizer, decode_moments, encode_moments,
 };
 
-use super::cube_optim::CHUNK;
+/// Values per chunk: a chunk belongs to one parameter (a multiple of the CubeCL kernels'
+/// cube size).
+pub(crate) const CHUNK: usize = 2048;
 
 /// One parameter in the flat buffers.
 #[derive(Debug, Clone)]
@@ -46,7 +55,6 @@ struct Flat {
     slots: Vec<Slot>,
     len: usize,
     device: Device,
-    chunk_starts: Tensor<1>,
     moment_1: Tensor<1>,
     moment_2: Tensor<1>,
     time: usize,
@@ -131,17 +139,11 @@ impl FusedAdam {
                 )));
             }
         }
-        let starts: Vec<f32> = slots
-            .iter()
-            .map(|s| s.chunk as f32)
-            .chain([chunk as f32])
-            .collect();
         let upload = |v: Vec<f32>| {
             let n = v.len();
             Tensor::<1>::from_data(TensorData::new(v, [n]), &device)
         };
         Ok(Flat {
-            chunk_starts: upload(starts),
             moment_1: upload(m1),
             moment_2: upload(m2),
             slots,
@@ -152,11 +154,10 @@ impl FusedAdam {
     }
 }
 
-/// Takes every parameter's gradient (flattened) and its value, in visiting order.
+/// Takes every parameter's gradient (flattened), in visiting order.
 struct Collect<'a> {
     grads: &'a mut GradientsParams,
     taken: Vec<(ParamId, Tensor<1>, Vec<usize>)>,
-    values: Vec<Tensor<1>>,
 }
 
 impl ModuleVisitor for Collect<'_> {
@@ -165,17 +166,32 @@ impl ModuleVisitor for Collect<'_> {
             let shape = g.dims().to_vec();
             let n: usize = shape.iter().product();
             self.taken.push((param.id, g.reshape([n]), shape));
-            self.values.push(param.val().inner().reshape([n]));
+        }
+    }
+}
+
+/// The values of the parameters in `ids`, flattened, in visiting order.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+struct Values<'a>(&'a [ParamId], Vec<Tensor<1>>);
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl ModuleVisitor for Values<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if self.0.contains(&param.id) {
+            let n: usize = param.val().dims().iter().product();
+            self.1.push(param.val().inner().reshape([n]));
         }
     }
 }
 
 /// Puts the updated values back, as views of the flat buffer.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 struct Scatter<'a> {
     flat: &'a Tensor<1>,
     slots: HashMap<ParamId, &'a Slot>,
 }
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 impl ModuleMapper for Scatter<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let Some(slot) = self.slots.get(&param.id).copied() else {
@@ -195,6 +211,7 @@ impl ModuleMapper for Scatter<'_> {
 }
 
 /// `parts` end to end, each padded with zeros to its slot's whole chunks.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn padded_cat(parts: Vec<Tensor<1>>, slots: &[Slot], device: &Device) -> Tensor<1> {
     let mut all = Vec::with_capacity(2 * parts.len());
     for (t, s) in parts.into_iter().zip(slots) {
@@ -206,15 +223,126 @@ fn padded_cat(parts: Vec<Tensor<1>>, slots: &[Slot], device: &Device) -> Tensor<
     Tensor::cat(all, 0)
 }
 
+/// The update on the CPU: every parameter in place, the moments in the flat host buffers.
+fn on_host<M: Module>(
+    flat: &mut Flat,
+    module: M,
+    grads: Vec<Tensor<1>>,
+    step: AdamStep,
+    factors: &[f32],
+    rule: Rule,
+) -> DistResult<M> {
+    let host = |t: Tensor<1>| {
+        t.inner()
+            .try_into_primitive::<Flex>()
+            .map_err(|e| invalid(format!("fused optimizer: moments not on the CPU: {e:?}")))
+    };
+    let empty = || Tensor::<1>::empty([0], &flat.device);
+    let mut m1 = host(std::mem::replace(&mut flat.moment_1, empty()))?;
+    let mut m2 = host(std::mem::replace(&mut flat.moment_2, empty()))?;
+    let slots = flat
+        .slots
+        .iter()
+        .zip(grads)
+        .zip(factors)
+        .map(|((s, grad), &factor)| {
+            let range = s.offset()..s.offset() + s.len;
+            (
+                s.id,
+                HostSlot {
+                    grad,
+                    range,
+                    factor,
+                },
+            )
+        })
+        .collect();
+    let mut update = InPlace {
+        slots,
+        moment_1: m1.storage_mut(),
+        moment_2: m2.storage_mut(),
+        step,
+        rule: match rule {
+            Rule::AdamW { .. } => HostRule::AdamW,
+            Rule::Lamb { .. } => HostRule::Lamb,
+            _ => HostRule::Adam,
+        },
+        error: None,
+    };
+    let module = module.map(&mut update);
+    let error = update.error.take();
+    flat.moment_1 = Tensor::from_primitive::<Flex>(m1);
+    flat.moment_2 = Tensor::from_primitive::<Flex>(m2);
+    match error {
+        Some(e) => Err(invalid(format!("fused optimizer: {e}"))),
+        None => Ok(module),
+    }
+}
+
+/// The update on a CubeCL device: parameters and gradients laid end to end, one launch
+/// (three for LAMB), the parameters put back as views of the flat result.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn on_device<M: Module>(
+    flat: &mut Flat,
+    module: M,
+    grads: Vec<Tensor<1>>,
+    step: AdamStep,
+    factors: &[f32],
+    rule: Rule,
+) -> M {
+    let device = flat.device.clone();
+    let ids: Vec<ParamId> = flat.slots.iter().map(|s| s.id).collect();
+    let mut values = Values(&ids, Vec::new());
+    module.visit(&mut values);
+    let grads = padded_cat(grads, &flat.slots, &device);
+    let params = padded_cat(values.1, &flat.slots, &device);
+    let hyper = [
+        step.lr,
+        step.beta[0],
+        step.beta[1],
+        step.one_minus_beta[0],
+        step.one_minus_beta[1],
+        step.correction[0],
+        step.correction[1],
+        step.epsilon,
+    ];
+    let upload =
+        |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
+    // First chunk of every parameter, then the chunk count.
+    let starts: Vec<f32> = flat
+        .slots
+        .iter()
+        .map(|s| s.chunk as f32)
+        .chain([(flat.len / CHUNK) as f32])
+        .collect();
+    // The moments move into the update, which writes them in place.
+    let buffers = ops::Buffers {
+        params,
+        grads,
+        moment_1: std::mem::replace(&mut flat.moment_1, Tensor::empty([0], &device)),
+        moment_2: std::mem::replace(&mut flat.moment_2, Tensor::empty([0], &device)),
+        chunk_starts: upload(&starts),
+        factors: upload(factors),
+        hyper: upload(&hyper),
+    };
+    let (params, m1, m2) = ops::update(buffers, rule);
+    flat.moment_1 = m1;
+    flat.moment_2 = m2;
+    let slots = flat.slots.iter().map(|s| (s.id, s)).collect();
+    module.map(&mut Scatter {
+        flat: &params,
+        slots,
+    })
+}
+
 impl ReplicaOptimizer for FusedAdam {
     fn step<M: Module>(&mut self, lr: f64, module: M, mut grads: GradientsParams) -> DistResult<M> {
         let mut c = Collect {
             grads: &mut grads,
             taken: Vec::new(),
-            values: Vec::new(),
         };
         module.visit(&mut c);
-        let (taken, values) = (c.taken, c.values);
+        let taken = c.taken;
         if self.flat.is_none() {
             self.flat = Some(self.lay_out(&taken)?);
         }
@@ -233,13 +361,6 @@ impl ReplicaOptimizer for FusedAdam {
             )));
         }
         flat.time += 1;
-        let device = flat.device.clone();
-        let grads = padded_cat(
-            taken.into_iter().map(|(_, g, _)| g).collect(),
-            &flat.slots,
-            &device,
-        );
-        let params = padded_cat(values, &flat.slots, &device);
         let (beta_1, beta_2, epsilon) = match rule {
             Rule::Adam {
                 beta1,
@@ -258,17 +379,7 @@ impl ReplicaOptimizer for FusedAdam {
             } => (beta1, beta2, epsilon),
             Rule::Sgd { .. } => unreachable!("FusedAdam::new refuses SGD"),
         };
-        let t = flat.time as i32;
-        let hyper = [
-            lr as f32,
-            beta_1,
-            beta_2,
-            1.0 - beta_1,
-            1.0 - beta_2,
-            1f32 - beta_1.powi(t),
-            1f32 - beta_2.powi(t),
-            epsilon,
-        ];
+        let step = AdamStep::new(beta_1, beta_2, epsilon, lr, flat.time as i32);
         // AdamW multiplies the parameter by 1 - lr * decay (in f64, as Burn); Adam and
         // LAMB take the decay itself.
         let factors: Vec<f32> = flat
@@ -279,26 +390,12 @@ impl ReplicaOptimizer for FusedAdam {
                 _ => s.decay,
             })
             .collect();
-        let upload =
-            |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
-        // The moments move into the update, which writes them in place.
-        let buffers = ops::Buffers {
-            params,
-            grads,
-            moment_1: std::mem::replace(&mut flat.moment_1, Tensor::empty([0], &device)),
-            moment_2: std::mem::replace(&mut flat.moment_2, Tensor::empty([0], &device)),
-            chunk_starts: flat.chunk_starts.clone(),
-            factors: upload(&factors),
-            hyper: upload(&hyper),
-        };
-        let (params, m1, m2) = ops::update(buffers, rule);
-        flat.moment_1 = m1;
-        flat.moment_2 = m2;
-        let slots = flat.slots.iter().map(|s| (s.id, s)).collect();
-        Ok(module.map(&mut Scatter {
-            flat: &params,
-            slots,
-        }))
+        let grads: Vec<Tensor<1>> = taken.into_iter().map(|(_, g, _)| g).collect();
+        if super::runs_cubecl(&flat.device) {
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            return Ok(on_device(flat, module, grads, step, &factors, rule));
+        }
+        on_host(flat, module, grads, step, &factors, rule)
     }
 
     fn record_bytes(&self) -> DistResult<Bytes> {
@@ -352,6 +449,7 @@ impl ReplicaOptimizer for FusedAdam {
 }
 
 /// The update as a backend extension on CubeCL tensors.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod ops {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Backend, Cube, backend_extension};

@@ -9,14 +9,17 @@
 //!   same pass, with one read-back for all gradients (CubeCL);
 //! - [`tanh`], [`gelu_tanh`] and [`softmax`]: one pass each way with vectorizable
 //!   `exp`/`tanh` (Flex), compiled for AVX-512 or AVX2 when the CPU has them (`simd`);
+//! - [`layer_norm`]: layer normalisation of rows, forward and backward each one pass,
+//!   saving only the input and each row's mean and inverse deviation (Flex);
 //! - [`matmul`]: the matrix product written by the GEMM into an uninitialised buffer, its
 //!   backward the same kernel on transposed views (Flex);
 //! - [`conv2d`]: one-group convolution as im2col + GEMM per image, forward and backward,
 //!   straight on NCHW (Flex);
 //! - [`max_pool2d`]: max pooling with window bounds worked out once per call and a
 //!   backward that finds each maximum again instead of keeping indices (Flex);
-//! - `FusedAdam`: Adam, AdamW and LAMB over all parameters in one launch (three for LAMB)
-//!   on flat buffers, the optimizer of replicated runs on CubeCL devices.
+//! - [`FusedAdam`]: Adam, AdamW and LAMB over all parameters in one pass (three for LAMB)
+//!   on flat buffers, one launch on CubeCL devices, one parallel loop on the CPU: the
+//!   optimizer of replicated runs.
 
 mod activation;
 mod conv;
@@ -26,9 +29,10 @@ mod cube;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_optim;
 mod fast_math;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod fused_adam;
 mod host;
+mod host_optim;
+mod layer_norm;
 mod matmul;
 mod pool;
 mod simd;
@@ -37,8 +41,8 @@ mod unscale;
 pub use activation::{gelu_tanh, softmax, tanh};
 pub use conv::conv2d;
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use fused_adam::FusedAdam;
+pub use layer_norm::{layer_norm, layer_norm_fused_here};
 pub use matmul::matmul;
 pub use pool::max_pool2d;
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};

@@ -12,7 +12,9 @@ use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{FloatValue, Value, norm_axis};
 
-/// `LayerNormalization` (opset 17), first output only.
+/// `LayerNormalization` (opset 17), first output only: the fused kernel
+/// ([`crate::kernels::layer_norm`]) for f32 on the CPU when `Scale` and `B` cover the
+/// normalised dims element for element, else Burn's composition.
 pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.float(0, "X", ctx.device)?;
     let scale = inputs.float(1, "Scale", ctx.device)?;
@@ -26,6 +28,19 @@ pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let outer: usize = shape[..axis].iter().product();
     let inner: usize = shape[axis..].iter().product();
     let x2 = x.reshape(&[outer, inner])?.into_rank::<2>()?;
+    let numel = |v: &FloatValue| v.shape().iter().product::<usize>();
+    if crate::kernels::layer_norm_fused_here(&x2)
+        && numel(&scale) == inner
+        && bias.as_ref().is_none_or(|b| numel(b) == inner)
+    {
+        let flat = |v: FloatValue| v.tensor.reshape([inner]);
+        let bias = match bias {
+            Some(b) => flat(b),
+            None => burn::tensor::Tensor::zeros([inner], &x2.device()),
+        };
+        let y = crate::kernels::layer_norm(x2, flat(scale), bias, eps as f32);
+        return Ok(Value::Float(FloatValue::from_rank(y)?.reshape(&shape)?).into());
+    }
     let mean = x2.clone().mean_dim(1);
     let centered = x2 - mean;
     let var = centered.clone().square().mean_dim(1);

@@ -162,9 +162,9 @@ pub fn data_parallel(c: &TrainingConfig, comm: Arc<dyn Communicator>) -> DataPar
     DataParallel::new(comm).with_reduction(reduction)
 }
 
-/// The update strategy of a run: ZeRO stage 0 (replicated: on devices that run CubeCL,
-/// Adam/AdamW/LAMB fused over flat buffers ([`crate::kernels::FusedAdam`]), elsewhere
-/// Burn's optimizer from [`build_optimizer`]) or stages 1-3 (sharded flat buffers), over
+/// The update strategy of a run: ZeRO stage 0 (replicated: Adam/AdamW/LAMB fused over
+/// flat buffers ([`crate::kernels::FusedAdam`]), SGD with Burn's optimizer from
+/// [`build_optimizer`]) or stages 1-3 (sharded flat buffers), over
 /// `ddp`'s group; `model` is this rank's whole part of the model (before stage 3 shards it).
 pub fn build_strategy(
     c: &TrainingConfig,
@@ -174,12 +174,9 @@ pub fn build_strategy(
     let decay = weight_decays(&c.optimizer, model);
     if c.zero_stage == 0 {
         let ddp = ddp.clone();
-        #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if crate::kernels::runs_cubecl(&model.device())
-            && let Some(fused) =
-                crate::kernels::FusedAdam::new(flat_rule(&c.optimizer), decay.clone())
+        if let Some(fused) = crate::kernels::FusedAdam::new(flat_rule(&c.optimizer), decay.clone())
         {
-            tracing::info!(optimizer = ?c.optimizer.kind, "fused multi-tensor update (CubeCL)");
+            tracing::info!(optimizer = ?c.optimizer.kind, "fused multi-tensor update");
             return Ok(Box::new(Replicated::new(ddp, fused)));
         }
         return Ok(Box::new(Replicated::new(

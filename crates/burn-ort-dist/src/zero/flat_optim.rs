@@ -120,8 +120,7 @@ pub fn apply(
             epsilon,
         } => {
             let decoupled = matches!(rule, Rule::AdamW { .. });
-            let (c1, c2) = (1f32 - beta1.powi(t), 1f32 - beta2.powi(t));
-            let (f1, f2) = (1.0 - beta1, 1.0 - beta2);
+            let step = AdamStep::new(beta1, beta2, epsilon, lr, t);
             for p in pieces.iter().filter(trained) {
                 let wd = decay[p.slot];
                 let keep = (1.0 - lr * f64::from(wd)) as f32;
@@ -131,8 +130,10 @@ pub fn apply(
                     } else {
                         grads[i]
                     };
-                    let (m, v) = moments(state, i, g, beta1, beta2, f1, f2);
-                    let delta = (m / c1) / ((v / c2).sqrt() + epsilon);
+                    let [m, v] = &mut state.slots[..] else {
+                        unreachable!("Adam keeps two moments")
+                    };
+                    let delta = step.direction(g, &mut m[i], &mut v[i]);
                     let p0 = if decoupled && wd != 0.0 {
                         params[i] * keep
                     } else {
@@ -147,8 +148,7 @@ pub fn apply(
             beta2,
             epsilon,
         } => {
-            let (c1, c2) = (1f32 - beta1.powi(t), 1f32 - beta2.powi(t));
-            let (f1, f2) = (1.0 - beta1, 1.0 - beta2);
+            let step = AdamStep::new(beta1, beta2, epsilon, lr, t);
             // The update direction u into `direction`, with per-slot partial |p|^2 and |u|^2.
             let mut direction = vec![0.0f32; params.len()];
             let mut norms = vec![0.0f32; 2 * layout.slots.len()];
@@ -156,8 +156,10 @@ pub fn apply(
                 let wd = decay[p.slot];
                 let (mut pp, mut uu) = (0.0f64, 0.0f64);
                 for i in p.local.clone() {
-                    let (m, v) = moments(state, i, grads[i], beta1, beta2, f1, f2);
-                    let mut u = (m / c1) / ((v / c2).sqrt() + epsilon);
+                    let [m, v] = &mut state.slots[..] else {
+                        unreachable!("LAMB keeps two moments")
+                    };
+                    let mut u = step.direction(grads[i], &mut m[i], &mut v[i]);
                     if wd != 0.0 {
                         u += params[i] * wd;
                     }
@@ -183,20 +185,41 @@ pub fn apply(
     Ok(())
 }
 
-/// Burn's moment update: `m = m b1 + g (1 - b1)`, `v = v b2 + g^2 (1 - b2)` (from zero on
-/// the first step, which gives the same values).
-fn moments(
-    state: &mut ShardState,
-    i: usize,
-    g: f32,
-    b1: f32,
-    b2: f32,
-    f1: f32,
-    f2: f32,
-) -> (f32, f32) {
-    let m = state.slots[0][i] * b1 + g * f1;
-    let v = state.slots[1][i] * b2 + (g * g) * f2;
-    state.slots[0][i] = m;
-    state.slots[1][i] = v;
-    (m, v)
+/// The scalars of one Adam-family step (Adam, AdamW, LAMB), and its per-element arithmetic,
+/// shared by the sharded update here and the fused replicated one on the CPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamStep {
+    /// Learning rate.
+    pub lr: f32,
+    /// beta1, beta2.
+    pub beta: [f32; 2],
+    /// `1 - beta1`, `1 - beta2`.
+    pub one_minus_beta: [f32; 2],
+    /// The bias corrections `1 - beta1^t`, `1 - beta2^t`.
+    pub correction: [f32; 2],
+    /// epsilon.
+    pub epsilon: f32,
+}
+
+impl AdamStep {
+    /// Step `t` (from 1) at learning rate `lr`.
+    pub fn new(beta1: f32, beta2: f32, epsilon: f32, lr: f64, t: i32) -> Self {
+        AdamStep {
+            lr: lr as f32,
+            beta: [beta1, beta2],
+            one_minus_beta: [1.0 - beta1, 1.0 - beta2],
+            correction: [1f32 - beta1.powi(t), 1f32 - beta2.powi(t)],
+            epsilon,
+        }
+    }
+
+    /// Burn's moment update, `m = m b1 + g (1 - b1)`, `v = v b2 + g^2 (1 - b2)` (from zero on
+    /// the first step, which gives the same values), and Adam's direction
+    /// `m^ / (sqrt(v^) + eps)`.
+    #[inline(always)]
+    pub fn direction(&self, g: f32, m: &mut f32, v: &mut f32) -> f32 {
+        *m = *m * self.beta[0] + g * self.one_minus_beta[0];
+        *v = *v * self.beta[1] + (g * g) * self.one_minus_beta[1];
+        (*m / self.correction[0]) / ((*v / self.correction[1]).sqrt() + self.epsilon)
+    }
 }
