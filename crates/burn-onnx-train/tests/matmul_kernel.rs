@@ -161,7 +161,8 @@ fn products_and_gradients_match_f64() {
     case(&[], 5, 7, 3, true, true);
     case(&[2, 3], 4, 6, 5, false, false);
     case(&[2, 3], 4, 6, 5, true, true);
-    // One GEMM on every core (>= 192^3 multiply-adds), and a batch run in parallel.
+    // One GEMM on every core (>= 192^3 multiply-adds; its backward runs the two gradient
+    // GEMMs side by side, one per core), and a batch run in parallel.
     case(&[], 200, 200, 200, true, false);
     case(&[4, 4], 64, 64, 64, false, true);
 }

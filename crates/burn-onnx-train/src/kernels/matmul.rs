@@ -15,7 +15,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::{Flex, FlexTensor};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, TensorMetadata, backend_extension};
+use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
 use burn::tensor::{DType, TensorData};
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -45,6 +45,15 @@ pub fn matmul(a: PhysTensor, b: PhysTensor) -> PhysTensor {
 pub trait MatmulOps: Backend {
     /// `a [.., m, k] x b [.., k, n]` with equal batch dimensions.
     fn matmul_fused(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `a x b` and `c x d` (a backward's two products, of equal cost): two single large
+    /// products run side by side, each GEMM on one core, instead of one after the other
+    /// each split across the cores.
+    fn matmul_fused_pair(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        c: FloatTensor<Self>,
+        d: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
     /// The last two dimensions swapped (a view where the backend allows).
     fn transpose_last(x: FloatTensor<Self>) -> FloatTensor<Self>;
 }
@@ -74,85 +83,109 @@ fn matrix_strides(t: &FlexTensor) -> (isize, isize) {
 
 impl MatmulOps for Flex {
     fn matmul_fused(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
-        let r = sa.len();
-        assert!(
-            r >= 2 && sb.len() == r,
-            "matmul_fused takes two tensors of one rank >= 2"
-        );
-        assert_eq!(
-            sa[..r - 2],
-            sb[..r - 2],
-            "matmul_fused: batch dimensions differ"
-        );
-        let (m, k, n) = (sa[r - 2], sa[r - 1], sb[r - 1]);
-        assert_eq!(k, sb[r - 2], "matmul_fused: inner dimensions differ");
-        let count: usize = sa[..r - 2].iter().product();
-        let mut shape = sa[..r - 2].to_vec();
-        shape.extend([m, n]);
-        if k == 0 {
-            return FlexTensor::from_data(TensorData::new(vec![0f32; count * m * n], shape));
-        }
-        let (ra, ca) = matrix_strides(&a);
-        let (rb, cb) = matrix_strides(&b);
-        let (da, db): (&[f32], &[f32]) = (a.storage(), b.storage());
-        let mut out: Vec<f32> = Vec::with_capacity(count * m * n);
-        let product = |dst: *mut f32, i: usize, parallelism: Parallelism| {
-            // SAFETY: the offsets and strides are the operands' own layouts, so every read
-            // stays inside their storage; `dst` holds `m * n` values in rows of `n`, which
-            // the GEMM writes without reading (`read_dst` false).
-            unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    k,
-                    dst,
-                    1,
-                    n as isize,
-                    false,
-                    da.as_ptr().offset(batch_offset(&a, i)),
-                    ca,
-                    ra,
-                    db.as_ptr().offset(batch_offset(&b, i)),
-                    cb,
-                    rb,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    parallelism,
-                )
-            }
+        product(a, b, true)
+    }
+
+    fn matmul_fused_pair(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        c: FloatTensor<Self>,
+        d: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let single_large = |x: &FlexTensor, y: &FlexTensor| {
+            let (sx, sy) = (x.shape().to_vec(), y.shape().to_vec());
+            let r = sx.len();
+            sx[..r - 2].iter().product::<usize>() == 1
+                && sx[r - 2] * sx[r - 1] * sy[r - 1] >= PARALLEL_GEMM
         };
-        let ops = m * n * k;
-        let spare = &mut out.spare_capacity_mut()[..count * m * n];
-        if m * n > 0 {
-            if count > 1 && count * ops >= PARALLEL_BATCH {
-                spare
-                    .par_chunks_mut(m * n)
-                    .enumerate()
-                    .for_each(|(i, dst)| product(dst.as_mut_ptr().cast(), i, Parallelism::None));
-            } else {
-                let parallelism = if ops >= PARALLEL_GEMM {
-                    Parallelism::Rayon(0)
-                } else {
-                    Parallelism::None
-                };
-                for (i, dst) in spare.chunks_mut(m * n).enumerate() {
-                    product(dst.as_mut_ptr().cast(), i, parallelism);
-                }
-            }
+        if single_large(&a, &b) && single_large(&c, &d) {
+            rayon::join(|| product(a, b, false), || product(c, d, false))
+        } else {
+            (product(a, b, true), product(c, d, true))
         }
-        // SAFETY: the GEMMs above wrote all `count * m * n` values.
-        unsafe { out.set_len(count * m * n) };
-        FlexTensor::from_data(TensorData::new(out, shape))
     }
 
     fn transpose_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let r = x.shape().num_dims();
         x.transpose(r - 2, r - 1)
     }
+}
+
+/// `a x b`; `gemm_threads`: a single large product may split across the cores.
+fn product(a: FlexTensor, b: FlexTensor, gemm_threads: bool) -> FlexTensor {
+    let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
+    let r = sa.len();
+    assert!(
+        r >= 2 && sb.len() == r,
+        "matmul_fused takes two tensors of one rank >= 2"
+    );
+    assert_eq!(
+        sa[..r - 2],
+        sb[..r - 2],
+        "matmul_fused: batch dimensions differ"
+    );
+    let (m, k, n) = (sa[r - 2], sa[r - 1], sb[r - 1]);
+    assert_eq!(k, sb[r - 2], "matmul_fused: inner dimensions differ");
+    let count: usize = sa[..r - 2].iter().product();
+    let mut shape = sa[..r - 2].to_vec();
+    shape.extend([m, n]);
+    if k == 0 {
+        return FlexTensor::from_data(TensorData::new(vec![0f32; count * m * n], shape));
+    }
+    let (ra, ca) = matrix_strides(&a);
+    let (rb, cb) = matrix_strides(&b);
+    let (da, db): (&[f32], &[f32]) = (a.storage(), b.storage());
+    let mut out: Vec<f32> = Vec::with_capacity(count * m * n);
+    let product = |dst: *mut f32, i: usize, parallelism: Parallelism| {
+        // SAFETY: the offsets and strides are the operands' own layouts, so every read
+        // stays inside their storage; `dst` holds `m * n` values in rows of `n`, which
+        // the GEMM writes without reading (`read_dst` false).
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst,
+                1,
+                n as isize,
+                false,
+                da.as_ptr().offset(batch_offset(&a, i)),
+                ca,
+                ra,
+                db.as_ptr().offset(batch_offset(&b, i)),
+                cb,
+                rb,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            )
+        }
+    };
+    let ops = m * n * k;
+    let spare = &mut out.spare_capacity_mut()[..count * m * n];
+    if m * n > 0 {
+        if count > 1 && count * ops >= PARALLEL_BATCH {
+            spare
+                .par_chunks_mut(m * n)
+                .enumerate()
+                .for_each(|(i, dst)| product(dst.as_mut_ptr().cast(), i, Parallelism::None));
+        } else {
+            let parallelism = if gemm_threads && ops >= PARALLEL_GEMM {
+                Parallelism::Rayon(0)
+            } else {
+                Parallelism::None
+            };
+            for (i, dst) in spare.chunks_mut(m * n).enumerate() {
+                product(dst.as_mut_ptr().cast(), i, parallelism);
+            }
+        }
+    }
+    // SAFETY: the GEMMs above wrote all `count * m * n` values.
+    unsafe { out.set_len(count * m * n) };
+    FlexTensor::from_data(TensorData::new(out, shape))
 }
 
 /// `dA = g B^T`, `dB = A^T g` from the operands the forward kept (each only when the other
@@ -167,12 +200,22 @@ impl<B: Backend + MatmulOps> Backward<B, 2> for MatmulBackward {
         let [a_node, b_node] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         let (a, b) = ops.state;
-        if let (Some(node), Some(b)) = (a_node, b) {
-            let da = B::matmul_fused(grad.clone(), B::transpose_last(b));
-            grads.register::<B>(node.id, da);
-        }
-        if let (Some(node), Some(a)) = (b_node, a) {
-            grads.register::<B>(node.id, B::matmul_fused(B::transpose_last(a), grad));
+        match (a_node, b, b_node, a) {
+            (Some(an), Some(b), Some(bn), Some(a)) => {
+                let (bt, at) = (B::transpose_last(b), B::transpose_last(a));
+                let (da, db) = B::matmul_fused_pair(grad.clone(), bt, at, grad);
+                grads.register::<B>(an.id, da);
+                grads.register::<B>(bn.id, db);
+            }
+            (a_node, b, b_node, a) => {
+                if let (Some(node), Some(b)) = (a_node, b) {
+                    let da = B::matmul_fused(grad.clone(), B::transpose_last(b));
+                    grads.register::<B>(node.id, da);
+                }
+                if let (Some(node), Some(a)) = (b_node, a) {
+                    grads.register::<B>(node.id, B::matmul_fused(B::transpose_last(a), grad));
+                }
+            }
         }
     }
 }
@@ -194,6 +237,22 @@ impl<B: Backend + MatmulOps, C: CheckpointStrategy> MatmulOps for Autodiff<B, C>
                 prep.finish(B::matmul_fused(a.into_primitive(), b.into_primitive()))
             }
         }
+    }
+
+    fn matmul_fused_pair(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        c: FloatTensor<Self>,
+        d: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        // Backward's products: not differentiated again (first-order autodiff).
+        let (x, y) = B::matmul_fused_pair(
+            a.into_primitive(),
+            b.into_primitive(),
+            c.into_primitive(),
+            d.into_primitive(),
+        );
+        (Self::from_inner(x), Self::from_inner(y))
     }
 
     fn transpose_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
