@@ -21,6 +21,7 @@
 //! # Ok::<(), burn_onnx_train::OnnxError>(())
 //! ```
 
+pub mod allocator;
 pub mod atomic_file;
 pub mod attributes;
 pub mod builders;

@@ -455,11 +455,13 @@ fn test_dir(c: &TrainingConfig) -> Option<&std::path::Path> {
 
 /// Training allocates and frees tensors of tens of megabytes every step; glibc's malloc
 /// returns each to the kernel and page-faults it back in (measured: half the step time of
-/// the GPT-2 example). mimalloc keeps freed segments for reuse.
+/// the GPT-2 example). mimalloc keeps freed segments for reuse (see
+/// `burn_onnx_train::allocator`).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    burn_onnx_train::allocator::keep_freed_memory();
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt()
