@@ -170,11 +170,7 @@ impl Pooling {
             offsets.clear();
             offsets.extend((0..ny).flat_map(|ty| (0..kernel).map(move |tx| ty * dy + tx * dx)));
             for (t, &offset) in offsets.iter().enumerate() {
-                let origin = first + offset;
-                let taps = &x[origin..=origin + (n - 1) * stride];
-                for (v, &xv) in vals.iter_mut().zip(taps.iter().step_by(stride.max(1))) {
-                    *v = xv;
-                }
+                gather_tap(&mut vals, &x[first + offset..], stride);
                 if t == 0 {
                     best.copy_from_slice(&vals);
                     tap.fill(0);
@@ -187,6 +183,29 @@ impl Pooling {
                 .enumerate()
             {
                 *slot = Some(first + k * stride + offsets[t as usize]);
+            }
+        }
+    }
+}
+
+/// `vals[k] = x[k * stride]`. Strides 1 and 2 (SqueezeNet's, ResNet's pools) as plain
+/// copies and pair picks, which vectorize; `step_by` compiled to one bounds-checked scalar
+/// load per value (~5% of a SqueezeNet step).
+#[inline(always)]
+fn gather_tap(vals: &mut [f32], x: &[f32], stride: usize) {
+    let n = vals.len();
+    match stride {
+        1 => vals.copy_from_slice(&x[..n]),
+        2 if n > 0 => {
+            let (body, last) = vals.split_at_mut(n - 1);
+            for (v, pair) in body.iter_mut().zip(x[..2 * (n - 1)].chunks_exact(2)) {
+                *v = pair[0];
+            }
+            last[0] = x[2 * (n - 1)];
+        }
+        _ => {
+            for (v, &xv) in vals.iter_mut().zip(x.iter().step_by(stride.max(1))) {
+                *v = xv;
             }
         }
     }
