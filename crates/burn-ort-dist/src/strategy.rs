@@ -256,7 +256,10 @@ pub fn sum_squares(values: &[f32]) -> f64 {
 /// [`sum_squares`] of a gradient on the host: read in place when it is a contiguous f32
 /// Flex tensor (no copy), otherwise from its values.
 fn host_sum_squares<const D: usize>(g: Tensor<D>) -> Result<f64, String> {
-    if let Ok(t) = g.clone().try_into_primitive::<burn::backend::flex::Flex>()
+    if let Ok(t) = g
+        .clone()
+        .inner()
+        .try_into_primitive::<burn::backend::flex::Flex>()
         && let Some(values) = t.as_slice::<f32>()
     {
         return Ok(sum_squares(values));

@@ -7,14 +7,16 @@
 //! state written back into the model follows `torch.nn.BatchNorm` in `train()` (unbiased
 //! variance), since that is how the weights were trained in the first place.
 
+use burn::tensor::DType;
+
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{FloatValue, Value, norm_axis};
 
 /// `LayerNormalization` (opset 17), first output only: the fused kernel
-/// ([`crate::kernels::layer_norm`]) for f32 on the CPU when `Scale` and `B` cover the
-/// normalised dims element for element, else Burn's composition.
+/// ([`crate::kernels::layer_norm`]) for f32 on the CPU when `Scale` and `B` are f32 and
+/// cover the normalised dims element for element, else Burn's composition.
 pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.float(0, "X", ctx.device)?;
     let scale = inputs.float(1, "Scale", ctx.device)?;
@@ -28,10 +30,10 @@ pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let outer: usize = shape[..axis].iter().product();
     let inner: usize = shape[axis..].iter().product();
     let x2 = x.reshape(&[outer, inner])?.into_rank::<2>()?;
-    let numel = |v: &FloatValue| v.shape().iter().product::<usize>();
-    if crate::kernels::layer_norm_fused_here(&x2)
-        && numel(&scale) == inner
-        && bias.as_ref().is_none_or(|b| numel(b) == inner)
+    let fits = |v: &FloatValue| {
+        v.shape().iter().product::<usize>() == inner && v.tensor.dtype() == DType::F32
+    };
+    if crate::kernels::layer_norm_fused_here(&x2) && fits(&scale) && bias.as_ref().is_none_or(fits)
     {
         let flat = |v: FloatValue| v.tensor.reshape([inner]);
         let bias = match bias {
