@@ -259,3 +259,13 @@ conv_relu = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])
 save("conv_relu_pattern_13", conv_relu, [("x", xc2)], [("y", F)], [("x", xc2)], 13, inits=[("w", wc2), ("b", bc2)])
 # The Conv output is also a graph output: the Relu must stay a node of its own.
 save("conv_relu_escaping_13", conv_relu, [("x", xc2)], [("y", F), ("c", F)], [("x", xc2)], 13, inits=[("w", wc2), ("b", bc2)])
+
+# --- Where with a constant scalar branch (attention masks; run as one masked fill) --------
+scores = np.random.default_rng(11).standard_normal((2, 3, 5, 5)).astype(np.float32)
+causal = np.tril(np.ones((5, 5), bool)).reshape(1, 1, 5, 5)
+single("where_mask_fill_13", "Where", [("x", scores)], ["y"], 13,
+       _input_order=["cond", "x", "fill"], inits=[("cond", causal), ("fill", np.array(-1e4, np.float32))])
+# The scalar first, and a mask broadcast over inner axes (padding, [2, 1, 1, 5] over [2, 3, 5, 5]).
+padding = np.random.default_rng(12).random((2, 1, 1, 5)) < 0.5
+single("where_scalar_first_padding_mask_13", "Where", [("x", scores)], ["y"], 13,
+       _input_order=["cond", "fill", "x"], inits=[("cond", padding), ("fill", np.array(-3.5, np.float32))])

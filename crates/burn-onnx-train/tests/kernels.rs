@@ -1,7 +1,8 @@
 //! The fused kernels against f64 closed forms and the plain Burn compositions they replace:
 //! softmax cross-entropy forward and backward on the CPU (Flex) and, with feature `wgpu`
 //! (lavapipe here), the CubeCL kernels, plus unscale with the inf/NaN check; tanh, GELU
-//! (tanh form), softmax and layer normalisation forward and backward on the CPU.
+//! (tanh form), softmax, layer normalisation and the masked fill (`Where` with a scalar
+//! branch) forward and backward on the CPU.
 
 mod common;
 
@@ -11,7 +12,8 @@ use burn_onnx_train::kernels::{
     NonFiniteFlag, runs_cubecl, unscale_and_check, unscale_and_check_reference,
 };
 use burn_onnx_train::kernels::{
-    cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, layer_norm, softmax, tanh,
+    cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, layer_norm, masked_fill, softmax,
+    tanh,
 };
 #[cfg(feature = "wgpu")]
 use burn_onnx_train::train::DeviceSpec;
@@ -413,5 +415,51 @@ fn layer_norm_forward_and_backward_match_the_f64_closed_form() {
             1e-5,
             1e-4,
         );
+    }
+}
+
+#[test]
+fn masked_fill_forward_and_backward_match_the_closed_form() {
+    let device = Device::flex().autodiff();
+    // Periods shorter than a parallel chunk (2^14 values), whole chunks, and a prime one
+    // longer than a chunk (no divisor to split it by).
+    for (period, periods) in [(12, 5), (1, 7), (2 * 16384, 3), (16411, 2)] {
+        let n = period * periods;
+        let mut next = lcg(period as u64);
+        let keep: Vec<bool> = (0..period).map(|_| next() % 3 != 0).collect();
+        let x: Vec<f32> = (0..n)
+            .map(|_| (next() % 2000) as f32 / 500.0 - 2.0)
+            .collect();
+        let w: Vec<f32> = (0..n)
+            .map(|_| (next() % 2000) as f32 / 500.0 - 2.0)
+            .collect();
+        let shape = [1, 1, 1, 1, periods, period];
+        let xt = Tensor::<6>::from_data(TensorData::new(x.clone(), shape), &device).require_grad();
+        let wt = Tensor::<6>::from_data(TensorData::new(w.clone(), shape), &device);
+        let what = format!("period {period} x {periods}");
+
+        let y = masked_fill(xt.clone().detach(), keep.clone().into(), f32::NEG_INFINITY);
+        let y = y.into_data().try_to_vec::<f32>().unwrap();
+        for (i, (&y, &x)) in y.iter().zip(&x).enumerate() {
+            let want = if keep[i % period] {
+                x
+            } else {
+                f32::NEG_INFINITY
+            };
+            assert_eq!(y, want, "{what}: value {i}");
+        }
+
+        let y = masked_fill(xt.clone(), keep.clone().into(), 2.5);
+        let grads = (y * wt).sum().backward();
+        let dx = xt
+            .grad(&grads)
+            .unwrap()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        for (i, (&d, &w)) in dx.iter().zip(&w).enumerate() {
+            let want = if keep[i % period] { w } else { 0.0 };
+            assert_eq!(d, want, "{what}: gradient {i}");
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The CPU matrix product (`kernels::matmul`) against an f64 triple loop, forward and both
 //! gradients (`dA = W B^T`, `dB = A^T W` for the loss `sum(A B * W)`): plain, batched,
 //! through transposed and sliced views, on the GEMM's parallel paths, with an inner
-//! dimension of 0, and with only one operand needing a gradient. Each value is held to
+//! dimension of 0, with a right-hand side stored along the inner dimension (copied
+//! row-major first), and with only one operand needing a gradient. Each value is held to
 //! 1e-6 of the sum of the magnitudes of the products it adds up.
 
 mod common;
@@ -89,10 +90,22 @@ fn shape6(batch: &[usize], rows: usize, cols: usize) -> Vec<usize> {
     s
 }
 
+/// How B is laid out in memory.
+#[derive(Clone, Copy, PartialEq)]
+enum BLayout {
+    /// Row-major `[.., k, n]`.
+    Rows,
+    /// Columns `2..2 + n` of a row-major `[.., k, n + 3]`.
+    Sliced,
+    /// A slice `[.., n, k]` of a row-major `[.., n, k + 3]`, swapped: stored along `k`, its
+    /// columns `k + 3` apart (the kernel copies it row-major first when `k >= n`).
+    Transposed,
+}
+
 /// Forward and gradients of `A B` for `A [batch.., m, k]`, `B [batch.., k, n]`; A is built
-/// transposed (`[.., k, m]` swapped) when `a_transposed`, and B is a slice of a wider tensor
-/// when `b_sliced`, so the kernel reads both through strides.
-fn case(batch: &[usize], m: usize, k: usize, n: usize, a_transposed: bool, b_sliced: bool) {
+/// transposed (`[.., k, m]` swapped) when `a_transposed`, and B as `b` says, so the kernel
+/// reads both through strides.
+fn case(batch: &[usize], m: usize, k: usize, n: usize, a_transposed: bool, b: BLayout) {
     let what = format!("{batch:?} x [{m}, {k}] x [{k}, {n}]");
     let count: usize = batch.iter().product();
     let device = Device::flex().autodiff();
@@ -104,12 +117,22 @@ fn case(batch: &[usize], m: usize, k: usize, n: usize, a_transposed: bool, b_sli
         Tensor::<6>::from_data(TensorData::new(t, shape6(batch, m, k)), &device)
     }
     .require_grad();
-    let b = if b_sliced {
-        let t = values(count * k * (n + 3), 2);
-        Tensor::<6>::from_data(TensorData::new(t, shape6(batch, k, n + 3)), &device).narrow(5, 2, n)
-    } else {
-        let t = values(count * k * n, 2);
-        Tensor::<6>::from_data(TensorData::new(t, shape6(batch, k, n)), &device)
+    let b = match b {
+        BLayout::Rows => {
+            let t = values(count * k * n, 2);
+            Tensor::<6>::from_data(TensorData::new(t, shape6(batch, k, n)), &device)
+        }
+        BLayout::Sliced => {
+            let t = values(count * k * (n + 3), 2);
+            Tensor::<6>::from_data(TensorData::new(t, shape6(batch, k, n + 3)), &device)
+                .narrow(5, 2, n)
+        }
+        BLayout::Transposed => {
+            let t = values(count * n * (k + 3), 2);
+            Tensor::<6>::from_data(TensorData::new(t, shape6(batch, n, k + 3)), &device)
+                .narrow(5, 1, k)
+                .swap_dims(4, 5)
+        }
     }
     .require_grad();
     let w = Tensor::<6>::from_data(
@@ -157,14 +180,29 @@ fn case(batch: &[usize], m: usize, k: usize, n: usize, a_transposed: bool, b_sli
 
 #[test]
 fn products_and_gradients_match_f64() {
-    case(&[], 5, 7, 3, false, false);
-    case(&[], 5, 7, 3, true, true);
-    case(&[2, 3], 4, 6, 5, false, false);
-    case(&[2, 3], 4, 6, 5, true, true);
+    use BLayout::*;
+    case(&[], 5, 7, 3, false, Rows);
+    case(&[], 5, 7, 3, true, Sliced);
+    case(&[2, 3], 4, 6, 5, false, Rows);
+    case(&[2, 3], 4, 6, 5, true, Sliced);
     // One GEMM on every core (>= 192^3 multiply-adds; its backward runs the two gradient
     // GEMMs side by side, one per core), and a batch run in parallel.
-    case(&[], 200, 200, 200, true, false);
-    case(&[4, 4], 64, 64, 64, false, true);
+    case(&[], 200, 200, 200, true, Rows);
+    case(&[4, 4], 64, 64, 64, false, Sliced);
+}
+
+#[test]
+fn a_right_hand_side_stored_along_k_is_copied_row_major_and_matches_f64() {
+    use BLayout::*;
+    // k >= n and k n >= 64^2: B is copied row-major before the GEMM, on this thread, in
+    // 8 x 8 blocks with ragged edges (k, n not multiples of 8) ...
+    case(&[], 9, 203, 45, false, Transposed);
+    case(&[], 9, 203, 45, true, Transposed);
+    // ... on every core (k n >= 2^16), and per matrix of a batch;
+    case(&[], 3, 517, 130, false, Transposed);
+    case(&[2, 3], 4, 130, 66, false, Transposed);
+    // k < n keeps the strided read.
+    case(&[], 6, 45, 203, false, Transposed);
 }
 
 #[test]

@@ -21,6 +21,7 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::runs_cubecl;
+use super::transpose::transpose;
 use crate::value::PhysTensor;
 
 /// `a [.., m, k] x b [.., k, n]`, the batch dimensions equal or either side's all 1.
@@ -62,6 +63,10 @@ pub trait MatmulOps: Backend {
 const PARALLEL_GEMM: usize = 192 * 192 * 192;
 /// A batch of products at least this big in all runs its products in parallel instead.
 const PARALLEL_BATCH: usize = 128 * 128 * 128;
+/// A right-hand side stored along `k` with at least this many values is copied row-major.
+const MIN_B_COPY: usize = 64 * 64;
+/// Copies of at least this many values use every core.
+const PARALLEL_COPY: usize = 1 << 16;
 
 /// Where matrix `i` of a batch starts in `t`'s storage.
 fn batch_offset(t: &FlexTensor, i: usize) -> isize {
@@ -135,11 +140,35 @@ fn product(a: FlexTensor, b: FlexTensor, gemm_threads: bool) -> FlexTensor {
     let (ra, ca) = matrix_strides(&a);
     let (rb, cb) = matrix_strides(&b);
     let (da, db): (&[f32], &[f32]) = (a.storage(), b.storage());
+    // The GEMM packs a right-hand side stored along `k` (a transposed view, `g W^T` in
+    // backward) slowly: with `k >= n` a row-major copy first pays (BENCHMARKS.md).
+    let b_copy = (rb == 1 && cb as usize >= k && k >= n && k * n >= MIN_B_COPY).then(|| {
+        let mut t: Vec<f32> = Vec::with_capacity(count * k * n);
+        let parallel = gemm_threads && count * k * n >= PARALLEL_COPY;
+        for (i, dst) in t.spare_capacity_mut()[..count * k * n]
+            .chunks_mut(k * n)
+            .enumerate()
+        {
+            let src = &db[batch_offset(&b, i) as usize..];
+            transpose(src, n, k, cb as usize, dst, parallel);
+        }
+        // SAFETY: `transpose` wrote every value of each matrix.
+        unsafe { t.set_len(count * k * n) };
+        t
+    });
+    let (db, rb, cb) = match &b_copy {
+        Some(t) => (t.as_slice(), n as isize, 1),
+        None => (db, rb, cb),
+    };
+    let b_offset = |i: usize| match b_copy {
+        Some(_) => (i * k * n) as isize,
+        None => batch_offset(&b, i),
+    };
     let mut out: Vec<f32> = Vec::with_capacity(count * m * n);
     let product = |dst: *mut f32, i: usize, parallelism: Parallelism| {
-        // SAFETY: the offsets and strides are the operands' own layouts, so every read
-        // stays inside their storage; `dst` holds `m * n` values in rows of `n`, which
-        // the GEMM writes without reading (`read_dst` false).
+        // SAFETY: the offsets and strides are the operands' own layouts (or the row-major
+        // copy's), so every read stays inside their storage; `dst` holds `m * n` values in
+        // rows of `n`, which the GEMM writes without reading (`read_dst` false).
         unsafe {
             gemm::gemm(
                 m,
@@ -152,7 +181,7 @@ fn product(a: FlexTensor, b: FlexTensor, gemm_threads: bool) -> FlexTensor {
                 da.as_ptr().offset(batch_offset(&a, i)),
                 ca,
                 ra,
-                db.as_ptr().offset(batch_offset(&b, i)),
+                db.as_ptr().offset(b_offset(i)),
                 cb,
                 rb,
                 0.0,

@@ -11,6 +11,8 @@
 //!   `exp`/`tanh` (Flex), compiled for AVX-512 or AVX2 when the CPU has them (`simd`);
 //! - [`layer_norm`]: layer normalisation of rows, forward and backward each one pass,
 //!   saving only the input and each row's mean and inverse deviation (Flex);
+//! - [`masked_fill`]: `Where` with a constant scalar branch (attention masks), the mask
+//!   kept at its own period instead of broadcast to the scores' size (Flex);
 //! - [`matmul`]: the matrix product written by the GEMM into an uninitialised buffer, its
 //!   backward the same kernel on transposed views (Flex);
 //! - [`conv2d`]: one-group convolution as im2col + GEMM per image, forward and backward,
@@ -33,9 +35,11 @@ mod fused_adam;
 mod host;
 mod host_optim;
 mod layer_norm;
+mod masked_fill;
 mod matmul;
 mod pool;
 mod simd;
+mod transpose;
 mod unscale;
 
 pub use activation::{gelu_tanh, softmax, tanh};
@@ -43,6 +47,7 @@ pub use conv::conv2d;
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
 pub use fused_adam::FusedAdam;
 pub use layer_norm::{layer_norm, layer_norm_fused_here};
+pub use masked_fill::{masked_fill, masked_fill_fused_here};
 pub use matmul::matmul;
 pub use pool::max_pool2d;
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};

@@ -4,12 +4,15 @@
 //! operands are small. `Where` with float branches runs on the device and is
 //! differentiable in both branches.
 
+use std::sync::Arc;
+
 use burn::tensor::{Bool, Tensor, TensorData};
 use ndarray::ArrayD;
 
 use super::broadcast::{broadcast_shapes, host_binary};
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
+use crate::kernels::{masked_fill, masked_fill_fused_here};
 use crate::value::{FloatValue, Value, padded};
 
 fn compare(
@@ -106,6 +109,10 @@ pub fn where_op(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             let x = x.into_float(ctx.device)?;
             let y = y.into_float(ctx.device)?;
             let shape = broadcast_shapes(&broadcast_shapes(cond.shape(), &x.shape())?, &y.shape())?;
+            let (x, y) = match scalar_branch_fill(&cond, x, y, &shape)? {
+                Ok(out) => return Ok(Value::Float(out).into()),
+                Err(branches) => branches,
+            };
             let x = x.broadcast_to(&shape)?;
             let y = y.broadcast_to(&shape)?;
             let cond = cond
@@ -120,5 +127,49 @@ pub fn where_op(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             let out = y.tensor.mask_where(mask, x.tensor);
             Ok(Value::Float(FloatValue::new(out, shape.len())).into())
         }
+    }
+}
+
+/// `Where` with one branch a constant scalar and the other already of the output's shape
+/// (an attention mask: `Where(mask, scores, -inf)`) as the fused masked fill; otherwise the
+/// branches back, for the general path.
+fn scalar_branch_fill(
+    cond: &ArrayD<bool>,
+    x: FloatValue,
+    y: FloatValue,
+    shape: &[usize],
+) -> OpResult<Result<FloatValue, (FloatValue, FloatValue)>> {
+    let constant_scalar = |v: &FloatValue| v.numel() == 1 && !v.tensor.is_require_grad();
+    let full = |v: &FloatValue| v.shape() == shape && masked_fill_fused_here(&v.tensor);
+    let (tensor, fill, keep_when) = if full(&x) && constant_scalar(&y) {
+        (&x, &y, true)
+    } else if full(&y) && constant_scalar(&x) {
+        (&y, &x, false)
+    } else {
+        return Ok(Err((x, y)));
+    };
+    let fill = Value::Float(fill.clone()).scalar_f32("the scalar branch")?;
+    let keep = periodic_mask(cond, shape, keep_when)?;
+    Ok(Ok(FloatValue::new(
+        masked_fill(tensor.tensor.clone(), keep, fill),
+        shape.len(),
+    )))
+}
+
+/// `cond == keep_when` broadcast to `shape`, as its shortest period: `cond`'s own elements
+/// when it broadcasts over leading dimensions only (a causal mask over batch and heads),
+/// otherwise the whole broadcast.
+fn periodic_mask(cond: &ArrayD<bool>, shape: &[usize], keep_when: bool) -> OpResult<Arc<[bool]>> {
+    let padded: Vec<usize> = std::iter::repeat_n(1, shape.len() - cond.ndim())
+        .chain(cond.shape().iter().copied())
+        .collect();
+    let first = padded.iter().position(|&d| d != 1).unwrap_or(shape.len());
+    let keep = |&c: &bool| c == keep_when;
+    if padded[first..] == shape[first..] {
+        return Ok(cond.iter().map(keep).collect());
+    }
+    match cond.broadcast(ndarray::IxDyn(shape)) {
+        Some(full) => Ok(full.iter().map(keep).collect()),
+        None => crate::op_bail!("condition does not broadcast to {shape:?}"),
     }
 }
