@@ -7,6 +7,8 @@
 //! images than cores the GEMMs split instead. Other group counts, dtypes and CubeCL
 //! devices use Burn's `conv2d`, which is also the reference the tests hold this to.
 
+use std::mem::MaybeUninit;
+
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -23,6 +25,8 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::runs_cubecl;
+use super::simd::{self, Kernel};
+use super::transpose::transpose;
 
 /// `conv2d(x, weight) + bias` (`x` `[N, Cin, H, W]`, `weight` `[Cout, Cin / groups, KH, KW]`),
 /// then `relu` if asked.
@@ -218,16 +222,30 @@ fn matmul(
     b: Operand,
     parallelism: Parallelism,
 ) {
+    gemm_into(dims, uninit(dst), accumulate, a, b, parallelism);
+}
+
+/// `dst [m, n] (+)= a [m, k] x b [k, n]` into storage that is read only when `accumulate`
+/// (then it must hold values), and holds the product afterwards.
+fn gemm_into(
+    dims: [usize; 3],
+    dst: &mut [MaybeUninit<f32>],
+    accumulate: bool,
+    a: Operand,
+    b: Operand,
+    parallelism: Parallelism,
+) {
     let [m, n, k] = dims;
     assert!(dst.len() >= m * n, "matmul destination too small");
     // SAFETY: every operand's extent was sized by the caller for these strides; `dst` is
-    // exclusively borrowed and holds `m * n` values in rows of `n`.
+    // exclusively borrowed and holds `m * n` values in rows of `n`, read only when
+    // `accumulate` (when the caller initialised them).
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            dst.as_mut_ptr().cast(),
             1,
             n as isize,
             accumulate,
@@ -244,6 +262,32 @@ fn matmul(
             false,
             parallelism,
         );
+    }
+}
+
+/// `y += bias` per channel row, then `relu` when asked, in one vectorized pass.
+struct BiasRelu<'a> {
+    y: &'a mut [f32],
+    bias: &'a [f32],
+    relu: bool,
+}
+
+impl Kernel for BiasRelu<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let p = self.y.len() / self.bias.len().max(1);
+        for (row, &b) in self.y.chunks_mut(p.max(1)).zip(self.bias) {
+            if self.relu {
+                // `< 0` rather than `max`: NaN stays NaN, as in Burn's `relu`.
+                row.iter_mut().for_each(|v| {
+                    let s = *v + b;
+                    *v = if s < 0.0 { 0.0 } else { s };
+                });
+            } else {
+                row.iter_mut().for_each(|v| *v += b);
+            }
+        }
     }
 }
 
@@ -272,6 +316,13 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     out
 }
 
+/// `buf` as storage to be overwritten (or read and updated) in place.
+fn uninit(buf: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: `f32` and `MaybeUninit<f32>` have one layout, and only `f32` values are
+    // written through the result, so `buf` stays initialised.
+    unsafe { &mut *(buf as *mut [f32] as *mut [MaybeUninit<f32>]) }
+}
+
 fn values(t: &FlexTensor) -> (FlexTensor, Vec<usize>) {
     (t.to_contiguous(), t.shape().to_vec())
 }
@@ -297,27 +348,27 @@ impl ConvOps for Flex {
         let (x, weight, bias) = (slice(&x), slice(&weight), slice(&bias));
         let (k, p) = (g.k(), g.pixels());
         let par = gemm_parallelism(g.n);
-        let mut y = vec![0f32; g.n * g.cout * p];
-        y.par_chunks_mut(g.cout * p)
+        let len = g.n * g.cout * p;
+        let mut y: Vec<f32> = Vec::with_capacity(len);
+        y.spare_capacity_mut()[..len]
+            .par_chunks_mut(g.cout * p)
             .zip(x.par_chunks(g.cin * g.h * g.w))
             .for_each(|(y, x)| {
-                for (row, b) in y.chunks_mut(p).zip(bias) {
-                    row.fill(*b);
-                }
                 let w = (weight, k as isize, 1);
                 if g.pointwise() {
-                    matmul([g.cout, p, k], y, true, w, (x, p as isize, 1), par);
+                    gemm_into([g.cout, p, k], y, false, w, (x, p as isize, 1), par);
                 } else {
                     with_scratch(k * p, |col| {
                         g.im2col(x, col);
-                        matmul([g.cout, p, k], y, true, w, (col, p as isize, 1), par);
+                        gemm_into([g.cout, p, k], y, false, w, (col, p as isize, 1), par);
                     });
                 }
-                if relu {
-                    // `< 0` rather than `max`: NaN stays NaN, as in Burn's `relu`.
-                    y.iter_mut().filter(|v| **v < 0.0).for_each(|v| *v = 0.0);
-                }
+                // SAFETY: the GEMM wrote all of this image's values.
+                let y = unsafe { &mut *(y as *mut [MaybeUninit<f32>] as *mut [f32]) };
+                simd::vectorized(BiasRelu { y, bias, relu });
             });
+        // SAFETY: every image's chunk was written above.
+        unsafe { y.set_len(len) };
         tensor(y, vec![g.n, g.cout, g.oh, g.ow])
     }
 
@@ -375,22 +426,26 @@ impl ConvOps for Flex {
                 for (i, b) in images.enumerate() {
                     let dy = (&grad[b * g.cout * p..(b + 1) * g.cout * p], p as isize, 1);
                     let x = &x[b * g.cin * g.h * g.w..(b + 1) * g.cin * g.h * g.w];
-                    // col^T [P, K]: element (r, c) at col[c * P + r].
-                    if g.pointwise() {
-                        matmul([g.cout, k, p], &mut dw, i > 0, dy, (x, 1, p as isize), par);
-                    } else {
-                        with_scratch(k * p, |col| {
+                    with_scratch(2 * k * p, |scratch| {
+                        let (col, col_t) = scratch.split_at_mut(k * p);
+                        let col: &[f32] = if g.pointwise() {
+                            x
+                        } else {
                             g.im2col(x, col);
-                            matmul(
-                                [g.cout, k, p],
-                                &mut dw,
-                                i > 0,
-                                dy,
-                                (col, 1, p as isize),
-                                par,
-                            );
-                        });
-                    }
+                            col
+                        };
+                        // `col^T [P, K]`: read through strides (element (r, c) at
+                        // `col[c * P + r]`), or copied row-major first when the GEMM's
+                        // inner dimension P is at least its width K (the GEMM packs a
+                        // right-hand side stored along its inner dimension slowly).
+                        let col_t: Operand = if p >= k {
+                            transpose(col, k, p, p, uninit(col_t), false);
+                            (col_t, k as isize, 1)
+                        } else {
+                            (col, 1, p as isize)
+                        };
+                        matmul([g.cout, k, p], &mut dw, i > 0, dy, col_t, par);
+                    });
                 }
                 dw
             })
