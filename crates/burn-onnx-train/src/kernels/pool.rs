@@ -3,7 +3,7 @@
 //! whole windows of an output row scanned together (independent compares instead of one
 //! dependent chain per window), and no index tensor: the backward finds each window's
 //! maximum again (the first one in scan order, NaN winning, as PyTorch and Burn pick it)
-//! and adds the gradient there. Other dtypes and CubeCL devices use Burn's `max_pool2d`,
+//! and adds the gradient there (the forward keeps only the values, no indices). Other dtypes and CubeCL devices use Burn's `max_pool2d`,
 //! the reference the tests hold this to.
 
 use burn::backend::autodiff::Autodiff;
@@ -140,26 +140,43 @@ impl Pooling {
     #[inline(always)]
     fn argmax(&self, x: &[f32], at: &mut Vec<Option<usize>>) {
         at.clear();
+        self.scan::<true>(x, at, &mut []);
+    }
+
+    /// Every window's maximum over one plane into `y` (output order; -inf for a window
+    /// with no valid tap): the values at [`Self::argmax`]'s picks, without tracking where
+    /// they are (the forward needs only the values).
+    #[inline(always)]
+    fn max(&self, x: &[f32], y: &mut [f32]) {
+        self.scan::<false>(x, &mut Vec::new(), y);
+    }
+
+    /// The scan behind [`Self::argmax`] (`TRACK`: indices pushed onto `at`) and
+    /// [`Self::max`] (values written to `y`).
+    #[inline(always)]
+    fn scan<const TRACK: bool>(&self, x: &[f32], at: &mut Vec<Option<usize>>, y: &mut [f32]) {
         let w = self.plane[1];
         let (dy, dx, stride) = (self.rows.dilation * w, self.cols.dilation, self.cols.stride);
         let kernel = self.cols.kernel;
+        let cols = self.cols.len();
         // The whole windows: a contiguous run of columns, each `stride` after the one before.
         let whole = |ox: &usize| self.cols.windows[*ox].1 == kernel;
-        let lo = (0..self.cols.len()).find(whole).unwrap_or(0);
-        let hi = (lo..self.cols.len()).rfind(whole).map_or(lo, |l| l + 1);
+        let lo = (0..cols).find(whole).unwrap_or(0);
+        let hi = (lo..cols).rfind(whole).map_or(lo, |l| l + 1);
         let n = hi - lo;
         let (mut best, mut tap, mut vals) = (vec![0f32; n], vec![0u32; n], vec![0f32; n]);
         // Per tap of a window (scan order), its offset from the window's first tap.
         let mut offsets = Vec::with_capacity(self.rows.kernel * kernel);
-        for &(y0, ny) in &self.rows.windows {
-            let row_at = at.len();
+        for (oy, &(y0, ny)) in self.rows.windows.iter().enumerate() {
+            let row = oy * cols;
             for (ox, &(x0, nx)) in self.cols.windows.iter().enumerate() {
                 let clipped = ox < lo || ox >= hi || ny == 0;
-                at.push(if clipped {
-                    window_argmax(x, y0 * w + x0, ny, nx, dy, dx)
-                } else {
-                    None
-                });
+                let window = clipped.then(|| window_argmax(x, y0 * w + x0, ny, nx, dy, dx));
+                if TRACK {
+                    at.push(window.flatten());
+                } else if let Some(window) = window {
+                    y[row + ox] = window.map_or(f32::NEG_INFINITY, |i| x[i]);
+                }
             }
             if ny == 0 || n == 0 {
                 continue;
@@ -174,15 +191,18 @@ impl Pooling {
                 if t == 0 {
                     best.copy_from_slice(&vals);
                     tap.fill(0);
+                } else if TRACK {
+                    tap_max(&mut best, &mut tap, &vals, t as u32);
+                } else {
+                    value_max(&mut best, &vals);
                 }
-                tap_max(&mut best, &mut tap, &vals, t as u32);
             }
-            for (k, (slot, &t)) in at[row_at + lo..row_at + hi]
-                .iter_mut()
-                .zip(&tap)
-                .enumerate()
-            {
-                *slot = Some(first + k * stride + offsets[t as usize]);
+            if TRACK {
+                for (k, (slot, &t)) in at[row + lo..row + hi].iter_mut().zip(&tap).enumerate() {
+                    *slot = Some(first + k * stride + offsets[t as usize]);
+                }
+            } else {
+                y[row + lo..row + hi].copy_from_slice(&best);
             }
         }
     }
@@ -223,6 +243,15 @@ fn tap_max(best: &mut [f32], tap: &mut [u32], vals: &[f32], t: u32) {
     }
 }
 
+/// [`tap_max`] without the taps: `best[k]` becomes `vals[k]` where that is larger or NaN.
+#[inline(always)]
+fn value_max(best: &mut [f32], vals: &[f32]) {
+    for (b, &v) in best.iter_mut().zip(vals) {
+        let take = (v > *b) | v.is_nan();
+        *b = if take { v } else { *b };
+    }
+}
+
 /// [`Pooling::argmax`] of one plane, compiled for the widest vector unit.
 struct PlaneArgmax<'a> {
     pooling: &'a Pooling,
@@ -235,6 +264,21 @@ impl Kernel for PlaneArgmax<'_> {
     #[inline(always)]
     fn run(self) {
         self.pooling.argmax(self.x, self.at);
+    }
+}
+
+/// [`Pooling::max`] of one plane, compiled for the widest vector unit.
+struct PlaneMax<'a> {
+    pooling: &'a Pooling,
+    x: &'a [f32],
+    y: &'a mut [f32],
+}
+
+impl Kernel for PlaneMax<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        self.pooling.max(self.x, self.y);
     }
 }
 
@@ -278,18 +322,11 @@ impl PoolOps for Flex {
         let p = Pooling::new(&shape, &options);
         let (input_plane, output_plane) = plane_sizes(&shape, &p);
         let x: &[f32] = x.as_slice().expect("contiguous f32");
-        let mut y = vec![f32::NEG_INFINITY; shape[0] * shape[1] * output_plane];
+        let mut y = vec![0f32; shape[0] * shape[1] * output_plane];
         if output_plane > 0 {
             y.par_chunks_mut(output_plane)
                 .zip(x.par_chunks(input_plane))
-                .for_each_init(Vec::new, |at, (y, x)| {
-                    simd::vectorized(PlaneArgmax { pooling: &p, x, at });
-                    for (y, i) in y.iter_mut().zip(at.iter()) {
-                        if let Some(i) = *i {
-                            *y = x[i];
-                        }
-                    }
-                });
+                .for_each(|(y, x)| simd::vectorized(PlaneMax { pooling: &p, x, y }));
         }
         let out = vec![shape[0], shape[1], p.rows.len(), p.cols.len()];
         FlexTensor::from_data(TensorData::new(y, out))
