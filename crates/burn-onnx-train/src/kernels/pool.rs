@@ -3,8 +3,8 @@
 //! whole windows of an output row scanned together (independent compares instead of one
 //! dependent chain per window), and no index tensor: the backward finds each window's
 //! maximum again (the first one in scan order, NaN winning, as PyTorch and Burn pick it)
-//! and adds the gradient there (the forward keeps only the values, no indices). Other dtypes and CubeCL devices use Burn's `max_pool2d`,
-//! the reference the tests hold this to.
+//! and adds the gradient there (the forward keeps only the values, no indices). Other
+//! dtypes and CubeCL devices use Burn's `max_pool2d`, the reference the tests hold this to.
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
