@@ -18,6 +18,7 @@ use burn::module::{Module, Param, ParamId};
 use burn::tensor::Gradients;
 use burn::tensor::{Device, FloatDType, TensorData};
 
+use crate::collective::grad_hooks;
 use crate::error::{OnnxError, OpError, Result};
 use crate::graph::{Dim, Graph, TensorInfo};
 use crate::host_tensor::{HostTensor, dtype};
@@ -492,21 +493,26 @@ impl OnnxModel {
         }
         let mut state_updates = Vec::new();
         let profiling = mode == Mode::Train && profile::active();
+        let hooking = mode == Mode::Train && grad_hooks::active();
         for (i, node) in graph.nodes.iter().enumerate() {
             let err = |m: String| OnnxError::Node {
                 node: node.name.clone(),
                 op_type: node.op_type.clone(),
                 message: m,
             };
-            // ZeRO-3: a parameter is gathered once per pass, at its first reader, and kept
-            // with the computed values until its last reader (a tied embedding's two
-            // readers share one gather, and their gradients one reduce-scatter).
-            if self.spec.sharding.is_some() {
+            // ZeRO-3 and gradient hooks: a parameter is read once per pass, at its first
+            // reader, and kept with the computed values until its last reader (a tied
+            // embedding's two readers share one gather and one hook, so their gradients
+            // meet in one reduce-scatter, or one final gradient).
+            if self.spec.sharding.is_some() || hooking {
                 for name in &node.inputs {
                     if let (false, Some(Source::Param(p))) =
                         (env.contains_key(name), self.spec.sources.get(name))
                     {
-                        let whole = self.read_param(*p).map_err(|e| err(e.0))?;
+                        let mut whole = self.read_param(*p).map_err(|e| err(e.0))?;
+                        if hooking {
+                            whole = FloatValue::new(grad_hooks::hook(whole.tensor, *p), whole.rank);
+                        }
                         env.insert(name.clone(), Value::Float(whole));
                     }
                 }

@@ -303,14 +303,17 @@ fn mpi_two_ranks_equal_one_process_gpt2_tiny() {
 #[test]
 fn mpi_two_ranks_averaging_during_backward_equal_one_process_gpt2_tiny() {
     let _serial = one_job_at_a_time();
-    let dir = grid_equivalence_with("gpt2", 2, 1, 1, 2, &["--overlap", "3"]);
-    let perf: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("many/perf.json")).unwrap()).unwrap();
-    let busy = perf["avg_overlapped_sync_ms"].as_f64().unwrap();
-    assert!(
-        busy > 0.0,
-        "no gradient was averaged during backward: {perf}"
-    );
+    // Segment by segment (3), and from per-parameter hooks in one backward pass (1).
+    for segments in ["3", "1"] {
+        let dir = grid_equivalence_with("gpt2", 2, 1, 1, 2, &["--overlap", segments]);
+        let perf: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("many/perf.json")).unwrap()).unwrap();
+        let busy = perf["avg_overlapped_sync_ms"].as_f64().unwrap();
+        assert!(
+            busy > 0.0,
+            "--overlap {segments}: no gradient was averaged during backward: {perf}"
+        );
+    }
 }
 
 #[test]

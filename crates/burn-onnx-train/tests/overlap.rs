@@ -1,9 +1,10 @@
 //! Data-parallel gradient averaging during backward (`overlap_segments`): thread ranks that
-//! average each segment's finished gradients while the earlier segments run backward end
-//! where one process with the whole batch does, on gpt2_tiny with SGD and on a
-//! tied-embedding GPT-2 (its embedding is read by the first and the last segment) with
-//! AdamW, clipping and gradient accumulation, alone and together with recomputation. The
-//! combinations it does not support are config errors.
+//! average gradients as backward finishes them, from per-parameter hooks inside one backward
+//! pass (1) or segment by segment while the earlier segments run backward (2 and more),
+//! end where one process with the whole batch does, on gpt2_tiny with SGD and on a
+//! tied-embedding GPT-2 (its embedding is read by the first and the last layer) with
+//! AdamW, clipping and gradient accumulation, the segments alone and together with
+//! recomputation. The combinations it does not support are config errors.
 
 mod common;
 
@@ -134,6 +135,19 @@ fn a_tied_embedding_gpt2_with_adamw_clipping_and_accumulation_averaged_during_ba
 }
 
 #[test]
+fn gradient_hooks_average_during_one_backward_pass_as_one_process_does() {
+    let c = sgd_config(
+        refkit("models/gpt2_tiny.onnx"),
+        LossKind::LmCrossEntropy,
+        "input_ids",
+    );
+    compare(c, tokens(1024), 2, 1, 0, 1e-5);
+    // The tied embedding's two readers share one hook: its gradient is sent once, whole,
+    // with the earlier micro-step's added.
+    compare(tied_gpt2("ov-tied-hooks"), tokens(256), 2, 1, 0, TIED_ATOL);
+}
+
+#[test]
 fn averaging_during_backward_composes_with_recomputation() {
     compare(tied_gpt2("ov-tied-rc"), tokens(256), 2, 3, 3, TIED_ATOL);
 }
@@ -153,14 +167,12 @@ fn unsupported_combinations_are_config_errors() {
             "{err}"
         );
     };
-    refused(
-        TrainingConfig {
-            overlap_segments: 1,
-            ..c.clone()
-        },
-        2,
-        "1 segment",
-    );
+    TrainingConfig {
+        overlap_segments: 1,
+        ..c.clone()
+    }
+    .validate(2)
+    .unwrap();
     refused(
         TrainingConfig {
             data_parallel_size: 1,
@@ -196,6 +208,16 @@ fn unsupported_combinations_are_config_errors() {
     refused(
         TrainingConfig {
             recompute_segments: 2,
+            ..c.clone()
+        },
+        2,
+        "recompute_segments",
+    );
+    // Hooks run in one backward pass; recomputation needs segments.
+    refused(
+        TrainingConfig {
+            overlap_segments: 1,
+            recompute_segments: 3,
             ..c
         },
         2,

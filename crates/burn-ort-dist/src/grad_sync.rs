@@ -30,6 +30,19 @@ pub struct FlatGrad {
     pub values: Vec<f32>,
 }
 
+impl FlatGrad {
+    /// Parameter `id`'s gradient: `values` of `shape` (the parameter tensor's rank and
+    /// dimensions), row-major.
+    pub fn new(id: ParamId, shape: Vec<usize>, values: Vec<f32>) -> Self {
+        FlatGrad {
+            id,
+            rank: shape.len(),
+            shape,
+            values,
+        }
+    }
+}
+
 struct Collect<'a, F> {
     grads: &'a mut GradientsParams,
     keep: F,

@@ -37,7 +37,7 @@ pub use data_parallel::{DataParallel, DistributedOptimizer};
 pub use error::{DistError, DistResult};
 pub use grad_sync::{
     DEFAULT_BUCKET_BYTES, FlatGrad, Reduction, adasum_pair, adasum_tree, all_reduce_gradients,
-    reduce_gradients,
+    put_flat, reduce_gradients, take_flat,
 };
 pub use launch::run_threads;
 #[cfg(feature = "mpi")]

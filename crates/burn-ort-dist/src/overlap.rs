@@ -1,15 +1,16 @@
 //! Gradient averaging hidden behind backward (PyTorch DDP's bucketed overlap). A training
-//! loop that runs backward in pieces (segment by segment, from the last layer) opens an
-//! [`OverlappedSync`] for the update from [`DataParallel::overlapped`], hands it the
-//! gradients each piece completes ([`OverlappedSync::reduce`]: they are packed into buckets
-//! and averaged on a communication thread) and goes on with the backward of the earlier
-//! layers. [`OverlappedSync::finish`] waits, puts the averages back and marks them, so the
-//! update's `DataParallel::sync` averages only what is left.
+//! loop opens an [`OverlappedSync`] for the update from [`DataParallel::overlapped`] and
+//! hands it gradients as they become final, which are packed into buckets and averaged on a
+//! communication thread while backward goes on: either one at a time from per-parameter
+//! hooks inside backward ([`OverlappedSync::reduce_ready`], DDP's way), or a piece at a time
+//! from a backward run in pieces, segment by segment from the last layer
+//! ([`OverlappedSync::reduce`]). [`OverlappedSync::finish`] waits, puts the averages back
+//! and marks them, so the update's `DataParallel::sync` averages only what is left.
 //!
 //! Buckets are reduced in the order they are submitted, and every rank submits the same
-//! buckets in the same order, so the collectives line up. Only the communication thread
-//! calls the communicator while an [`OverlappedSync`] is open (MPI is initialised
-//! `Serialized`).
+//! buckets in the same order (the same graph finishes its gradients in the same order), so
+//! the collectives line up. Only the communication thread calls the communicator while an
+//! [`OverlappedSync`] is open (MPI is initialised `Serialized`).
 
 use std::sync::Arc;
 use std::sync::mpsc::{Sender, channel};
@@ -34,11 +35,20 @@ pub struct SyncTimes {
     pub exposed: Duration,
 }
 
+/// The first bucket of gradients handed over one at a time is at most this big, and each
+/// next one at most twice the one before, up to the data-parallel bucket size: the last
+/// layers' gradients start on the wire early (DDP's small first bucket), and a model whose
+/// gradients fit in one ordinary bucket still averages most of them during backward.
+const FIRST_BUCKET_BYTES: usize = 1 << 18;
+
 /// One update's averaging of gradients during backward.
 pub struct OverlappedSync {
     ddp: DataParallel,
     reducer: BackgroundReduce,
     in_flight: Vec<Vec<FlatGrad>>,
+    /// Gradients handed over one at a time, not yet in a submitted bucket.
+    pending: Vec<FlatGrad>,
+    pending_bytes: usize,
 }
 
 impl OverlappedSync {
@@ -47,7 +57,34 @@ impl OverlappedSync {
             reducer: BackgroundReduce::start(ddp.comm().clone(), ddp.reduction())?,
             ddp,
             in_flight: Vec::new(),
+            pending: Vec::new(),
+            pending_bytes: 0,
         })
+    }
+
+    /// Start averaging `grad`, final for this update, once its bucket is full: gradients
+    /// handed over one at a time fill buckets in the order they come (256 KiB, then twice
+    /// as big each time up to the data-parallel bucket size), and every rank must hand them
+    /// over in the same order.
+    pub fn reduce_ready(&mut self, grad: FlatGrad) {
+        self.pending_bytes += grad.values.len() * std::mem::size_of::<f32>();
+        self.pending.push(grad);
+        let doublings = self.in_flight.len().min(usize::BITS as usize - 19) as u32;
+        let cap = self.ddp.bucket_bytes().min(FIRST_BUCKET_BYTES << doublings);
+        if self.pending_bytes >= cap {
+            self.submit_pending();
+        }
+    }
+
+    fn submit_pending(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let part = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        self.reducer
+            .submit(part.iter().flat_map(|f| f.values.iter().copied()).collect());
+        self.in_flight.push(part);
     }
 
     /// Take out of `grads` the gradients of `module`'s parameters that `ready` selects
@@ -74,10 +111,11 @@ impl OverlappedSync {
     /// Wait for every bucket, put the averaged gradients into `grads` (on `module`'s
     /// device) and mark them averaged for the coming `DataParallel::sync`.
     pub fn finish<M: Module>(
-        self,
+        mut self,
         module: &M,
         grads: &mut GradientsParams,
     ) -> DistResult<SyncTimes> {
+        self.submit_pending();
         let (buckets, times) = self.reducer.finish()?;
         let mut ids = Vec::new();
         for (bucket, mut part) in buckets.into_iter().zip(self.in_flight) {

@@ -1,6 +1,7 @@
 //! Collectives inside the model's forward and backward passes, as differentiable ops:
 //! [`megatron`]'s `f`/`g` on the tensor-parallel group and [`param_gather`]'s ZeRO-3
-//! parameter gather on the data-parallel (sharding) group.
+//! parameter gather on the data-parallel (sharding) group; and [`grad_hooks`], which hands
+//! each parameter's final gradient to a data-parallel averaging thread during backward.
 //!
 //! The ops are Burn backend extensions (Flex, Cube, Autodiff) with their own backward. They
 //! move data through the group's [`Communicator`] on host buffers, so they run on every
@@ -10,6 +11,7 @@
 //! same order. A failed collective panics: the interpreter turns a panic in forward into an
 //! error naming the node, and a panic in backward ends the rank, which ends every rank.
 
+pub mod grad_hooks;
 pub mod megatron;
 pub mod param_gather;
 

@@ -1,11 +1,13 @@
 //! 2-D convolution (one group, f32) on the CPU as im2col + GEMM per image, with its own
 //! backward: the output of image `b` is `W [Cout, K] x col_b [K, OH*OW]` written straight
-//! into NCHW (no layout changes), the weight gradient is `sum_b dY_b x col_b^T`, the input
-//! gradient `col2im(W^T x dY_b)`. A 1x1 convolution with stride 1 and no padding uses the
-//! image itself as `col_b`. A ReLU after the convolution can be applied to each image's
-//! output while it is in cache, its gradient mask taken from the saved output. Images run in parallel, each GEMM on one core; with fewer
-//! images than cores the GEMMs split instead. Other group counts, dtypes and CubeCL
-//! devices use Burn's `conv2d`, which is also the reference the tests hold this to.
+//! into NCHW (no layout changes), the bias (and a following ReLU) added in one pass over
+//! the image's output while it is in cache; the weight gradient is `sum_b dY_b x col_b^T`
+//! (`col_b^T` copied row-major first where the GEMM would read it along its inner
+//! dimension), the input gradient `col2im(W^T x dY_b)`. A 1x1 convolution with stride 1
+//! and no padding uses the image itself as `col_b`. The ReLU's gradient mask comes from the
+//! saved output. Images run in parallel, each GEMM on one core; with fewer images than
+//! cores the GEMMs split instead. Other group counts, dtypes and CubeCL devices use Burn's
+//! `conv2d`, which is also the reference the tests hold this to.
 
 use std::mem::MaybeUninit;
 

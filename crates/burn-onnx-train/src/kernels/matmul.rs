@@ -142,7 +142,8 @@ fn product(a: FlexTensor, b: FlexTensor, gemm_threads: bool) -> FlexTensor {
     let (da, db): (&[f32], &[f32]) = (a.storage(), b.storage());
     // The GEMM packs a right-hand side stored along `k` (a transposed view, `g W^T` in
     // backward) slowly: with `k >= n` a row-major copy first pays (BENCHMARKS.md).
-    let b_copy = (rb == 1 && cb as usize >= k && k >= n && k * n >= MIN_B_COPY).then(|| {
+    let along_k = rb == 1 && cb > 0 && cb as usize >= k;
+    let b_copy = (along_k && k >= n && k * n >= MIN_B_COPY).then(|| {
         let mut t: Vec<f32> = Vec::with_capacity(count * k * n);
         let parallel = gemm_threads && count * k * n >= PARALLEL_COPY;
         for (i, dst) in t.spare_capacity_mut()[..count * k * n]

@@ -142,16 +142,16 @@ fn scalar_branch_fill(
     let constant_scalar = |v: &FloatValue| v.numel() == 1 && !v.tensor.is_require_grad();
     let full = |v: &FloatValue| v.shape() == shape && masked_fill_fused_here(&v.tensor);
     let (tensor, fill, keep_when) = if full(&x) && constant_scalar(&y) {
-        (&x, &y, true)
+        (x, y, true)
     } else if full(&y) && constant_scalar(&x) {
-        (&y, &x, false)
+        (y, x, false)
     } else {
         return Ok(Err((x, y)));
     };
-    let fill = Value::Float(fill.clone()).scalar_f32("the scalar branch")?;
+    let fill = Value::Float(fill).scalar_f32("the scalar branch")?;
     let keep = periodic_mask(cond, shape, keep_when)?;
     Ok(Ok(FloatValue::new(
-        masked_fill(tensor.tensor.clone(), keep, fill),
+        masked_fill(tensor.tensor, keep, fill),
         shape.len(),
     )))
 }

@@ -205,12 +205,14 @@ pub struct TrainingConfig {
     /// pass and re-run each segment's forward in backward. 0: off; at least 2 otherwise.
     /// Not with a pipeline.
     pub recompute_segments: usize,
-    /// Average data-parallel gradients during backward (PyTorch DDP's overlap): cut the
-    /// graph into this many balanced segments, run backward segment by segment from the
-    /// last, and average the gradients each segment completes on a communication thread
-    /// while the earlier segments' backward runs. 0: off (average after backward); at least
-    /// 2 otherwise. Needs data_parallel_size > 1 and ZeRO stage 0 with mean reduction; not
-    /// with pipeline or tensor parallelism. With `recompute_segments`, the same count.
+    /// Average data-parallel gradients during backward (PyTorch DDP's overlap) on a
+    /// communication thread. 1: in one backward pass, each parameter's gradient joins a
+    /// bucket the moment it is final (gradient hooks, DDP's way). 2 or more: cut the graph
+    /// into this many balanced segments, run backward segment by segment from the last,
+    /// and average the gradients each segment completes while the earlier segments'
+    /// backward runs (composes with `recompute_segments`, which must then be the same
+    /// count). 0: off (average after backward). Needs data_parallel_size > 1 and ZeRO
+    /// stage 0 with mean reduction; not with pipeline or tensor parallelism.
     pub overlap_segments: usize,
     /// Combine data-parallel gradients with Adasum instead of averaging them.
     pub enable_adasum: bool,
@@ -684,9 +686,6 @@ impl TrainingConfig {
         let refuse = |why: &str| Err(invalid("overlap_segments", why.to_string()));
         if s == 0 {
             return Ok(());
-        }
-        if s == 1 {
-            return refuse("1 segment overlaps nothing: use 0 (off) or at least 2");
         }
         if self.data_parallel_size < 2 {
             return refuse(

@@ -90,8 +90,8 @@ pub struct TrainFlags {
     /// Activation recomputation over N segments (`recompute_segments`; 0 off).
     #[arg(long, value_name = "N")]
     pub recompute: Option<usize>,
-    /// Average data-parallel gradients during backward, over N segments
-    /// (`overlap_segments`; 0 off).
+    /// Average data-parallel gradients during backward: 1 from per-parameter hooks in one
+    /// backward pass, N >= 2 segment by segment (`overlap_segments`; 0 off).
     #[arg(long, value_name = "N")]
     pub overlap: Option<usize>,
     /// Time each node's forward and write `<output_dir>/profile.json` (`profile`).

@@ -15,6 +15,7 @@ pub mod perf;
 pub mod placement;
 pub mod precision;
 pub mod preflight;
+pub mod ready_grads;
 pub mod runner;
 pub mod schedule;
 pub mod segmented;

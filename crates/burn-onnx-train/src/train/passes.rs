@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
-use burn_ort_dist::SyncTimes;
+use burn_ort_dist::{DataParallel, SyncTimes};
 
 use super::config::TrainingConfig;
 use super::data::{Batch, Prefetcher};
+use super::ready_grads::ReadyGrads;
 use super::runner::SessionMode;
 use super::step::{forward_loss, scalar};
+use crate::collective::grad_hooks;
 use crate::error::Result;
 use crate::model::{Mode, OnnxModel, mix_seed};
 
@@ -60,6 +62,9 @@ pub struct Sequential {
     pub replica: usize,
     /// The training device.
     pub device: Device,
+    /// Average each parameter's gradient across this data-parallel group as soon as the
+    /// last micro-step's backward has finished it ([`ReadyGrads`]).
+    pub overlap: Option<DataParallel>,
 }
 
 impl Passes for Sequential {
@@ -75,6 +80,7 @@ impl Passes for Sequential {
         let k = c.gradient_accumulation_steps;
         let mut acc = GradientsAccumulator::<OnnxModel>::new();
         let (mut loss_sum, mut items) = (0.0f64, 0usize);
+        let mut ready = None;
         for m in 0..k {
             let mode = if m + 1 < k {
                 SessionMode::GradientAccumulateStep
@@ -82,9 +88,22 @@ impl Passes for Sequential {
                 SessionMode::ModelUpdateStep
             };
             tracing::debug!(?mode, micro_step = *micro, update, "session run");
+            // Gradients are averaged during the last micro-step's backward only (DDP's
+            // `no_sync` before it).
+            let hooks = match &self.overlap {
+                Some(ddp) if m + 1 == k => {
+                    let mut earlier = acc.grads();
+                    let hooks = ReadyGrads::start(ddp, model, &mut earlier)?;
+                    acc.accumulate(model, earlier);
+                    Some(hooks)
+                }
+                _ => None,
+            };
+            let guard = hooks.clone().map(|h| grad_hooks::install(h));
             let batch = prefetch.next_batch()?;
             let seed = mix_seed(mix_seed(c.seed, self.replica as u64), *micro as u64);
             let out = forward_loss(model, &batch, c, &self.device, Mode::Train, seed)?;
+            drop(guard);
             loss_sum += f64::from(scalar(out.loss.clone()));
             items += batch.items;
             acc.accumulate(
@@ -93,13 +112,21 @@ impl Passes for Sequential {
             );
             *model = model.clone().apply_state(out.state_updates);
             *micro += 1;
+            if let Some(hooks) = hooks {
+                ready = Some(hooks);
+            }
         }
+        let mut grads = acc.grads();
+        let sync = match ready {
+            Some(hooks) => hooks.finish(model, &mut grads)?,
+            None => SyncTimes::default(),
+        };
         Ok(Accumulated {
-            grads: acc.grads(),
+            grads,
             loss: loss_sum / k as f64,
             items,
             waited: Duration::ZERO,
-            sync: SyncTimes::default(),
+            sync,
         })
     }
 

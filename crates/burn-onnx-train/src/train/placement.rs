@@ -131,7 +131,8 @@ impl Placement {
     }
 
     /// The passes this rank runs on `model` (its part of the model); `ddp` averages the
-    /// gradients (during backward with `overlap_segments`).
+    /// gradients (during backward with `overlap_segments`: from gradient hooks inside one
+    /// backward pass at 1, segment by segment from 2).
     pub fn passes(
         &self,
         c: &TrainingConfig,
@@ -165,6 +166,7 @@ impl Placement {
             None => Box::new(Sequential {
                 replica: self.groups.dp_rank,
                 device: device.clone(),
+                overlap: (c.overlap_segments == 1).then(|| ddp.clone()),
             }),
             Some(p) => Box::new(Pipelined {
                 partition: p.clone(),

@@ -286,6 +286,7 @@ impl Passes for Segmented {
         Sequential {
             replica: self.replica,
             device: self.device.clone(),
+            overlap: None,
         }
         .eval(c, model, batch)
     }
