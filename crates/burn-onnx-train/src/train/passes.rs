@@ -2,6 +2,7 @@
 //! once per update and does not know whether the whole model is here ([`Sequential`]) or one
 //! pipeline stage of it (`crate::pipeline::Pipelined`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use burn::optim::{GradientsAccumulator, GradientsParams};
@@ -80,7 +81,7 @@ impl Passes for Sequential {
         let k = c.gradient_accumulation_steps;
         let mut acc = GradientsAccumulator::<OnnxModel>::new();
         let (mut loss_sum, mut items) = (0.0f64, 0usize);
-        let mut ready = None;
+        let mut ready: Option<Arc<ReadyGrads>> = None;
         for m in 0..k {
             let mode = if m + 1 < k {
                 SessionMode::GradientAccumulateStep
@@ -90,16 +91,12 @@ impl Passes for Sequential {
             tracing::debug!(?mode, micro_step = *micro, update, "session run");
             // Gradients are averaged during the last micro-step's backward only (DDP's
             // `no_sync` before it).
-            let hooks = match &self.overlap {
-                Some(ddp) if m + 1 == k => {
-                    let mut earlier = acc.grads();
-                    let hooks = ReadyGrads::start(ddp, model, &mut earlier)?;
-                    acc.accumulate(model, earlier);
-                    Some(hooks)
-                }
-                _ => None,
-            };
-            let guard = hooks.clone().map(|h| grad_hooks::install(h));
+            if m + 1 == k
+                && let Some(ddp) = &self.overlap
+            {
+                ready = Some(ReadyGrads::start(ddp, model, &mut acc)?);
+            }
+            let guard = ready.clone().map(|h| grad_hooks::install(h));
             let batch = prefetch.next_batch()?;
             let seed = mix_seed(mix_seed(c.seed, self.replica as u64), *micro as u64);
             let out = forward_loss(model, &batch, c, &self.device, Mode::Train, seed)?;
@@ -112,9 +109,6 @@ impl Passes for Sequential {
             );
             *model = model.clone().apply_state(out.state_updates);
             *micro += 1;
-            if let Some(hooks) = hooks {
-                ready = Some(hooks);
-            }
         }
         let mut grads = acc.grads();
         let sync = match ready {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use burn::module::ParamId;
-use burn::optim::GradientsParams;
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn_ort_dist::{DataParallel, FlatGrad, OverlappedSync, SyncTimes, put_flat, take_flat};
 
 use crate::collective::grad_hooks::GradSink;
@@ -31,17 +31,19 @@ fn dist_error(e: burn_ort_dist::DistError) -> OnnxError {
 }
 
 impl ReadyGrads {
-    /// Open the averaging for `model`'s update; `earlier` holds the gradients of the
-    /// update's earlier micro-steps (read here, left in place).
+    /// Open the averaging for `model`'s update; `acc` holds the gradients of the update's
+    /// earlier micro-steps (read here, left in place).
     pub fn start(
         ddp: &DataParallel,
         model: &OnnxModel,
-        earlier: &mut GradientsParams,
+        acc: &mut GradientsAccumulator<OnnxModel>,
     ) -> Result<Arc<Self>> {
-        let rank = ddp.comm().rank();
-        let flat = take_flat(model, earlier, |_| true, rank).map_err(dist_error)?;
+        let mut earlier = acc.grads();
+        let flat =
+            take_flat(model, &mut earlier, |_| true, ddp.comm().rank()).map_err(dist_error)?;
         let sums = flat.iter().map(|f| (f.id, f.values.clone())).collect();
-        put_flat(model, earlier, flat);
+        put_flat(model, &mut earlier, flat);
+        acc.accumulate(model, earlier);
         Ok(Arc::new(ReadyGrads {
             sync: Mutex::new(Some(ddp.overlapped().map_err(dist_error)?)),
             ids: model.params().iter().map(|p| p.id).collect(),
