@@ -14,10 +14,10 @@ use std::time::Duration;
 use burn::tensor::activation;
 use burn::tensor::module::{conv2d as burn_conv2d, max_pool2d as burn_max_pool2d};
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use burn_onnx_train::kernels::{
-    conv2d, cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, layer_norm, max_pool2d,
-    softmax, tanh,
+    conv2d, cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, layer_norm, masked_fill,
+    max_pool2d, softmax, tanh,
 };
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -126,6 +126,13 @@ fn convolutions(c: &mut Criterion) {
         );
         let options = ConvOptions::new([stride; 2], [pad; 2], [1, 1], 1);
         let fused: Conv = |x, w, b, o| conv2d(x, w, b, o, false);
+        let relu_after: Conv = |x, w, b, o| activation::relu(burn_conv2d(x, w, b, o));
+        let relu_folded: Conv = |x, w, b, o| conv2d(x, w, b, o, true);
+        for (kind, f) in [("fused", relu_folded), ("burn", relu_after)] {
+            c.bench_function(&format!("{name} fwd relu {kind}"), |bench| {
+                bench.iter(|| black_box(f(x.clone(), w.clone(), Some(b.clone()), options.clone())))
+            });
+        }
         for (kind, f) in [("fused", fused), ("burn", burn_conv2d as Conv)] {
             c.bench_function(&format!("{name} fwd+bwd {kind}"), |bench| {
                 bench.iter(|| {
@@ -204,9 +211,34 @@ fn layer_norms(c: &mut Criterion) {
     }
 }
 
+/// The causal mask (`Where(mask, scores, -inf)`), forward + backward: the fused masked fill
+/// (the mask kept at its [T, T] period) against Burn's `mask_fill` on a mask of the scores'
+/// size, built once outside the timing (the interpreter used to build it on every call).
+fn masks(c: &mut Criterion) {
+    let device = Device::flex().autodiff();
+    let (heads, t) = (2 * 12, 128);
+    let scores = values(heads * t, t).reshape([1, 1, 2, 12, t, t]);
+    let keep: Vec<bool> = (0..t * t).map(|i| i % t <= i / t).collect();
+    let masked: Vec<bool> = (0..heads).flat_map(|_| keep.iter().map(|k| !k)).collect();
+    let mask = Tensor::<6, Bool>::from_data(TensorData::new(masked, [1, 1, 2, 12, t, t]), &device);
+    let keep: std::sync::Arc<[bool]> = keep.into();
+    c.bench_function("causal mask [2, 12, 128, 128] fwd+bwd fused", |b| {
+        b.iter(|| {
+            let x = scores.clone().require_grad();
+            black_box(masked_fill(x, keep.clone(), -1e9).sum().backward())
+        })
+    });
+    c.bench_function("causal mask [2, 12, 128, 128] fwd+bwd burn", |b| {
+        b.iter(|| {
+            let x = scores.clone().require_grad();
+            black_box(x.mask_fill(mask.clone(), -1e9).sum().backward())
+        })
+    });
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
-    targets = activations, cross_entropy, layer_norms, convolutions, pooling
+    targets = activations, cross_entropy, layer_norms, convolutions, pooling, masks
 }
 criterion_main!(benches);

@@ -1,8 +1,8 @@
 //! The fused kernels against f64 closed forms and the plain Burn compositions they replace:
 //! softmax cross-entropy forward and backward on the CPU (Flex) and, with feature `wgpu`
 //! (lavapipe here), the CubeCL kernels, plus unscale with the inf/NaN check; tanh, GELU
-//! (tanh form), softmax, layer normalisation, the masked fill (`Where` with a scalar
-//! branch) and the bias add forward and backward on the CPU.
+//! (tanh form), softmax, layer normalisation and the masked fill (`Where` with a scalar
+//! branch) forward and backward on the CPU.
 
 mod common;
 
@@ -12,8 +12,8 @@ use burn_onnx_train::kernels::{
     NonFiniteFlag, runs_cubecl, unscale_and_check, unscale_and_check_reference,
 };
 use burn_onnx_train::kernels::{
-    add, cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, layer_norm, masked_fill,
-    softmax, tanh,
+    cross_entropy_rows, cross_entropy_rows_reference, gelu_tanh, layer_norm, masked_fill, softmax,
+    tanh,
 };
 #[cfg(feature = "wgpu")]
 use burn_onnx_train::train::DeviceSpec;
@@ -461,80 +461,5 @@ fn masked_fill_forward_and_backward_match_the_closed_form() {
             let want = if keep[i % period] { w } else { 0.0 };
             assert_eq!(d, want, "{what}: gradient {i}");
         }
-    }
-}
-
-#[test]
-fn bias_add_forward_and_backward_match_the_closed_form() {
-    let device = Device::flex().autodiff();
-    // Rows not a multiple of the 64-row pieces; the bias on either side; and a broadcast
-    // that is not a row ([rows, 1] + [1, n], Burn's add) through the same entry point.
-    for (rows, n, bias_first, column) in [
-        (3, 5, false, false),
-        (130, 37, true, false),
-        (200, 96, false, false),
-        (7, 9, false, true),
-    ] {
-        let what = format!("{rows} x {n} bias_first {bias_first} column {column}");
-        let mut next = lcg((rows * n) as u64);
-        let mut vals = |k: usize| -> Vec<f32> {
-            (0..k)
-                .map(|_| (next() % 2000) as f32 / 500.0 - 2.0)
-                .collect()
-        };
-        let (xv, bv, wv) = (
-            vals(rows * n),
-            vals(if column { rows } else { n }),
-            vals(rows * n),
-        );
-        let x = Tensor::<6>::from_data(TensorData::new(xv.clone(), [1, 1, 1, 1, rows, n]), &device)
-            .require_grad();
-        let bshape = if column {
-            [1, 1, 1, 1, rows, 1]
-        } else {
-            [1, 1, 1, 1, 1, n]
-        };
-        let b = Tensor::<6>::from_data(TensorData::new(bv.clone(), bshape), &device).require_grad();
-        let w = Tensor::<6>::from_data(TensorData::new(wv.clone(), [1, 1, 1, 1, rows, n]), &device);
-        let y = if bias_first {
-            add(b.clone(), x.clone())
-        } else {
-            add(x.clone(), b.clone())
-        };
-        let bias_at = |r: usize, c: usize| if column { bv[r] } else { bv[c] };
-        let got = y.clone().into_data().try_to_vec::<f32>().unwrap();
-        for r in 0..rows {
-            for c in 0..n {
-                assert_eq!(
-                    got[r * n + c],
-                    xv[r * n + c] + bias_at(r, c),
-                    "{what}: y[{r}, {c}]"
-                );
-            }
-        }
-        let grads = (y * w).sum().backward();
-        let dx = x
-            .grad(&grads)
-            .unwrap()
-            .into_data()
-            .try_to_vec::<f32>()
-            .unwrap();
-        assert_eq!(dx, wv, "{what}: dx is the output's gradient");
-        let db = b
-            .grad(&grads)
-            .unwrap()
-            .into_data()
-            .try_to_vec::<f32>()
-            .unwrap();
-        let want: Vec<f64> = if column {
-            (0..rows)
-                .map(|r| (0..n).map(|c| f64::from(wv[r * n + c])).sum())
-                .collect()
-        } else {
-            (0..n)
-                .map(|c| (0..rows).map(|r| f64::from(wv[r * n + c])).sum())
-                .collect()
-        };
-        assert_close_rel(&format!("{what}: dbias"), &db, &want, 1e-6, 1e-4);
     }
 }

@@ -13,8 +13,6 @@
 //!   saving only the input and each row's mean and inverse deviation (Flex);
 //! - [`masked_fill`]: `Where` with a constant scalar branch (attention masks), the mask
 //!   kept at its own period instead of broadcast to the scores' size (Flex);
-//! - [`add`]: a bias added along the last axis (a linear layer's `Add`), one pass each way
-//!   (Flex);
 //! - [`matmul`]: the matrix product written by the GEMM into an uninitialised buffer, its
 //!   backward the same kernel on transposed views (Flex);
 //! - [`conv2d`]: one-group convolution as im2col + GEMM per image, forward and backward,
@@ -26,7 +24,6 @@
 //!   optimizer of replicated runs.
 
 mod activation;
-mod bias_add;
 mod conv;
 mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -46,7 +43,6 @@ mod transpose;
 mod unscale;
 
 pub use activation::{gelu_tanh, softmax, tanh};
-pub use bias_add::add;
 pub use conv::conv2d;
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
 pub use fused_adam::FusedAdam;

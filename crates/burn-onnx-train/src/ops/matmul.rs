@@ -114,7 +114,7 @@ pub fn gemm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
                 c.shape()
             );
         }
-        y = float_binary(y, c, kernels::add)?;
+        y = float_binary(y, c, |p, q| p + q)?;
     }
     Ok(Value::Float(y).into())
 }
