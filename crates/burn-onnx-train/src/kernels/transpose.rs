@@ -1,7 +1,8 @@
 //! Out-of-place transposition of an f32 matrix, in 8 x 8 register blocks where the CPU has
 //! AVX. The GEMM reads a right-hand operand stored along its inner dimension (a transposed
-//! weight, `g W^T` in a matmul's backward) up to 2.4x slower than one stored row by row
-//! (`BENCHMARKS.md`); [`super::matmul`] transposes such an operand first when that pays.
+//! weight, `g W^T` in a matmul's backward; `col^T` in a convolution's weight gradient) up
+//! to 2.4x slower than one stored row by row (`BENCHMARKS.md`); [`super::matmul`] and
+//! [`super::conv`] transpose such an operand first when that pays.
 
 use std::mem::MaybeUninit;
 
