@@ -95,14 +95,18 @@ fn compare(
     assert_moved(&c.model_path, &one.join(&file), 1e-3);
 }
 
-#[test]
-fn gpt2_tiny_averaged_during_backward_trains_as_one_process() {
-    let c = sgd_config(
+/// refkit's gpt2_tiny with SGD.
+fn gpt2_tiny() -> TrainingConfig {
+    sgd_config(
         refkit("models/gpt2_tiny.onnx"),
         LossKind::LmCrossEntropy,
         "input_ids",
-    );
-    compare(c, tokens(1024), 2, 4, 0, 1e-5);
+    )
+}
+
+#[test]
+fn gpt2_tiny_averaged_during_backward_trains_as_one_process() {
+    compare(gpt2_tiny(), tokens(1024), 2, 4, 0, 1e-5);
 }
 
 fn tied_gpt2(tag: &str) -> TrainingConfig {
@@ -136,12 +140,7 @@ fn a_tied_embedding_gpt2_with_adamw_clipping_and_accumulation_averaged_during_ba
 
 #[test]
 fn gradient_hooks_average_during_one_backward_pass_as_one_process_does() {
-    let c = sgd_config(
-        refkit("models/gpt2_tiny.onnx"),
-        LossKind::LmCrossEntropy,
-        "input_ids",
-    );
-    compare(c, tokens(1024), 2, 1, 0, 1e-5);
+    compare(gpt2_tiny(), tokens(1024), 2, 1, 0, 1e-5);
     // The tied embedding's two readers share one hook: its gradient is sent once, whole,
     // with the earlier micro-step's added.
     compare(tied_gpt2("ov-tied-hooks"), tokens(256), 2, 1, 0, TIED_ATOL);
