@@ -4,13 +4,17 @@ onnxruntime computes on seeded inputs. The outputs are the independent reference
 `crates/burn-onnx-train/tests/ops.rs`.
 
     python3 -m venv /tmp/venv && /tmp/venv/bin/pip install onnx onnxruntime numpy
-    /tmp/venv/bin/python tools/gen_op_fixtures.py
+    /tmp/venv/bin/python tools/gen_op_fixtures.py [CASE ...]
+
+With case names, writes only those cases (every case's random inputs are still drawn, so
+they get the same data as in a full run).
 
 Writes `crates/burn-onnx-train/tests/data/ops/<case>.onnx` and `<case>.npz` (arrays
 `in_<input>` and `out_<output>`). Cases whose outputs are random (training-mode dropout)
 store only the inputs.
 """
 import os
+import sys
 
 import numpy as np
 import onnx
@@ -20,6 +24,11 @@ from onnx import TensorProto, helper, numpy_helper
 OUT = os.path.join(os.path.dirname(__file__), "..", "crates", "burn-onnx-train", "tests", "data", "ops")
 rng = np.random.default_rng(1234)
 F, I = TensorProto.FLOAT, TensorProto.INT64
+ONLY = set(sys.argv[1:])
+
+
+def wanted(case):
+    return not ONLY or case in ONLY
 
 
 def rand(*shape):
@@ -31,6 +40,8 @@ def vi(name, elem, shape):
 
 
 def save(case, nodes, inputs, outputs, feeds, opset, inits=(), run=True):
+    if not wanted(case):
+        return
     graph = helper.make_graph(
         nodes, case,
         [vi(n, F if a.dtype == np.float32 else (TensorProto.BOOL if a.dtype == bool else I), list(a.shape)) for n, a in inputs],
@@ -142,15 +153,16 @@ save("shape_chain_13", nodes, [("x", xc)], [("y", F)], [("x", xc)], 13,
 
 # PyTorch's running-variance convention for the training-mode batch norm case (unbiased
 # batch variance), computed here with numpy as the reference for the model's state update.
-path = os.path.join(OUT, "batch_norm_training_15.npz")
-arrays = dict(np.load(path))
-m = onnx.load(os.path.join(OUT, "batch_norm_training_15.onnx"))
-inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
-xb = arrays["in_x"]
-arrays["state_running_var"] = (inits["var"] * 0.8 + xb.var(axis=(0, 2, 3), ddof=1) * 0.2).astype(np.float32)
-arrays["state_running_mean"] = (inits["mean"] * 0.8 + xb.mean(axis=(0, 2, 3)) * 0.2).astype(np.float32)
-np.savez(path, **arrays)
-print("added PyTorch-convention running statistics to batch_norm_training_15")
+if wanted("batch_norm_training_15"):
+    path = os.path.join(OUT, "batch_norm_training_15.npz")
+    arrays = dict(np.load(path))
+    m = onnx.load(os.path.join(OUT, "batch_norm_training_15.onnx"))
+    inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    xb = arrays["in_x"]
+    arrays["state_running_var"] = (inits["var"] * 0.8 + xb.var(axis=(0, 2, 3), ddof=1) * 0.2).astype(np.float32)
+    arrays["state_running_mean"] = (inits["mean"] * 0.8 + xb.mean(axis=(0, 2, 3)) * 0.2).astype(np.float32)
+    np.savez(path, **arrays)
+    print("added PyTorch-convention running statistics to batch_norm_training_15")
 
 # --- more ops seen in other exporters' files -------------------------------------------------
 xs = rand(3, 5) * 3
@@ -209,17 +221,19 @@ outer = helper.make_function(
      helper.make_node("Add", ["pw", "q"], ["y"])],
     opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("custom", 1)], attributes=[])
 xf = rand(3, 4)
-graph = helper.make_graph(
-    [helper.make_node("TwoBranches", ["x", "w"], ["y"], domain="custom", name="call")], "local_functions",
-    [vi("x", F, [3, 4])], [vi("y", F, None)], initializer=[numpy_helper.from_array(rand(4, 4), "w")])
-model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("custom", 1)],
-                          functions=[scaled_tanh, outer], producer_name="gen_op_fixtures")
-model.ir_version = 8
-path = os.path.join(OUT, "local_functions_13.onnx")
-onnx.save(model, path)
-res = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["y"], {"x": xf})
-np.savez(os.path.join(OUT, "local_functions_13.npz"), in_x=xf, out_y=res[0])
-print("wrote local_functions_13")
+wf = rand(4, 4)
+if wanted("local_functions_13"):
+    graph = helper.make_graph(
+        [helper.make_node("TwoBranches", ["x", "w"], ["y"], domain="custom", name="call")], "local_functions",
+        [vi("x", F, [3, 4])], [vi("y", F, None)], initializer=[numpy_helper.from_array(wf, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("custom", 1)],
+                              functions=[scaled_tanh, outer], producer_name="gen_op_fixtures")
+    model.ir_version = 8
+    path = os.path.join(OUT, "local_functions_13.onnx")
+    onnx.save(model, path)
+    res = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["y"], {"x": xf})
+    np.savez(os.path.join(OUT, "local_functions_13.npz"), in_x=xf, out_y=res[0])
+    print("wrote local_functions_13")
 
 # --- Einsum and GroupNormalization -----------------------------------------------------------
 single("einsum_attention_12", "Einsum", [("q", rand(2, 3, 4, 5)), ("k", rand(2, 3, 6, 5))], ["y"], 12, equation="bhid,bhjd->bhij")
@@ -269,3 +283,86 @@ single("where_mask_fill_13", "Where", [("x", scores)], ["y"], 13,
 padding = np.random.default_rng(12).random((2, 1, 1, 5)) < 0.5
 single("where_scalar_first_padding_mask_13", "Where", [("x", scores)], ["y"], 13,
        _input_order=["cond", "fill", "x"], inits=[("cond", padding), ("fill", np.array(-3.5, np.float32))])
+
+# --- losses: scores as parameters, integer labels; ignored positions and class weights -------
+# Labels a graph input; -1 is ignore_index; the weights are a host constant (a setting).
+sce_labels = np.array([[0, 4], [-1, 2], [3, -1]], np.int64)
+save("sce_mean_weights_ignore_13",
+     [helper.make_node("SoftmaxCrossEntropyLoss", ["scores", "labels", "weights"], ["loss", "log_prob"],
+                       reduction="mean", ignore_index=-1)],
+     [("labels", sce_labels)], [("loss", F), ("log_prob", F)], [("labels", sce_labels)], 13,
+     inits=[("scores", rand(3, 5, 2)), ("weights", np.abs(rand(5)) + 0.5)])
+save("nllloss_sum_weights_12",
+     [helper.make_node("NegativeLogLikelihoodLoss", ["x", "target", "weight"], ["loss"],
+                       reduction="sum", ignore_index=-100)],
+     [], [("loss", F)], [], 12,
+     inits=[("x", rand(4, 6)), ("target", np.array([5, 0, -100, 3], np.int64)), ("weight", np.abs(rand(6)) + 0.5)])
+
+# --- opset-23 transformer ops (their own seeded generator, independent of the draws above) ---
+r23 = np.random.default_rng(2323)
+
+
+def rand23(*shape):
+    return r23.standard_normal(shape).astype(np.float32)
+
+
+# Attention, 4-D: 4 query heads over 2 key/value heads, 3 queries against 5 keys (causal,
+# aligned to the top left), a float mask per batch entry, V's head size differing from Q's.
+single("attention_gqa_causal_mask_23", "Attention", [], ["y"], 23,
+       inits=[("q", rand23(2, 4, 3, 8)), ("k", rand23(2, 2, 5, 8)), ("v", rand23(2, 2, 5, 6)),
+              ("mask", rand23(2, 1, 3, 5))],
+       is_causal=1)
+# RotaryEmbedding on 3-D input (2 heads of 8), caches indexed by position ids; rotating the
+# first 4 channels of each head by halves, and all 8 interleaved.
+pos = np.arange(10, dtype=np.float32)[:, None]
+for dim, interleaved, case in [(4, 0, "rotary_3d_partial_23"), (8, 1, "rotary_3d_interleaved_23")]:
+    freq = 1.0 / 10000 ** (np.arange(dim // 2, dtype=np.float32) * 2 / dim)
+    single(case, "RotaryEmbedding", [], ["y"], 23,
+           inits=[("x", rand23(2, 3, 16)), ("cos", np.cos(pos * freq).astype(np.float32)),
+                  ("sin", np.sin(pos * freq).astype(np.float32)),
+                  ("ids", np.array([[0, 1, 2], [4, 2, 7]], np.int64))],
+           num_heads=2, rotary_embedding_dim=dim, interleaved=interleaved)
+single("rms_norm_two_axes_23", "RMSNormalization", [], ["y"], 23,
+       inits=[("x", rand23(2, 3, 4, 5)), ("scale", rand23(4, 5))], axis=-2, epsilon=1e-3)
+
+# --- quantization-aware training: weight -> QuantizeLinear -> DequantizeLinear -> MatMul --------
+# (their own seeded generator). Scales small enough that part of the weight saturates, so the
+# straight-through estimator's mask matters (`tests/quantization.rs`). The int8 zero points
+# are all non-negative: only their declared type says int8, not their values. onnxruntime
+# runs these without graph optimizations: its extended level rewrites DequantizeLinear ->
+# MatMul into a dynamically quantized MatMul, which also quantizes `x`.
+rq = np.random.default_rng(4242)
+
+
+def randq(*shape):
+    return rq.standard_normal(shape).astype(np.float32)
+
+
+def save_unoptimized(case, nodes, inputs, outputs, opset, inits):
+    save(case, nodes, inputs, outputs, inputs, opset, inits, run=False)
+    if not wanted(case):
+        return
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(os.path.join(OUT, case + ".onnx"), options, providers=["CPUExecutionProvider"])
+    res = sess.run([o for o, _ in outputs], dict(inputs))
+    arrays = {f"in_{n}": a for n, a in inputs}
+    arrays.update({f"out_{o}": r for (o, _), r in zip(outputs, res)})
+    np.savez(os.path.join(OUT, case + ".npz"), **arrays)
+
+
+xq = randq(3, 4)
+save_unoptimized("qdq_matmul_per_axis_int8_13",
+                 [helper.make_node("QuantizeLinear", ["W", "w_scale", "w_zp"], ["Wq"], axis=1),
+                  helper.make_node("DequantizeLinear", ["Wq", "w_scale", "w_zp"], ["Wd"], axis=1),
+                  helper.make_node("MatMul", ["x", "Wd"], ["y"])],
+                 [("x", xq)], [("y", F)], 13,
+                 inits=[("W", randq(4, 5)), ("w_scale", np.array([0.004, 0.008, 0.01, 0.02, 0.05], np.float32)),
+                        ("w_zp", np.array([0, 3, 5, 10, 2], np.int8))])
+xq = randq(2, 6)
+save_unoptimized("qdq_matmul_uint8_10",
+                 [helper.make_node("QuantizeLinear", ["W", "w_scale", "w_zp"], ["Wq"]),
+                  helper.make_node("DequantizeLinear", ["Wq", "w_scale", "w_zp"], ["Wd"]),
+                  helper.make_node("MatMul", ["x", "Wd"], ["y"])],
+                 [("x", xq)], [("y", F)], 10,
+                 inits=[("W", randq(6, 3)), ("w_scale", np.array(0.01, np.float32)), ("w_zp", np.array(128, np.uint8))])

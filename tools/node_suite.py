@@ -8,7 +8,7 @@ equals NaN), everything else exactly. Each test ends in one class:
 
   pass         every output right
   wrong        ran, but an output has the wrong shape, dtype or values
-  unsupported  refused at load with "unsupported op" (the error names the node)
+  unsupported  refused at load with "unsupported operator" (the error names the node)
   error        any other clear error (exit status 1, message on stderr)
   panic        a Rust panic, a signal, or no exit within the time limit
 
@@ -159,7 +159,7 @@ def run_ours(binary, case_dir):
         if p.returncode < 0 or p.returncode == 101 or "panicked" in p.stderr:
             return "panic", next((l for l in err if "panicked" in l), f"status {p.returncode}")
         if p.returncode != 0:
-            kind = "unsupported" if "unsupported op" in p.stderr else "error"
+            kind = "unsupported" if "unsupported operator" in p.stderr else "error"
             return kind, last
         for name, want, _ in expected:
             path = os.path.join(tmp, "out", sanitize(name) + ".npy")

@@ -5,8 +5,9 @@
 //! at load time with the file, node or field named: protobuf decoding, unsupported ops,
 //! dangling edges (the graph must be topologically sorted, as the ONNX spec requires),
 //! malformed initializers. Calls of model-local functions are expanded first,
-//! `Constant` nodes are evaluated once here, and known subgraphs become fused ops
-//! ([`crate::fusion`]).
+//! `Constant` nodes are evaluated once here, known subgraphs become fused ops
+//! ([`crate::fusion`]), and quantization nodes are told their zero point's element type
+//! where the file states it ([`ops::annotate_zero_point_types`]).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ use crate::attributes::{Attr, Attributes};
 use crate::error::{OnnxError, Result};
 use crate::functions::inline_functions;
 use crate::host_tensor::{ExternalData, HostTensor, release_pages};
+use crate::initializer_ties::{TieDecision, TieOptions};
 use crate::ops::{self, OpFn};
 use crate::progress::progress;
 
@@ -80,6 +82,8 @@ pub struct Graph {
     pub constants: HashMap<String, HostTensor>,
     /// For every edge, the index of the last node that reads it.
     pub last_use: HashMap<String, usize>,
+    /// The initializer-tie rewrites applied at load ([`crate::initializer_ties`]).
+    pub ties: Vec<TieDecision>,
     /// Index of the first node in the whole model's order (non-zero for a pipeline stage's
     /// part of a graph): random streams are keyed by it, so a stage draws what the whole
     /// graph would.
@@ -169,6 +173,12 @@ impl Graph {
     /// from the mapping into the tensors, and each initializer's pages leave the resident
     /// set once decoded, so a model costs about its own size in memory, not three times.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        Self::load_with(path, TieOptions::default())
+    }
+
+    /// [`Graph::load`] with a choice of the initializer-tie rewrites
+    /// ([`crate::initializer_ties`]).
+    pub fn load_with(path: impl AsRef<Path>, ties: TieOptions) -> Result<Self> {
         let path = path.as_ref();
         let file = std::fs::File::open(path).map_err(|e| OnnxError::io(path, e))?;
         // SAFETY: a read-only map; the file changing under a running load is outside what a
@@ -179,19 +189,25 @@ impl Graph {
         let _ = map.advise(memmap2::Advice::Sequential);
         let bytes = bytes::Bytes::from_owner(MappedFile(map.clone()));
         let model = ModelProto::parse_from_tokio_bytes(&bytes);
-        Self::decoded(model, Some(path), Some(&map))
+        Self::decoded(model, Some(path), Some(&map), ties)
     }
 
     /// Decode and check ONNX bytes; `source` names the file in errors and resolves
     /// external data.
     pub fn from_bytes(bytes: &[u8], source: Option<&Path>) -> Result<Self> {
-        Self::decoded(ModelProto::parse_from_bytes(bytes), source, None)
+        Self::decoded(
+            ModelProto::parse_from_bytes(bytes),
+            source,
+            None,
+            TieOptions::default(),
+        )
     }
 
     fn decoded(
         model: protobuf::Result<ModelProto>,
         source: Option<&Path>,
         mapped: Option<&memmap2::Mmap>,
+        ties: TieOptions,
     ) -> Result<Self> {
         let label = source.map_or_else(|| PathBuf::from("<memory>"), Path::to_path_buf);
         let model = model.map_err(|e| OnnxError::Decode {
@@ -199,7 +215,7 @@ impl Graph {
             what: "ONNX model",
             message: e.to_string(),
         })?;
-        Self::build(model, source, mapped).map_err(|e| match e {
+        Self::build(model, source, mapped, ties).map_err(|e| match e {
             OnnxError::Field { field, message } => OnnxError::Decode {
                 path: label,
                 what: "ONNX model",
@@ -211,14 +227,15 @@ impl Graph {
 
     /// Check a decoded model.
     pub fn from_proto(model: ModelProto, source: Option<&Path>) -> Result<Self> {
-        Self::build(model, source, None)
+        Self::build(model, source, None, TieOptions::default())
     }
 
     /// [`Graph::from_proto`]; `mapped` is the file mapping the proto's data points into.
     fn build(
-        model: ModelProto,
+        mut model: ModelProto,
         source: Option<&Path>,
         mapped: Option<&memmap2::Mmap>,
+        ties: TieOptions,
     ) -> Result<Self> {
         let Some(g) = model.graph.as_ref() else {
             return Err(OnnxError::field(
@@ -274,6 +291,14 @@ impl Graph {
             }
         }
         bar.finish_and_clear();
+        let ties = match model.graph.as_mut() {
+            Some(g) => crate::initializer_ties::apply(g, &mut initializers, ties),
+            None => Vec::new(),
+        };
+        let mut defined: HashSet<String> = initializers.iter().map(|(n, _)| n.clone()).collect();
+        let Some(g) = model.graph.as_ref() else {
+            unreachable!("checked above")
+        };
         let inputs: Vec<TensorInfo> = g
             .input
             .iter()
@@ -362,7 +387,9 @@ impl Graph {
             constants,
             last_use,
             node_offset: 0,
+            ties,
         };
+        ops::annotate_zero_point_types(&mut graph);
         crate::fusion::fuse_gelu(&mut graph);
         crate::fusion::fuse_conv_relu(&mut graph);
         Ok(graph)

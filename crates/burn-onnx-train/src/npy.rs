@@ -21,6 +21,10 @@ fn bad(path: &Path, m: impl std::fmt::Display) -> OnnxError {
     }
 }
 
+fn widen<T: Copy, U>(v: Vec<T>, f: impl Fn(T) -> U) -> Vec<U> {
+    v.into_iter().map(f).collect()
+}
+
 fn read_array<R: Read>(npy: NpyFile<R>, path: &Path) -> Result<HostTensor> {
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
     let DType::Plain(ty) = npy.dtype() else {
@@ -31,49 +35,29 @@ fn read_array<R: Read>(npy: NpyFile<R>, path: &Path) -> Result<HostTensor> {
         return Err(bad(path, "Fortran-order arrays are not supported"));
     }
     let dims = IxDyn(&shape);
+    let floats = |v: Vec<f32>| ArrayD::from_shape_vec(dims.clone(), v).map(HostTensor::Float);
+    let ints = |v: Vec<i64>| ArrayD::from_shape_vec(dims.clone(), v).map(HostTensor::Int);
+    let e = |e: std::io::Error| bad(path, e);
     let t = match (ty.type_char(), ty.size_field()) {
-        (TypeChar::Float, 4) => HostTensor::Float(
-            ArrayD::from_shape_vec(dims, npy.into_vec::<f32>().map_err(|e| bad(path, e))?)
-                .map_err(|e| bad(path, e))?,
-        ),
-        (TypeChar::Float, 8) => {
-            let v: Vec<f64> = npy.into_vec().map_err(|e| bad(path, e))?;
-            HostTensor::Float(
-                ArrayD::from_shape_vec(dims, v.into_iter().map(|x| x as f32).collect())
-                    .map_err(|e| bad(path, e))?,
-            )
-        }
-        (TypeChar::Int, 8) => HostTensor::Int(
-            ArrayD::from_shape_vec(dims, npy.into_vec::<i64>().map_err(|e| bad(path, e))?)
-                .map_err(|e| bad(path, e))?,
-        ),
-        (TypeChar::Int, 4) => {
-            let v: Vec<i32> = npy.into_vec().map_err(|e| bad(path, e))?;
-            HostTensor::Int(
-                ArrayD::from_shape_vec(dims, v.into_iter().map(i64::from).collect())
-                    .map_err(|e| bad(path, e))?,
-            )
-        }
-        (TypeChar::Uint, 2) => {
-            let v: Vec<u16> = npy.into_vec().map_err(|e| bad(path, e))?;
-            HostTensor::Int(
-                ArrayD::from_shape_vec(dims, v.into_iter().map(i64::from).collect())
-                    .map_err(|e| bad(path, e))?,
-            )
-        }
-        (TypeChar::Uint, 4) => {
-            let v: Vec<u32> = npy.into_vec().map_err(|e| bad(path, e))?;
-            HostTensor::Int(
-                ArrayD::from_shape_vec(dims, v.into_iter().map(i64::from).collect())
-                    .map_err(|e| bad(path, e))?,
-            )
-        }
+        (TypeChar::Float, 2) => floats(widen(npy.into_vec::<half::f16>().map_err(e)?, f32::from)),
+        (TypeChar::Float, 4) => floats(npy.into_vec::<f32>().map_err(e)?),
+        (TypeChar::Float, 8) => floats(widen(npy.into_vec::<f64>().map_err(e)?, |x| x as f32)),
+        (TypeChar::Int, 1) => ints(widen(npy.into_vec::<i8>().map_err(e)?, i64::from)),
+        (TypeChar::Int, 2) => ints(widen(npy.into_vec::<i16>().map_err(e)?, i64::from)),
+        (TypeChar::Int, 4) => ints(widen(npy.into_vec::<i32>().map_err(e)?, i64::from)),
+        (TypeChar::Int, 8) => ints(npy.into_vec::<i64>().map_err(e)?),
+        (TypeChar::Uint, 1) => ints(widen(npy.into_vec::<u8>().map_err(e)?, i64::from)),
+        (TypeChar::Uint, 2) => ints(widen(npy.into_vec::<u16>().map_err(e)?, i64::from)),
+        (TypeChar::Uint, 4) => ints(widen(npy.into_vec::<u32>().map_err(e)?, i64::from)),
+        // uint64 above i64::MAX wraps, as a C cast would.
+        (TypeChar::Uint, 8) => ints(widen(npy.into_vec::<u64>().map_err(e)?, |x| x as i64)),
         (TypeChar::Bool, 1) => {
-            let v: Vec<bool> = npy.into_vec().map_err(|e| bad(path, e))?;
-            HostTensor::Bool(ArrayD::from_shape_vec(dims, v).map_err(|e| bad(path, e))?)
+            ArrayD::from_shape_vec(dims.clone(), npy.into_vec::<bool>().map_err(e)?)
+                .map(HostTensor::Bool)
         }
         (c, s) => return Err(bad(path, format!("unsupported dtype {c:?}{s}"))),
-    };
+    }
+    .map_err(|e| bad(path, e))?;
     Ok(t)
 }
 
@@ -115,6 +99,61 @@ pub fn write_npy(path: impl AsRef<Path>, value: &Value) -> Result<()> {
         }
         Value::Int(a) => write_iter(&mut bytes, &shape, a.iter().copied()).map_err(io)?,
         Value::Bool(a) => write_iter(&mut bytes, &shape, a.iter().copied()).map_err(io)?,
+    }
+    write_atomic(path, bytes.get_ref())
+}
+
+/// Write a value as `.npy` in the ONNX element type `elem_type` (a graph output's declared
+/// type): the interpreter computes floats in f32 and integers in i64, and this narrows or
+/// widens them as a C cast would (integers wrap). bfloat16, which `.npy` cannot hold, is
+/// written as float32 holding the bfloat16-rounded values (nearest, ties to even); an
+/// unknown or absent type (0) writes the value as it is.
+pub fn write_npy_as(path: impl AsRef<Path>, value: &Value, elem_type: i32) -> Result<()> {
+    use crate::host_tensor::dtype;
+    let path = path.as_ref();
+    let io = |e: std::io::Error| OnnxError::io(path, e);
+    let shape: Vec<u64> = value.shape().iter().map(|&d| d as u64).collect();
+    let mut bytes = std::io::Cursor::new(Vec::new());
+    let b = &mut bytes;
+    match (value, elem_type) {
+        (Value::Float(_), dtype::FLOAT) => return write_npy(path, value),
+        (_, t) if dtype::is_float(t) => {
+            let a = match value {
+                Value::Float(v) => v.to_array().map_err(|e| bad(path, e.0))?,
+                Value::Int(a) => a.mapv(|x| x as f32),
+                Value::Bool(a) => a.mapv(|x| if x { 1.0 } else { 0.0 }),
+            };
+            let it = a.iter().copied();
+            match t {
+                dtype::FLOAT16 => write_iter(b, &shape, it.map(half::f16::from_f32)),
+                dtype::DOUBLE => write_iter(b, &shape, it.map(f64::from)),
+                dtype::BFLOAT16 => {
+                    write_iter(b, &shape, it.map(|x| half::bf16::from_f32(x).to_f32()))
+                }
+                _ => write_iter(b, &shape, it),
+            }
+            .map_err(io)?
+        }
+        (_, t) if dtype::is_int(t) => {
+            let a = value.clone().into_int().map_err(|e| bad(path, e.0))?;
+            let it = a.iter().copied();
+            match t {
+                dtype::INT8 => write_iter(b, &shape, it.map(|x| x as i8)),
+                dtype::INT16 => write_iter(b, &shape, it.map(|x| x as i16)),
+                dtype::INT32 => write_iter(b, &shape, it.map(|x| x as i32)),
+                dtype::UINT8 => write_iter(b, &shape, it.map(|x| x as u8)),
+                dtype::UINT16 => write_iter(b, &shape, it.map(|x| x as u16)),
+                dtype::UINT32 => write_iter(b, &shape, it.map(|x| x as u32)),
+                dtype::UINT64 => write_iter(b, &shape, it.map(|x| x as u64)),
+                _ => write_iter(b, &shape, it),
+            }
+            .map_err(io)?
+        }
+        (_, dtype::BOOL) => {
+            let a = value.clone().into_bool().map_err(|e| bad(path, e.0))?;
+            write_iter(b, &shape, a.iter().copied()).map_err(io)?
+        }
+        _ => return write_npy(path, value),
     }
     write_atomic(path, bytes.get_ref())
 }

@@ -92,6 +92,11 @@ impl FloatValue {
                 self.numel()
             );
         }
+        if n == 0 {
+            // Burn cannot reshape a zero-size tensor; a fresh empty one is the same value.
+            let empty = PhysTensor::zeros(padded(shape)?, &self.tensor.device());
+            return Ok(FloatValue::new(empty, shape.len()));
+        }
         Ok(FloatValue::new(
             self.tensor.reshape(padded(shape)?),
             shape.len(),
@@ -119,6 +124,18 @@ impl FloatValue {
         let data = self.tensor.to_data().convert::<f32>();
         let values: Vec<f32> = data.try_to_vec::<f32>().map_err(|e| format!("{e:?}"))?;
         Ok(ArrayD::from_shape_vec(IxDyn(&self.shape()), values)?)
+    }
+
+    /// Elements `start..start + len` along physical axis `phys`; an empty range gives a
+    /// zero-size tensor (Burn's `narrow` refuses one), which carries no gradient.
+    pub fn narrow(self, phys: usize, start: usize, len: usize) -> Self {
+        if len == 0 {
+            let mut dims = self.tensor.dims();
+            dims[phys] = 0;
+            let empty = PhysTensor::zeros(dims, &self.tensor.device());
+            return FloatValue::new(empty, self.rank);
+        }
+        FloatValue::new(self.tensor.narrow(phys, start, len), self.rank)
     }
 
     /// Broadcast to a logical shape (NumPy rules).
@@ -180,6 +197,15 @@ impl Value {
             Value::Int(a) => a.ndim(),
             Value::Bool(a) => a.ndim(),
         }
+    }
+
+    /// Reshape to a logical shape with the same number of elements, any element family.
+    pub fn reshape_to(self, shape: &[usize]) -> OpResult<Value> {
+        Ok(match self {
+            Value::Float(f) => Value::Float(f.reshape(shape)?),
+            Value::Int(a) => Value::Int(a.into_shape_with_order(IxDyn(shape))?),
+            Value::Bool(a) => Value::Bool(a.into_shape_with_order(IxDyn(shape))?),
+        })
     }
 
     /// As a float tensor on `device`: ints and bools are converted (ONNX `Cast` semantics).

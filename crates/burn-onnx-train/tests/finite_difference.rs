@@ -2,8 +2,9 @@
 //! independent reference for the backward pass of ops the PyTorch trajectories do not
 //! cover (LayerNormalization over two axes, grouped/dilated Conv, Gemm with transposes,
 //! training-mode BatchNormalization, ConvTranspose, Instance/GroupNormalization, PRelu,
-//! Einsum). Also the
-//! batch-norm running-statistics update against numpy.
+//! Einsum, SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss with class weights and
+//! ignored targets, Attention with grouped-query heads, RotaryEmbedding, RMSNormalization).
+//! Also the batch-norm running-statistics update against numpy.
 
 mod common;
 
@@ -148,6 +149,29 @@ fn einsum_and_group_norm_gradients() {
 #[test]
 fn gemm_gradients() {
     check("gemm_trans_alpha_13", Mode::Eval);
+}
+
+#[test]
+fn loss_gradients() {
+    check("sce_mean_weights_ignore_13", Mode::Eval);
+    check("nllloss_sum_weights_12", Mode::Eval);
+}
+
+#[test]
+fn attention_gradients() {
+    // Grouped-query heads, causal over a non-square score matrix, a float mask.
+    check("attention_gqa_causal_mask_23", Mode::Eval);
+}
+
+#[test]
+fn rotary_embedding_gradients() {
+    check("rotary_3d_partial_23", Mode::Eval);
+    check("rotary_3d_interleaved_23", Mode::Eval);
+}
+
+#[test]
+fn rms_norm_gradients() {
+    check("rms_norm_two_axes_23", Mode::Eval);
 }
 
 #[test]

@@ -18,7 +18,7 @@ use burn_onnx_train::export::{ExportOptions, ExternalDataPolicy, export_onnx_wit
 use burn_onnx_train::graph::Dim;
 use burn_onnx_train::host_tensor::dtype;
 use burn_onnx_train::loss::LossKind;
-use burn_onnx_train::npy::{read_npy, write_npy};
+use burn_onnx_train::npy::{read_npy, write_npy_as};
 use burn_onnx_train::pipeline::Partition;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::{read_params, read_state};
@@ -53,7 +53,8 @@ enum Command {
         #[arg(long, value_name = "N")]
         tp: Option<usize>,
     },
-    /// Run the model on .npy inputs; writes DIR/<output>.npy for every graph output.
+    /// Run the model on .npy inputs; writes DIR/<output>.npy for every graph output, in the
+    /// element type the graph declares for it (computed in f32 / i64, then cast).
     Run {
         /// The ONNX file.
         model: PathBuf,
@@ -218,6 +219,12 @@ fn inspect(path: PathBuf, stages: Option<usize>, tp: Option<usize>) -> Result<()
             c.reason
         );
     }
+    if !model.graph().ties.is_empty() {
+        println!("initializer ties (tie_duplicate_initializers / untie_shared_constants):");
+        for t in &model.graph().ties {
+            println!("  {t}");
+        }
+    }
     if let Some(n) = stages {
         print_partition(&model, n)?;
     }
@@ -345,9 +352,9 @@ fn run(
     }
     let out = model.forward(feeds, Mode::Eval)?;
     std::fs::create_dir_all(&output_dir).map_err(|e| OnnxError::io(&output_dir, e))?;
-    for (name, value) in &out.outputs {
+    for ((name, value), info) in out.outputs.iter().zip(&model.graph().outputs) {
         let file = output_dir.join(format!("{}.npy", sanitize(name)));
-        write_npy(&file, value)?;
+        write_npy_as(&file, value, info.elem_type)?;
         println!("{name}: {:?} -> {}", value.shape(), file.display());
     }
     Ok(())
@@ -401,9 +408,15 @@ fn export(
     model: Option<PathBuf>,
     external_data: bool,
 ) -> Result<(), OnnxError> {
-    let model_path = match (model, &checkpoint) {
+    // The run that wrote the checkpoint says which model file and which initializer ties
+    // its parameters follow.
+    let run = checkpoint
+        .as_ref()
+        .map(|c| TrainingConfig::from_toml(&read_state(c)?.config_toml, c))
+        .transpose()?;
+    let model_path = match (model, &run) {
         (Some(m), _) => m,
-        (None, Some(c)) => TrainingConfig::from_toml(&read_state(c)?.config_toml, c)?.model_path,
+        (None, Some(r)) => r.model_path.clone(),
         (None, None) => {
             return Err(OnnxError::field(
                 "export",
@@ -411,7 +424,11 @@ fn export(
             ));
         }
     };
-    let mut model = OnnxModel::load(&model_path, &Device::flex())?;
+    let ties = run
+        .as_ref()
+        .map(TrainingConfig::tie_options)
+        .unwrap_or_default();
+    let mut model = OnnxModel::from_graph(Graph::load_with(&model_path, ties)?, &Device::flex())?;
     if let Some(c) = &checkpoint {
         model = read_params(c, model, None)?;
     }

@@ -75,6 +75,7 @@ impl OnnxModel {
             constants,
             last_use,
             node_offset: whole.node_offset + stage.nodes.start,
+            ties: whole.ties.clone(),
         };
 
         let mut params = Vec::new();

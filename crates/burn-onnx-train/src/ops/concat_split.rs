@@ -114,20 +114,21 @@ pub fn split(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         Value::Float(f) => {
             let phys = f.axis(axis as i64)?;
             for s in sizes {
-                out.push(Value::Float(FloatValue::new(
-                    f.tensor.clone().narrow(phys, start, s),
-                    f.rank,
-                )));
+                out.push(Value::Float(f.clone().narrow(phys, start, s)));
                 start += s;
             }
         }
-        other => {
-            let a = other.into_int()?;
+        Value::Int(a) => {
             for s in sizes {
-                out.push(Value::Int(
-                    a.slice_axis(Axis(axis), ndarray::Slice::from(start..start + s))
-                        .to_owned(),
-                ));
+                let part = a.slice_axis(Axis(axis), ndarray::Slice::from(start..start + s));
+                out.push(Value::Int(part.to_owned()));
+                start += s;
+            }
+        }
+        Value::Bool(a) => {
+            for s in sizes {
+                let part = a.slice_axis(Axis(axis), ndarray::Slice::from(start..start + s));
+                out.push(Value::Bool(part.to_owned()));
                 start += s;
             }
         }

@@ -1,5 +1,5 @@
 //! Ops that make values from shapes and types: `Shape`, `Size`, `Range`,
-//! `ConstantOfShape`, `Cast`.
+//! `ConstantOfShape`, `Cast`, `CastLike`.
 
 use ndarray::{ArrayD, IxDyn};
 
@@ -89,18 +89,58 @@ pub fn constant_of_shape(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutp
     .into())
 }
 
-/// `Cast`: to a float type (computed as f32), an integer type (i64) or bool.
+/// `Cast`: to a float type (computed as f32; a cast to float16 or bfloat16 rounds to that
+/// type's precision, differentiably), an integer type (held as i64, wrapped to the
+/// target's width as a C cast) or bool.
 pub fn cast(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.take(0, "input")?;
     let to = ctx.attrs.int("to", 0)? as i32;
+    Ok(cast_to(ctx, x, to)?.into())
+}
+
+/// `CastLike(input, target_type)`: `Cast` to the element family of `target_type` (float,
+/// integer or bool: the interpreter holds no finer type at run time).
+pub fn cast_like(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let x = inputs.take(0, "input")?;
+    let to = match inputs.take(1, "target_type")? {
+        Value::Float(_) => dtype::FLOAT,
+        Value::Int(_) => dtype::INT64,
+        Value::Bool(_) => dtype::BOOL,
+    };
+    Ok(cast_to(ctx, x, to)?.into())
+}
+
+fn cast_to(ctx: &OpContext, x: Value, to: i32) -> OpResult<Value> {
+    use burn::tensor::FloatDType;
     Ok(if dtype::is_float(to) {
-        Value::Float(x.into_float(ctx.device)?)
+        let f = x.into_float(ctx.device)?;
+        let low = match to {
+            dtype::FLOAT16 => Some(FloatDType::F16),
+            dtype::BFLOAT16 => Some(FloatDType::BF16),
+            _ => None,
+        };
+        Value::Float(match low {
+            Some(low) => FloatValue::new(f.tensor.cast(low).cast(FloatDType::F32), f.rank),
+            None => f,
+        })
     } else if dtype::is_int(to) {
-        Value::Int(x.into_int()?)
+        Value::Int(x.into_int()?.mapv(|v| wrap_int(v, to)))
     } else if to == dtype::BOOL {
         Value::Bool(x.into_bool()?)
     } else {
         op_bail!("cannot cast to {}", dtype::name(to))
+    })
+}
+
+/// An i64 wrapped to the width of the integer type `to`, as a C cast.
+fn wrap_int(v: i64, to: i32) -> i64 {
+    match to {
+        dtype::INT8 => i64::from(v as i8),
+        dtype::UINT8 => i64::from(v as u8),
+        dtype::INT16 => i64::from(v as i16),
+        dtype::UINT16 => i64::from(v as u16),
+        dtype::INT32 => i64::from(v as i32),
+        dtype::UINT32 => i64::from(v as u32),
+        _ => v,
     }
-    .into())
 }

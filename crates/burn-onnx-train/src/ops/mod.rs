@@ -11,30 +11,40 @@ use crate::op_bail;
 use crate::value::{FloatValue, Value};
 
 mod arg_reduce;
+mod attention;
+mod bitwise;
 mod broadcast;
 mod compare;
 mod concat_split;
 mod conv;
 mod conv_transpose;
+mod depth_space;
 mod dropout;
 mod einsum;
 mod elementwise;
 mod gather;
 mod generators;
+mod local_norm;
+mod loss;
 mod matmul;
 mod normalization;
 mod pad_tile;
 mod pool;
+mod quant;
 mod reduce;
 mod reshape;
 mod resize;
 mod rounding_trig;
 mod scan;
+mod scatter;
+mod select;
 mod slice;
 mod softmax;
+mod unary_math;
 mod window;
 
 pub use broadcast::broadcast_shapes;
+pub use quant::{ZERO_POINT_TYPE, annotate_zero_point_types};
 
 /// What an op sees besides its inputs.
 pub struct OpContext<'a> {
@@ -185,6 +195,32 @@ const OPS: &[(&str, OpFn)] = &[
     ("Ceil", rounding_trig::ceil),
     ("Round", rounding_trig::round),
     ("Sign", rounding_trig::sign),
+    ("Tan", unary_math::tan),
+    ("Asin", unary_math::asin),
+    ("Acos", unary_math::acos),
+    ("Atan", unary_math::atan),
+    ("Sinh", unary_math::sinh),
+    ("Cosh", unary_math::cosh),
+    ("Asinh", unary_math::asinh),
+    ("Acosh", unary_math::acosh),
+    ("Atanh", unary_math::atanh),
+    ("Selu", unary_math::selu),
+    ("Celu", unary_math::celu),
+    ("Mish", unary_math::mish),
+    ("Swish", unary_math::swish),
+    ("Softsign", unary_math::softsign),
+    ("ThresholdedRelu", unary_math::thresholded_relu),
+    ("Shrink", unary_math::shrink),
+    ("Mean", unary_math::mean),
+    ("IsNaN", unary_math::is_nan),
+    ("IsInf", unary_math::is_inf),
+    // bits
+    ("BitwiseAnd", bitwise::bitwise_and),
+    ("BitwiseOr", bitwise::bitwise_or),
+    ("BitwiseXor", bitwise::bitwise_xor),
+    ("BitwiseNot", bitwise::bitwise_not),
+    ("BitShift", bitwise::bit_shift),
+    ("Xor", bitwise::xor),
     // comparison and selection
     ("Equal", compare::equal),
     ("Less", compare::less),
@@ -211,9 +247,23 @@ const OPS: &[(&str, OpFn)] = &[
     ("BatchNormalization", normalization::batch_norm),
     ("InstanceNormalization", normalization::instance_norm),
     ("GroupNormalization", normalization::group_norm),
+    ("RMSNormalization", normalization::rms_norm),
+    ("Attention", attention::attention),
+    ("RotaryEmbedding", attention::rotary_embedding),
     ("Softmax", softmax::softmax),
     ("LogSoftmax", softmax::log_softmax),
+    ("SoftmaxCrossEntropyLoss", loss::softmax_cross_entropy_loss),
+    (
+        "NegativeLogLikelihoodLoss",
+        loss::negative_log_likelihood_loss,
+    ),
     ("Dropout", dropout::dropout),
+    ("LpNormalization", local_norm::lp_normalization),
+    ("LRN", local_norm::lrn),
+    (
+        "MeanVarianceNormalization",
+        local_norm::mean_variance_normalization,
+    ),
     // reductions
     ("ReduceMean", reduce::reduce_mean),
     ("ReduceSum", reduce::reduce_sum),
@@ -222,9 +272,13 @@ const OPS: &[(&str, OpFn)] = &[
     ("ReduceL2", reduce::reduce_l2),
     ("ReduceSumSquare", reduce::reduce_sum_square),
     ("ReduceLogSumExp", reduce::reduce_log_sum_exp),
+    ("ReduceL1", reduce::reduce_l1),
+    ("ReduceProd", reduce::reduce_prod),
+    ("ReduceLogSum", reduce::reduce_log_sum),
     ("ArgMax", arg_reduce::argmax),
     ("ArgMin", arg_reduce::argmin),
     ("CumSum", scan::cumsum),
+    ("CumProd", scan::cumprod),
     // shape movement
     ("Reshape", reshape::reshape),
     ("Flatten", reshape::flatten),
@@ -237,6 +291,18 @@ const OPS: &[(&str, OpFn)] = &[
     ("Slice", slice::slice),
     ("Gather", gather::gather),
     ("GatherElements", gather::gather_elements),
+    ("GatherND", scatter::gather_nd),
+    ("ScatterND", scatter::scatter_nd),
+    ("ScatterElements", scatter::scatter_elements),
+    ("Scatter", scatter::scatter_elements),
+    ("TopK", select::top_k),
+    ("Compress", select::compress),
+    ("NonZero", select::non_zero),
+    ("OneHot", select::one_hot),
+    ("Hardmax", select::hardmax),
+    ("EyeLike", select::eye_like),
+    ("DepthToSpace", depth_space::depth_to_space),
+    ("SpaceToDepth", depth_space::space_to_depth),
     ("Pad", pad_tile::pad),
     ("Tile", pad_tile::tile),
     ("Trilu", scan::trilu),
@@ -247,4 +313,13 @@ const OPS: &[(&str, OpFn)] = &[
     ("Range", generators::range),
     ("ConstantOfShape", generators::constant_of_shape),
     ("Cast", generators::cast),
+    ("CastLike", generators::cast_like),
+    // quantization
+    ("QuantizeLinear", quant::quantize_linear),
+    ("DequantizeLinear", quant::dequantize_linear),
+    ("DynamicQuantizeLinear", quant::dynamic_quantize_linear),
+    ("MatMulInteger", quant::matmul_integer),
+    ("ConvInteger", quant::conv_integer),
+    ("QLinearMatMul", quant::qlinear_matmul),
+    ("QLinearConv", quant::qlinear_conv),
 ];

@@ -1,5 +1,5 @@
-//! `LayerNormalization`, `InstanceNormalization`, `GroupNormalization` and
-//! `BatchNormalization` (inference and training mode).
+//! `LayerNormalization`, `RMSNormalization`, `InstanceNormalization`, `GroupNormalization`
+//! and `BatchNormalization` (inference and training mode).
 //!
 //! In training mode batch normalisation uses the batch statistics and returns updated
 //! running statistics, moving by `1 - momentum` (ONNX's momentum convention). The node's
@@ -54,6 +54,32 @@ pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         let b = broadcast_check(b, &shape[axis..], "B")?;
         y = FloatValue::new(y.tensor + b.tensor, shape.len());
     }
+    Ok(Value::Float(y).into())
+}
+
+/// `RMSNormalization` (opset 23): `X / sqrt(mean(X^2) + epsilon) * Scale`, the mean over
+/// the dims from `axis` on, `Scale` broadcast over those dims. `stash_type` (the precision
+/// of the statistics) is not consulted: they are computed in the values' own precision
+/// (f32), which is what the default `stash_type = 1` asks for.
+pub fn rms_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let x = inputs.float(0, "X", ctx.device)?;
+    let scale = inputs.float(1, "Scale", ctx.device)?;
+    let eps = ctx.attrs.float("epsilon", 1e-5)? as f64;
+    let shape = x.shape();
+    let axis = norm_axis(ctx.attrs.int("axis", -1)?, shape.len())?;
+    let scale = broadcast_check(scale, &shape[axis..], "Scale")?;
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis..].iter().product();
+    let x2 = x.reshape(&[outer, inner])?.into_rank::<2>()?;
+    let inv_rms = x2
+        .clone()
+        .square()
+        .mean_dim(1)
+        .add_scalar(eps)
+        .sqrt()
+        .recip();
+    let normed = FloatValue::from_rank(x2 * inv_rms)?.reshape(&shape)?;
+    let y = FloatValue::new(normed.tensor * scale.tensor, shape.len());
     Ok(Value::Float(y).into())
 }
 

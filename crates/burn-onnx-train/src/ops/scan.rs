@@ -1,4 +1,4 @@
-//! `CumSum` (with `exclusive` and `reverse`) and `Trilu`.
+//! `CumSum` and `CumProd` (with `exclusive` and `reverse`) and `Trilu`.
 
 use ndarray::{ArrayD, Axis};
 
@@ -8,7 +8,22 @@ use crate::op_bail;
 use crate::value::{FloatValue, Value, norm_axis};
 
 /// `CumSum`
-pub fn cumsum(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+pub fn cumsum(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
+    cumulative(ctx, inputs, Cumulative::Sum)
+}
+
+/// `CumProd`
+pub fn cumprod(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
+    cumulative(ctx, inputs, Cumulative::Prod)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Cumulative {
+    Sum,
+    Prod,
+}
+
+fn cumulative(ctx: &OpContext, mut inputs: Inputs, kind: Cumulative) -> OpResult<OpOutput> {
     let x = inputs.take(0, "x")?;
     let axis_list = inputs.take(1, "axis")?.int_list("axis")?;
     let [axis] = axis_list[..] else {
@@ -26,11 +41,14 @@ pub fn cumsum(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
                 } else {
                     (0..n).collect()
                 };
-                let mut acc = 0i64;
+                let (mut acc, combine): (i64, fn(i64, i64) -> i64) = match kind {
+                    Cumulative::Sum => (0, i64::wrapping_add),
+                    Cumulative::Prod => (1, i64::wrapping_mul),
+                };
                 for i in order {
                     let v = lane[i];
-                    lane[i] = if exclusive { acc } else { acc + v };
-                    acc += v;
+                    lane[i] = if exclusive { acc } else { combine(acc, v) };
+                    acc = combine(acc, v);
                 }
             }
             Value::Int(a)
@@ -43,10 +61,23 @@ pub fn cumsum(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             } else {
                 x.tensor.clone()
             };
-            let mut c = t.clone().cumsum(d);
-            if exclusive {
-                c = c - t;
-            }
+            let c = match (kind, exclusive) {
+                (Cumulative::Sum, false) => t.cumsum(d),
+                (Cumulative::Sum, true) => t.clone().cumsum(d) - t,
+                (Cumulative::Prod, false) => t.cumprod(d),
+                // The exclusive product: the inclusive one shifted by one place (a leading
+                // 1), not a division, which would fail on zeros.
+                (Cumulative::Prod, true) => {
+                    let n = t.dims()[d];
+                    let head = t.clone().narrow(d, 0, 1).ones_like();
+                    if n <= 1 {
+                        head
+                    } else {
+                        let prefix = t.narrow(d, 0, n - 1).cumprod(d);
+                        crate::value::PhysTensor::cat(vec![head, prefix], d)
+                    }
+                }
+            };
             let c = if reverse { c.flip([d]) } else { c };
             Value::Float(FloatValue::new(c, x.rank))
         }

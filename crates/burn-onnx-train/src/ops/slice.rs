@@ -76,7 +76,7 @@ pub fn slice(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         out = match (out, sl) {
             (Value::Float(f), AxisSlice::Range(s, len)) => {
                 let phys = f.axis(axis as i64)?;
-                Value::Float(FloatValue::new(f.tensor.narrow(phys, s, len), f.rank))
+                Value::Float(f.narrow(phys, s, len))
             }
             (Value::Float(f), AxisSlice::Indices(idx)) => {
                 let phys = f.axis(axis as i64)?;

@@ -242,6 +242,13 @@ pub struct TrainingConfig {
     pub weights_to_train: Vec<String>,
     /// Never train these initializers.
     pub weights_not_to_train: Vec<String>,
+    /// Train an initializer that equals another exactly, directly or transposed, as that
+    /// parameter (an exporter's folded copy of a tied weight, e.g. GPT-2's `lm_head`); see
+    /// `initializer_ties`.
+    pub tie_duplicate_initializers: bool,
+    /// Give each node that reads a shared constant-filled initializer (exporter-merged norm
+    /// weights, biases, batch-norm statistics) its own copy; see `initializer_ties`.
+    pub untie_shared_constants: bool,
     /// Seed for initialisation-independent randomness: data order, dropout.
     pub seed: u64,
     /// Show a progress bar.
@@ -299,6 +306,8 @@ impl Default for TrainingConfig {
             norm_weights: Vec::new(),
             weights_to_train: Vec::new(),
             weights_not_to_train: Vec::new(),
+            tie_duplicate_initializers: true,
+            untie_shared_constants: true,
             seed: 42,
             progress: true,
             profile: false,
@@ -431,6 +440,22 @@ impl TrainingConfig {
     /// Number of optimizer updates.
     pub fn num_updates(&self) -> usize {
         self.num_train_steps / self.gradient_accumulation_steps.max(1)
+    }
+
+    /// The initializer-tie rewrites this run applies at load.
+    pub fn tie_options(&self) -> crate::initializer_ties::TieOptions {
+        crate::initializer_ties::TieOptions {
+            tie_duplicates: self.tie_duplicate_initializers,
+            untie_constant_fills: self.untie_shared_constants,
+        }
+    }
+
+    /// The model file, loaded onto `device` with this run's initializer-tie choices.
+    pub fn load_model(&self, device: &burn::tensor::Device) -> Result<crate::OnnxModel> {
+        crate::OnnxModel::from_graph(
+            crate::Graph::load_with(&self.model_path, self.tie_options())?,
+            device,
+        )
     }
 
     /// Resolved checkpoint directory.

@@ -343,9 +343,7 @@ impl Placement {
         }
         let whole = match &self.partition {
             None if world.rank() == 0 && self.tensor_parallel.is_none() => Some(model.clone()),
-            None if world.rank() == 0 => {
-                Some(OnnxModel::load(&c.model_path, &model.device())?.set_params(&values)?)
-            }
+            None if world.rank() == 0 => Some(c.load_model(&model.device())?.set_params(&values)?),
             None => None,
             Some(p) if self.groups.dp_rank == 0 => {
                 self.gather_stages(c, p, &values, &model.device())?
@@ -407,7 +405,7 @@ impl Placement {
                 values.insert((*n).clone(), f);
             }
         }
-        let whole = OnnxModel::load(&c.model_path, &device)?;
+        let whole = c.load_model(&device)?;
         Ok(Some(whole.set_params(&values)?))
     }
 }

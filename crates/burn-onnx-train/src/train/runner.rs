@@ -170,7 +170,7 @@ impl TrainingRunner {
         };
         c.resolve_epochs(sampler.batches_per_epoch())?;
         sampler.batch_indices(0)?;
-        let model = OnnxModel::load(&c.model_path, &self.device)?.select_trainable(
+        let model = c.load_model(&self.device)?.select_trainable(
             &c.weights_to_train,
             &c.weights_not_to_train,
             ("config.weights_to_train", "config.weights_not_to_train"),

@@ -1,0 +1,325 @@
+//! Parameter ties the exporter broke or made, undone when a file is loaded.
+//!
+//! An ONNX file has no notion of a parameter, and exporters rewrite what they were given:
+//! - **Folded copies of one parameter.** TorchScript folds the transposed copy of a tied
+//!   embedding (GPT-2's and T5's `lm_head`) into a second initializer. Trained as it is,
+//!   the copy drifts apart from the embedding. An initializer that equals an earlier one
+//!   exactly, directly or transposed (2-D), and is not filled with one constant value, is
+//!   taken for the same parameter: it is removed and read through an `Identity` or
+//!   `Transpose` node of the earlier one, so both readers train one tensor (and export
+//!   writes the tie as that node).
+//! - **Merged constants.** TorchScript merges initializers of equal value, so a fresh
+//!   model's norm weights (all ones), biases (all zeros) and batch-norm running statistics
+//!   become one tensor read by many nodes, directly or through `Identity` nodes. Those
+//!   were separate parameters (or buffers) in the framework: every further node that reads
+//!   such a constant-filled initializer gets its own copy (`<name>__<k>`), so each trains,
+//!   or updates its running statistics, on its own. With this rewrite, nodes also read
+//!   initializers directly instead of through `Identity` nodes (dropped when unused), so
+//!   a batch-norm node's running statistics are known as its state.
+//!
+//! Scalars and one-element tensors are left alone (they are constants by the default
+//! rule). [`TieOptions`] turns each rewrite off; `inspect` prints the decisions.
+
+use std::collections::HashMap;
+
+use onnx_ir::{AttributeProto, AttributeType, GraphProto, NodeProto};
+
+use crate::host_tensor::HostTensor;
+
+/// Which rewrites to apply (both on by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TieOptions {
+    /// Train initializers that duplicate another (directly or transposed) as one parameter.
+    pub tie_duplicates: bool,
+    /// Give every reader of a shared constant-filled initializer its own copy.
+    pub untie_constant_fills: bool,
+}
+
+impl Default for TieOptions {
+    fn default() -> Self {
+        TieOptions {
+            tie_duplicates: true,
+            untie_constant_fills: true,
+        }
+    }
+}
+
+/// One decision, for `inspect`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TieDecision {
+    /// `copy` equals `original` (transposed when `transposed`) and now reads it.
+    Tied {
+        /// The removed initializer.
+        copy: String,
+        /// The initializer it is read from.
+        original: String,
+        /// Read through a 2-D transpose.
+        transposed: bool,
+    },
+    /// The constant-filled `original` was shared by several nodes; `copies` are the new
+    /// initializers, one per further reading node.
+    Untied {
+        /// The shared initializer (kept by its first reader).
+        original: String,
+        /// The new initializers.
+        copies: Vec<String>,
+    },
+}
+
+impl std::fmt::Display for TieDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TieDecision::Tied {
+                copy,
+                original,
+                transposed,
+            } => write!(
+                f,
+                "tied: '{copy}' equals '{original}'{} and trains as it",
+                if *transposed { " transposed" } else { "" }
+            ),
+            TieDecision::Untied { original, copies } => write!(
+                f,
+                "untied: constant-filled '{original}' was shared by {} nodes; each has its own copy ({})",
+                copies.len() + 1,
+                copies.join(", ")
+            ),
+        }
+    }
+}
+
+/// Apply the rewrites to a graph and its decoded initializers (kept in the same order as
+/// the graph's; new copies follow their original).
+pub fn apply(
+    graph: &mut GraphProto,
+    initializers: &mut Vec<(String, HostTensor)>,
+    options: TieOptions,
+) -> Vec<TieDecision> {
+    let mut decisions = Vec::new();
+    if options.untie_constant_fills {
+        decisions.extend(untie_constant_fills(graph, initializers));
+    }
+    if options.tie_duplicates {
+        decisions.extend(tie_duplicates(graph, initializers));
+    }
+    decisions
+}
+
+/// The single value a float tensor of more than one element is filled with, if any.
+fn constant_fill(t: &HostTensor) -> Option<f32> {
+    let HostTensor::Float(a) = t else { return None };
+    let mut it = a.iter();
+    let first = *it.next()?;
+    (a.len() > 1 && it.all(|v| v.to_bits() == first.to_bits())).then_some(first)
+}
+
+/// The initializer each `Identity` output stands for (chains followed).
+fn identity_aliases(graph: &GraphProto, is_init: impl Fn(&str) -> bool) -> HashMap<String, String> {
+    let mut alias: HashMap<String, String> = HashMap::new();
+    for n in graph.node.iter().filter(|n| n.op_type == "Identity") {
+        let (Some(i), Some(o)) = (n.input.first(), n.output.first()) else {
+            continue;
+        };
+        let root = alias
+            .get(i)
+            .cloned()
+            .or_else(|| is_init(i).then(|| i.clone()));
+        if let Some(root) = root {
+            alias.insert(o.clone(), root);
+        }
+    }
+    alias
+}
+
+fn untie_constant_fills(
+    graph: &mut GraphProto,
+    initializers: &mut Vec<(String, HostTensor)>,
+) -> Vec<TieDecision> {
+    let index: HashMap<String, usize> = initializers
+        .iter()
+        .enumerate()
+        .map(|(i, (n, _))| (n.clone(), i))
+        .collect();
+    let filled = |name: &str| constant_fill(&initializers[index[name]].1).is_some();
+    let alias = identity_aliases(graph, |n| index.contains_key(n));
+    // Every node reads an initializer directly, not through `Identity` nodes (so batch-norm
+    // state and gradients are traced to the initializer itself); the reading nodes of each
+    // constant-filled initializer are collected in graph order.
+    let mut readers: HashMap<String, Vec<usize>> = HashMap::new();
+    for (k, n) in graph.node.iter_mut().enumerate() {
+        if n.op_type == "Identity" {
+            continue;
+        }
+        for input in n.input.iter_mut() {
+            if let Some(root) = alias.get(input.as_str()) {
+                *input = root.clone();
+            }
+            if index.contains_key(input.as_str()) && filled(input) {
+                let list = readers.entry(input.clone()).or_default();
+                if list.last() != Some(&k) {
+                    list.push(k);
+                }
+            }
+        }
+    }
+    let mut decisions = Vec::new();
+    let mut new_inits: Vec<(usize, String)> = Vec::new();
+    let mut roots: Vec<_> = readers.into_iter().filter(|(_, r)| r.len() > 1).collect();
+    roots.sort_by_key(|(root, _)| index[root]);
+    for (root, nodes) in roots {
+        let mut copies = Vec::new();
+        for (k, &node) in nodes.iter().enumerate().skip(1) {
+            let copy = fresh_name(graph, &format!("{root}__{k}"));
+            for input in graph.node[node].input.iter_mut().filter(|i| **i == root) {
+                *input = copy.clone();
+            }
+            new_inits.push((index[&root], copy.clone()));
+            copies.push(copy);
+        }
+        decisions.push(TieDecision::Untied {
+            original: root,
+            copies,
+        });
+    }
+    // Proto initializers: each copy is its original under the new name.
+    for (i, copy) in &new_inits {
+        let name = &initializers[*i].0;
+        if let Some(proto) = graph.initializer.iter().find(|t| &t.name == name) {
+            let mut proto = proto.clone();
+            proto.name = copy.clone();
+            graph.initializer.push(proto);
+        }
+    }
+    // Decoded initializers: copies right after their original.
+    for (i, copy) in new_inits.into_iter().rev() {
+        let t = initializers[i].1.clone();
+        initializers.insert(i + 1, (copy, t));
+    }
+    drop_dead_identities(graph);
+    decisions
+}
+
+/// A name no value of the graph has yet, starting from `base`.
+fn fresh_name(graph: &GraphProto, base: &str) -> String {
+    let taken = |n: &str| {
+        graph.initializer.iter().any(|t| t.name == n)
+            || graph.input.iter().any(|i| i.name == n)
+            || graph.node.iter().any(|x| x.output.iter().any(|o| o == n))
+    };
+    let mut name = base.to_string();
+    let mut k = 0;
+    while taken(&name) {
+        k += 1;
+        name = format!("{base}_{k}");
+    }
+    name
+}
+
+/// Remove `Identity` nodes whose output nothing reads any more (after untying).
+fn drop_dead_identities(graph: &mut GraphProto) {
+    loop {
+        let read = |name: &str| {
+            graph.node.iter().any(|n| n.input.iter().any(|i| i == name))
+                || graph.output.iter().any(|o| o.name == name)
+        };
+        let dead = graph
+            .node
+            .iter()
+            .position(|n| n.op_type == "Identity" && n.output.first().is_some_and(|o| !read(o)));
+        match dead {
+            Some(i) => {
+                graph.node.remove(i);
+            }
+            None => return,
+        }
+    }
+}
+
+/// A cheap key equal for a tensor and its transpose: element count, sum and sum of
+/// squares (in f64).
+fn fingerprint(a: &ndarray::ArrayD<f32>) -> (usize, u64, u64) {
+    let (s, q) = a.iter().fold((0f64, 0f64), |(s, q), &v| {
+        let v = f64::from(v);
+        (s + v, q + v * v)
+    });
+    (a.len(), s.to_bits(), q.to_bits())
+}
+
+fn tie_duplicates(
+    graph: &mut GraphProto,
+    initializers: &mut Vec<(String, HostTensor)>,
+) -> Vec<TieDecision> {
+    let mut seen: HashMap<(usize, u64, u64), Vec<usize>> = HashMap::new();
+    let mut ties: Vec<(usize, usize, bool)> = Vec::new();
+    for (i, (_, t)) in initializers.iter().enumerate() {
+        let HostTensor::Float(a) = t else { continue };
+        if a.len() < 2 || constant_fill(t).is_some() {
+            continue;
+        }
+        let key = fingerprint(a);
+        let earlier = seen.entry(key).or_default();
+        let found = earlier.iter().find_map(|&j| {
+            let HostTensor::Float(b) = &initializers[j].1 else {
+                return None;
+            };
+            if b.shape() == a.shape() && b == a {
+                Some((j, false))
+            } else if a.ndim() == 2 && b.ndim() == 2 && b.t() == *a {
+                Some((j, true))
+            } else {
+                None
+            }
+        });
+        match found {
+            Some((j, transposed)) => ties.push((i, j, transposed)),
+            None => earlier.push(i),
+        }
+    }
+    let mut decisions = Vec::new();
+    let mut tie_nodes = Vec::new();
+    for &(copy, original, transposed) in &ties {
+        let (copy, original) = (
+            initializers[copy].0.clone(),
+            initializers[original].0.clone(),
+        );
+        tie_nodes.push(tie_node(&original, &copy, transposed));
+        decisions.push(TieDecision::Tied {
+            copy,
+            original,
+            transposed,
+        });
+    }
+    let removed: Vec<String> = ties
+        .iter()
+        .map(|&(c, _, _)| initializers[c].0.clone())
+        .collect();
+    initializers.retain(|(n, _)| !removed.contains(n));
+    graph.initializer.retain(|t| !removed.contains(&t.name));
+    // A graph input that shares the removed initializer's name (IR < 4 lists initializers
+    // as inputs too) is no longer an input either.
+    graph.input.retain(|i| !removed.contains(&i.name));
+    graph.node.splice(0..0, tie_nodes);
+    decisions
+}
+
+/// `Identity(original) -> copy`, or `Transpose(original, perm = [1, 0]) -> copy`.
+fn tie_node(original: &str, copy: &str, transposed: bool) -> NodeProto {
+    let attribute = if transposed {
+        vec![AttributeProto {
+            name: "perm".into(),
+            type_: AttributeType::INTS.into(),
+            ints: vec![1, 0],
+            ..Default::default()
+        }]
+    } else {
+        Vec::new()
+    };
+    NodeProto {
+        name: format!("tie/{copy}"),
+        op_type: if transposed { "Transpose" } else { "Identity" }.into(),
+        input: vec![original.to_string()],
+        output: vec![copy.to_string()],
+        attribute,
+        ..Default::default()
+    }
+}
