@@ -366,3 +366,162 @@ save_unoptimized("qdq_matmul_uint8_10",
                   helper.make_node("MatMul", ["x", "Wd"], ["y"])],
                  [("x", xq)], [("y", F)], 10,
                  inits=[("W", randq(6, 3)), ("w_scale", np.array(0.01, np.float32)), ("w_zp", np.array(128, np.uint8))])
+
+# --- control flow: weights read inside an If branch, a Loop body and a Scan body ------------
+# (their own seeded generator). `tests/finite_difference.rs` checks the gradients reaching
+# the weights through the taken branch and through the unrolled iterations.
+rng_cf = np.random.default_rng(5150)
+
+
+def randcf(*shape):
+    return rng_cf.standard_normal(shape).astype(np.float32)
+
+
+def body(name, nodes, ins, outs):
+    return helper.make_graph(nodes, name, [vi(n, e, s) for n, e, s in ins], [vi(n, e, None) for n, e in outs])
+
+
+# If: the condition is computed (sum(x) > 0, true for these inputs); the then-branch reads the
+# weight W (MatMul), the else-branch only x.
+xcf = randcf(3, 4) + 1.0
+save("if_weight_branch_16",
+     [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+      helper.make_node("Greater", ["s", "zero"], ["c"]),
+      helper.make_node("If", ["c"], ["y"],
+                       then_branch=body("then", [helper.make_node("MatMul", ["x", "W"], ["t"])], [], [("t", F)]),
+                       else_branch=body("else", [helper.make_node("Neg", ["x"], ["e"])], [], [("e", F)]))],
+     [("x", xcf)], [("y", F)], [("x", xcf)], 16,
+     inits=[("W", randcf(4, 4)), ("zero", np.array(0.0, np.float32))])
+# Loop: 3 iterations (the trip count a Constant node), the carried state multiplied by the
+# weight W each time; the states of every iteration as a scan output.
+xcf = randcf(2, 3)
+save("loop_weight_carried_16",
+     [helper.make_node("Constant", [], ["M"], value=numpy_helper.from_array(np.array(3, np.int64))),
+      helper.make_node("Constant", [], ["go"], value=numpy_helper.from_array(np.array(True))),
+      helper.make_node("Loop", ["M", "go", "x"], ["y", "ys"],
+                       body=body("loop_body",
+                                 [helper.make_node("Identity", ["c_in"], ["c_out"]),
+                                  helper.make_node("Mul", ["v_in", "W"], ["v_out"]),
+                                  helper.make_node("Identity", ["v_out"], ["scan"])],
+                                 [("i", I, []), ("c_in", TensorProto.BOOL, []), ("v_in", F, None)],
+                                 [("c_out", TensorProto.BOOL), ("v_out", F), ("scan", F)]))],
+     [("x", xcf)], [("y", F), ("ys", F)], [("x", xcf)], 16,
+     inits=[("W", randcf(2, 3) + 0.5)])
+# Scan: an RNN cell h = tanh(h W + x_t) over 5 steps read in reverse, W a weight.
+xcf, hcf = randcf(5, 4), randcf(4)
+save("scan_weight_rnn_16",
+     [helper.make_node("Scan", ["h0", "xs"], ["h", "hs"], num_scan_inputs=1, scan_input_directions=[1],
+                       body=body("scan_body",
+                                 [helper.make_node("MatMul", ["h_in", "W"], ["hw"]),
+                                  helper.make_node("Add", ["hw", "x_t"], ["pre"]),
+                                  helper.make_node("Tanh", ["pre"], ["h_out"]),
+                                  helper.make_node("Identity", ["h_out"], ["h_scan"])],
+                                 [("h_in", F, [4]), ("x_t", F, [4])],
+                                 [("h_out", F), ("h_scan", F)]))],
+     [("h0", hcf), ("xs", xcf)], [("h", F), ("hs", F)], [("h0", hcf), ("xs", xcf)], 16,
+     inits=[("W", randcf(4, 4) * 0.5)])
+
+# --- recurrent ops (their own seeded generator): W, R, B, the initial states and the
+# peepholes are initializers, so they train; X is fed. Y comes first (the gradient tests
+# differentiate the first output).
+rng_rnn = np.random.default_rng(7007)
+
+
+def rand_rnn(*shape, scale=0.5):
+    return (rng_rnn.standard_normal(shape) * scale).astype(np.float32)
+
+
+# LSTM, both directions, with biases, initial hidden and cell states and peepholes.
+single("lstm_bidirectional_14", "LSTM", [("x", rand_rnn(4, 2, 3, scale=1.0))], ["y", "y_h", "y_c"], 14,
+       _input_order=["x", "w", "r", "b", "", "h0", "c0", "p"],
+       inits=[("w", rand_rnn(2, 20, 3)), ("r", rand_rnn(2, 20, 5)), ("b", rand_rnn(2, 40)),
+              ("h0", rand_rnn(2, 2, 5)), ("c0", rand_rnn(2, 2, 5)), ("p", rand_rnn(2, 15))],
+       direction="bidirectional", hidden_size=5)
+# GRU with the reset gate applied after the recurrent product.
+single("gru_linear_before_reset_14", "GRU", [("x", rand_rnn(4, 2, 3, scale=1.0))], ["y", "y_h"], 14,
+       _input_order=["x", "w", "r", "b", "", "h0"],
+       inits=[("w", rand_rnn(1, 15, 3)), ("r", rand_rnn(1, 15, 5)), ("b", rand_rnn(1, 30)),
+              ("h0", rand_rnn(1, 2, 5))],
+       hidden_size=5, linear_before_reset=1)
+# RNN in reverse over entries of different lengths (each starts at its own last step).
+single("rnn_reverse_seq_lens_14", "RNN", [("x", rand_rnn(5, 3, 3, scale=1.0))], ["y", "y_h"], 14,
+       _input_order=["x", "w", "r", "b", "seq_lens"],
+       inits=[("w", rand_rnn(1, 4, 3)), ("r", rand_rnn(1, 4, 4)), ("b", rand_rnn(1, 8)),
+              ("seq_lens", np.array([5, 2, 3], np.int32))],
+       direction="reverse", hidden_size=4)
+# GRU both directions with parameterised activations (alphas and betas consumed in order by
+# the activations that take them), clip and sequence lengths: forward only.
+single("gru_activations_clip_seq_lens_14", "GRU", [("x", rand_rnn(4, 3, 2, scale=2.0))], ["y", "y_h"], 14,
+       _input_order=["x", "w", "r", "b", "seq_lens"],
+       inits=[("w", rand_rnn(2, 9, 2, scale=1.0)), ("r", rand_rnn(2, 9, 3, scale=1.0)), ("b", rand_rnn(2, 18)),
+              ("seq_lens", np.array([4, 1, 3], np.int32))],
+       direction="bidirectional", hidden_size=3, clip=1.5,
+       activations=["HardSigmoid", "LeakyRelu", "Sigmoid", "Elu"],
+       activation_alpha=[0.3, 0.05, 0.8], activation_beta=[0.4])
+
+# --- sampling grids, image and signal ops (their own seeded generator). The float data are
+# initializers, so `tests/finite_difference.rs` checks their gradients; grid points keep
+# away from pixel boundaries (and reflection borders), where the gradient with respect to
+# the grid has kinks.
+rng_vis = np.random.default_rng(9090)
+
+
+def rand_vis(*shape):
+    return rng_vis.standard_normal(shape).astype(np.float32)
+
+
+def grid_vis(n, out_shape, dims, align):
+    """Normalised grid [n, *out_shape, k] (components x, y, z) whose pixel coordinates lie in
+    [-1, L] with fractional parts in 0.15-0.35 or 0.65-0.85."""
+    k = len(dims)
+    g = np.empty((n, *out_shape, k), np.float32)
+    for j in range(k):
+        length = dims[k - 1 - j]
+        frac = rng_vis.uniform(0.15, 0.35, (n, *out_shape)) + 0.5 * rng_vis.integers(0, 2, (n, *out_shape))
+        px = rng_vis.integers(-1, length, (n, *out_shape)) + frac
+        g[..., j] = 2 * px / (length - 1) - 1 if align else (2 * px + 1) / length - 1
+    return g
+
+
+single("gridsample_bilinear_zeros_16", "GridSample", [], ["y"], 16,
+       inits=[("x", rand_vis(2, 3, 4, 5)), ("grid", grid_vis(2, (3, 4), (4, 5), False))],
+       mode="bilinear", padding_mode="zeros", align_corners=0)
+single("gridsample_cubic_border_aligned_20", "GridSample", [], ["y"], 20,
+       inits=[("x", rand_vis(1, 2, 5, 6)), ("grid", grid_vis(1, (2, 3), (5, 6), True))],
+       mode="cubic", padding_mode="border", align_corners=1)
+single("gridsample_volumetric_linear_reflection_20", "GridSample", [], ["y"], 20,
+       inits=[("x", rand_vis(1, 2, 3, 4, 5)), ("grid", grid_vis(1, (2, 3, 2), (3, 4, 5), False))],
+       mode="linear", padding_mode="reflection", align_corners=0)
+single("gridsample_nearest_reflection_20", "GridSample", [("grid", grid_vis(2, (3, 3), (4, 5), False) * 1.3)], ["y"], 20,
+       inits=[("x", rand_vis(2, 2, 4, 5))], _input_order=["x", "grid"],
+       mode="nearest", padding_mode="reflection", align_corners=0)
+single("affine_grid_2d_20", "AffineGrid", [], ["grid"], 20,
+       inits=[("theta", rand_vis(2, 2, 3)), ("size", np.array([2, 1, 3, 4], np.int64))], align_corners=0)
+single("affine_grid_3d_aligned_20", "AffineGrid", [], ["grid"], 20,
+       inits=[("theta", rand_vis(1, 3, 4)), ("size", np.array([1, 2, 2, 3, 4], np.int64))], align_corners=1)
+single("col2im_dilated_padded_18", "Col2Im", [], ["y"], 18,
+       inits=[("x", rand_vis(2, 2 * 2 * 2, 16)), ("image_shape", np.array([4, 5], np.int64)),
+              ("block_shape", np.array([2, 2], np.int64))],
+       dilations=[1, 2], pads=[1, 0, 0, 1], strides=[1, 1])
+single("lppool_2d_p2_18", "LpPool", [], ["y"], 18,
+       inits=[("x", rand_vis(1, 2, 6, 5))], kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 0, 1], p=2)
+single("lppool_1d_p3_same_upper_18", "LpPool", [], ["y"], 18,
+       inits=[("x", rand_vis(2, 3, 7))], kernel_shape=[3], strides=[2], auto_pad="SAME_UPPER", p=3)
+single("maxunpool_2d_11", "MaxUnpool", [], ["y"], 11,
+       inits=[("x", rand_vis(1, 2, 2, 3)),
+              ("i", np.array([[[[0, 3, 4], [13, 14, 23]], [[25, 26, 29], [43, 44, 47]]]], np.int64))],
+       kernel_shape=[2, 2], strides=[2, 2])
+single("reverse_sequence_batch_major_10", "ReverseSequence", [], ["y"], 10,
+       inits=[("x", rand_vis(3, 4, 2)), ("lens", np.array([4, 2, 1], np.int64))], batch_axis=0, time_axis=1)
+single("det_batch_11", "Det", [], ["y"], 11, inits=[("x", rand_vis(2, 3, 3))])
+single("center_crop_pad_18", "CenterCropPad", [], ["y"], 18,
+       inits=[("x", rand_vis(5, 4, 3)), ("shape", np.array([2, 7], np.int64))], axes=[0, 1])
+rois_vis = np.array([[0.5, 0.5, 4.2, 3.9], [1.0, 0.3, 5.5, 5.7], [2.2, 1.1, 3.1, 4.4]], np.float32)
+for mode in ("avg", "max"):
+    single(f"roi_align_{mode}_16", "RoiAlign", [], ["y"], 16,
+           inits=[("x", rand_vis(2, 2, 6, 6)), ("rois", rois_vis), ("batch", np.array([0, 1, 1], np.int64))],
+           mode=mode, output_height=3, output_width=2, sampling_ratio=2, spatial_scale=1.0)
+xu = np.array([[1, 0, 1, 2, 0], [3, 0, 3, 1, 0]], np.float32)
+save("unique_axis1_unsorted_11",
+     [helper.make_node("Unique", ["x"], ["y", "indices", "inverse", "counts"], axis=1, sorted=0)],
+     [("x", xu)], [("y", F), ("indices", I), ("inverse", I), ("counts", I)], [("x", xu)], 11)

@@ -2,11 +2,18 @@
 //! attribute in their errors.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use onnx_ir::{AttributeProto, AttributeType};
 
 use crate::error::{OnnxError, OpError, OpResult, Result};
+use crate::graph::Body;
 use crate::host_tensor::HostTensor;
+
+/// The reserved attribute under which a node that owns subgraphs lists the outer-scope
+/// values its subgraphs read ([`Attributes::captured`]): they are appended to the node's
+/// inputs, in this order, so liveness, trainability and graph partitioning see them.
+pub const CAPTURED: &str = "__captured";
 
 /// One decoded attribute value.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +32,8 @@ pub enum Attr {
     Ints(Vec<i64>),
     /// `strings`
     Strings(Vec<String>),
+    /// `g`: a subgraph (If branches, Loop and Scan bodies), decoded and checked at load.
+    Graph(Arc<Body>),
 }
 
 /// All attributes of one node.
@@ -32,7 +41,8 @@ pub enum Attr {
 pub struct Attributes(HashMap<String, Attr>);
 
 impl Attributes {
-    /// Decode a node's attribute list. Graph-valued attributes (control flow) are refused.
+    /// Decode a node's attribute list. Graph-valued attributes (control flow) are refused
+    /// here: they need the enclosing scope, and `Graph::build` decodes them.
     pub fn from_protos(protos: &[AttributeProto], node: &str) -> Result<Self> {
         let mut map = HashMap::new();
         for a in protos {
@@ -124,6 +134,32 @@ impl Attributes {
             None => Ok(None),
             Some(Attr::Tensor(t)) => Ok(Some(t)),
             Some(other) => Err(Self::wrong(name, "a tensor", other)),
+        }
+    }
+
+    /// A subgraph attribute (required).
+    pub fn graph(&self, name: &str) -> OpResult<&Body> {
+        match self.0.get(name) {
+            None => Err(OpError(format!("missing graph attribute `{name}`"))),
+            Some(Attr::Graph(g)) => Ok(g),
+            Some(other) => Err(Self::wrong(name, "a graph", other)),
+        }
+    }
+
+    /// Every subgraph attribute, in no particular order.
+    pub fn graphs(&self) -> impl Iterator<Item = &Body> {
+        self.0.values().filter_map(|a| match a {
+            Attr::Graph(g) => Some(&**g),
+            _ => None,
+        })
+    }
+
+    /// The outer-scope values this node's subgraphs read: the node's trailing inputs
+    /// (empty for a node without subgraphs).
+    pub fn captured(&self) -> &[String] {
+        match self.0.get(CAPTURED) {
+            Some(Attr::Strings(v)) => v,
+            _ => &[],
         }
     }
 

@@ -5,7 +5,9 @@
 //! at load time with the file, node or field named: protobuf decoding, unsupported ops,
 //! dangling edges (the graph must be topologically sorted, as the ONNX spec requires),
 //! malformed initializers. Calls of model-local functions are expanded first,
-//! `Constant` nodes are evaluated once here, known subgraphs become fused ops
+//! `Constant` nodes are evaluated once here, control-flow subgraphs (`If` branches, `Loop`
+//! and `Scan` bodies) are decoded and checked recursively into [`Body`]s whose outer reads
+//! become trailing inputs of their node, known subgraphs become fused ops
 //! ([`crate::fusion`]), and quantization nodes are told their zero point's element type
 //! where the file states it ([`ops::annotate_zero_point_types`]).
 
@@ -13,9 +15,9 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use onnx_ir::{Message, ModelProto, ValueInfoProto};
+use onnx_ir::{AttributeType, GraphProto, Message, ModelProto, NodeProto, ValueInfoProto};
 
-use crate::attributes::{Attr, Attributes};
+use crate::attributes::{Attr, Attributes, CAPTURED};
 use crate::error::{OnnxError, Result};
 use crate::functions::inline_functions;
 use crate::host_tensor::{ExternalData, HostTensor, release_pages};
@@ -58,6 +60,223 @@ pub struct Node {
     pub attrs: Attributes,
     /// The implementation.
     pub op: OpFn,
+}
+
+/// A subgraph: the branch of an `If`, the body of a `Loop` or `Scan`, decoded and checked
+/// like the main graph. Its nodes may read outer-scope values (values computed earlier in
+/// the enclosing graph, its inputs and initializers): those are listed in `captured`, and
+/// the owning node reads them as extra inputs ([`crate::attributes::CAPTURED`]).
+#[derive(Clone)]
+pub struct Body {
+    /// `<owning node>.<attribute>`, for errors.
+    pub name: String,
+    /// Formal inputs, bound by the owning op on every run.
+    pub inputs: Vec<TensorInfo>,
+    /// Formal outputs.
+    pub outputs: Vec<TensorInfo>,
+    /// Nodes to execute, in order.
+    pub nodes: Vec<Node>,
+    /// The body's own initializers and folded `Constant` nodes.
+    pub constants: HashMap<String, HostTensor>,
+    /// Outer-scope names the body (or a subgraph nested in it) reads, in first-use order.
+    pub captured: Vec<String>,
+    /// For every edge read in the body, the index of the last body node that reads it.
+    pub last_use: HashMap<String, usize>,
+}
+
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Body")
+            .field("name", &self.name)
+            .field("inputs", &self.inputs.len())
+            .field("outputs", &self.outputs.len())
+            .field("nodes", &self.nodes.len())
+            .field("captured", &self.captured)
+            .finish()
+    }
+}
+
+impl PartialEq for Body {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.inputs == other.inputs
+            && self.outputs == other.outputs
+            && self.captured == other.captured
+            && self.nodes.len() == other.nodes.len()
+            && self.nodes.iter().zip(&other.nodes).all(|(a, b)| {
+                a.name == b.name
+                    && a.op_type == b.op_type
+                    && a.inputs == b.inputs
+                    && a.outputs == b.outputs
+                    && a.attrs == b.attrs
+            })
+    }
+}
+
+/// For every edge read by `nodes`, the index of the last node reading it.
+pub fn last_uses(nodes: &[Node]) -> HashMap<String, usize> {
+    let mut last_use = HashMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for input in n.inputs.iter().filter(|i| !i.is_empty()) {
+            last_use.insert(input.clone(), i);
+        }
+    }
+    last_use
+}
+
+/// Decode and check `protos` (a graph's nodes, local functions expanded) into executable
+/// nodes and folded constants. `defined` holds every name visible so far (for a subgraph,
+/// the enclosing scopes' names too) and grows with the nodes' outputs. Subgraph attributes
+/// are decoded recursively; the outer names they read become trailing inputs of their node.
+/// `scope` prefixes generated node names inside subgraphs (empty for the main graph).
+fn build_nodes(
+    model: &ModelProto,
+    protos: &[NodeProto],
+    defined: &mut HashSet<String>,
+    scope: &str,
+) -> Result<(Vec<Node>, HashMap<String, HostTensor>)> {
+    let mut nodes = Vec::with_capacity(protos.len());
+    let mut constants = HashMap::new();
+    for (index, n) in protos.iter().enumerate() {
+        let name = if !n.name.is_empty() {
+            n.name.clone()
+        } else if scope.is_empty() {
+            format!("{}#{index}", n.op_type)
+        } else {
+            format!("{scope}/{}#{index}", n.op_type)
+        };
+        if !(n.domain.is_empty() || n.domain == "ai.onnx")
+            || (n.op_type != "Constant" && ops::lookup(&n.op_type).is_none())
+        {
+            return Err(OnnxError::UnsupportedOp {
+                node: name,
+                op_type: n.op_type.clone(),
+                domain: if n.domain.is_empty() {
+                    "ai.onnx".into()
+                } else {
+                    n.domain.clone()
+                },
+                supported: ops::supported().join(", "),
+            });
+        }
+        for input in n.input.iter().filter(|i| !i.is_empty()) {
+            if !defined.contains(input) {
+                return Err(OnnxError::Node {
+                    node: name,
+                    op_type: n.op_type.clone(),
+                    message: format!(
+                        "input '{input}' is not a graph input, an initializer or the output of an earlier node \
+                         (is the graph topologically sorted?)"
+                    ),
+                });
+            }
+        }
+        let (graph_attrs, plain): (Vec<_>, Vec<_>) = n
+            .attribute
+            .iter()
+            .cloned()
+            .partition(|a| a.type_.enum_value() == Ok(AttributeType::GRAPH));
+        let mut attrs = Attributes::from_protos(&plain, &name)?;
+        let mut inputs = n.input.clone();
+        if !graph_attrs.is_empty() {
+            let mut captured: Vec<String> = Vec::new();
+            for a in &graph_attrs {
+                let body = build_body(model, &a.g, defined, format!("{name}.{}", a.name))?;
+                for c in &body.captured {
+                    if !captured.contains(c) {
+                        captured.push(c.clone());
+                    }
+                }
+                attrs.set(&a.name, Attr::Graph(Arc::new(body)));
+            }
+            inputs.extend(captured.iter().cloned());
+            attrs.set(CAPTURED, Attr::Strings(captured));
+        }
+        defined.extend(n.output.iter().filter(|o| !o.is_empty()).cloned());
+        if n.op_type == "Constant" {
+            let out = n.output.first().ok_or_else(|| OnnxError::Node {
+                node: name.clone(),
+                op_type: "Constant".into(),
+                message: "has no output".into(),
+            })?;
+            constants.insert(out.clone(), constant_value(&attrs, &name)?);
+            continue;
+        }
+        let op = ops::lookup(&n.op_type).expect("checked above");
+        nodes.push(Node {
+            name,
+            op_type: n.op_type.clone(),
+            inputs,
+            outputs: n.output.clone(),
+            attrs,
+            op,
+        });
+    }
+    Ok((nodes, constants))
+}
+
+/// Decode and check the subgraph `g` of a node; `outer` holds the names visible where the
+/// node stands.
+fn build_body(
+    model: &ModelProto,
+    g: &GraphProto,
+    outer: &HashSet<String>,
+    name: String,
+) -> Result<Body> {
+    let field = |what: String| format!("subgraph '{name}' {what}");
+    let mut constants = HashMap::new();
+    for t in &g.initializer {
+        if t.name.is_empty() {
+            return Err(OnnxError::field(field("initializer".into()), "has no name"));
+        }
+        constants.insert(t.name.clone(), HostTensor::from_proto(t, None)?);
+    }
+    let inputs: Vec<TensorInfo> = g
+        .input
+        .iter()
+        .filter(|vi| !constants.contains_key(&vi.name))
+        .map(tensor_info)
+        .collect();
+    let mut defined = outer.clone();
+    defined.extend(constants.keys().cloned());
+    defined.extend(inputs.iter().map(|i| i.name.clone()));
+    let flat = inline_functions(model, &g.node)?;
+    let (nodes, folded) = build_nodes(model, &flat, &mut defined, &name)?;
+    constants.extend(folded);
+    // Names the body defines itself; everything else it reads comes from outside.
+    let mut local: HashSet<&str> = constants.keys().map(String::as_str).collect();
+    local.extend(inputs.iter().map(|i| i.name.as_str()));
+    let mut captured: Vec<String> = Vec::new();
+    for n in &nodes {
+        for input in n.inputs.iter().filter(|i| !i.is_empty()) {
+            if !local.contains(input.as_str()) && !captured.contains(input) {
+                captured.push(input.clone());
+            }
+        }
+        local.extend(n.outputs.iter().map(String::as_str));
+    }
+    let outputs: Vec<TensorInfo> = g.output.iter().map(tensor_info).collect();
+    for o in &outputs {
+        if !defined.contains(&o.name) {
+            return Err(OnnxError::field(
+                field(format!("output '{}'", o.name)),
+                "is not produced by any node",
+            ));
+        }
+        if !local.contains(o.name.as_str()) && !captured.contains(&o.name) {
+            captured.push(o.name.clone());
+        }
+    }
+    let last_use = last_uses(&nodes);
+    Ok(Body {
+        name,
+        inputs,
+        outputs,
+        nodes,
+        constants,
+        captured,
+        last_use,
+    })
 }
 
 /// A decoded, checked ONNX model.
@@ -308,65 +527,8 @@ impl Graph {
         defined.extend(inputs.iter().map(|i| i.name.clone()));
 
         let flat = inline_functions(&model, &g.node)?;
-        let mut nodes = Vec::with_capacity(flat.len());
-        let mut constants = HashMap::new();
-        let mut last_use = HashMap::new();
-        for (index, n) in flat.iter().enumerate() {
-            let name = if n.name.is_empty() {
-                format!("{}#{index}", n.op_type)
-            } else {
-                n.name.clone()
-            };
-            if !(n.domain.is_empty() || n.domain == "ai.onnx")
-                || (n.op_type != "Constant" && ops::lookup(&n.op_type).is_none())
-            {
-                return Err(OnnxError::UnsupportedOp {
-                    node: name,
-                    op_type: n.op_type.clone(),
-                    domain: if n.domain.is_empty() {
-                        "ai.onnx".into()
-                    } else {
-                        n.domain.clone()
-                    },
-                    supported: ops::supported().join(", "),
-                });
-            }
-            for input in n.input.iter().filter(|i| !i.is_empty()) {
-                if !defined.contains(input) {
-                    return Err(OnnxError::Node {
-                        node: name,
-                        op_type: n.op_type.clone(),
-                        message: format!(
-                            "input '{input}' is not a graph input, an initializer or the output of an earlier node \
-                             (is the graph topologically sorted?)"
-                        ),
-                    });
-                }
-            }
-            let attrs = Attributes::from_protos(&n.attribute, &name)?;
-            defined.extend(n.output.iter().filter(|o| !o.is_empty()).cloned());
-            if n.op_type == "Constant" {
-                let out = n.output.first().ok_or_else(|| OnnxError::Node {
-                    node: name.clone(),
-                    op_type: "Constant".into(),
-                    message: "has no output".into(),
-                })?;
-                constants.insert(out.clone(), constant_value(&attrs, &name)?);
-                continue;
-            }
-            for input in n.input.iter().filter(|i| !i.is_empty()) {
-                last_use.insert(input.clone(), nodes.len());
-            }
-            let op = ops::lookup(&n.op_type).expect("checked above");
-            nodes.push(Node {
-                name,
-                op_type: n.op_type.clone(),
-                inputs: n.input.clone(),
-                outputs: n.output.clone(),
-                attrs,
-                op,
-            });
-        }
+        let (nodes, constants) = build_nodes(&model, &flat, &mut defined, "")?;
+        let last_use = last_uses(&nodes);
         let outputs: Vec<TensorInfo> = g.output.iter().map(tensor_info).collect();
         for o in &outputs {
             if !defined.contains(&o.name) {

@@ -20,7 +20,7 @@
 
 use std::collections::HashSet;
 
-use crate::graph::Graph;
+use crate::graph::{Graph, Node};
 use crate::host_tensor::dtype;
 
 /// Input slots that are settings, not differentiable data (scales, bounds, ratios, shapes,
@@ -70,6 +70,17 @@ const SETTING_SLOTS: &[(&str, &[usize])] = &[
     ("Trilu", &[1]),
     ("Shape", &[0]),
     ("Size", &[0]),
+    ("AffineGrid", &[1]),
+    ("Col2Im", &[1, 2]),
+    ("CenterCropPad", &[1]),
+    ("MaxUnpool", &[1, 2]),
+    ("RoiAlign", &[1, 2]),
+    ("ReverseSequence", &[1]),
+    ("HannWindow", &[0]),
+    ("HammingWindow", &[0]),
+    ("BlackmanWindow", &[0]),
+    ("If", &[0]),
+    ("Loop", &[0, 1]),
 ];
 
 /// Input slots that hold state updated by the forward pass (batch-norm running statistics).
@@ -107,6 +118,10 @@ const NO_GRADIENT_OPS: &[&str] = &[
     "OneHot",
     "Hardmax",
     "EyeLike",
+    "Unique",
+    "HannWindow",
+    "HammingWindow",
+    "BlackmanWindow",
 ];
 
 fn listed(table: &[(&str, &[usize])], op: &str, slot: usize) -> bool {
@@ -123,6 +138,40 @@ pub fn is_setting_slot(op: &str, slot: usize) -> bool {
 /// Is input `slot` of `op` forward-updated state?
 pub fn is_state_slot(op: &str, slot: usize) -> bool {
     listed(STATE_SLOTS, op, slot)
+}
+
+/// The inputs of `n` by how they are read, into the three sets. The outer values a node's
+/// subgraphs read (its trailing inputs) are classified by the subgraphs' own readers, so a
+/// weight used only inside an `If` branch or a `Loop` body counts as data, and one read
+/// there only as a shape as a setting.
+fn classify(
+    nodes: &[Node],
+    setting: &mut HashSet<String>,
+    data: &mut HashSet<String>,
+    state: &mut HashSet<String>,
+) {
+    for n in nodes {
+        let formal = n.inputs.len().saturating_sub(n.attrs.captured().len());
+        for (slot, name) in n.inputs[..formal]
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| !n.is_empty())
+        {
+            if is_state_slot(&n.op_type, slot) {
+                state.insert(name.clone());
+            }
+            if is_setting_slot(&n.op_type, slot) {
+                setting.insert(name.clone());
+            } else {
+                data.insert(name.clone());
+            }
+        }
+        for body in n.attrs.graphs() {
+            classify(&body.nodes, setting, data, state);
+            // An outer value returned as it is by a branch is data.
+            data.extend(body.outputs.iter().map(|o| o.name.clone()));
+        }
+    }
 }
 
 /// The role an initializer takes under the default rule, with the reason `inspect` shows.
@@ -152,18 +201,7 @@ impl Usage {
         let mut setting = HashSet::new();
         let mut data = HashSet::new();
         let mut state = HashSet::new();
-        for n in &graph.nodes {
-            for (slot, name) in n.inputs.iter().enumerate().filter(|(_, n)| !n.is_empty()) {
-                if is_state_slot(&n.op_type, slot) {
-                    state.insert(name.clone());
-                }
-                if is_setting_slot(&n.op_type, slot) {
-                    setting.insert(name.clone());
-                } else {
-                    data.insert(name.clone());
-                }
-            }
-        }
+        classify(&graph.nodes, &mut setting, &mut data, &mut state);
         setting.retain(|n| !data.contains(n));
         Usage {
             setting_only: setting,
@@ -207,7 +245,15 @@ fn differentiable_edges(graph: &Graph) -> HashSet<String> {
         .filter(|o| o.elem_type == 0 || dtype::is_float(o.elem_type))
         .map(|o| o.name.clone())
         .collect();
-    for n in graph.nodes.iter().rev() {
+    walk_live(&graph.nodes, &mut live);
+    live
+}
+
+/// Grow `live` backwards through `nodes`. A node with subgraphs passes liveness to its
+/// non-setting formal inputs, and to the outer values its subgraphs read on a path to one
+/// of their outputs.
+fn walk_live(nodes: &[Node], live: &mut HashSet<String>) {
+    for n in nodes.iter().rev() {
         if NO_GRADIENT_OPS.contains(&n.op_type.as_str())
             || !n.outputs.iter().any(|o| live.contains(o))
         {
@@ -221,7 +267,8 @@ fn differentiable_edges(graph: &Graph) -> HashSet<String> {
         {
             continue;
         }
-        for (slot, input) in n.inputs.iter().enumerate() {
+        let formal = n.inputs.len().saturating_sub(n.attrs.captured().len());
+        for (slot, input) in n.inputs[..formal].iter().enumerate() {
             if !input.is_empty()
                 && !is_setting_slot(&n.op_type, slot)
                 && !is_state_slot(&n.op_type, slot)
@@ -229,6 +276,10 @@ fn differentiable_edges(graph: &Graph) -> HashSet<String> {
                 live.insert(input.clone());
             }
         }
+        for body in n.attrs.graphs() {
+            let mut inner: HashSet<String> = body.outputs.iter().map(|o| o.name.clone()).collect();
+            walk_live(&body.nodes, &mut inner);
+            live.extend(body.captured.iter().filter(|c| inner.contains(*c)).cloned());
+        }
     }
-    live
 }

@@ -3,7 +3,8 @@
 //! cover (LayerNormalization over two axes, grouped/dilated Conv, Gemm with transposes,
 //! training-mode BatchNormalization, ConvTranspose, Instance/GroupNormalization, PRelu,
 //! Einsum, SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss with class weights and
-//! ignored targets, Attention with grouped-query heads, RotaryEmbedding, RMSNormalization).
+//! ignored targets, Attention with grouped-query heads, RotaryEmbedding, RMSNormalization,
+//! RNN/GRU/LSTM unrolled over time, weights read inside If branches and Loop/Scan bodies).
 //! Also the batch-norm running-statistics update against numpy.
 
 mod common;
@@ -175,6 +176,13 @@ fn rms_norm_gradients() {
 }
 
 #[test]
+fn recurrent_gradients() {
+    check("lstm_bidirectional_14", Mode::Eval);
+    check("gru_linear_before_reset_14", Mode::Eval);
+    check("rnn_reverse_seq_lens_14", Mode::Eval);
+}
+
+#[test]
 fn batch_norm_training_gradients() {
     check("batch_norm_training_15", Mode::Train);
 }
@@ -191,4 +199,52 @@ fn batch_norm_train_mode_updates_running_statistics_like_pytorch() {
         let got = model.param_by_name(param).unwrap().to_array().unwrap();
         assert_close(param, &got, float(&arrays[key]), 1e-5, 1e-5);
     }
+}
+
+/// Weights read inside subgraphs: through the taken `If` branch (MatMul), a 3-iteration
+/// `Loop` body (trip count a graph constant) and a reversed `Scan` RNN cell, unrolled on
+/// the tape.
+#[test]
+fn control_flow_gradients() {
+    check("if_weight_branch_16", Mode::Eval);
+    check("loop_weight_carried_16", Mode::Eval);
+    check("scan_weight_rnn_16", Mode::Eval);
+}
+
+/// `GridSample` with respect to both `X` and the grid: bilinear with zero padding, cubic
+/// with border padding (aligned corners), 3-D linear with reflection; nearest (grid fed,
+/// so only `X` trains).
+#[test]
+fn grid_sample_gradients() {
+    check("gridsample_bilinear_zeros_16", Mode::Eval);
+    check("gridsample_cubic_border_aligned_20", Mode::Eval);
+    check("gridsample_volumetric_linear_reflection_20", Mode::Eval);
+    check("gridsample_nearest_reflection_20", Mode::Eval);
+}
+
+/// `AffineGrid` with respect to `theta`, 2-D and 3-D.
+#[test]
+fn affine_grid_gradients() {
+    check("affine_grid_2d_20", Mode::Eval);
+    check("affine_grid_3d_aligned_20", Mode::Eval);
+}
+
+/// `Col2Im` (overlapping blocks, dilations, pads), `LpPool` (p = 2 padded 2-D, p = 3
+/// SAME_UPPER 1-D), `MaxUnpool`, `CenterCropPad`, `RoiAlign` (avg and max).
+#[test]
+fn image_op_gradients() {
+    check("col2im_dilated_padded_18", Mode::Eval);
+    check("lppool_2d_p2_18", Mode::Eval);
+    check("lppool_1d_p3_same_upper_18", Mode::Eval);
+    check("maxunpool_2d_11", Mode::Eval);
+    check("center_crop_pad_18", Mode::Eval);
+    check("roi_align_avg_16", Mode::Eval);
+    check("roi_align_max_16", Mode::Eval);
+}
+
+/// `ReverseSequence` and `Det` (batched 3x3, pivoting on the host, elimination on the tape).
+#[test]
+fn reverse_sequence_and_det_gradients() {
+    check("reverse_sequence_batch_major_10", Mode::Eval);
+    check("det_batch_11", Mode::Eval);
 }

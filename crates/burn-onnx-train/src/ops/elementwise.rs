@@ -92,12 +92,29 @@ pub fn pow(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     Ok(Value::Float(out).into())
 }
 
+/// A variadic op: integers only stay integers on the host (shape arithmetic), anything
+/// else folds on the device.
 fn variadic(
     ctx: &OpContext,
     inputs: Inputs,
     name: &str,
+    int_op: fn(i64, i64) -> i64,
     op: fn(PhysTensor, PhysTensor) -> PhysTensor,
 ) -> OpResult<OpOutput> {
+    if inputs.0.iter().flatten().all(|v| matches!(v, Value::Int(_))) {
+        let mut acc: Option<ndarray::ArrayD<i64>> = None;
+        for v in inputs.0.into_iter().flatten() {
+            let v = v.into_int()?;
+            acc = Some(match acc {
+                None => v,
+                Some(a) => host_binary(&a, &v, |x, y| int_op(*x, *y))?,
+            });
+        }
+        return match acc {
+            Some(a) => Ok(Value::Int(a).into()),
+            None => op_bail!("{name} needs at least one input"),
+        };
+    }
     let mut acc: Option<FloatValue> = None;
     for v in inputs.0.into_iter().flatten() {
         let v = v.into_float(ctx.device)?;
@@ -114,17 +131,17 @@ fn variadic(
 
 /// `Max` (variadic)
 pub fn max(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
-    variadic(ctx, inputs, "Max", |a, b| a.max_pair(b))
+    variadic(ctx, inputs, "Max", i64::max, |a, b| a.max_pair(b))
 }
 
 /// `Min` (variadic)
 pub fn min(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
-    variadic(ctx, inputs, "Min", |a, b| a.min_pair(b))
+    variadic(ctx, inputs, "Min", i64::min, |a, b| a.min_pair(b))
 }
 
 /// `Sum` (variadic)
 pub fn sum(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
-    variadic(ctx, inputs, "Sum", |a, b| a + b)
+    variadic(ctx, inputs, "Sum", i64::wrapping_add, |a, b| a + b)
 }
 
 fn unary(

@@ -42,14 +42,14 @@ pub fn matmul_values(a: FloatValue, b: FloatValue) -> OpResult<FloatValue> {
         let b = b.broadcast_to(&sb_full)?;
         FloatValue::new(kernels::matmul(a.tensor, b.tensor), sa_full.len())
     };
+    // Drop N (a rank-1 `b`) and M (a rank-1 `a`): two vectors give a scalar.
     let mut shape = out.shape();
+    let r = shape.len();
     if b_vec {
-        shape.pop();
+        shape.remove(r - 1);
     }
     if a_vec {
-        let last = shape.pop();
-        shape.pop();
-        shape.extend(last);
+        shape.remove(r - 2);
     }
     out.reshape(&shape)
 }

@@ -16,6 +16,7 @@ mod bitwise;
 mod broadcast;
 mod compare;
 mod concat_split;
+mod control_flow;
 mod conv;
 mod conv_transpose;
 mod depth_space;
@@ -24,13 +25,18 @@ mod einsum;
 mod elementwise;
 mod gather;
 mod generators;
+mod grid;
+mod image_misc;
 mod local_norm;
 mod loss;
 mod matmul;
+mod misc;
 mod normalization;
 mod pad_tile;
 mod pool;
+mod pool_nd;
 mod quant;
+mod recurrent;
 mod reduce;
 mod reshape;
 mod resize;
@@ -42,6 +48,7 @@ mod slice;
 mod softmax;
 mod unary_math;
 mod window;
+mod windows_signal;
 
 pub use broadcast::broadcast_shapes;
 pub use quant::{ZERO_POINT_TYPE, annotate_zero_point_types};
@@ -235,6 +242,9 @@ const OPS: &[(&str, OpFn)] = &[
     ("MatMul", matmul::matmul),
     ("Gemm", matmul::gemm),
     ("Einsum", einsum::einsum),
+    ("RNN", recurrent::rnn),
+    ("GRU", recurrent::gru),
+    ("LSTM", recurrent::lstm),
     // convolution and pooling
     ("Conv", conv::conv),
     ("ConvTranspose", conv_transpose::conv_transpose),
@@ -307,6 +317,10 @@ const OPS: &[(&str, OpFn)] = &[
     ("Tile", pad_tile::tile),
     ("Trilu", scan::trilu),
     ("Resize", resize::resize),
+    // control flow (subgraphs)
+    ("If", control_flow::if_op),
+    ("Loop", control_flow::loop_op),
+    ("Scan", control_flow::scan_op),
     // value generators and casts
     ("Shape", generators::shape),
     ("Size", generators::size),
@@ -322,4 +336,18 @@ const OPS: &[(&str, OpFn)] = &[
     ("ConvInteger", quant::conv_integer),
     ("QLinearMatMul", quant::qlinear_matmul),
     ("QLinearConv", quant::qlinear_conv),
+    // sampling grids, image and signal ops
+    ("GridSample", grid::grid_sample),
+    ("AffineGrid", grid::affine_grid),
+    ("Col2Im", image_misc::col2im),
+    ("CenterCropPad", image_misc::center_crop_pad),
+    ("MaxUnpool", image_misc::max_unpool),
+    ("LpPool", image_misc::lp_pool),
+    ("RoiAlign", image_misc::roi_align),
+    ("Unique", misc::unique),
+    ("ReverseSequence", misc::reverse_sequence),
+    ("Det", misc::det),
+    ("HannWindow", windows_signal::hann_window),
+    ("HammingWindow", windows_signal::hamming_window),
+    ("BlackmanWindow", windows_signal::blackman_window),
 ];

@@ -14,9 +14,10 @@ use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{FloatValue, Value, norm_axis};
 
-/// `LayerNormalization` (opset 17), first output only: the fused kernel
-/// ([`crate::kernels::layer_norm`]) for f32 on the CPU when `Scale` and `B` are f32 and
-/// cover the normalised dims element for element, else Burn's composition.
+/// `LayerNormalization` (opset 17): the fused kernel ([`crate::kernels::layer_norm`]) for
+/// f32 on the CPU when `Scale` and `B` are f32 and cover the normalised dims element for
+/// element and only `Y` is asked for, else Burn's composition, which also gives the
+/// optional `Mean` and `InvStdDev` outputs (the input's shape with the normalised dims 1).
 pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.float(0, "X", ctx.device)?;
     let scale = inputs.float(1, "Scale", ctx.device)?;
@@ -33,7 +34,10 @@ pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let fits = |v: &FloatValue| {
         v.shape().iter().product::<usize>() == inner && v.tensor.dtype() == DType::F32
     };
-    if crate::kernels::layer_norm_fused_here(&x2) && fits(&scale) && bias.as_ref().is_none_or(fits)
+    if ctx.num_outputs == 1
+        && crate::kernels::layer_norm_fused_here(&x2)
+        && fits(&scale)
+        && bias.as_ref().is_none_or(fits)
     {
         let flat = |v: FloatValue| v.tensor.reshape([inner]);
         let bias = match bias {
@@ -44,17 +48,29 @@ pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         return Ok(Value::Float(FloatValue::from_rank(y)?.reshape(&shape)?).into());
     }
     let mean = x2.clone().mean_dim(1);
-    let centered = x2 - mean;
+    let centered = x2 - mean.clone();
     let var = centered.clone().square().mean_dim(1);
-    let normed = centered / var.add_scalar(eps).sqrt();
+    let inv_std = var.add_scalar(eps).sqrt().recip();
+    let normed = centered * inv_std.clone();
     let normed = FloatValue::from_rank(normed)?.reshape(&shape)?;
+    let stat_shape: Vec<usize> = (0..shape.len())
+        .map(|d| if d < axis { shape[d] } else { 1 })
+        .collect();
+    let stat = |t| -> OpResult<Value> {
+        Ok(Value::Float(FloatValue::from_rank(t)?.reshape(&stat_shape)?))
+    };
     let scale = broadcast_check(scale, &shape[axis..], "Scale")?;
     let mut y = FloatValue::new(normed.tensor * scale.tensor, shape.len());
     if let Some(b) = bias {
         let b = broadcast_check(b, &shape[axis..], "B")?;
         y = FloatValue::new(y.tensor + b.tensor, shape.len());
     }
-    Ok(Value::Float(y).into())
+    let mut out = vec![Value::Float(y)];
+    if ctx.num_outputs > 1 {
+        out.push(stat(mean)?);
+        out.push(stat(inv_std)?);
+    }
+    Ok(out.into())
 }
 
 /// `RMSNormalization` (opset 23): `X / sqrt(mean(X^2) + epsilon) * Scale`, the mean over

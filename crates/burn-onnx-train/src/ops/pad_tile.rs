@@ -1,4 +1,5 @@
-//! `Pad` (constant, reflect and edge modes; negative pads crop) and `Tile`.
+//! `Pad` (constant, reflect, edge and wrap modes; negative pads crop) and `Tile`. Integer
+//! data is padded through f32 (exact up to 2^24 in magnitude) and comes back as integers.
 
 use burn::tensor::ops::PadMode;
 use ndarray::{ArrayD, Axis, IxDyn};
@@ -46,13 +47,38 @@ pub fn pad(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         end[a] = pads[i + axes.len()];
     }
     let mode = match ctx.attrs.string("mode", "constant")?.as_str() {
-        "constant" => PadMode::Constant(value),
-        "reflect" => PadMode::Reflect,
-        "edge" => PadMode::Edge,
-        other => op_bail!("pad mode {other:?} is not supported (constant, reflect, edge)"),
+        "constant" => Some(PadMode::Constant(value)),
+        "reflect" => Some(PadMode::Reflect),
+        "edge" => Some(PadMode::Edge),
+        "wrap" => None,
+        other => op_bail!("pad mode {other:?} is not supported (constant, reflect, edge, wrap)"),
     };
-    let Value::Float(x) = data else {
-        op_bail!("Pad supports float tensors, got {}", data.kind())
+    let (x, int) = match data {
+        Value::Float(x) => (x, false),
+        Value::Int(_) => (data.into_float(ctx.device)?, true),
+        Value::Bool(_) => op_bail!("Pad supports float and integer tensors, got bool"),
+    };
+    let padded = pad_float(ctx, x, &shape, &begin, &end, mode)?;
+    Ok(if int {
+        Value::Int(padded.to_array()?.mapv(|v| v as i64))
+    } else {
+        Value::Float(padded)
+    }
+    .into())
+}
+
+/// Pad (or with negative pads crop) a float value; `None` is wrap mode.
+fn pad_float(
+    ctx: &OpContext,
+    x: FloatValue,
+    shape: &[usize],
+    begin: &[i64],
+    end: &[i64],
+    mode: Option<PadMode>,
+) -> OpResult<FloatValue> {
+    let rank = shape.len();
+    let Some(mode) = mode else {
+        return wrap(ctx, x, shape, begin, end);
     };
     let offset = MAX_RANK - rank;
     let mut pairs = [(0usize, 0usize); MAX_RANK];
@@ -83,7 +109,33 @@ pub fn pad(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             t = t.narrow(a + offset, b, len - b - e);
         }
     }
-    Ok(Value::Float(FloatValue::new(t, rank)).into())
+    Ok(FloatValue::new(t, rank))
+}
+
+/// Wrap-mode padding: along each axis, output position `i` reads input position
+/// `(i - begin) mod n`, a differentiable `select` (negative pads crop the same way).
+fn wrap(
+    ctx: &OpContext,
+    mut x: FloatValue,
+    shape: &[usize],
+    begin: &[i64],
+    end: &[i64],
+) -> OpResult<FloatValue> {
+    for a in 0..shape.len() {
+        let n = shape[a] as i64;
+        let len = n + begin[a] + end[a];
+        if begin[a] == 0 && end[a] == 0 {
+            continue;
+        }
+        if n == 0 || len < 0 {
+            op_bail!("cannot wrap-pad dim {a} of size {n} by {} and {}", begin[a], end[a]);
+        }
+        let idx: Vec<i64> = (0..len).map(|i| (i - begin[a]).rem_euclid(n)).collect();
+        let phys = x.axis(a as i64)?;
+        let idx = crate::value::int_tensor_1d(idx, ctx.device);
+        x = FloatValue::new(x.tensor.select(phys, idx), x.rank);
+    }
+    Ok(x)
 }
 
 fn host_tile<T: Clone>(a: &ArrayD<T>, reps: &[usize]) -> OpResult<ArrayD<T>> {

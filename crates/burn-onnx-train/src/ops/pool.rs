@@ -1,5 +1,6 @@
 //! Pooling: `MaxPool` (on [`crate::kernels::max_pool2d`]), `AveragePool`,
-//! `GlobalAveragePool`, `GlobalMaxPool` (1-D and 2-D).
+//! `GlobalAveragePool`, `GlobalMaxPool` on 1-D and 2-D inputs; 3-D and higher inputs,
+//! dilated average pooling and `MaxPool`'s `Indices` output go to [`super::pool_nd`].
 
 use burn::tensor::module::avg_pool2d;
 use burn::tensor::ops::{AvgPoolOptions, MaxPoolOptions};
@@ -44,8 +45,16 @@ fn window(ctx: &OpContext, x: &FloatValue) -> OpResult<Window2d> {
     Window2d::from_attrs(ctx.attrs, &s[2..], &kernel)
 }
 
-/// `MaxPool` (first output only)
+/// Whether the 2-D kernels take this input (1 or 2 spatial dims).
+fn planar(inputs: &Inputs) -> bool {
+    inputs.0.first().and_then(Option::as_ref).is_some_and(|x| (3..=4).contains(&x.rank()))
+}
+
+/// `MaxPool`
 pub fn max_pool(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    if ctx.num_outputs > 1 || !planar(&inputs) {
+        return super::pool_nd::max_pool_nd(ctx, inputs);
+    }
     let x = inputs.float(0, "X", ctx.device)?;
     let w = window(ctx, &x)?;
     let options = MaxPoolOptions {
@@ -60,14 +69,12 @@ pub fn max_pool(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 
 /// `AveragePool`
 pub fn average_pool(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let dilated = ctx.attrs.ints("dilations")?.is_some_and(|d| d.iter().any(|&v| v != 1));
+    if dilated || !planar(&inputs) {
+        return super::pool_nd::average_pool_nd(ctx, inputs);
+    }
     let x = inputs.float(0, "X", ctx.device)?;
     let w = window(ctx, &x)?;
-    if w.dilations != [1, 1] {
-        op_bail!(
-            "AveragePool with dilations {:?} is not supported",
-            w.dilations
-        );
-    }
     let options = AvgPoolOptions {
         kernel_size: w.kernel,
         stride: w.strides,

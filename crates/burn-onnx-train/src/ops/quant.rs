@@ -12,10 +12,12 @@
 //! an integer ([`Value::into_int`]: the integer ops here, `Cast` to an integer type, a graph
 //! output declared `uint8`) truncates toward zero, which on exact integers is the identity,
 //! so `onnx-train run` writes the codes exactly in the output's declared type.
+//! `DynamicQuantizeLinear` and the integer ops, which carry no gradient, return host
+//! integers ([`Value::Int`]).
 //!
 //! # Training: fake quantization with the straight-through estimator
 //!
-//! Where the input or the scale carries a gradient, the codes are
+//! Where the input or the scale is tracked by autodiff, the codes are
 //! `q = codes + mask * (x / s + zp - detach(x / s + zp))`: the value is exactly `codes`, and
 //! the gradient is that of `x / s + zp` where `round(x / s) + zp` lies inside the target
 //! range (`mask` = 1) and zero outside it, as PyTorch's `fake_quantize_per_*_affine`.
@@ -41,9 +43,10 @@
 //! supported (the 4- and 2-bit ones only inside a graph: files and `.npy` arrays cannot carry
 //! them); float8 and float4 targets are refused with the type named.
 //!
-//! The integer ops compute exactly, in i64 on the host (int32 accumulation as ONNX Runtime,
-//! wrapped to 32 bits); their rescaling (`QLinear*`) is done in f64 with f32 scales, as the
-//! ONNX reference, rounding half to even and saturating to the output type.
+//! The integer ops compute exactly on the host, in wrapping i64 arithmetic whose result is
+//! wrapped to 32 bits (int32 accumulation, as ONNX Runtime); the rescaling of the `QLinear*`
+//! ops is done in f64 with f32 scales, as the ONNX reference, rounding half to even and
+//! saturating to the output type.
 
 use std::collections::HashMap;
 
@@ -343,8 +346,7 @@ pub fn quantize_linear(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput
         .bool_and(unclamped.lower_equal_elem(hi))
         .bool_not();
     let linear = shift(scaled.tensor);
-    let _ = outside;
-    let straight_through = linear.clone() - linear.detach();
+    let straight_through = (linear.clone() - linear.detach()).mask_fill(outside, 0.0);
     Ok(Value::Float(FloatValue::new(codes + straight_through, rank)).into())
 }
 
@@ -422,7 +424,7 @@ fn minus_zero_point(
     let zp = zp.into_int()?;
     if zp.len() == 1 {
         let z = zp.iter().next().copied().unwrap_or(0);
-        return Ok(a.mapv(|v| v - z));
+        return Ok(a.mapv(|v| v.wrapping_sub(z)));
     }
     let zp = match along {
         Some(axis) if zp.ndim() == 1 && axis < a.ndim() && zp.len() == a.shape()[axis] => {
@@ -432,7 +434,7 @@ fn minus_zero_point(
         }
         _ => zp,
     };
-    let out = host_binary(&a, &zp, |v, z| v - z)?;
+    let out = host_binary(&a, &zp, |v, z| v.wrapping_sub(*z))?;
     if out.shape() != a.shape() {
         op_bail!(
             "{what} of shape {:?} does not fit its input {:?}",
@@ -453,7 +455,7 @@ fn gemm_i64(a: &[i64], b: &[i64], m: usize, k: usize, n: usize) -> Vec<i64> {
         for (p, &av) in a[i * k..(i + 1) * k].iter().enumerate() {
             if av != 0 {
                 for (o, &bv) in row.iter_mut().zip(&b[p * n..(p + 1) * n]) {
-                    *o += av * bv;
+                    *o = o.wrapping_add(av.wrapping_mul(bv));
                 }
             }
         }
@@ -614,6 +616,32 @@ pub fn qlinear_matmul(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput>
     Ok(Value::Int(requantize(&acc, &multiplier, &zp, range, "QLinearMatMul")?).into())
 }
 
+/// One kernel tap of a 2-D convolution: `plane += wgt * x`, output `(r, c)` reading input
+/// `(r * sh + dy, c * sw + dx)` (zero outside `x`, which is `h x w`).
+fn add_tap(
+    plane: &mut [i64],
+    ow: usize,
+    x: &[i64],
+    (h, w): (usize, usize),
+    wgt: i64,
+    (dy, dx): (isize, isize),
+    (sh, sw): (usize, usize),
+) {
+    for (r, row) in plane.chunks_mut(ow).enumerate() {
+        let ih = (r * sh) as isize + dy;
+        if ih < 0 || ih as usize >= h {
+            continue;
+        }
+        let xr = &x[ih as usize * w..][..w];
+        for (col, acc) in row.iter_mut().enumerate() {
+            let iw = (col * sw) as isize + dx;
+            if iw >= 0 && (iw as usize) < w {
+                *acc = acc.wrapping_add(wgt.wrapping_mul(xr[iw as usize]));
+            }
+        }
+    }
+}
+
 /// Direct integer convolution of `x` `[N, C, H, W]` by `w` `[M, C / group, KH, KW]`.
 fn conv_i64(
     x: &ArrayD<i64>,
@@ -630,8 +658,11 @@ fn conv_i64(
     let [sh, sw] = win.strides;
     let [dh, dw] = win.dilations;
     let [(pt, pb), (pl, pr)] = win.pads;
+    if kh == 0 || kw == 0 {
+        op_bail!("W {ws:?} has an empty kernel");
+    }
     let (span_h, span_w) = ((kh - 1) * dh + 1, (kw - 1) * dw + 1);
-    if kh == 0 || kw == 0 || span_h > h + pt + pb || span_w > wd + pl + pr {
+    if span_h > h + pt + pb || span_w > wd + pl + pr {
         op_bail!(
             "kernel {:?} (dilations {:?}) does not fit the padded input {:?}",
             [kh, kw],
@@ -655,26 +686,14 @@ fn conv_i64(
                 let g = o / per_group;
                 for ci in 0..cg {
                     let xc = &xv[(b * c + g * cg + ci) * h * wd..][..h * wd];
-                    for ki in 0..kh {
-                        for kj in 0..kw {
-                            let wgt = wv[((o * cg + ci) * kh + ki) * kw + kj];
-                            if wgt == 0 {
-                                continue;
-                            }
-                            for (r, row) in plane.chunks_mut(ow).enumerate() {
-                                let ih = (r * sh + ki * dh) as isize - pt as isize;
-                                if ih < 0 || ih as usize >= h {
-                                    continue;
-                                }
-                                let xr = &xc[ih as usize * wd..][..wd];
-                                for (col, acc) in row.iter_mut().enumerate() {
-                                    let iw = (col * sw + kj * dw) as isize - pl as isize;
-                                    if iw >= 0 && (iw as usize) < wd {
-                                        *acc += wgt * xr[iw as usize];
-                                    }
-                                }
-                            }
-                        }
+                    let taps = &wv[(o * cg + ci) * kh * kw..][..kh * kw];
+                    for (tap, &wgt) in taps.iter().enumerate().filter(|(_, w)| **w != 0) {
+                        let (ki, kj) = (tap / kw, tap % kw);
+                        let offset = (
+                            (ki * dh) as isize - pt as isize,
+                            (kj * dw) as isize - pl as isize,
+                        );
+                        add_tap(plane, ow, xc, (h, wd), wgt, offset, (sh, sw));
                     }
                 }
             });
@@ -759,7 +778,7 @@ pub fn qlinear_conv(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             op_bail!("bias shape {:?} should be [{channels}]", b.shape());
         }
         let b = along_axis(b, rank, rank - 1)?;
-        acc = host_binary(&acc, &b, |&v, &b| v + b)?;
+        acc = host_binary(&acc, &b, |v, b| v.wrapping_add(*b))?;
     }
     let acc = acc.mapv(wrap_i32);
     let xw = host_binary(&x_scale, &per_channel(w_scale)?, |x, w| x * w)?;
