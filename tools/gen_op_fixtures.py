@@ -489,6 +489,11 @@ single("gridsample_bilinear_zeros_16", "GridSample", [], ["y"], 16,
 single("gridsample_cubic_border_aligned_20", "GridSample", [], ["y"], 20,
        inits=[("x", rand_vis(1, 2, 5, 6)), ("grid", grid_vis(1, (2, 3), (5, 6), True))],
        mode="cubic", padding_mode="border", align_corners=1)
+# Cubic pads its taps only (PyTorch and onnxruntime; the ONNX reference also clamps or
+# reflects the coordinate itself, which differs near the borders).
+single("gridsample_cubic_reflection_20", "GridSample", [], ["y"], 20,
+       inits=[("x", rand_vis(2, 1, 4, 5)), ("grid", grid_vis(2, (3, 2), (4, 5), False))],
+       mode="cubic", padding_mode="reflection", align_corners=0)
 single("gridsample_volumetric_linear_reflection_20", "GridSample", [], ["y"], 20,
        inits=[("x", rand_vis(1, 2, 3, 4, 5)), ("grid", grid_vis(1, (2, 3, 2), (3, 4, 5), False))],
        mode="linear", padding_mode="reflection", align_corners=0)

@@ -15,7 +15,9 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use onnx_ir::{AttributeType, GraphProto, Message, ModelProto, NodeProto, ValueInfoProto};
+use onnx_ir::{
+    AttributeProto, AttributeType, GraphProto, Message, ModelProto, NodeProto, ValueInfoProto,
+};
 
 use crate::attributes::{Attr, Attributes, CAPTURED};
 use crate::error::{OnnxError, Result};
@@ -171,16 +173,23 @@ fn build_nodes(
                 });
             }
         }
-        let (graph_attrs, plain): (Vec<_>, Vec<_>) = n
-            .attribute
-            .iter()
-            .cloned()
-            .partition(|a| a.type_.enum_value() == Ok(AttributeType::GRAPH));
-        let mut attrs = Attributes::from_protos(&plain, &name)?;
+        let is_graph = |a: &&AttributeProto| a.type_.enum_value() == Ok(AttributeType::GRAPH);
+        let has_graphs = n.attribute.iter().any(|a| is_graph(&a));
+        let mut attrs = if has_graphs {
+            let plain: Vec<AttributeProto> = n
+                .attribute
+                .iter()
+                .filter(|a| !is_graph(a))
+                .cloned()
+                .collect();
+            Attributes::from_protos(&plain, &name)?
+        } else {
+            Attributes::from_protos(&n.attribute, &name)?
+        };
         let mut inputs = n.input.clone();
-        if !graph_attrs.is_empty() {
+        if has_graphs {
             let mut captured: Vec<String> = Vec::new();
-            for a in &graph_attrs {
+            for a in n.attribute.iter().filter(is_graph) {
                 let body = build_body(model, &a.g, defined, format!("{name}.{}", a.name))?;
                 for c in &body.captured {
                     if !captured.contains(c) {

@@ -23,6 +23,11 @@ pub enum LossKind {
     LmCrossEntropy,
     /// Mean squared error against a float target of the output's shape.
     Mse,
+    /// The graph computes its own loss (ORT Training's way: a graph ending in
+    /// `SoftmaxCrossEntropyLoss`, say): `output_name` is that scalar, and the batch's
+    /// targets feed the graph input `label_name` (class ids, float targets, or for token
+    /// shards the ids themselves, shifted inside the graph as Hugging Face models do).
+    Graph,
 }
 
 fn loss_err(m: String) -> OnnxError {

@@ -67,6 +67,8 @@ const SETTING_SLOTS: &[(&str, &[usize])] = &[
     ("NegativeLogLikelihoodLoss", &[1, 2]),
     ("RotaryEmbedding", &[1, 2, 3]),
     ("Attention", &[3, 6]),
+    ("QuantizeLinear", &[1, 2]),
+    ("DequantizeLinear", &[1, 2]),
     ("Trilu", &[1]),
     ("Shape", &[0]),
     ("Size", &[0]),
@@ -122,6 +124,11 @@ const NO_GRADIENT_OPS: &[&str] = &[
     "HannWindow",
     "HammingWindow",
     "BlackmanWindow",
+    "DynamicQuantizeLinear",
+    "MatMulInteger",
+    "ConvInteger",
+    "QLinearMatMul",
+    "QLinearConv",
 ];
 
 fn listed(table: &[(&str, &[usize])], op: &str, slot: usize) -> bool {

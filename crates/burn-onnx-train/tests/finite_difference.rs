@@ -212,12 +212,13 @@ fn control_flow_gradients() {
 }
 
 /// `GridSample` with respect to both `X` and the grid: bilinear with zero padding, cubic
-/// with border padding (aligned corners), 3-D linear with reflection; nearest (grid fed,
-/// so only `X` trains).
+/// with border padding (aligned corners) and with reflection, 3-D linear with reflection;
+/// nearest (grid fed, so only `X` trains).
 #[test]
 fn grid_sample_gradients() {
     check("gridsample_bilinear_zeros_16", Mode::Eval);
     check("gridsample_cubic_border_aligned_20", Mode::Eval);
+    check("gridsample_cubic_reflection_20", Mode::Eval);
     check("gridsample_volumetric_linear_reflection_20", Mode::Eval);
     check("gridsample_nearest_reflection_20", Mode::Eval);
 }

@@ -385,6 +385,11 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
         Ok(match c.loss {
             LossKind::LmCrossEntropy => Arc::new(TokenDataset::load(dir, c.seq_len)?),
             LossKind::CrossEntropy | LossKind::Mse => Arc::new(ImageDataset::load(dir)?),
+            // The graph's own loss takes image shards when there are any, else tokens.
+            LossKind::Graph if dir.join("images_0.npy").exists() => {
+                Arc::new(ImageDataset::load(dir)?)
+            }
+            LossKind::Graph => Arc::new(TokenDataset::load(dir, c.seq_len)?),
         })
     };
     let train = load(&c.train_data_dir)?;

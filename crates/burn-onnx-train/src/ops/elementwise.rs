@@ -101,7 +101,12 @@ fn variadic(
     int_op: fn(i64, i64) -> i64,
     op: fn(PhysTensor, PhysTensor) -> PhysTensor,
 ) -> OpResult<OpOutput> {
-    if inputs.0.iter().flatten().all(|v| matches!(v, Value::Int(_))) {
+    if inputs
+        .0
+        .iter()
+        .flatten()
+        .all(|v| matches!(v, Value::Int(_)))
+    {
         let mut acc: Option<ndarray::ArrayD<i64>> = None;
         for v in inputs.0.into_iter().flatten() {
             let v = v.into_int()?;

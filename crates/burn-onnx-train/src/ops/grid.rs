@@ -8,7 +8,9 @@
 //! (denormalisation, then the border clamp or reflection that applied, then minus the
 //! corner), so the interpolation weights, and through them the output, are differentiable
 //! with respect to the grid as well as `X` (gathered with a row `select`). Nearest mode has
-//! no gradient with respect to the grid. `AffineGrid` is a batched matrix product of `theta`
+//! no gradient with respect to the grid. Linear and nearest modes move an out-of-range
+//! coordinate into range by the padding rule before interpolating; cubic mode applies the
+//! padding to each of its taps only, as PyTorch and onnxruntime do. `AffineGrid` is a batched matrix product of `theta`
 //! with the base grid, differentiable with respect to `theta`.
 
 use burn::tensor::{Tensor, TensorData};
@@ -16,7 +18,15 @@ use burn::tensor::{Tensor, TensorData};
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
 use crate::op_bail;
-use crate::value::{FloatValue, Value, int_tensor_1d};
+use crate::value::{FloatValue, PhysTensor, Value, int_tensor_1d, padded};
+
+/// Zeros of a logical shape as a float value (zero-size shapes included).
+fn zeros(ctx: &OpContext, shape: &[usize]) -> OpResult<FloatValue> {
+    Ok(FloatValue::new(
+        PhysTensor::zeros(padded(shape)?, ctx.device),
+        shape.len(),
+    ))
+}
 
 /// Keys' cubic convolution parameter (PyTorch's and onnxruntime's `bicubic`).
 const CUBIC_A: f32 = -0.75;
@@ -158,7 +168,11 @@ fn tap_weights(t: Tensor<3>, interp: Interp) -> Tensor<3> {
 pub fn grid_sample(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.float(0, "X", ctx.device)?;
     let grid = inputs.float(1, "grid", ctx.device)?;
-    let default_mode = if ctx.opset >= 20 { "linear" } else { "bilinear" };
+    let default_mode = if ctx.opset >= 20 {
+        "linear"
+    } else {
+        "bilinear"
+    };
     let interp = match ctx.attrs.string("mode", default_mode)?.as_str() {
         "nearest" => Interp::Nearest,
         "bilinear" | "linear" => Interp::Linear,
@@ -189,8 +203,7 @@ pub fn grid_sample(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let mut out_shape = vec![n, c];
     out_shape.extend_from_slice(&gs[1..=k]);
     if n * c * p == 0 || s == 0 {
-        let zeros = FloatValue::from_rank(Tensor::<1>::zeros([out_shape.iter().product::<usize>()], ctx.device))?;
-        return Ok(Value::Float(zeros.reshape(&out_shape)?).into());
+        return Ok(Value::Float(zeros(ctx, &out_shape)?).into());
     }
     // Axis `j` of the grid's last dimension addresses spatial axis `k - 1 - j`.
     let axes: Vec<SpatialAxis> = (0..k)
@@ -226,7 +239,13 @@ pub fn grid_sample(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
                     let (sg, off) = pad_coordinate(r, ax, padding);
                     first[base + j] = (sg * r + off).trunc() as i64;
                 } else {
-                    let (sg, off) = pad_coordinate(xc, ax, padding);
+                    // Cubic pads only its taps (as PyTorch and onnxruntime; the ONNX
+                    // reference also moves the coordinate into range first).
+                    let (sg, off) = if interp == Interp::Cubic {
+                        (1.0, 0.0)
+                    } else {
+                        pad_coordinate(xc, ax, padding)
+                    };
                     let x0 = (sg * xc + off).floor();
                     a[base + j] = (ax.scale * sg) as f32;
                     b[base + j] = (ax.shift * sg + off - x0) as f32;
@@ -267,7 +286,10 @@ pub fn grid_sample(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
                 .reshape([n, p, m * taps]);
         }
         if any_masked {
-            acc.mul(Tensor::from_data(TensorData::new(mask, vec![n, p, combos]), dev))
+            acc.mul(Tensor::from_data(
+                TensorData::new(mask, vec![n, p, combos]),
+                dev,
+            ))
         } else {
             acc
         }
@@ -288,16 +310,15 @@ pub fn grid_sample(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     Ok(Value::Float(FloatValue::from_rank(y)?.reshape(&out_shape)?).into())
 }
 
-/// Normalised coordinates of the `len` pixel centres of one axis.
+/// Normalised coordinates of the `len` pixel centres of one axis (0 for a single pixel,
+/// as PyTorch and onnxruntime).
 fn base_coords(len: usize, align_corners: bool) -> Vec<f32> {
     (0..len)
         .map(|i| {
-            if align_corners {
-                if len == 1 {
-                    -1.0
-                } else {
-                    -1.0 + 2.0 * i as f32 / (len - 1) as f32
-                }
+            if len == 1 {
+                0.0
+            } else if align_corners {
+                -1.0 + 2.0 * i as f32 / (len - 1) as f32
             } else {
                 (2 * i + 1) as f32 / len as f32 - 1.0
             }
@@ -331,8 +352,7 @@ pub fn affine_grid(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     out_shape.extend_from_slice(spatial);
     out_shape.push(k);
     if n * p == 0 {
-        let zeros = Tensor::<1>::zeros([0], ctx.device);
-        return Ok(Value::Float(FloatValue::from_rank(zeros)?.reshape(&out_shape)?).into());
+        return Ok(Value::Float(zeros(ctx, &out_shape)?).into());
     }
     // Homogeneous base points (x, y[, z], 1), x along the last axis.
     let coords: Vec<Vec<f32>> = spatial.iter().map(|&l| base_coords(l, align)).collect();

@@ -14,7 +14,7 @@ use ndarray::{ArrayD, IxDyn};
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
 use crate::op_bail;
-use crate::value::{FloatValue, MAX_RANK, PhysTensor, Value, int_tensor_1d, norm_axis};
+use crate::value::{FloatValue, MAX_RANK, PhysTensor, Value, int_tensor_1d, norm_axis, padded};
 
 /// An attribute list of non-negative ints, `default` when absent; `positive` refuses zeros.
 fn usize_list(
@@ -68,10 +68,12 @@ fn scatter_add_rows(
     )
 }
 
-/// Zeros of a logical shape as a float value.
+/// Zeros of a logical shape as a float value (zero-size shapes included).
 fn zeros_value(ctx: &OpContext, shape: &[usize]) -> OpResult<FloatValue> {
-    FloatValue::from_rank(Tensor::<1>::zeros([shape.iter().product::<usize>()], ctx.device))?
-        .reshape(shape)
+    Ok(FloatValue::new(
+        PhysTensor::zeros(padded(shape)?, ctx.device),
+        shape.len(),
+    ))
 }
 
 /// `Col2Im(input, image_shape, block_shape)` (`dilations`, `pads`, `strides`): sums the
@@ -82,7 +84,9 @@ pub fn col2im(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let block = inputs.take(2, "block_shape")?.dims_list("block_shape")?;
     let nd = image.len();
     if nd == 0 || block.len() != nd || block.contains(&0) {
-        op_bail!("image_shape {image:?} and block_shape {block:?} must be non-empty, of one length, with positive blocks");
+        op_bail!(
+            "image_shape {image:?} and block_shape {block:?} must be non-empty, of one length, with positive blocks"
+        );
     }
     let dil = usize_list(ctx, "dilations", nd, 1, true)?;
     let st = usize_list(ctx, "strides", nd, 1, true)?;
@@ -101,7 +105,9 @@ pub fn col2im(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         let span = dil[i] * (block[i] - 1) + 1;
         let padded = image[i] + pads[i] + pads[nd + i];
         if padded < span {
-            op_bail!("block {block:?} (dilations {dil:?}) does not fit image {image:?} with pads {pads:?}");
+            op_bail!(
+                "block {block:?} (dilations {dil:?}) does not fit image {image:?} with pads {pads:?}"
+            );
         }
         blocks.push((padded - span) / st[i] + 1);
     }
@@ -355,7 +361,9 @@ fn pool_geometry(
                 };
                 let padded = l + b + e;
                 if padded < span {
-                    op_bail!("kernel {kernel:?} (dilations {dil:?}) is larger than the padded input");
+                    op_bail!(
+                        "kernel {kernel:?} (dilations {dil:?}) is larger than the padded input"
+                    );
                 }
                 let mut o = if ceil {
                     (padded - span).div_ceil(s) + 1
@@ -527,7 +535,9 @@ pub fn roi_align(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let ratio = ctx.attrs.int("sampling_ratio", 0)?;
     let scale = f64::from(ctx.attrs.float("spatial_scale", 1.0)?);
     if ph < 1 || pw < 1 || ratio < 0 {
-        op_bail!("output_height {ph}, output_width {pw} must be positive and sampling_ratio {ratio} non-negative");
+        op_bail!(
+            "output_height {ph}, output_width {pw} must be positive and sampling_ratio {ratio} non-negative"
+        );
     }
     let (ph, pw) = (ph as usize, pw as usize);
     let bins = ph * pw;
@@ -612,8 +622,10 @@ pub fn roi_align(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let picked = table
         .select(0, int_tensor_1d(rows, ctx.device))
         .reshape([r, bins, width, c]);
-    let wt: Tensor<4> =
-        Tensor::from_data(TensorData::new(weights, vec![r, bins, width, 1]), ctx.device);
+    let wt: Tensor<4> = Tensor::from_data(
+        TensorData::new(weights, vec![r, bins, width, 1]),
+        ctx.device,
+    );
     let weighted = picked.mul(wt);
     let pooled = if max_mode {
         weighted.max_dim(2)

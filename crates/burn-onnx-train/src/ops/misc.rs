@@ -80,7 +80,10 @@ fn pick<T: Clone>(a: &ArrayD<T>, axis: Option<usize>, picks: &[usize]) -> OpResu
     Ok(match axis {
         None => {
             let flat: Vec<T> = a.iter().cloned().collect();
-            ArrayD::from_shape_vec(IxDyn(&[picks.len()]), picks.iter().map(|&i| flat[i].clone()).collect())?
+            ArrayD::from_shape_vec(
+                IxDyn(&[picks.len()]),
+                picks.iter().map(|&i| flat[i].clone()).collect(),
+            )?
         }
         Some(ax) => a.select(Axis(ax), picks),
     })
@@ -104,7 +107,10 @@ pub fn unique(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
                 |p, q| p.partial_cmp(q).unwrap_or_else(|| p.total_cmp(q)),
                 sorted,
             );
-            let y = Value::Float(FloatValue::from_array(&pick(&a, axis, &firsts)?, ctx.device)?);
+            let y = Value::Float(FloatValue::from_array(
+                &pick(&a, axis, &firsts)?,
+                ctx.device,
+            )?);
             (y, firsts, inv, counts)
         }
         Value::Int(a) => {
@@ -144,7 +150,10 @@ pub fn reverse_sequence(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutpu
     let (ba, ta) = (batch_axis as usize, time_axis as usize);
     let (nb, nt) = (shape[ba], shape[ta]);
     if lens.len() != nb {
-        op_bail!("sequence_lens has {} entries for a batch of {nb}", lens.len());
+        op_bail!(
+            "sequence_lens has {} entries for a batch of {nb}",
+            lens.len()
+        );
     }
     // Source row of the [shape[0] * shape[1], inner] view for each destination row.
     let mut rows = Vec::with_capacity(nb * nt);
@@ -155,7 +164,11 @@ pub fn reverse_sequence(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutpu
             if len < 0 || len as usize > nt {
                 op_bail!("sequence length {len} is outside 0..={nt}");
             }
-            let src_t = if t < len as usize { len as usize - 1 - t } else { t };
+            let src_t = if t < len as usize {
+                len as usize - 1 - t
+            } else {
+                t
+            };
             let (s0, s1) = if ba == 0 { (b, src_t) } else { (src_t, b) };
             rows.push((s0 * shape[1] + s1) as i64);
         }
@@ -177,7 +190,12 @@ pub fn reverse_sequence(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutpu
     .into())
 }
 
-fn host_rows<T: Clone>(a: &ArrayD<T>, rows: &[i64], inner: usize, shape: &[usize]) -> OpResult<ArrayD<T>> {
+fn host_rows<T: Clone>(
+    a: &ArrayD<T>,
+    rows: &[i64],
+    inner: usize,
+    shape: &[usize],
+) -> OpResult<ArrayD<T>> {
     let flat: Vec<T> = a.iter().cloned().collect();
     let mut out = Vec::with_capacity(flat.len());
     for &r in rows {
@@ -196,7 +214,12 @@ fn pivot_order(a: &[f64], m: usize) -> (Vec<usize>, f64, Vec<bool>) {
     let mut zero = vec![false; m];
     for k in 0..m {
         let best = (k..m)
-            .max_by(|&i, &j| lu[i * m + k].abs().total_cmp(&lu[j * m + k].abs()).then(j.cmp(&i)))
+            .max_by(|&i, &j| {
+                lu[i * m + k]
+                    .abs()
+                    .total_cmp(&lu[j * m + k].abs())
+                    .then(j.cmp(&i))
+            })
             .unwrap_or(k);
         if best != k {
             for col in 0..m {

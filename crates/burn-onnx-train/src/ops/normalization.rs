@@ -57,7 +57,9 @@ pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         .map(|d| if d < axis { shape[d] } else { 1 })
         .collect();
     let stat = |t| -> OpResult<Value> {
-        Ok(Value::Float(FloatValue::from_rank(t)?.reshape(&stat_shape)?))
+        Ok(Value::Float(
+            FloatValue::from_rank(t)?.reshape(&stat_shape)?,
+        ))
     };
     let scale = broadcast_check(scale, &shape[axis..], "Scale")?;
     let mut y = FloatValue::new(normed.tensor * scale.tensor, shape.len());

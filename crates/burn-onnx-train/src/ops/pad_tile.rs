@@ -128,7 +128,11 @@ fn wrap(
             continue;
         }
         if n == 0 || len < 0 {
-            op_bail!("cannot wrap-pad dim {a} of size {n} by {} and {}", begin[a], end[a]);
+            op_bail!(
+                "cannot wrap-pad dim {a} of size {n} by {} and {}",
+                begin[a],
+                end[a]
+            );
         }
         let idx: Vec<i64> = (0..len).map(|i| (i - begin[a]).rem_euclid(n)).collect();
         let phys = x.axis(a as i64)?;

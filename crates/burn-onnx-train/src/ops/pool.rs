@@ -47,7 +47,11 @@ fn window(ctx: &OpContext, x: &FloatValue) -> OpResult<Window2d> {
 
 /// Whether the 2-D kernels take this input (1 or 2 spatial dims).
 fn planar(inputs: &Inputs) -> bool {
-    inputs.0.first().and_then(Option::as_ref).is_some_and(|x| (3..=4).contains(&x.rank()))
+    inputs
+        .0
+        .first()
+        .and_then(Option::as_ref)
+        .is_some_and(|x| (3..=4).contains(&x.rank()))
 }
 
 /// `MaxPool`
@@ -69,7 +73,10 @@ pub fn max_pool(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 
 /// `AveragePool`
 pub fn average_pool(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
-    let dilated = ctx.attrs.ints("dilations")?.is_some_and(|d| d.iter().any(|&v| v != 1));
+    let dilated = ctx
+        .attrs
+        .ints("dilations")?
+        .is_some_and(|d| d.iter().any(|&v| v != 1));
     if dilated || !planar(&inputs) {
         return super::pool_nd::average_pool_nd(ctx, inputs);
     }

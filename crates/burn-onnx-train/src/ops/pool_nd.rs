@@ -32,7 +32,10 @@ struct Geometry {
 fn ints(ctx: &OpContext, name: &str, n: usize, default: i64) -> OpResult<Vec<i64>> {
     let v = ctx.attrs.ints(name)?.unwrap_or_else(|| vec![default; n]);
     if v.len() != n {
-        op_bail!("attribute `{name}` has {} entries for {n} spatial dims", v.len());
+        op_bail!(
+            "attribute `{name}` has {} entries for {n} spatial dims",
+            v.len()
+        );
     }
     Ok(v)
 }
@@ -75,14 +78,20 @@ fn geometry(ctx: &OpContext, input: &[usize]) -> OpResult<Geometry> {
             }
             "NOTSET" => {
                 let room = i + pads[d] + pads[d + n] - span;
-                let mut o = if ceil { (room + s - 1) / s + 1 } else { room / s + 1 };
+                let mut o = if ceil {
+                    (room + s - 1) / s + 1
+                } else {
+                    room / s + 1
+                };
                 // A last window may not start past the input and its leading padding.
                 if ceil && (o - 1) * s >= i + pads[d] {
                     o -= 1;
                 }
                 o
             }
-            other => op_bail!("auto_pad {other:?} is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID"),
+            other => {
+                op_bail!("auto_pad {other:?} is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID")
+            }
         };
         if o < 1 {
             op_bail!("the window {span} does not fit spatial dim {d} of size {i} with its padding");
@@ -111,7 +120,10 @@ fn geometry(ctx: &OpContext, input: &[usize]) -> OpResult<Geometry> {
             }
             count += usize::from(in_padded);
             taps.push(offset);
-            increment(&mut tap, &kernel.iter().map(|&v| v as usize).collect::<Vec<_>>());
+            increment(
+                &mut tap,
+                &kernel.iter().map(|&v| v as usize).collect::<Vec<_>>(),
+            );
         }
         padded_count.push(count);
         increment(&mut pos, &out);
@@ -184,11 +196,18 @@ pub fn max_pool_nd(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             .map(|(j, &t)| {
                 let (plane, pos) = (j / p, j % p);
                 let offset = g.taps[pos * g.k + t as usize].unwrap_or(0);
-                let offset = if column_major { transpose_offset(offset, &shape[2..]) } else { offset };
+                let offset = if column_major {
+                    transpose_offset(offset, &shape[2..])
+                } else {
+                    offset
+                };
                 (plane * spatial + offset) as i64
             })
             .collect();
-        values.push(Value::Int(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&out_shape), indices)?));
+        values.push(Value::Int(ndarray::ArrayD::from_shape_vec(
+            ndarray::IxDyn(&out_shape),
+            indices,
+        )?));
     }
     Ok(values.into())
 }
@@ -220,10 +239,16 @@ pub fn average_pool_nd(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput
     let counts: Vec<f32> = (0..p)
         .map(|pos| {
             let valid = g.taps[pos * g.k..(pos + 1) * g.k].iter().flatten().count();
-            (if include_pad { g.padded_count[pos] } else { valid }).max(1) as f32
+            (if include_pad {
+                g.padded_count[pos]
+            } else {
+                valid
+            })
+            .max(1) as f32
         })
         .collect();
-    let counts: Tensor<3> = Tensor::<1>::from_floats(counts.as_slice(), ctx.device).reshape([1, p, 1]);
+    let counts: Tensor<3> =
+        Tensor::<1>::from_floats(counts.as_slice(), ctx.device).reshape([1, p, 1]);
     let y = FloatValue::from_rank(w.sum_dim(2) / counts)?.reshape(&output_shape(&shape, &g))?;
     Ok(Value::Float(y).into())
 }

@@ -214,6 +214,8 @@ struct DirParams {
     peep: Option<[Tensor<2>; 3]>,
     /// The direction's activations.
     acts: Vec<Act>,
+    /// Whether the direction runs backwards in time.
+    reverse: bool,
 }
 
 /// Settings shared by every direction.
@@ -359,12 +361,11 @@ fn run_direction(
     h0: Tensor<2>,
     c0: Option<Tensor<2>>,
     lens: &Lengths,
-    reverse: bool,
     ctx: &OpContext,
 ) -> OpResult<(Tensor<3>, Tensor<2>, Option<Tensor<2>>)> {
     let [seq, batch, _] = xw.dims();
     let hs = s.hidden;
-    let reversal = reverse.then(|| lens.reversal(seq, ctx));
+    let reversal = p.reverse.then(|| lens.reversal(seq, ctx));
     let xw = match &reversal {
         Some(idx) => reorder(xw, idx.clone()),
         None => xw,
@@ -393,9 +394,10 @@ fn run_direction(
         c = c.map(|c| c.mask_fill(empty, 0.0));
     }
     let dtype = h.dtype();
-    let mut y = match ys.is_empty() {
-        true => Tensor::zeros([seq, batch, hs], (ctx.device, dtype)),
-        false => Tensor::stack::<3>(ys, 0),
+    let mut y = if ys.is_empty() {
+        Tensor::zeros([seq, batch, hs], (ctx.device, dtype))
+    } else {
+        Tensor::stack::<3>(ys, 0)
     };
     if lens.max > 0 && lens.max < seq {
         let pad = Tensor::zeros([seq - lens.max, batch, hs], (ctx.device, dtype));
@@ -574,6 +576,7 @@ fn recurrent(ctx: &OpContext, mut inputs: Inputs, cell: Cell) -> OpResult<OpOutp
                 [0, 1, 2].map(|k| p_d.clone().narrow(1, k * hs, hs))
             }),
             acts: acts[d].clone(),
+            reverse,
         };
         let h0 = init_h
             .as_ref()
@@ -583,7 +586,7 @@ fn recurrent(ctx: &OpContext, mut inputs: Inputs, cell: Cell) -> OpResult<OpOutp
                 .as_ref()
                 .map_or_else(zeros, |c| direction_slice(c, d))
         });
-        let (y, h, c) = run_direction(&setup, &params, xw, h0, c0, &lens, reverse, ctx)?;
+        let (y, h, c) = run_direction(&setup, &params, xw, h0, c0, &lens, ctx)?;
         ys.push(y);
         hs_out.push(h);
         cs_out.extend(c);

@@ -101,15 +101,22 @@ impl Interpolation<'_> {
         };
         match (self.mode, self.antialias && scale < 1.0) {
             ("linear", false) => vec![1.0 - ratio, ratio],
-            ("cubic", false) => [1.0 + ratio, ratio, 1.0 - ratio, 2.0 - ratio].map(cubic).to_vec(),
+            ("cubic", false) => [1.0 + ratio, ratio, 1.0 - ratio, 2.0 - ratio]
+                .map(cubic)
+                .to_vec(),
             ("linear", true) => {
                 let start = (-1.0 / scale).floor() as i64 + 1;
-                let taps = (start..2 - start).map(|i| (1.0 - ((i as f64 - ratio) * scale).abs()).clamp(0.0, 1.0));
+                let taps = (start..2 - start)
+                    .map(|i| (1.0 - ((i as f64 - ratio) * scale).abs()).clamp(0.0, 1.0));
                 normalised(taps.collect())
             }
             (_, true) => {
                 let start = (-2.0 / scale).floor() as i64 + 1;
-                normalised((start..2 - start).map(|i| cubic(scale * (i as f64 - ratio))).collect())
+                normalised(
+                    (start..2 - start)
+                        .map(|i| cubic(scale * (i as f64 - ratio)))
+                        .collect(),
+                )
             }
             _ => Vec::new(),
         }
@@ -175,7 +182,11 @@ fn resize_axis(
             })
             .unzip();
         let picked = t.clone().select(phys, int_tensor_1d(idx, ctx.device));
-        let term = if w.iter().all(|&v| v == 1.0) { picked } else { picked * column(w) };
+        let term = if w.iter().all(|&v| v == 1.0) {
+            picked
+        } else {
+            picked * column(w)
+        };
         out = Some(match out {
             Some(acc) => acc + term,
             None => term,
@@ -185,7 +196,10 @@ fn resize_axis(
         op_bail!("no input position feeds the output");
     };
     if per_output.iter().any(Option::is_none) {
-        let fill = per_output.iter().map(|t| if t.is_none() { extrapolation } else { 0.0 }).collect();
+        let fill = per_output
+            .iter()
+            .map(|t| if t.is_none() { extrapolation } else { 0.0 })
+            .collect();
         out = out + column(fill);
     }
     Ok(out)
@@ -224,28 +238,54 @@ pub fn resize(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let n = axes.len();
     let (out, scale): (Vec<usize>, Vec<f64>) = match (sizes, scales) {
         (Some(s), _) if s.len() == n => {
-            let ratio: Vec<f64> = s.iter().zip(&axes).map(|(&o, &a)| o as f64 / shape[a] as f64).collect();
-            match ctx.attrs.string("keep_aspect_ratio_policy", "stretch")?.as_str() {
+            let ratio: Vec<f64> = s
+                .iter()
+                .zip(&axes)
+                .map(|(&o, &a)| o as f64 / shape[a] as f64)
+                .collect();
+            match ctx
+                .attrs
+                .string("keep_aspect_ratio_policy", "stretch")?
+                .as_str()
+            {
                 "stretch" => (s, ratio),
                 policy @ ("not_larger" | "not_smaller") => {
-                    let pick = if policy == "not_larger" { f64::min } else { f64::max };
+                    let pick = if policy == "not_larger" {
+                        f64::min
+                    } else {
+                        f64::max
+                    };
                     let r = ratio.iter().copied().reduce(pick).unwrap_or(1.0);
-                    (axes.iter().map(|&a| (r * shape[a] as f64 + 0.5) as usize).collect(), vec![r; n])
+                    (
+                        axes.iter()
+                            .map(|&a| (r * shape[a] as f64 + 0.5) as usize)
+                            .collect(),
+                        vec![r; n],
+                    )
                 }
-                other => op_bail!("keep_aspect_ratio_policy {other:?} is not stretch, not_larger or not_smaller"),
+                other => op_bail!(
+                    "keep_aspect_ratio_policy {other:?} is not stretch, not_larger or not_smaller"
+                ),
             }
         }
         (None, Some(sc)) if sc.len() == n => (
-            sc.iter().zip(&axes).map(|(&s, &a)| (shape[a] as f64 * s).floor() as usize).collect(),
+            sc.iter()
+                .zip(&axes)
+                .map(|(&s, &a)| (shape[a] as f64 * s).floor() as usize)
+                .collect(),
             sc,
         ),
-        _ => op_bail!("needs `scales` or `sizes` with one entry per resized axis ({n}) of {shape:?}"),
+        _ => {
+            op_bail!("needs `scales` or `sizes` with one entry per resized axis ({n}) of {shape:?}")
+        }
     };
     let mode = ctx.attrs.string("mode", "nearest")?;
     if !matches!(mode.as_str(), "nearest" | "linear" | "cubic") {
         op_bail!("mode {mode:?} is not supported (nearest, linear, cubic)");
     }
-    let coord = ctx.attrs.string("coordinate_transformation_mode", "half_pixel")?;
+    let coord = ctx
+        .attrs
+        .string("coordinate_transformation_mode", "half_pixel")?;
     let nearest = ctx.attrs.string("nearest_mode", "round_prefer_floor")?;
     let interp = Interpolation {
         mode: &mode,
@@ -264,7 +304,10 @@ pub fn resize(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             n_in: shape[axis],
             n_out: out[k],
             scale: scale[k],
-            roi: roi.as_ref().filter(|r| r.len() == 2 * n).map_or((0.0, 1.0), |r| (r[k], r[k + n])),
+            roi: roi
+                .as_ref()
+                .filter(|r| r.len() == 2 * n)
+                .map_or((0.0, 1.0), |r| (r[k], r[k + n])),
         };
         if a.n_in == a.n_out && a.scale == 1.0 && coord != "tf_crop_and_resize" {
             continue;

@@ -13,17 +13,17 @@ use crate::value::{FloatValue, Value};
 
 /// A window of `size` points from `f(n, denominator)` (`periodic`: denominator `size`,
 /// else `size - 1`), in the element type `output_datatype` (float by default).
-fn window(
-    ctx: &OpContext,
-    mut inputs: Inputs,
-    f: impl Fn(f64, f64) -> f64,
-) -> OpResult<OpOutput> {
+fn window(ctx: &OpContext, mut inputs: Inputs, f: impl Fn(f64, f64) -> f64) -> OpResult<OpOutput> {
     let size = match inputs.take(0, "size")?.int_list("size")?[..] {
         [s] if s >= 0 => s as usize,
         ref other => op_bail!("size must be one non-negative integer, got {other:?}"),
     };
     let periodic = ctx.attrs.int("periodic", 1)? != 0;
-    let denominator = if periodic { size } else { size.saturating_sub(1) } as f64;
+    let denominator = if periodic {
+        size
+    } else {
+        size.saturating_sub(1)
+    } as f64;
     let values: Vec<f64> = (0..size)
         .map(|n| {
             if denominator == 0.0 {

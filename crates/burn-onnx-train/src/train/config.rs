@@ -129,6 +129,9 @@ pub struct TrainingConfig {
     pub output_name: String,
     /// Loss attached to `output_name`.
     pub loss: LossKind,
+    /// With `loss = "graph"`: the graph input fed with the batch's targets (default
+    /// `labels`); an error with any other loss.
+    pub label_name: Option<String>,
     /// Micro-batch size per rank.
     pub batch_size: usize,
     /// Evaluation batch size.
@@ -268,6 +271,7 @@ impl Default for TrainingConfig {
             input_name: "input_ids".into(),
             output_name: "logits".into(),
             loss: LossKind::LmCrossEntropy,
+            label_name: None,
             batch_size: 8,
             eval_batch_size: 8,
             seq_len: 64,
@@ -636,6 +640,20 @@ impl TrainingConfig {
                     self.micro_batches(),
                     self.batch_size
                 ),
+            ));
+        }
+        if self.loss != LossKind::Graph && self.label_name.is_some() {
+            return Err(invalid(
+                "label_name",
+                "names the graph input fed with targets, which only loss = \"graph\" uses",
+            ));
+        }
+        if self.loss == LossKind::Graph
+            && (self.pipeline_parallel_size > 1 || self.overlap_segments > 1)
+        {
+            return Err(invalid(
+                "loss",
+                "\"graph\" is not implemented with pipeline parallelism or segmented overlap (overlap_segments >= 2): attach the loss instead",
             ));
         }
         if matches!(self.loss, LossKind::LmCrossEntropy) && self.seq_len < 2 {

@@ -43,6 +43,7 @@ pub fn check_data(
     for (field, data) in [("train_data_dir", Some(train)), ("test_data_dir", test)] {
         let Some(data) = data else { continue };
         let (want, needs) = match c.loss {
+            LossKind::Graph => continue,
             LossKind::LmCrossEntropy => (TargetKind::NextToken, "integer token shards"),
             LossKind::CrossEntropy => (
                 TargetKind::Classes,

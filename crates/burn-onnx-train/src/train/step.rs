@@ -31,15 +31,30 @@ pub fn forward_loss(
     mode: Mode,
     seed: u64,
 ) -> Result<StepOutput> {
-    let input =
-        Value::from_host(&batch.input, device).map_err(|e| OnnxError::field("batch", e.0))?;
     let out = model.forward_with(
-        vec![(config.input_name.clone(), input)],
+        feeds(batch, config, device)?,
         mode,
         seed,
         config.precision.autocast(),
     )?;
     loss_of_outputs(out, batch, config, device, mode)
+}
+
+/// The graph inputs a batch feeds: the input, and with `loss = "graph"` the targets.
+fn feeds(batch: &Batch, config: &TrainingConfig, device: &Device) -> Result<Vec<(String, Value)>> {
+    let value =
+        |h: &HostTensor| Value::from_host(h, device).map_err(|e| OnnxError::field("batch", e.0));
+    let mut feeds = vec![(config.input_name.clone(), value(&batch.input)?)];
+    if config.loss == LossKind::Graph {
+        let labels = match &batch.target {
+            Target::NextToken => value(&batch.input)?,
+            Target::Classes(c) => Value::Int(c.clone()),
+            Target::Values(v) => value(&HostTensor::Float(v.clone()))?,
+        };
+        let name = config.label_name.clone().unwrap_or_else(|| "labels".into());
+        feeds.push((name, labels));
+    }
+    Ok(feeds)
 }
 
 /// The configured loss of a forward pass's outputs against `batch`'s targets (the last
@@ -61,6 +76,19 @@ pub fn loss_of_outputs(
         ));
     };
     let (loss, correct) = match (config.loss, &batch.target, &batch.input) {
+        (LossKind::Graph, _, _) => {
+            if pred.numel() != 1 {
+                return Err(OnnxError::field(
+                    "config.output_name",
+                    format!(
+                        "with loss = \"graph\", '{}' must be the scalar loss, got shape {:?}",
+                        config.output_name,
+                        pred.shape()
+                    ),
+                ));
+            }
+            (pred.tensor.reshape([1]), None)
+        }
         (LossKind::LmCrossEntropy, Target::NextToken, HostTensor::Int(ids)) => {
             (lm_cross_entropy(pred, ids)?, None)
         }
