@@ -530,3 +530,40 @@ xu = np.array([[1, 0, 1, 2, 0], [3, 0, 3, 1, 0]], np.float32)
 save("unique_axis1_unsorted_11",
      [helper.make_node("Unique", ["x"], ["y", "indices", "inverse", "counts"], axis=1, sorted=0)],
      [("x", xu)], [("y", F), ("indices", I), ("inverse", I), ("counts", I)], [("x", xu)], 11)
+
+# --- spectral ops and deformable convolution (own generator) ------------------------------
+rng_sig = np.random.default_rng(20240917)
+
+
+def rand_sig(*shape):
+    return rng_sig.standard_normal(shape).astype(np.float32)
+
+
+# Real signal, one-sided, zero-padded to dft_length 10 along axis 1 (opset 20: axis input).
+single("dft_rfft_padded_20", "DFT", [], ["y"], 20,
+       inits=[("x", rand_sig(2, 7, 3, 1)), ("n", np.array(10, np.int64)), ("axis", np.array(1, np.int64))],
+       onesided=1)
+# Complex signal, inverse, truncated to dft_length 5 (opset 17: axis attribute).
+single("dft_complex_inverse_17", "DFT", [], ["y"], 17,
+       inits=[("x", rand_sig(3, 6, 2)), ("n", np.array(5, np.int64))], axis=1, inverse=1)
+single("stft_window_17", "STFT", [], ["y"], 17,
+       inits=[("x", rand_sig(2, 20, 1)), ("step", np.array(4, np.int64)),
+              ("window", np.hanning(8).astype(np.float32))], onesided=1)
+
+
+def deform_offsets(*shape):
+    """Offsets whose sampling points sit 0.2-0.4 or 0.6-0.8 away from integer positions (the
+    base positions are integers), some of them outside the image."""
+    frac = rng_sig.uniform(0.2, 0.4, shape) + 0.4 * rng_sig.integers(0, 2, shape)
+    return (rng_sig.integers(-2, 2, shape) + frac).astype(np.float32)
+
+
+single("deform_conv_groups_mask_19", "DeformConv", [], ["y"], 19,
+       inits=[("x", rand_sig(1, 4, 5, 5)), ("w", rand_sig(4, 2, 2, 2)),
+              ("offset", deform_offsets(1, 2 * 2 * 2 * 2, 5, 5)), ("b", rand_sig(4)),
+              ("mask", rng_sig.uniform(0.3, 1.0, (1, 2 * 4, 5, 5)).astype(np.float32))],
+       group=2, offset_group=2, pads=[1, 1, 0, 0], kernel_shape=[2, 2])
+single("deform_conv_strided_dilated_19", "DeformConv", [], ["y"], 19,
+       inits=[("x", rand_sig(2, 2, 6, 5)), ("w", rand_sig(3, 2, 2, 3)),
+              ("offset", deform_offsets(2, 2 * 2 * 3, 4, 2))],
+       strides=[2, 1], dilations=[1, 2], pads=[1, 0, 1, 1])

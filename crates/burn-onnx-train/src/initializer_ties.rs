@@ -215,13 +215,23 @@ fn fresh_name(graph: &GraphProto, base: &str) -> String {
     name
 }
 
+/// Whether a node of `graph`, or of a subgraph (If/Loop/Scan bodies) at any depth, reads
+/// `name`.
+fn read_anywhere(graph: &GraphProto, name: &str) -> bool {
+    graph.node.iter().any(|n| {
+        n.input.iter().any(|i| i == name)
+            || n.attribute.iter().any(|a| {
+                a.g.as_ref().is_some_and(|g| read_anywhere(g, name))
+                    || a.graphs.iter().any(|g| read_anywhere(g, name))
+            })
+    })
+}
+
 /// Remove `Identity` nodes whose output nothing reads any more (after untying).
 fn drop_dead_identities(graph: &mut GraphProto) {
     loop {
-        let read = |name: &str| {
-            graph.node.iter().any(|n| n.input.iter().any(|i| i == name))
-                || graph.output.iter().any(|o| o.name == name)
-        };
+        let read =
+            |name: &str| read_anywhere(graph, name) || graph.output.iter().any(|o| o.name == name);
         let dead = graph
             .node
             .iter()

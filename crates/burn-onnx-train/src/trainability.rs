@@ -83,6 +83,11 @@ const SETTING_SLOTS: &[(&str, &[usize])] = &[
     ("BlackmanWindow", &[0]),
     ("If", &[0]),
     ("Loop", &[0, 1]),
+    ("DFT", &[1, 2]),
+    ("STFT", &[1, 2, 3]),
+    ("MelWeightMatrix", &[0, 1, 2, 3, 4]),
+    ("NonMaxSuppression", &[2, 3, 4]),
+    ("TensorScatter", &[2]),
 ];
 
 /// Input slots that hold state updated by the forward pass (batch-norm running statistics).
@@ -129,6 +134,9 @@ const NO_GRADIENT_OPS: &[&str] = &[
     "ConvInteger",
     "QLinearMatMul",
     "QLinearConv",
+    "MelWeightMatrix",
+    "NonMaxSuppression",
+    "BitCast",
 ];
 
 fn listed(table: &[(&str, &[usize])], op: &str, slot: usize) -> bool {

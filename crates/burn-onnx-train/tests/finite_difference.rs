@@ -249,3 +249,20 @@ fn reverse_sequence_and_det_gradients() {
     check("reverse_sequence_batch_major_10", Mode::Eval);
     check("det_batch_11", Mode::Eval);
 }
+
+/// `DFT` (real one-sided zero-padded, complex inverse truncated) and `STFT` with a window:
+/// matrix products with host-built cosine/sine matrices.
+#[test]
+fn spectral_gradients() {
+    check("dft_rfft_padded_20", Mode::Eval);
+    check("dft_complex_inverse_17", Mode::Eval);
+    check("stft_window_17", Mode::Eval);
+}
+
+/// `DeformConv`: bilinear samples at offset taps (groups, offset groups, mask, bias;
+/// strides, dilations, pads), differentiable in X, W, the offsets, the mask and B.
+#[test]
+fn deform_conv_gradients() {
+    check("deform_conv_groups_mask_19", Mode::Eval);
+    check("deform_conv_strided_dilated_19", Mode::Eval);
+}

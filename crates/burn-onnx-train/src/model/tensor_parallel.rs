@@ -81,7 +81,7 @@ impl OnnxModel {
             let device = self.device();
             let old = std::mem::replace(
                 &mut self.params[i],
-                Param::from_tensor(PhysTensor::empty([1; 6], &device)),
+                Param::from_tensor(PhysTensor::empty([1; crate::value::MAX_RANK], &device)),
             );
             let (id, tensor, _) = old.consume();
             let t = PhysTensor::from_data(

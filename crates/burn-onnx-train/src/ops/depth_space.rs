@@ -4,7 +4,7 @@
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
 use crate::op_bail;
-use crate::value::{FloatValue, Value};
+use crate::value::{FloatValue, MAX_RANK, Value};
 
 /// `[N, C, H, W]` and the block size, checked.
 fn nchw(x: &FloatValue, block: i64) -> OpResult<([usize; 4], usize)> {
@@ -19,6 +19,10 @@ fn nchw(x: &FloatValue, block: i64) -> OpResult<([usize; 4], usize)> {
 }
 
 fn rearrange(x: FloatValue, six: [usize; 6], perm: [usize; 6], out: [usize; 4]) -> OpResult<Value> {
+    // The six logical axes are the last six physical ones.
+    let lead = MAX_RANK - 6;
+    let perm: [usize; MAX_RANK] =
+        std::array::from_fn(|i| if i < lead { i } else { lead + perm[i - lead] });
     let t = x.reshape(&six)?.tensor.permute(perm);
     Ok(Value::Float(FloatValue::new(t, 6).reshape(&out)?))
 }

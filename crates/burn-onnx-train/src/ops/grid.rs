@@ -249,7 +249,8 @@ pub fn grid_sample(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
                     let x0 = (sg * xc + off).floor();
                     a[base + j] = (ax.scale * sg) as f32;
                     b[base + j] = (ax.shift * sg + off - x0) as f32;
-                    first[base + j] = x0 as i64 - i64::from(interp == Interp::Cubic);
+                    first[base + j] =
+                        (x0 as i64).saturating_sub(i64::from(interp == Interp::Cubic));
                 }
             }
             for combo in 0..combos {
@@ -257,7 +258,7 @@ pub fn grid_sample(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
                 let mut valid = true;
                 for (j, ax) in axes.iter().enumerate() {
                     let tap = (combo / taps.pow((k - 1 - j) as u32)) % taps;
-                    match ax.pixel(first[base + j] + tap as i64, padding) {
+                    match ax.pixel(first[base + j].saturating_add(tap as i64), padding) {
                         Some(i) => flat += i * strides[k - 1 - j],
                         None => valid = false,
                     }

@@ -12,6 +12,7 @@ use crate::value::{FloatValue, Value};
 
 mod arg_reduce;
 mod attention;
+mod bits_misc;
 mod bitwise;
 mod broadcast;
 mod compare;
@@ -20,6 +21,7 @@ mod control_flow;
 mod conv;
 mod conv_transpose;
 mod depth_space;
+mod detection;
 mod dropout;
 mod einsum;
 mod elementwise;
@@ -44,6 +46,7 @@ mod rounding_trig;
 mod scan;
 mod scatter;
 mod select;
+mod signal;
 mod slice;
 mod softmax;
 mod unary_math;
@@ -350,4 +353,11 @@ const OPS: &[(&str, OpFn)] = &[
     ("HannWindow", windows_signal::hann_window),
     ("HammingWindow", windows_signal::hamming_window),
     ("BlackmanWindow", windows_signal::blackman_window),
+    ("DFT", signal::dft),
+    ("STFT", signal::stft),
+    ("MelWeightMatrix", signal::mel_weight_matrix),
+    ("NonMaxSuppression", detection::non_max_suppression),
+    ("DeformConv", detection::deform_conv),
+    ("BitCast", bits_misc::bit_cast),
+    ("TensorScatter", bits_misc::tensor_scatter),
 ];
