@@ -93,9 +93,19 @@ def not_a_tensor(values):
     return None
 
 
+# ONNX types `.npy` cannot hold, carried widened: 4- and 2-bit integers as int8 / uint8,
+# 8- and 4-bit floats as float32 (exact in both cases).
+NARROW_INTS = {"int4": np.int8, "int2": np.int8, "uint4": np.uint8, "uint2": np.uint8}
+NPY_NATIVE = {"bool", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
+              "uint8", "uint16", "uint32", "uint64"}
+
+
 def to_npy_array(a, data_type):
-    """What `.npy` can carry: bfloat16 and the 8/4-bit float types as float32."""
-    if a.dtype.kind not in "fiub" or a.dtype.name not in np.sctypeDict:
+    """What `.npy` can carry: bfloat16 and the 8/4-bit float types as float32, 4/2-bit
+    integers as int8/uint8."""
+    if a.dtype.name in NARROW_INTS:
+        return a.astype(NARROW_INTS[a.dtype.name])
+    if a.dtype.name not in NPY_NATIVE:
         return a.astype(np.float32)
     return a
 

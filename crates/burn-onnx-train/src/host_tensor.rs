@@ -46,17 +46,60 @@ pub mod dtype {
     pub const UINT64: i32 = 13;
     /// bfloat16
     pub const BFLOAT16: i32 = 16;
+    /// float8 e4m3fn (no infinities; NaN is S.1111.111)
+    pub const FLOAT8E4M3FN: i32 = 17;
+    /// float8 e4m3fnuz (no infinities, no negative zero; NaN is 0x80)
+    pub const FLOAT8E4M3FNUZ: i32 = 18;
+    /// float8 e5m2 (IEEE-like)
+    pub const FLOAT8E5M2: i32 = 19;
+    /// float8 e5m2fnuz (no infinities, no negative zero; NaN is 0x80)
+    pub const FLOAT8E5M2FNUZ: i32 = 20;
+    /// uint4 (two per byte, low nibble first)
+    pub const UINT4: i32 = 21;
+    /// int4 (two per byte, low nibble first)
+    pub const INT4: i32 = 22;
+    /// float4 e2m1 (two per byte, low nibble first; no infinities, no NaN)
+    pub const FLOAT4E2M1: i32 = 23;
+    /// float8 e8m0 (a power of two 2^(e-127); 0xFF is NaN)
+    pub const FLOAT8E8M0: i32 = 24;
+    /// uint2 (four per byte, lowest bits first)
+    pub const UINT2: i32 = 25;
+    /// int2 (four per byte, lowest bits first)
+    pub const INT2: i32 = 26;
 
     /// Is this a floating point type (computed as f32 by the interpreter)?
     pub fn is_float(code: i32) -> bool {
-        matches!(code, FLOAT | FLOAT16 | DOUBLE | BFLOAT16)
+        matches!(
+            code,
+            FLOAT
+                | FLOAT16
+                | DOUBLE
+                | BFLOAT16
+                | FLOAT8E4M3FN
+                | FLOAT8E4M3FNUZ
+                | FLOAT8E5M2
+                | FLOAT8E5M2FNUZ
+                | FLOAT4E2M1
+                | FLOAT8E8M0
+        )
     }
 
     /// Is this an integer type (computed as i64 by the interpreter)?
     pub fn is_int(code: i32) -> bool {
         matches!(
             code,
-            UINT8 | INT8 | UINT16 | INT16 | INT32 | INT64 | UINT32 | UINT64
+            UINT8
+                | INT8
+                | UINT16
+                | INT16
+                | INT32
+                | INT64
+                | UINT32
+                | UINT64
+                | UINT4
+                | INT4
+                | UINT2
+                | INT2
         )
     }
 
@@ -87,6 +130,16 @@ pub mod dtype {
             UINT32 => "uint32".into(),
             UINT64 => "uint64".into(),
             BFLOAT16 => "bfloat16".into(),
+            FLOAT8E4M3FN => "float8e4m3fn".into(),
+            FLOAT8E4M3FNUZ => "float8e4m3fnuz".into(),
+            FLOAT8E5M2 => "float8e5m2".into(),
+            FLOAT8E5M2FNUZ => "float8e5m2fnuz".into(),
+            UINT4 => "uint4".into(),
+            INT4 => "int4".into(),
+            FLOAT4E2M1 => "float4e2m1".into(),
+            FLOAT8E8M0 => "float8e8m0".into(),
+            UINT2 => "uint2".into(),
+            INT2 => "int2".into(),
             other => format!("data type {other}"),
         }
     }
@@ -389,6 +442,9 @@ fn check_len(raw: &[u8], numel: usize, width: usize) -> std::result::Result<(), 
 }
 
 fn decode_raw(code: i32, raw: &[u8], numel: usize) -> std::result::Result<HostTensor, String> {
+    if low_precision::is_low_precision(code) {
+        return low_precision::decode_bytes(code, raw, numel);
+    }
     macro_rules! chunks {
         ($t:ty, $n:expr, $map:expr) => {{
             check_len(raw, numel, $n)?;
@@ -422,6 +478,11 @@ fn decode_raw(code: i32, raw: &[u8], numel: usize) -> std::result::Result<HostTe
 }
 
 fn decode_typed(proto: &TensorProto, numel: usize) -> std::result::Result<HostTensor, String> {
+    if low_precision::is_low_precision(proto.data_type) {
+        // One byte (of packed sub-byte values, or one float8) per int32_data entry.
+        let bytes: Vec<u8> = proto.int32_data.iter().map(|&x| x as u8).collect();
+        return low_precision::decode_bytes(proto.data_type, &bytes, numel);
+    }
     let check = |len: usize, what: &str| {
         if len == numel {
             Ok(())
@@ -491,4 +552,346 @@ fn decode_typed(proto: &TensorProto, numel: usize) -> std::result::Result<HostTe
         }
         other => return Err(format!("unsupported data type {}", dtype::name(other))),
     })
+}
+
+/// The ONNX low-precision element types (float8, float4, e8m0, 4- and 2-bit integers): their
+/// storage, and rounding of f32 (and i64) values to them. The interpreter holds these floats as
+/// f32 and these integers as i64; [`round_float`] and [`convert_int`] give the value a `Cast`
+/// to the type produces (as the ONNX reference, on ml_dtypes).
+pub mod low_precision {
+    use super::{HostTensor, dtype, vec1n};
+
+    /// Is `code` one of the types this module stores?
+    pub fn is_low_precision(code: i32) -> bool {
+        (dtype::FLOAT8E4M3FN..=dtype::INT2).contains(&code)
+    }
+
+    /// Bits per element of a low-precision type (0 for other types).
+    pub fn bits(code: i32) -> usize {
+        match code {
+            dtype::UINT4 | dtype::INT4 | dtype::FLOAT4E2M1 => 4,
+            dtype::UINT2 | dtype::INT2 => 2,
+            c if is_low_precision(c) => 8,
+            _ => 0,
+        }
+    }
+
+    /// Decode `numel` values of type `code` from their packed bytes (sub-byte values low bits
+    /// first; a final partial byte is padding).
+    pub fn decode_bytes(
+        code: i32,
+        raw: &[u8],
+        numel: usize,
+    ) -> std::result::Result<HostTensor, String> {
+        let b = bits(code);
+        let per_byte = 8 / b;
+        let need = numel.div_ceil(per_byte);
+        if raw.len() != need {
+            return Err(format!(
+                "{} data has {} bytes, expected {need} ({numel} elements of {b} bits)",
+                dtype::name(code),
+                raw.len()
+            ));
+        }
+        let mask = ((1u16 << b) - 1) as u8;
+        let codes = (0..numel).map(|i| (raw[i / per_byte] >> ((i % per_byte) * b)) & mask);
+        Ok(match code {
+            dtype::UINT4 | dtype::UINT2 => {
+                HostTensor::Int(vec1n(numel, codes.map(i64::from).collect())?)
+            }
+            dtype::INT4 | dtype::INT2 => {
+                let shift = 8 - b;
+                HostTensor::Int(vec1n(
+                    numel,
+                    codes
+                        .map(|c| i64::from(((c << shift) as i8) >> shift))
+                        .collect(),
+                )?)
+            }
+            _ => HostTensor::Float(vec1n(
+                numel,
+                codes.map(|c| decode_float(code, c)).collect(),
+            )?),
+        })
+    }
+
+    /// (mantissa bits, exponent bias, largest finite value) of the float8 / float4 formats.
+    fn format(code: i32) -> (i32, i32, f64) {
+        match code {
+            dtype::FLOAT8E4M3FN => (3, 7, 448.0),
+            dtype::FLOAT8E4M3FNUZ => (3, 8, 240.0),
+            dtype::FLOAT8E5M2 => (2, 15, 57344.0),
+            dtype::FLOAT8E5M2FNUZ => (2, 16, 57344.0),
+            dtype::FLOAT4E2M1 => (1, 1, 6.0),
+            other => unreachable!("not a minifloat type: {other}"),
+        }
+    }
+
+    /// The value of the bit pattern `c` of the float type `code` (float8, float4 or e8m0).
+    pub fn decode_float(code: i32, c: u8) -> f32 {
+        if code == dtype::FLOAT8E8M0 {
+            return if c == 0xFF {
+                f32::NAN
+            } else {
+                2f64.powi(i32::from(c) - 127) as f32
+            };
+        }
+        let (mbits, bias, _) = format(code);
+        let total = if code == dtype::FLOAT4E2M1 { 4 } else { 8 };
+        let ebits = total - 1 - mbits;
+        let sign = (c >> (total - 1)) & 1 == 1;
+        let e = i32::from((c >> mbits) & ((1 << ebits) - 1) as u8);
+        let m = i32::from(c & ((1 << mbits) - 1) as u8);
+        match code {
+            dtype::FLOAT8E4M3FN if e == 15 && m == 7 => return f32::NAN,
+            dtype::FLOAT8E4M3FNUZ | dtype::FLOAT8E5M2FNUZ if c == 0x80 => return f32::NAN,
+            dtype::FLOAT8E5M2 if e == 31 => {
+                return match (m, sign) {
+                    (0, false) => f32::INFINITY,
+                    (0, true) => f32::NEG_INFINITY,
+                    _ => f32::NAN,
+                };
+            }
+            _ => {}
+        }
+        let v = if e == 0 {
+            f64::from(m) * 2f64.powi(1 - bias - mbits)
+        } else {
+            f64::from((1 << mbits) + m) * 2f64.powi(e - bias - mbits)
+        };
+        (if sign { -v } else { v }) as f32
+    }
+
+    /// `x` rounded to the float type `code` (float8, float4 or e8m0), as `Cast` with
+    /// `saturate` (and, for e8m0, `round_mode` "up", "down" or "nearest") does: nearest
+    /// representable value, ties to even; with `saturate`, finite values (and infinities)
+    /// beyond the largest finite value clamp to it (float4, which has no infinity or NaN,
+    /// always saturates); without, they become infinity (e5m2) or NaN (the others). The fnuz
+    /// types have no negative zero.
+    pub fn round_float(code: i32, x: f32, saturate: bool, round_mode: &str) -> f32 {
+        if code == dtype::FLOAT8E8M0 {
+            return decode_float(code, e8m0_bits(x, saturate, round_mode));
+        }
+        let (mbits, bias, max) = format(code);
+        let fnuz = matches!(code, dtype::FLOAT8E4M3FNUZ | dtype::FLOAT8E5M2FNUZ);
+        if x.is_nan() {
+            // ml_dtypes stores a NaN as float4 zero with the sign flipped.
+            return match code {
+                dtype::FLOAT4E2M1 if x.is_sign_negative() => 0.0,
+                dtype::FLOAT4E2M1 => -0.0,
+                _ => f32::NAN,
+            };
+        }
+        let a = f64::from(x.abs());
+        let min_exp = 1 - bias;
+        let rounded = if a.is_infinite() {
+            f64::INFINITY
+        } else {
+            let exp = if a > 0.0 {
+                a.log2().floor() as i32
+            } else {
+                min_exp
+            };
+            // `log2` may be off by one at powers of two: fix the exponent exactly.
+            let exp = if a > 0.0 && 2f64.powi(exp) > a {
+                exp - 1
+            } else if a > 0.0 && 2f64.powi(exp + 1) <= a {
+                exp + 1
+            } else {
+                exp
+            };
+            let quantum = 2f64.powi(exp.max(min_exp) - mbits);
+            (a / quantum).round_ties_even() * quantum
+        };
+        let magnitude = if rounded > max {
+            if saturate || code == dtype::FLOAT4E2M1 {
+                max
+            } else if code == dtype::FLOAT8E5M2 {
+                f64::INFINITY
+            } else {
+                return f32::NAN;
+            }
+        } else {
+            rounded
+        };
+        let v = magnitude as f32;
+        if x.is_sign_negative() && !(fnuz && v == 0.0) {
+            -v
+        } else {
+            v
+        }
+    }
+
+    /// The e8m0 bit pattern of `x`, as the ONNX reference `to_float8e8m0`: the biased f32
+    /// exponent (sign ignored; zero and subnormals give 0, i.e. 2^-127), rounded by the
+    /// mantissa per `round_mode`; NaN and infinity give 0xFF (NaN). With `saturate`, rounding
+    /// never carries 0xFE (2^127) into 0xFF.
+    pub fn e8m0_bits(x: f32, saturate: bool, round_mode: &str) -> u8 {
+        let f = x.to_bits();
+        let exponent = (f >> 23) & 0xFF;
+        if exponent == 0xFF {
+            return 0xFF;
+        }
+        let round_up = match round_mode {
+            "nearest" => {
+                let g = f & 0x40_0000 != 0;
+                let r = f & 0x20_0000 != 0;
+                let s = f & 0x1F_FFFF != 0;
+                g && (r || s || exponent > 0)
+            }
+            "down" => false,
+            _ => f & 0x7F_FFFF != 0,
+        };
+        let up = round_up && !(saturate && exponent == 0xFE);
+        (exponent + u32::from(up)) as u8
+    }
+
+    /// An i64 converted to the 4- or 2-bit integer type `to` as the ONNX reference
+    /// (`astype`): wrapped to the type's width, as a C cast.
+    pub fn convert_int(v: i64, to: i32) -> i64 {
+        let b = bits(to) as u32;
+        let low = (v as u64) & ((1u64 << b) - 1);
+        match to {
+            dtype::INT4 | dtype::INT2 => ((low << (64 - b)) as i64) >> (64 - b),
+            _ => low as i64,
+        }
+    }
+
+    /// An f32 converted to the 4- or 2-bit integer type `to` as the ONNX reference
+    /// (ml_dtypes `astype`): truncated toward zero, then wrapped; NaN and infinities give 0.
+    pub fn convert_float_to_int(x: f32, to: i32) -> i64 {
+        if !x.is_finite() {
+            return 0;
+        }
+        convert_int(x.trunc() as i64, to)
+    }
+}
+
+#[cfg(test)]
+mod low_precision_tests {
+    use super::low_precision::{convert_float_to_int, convert_int, decode_bytes, round_float};
+    use super::{HostTensor, dtype};
+
+    fn r(code: i32, x: f32, saturate: bool) -> f32 {
+        round_float(code, x, saturate, "up")
+    }
+
+    #[test]
+    fn float8e4m3fn_rounds_to_nearest_even_and_saturates() {
+        let t = dtype::FLOAT8E4M3FN;
+        // 1.0625 = 1 + 1/16 lies halfway between 1.0 (0 0111 000) and 1.125 (0 0111 001):
+        // ties to the even mantissa 000.
+        assert_eq!(r(t, 1.0625, true), 1.0);
+        // 1.1875 lies halfway between 1.125 (mantissa 001) and 1.25 (010): to 010.
+        assert_eq!(r(t, 1.1875, true), 1.25);
+        // Largest finite: 0 1111 110 = 1.75 * 2^8 = 448; 464 is the tie with the NaN code
+        // 0 1111 111 and goes to even 448; 465 overflows.
+        assert_eq!(r(t, 464.0, false), 448.0);
+        assert!(r(t, 465.0, false).is_nan());
+        assert_eq!(r(t, 465.0, true), 448.0);
+        assert_eq!(r(t, f32::NEG_INFINITY, true), -448.0);
+        // Smallest subnormal: 0 0000 001 = 2^-9; 2^-10 is the tie with 0 and goes to +0 / -0.
+        assert_eq!(r(t, 2f32.powi(-9), true), 2f32.powi(-9));
+        assert_eq!(r(t, 2f32.powi(-10), true), 0.0);
+        assert!(r(t, -(2f32.powi(-10)), true).is_sign_negative());
+        // 3 * 2^-10 is the tie between 2^-9 (001) and 2^-8 (010): to 010.
+        assert_eq!(r(t, 3.0 * 2f32.powi(-10), true), 2f32.powi(-8));
+    }
+
+    #[test]
+    fn float8_fnuz_and_e5m2() {
+        // e4m3fnuz: largest finite 0 1111 111 = 1.875 * 2^7 = 240; NaN is 1000 0000, so no
+        // negative zero and no infinity: overflow without saturation is NaN.
+        let t = dtype::FLOAT8E4M3FNUZ;
+        assert_eq!(r(t, 250.0, true), 240.0);
+        assert!(r(t, 250.0, false).is_nan());
+        assert!(r(t, f32::INFINITY, false).is_nan());
+        assert!(r(t, -0.0, true).is_sign_positive());
+        // Smallest subnormal 0 0000 001 = 2^-10 (bias 8).
+        assert_eq!(r(t, 2f32.powi(-10), true), 2f32.powi(-10));
+        // e5m2: 0 11110 11 = 1.75 * 2^15 = 57344 is the largest finite; 61440 is the tie
+        // with 2^16 (0 11111 00 = inf), even, so inf without saturation.
+        let t = dtype::FLOAT8E5M2;
+        assert_eq!(r(t, 61440.0, false), f32::INFINITY);
+        assert_eq!(r(t, 61440.0, true), 57344.0);
+        assert_eq!(r(t, 60000.0, false), 57344.0);
+        // 1.125 is the tie between 1.0 (0 01111 00) and 1.25 (01): to 00.
+        assert_eq!(r(t, 1.125, true), 1.0);
+        assert_eq!(r(t, -1.375, true), -1.5);
+        // e5m2fnuz: bias 16, overflow NaN, no negative zero.
+        let t = dtype::FLOAT8E5M2FNUZ;
+        assert!(r(t, 70000.0, false).is_nan());
+        assert!(r(t, -0.0, false).is_sign_positive());
+        assert_eq!(r(t, 2f32.powi(-17), true), 2f32.powi(-17)); // 0 00000 01
+    }
+
+    #[test]
+    fn float4_and_e8m0() {
+        // float4 e2m1 values: 0, 0.5, 1, 1.5, 2, 3, 4, 6; always saturating.
+        let t = dtype::FLOAT4E2M1;
+        assert_eq!(r(t, 0.25, false), 0.0); // tie 0 (0 00 0) / 0.5 (0 00 1): even 0
+        assert_eq!(r(t, 0.75, false), 1.0); // tie 0.5 (001) / 1.0 (010): even 1.0
+        assert_eq!(r(t, 2.5, false), 2.0); // tie 2 (0 10 0) / 3 (0 10 1): even 2
+        assert_eq!(r(t, 5.0, false), 4.0); // tie 4 (0 11 0) / 6 (0 11 1): even 4
+        assert_eq!(r(t, 1e9, false), 6.0);
+        assert_eq!(r(t, f32::NEG_INFINITY, false), -6.0);
+        // e8m0: 2^(e-127). 5 = 1.25 * 2^2: "up" gives 8, "down" 4, "nearest" 4.
+        let t = dtype::FLOAT8E8M0;
+        assert_eq!(round_float(t, 5.0, true, "up"), 8.0);
+        assert_eq!(round_float(t, 5.0, true, "down"), 4.0);
+        assert_eq!(round_float(t, 5.0, true, "nearest"), 4.0);
+        assert_eq!(round_float(t, 6.0, true, "nearest"), 8.0);
+        assert_eq!(round_float(t, -4.0, true, "up"), 4.0);
+        // 1.5 * 2^127 (exponent 0xFE): saturates at 2^127, else the NaN code 0xFF.
+        let big = 1.5 * 2f32.powi(127);
+        assert_eq!(round_float(t, big, true, "up"), 2f32.powi(127));
+        assert!(round_float(t, big, false, "up").is_nan());
+        assert!(round_float(t, f32::INFINITY, true, "up").is_nan());
+    }
+
+    #[test]
+    fn small_ints_wrap() {
+        assert_eq!(convert_int(8, dtype::INT4), -8);
+        assert_eq!(convert_int(-9, dtype::INT4), 7);
+        assert_eq!(convert_int(17, dtype::UINT4), 1);
+        assert_eq!(convert_int(2, dtype::INT2), -2);
+        assert_eq!(convert_int(-1, dtype::UINT2), 3);
+        assert_eq!(convert_float_to_int(-20.0, dtype::INT4), -4);
+        assert_eq!(convert_float_to_int(7.9, dtype::INT4), 7);
+        assert_eq!(convert_float_to_int(f32::NAN, dtype::UINT4), 0);
+    }
+
+    #[test]
+    fn decodes_packed_bytes() {
+        // int4 0x9F: low nibble 1111 = -1, high 1001 = -7; 0x03: 3 (high nibble padding).
+        let t = decode_bytes(dtype::INT4, &[0x9F, 0x03], 3).unwrap();
+        assert_eq!(t, HostTensor::Int(ndarray::arr1(&[-1, -7, 3]).into_dyn()));
+        // uint2 0b11_10_01_00 = 0xE4: 0, 1, 2, 3.
+        let t = decode_bytes(dtype::UINT2, &[0xE4], 4).unwrap();
+        assert_eq!(t, HostTensor::Int(ndarray::arr1(&[0, 1, 2, 3]).into_dyn()));
+        let t = decode_bytes(dtype::INT2, &[0xE4], 4).unwrap();
+        assert_eq!(
+            t,
+            HostTensor::Int(ndarray::arr1(&[0, 1, -2, -1]).into_dyn())
+        );
+        // float4 0x7B: low 1011 = -1.5, high 0111 = 6.
+        let t = decode_bytes(dtype::FLOAT4E2M1, &[0x7B], 2).unwrap();
+        assert_eq!(t, HostTensor::Float(ndarray::arr1(&[-1.5, 6.0]).into_dyn()));
+        // e4m3fn 0x7E = 448, 0xC0 = 1 1000 000 = -2, 0x01 = 2^-9; e5m2 0x7C = inf;
+        // e8m0 0x7F = 1.
+        let t = decode_bytes(dtype::FLOAT8E4M3FN, &[0x7E, 0xC0, 0x01], 3).unwrap();
+        assert_eq!(
+            t,
+            HostTensor::Float(ndarray::arr1(&[448.0, -2.0, 2f32.powi(-9)]).into_dyn())
+        );
+        let HostTensor::Float(a) = decode_bytes(dtype::FLOAT8E5M2, &[0x7C], 1).unwrap() else {
+            panic!()
+        };
+        assert_eq!(a[[0]], f32::INFINITY);
+        let HostTensor::Float(a) = decode_bytes(dtype::FLOAT8E8M0, &[0x7F], 1).unwrap() else {
+            panic!()
+        };
+        assert_eq!(a[[0]], 1.0);
+        assert!(decode_bytes(dtype::INT4, &[0x00], 3).is_err());
+    }
 }

@@ -106,10 +106,12 @@ pub fn write_npy(path: impl AsRef<Path>, value: &Value) -> Result<()> {
 /// Write a value as `.npy` in the ONNX element type `elem_type` (a graph output's declared
 /// type): the interpreter computes floats in f32 and integers in i64, and this narrows or
 /// widens them as a C cast would (integers wrap). bfloat16, which `.npy` cannot hold, is
-/// written as float32 holding the bfloat16-rounded values (nearest, ties to even); an
+/// written as float32 holding the bfloat16-rounded values (nearest, ties to even), and so are
+/// the float8, float4 and e8m0 types (their values, rounded to the type, not saturating); the 4- and
+/// 2-bit integers are written as int8 (signed) or uint8 (unsigned) holding the wrapped value; an
 /// unknown or absent type (0) writes the value as it is.
 pub fn write_npy_as(path: impl AsRef<Path>, value: &Value, elem_type: i32) -> Result<()> {
-    use crate::host_tensor::dtype;
+    use crate::host_tensor::{dtype, low_precision};
     let path = path.as_ref();
     let io = |e: std::io::Error| OnnxError::io(path, e);
     let shape: Vec<u64> = value.shape().iter().map(|&d| d as u64).collect();
@@ -130,6 +132,11 @@ pub fn write_npy_as(path: impl AsRef<Path>, value: &Value, elem_type: i32) -> Re
                 dtype::BFLOAT16 => {
                     write_iter(b, &shape, it.map(|x| half::bf16::from_f32(x).to_f32()))
                 }
+                t if low_precision::is_low_precision(t) => write_iter(
+                    b,
+                    &shape,
+                    it.map(|x| low_precision::round_float(t, x, false, "nearest")),
+                ),
                 _ => write_iter(b, &shape, it),
             }
             .map_err(io)?
@@ -145,6 +152,16 @@ pub fn write_npy_as(path: impl AsRef<Path>, value: &Value, elem_type: i32) -> Re
                 dtype::UINT16 => write_iter(b, &shape, it.map(|x| x as u16)),
                 dtype::UINT32 => write_iter(b, &shape, it.map(|x| x as u32)),
                 dtype::UINT64 => write_iter(b, &shape, it.map(|x| x as u64)),
+                dtype::INT4 | dtype::INT2 => write_iter(
+                    b,
+                    &shape,
+                    it.map(|x| low_precision::convert_int(x, t) as i8),
+                ),
+                dtype::UINT4 | dtype::UINT2 => write_iter(
+                    b,
+                    &shape,
+                    it.map(|x| low_precision::convert_int(x, t) as u8),
+                ),
                 _ => write_iter(b, &shape, it),
             }
             .map_err(io)?

@@ -3,9 +3,10 @@
 
 use ndarray::{ArrayD, IxDyn};
 
+use super::quant::CAST_LIKE_TYPE;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
-use crate::host_tensor::{HostTensor, dtype};
+use crate::host_tensor::{HostTensor, dtype, low_precision};
 use crate::op_bail;
 use crate::value::{FloatValue, Value};
 
@@ -90,19 +91,24 @@ pub fn constant_of_shape(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutp
 }
 
 /// `Cast`: to a float type (computed as f32; a cast to float16 or bfloat16 rounds to that
-/// type's precision, differentiably), an integer type (held as i64, wrapped to the
-/// target's width as a C cast) or bool.
+/// type's precision, differentiably; a cast to float8, float4 or e8m0 rounds to that type's
+/// grid per `saturate` and `round_mode`, with a straight-through gradient), an integer type
+/// (held as i64, wrapped to the target's width as a C cast) or bool.
 pub fn cast(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.take(0, "input")?;
     let to = ctx.attrs.int("to", 0)? as i32;
     Ok(cast_to(ctx, x, to)?.into())
 }
 
-/// `CastLike(input, target_type)`: `Cast` to the element family of `target_type` (float,
-/// integer or bool: the interpreter holds no finer type at run time).
+/// `CastLike(input, target_type)`: `Cast` to the element type of `target_type`, as the
+/// graph declares it (recorded at load time under [`CAST_LIKE_TYPE`]), else to its element
+/// family (float, integer or bool: the interpreter holds no finer type at run time).
 pub fn cast_like(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.take(0, "input")?;
+    let recorded = ctx.attrs.int(CAST_LIKE_TYPE, 0)? as i32;
     let to = match inputs.take(1, "target_type")? {
+        Value::Float(_) if dtype::is_float(recorded) => recorded,
+        Value::Int(_) if dtype::is_int(recorded) => recorded,
         Value::Float(_) => dtype::FLOAT,
         Value::Int(_) => dtype::INT64,
         Value::Bool(_) => dtype::BOOL,
@@ -112,24 +118,50 @@ pub fn cast_like(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 
 fn cast_to(ctx: &OpContext, x: Value, to: i32) -> OpResult<Value> {
     use burn::tensor::FloatDType;
-    Ok(if dtype::is_float(to) {
-        let f = x.into_float(ctx.device)?;
-        let low = match to {
-            dtype::FLOAT16 => Some(FloatDType::F16),
-            dtype::BFLOAT16 => Some(FloatDType::BF16),
-            _ => None,
-        };
-        Value::Float(match low {
-            Some(low) => FloatValue::new(f.tensor.cast(low).cast(FloatDType::F32), f.rank),
-            None => f,
-        })
-    } else if dtype::is_int(to) {
-        Value::Int(x.into_int()?.mapv(|v| wrap_int(v, to)))
-    } else if to == dtype::BOOL {
-        Value::Bool(x.into_bool()?)
-    } else {
-        op_bail!("cannot cast to {}", dtype::name(to))
-    })
+    Ok(
+        if low_precision::is_low_precision(to) && dtype::is_float(to) {
+            let saturate = ctx.attrs.int("saturate", 1)? != 0;
+            let round_mode = ctx.attrs.string("round_mode", "up")?;
+            let f = x.into_float(ctx.device)?;
+            let rounded = f
+                .to_array()?
+                .mapv(|v| low_precision::round_float(to, v, saturate, &round_mode));
+            let r = FloatValue::from_array(&rounded, ctx.device)?;
+            Value::Float(if f.tensor.is_tracked() {
+                // Straight-through: the value is the rounded one, the gradient the identity's.
+                let t = f.tensor.clone() - f.tensor.detach();
+                FloatValue::new(r.tensor + t, r.rank)
+            } else {
+                r
+            })
+        } else if dtype::is_float(to) {
+            let f = x.into_float(ctx.device)?;
+            let low = match to {
+                dtype::FLOAT16 => Some(FloatDType::F16),
+                dtype::BFLOAT16 => Some(FloatDType::BF16),
+                _ => None,
+            };
+            Value::Float(match low {
+                Some(low) => FloatValue::new(f.tensor.cast(low).cast(FloatDType::F32), f.rank),
+                None => f,
+            })
+        } else if low_precision::is_low_precision(to) && dtype::is_int(to) {
+            Value::Int(match x {
+                Value::Float(f) => f
+                    .to_array()?
+                    .mapv(|v| low_precision::convert_float_to_int(v, to)),
+                other => other
+                    .into_int()?
+                    .mapv(|v| low_precision::convert_int(v, to)),
+            })
+        } else if dtype::is_int(to) {
+            Value::Int(x.into_int()?.mapv(|v| wrap_int(v, to)))
+        } else if to == dtype::BOOL {
+            Value::Bool(x.into_bool()?)
+        } else {
+            op_bail!("cannot cast to {}", dtype::name(to))
+        },
+    )
 }
 
 /// An i64 wrapped to the width of the integer type `to`, as a C cast.

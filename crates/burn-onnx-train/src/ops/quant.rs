@@ -40,8 +40,10 @@
 //! values is negative and `uint8` otherwise.
 //!
 //! `uint8`, `int8`, `uint16`, `int16`, `uint4`, `int4`, `uint2` and `int2` targets are
-//! supported (the 4- and 2-bit ones only inside a graph: files and `.npy` arrays cannot carry
-//! them); float8 and float4 targets are refused with the type named.
+//! supported, and so are the float8 and float4 targets (`x / scale` rounded to the type's
+//! grid, with `saturate`, as values in a float value; see
+//! [`crate::host_tensor::low_precision`]). `.npy` files carry the 4- and 2-bit integers as
+//! int8 / uint8 and the float8 / float4 values as float32.
 //!
 //! The integer ops compute exactly on the host, in wrapping i64 arithmetic whose result is
 //! wrapped to 32 bits (int32 accumulation, as ONNX Runtime); the rescaling of the `QLinear*`
@@ -68,18 +70,16 @@ use crate::value::{FloatValue, MAX_RANK, PhysTensor, Value, int_tensor_1d, norm_
 /// node's zero-point input, where the graph states it.
 pub const ZERO_POINT_TYPE: &str = "__zero_point_type";
 
-/// ONNX element type codes of the narrow types, beyond [`dtype`].
+/// Internal attribute set by [`annotate_zero_point_types`] on `CastLike` nodes: the ONNX
+/// element type of the `target_type` input, where the graph states it.
+pub const CAST_LIKE_TYPE: &str = "__cast_like_type";
+
+/// ONNX element type codes of the narrow types (now all in [`dtype`]).
 mod narrow {
-    pub const FLOAT8E4M3FN: i32 = 17;
-    pub const FLOAT8E4M3FNUZ: i32 = 18;
-    pub const FLOAT8E5M2: i32 = 19;
-    pub const FLOAT8E5M2FNUZ: i32 = 20;
-    pub const UINT4: i32 = 21;
-    pub const INT4: i32 = 22;
-    pub const FLOAT4E2M1: i32 = 23;
-    pub const FLOAT8E8M0: i32 = 24;
-    pub const UINT2: i32 = 25;
-    pub const INT2: i32 = 26;
+    pub use crate::host_tensor::dtype::{
+        FLOAT4E2M1, FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, FLOAT8E8M0, INT2,
+        INT4, UINT2, UINT4,
+    };
 }
 
 /// The input slot holding the zero point that decides each op's output type.
@@ -114,7 +114,7 @@ pub fn annotate_zero_point_types(graph: &mut Graph) {
     if !graph
         .nodes
         .iter()
-        .any(|n| zero_point_slot(&n.op_type).is_some())
+        .any(|n| zero_point_slot(&n.op_type).is_some() || n.op_type == "CastLike")
     {
         return;
     }
@@ -154,6 +154,10 @@ pub fn annotate_zero_point_types(graph: &mut Graph) {
             (present, type_of(slot))
         });
         let first = type_of(0);
+        let like = type_of(1);
+        if node.op_type == "CastLike" && like != 0 {
+            node.attrs.set(CAST_LIKE_TYPE, Attr::Int(i64::from(like)));
+        }
         if let Some((_, t)) = zero_point
             && t != 0
         {
@@ -162,6 +166,7 @@ pub fn annotate_zero_point_types(graph: &mut Graph) {
         let attr = |name: &str| node.attrs.int(name, 0).unwrap_or(0) as i32;
         let outputs: Vec<i32> = match node.op_type.as_str() {
             "Cast" => vec![attr("to")],
+            "CastLike" => vec![like],
             "QuantizeLinear" => match zero_point {
                 Some((_, t)) if t != 0 => vec![t],
                 _ if attr("output_dtype") != 0 => vec![attr("output_dtype")],
@@ -308,7 +313,20 @@ pub fn quantize_linear(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput
     let x = inputs.float(0, "x", ctx.device)?;
     let scale = inputs.float(1, "y_scale", ctx.device)?;
     let zp = inputs.opt(2);
-    let (lo, hi) = int_range(target_type(ctx, zp.as_ref())?)?;
+    let target = target_type(ctx, zp.as_ref())?;
+    let float_target = matches!(
+        target,
+        narrow::FLOAT8E4M3FN
+            | narrow::FLOAT8E4M3FNUZ
+            | narrow::FLOAT8E5M2
+            | narrow::FLOAT8E5M2FNUZ
+            | narrow::FLOAT4E2M1
+    );
+    let (lo, hi) = if float_target {
+        (0, 0)
+    } else {
+        int_range(target)?
+    };
     let shape = x.shape();
     if x.numel() == 0 {
         return Ok(Value::Float(x).into());
@@ -334,6 +352,22 @@ pub fn quantize_linear(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput
         Some(z) => t + z.tensor.clone(),
         None => t,
     };
+    if float_target {
+        // Float targets: x / scale (+ zero point, 0 for float8) rounded to the type's grid
+        // (float4 always saturates; float8 per `saturate`), straight-through gradient.
+        let saturate = ctx.attrs.int("saturate", 1)? != 0;
+        let linear = shift(scaled.tensor);
+        let values = FloatValue::new(linear.clone().detach(), rank).to_array()?;
+        let rounded = values
+            .mapv(|v| crate::host_tensor::low_precision::round_float(target, v, saturate, "up"));
+        let codes = FloatValue::from_array(&rounded, ctx.device)?.tensor;
+        let codes = if grad {
+            codes + (linear.clone() - linear.detach())
+        } else {
+            codes
+        };
+        return Ok(Value::Float(FloatValue::new(codes, rank)).into());
+    }
     let (lo, hi) = (lo as f32, hi as f32);
     let unclamped = shift(scaled.tensor.clone().detach().round());
     let codes = unclamped.clone().clamp(lo, hi);

@@ -37,6 +37,7 @@ fn scalar_int(inputs: &mut Inputs, i: usize, what: &str) -> OpResult<Option<i64>
 /// e^{2 pi i jk / len}`; with `real_inverse` (one-sided inverse) the input bins are the
 /// Hermitian half, bins `0 < j < len - j` count twice and only the real part is produced.
 /// `weights` scale the input elements (an `STFT` window).
+#[allow(clippy::too_many_arguments)]
 fn dft_matrix(
     n_in: usize,
     c_in: usize,
