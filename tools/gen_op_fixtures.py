@@ -567,3 +567,93 @@ single("deform_conv_strided_dilated_19", "DeformConv", [], ["y"], 19,
        inits=[("x", rand_sig(2, 2, 6, 5)), ("w", rand_sig(3, 2, 2, 3)),
               ("offset", deform_offsets(2, 2 * 2 * 3, 4, 2))],
        strides=[2, 1], dilations=[1, 2], pads=[1, 0, 1, 1])
+
+# --- session 13's element-wise, reduction, indexing and layout ops: the gradients of each
+# checked by finite differences (tests/finite_difference.rs); their own seeded generator.
+rng_s13 = np.random.default_rng(1313)
+
+
+def away_from(values, kinks, gap=0.05):
+    """Move values within `gap` of a kink (where the op is not differentiable) off it."""
+    for k in kinks:
+        near = np.abs(values - k) < gap
+        values[near] = k + np.sign(values[near] - k + 1e-9) * gap
+    return values
+
+
+xs = away_from(rng_s13.standard_normal((3, 5)).astype(np.float32) * 1.5, [0.0, 0.3, -0.4, 0.4])
+save("activations_s13",
+     [helper.make_node("Selu", ["x"], ["a"]), helper.make_node("Celu", ["x"], ["b"], alpha=0.7),
+      helper.make_node("Mish", ["x"], ["c"]), helper.make_node("Softsign", ["x"], ["d"]),
+      helper.make_node("ThresholdedRelu", ["x"], ["e"], alpha=0.3),
+      helper.make_node("Shrink", ["x"], ["f"], lambd=0.4, bias=0.1),
+      helper.make_node("Sum", ["a", "b", "c", "d", "e", "f"], ["y"])],
+     [], [("y", F)], [], 22, inits=[("x", xs)])
+t = (rng_s13.standard_normal((2, 6)).astype(np.float32))
+save("trig_hyperbolic_s13",
+     [helper.make_node("Tanh", ["x"], ["t0"]), helper.make_node("Mul", ["t0", "c09"], ["t"]),
+      helper.make_node("Asin", ["t"], ["a"]), helper.make_node("Acos", ["t"], ["b"]),
+      helper.make_node("Atanh", ["t"], ["c"]), helper.make_node("Atan", ["x"], ["d"]),
+      helper.make_node("Sinh", ["x"], ["e"]), helper.make_node("Cosh", ["x"], ["f"]),
+      helper.make_node("Asinh", ["x"], ["g"]), helper.make_node("Tan", ["t"], ["h"]),
+      helper.make_node("Abs", ["x"], ["ax"]), helper.make_node("Add", ["ax", "c15"], ["x1"]),
+      helper.make_node("Acosh", ["x1"], ["i"]),
+      helper.make_node("Sum", ["a", "b", "c", "d", "e", "f", "g", "h", "i"], ["y"])],
+     [], [("y", F)], [], 13,
+     inits=[("x", away_from(t, [0.0])), ("c09", np.array(0.9, np.float32)), ("c15", np.array(1.5, np.float32))])
+r = rng_s13.standard_normal((2, 3, 4)).astype(np.float32)
+save("reductions_s13",
+     [helper.make_node("ReduceL1", ["x", "axes"], ["a"], keepdims=0),
+      helper.make_node("ReduceProd", ["x", "axes"], ["b"], keepdims=0),
+      helper.make_node("Abs", ["x"], ["ax"]), helper.make_node("Add", ["ax", "half"], ["xp"]),
+      helper.make_node("ReduceLogSum", ["xp", "axes"], ["c"], keepdims=0),
+      helper.make_node("Sum", ["a", "b", "c"], ["y"])],
+     [], [("y", F)], [], 18,
+     inits=[("x", away_from(r, [0.0], 0.1)), ("axes", np.array([1, 2], np.int64)), ("half", np.array(0.5, np.float32))])
+save("cumprod_exclusive_reverse_s13",
+     [helper.make_node("CumProd", ["x", "axis"], ["y"], exclusive=1, reverse=1)],
+     [], [("y", F)], [], 26, inits=[("x", rng_s13.standard_normal((3, 4)).astype(np.float32)),
+                                    ("axis", np.array(1, np.int64))], run=False)
+if wanted("cumprod_exclusive_reverse_s13"):
+    # onnxruntime 1.32 has no CumProd: the reference evaluator gives the expected output.
+    from onnx.reference import ReferenceEvaluator
+    p = os.path.join(OUT, "cumprod_exclusive_reverse_s13")
+    (y,) = ReferenceEvaluator(p + ".onnx").run(None, {})
+    np.savez(p + ".npz", out_y=y)
+g = rng_s13.standard_normal((3, 4, 2)).astype(np.float32)
+save("gather_scatter_nd_s13",
+     [helper.make_node("GatherND", ["x", "gi"], ["g"]),
+      helper.make_node("ScatterND", ["base", "si", "g"], ["s"]),
+      helper.make_node("ScatterElements", ["s", "ei", "eu"], ["y"], axis=1, reduction="add")],
+     [], [("y", F)], [], 18,
+     inits=[("x", g), ("gi", np.array([[2, 1], [0, 3]], np.int64)),
+            ("base", rng_s13.standard_normal((4, 2)).astype(np.float32)),
+            ("si", np.array([[3], [1]], np.int64)),
+            ("ei", np.array([[1, 0], [0, 0]], np.int64)),
+            ("eu", rng_s13.standard_normal((2, 2)).astype(np.float32))])
+save("topk_compress_s13",
+     [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=0),
+      helper.make_node("Compress", ["v", "keep"], ["y"], axis=1)],
+     [], [("y", F)], [], 11,
+     inits=[("x", rng_s13.permutation(24).reshape(4, 6).astype(np.float32) * 0.3),
+            ("k", np.array([3], np.int64)), ("keep", np.array([True, False, True]))])
+save("local_norms_s13",
+     [helper.make_node("LRN", ["x"], ["a"], size=3, alpha=0.2, beta=0.6, bias=1.5),
+      helper.make_node("LpNormalization", ["a"], ["b"], axis=1, p=2),
+      helper.make_node("MeanVarianceNormalization", ["b"], ["y"], axes=[0, 2, 3])],
+     [], [("y", F)], [], 13, inits=[("x", rng_s13.standard_normal((2, 4, 3, 3)).astype(np.float32))])
+single("pool3d_avg_dilated_s13", "AveragePool", [], ["y"], 19,
+       inits=[("x", rng_s13.standard_normal((1, 2, 5, 5, 4)).astype(np.float32))],
+       kernel_shape=[2, 2, 2], dilations=[2, 1, 2], pads=[1, 0, 1, 0, 1, 0], count_include_pad=1)
+single("pool3d_max_s13", "MaxPool", [], ["y"], 12,
+       inits=[("x", rng_s13.permutation(2 * 4 * 4 * 4).reshape(1, 2, 4, 4, 4).astype(np.float32) * 0.1)],
+       kernel_shape=[2, 2, 2], strides=[2, 1, 2])
+single("resize_cubic_antialias_s13", "Resize", [], ["y"], 18,
+       inits=[("x", rng_s13.standard_normal((1, 1, 6, 7)).astype(np.float32)), ("roi", np.array([], np.float32)),
+              ("scales", np.array([1, 1, 0.6, 1.3], np.float32))],
+       _input_order=["x", "roi", "scales"], mode="cubic", antialias=1)
+single("pad_wrap_s13", "Pad", [], ["y"], 19,
+       inits=[("x", rng_s13.standard_normal((2, 3, 4)).astype(np.float32)), ("pads", np.array([0, 2, -1, 0, 1, 3], np.int64))],
+       mode="wrap")
+single("depth_to_space_crd_s13", "DepthToSpace", [], ["y"], 13,
+       inits=[("x", rng_s13.standard_normal((1, 8, 2, 3)).astype(np.float32))], blocksize=2, mode="CRD")

@@ -4,7 +4,11 @@
 //! training-mode BatchNormalization, ConvTranspose, Instance/GroupNormalization, PRelu,
 //! Einsum, SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss with class weights and
 //! ignored targets, Attention with grouped-query heads, RotaryEmbedding, RMSNormalization,
-//! RNN/GRU/LSTM unrolled over time, weights read inside If branches and Loop/Scan bodies).
+//! RNN/GRU/LSTM unrolled over time, weights read inside If branches and Loop/Scan bodies,
+//! GridSample/AffineGrid/Col2Im/LpPool/ReverseSequence/Det, DFT/STFT, DeformConv, the
+//! activations and trigonometry of session 13, ReduceL1/Prod/LogSum, CumProd, GatherND /
+//! ScatterND / ScatterElements, TopK + Compress, LRN / LpNormalization / MVN, 3-D pooling,
+//! cubic antialiased Resize, wrap Pad, DepthToSpace). Fixtures: `tools/gen_op_fixtures.py`.
 //! Also the batch-norm running-statistics update against numpy.
 
 mod common;
@@ -265,4 +269,24 @@ fn spectral_gradients() {
 fn deform_conv_gradients() {
     check("deform_conv_groups_mask_19", Mode::Eval);
     check("deform_conv_strided_dilated_19", Mode::Eval);
+}
+
+#[test]
+fn session_13_elementwise_and_reduction_gradients() {
+    check("activations_s13", Mode::Eval);
+    check("trig_hyperbolic_s13", Mode::Eval);
+    check("reductions_s13", Mode::Eval);
+    check("cumprod_exclusive_reverse_s13", Mode::Eval);
+    check("local_norms_s13", Mode::Eval);
+}
+
+#[test]
+fn session_13_indexing_and_layout_gradients() {
+    check("gather_scatter_nd_s13", Mode::Eval);
+    check("topk_compress_s13", Mode::Eval);
+    check("pool3d_avg_dilated_s13", Mode::Eval);
+    check("pool3d_max_s13", Mode::Eval);
+    check("resize_cubic_antialias_s13", Mode::Eval);
+    check("pad_wrap_s13", Mode::Eval);
+    check("depth_to_space_crd_s13", Mode::Eval);
 }

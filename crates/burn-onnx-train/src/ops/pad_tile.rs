@@ -112,8 +112,9 @@ fn pad_float(
     Ok(FloatValue::new(t, rank))
 }
 
-/// Wrap-mode padding: along each axis, output position `i` reads input position
-/// `(i - begin) mod n`, a differentiable `select` (negative pads crop the same way).
+/// Wrap-mode padding: along each axis, negative pads crop first (as onnxruntime does), then
+/// output position `i` reads cropped position `(i - begin) mod m`, a differentiable
+/// `select`.
 fn wrap(
     ctx: &OpContext,
     mut x: FloatValue,
@@ -123,18 +124,22 @@ fn wrap(
 ) -> OpResult<FloatValue> {
     for a in 0..shape.len() {
         let n = shape[a] as i64;
-        let len = n + begin[a] + end[a];
         if begin[a] == 0 && end[a] == 0 {
             continue;
         }
-        if n == 0 || len < 0 {
+        let (start, stop) = ((-begin[a]).max(0), n - (-end[a]).max(0));
+        let m = stop - start;
+        let (pb, pe) = (begin[a].max(0), end[a].max(0));
+        if m <= 0 {
             op_bail!(
                 "cannot wrap-pad dim {a} of size {n} by {} and {}",
                 begin[a],
                 end[a]
             );
         }
-        let idx: Vec<i64> = (0..len).map(|i| (i - begin[a]).rem_euclid(n)).collect();
+        let idx: Vec<i64> = (0..m + pb + pe)
+            .map(|i| start + (i - pb).rem_euclid(m))
+            .collect();
         let phys = x.axis(a as i64)?;
         let idx = crate::value::int_tensor_1d(idx, ctx.device);
         x = FloatValue::new(x.tensor.select(phys, idx), x.rank);
