@@ -149,7 +149,8 @@ pub fn sum(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     variadic(ctx, inputs, "Sum", i64::wrapping_add, |a, b| a + b)
 }
 
-fn unary(
+/// `f` of the float input `X`, as a one-output op.
+pub(super) fn unary(
     ctx: &OpContext,
     mut inputs: Inputs,
     f: impl FnOnce(PhysTensor) -> PhysTensor,

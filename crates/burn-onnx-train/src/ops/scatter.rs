@@ -79,14 +79,16 @@ fn nd_rows(
     Ok((rows, inner))
 }
 
+/// Inputs 0 and 1: the data and its (row-major) integer indices.
+fn data_and_indices(inputs: &mut Inputs) -> OpResult<(Value, ArrayD<i64>)> {
+    let data = inputs.take(0, "data")?;
+    let indices = inputs.take(1, "indices")?.into_int()?;
+    Ok((data, indices.as_standard_layout().into_owned()))
+}
+
 /// `GatherND` (`batch_dims`)
 pub fn gather_nd(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
-    let data = inputs.take(0, "data")?;
-    let indices = inputs
-        .take(1, "indices")?
-        .into_int()?
-        .as_standard_layout()
-        .into_owned();
+    let (data, indices) = data_and_indices(&mut inputs)?;
     let batch_dims = ctx.attrs.int("batch_dims", 0)? as usize;
     let shape = data.shape();
     let (rows, inner) = nd_rows(&shape, &indices, batch_dims)?;
@@ -103,12 +105,7 @@ pub fn gather_nd(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 
 /// `ScatterND` (`reduction`: none, add, mul, max, min)
 pub fn scatter_nd(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
-    let data = inputs.take(0, "data")?;
-    let indices = inputs
-        .take(1, "indices")?
-        .into_int()?
-        .as_standard_layout()
-        .into_owned();
+    let (data, indices) = data_and_indices(&mut inputs)?;
     let updates = inputs.take(2, "updates")?;
     let shape = data.shape();
     let (rows, inner) = nd_rows(&shape, &indices, 0)?;

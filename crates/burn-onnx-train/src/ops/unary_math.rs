@@ -7,19 +7,11 @@
 
 use burn::tensor::activation;
 
+use super::elementwise::unary;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{FloatValue, PhysTensor, Value};
-
-fn unary(
-    ctx: &OpContext,
-    mut inputs: Inputs,
-    f: impl FnOnce(PhysTensor) -> PhysTensor,
-) -> OpResult<OpOutput> {
-    let x = inputs.float(0, "X", ctx.device)?;
-    Ok(Value::Float(FloatValue::new(f(x.tensor), x.rank)).into())
-}
 
 /// `Tan`
 pub fn tan(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
