@@ -657,3 +657,38 @@ single("pad_wrap_s13", "Pad", [], ["y"], 19,
        mode="wrap")
 single("depth_to_space_crd_s13", "DepthToSpace", [], ["y"], 13,
        inits=[("x", rng_s13.standard_normal((1, 8, 2, 3)).astype(np.float32))], blocksize=2, mode="CRD")
+
+# --- CausalConvWithState and LinearAttention (opset 27) --------------------------------
+rng_s27 = np.random.default_rng(2727)
+single("causal_conv_with_state_silu_27", "CausalConvWithState", [], ["y", "state"], 27,
+       inits=[("x", rng_s27.standard_normal((2, 3, 5)).astype(np.float32)),
+              ("w", rng_s27.standard_normal((3, 1, 3)).astype(np.float32) * 0.7),
+              ("b", rng_s27.standard_normal(3).astype(np.float32)),
+              ("past", rng_s27.standard_normal((2, 3, 2)).astype(np.float32))],
+       activation="silu")
+single("linear_attention_gated_delta_gqa_27", "LinearAttention", [], ["y", "state"], 27,
+       inits=[("q", rng_s27.standard_normal((1, 3, 4 * 3)).astype(np.float32)),
+              ("k", rng_s27.standard_normal((1, 3, 2 * 3)).astype(np.float32) * 0.5),
+              ("v", rng_s27.standard_normal((1, 3, 2 * 2)).astype(np.float32)),
+              ("past", rng_s27.standard_normal((1, 2, 3, 2)).astype(np.float32) * 0.3),
+              ("decay", -np.abs(rng_s27.standard_normal((1, 3, 2))).astype(np.float32) * 0.3),
+              ("beta", rng_s27.uniform(0.2, 0.9, (1, 3, 2)).astype(np.float32))],
+       q_num_heads=4, kv_num_heads=2)
+
+# --- 3-D ConvTranspose, output_shape padding, Einsum diagonal (own generator) -----------
+rng_ctd = np.random.default_rng(2718)
+single("conv_transpose3d_grad_ct", "ConvTranspose", [], ["y"], 13,
+       inits=[("x", rng_ctd.standard_normal((1, 2, 3, 2, 3)).astype(np.float32)),
+              ("w", rng_ctd.standard_normal((2, 2, 2, 3, 2)).astype(np.float32)),
+              ("b", rng_ctd.standard_normal((2,)).astype(np.float32))],
+       strides=[2, 1, 2], pads=[1, 0, 0, 0, 1, 1], output_padding=[1, 0, 0])
+single("conv_transpose_output_shape_extra_ct", "ConvTranspose", [], ["y"], 13,
+       inits=[("x", rng_ctd.standard_normal((1, 1, 3, 3)).astype(np.float32)),
+              ("w", rng_ctd.standard_normal((1, 2, 3, 3)).astype(np.float32)),
+              ("b", rng_ctd.standard_normal((2,)).astype(np.float32))],
+       strides=[3, 2], output_shape=[10, 8])
+single("einsum_batch_diagonal_ct", "Einsum", [], ["y"], 12,
+       inits=[("x", rng_ctd.standard_normal((2, 3, 4, 4)).astype(np.float32))], equation="...ii->...i")
+single("einsum_diagonal_matmul_ct", "Einsum", [], ["y"], 12,
+       inits=[("a", rng_ctd.standard_normal((3, 3, 4)).astype(np.float32)),
+              ("b", rng_ctd.standard_normal((4, 5)).astype(np.float32))], equation="iij,jk->ik")

@@ -8,7 +8,8 @@
 //! GridSample/AffineGrid/Col2Im/LpPool/ReverseSequence/Det, DFT/STFT, DeformConv, the
 //! activations and trigonometry of session 13, ReduceL1/Prod/LogSum, CumProd, GatherND /
 //! ScatterND / ScatterElements, TopK + Compress, LRN / LpNormalization / MVN, 3-D pooling,
-//! cubic antialiased Resize, wrap Pad, DepthToSpace). Fixtures: `tools/gen_op_fixtures.py`.
+//! cubic antialiased Resize, wrap Pad, DepthToSpace, CausalConvWithState, LinearAttention, 3-D
+//! ConvTranspose, Einsum diagonals). Fixtures: `tools/gen_op_fixtures.py`.
 //! Also the batch-norm running-statistics update against numpy.
 
 mod common;
@@ -289,4 +290,20 @@ fn session_13_indexing_and_layout_gradients() {
     check("resize_cubic_antialias_s13", Mode::Eval);
     check("pad_wrap_s13", Mode::Eval);
     check("depth_to_space_crd_s13", Mode::Eval);
+}
+
+/// `CausalConvWithState` (SiLU, bias, past state) and `LinearAttention` (gated delta rule,
+/// grouped query heads, past state): differentiable in every float input.
+#[test]
+fn causal_conv_and_linear_attention_gradients() {
+    check("causal_conv_with_state_silu_27", Mode::Eval);
+    check("linear_attention_gated_delta_gqa_27", Mode::Eval);
+}
+
+#[test]
+fn conv_transpose_3d_and_einsum_diagonal_gradients() {
+    check("conv_transpose3d_grad_ct", Mode::Eval);
+    check("conv_transpose_output_shape_extra_ct", Mode::Eval);
+    check("einsum_batch_diagonal_ct", Mode::Eval);
+    check("einsum_diagonal_matmul_ct", Mode::Eval);
 }

@@ -15,6 +15,7 @@ mod attention;
 mod bits_misc;
 mod bitwise;
 mod broadcast;
+mod causal_conv;
 mod compare;
 mod concat_split;
 mod control_flow;
@@ -29,6 +30,7 @@ mod gather;
 mod generators;
 mod grid;
 mod image_misc;
+mod linear_attention;
 mod local_norm;
 mod loss;
 mod matmul;
@@ -320,6 +322,7 @@ const OPS: &[(&str, OpFn)] = &[
     ("Tile", pad_tile::tile),
     ("Trilu", scan::trilu),
     ("Resize", resize::resize),
+    ("Upsample", resize::upsample),
     // control flow (subgraphs)
     ("If", control_flow::if_op),
     ("Loop", control_flow::loop_op),
@@ -360,4 +363,6 @@ const OPS: &[(&str, OpFn)] = &[
     ("DeformConv", detection::deform_conv),
     ("BitCast", bits_misc::bit_cast),
     ("TensorScatter", bits_misc::tensor_scatter),
+    ("CausalConvWithState", causal_conv::causal_conv_with_state),
+    ("LinearAttention", linear_attention::linear_attention),
 ];

@@ -4,7 +4,7 @@
 //! `pytorch_half_pixel`, `align_corners`, `asymmetric`, `tf_half_pixel_for_nn`,
 //! `tf_crop_and_resize` with `roi` and `extrapolation_value`) and `keep_aspect_ratio_policy`.
 //! Each resized axis is a weighted sum of a few index selections (its taps), so the op is
-//! exact and differentiable.
+//! exact and differentiable. The deprecated `Upsample` (opsets 7 to 9) reuses the same taps.
 
 use burn::tensor::{Tensor, TensorData};
 
@@ -317,6 +317,56 @@ pub fn resize(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         }
         let phys = axis + MAX_RANK - rank;
         t = resize_axis(ctx, t, phys, &a, &coord, &interp, extrapolation)?;
+    }
+    Ok(Value::Float(FloatValue::new(t, rank)).into())
+}
+
+/// `Upsample` (deprecated, opsets 7 to 9): `scales` as an attribute (opset 7) or as the
+/// second input (opset 9), one per axis. `nearest` is Resize's `asymmetric` coordinates
+/// with `floor` rounding, `linear` (also spelt `bilinear`) its `asymmetric` linear mode.
+pub fn upsample(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let x = inputs.float(0, "X", ctx.device)?;
+    let shape = x.shape();
+    let rank = shape.len();
+    let scales: Vec<f64> = match inputs.opt(1) {
+        Some(Value::Float(f)) => f.to_array()?.iter().map(|&v| f64::from(v)).collect(),
+        Some(_) => op_bail!("`scales` must be a float tensor"),
+        None => match ctx.attrs.get("scales") {
+            Some(crate::attributes::Attr::Floats(s)) => s.iter().map(|&v| f64::from(v)).collect(),
+            _ => op_bail!("needs `scales` (a float list attribute or the second input)"),
+        },
+    };
+    if scales.len() != rank || scales.iter().any(|&s| !(s.is_finite() && s > 0.0)) {
+        op_bail!("scales {scales:?} must be one positive value per axis of {shape:?}");
+    }
+    let mode = match ctx.attrs.string("mode", "nearest")?.as_str() {
+        "nearest" => "nearest",
+        "linear" | "bilinear" => "linear",
+        other => op_bail!("mode {other:?} is not supported (nearest, linear)"),
+    };
+    let interp = Interpolation {
+        mode,
+        nearest: "floor",
+        cubic_a: -0.75,
+        antialias: false,
+        exclude_outside: false,
+    };
+    let mut t = x.tensor;
+    for (axis, &scale) in scales.iter().enumerate() {
+        let a = AxisResize {
+            n_in: shape[axis],
+            n_out: (shape[axis] as f64 * scale).floor() as usize,
+            scale,
+            roi: (0.0, 1.0),
+        };
+        if a.n_in == a.n_out && scale == 1.0 {
+            continue;
+        }
+        if a.n_in == 0 || a.n_out == 0 {
+            op_bail!("cannot upsample axis {axis} from {} to {}", a.n_in, a.n_out);
+        }
+        let phys = axis + MAX_RANK - rank;
+        t = resize_axis(ctx, t, phys, &a, "asymmetric", &interp, 0.0)?;
     }
     Ok(Value::Float(FloatValue::new(t, rank)).into())
 }
