@@ -692,3 +692,51 @@ single("einsum_batch_diagonal_ct", "Einsum", [], ["y"], 12,
 single("einsum_diagonal_matmul_ct", "Einsum", [], ["y"], 12,
        inits=[("a", rng_ctd.standard_normal((3, 3, 4)).astype(np.float32)),
               ("b", rng_ctd.standard_normal((4, 5)).astype(np.float32))], equation="iij,jk->ik")
+
+# --- FlexAttention (ai.onnx.preview opset 1; own generator) ------------------------------
+# Grouped-query heads (4 query, 2 key/value), a soft-capping score_mod that also adds an
+# outer-scope weight (a captured initializer, so it trains), and a prob_mod scaling by a
+# body constant. onnxruntime has no FlexAttention: the reference evaluator gives the output.
+rng_fa = np.random.default_rng(4242)
+if wanted("flex_attention_mods_gqa_fa"):
+    case = "flex_attention_mods_gqa_fa"
+    score_mod = helper.make_graph(
+        [helper.make_node("Div", ["scores", "cap"], ["scaled"]),
+         helper.make_node("Tanh", ["scaled"], ["capped_unit"]),
+         helper.make_node("Mul", ["capped_unit", "cap"], ["capped"]),
+         helper.make_node("Add", ["capped", "rel_bias"], ["scores_out"])],
+        "score_mod_soft_cap_bias", [vi("scores", F, None)], [vi("scores_out", F, None)],
+        initializer=[numpy_helper.from_array(np.array(2.5, np.float32), "cap")])
+    prob_mod = helper.make_graph(
+        [helper.make_node("Mul", ["probs", "pscale"], ["probs_out"])],
+        "prob_mod_scale", [vi("probs", F, None)], [vi("probs_out", F, None)],
+        initializer=[numpy_helper.from_array(np.array(0.8, np.float32), "pscale")])
+    inits = [("q", rng_fa.standard_normal((1, 4, 3, 4)).astype(np.float32)),
+             ("k", rng_fa.standard_normal((1, 2, 5, 4)).astype(np.float32)),
+             ("v", rng_fa.standard_normal((1, 2, 5, 3)).astype(np.float32)),
+             ("rel_bias", rng_fa.standard_normal((3, 5)).astype(np.float32) * 0.5)]
+    graph = helper.make_graph(
+        [helper.make_node("FlexAttention", ["q", "k", "v"], ["y"], domain="ai.onnx.preview",
+                          scale=0.4, score_mod=score_mod, prob_mod=prob_mod)],
+        case, [], [vi("y", F, None)],
+        initializer=[numpy_helper.from_array(a, n) for n, a in inits])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 26),
+                                                    helper.make_opsetid("ai.onnx.preview", 1)],
+                              producer_name="gen_op_fixtures")
+    model.ir_version = 10
+    path = os.path.join(OUT, case + ".onnx")
+    onnx.save(model, path)
+    try:
+        (y,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["y"], {})
+    except Exception:  # onnxruntime refuses the preview domain
+        # The reference evaluator does not resolve outer-scope names inside FlexAttention's
+        # subgraphs: it runs a copy with rel_bias moved into score_mod (the same values).
+        from onnx.reference import ReferenceEvaluator
+        ref = onnx.ModelProto()
+        ref.CopyFrom(model)
+        for a in ref.graph.node[0].attribute:
+            if a.name == "score_mod":
+                a.g.initializer.append(numpy_helper.from_array(inits[3][1], "rel_bias"))
+        (y,) = ReferenceEvaluator(ref).run(None, {})
+    np.savez(os.path.join(OUT, case + ".npz"), out_y=y)
+    print("wrote", case)

@@ -147,7 +147,9 @@ fn build_nodes(
         } else {
             format!("{scope}/{}#{index}", n.op_type)
         };
-        if !(n.domain.is_empty() || n.domain == "ai.onnx")
+        // FlexAttention lives in the preview domain.
+        let preview = n.domain == "ai.onnx.preview" && n.op_type == "FlexAttention";
+        if !(n.domain.is_empty() || n.domain == "ai.onnx" || preview)
             || (n.op_type != "Constant" && ops::lookup(&n.op_type).is_none())
         {
             return Err(OnnxError::UnsupportedOp {

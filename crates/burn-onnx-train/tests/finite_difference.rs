@@ -9,7 +9,7 @@
 //! activations and trigonometry of session 13, ReduceL1/Prod/LogSum, CumProd, GatherND /
 //! ScatterND / ScatterElements, TopK + Compress, LRN / LpNormalization / MVN, 3-D pooling,
 //! cubic antialiased Resize, wrap Pad, DepthToSpace, CausalConvWithState, LinearAttention, 3-D
-//! ConvTranspose, Einsum diagonals). Fixtures: `tools/gen_op_fixtures.py`.
+//! ConvTranspose, Einsum diagonals, FlexAttention with score_mod/prob_mod). Fixtures: `tools/gen_op_fixtures.py`.
 //! Also the batch-norm running-statistics update against numpy.
 
 mod common;
@@ -306,4 +306,12 @@ fn conv_transpose_3d_and_einsum_diagonal_gradients() {
     check("conv_transpose_output_shape_extra_ct", Mode::Eval);
     check("einsum_batch_diagonal_ct", Mode::Eval);
     check("einsum_diagonal_matmul_ct", Mode::Eval);
+}
+
+/// `FlexAttention` with grouped-query heads, a soft-capping `score_mod` that adds an
+/// outer-scope weight (captured by the subgraph) and a scaling `prob_mod`: differentiable in
+/// Q, K, V and the captured weight.
+#[test]
+fn flex_attention_gradients() {
+    check("flex_attention_mods_gqa_fa", Mode::Eval);
 }

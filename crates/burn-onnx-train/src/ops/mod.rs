@@ -26,6 +26,7 @@ mod detection;
 mod dropout;
 mod einsum;
 mod elementwise;
+mod flex_attention;
 mod gather;
 mod generators;
 mod grid;
@@ -51,6 +52,7 @@ mod select;
 mod signal;
 mod slice;
 mod softmax;
+mod tfidf;
 mod unary_math;
 mod window;
 mod windows_signal;
@@ -365,4 +367,6 @@ const OPS: &[(&str, OpFn)] = &[
     ("TensorScatter", bits_misc::tensor_scatter),
     ("CausalConvWithState", causal_conv::causal_conv_with_state),
     ("LinearAttention", linear_attention::linear_attention),
+    ("FlexAttention", flex_attention::flex_attention),
+    ("TfIdfVectorizer", tfidf::tfidf_vectorizer),
 ];
