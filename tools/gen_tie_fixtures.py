@@ -8,7 +8,8 @@ closed form):
 - `merged_norm.onnx`: two LayerNormalization nodes sharing one all-ones scale (the second
   through an `Identity` node) and one all-zeros bias;
 - `merged_bn_stats.onnx`: two BatchNormalization nodes on two inputs sharing one running
-  mean (zeros) and variance (ones), each read through its own `Identity` node.
+  mean (zeros) and variance (ones), each read through its own `Identity` node;
+- `folded_mask.onnx`: a causal mask of finfo.min folded into an initializer (a constant).
 
     /tmp/venv/bin/python tools/gen_tie_fixtures.py
 """
@@ -32,11 +33,13 @@ def save(name, nodes, inputs, outputs, inits, opset=17):
     onnx.save(model, os.path.join(OUT, name + ".onnx"))
 
 
-E = rng.standard_normal((6, 3)).astype(np.float32)
+# 32 x 16: big enough that float sums over E and over its transpose differ in the last bits
+# (an order-dependent fingerprint would miss the tie, as it did on real GPT-2 exports).
+E = rng.standard_normal((32, 16)).astype(np.float32)
 save("tied_lm_head",
      [helper.make_node("Gather", ["E", "ids"], ["h"]), helper.make_node("MatMul", ["h", "W"], ["y"])],
      [helper.make_tensor_value_info("ids", I, [4])],
-     [helper.make_tensor_value_info("y", F, [4, 6])],
+     [helper.make_tensor_value_info("y", F, [4, 32])],
      [("E", E), ("W", np.ascontiguousarray(E.T))])
 
 save("merged_norm",
@@ -64,3 +67,14 @@ save("merged_bn_stats",
       ("s2", rng.standard_normal(2).astype(np.float32)), ("b2", rng.standard_normal(2).astype(np.float32)),
       ("mean", np.zeros(2, np.float32)), ("var", np.ones(2, np.float32))], opset=15)
 print("wrote", OUT)
+
+# A causal mask folded into an initializer (dynamo at fixed shapes): finfo(float32).min above
+# the diagonal. It is a constant, not a parameter.
+mask = np.triu(np.full((4, 4), np.finfo(np.float32).min, np.float32), 1)
+save("folded_mask",
+     [helper.make_node("MatMul", ["x", "W"], ["s"]), helper.make_node("Add", ["s", "mask"], ["m"]),
+      helper.make_node("Softmax", ["m"], ["y"], axis=-1)],
+     [helper.make_tensor_value_info("x", F, [4, 4])],
+     [helper.make_tensor_value_info("y", F, [4, 4])],
+     [("W", rng.standard_normal((4, 4)).astype(np.float32)), ("mask", mask)])
+print("wrote folded_mask")

@@ -245,14 +245,16 @@ fn drop_dead_identities(graph: &mut GraphProto) {
     }
 }
 
-/// A cheap key equal for a tensor and its transpose: element count, sum and sum of
-/// squares (in f64).
+/// A cheap key equal for a tensor and any permutation of its elements (a transpose): the
+/// element count and two wrapping sums over the elements' bits, which do not depend on the
+/// order of the elements (floating-point sums do, in their last bits).
 fn fingerprint(a: &ndarray::ArrayD<f32>) -> (usize, u64, u64) {
-    let (s, q) = a.iter().fold((0f64, 0f64), |(s, q), &v| {
-        let v = f64::from(v);
-        (s + v, q + v * v)
+    let (s, m) = a.iter().fold((0u64, 0u64), |(s, m), v| {
+        let bits = u64::from(v.to_bits());
+        let mixed = bits.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+        (s.wrapping_add(bits), m.wrapping_add(mixed))
     });
-    (a.len(), s.to_bits(), q.to_bits())
+    (a.len(), s, m)
 }
 
 fn tie_duplicates(

@@ -163,11 +163,7 @@ impl OnnxModel {
         let mut sources = HashMap::new();
         for (name, t) in std::mem::take(&mut graph.initializers) {
             let shape = t.shape().to_vec();
-            let (role, reason) = match usage.default_role(
-                &name,
-                matches!(t, HostTensor::Float(_)),
-                shape.iter().product(),
-            ) {
+            let (role, reason) = match usage.default_role(&name, &t) {
                 DefaultRole::HostConstant(reason) => {
                     constants.push(ConstantInfo {
                         name: name.clone(),

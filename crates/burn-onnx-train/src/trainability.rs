@@ -21,7 +21,7 @@
 use std::collections::HashSet;
 
 use crate::graph::{Graph, Node};
-use crate::host_tensor::dtype;
+use crate::host_tensor::{HostTensor, dtype};
 
 /// Input slots that are settings, not differentiable data (scales, bounds, ratios, shapes,
 /// axes, indices, conditions): no gradient flows through them.
@@ -89,6 +89,11 @@ const SETTING_SLOTS: &[(&str, &[usize])] = &[
     ("NonMaxSuppression", &[2, 3, 4]),
     ("TensorScatter", &[2]),
 ];
+
+/// Magnitude from which a float initializer's values are mask fillers (exporters fold
+/// attention masks with `-inf`, `finfo.min` = -3.4e38 or -1e30 into initializers), not
+/// weights: no trained weight gets there.
+const MASK_MAGNITUDE: f32 = 1e30;
 
 /// Input slots that hold state updated by the forward pass (batch-norm running statistics).
 const STATE_SLOTS: &[(&str, &[usize])] = &[("BatchNormalization", &[3, 4])];
@@ -227,10 +232,11 @@ impl Usage {
 
     /// The default role of initializer `name` with `elements` elements of ONNX type `elem_type`
     /// (`float` tells whether the importer holds it as a float tensor).
-    pub fn default_role(&self, name: &str, float: bool, elements: usize) -> DefaultRole {
-        if !float {
+    pub fn default_role(&self, name: &str, tensor: &HostTensor) -> DefaultRole {
+        let HostTensor::Float(values) = tensor else {
             return DefaultRole::HostConstant("integer or bool tensor");
-        }
+        };
+        let elements = values.len();
         if self.setting_only.contains(name) {
             return DefaultRole::HostConstant(
                 "only read as a setting (shape, axes, indices, scale, bound, ratio or condition)",
@@ -242,6 +248,12 @@ impl Usage {
         match elements {
             0 => DefaultRole::Constant("empty"),
             1 => DefaultRole::Constant("scalar or one-element tensor"),
+            _ if values
+                .iter()
+                .any(|v| !v.is_finite() || v.abs() >= MASK_MAGNITUDE) =>
+            {
+                DefaultRole::Constant("holds infinite or >= 1e30 values (an attention mask)")
+            }
             _ if !self.differentiable.contains(name) => {
                 DefaultRole::Constant("no gradient path to a graph output")
             }

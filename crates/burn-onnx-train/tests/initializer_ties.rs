@@ -3,7 +3,8 @@
 //! differences of the forward pass:
 //! - a transposed copy of an embedding trains as the embedding (GPT-2's folded `lm_head`);
 //! - two LayerNorms sharing an all-ones scale and all-zeros bias get one each;
-//! - two BatchNorms sharing running statistics (through `Identity`) update one each.
+//! - two BatchNorms sharing running statistics (through `Identity`) update one each;
+//! - an attention mask the exporter folded into an initializer is a constant.
 
 mod common;
 
@@ -74,7 +75,7 @@ fn a_transposed_copy_of_the_embedding_trains_as_the_embedding() {
         "W is read from E, not a parameter of its own"
     );
     let e = values(&model.param_by_name("E").unwrap());
-    let (v, d) = (6, 3);
+    let (v, d) = (32, 16);
     let y = float_out(&model, feeds(), Mode::Eval).remove(0);
     let grads = objective(&y, &device).backward();
     let grad = values(&model.param_grads(&grads).remove(0).1);
@@ -217,4 +218,19 @@ fn batch_norms_sharing_running_statistics_update_one_each() {
 
 fn float_input(values: Vec<f32>, shape: &[usize], device: &Device) -> Value {
     burn_onnx_train::model::float_input(values, shape, device).unwrap()
+}
+
+#[test]
+fn a_folded_attention_mask_is_a_constant_not_a_parameter() {
+    let model = load("folded_mask", &eval_device(), TieOptions::default());
+    let roles: Vec<_> = model
+        .param_infos()
+        .iter()
+        .map(|p| (p.name.as_str(), p.role))
+        .collect();
+    use burn_onnx_train::ParamRole;
+    assert_eq!(
+        roles,
+        [("W", ParamRole::Trainable), ("mask", ParamRole::Constant)]
+    );
 }
