@@ -5,9 +5,10 @@
 //!   embedding (GPT-2's and T5's `lm_head`) into a second initializer. Trained as it is,
 //!   the copy drifts apart from the embedding. An initializer that equals an earlier one
 //!   exactly, directly or transposed (2-D), and is not filled with one constant value, is
-//!   taken for the same parameter: it is removed and read through an `Identity` or
-//!   `Transpose` node of the earlier one, so both readers train one tensor (and export
-//!   writes the tie as that node).
+//!   reported as a duplicate; with `tie_duplicates` (opt-in: export then writes the tie as
+//!   a node, and the tensor-parallel planner does not yet split a weight read through a
+//!   tie) it is removed and read through an `Identity` or `Transpose` node of the earlier
+//!   one, so both readers train one tensor.
 //! - **Merged constants.** TorchScript merges initializers of equal value, so a fresh
 //!   model's norm weights (all ones), biases (all zeros) and batch-norm running statistics
 //!   become one tensor read by many nodes, directly or through `Identity` nodes. Those
@@ -29,7 +30,8 @@ use crate::host_tensor::HostTensor;
 /// Which rewrites to apply (both on by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TieOptions {
-    /// Train initializers that duplicate another (directly or transposed) as one parameter.
+    /// Train initializers that duplicate another (directly or transposed) as one parameter
+    /// (off by default: detected duplicates are only reported).
     pub tie_duplicates: bool,
     /// Give every reader of a shared constant-filled initializer its own copy.
     pub untie_constant_fills: bool,
@@ -38,7 +40,7 @@ pub struct TieOptions {
 impl Default for TieOptions {
     fn default() -> Self {
         TieOptions {
-            tie_duplicates: true,
+            tie_duplicates: false,
             untie_constant_fills: true,
         }
     }
@@ -47,14 +49,17 @@ impl Default for TieOptions {
 /// One decision, for `inspect`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TieDecision {
-    /// `copy` equals `original` (transposed when `transposed`) and now reads it.
-    Tied {
-        /// The removed initializer.
+    /// `copy` equals `original` (transposed when `transposed`); with `tied`, it is read
+    /// from `original` and trains as it, else it stays a parameter of its own.
+    Duplicate {
+        /// The later initializer.
         copy: String,
-        /// The initializer it is read from.
+        /// The earlier one it equals.
         original: String,
-        /// Read through a 2-D transpose.
+        /// Equal through a 2-D transpose.
         transposed: bool,
+        /// Whether the copy now reads the original.
+        tied: bool,
     },
     /// The constant-filled `original` was shared by several nodes; `copies` are the new
     /// initializers, one per further reading node.
@@ -69,14 +74,21 @@ pub enum TieDecision {
 impl std::fmt::Display for TieDecision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TieDecision::Tied {
+            TieDecision::Duplicate {
                 copy,
                 original,
                 transposed,
+                tied,
             } => write!(
                 f,
-                "tied: '{copy}' equals '{original}'{} and trains as it",
-                if *transposed { " transposed" } else { "" }
+                "{}: '{copy}' equals '{original}'{} {}",
+                if *tied { "tied" } else { "duplicate" },
+                if *transposed { " transposed" } else { "" },
+                if *tied {
+                    "and trains as it"
+                } else {
+                    "(tie_duplicate_initializers = true trains them as one)"
+                }
             ),
             TieDecision::Untied { original, copies } => write!(
                 f,
@@ -99,9 +111,7 @@ pub fn apply(
     if options.untie_constant_fills {
         decisions.extend(untie_constant_fills(graph, initializers));
     }
-    if options.tie_duplicates {
-        decisions.extend(tie_duplicates(graph, initializers));
-    }
+    decisions.extend(tie_duplicates(graph, initializers, options.tie_duplicates));
     decisions
 }
 
@@ -257,9 +267,12 @@ fn fingerprint(a: &ndarray::ArrayD<f32>) -> (usize, u64, u64) {
     (a.len(), s, m)
 }
 
+/// Find initializers equal to an earlier one (directly or transposed); with `tie`, read
+/// each from the earlier one.
 fn tie_duplicates(
     graph: &mut GraphProto,
     initializers: &mut Vec<(String, HostTensor)>,
+    tie: bool,
 ) -> Vec<TieDecision> {
     let mut seen: HashMap<(usize, u64, u64), Vec<usize>> = HashMap::new();
     let mut ties: Vec<(usize, usize, bool)> = Vec::new();
@@ -295,11 +308,15 @@ fn tie_duplicates(
             initializers[original].0.clone(),
         );
         tie_nodes.push(tie_node(&original, &copy, transposed));
-        decisions.push(TieDecision::Tied {
+        decisions.push(TieDecision::Duplicate {
             copy,
             original,
             transposed,
+            tied: tie,
         });
+    }
+    if !tie {
+        return decisions;
     }
     let removed: Vec<String> = ties
         .iter()
