@@ -23,7 +23,7 @@ use crate::value::{FloatValue, MAX_RANK, Value, norm_axis};
 
 /// A body ready to run repeatedly: the outer values it reads and its constants, uploaded
 /// once.
-struct Runner<'a> {
+pub(super) struct Runner<'a> {
     ctx: &'a OpContext<'a>,
     body: &'a Body,
     outer: &'a HashMap<&'a str, Value>,
@@ -31,7 +31,8 @@ struct Runner<'a> {
 }
 
 impl<'a> Runner<'a> {
-    fn new(
+    /// A runner of `body` reading outer values from `outer`.
+    pub(super) fn new(
         ctx: &'a OpContext<'a>,
         body: &'a Body,
         outer: &'a HashMap<&'a str, Value>,
@@ -64,7 +65,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Run the body on its formal inputs; `iteration` keys the random streams of its nodes.
-    fn run(&self, formal: Vec<Value>, iteration: u64) -> OpResult<Vec<Value>> {
+    pub(super) fn run(&self, formal: Vec<Value>, iteration: u64) -> OpResult<Vec<Value>> {
         let body = self.body;
         if formal.len() != body.inputs.len() {
             op_bail!(
@@ -132,7 +133,7 @@ impl<'a> Runner<'a> {
 
 /// The node's formal inputs and, by name, the outer values its subgraphs read (its
 /// trailing inputs).
-fn split_inputs<'a>(
+pub(super) fn split_inputs<'a>(
     ctx: &'a OpContext,
     inputs: Inputs,
 ) -> OpResult<(Vec<Option<Value>>, HashMap<&'a str, Value>)> {

@@ -14,11 +14,11 @@ use std::collections::HashMap;
 
 use burn::tensor::Tensor;
 
+use super::control_flow::{Runner, split_inputs};
 use super::matmul::matmul_values;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::{OpError, OpResult};
 use crate::graph::Body;
-use crate::model::mix_seed;
 use crate::op_bail;
 use crate::value::{FloatValue, MAX_RANK, Value};
 
@@ -46,58 +46,8 @@ fn run_mod(
             body.outputs.len()
         );
     }
-    let mut env: HashMap<&str, Value> = HashMap::new();
-    for (name, t) in &body.constants {
-        env.insert(name.as_str(), Value::from_host(t, ctx.device)?);
-    }
-    env.insert(body.inputs[0].name.as_str(), Value::Float(x));
-    let fetch = |env: &HashMap<&str, Value>, name: &str| -> OpResult<Value> {
-        match env.get(name).or_else(|| outer.get(name)) {
-            Some(v) => Ok(v.clone()),
-            None => op_bail!(
-                "{}: value '{name}' was not computed (an optional output this importer does \
-                 not produce?)",
-                body.name
-            ),
-        }
-    };
-    let seed = mix_seed(ctx.seed, salt);
-    for (i, node) in body.nodes.iter().enumerate() {
-        let err = |e: OpError| {
-            OpError(format!(
-                "{}: node `{}` ({}): {}",
-                body.name, node.name, node.op_type, e.0
-            ))
-        };
-        let args = node
-            .inputs
-            .iter()
-            .map(|name| {
-                if name.is_empty() {
-                    Ok(None)
-                } else {
-                    fetch(&env, name).map(Some)
-                }
-            })
-            .collect::<OpResult<Vec<_>>>()
-            .map_err(err)?;
-        let node_ctx = OpContext {
-            device: ctx.device,
-            train: ctx.train,
-            opset: ctx.opset,
-            attrs: &node.attrs,
-            num_outputs: node.outputs.len(),
-            seed: mix_seed(seed, i as u64),
-            autocast: ctx.autocast,
-        };
-        let out = (node.op)(&node_ctx, Inputs(args)).map_err(err)?;
-        for (name, v) in node.outputs.iter().zip(out.values) {
-            if !name.is_empty() {
-                env.insert(name.as_str(), v);
-            }
-        }
-    }
-    let out = fetch(&env, &body.outputs[0].name)?.into_float(ctx.device)?;
+    let mut outs = Runner::new(ctx, body, outer)?.run(vec![Value::Float(x)], salt)?;
+    let out = outs.remove(0).into_float(ctx.device)?;
     let got = out.shape();
     if got != shape {
         if got.len() > shape.len() {
@@ -116,22 +66,7 @@ fn run_mod(
 /// multiple of `Hkv`; `scale` defaults to `1 / sqrt(E)`.
 pub fn flex_attention(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     // Formal inputs first, then the outer values the subgraphs read.
-    let captured = ctx.attrs.captured();
-    let mut args = inputs.0;
-    if args.len() < captured.len() {
-        op_bail!(
-            "expects {} outer values after its inputs, got {} inputs in all",
-            captured.len(),
-            args.len()
-        );
-    }
-    let outer_values = args.split_off(args.len() - captured.len());
-    let outer: HashMap<&str, Value> = captured
-        .iter()
-        .map(String::as_str)
-        .zip(outer_values)
-        .filter_map(|(n, v)| v.map(|v| (n, v)))
-        .collect();
+    let (args, outer) = split_inputs(ctx, inputs)?;
     let mut inputs = Inputs(args);
     let q = inputs.float(0, "Q", ctx.device)?;
     let k = inputs.float(1, "K", ctx.device)?;
