@@ -22,6 +22,8 @@ pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi_comm;
 #[cfg(feature = "cuda")]
+pub mod cuda_probe;
+#[cfg(feature = "cuda")]
 pub mod nccl_comm;
 pub mod overlap;
 pub mod record;
@@ -44,6 +46,8 @@ pub use launch::run_threads;
 pub use mpi;
 #[cfg(feature = "mpi")]
 pub use mpi_comm::{MpiCommunicator, launched_by_mpi};
+#[cfg(feature = "cuda")]
+pub use cuda_probe::check_cuda_device;
 #[cfg(feature = "cuda")]
 pub use nccl_comm::NcclCommunicator;
 pub use overlap::{OverlappedSync, SyncTimes};

@@ -11,6 +11,7 @@
 //! CUDA backend) are averaged where they are ([`DeviceReduce`]): NCCL reads and writes
 //! the CubeCL buffer through its device address, after the kernels that wrote it finish.
 //! Both sides retain the device's primary CUDA context, so the address is valid for both.
+//! A group of one ([`NcclCommunicator::single`]) needs no MPI: its id never travels.
 
 use std::sync::{Arc, Mutex};
 
@@ -28,8 +29,9 @@ use crate::mpi_comm::MpiCommunicator;
 
 /// One rank of an NCCL group.
 pub struct NcclCommunicator {
-    /// The MPI group this NCCL group was built over: sub-groups split from it.
-    mpi: MpiCommunicator,
+    /// The MPI group this NCCL group was built over: sub-groups split from it. `None` for
+    /// a group of one started without MPI.
+    mpi: Option<MpiCommunicator>,
     device: usize,
     comm: Mutex<Comm>,
     stream: Arc<CudaStream>,
@@ -49,7 +51,17 @@ impl NcclCommunicator {
     /// Build the NCCL group over the ranks of `mpi`; `device` is this rank's GPU ordinal
     /// (usually the node-local rank, `OMPI_COMM_WORLD_LOCAL_RANK`).
     pub fn init(mpi: MpiCommunicator, device: usize) -> DistResult<Self> {
-        let (rank, size) = (mpi.rank(), mpi.world_size());
+        Self::build(Some(mpi), device)
+    }
+
+    /// A group of one on GPU `device`, without MPI: a single-GPU run, or a check that the
+    /// NCCL library works on this machine (`tools/gpu/check.sh`).
+    pub fn single(device: usize) -> DistResult<Self> {
+        Self::build(None, device)
+    }
+
+    fn build(mpi: Option<MpiCommunicator>, device: usize) -> DistResult<Self> {
+        let (rank, size) = mpi.as_ref().map_or((0, 1), |m| (m.rank(), m.world_size()));
         let fail = |m: String| DistError::Invalid { rank, message: m };
         // SAFETY: these only try to load the shared libraries.
         let present = unsafe {
@@ -70,7 +82,9 @@ impl NcclCommunicator {
         };
         // Bytes are exact in f32, so the id can travel through the f32 broadcast.
         let mut wire: Vec<f32> = id.internal().iter().map(|&c| c as u8 as f32).collect();
-        mpi.broadcast(&mut wire, 0)?;
+        if let Some(mpi) = &mpi {
+            mpi.broadcast(&mut wire, 0)?;
+        }
         let mut internal = [0 as std::ffi::c_char; 128];
         for (dst, src) in internal.iter_mut().zip(&wire) {
             *dst = *src as u8 as std::ffi::c_char;
@@ -254,14 +268,17 @@ impl Communicator for NcclCommunicator {
     fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
         // cudarc 0.19 does not expose ncclCommSplit: split the MPI group and build a new
         // NCCL group over each colour (every rank of this group takes part, as in MPI).
-        Ok(Box::new(NcclCommunicator::init(
-            self.mpi.split_mpi(color, key)?,
-            self.device,
-        )?))
+        let mpi = match &self.mpi {
+            Some(mpi) => Some(mpi.split_mpi(color, key)?),
+            None => None,
+        };
+        Ok(Box::new(NcclCommunicator::build(mpi, self.device)?))
     }
 
     fn abort(&self, code: i32) {
-        self.mpi.abort(code);
+        if let Some(mpi) = &self.mpi {
+            mpi.abort(code);
+        }
     }
 
     fn device_reduce(&self) -> Option<&dyn DeviceReduce> {

@@ -1,10 +1,13 @@
 //! The `#[cube]` kernels and their launches on CubeCL tensors (wgpu, CUDA, HIP from one
-//! source). Every input is made contiguous first; outputs are fresh contiguous tensors.
+//! source). Every input is made contiguous first; outputs are fresh contiguous tensors:
+//! `empty_device_contiguous_dtype`, not `empty_device_dtype`, whose CUDA allocation pads
+//! rows to an aligned pitch that flat indexing would write across (on wgpu it does not,
+//! which hid the difference until the kernels first ran on CUDA).
 
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::{DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
@@ -154,7 +157,7 @@ pub fn cross_entropy_forward(logits: CubeTensor, targets: CubeTensor) -> CubeTen
     let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
     let (rows, _) = rows_and_classes(&logits);
     let client = logits.client.clone();
-    let loss = empty_device_dtype(
+    let loss = empty_device_contiguous_dtype(
         client.clone(),
         logits.device.clone(),
         Shape::new([rows]),
@@ -190,7 +193,7 @@ pub fn cross_entropy_backward(
     );
     let (rows, classes) = rows_and_classes(&logits);
     let client = logits.client.clone();
-    let dx = empty_device_dtype(
+    let dx = empty_device_contiguous_dtype(
         client.clone(),
         logits.device.clone(),
         Shape::new([rows, classes]),
@@ -219,7 +222,7 @@ pub fn unscale(grad: CubeTensor, flag: CubeTensor, factor: f32) -> CubeTensor {
     let grad = into_contiguous(grad);
     let client = grad.client.clone();
     let n = grad.shape().num_elements();
-    let out = empty_device_dtype(
+    let out = empty_device_contiguous_dtype(
         client.clone(),
         grad.device.clone(),
         grad.shape(),

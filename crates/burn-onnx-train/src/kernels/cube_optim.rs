@@ -14,7 +14,7 @@
 
 use burn::backend::DType;
 use burn::backend::TensorMetadata;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
@@ -293,7 +293,7 @@ pub fn lamb(b: FlatBuffers) -> (CubeTensor, CubeTensor, CubeTensor) {
     let chunks = n / CHUNK;
     let tensors = starts.shape().num_elements() - 1;
     let empty =
-        |len: usize| empty_device_dtype(client.clone(), device.clone(), [len].into(), DType::F32);
+        |len: usize| empty_device_contiguous_dtype(client.clone(), device.clone(), [len].into(), DType::F32);
     let (direction, partials, trust) = (empty(n), empty(2 * chunks), empty(tensors));
     let dim = CubeDim::new_1d(THREADS);
     let per_chunk = calculate_cube_count_elemwise(&client, chunks * THREADS as usize, dim);

@@ -115,14 +115,13 @@ pub fn where_op(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             };
             let x = x.broadcast_to(&shape)?;
             let y = y.broadcast_to(&shape)?;
-            let cond = cond
-                .broadcast(ndarray::IxDyn(&shape))
-                .map(|c| c.iter().copied().collect::<Vec<bool>>());
-            let Some(cond) = cond else {
-                crate::op_bail!("condition does not broadcast to {shape:?}")
-            };
+            // The condition travels at its own shape and is broadcast where the tensors
+            // live (a causal mask is T x T, the scores it selects batch x heads x T x T).
+            let cond_dims = padded(cond.shape())?.to_vec();
+            let cond: Vec<bool> = cond.iter().copied().collect();
             let mask: Tensor<{ crate::value::MAX_RANK }, Bool> =
-                Tensor::from_data(TensorData::new(cond, padded(&shape)?.to_vec()), ctx.device);
+                Tensor::<{ crate::value::MAX_RANK }, Bool>::from_data(TensorData::new(cond, cond_dims), ctx.device)
+                    .expand(padded(&shape)?);
             // y where the mask is false, x where it is true.
             let out = y.tensor.mask_where(mask, x.tensor);
             Ok(Value::Float(FloatValue::new(out, shape.len())).into())

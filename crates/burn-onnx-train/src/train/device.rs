@@ -59,6 +59,8 @@ fn wgpu_device(_: Option<usize>) -> Result<Device> {
 
 #[cfg(feature = "cuda")]
 fn cuda_device(index: usize) -> Result<Device> {
+    burn_ort_dist::check_cuda_device(index)
+        .map_err(|why| OnnxError::field("device", format!("cuda:{index}: {why}")))?;
     Ok(Device::cuda(index))
 }
 

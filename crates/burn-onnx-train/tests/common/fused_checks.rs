@@ -1,0 +1,268 @@
+//! The fused kernels' and optimizers' checks, shared by the CPU tests (`kernels.rs`,
+//! `fused_optimizer.rs`) and the GPU tests (`gpu.rs`): softmax cross-entropy against its
+//! f64 closed form and the plain composition, and the fused multi-tensor Adam/AdamW/LAMB
+//! against Burn's optimizers with interchangeable records.
+
+use std::collections::HashMap;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_onnx_train::OnnxModel;
+use burn_onnx_train::kernels::{FusedAdam, cross_entropy_rows, cross_entropy_rows_reference};
+use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
+use burn_onnx_train::train::optimizer::{build_optimizer, flat_rule, weight_decays};
+use burn_ort_dist::ReplicaOptimizer;
+use ndarray::{ArrayD, IxDyn};
+
+use super::{assert_close, lcg, refkit};
+
+pub fn host(t: Tensor<1>) -> ArrayD<f32> {
+    let v = t
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap();
+    ArrayD::from_shape_vec(IxDyn(&[v.len()]), v).unwrap()
+}
+
+pub fn host2(t: Tensor<2>) -> ArrayD<f32> {
+    let dims = t.dims();
+    let v = t
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap();
+    ArrayD::from_shape_vec(IxDyn(&dims), v).unwrap()
+}
+
+/// Logits spread over +-8 (so softmax is far from uniform) for `rows` x `classes`, targets,
+/// and per-row weights for a non-trivial upstream gradient.
+pub fn problem(rows: usize, classes: usize) -> (Vec<f32>, Vec<i64>, Vec<f32>) {
+    let mut next = lcg(7);
+    let logits = (0..rows * classes)
+        .map(|_| (next() % 16001) as f32 / 1000.0 - 8.0)
+        .collect();
+    let targets = (0..rows)
+        .map(|_| (next() % classes as u64) as i64)
+        .collect();
+    let weights = (0..rows)
+        .map(|_| (next() % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    (logits, targets, weights)
+}
+
+/// Loss per row and the gradient of `sum(w * loss)` with respect to the logits.
+pub fn loss_and_grad(
+    device: &Device,
+    rows: usize,
+    classes: usize,
+    fused: bool,
+) -> (ArrayD<f32>, ArrayD<f32>) {
+    let (logits, targets, weights) = problem(rows, classes);
+    let device = device.clone().autodiff();
+    let x = Tensor::<2>::from_data(TensorData::new(logits, vec![rows, classes]), &device)
+        .require_grad();
+    let t = Tensor::<1, Int>::from_data(TensorData::new(targets, vec![rows]), &device);
+    let w = Tensor::<1>::from_data(TensorData::new(weights, vec![rows]), &device);
+    let loss = if fused {
+        cross_entropy_rows(x.clone(), t)
+    } else {
+        cross_entropy_rows_reference(x.clone(), t)
+    };
+    let grads = (loss.clone() * w).sum().backward();
+    let g = x.grad(&grads).unwrap();
+    (host(loss.inner()), host2(g))
+}
+
+/// The closed form in f64 on the host: per-row loss and the gradient of `sum(w * loss)`.
+pub fn exact(rows: usize, classes: usize) -> (ArrayD<f32>, ArrayD<f32>) {
+    let (logits, targets, weights) = problem(rows, classes);
+    let (mut loss, mut grad) = (Vec::new(), Vec::new());
+    for r in 0..rows {
+        let x = &logits[r * classes..(r + 1) * classes];
+        let max = x.iter().fold(f64::MIN, |m, &v| m.max(v as f64));
+        let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
+        let t = targets[r] as usize;
+        loss.push((max + sum.ln() - x[t] as f64) as f32);
+        for (j, &v) in x.iter().enumerate() {
+            let p = (v as f64 - max).exp() / sum;
+            grad.push(((p - if j == t { 1.0 } else { 0.0 }) * weights[r] as f64) as f32);
+        }
+    }
+    (
+        ArrayD::from_shape_vec(IxDyn(&[rows]), loss).unwrap(),
+        ArrayD::from_shape_vec(IxDyn(&[rows, classes]), grad).unwrap(),
+    )
+}
+
+/// The fused op on `device` against the closed form (1e-6 relative) and against
+/// `log_softmax` + `gather` on `device` and on the CPU (f32 summation noise).
+pub fn check_cross_entropy(device: &Device) {
+    // 1000 classes: four strides of a 256-thread cube and a ragged tail; 50257: GPT-2's
+    // vocabulary; 2: fewer classes than threads.
+    for (rows, classes) in [(37, 1000), (3, 50257), (5, 2)] {
+        let (loss, grad) = loss_and_grad(device, rows, classes, true);
+        let (want_loss, want_grad) = exact(rows, classes);
+        assert_close(
+            &format!("{rows}x{classes} loss vs f64"),
+            &loss,
+            &want_loss,
+            1e-6,
+            1e-6,
+        );
+        assert_close(
+            &format!("{rows}x{classes} gradient vs f64"),
+            &grad,
+            &want_grad,
+            1e-7,
+            1e-6,
+        );
+        for reference in [device.clone(), Device::flex()] {
+            let (ref_loss, ref_grad) = loss_and_grad(&reference, rows, classes, false);
+            assert_close(
+                &format!("{rows}x{classes} loss vs log_softmax+gather"),
+                &loss,
+                &ref_loss,
+                1e-6,
+                1e-5,
+            );
+            assert_close(
+                &format!("{rows}x{classes} gradient vs log_softmax+gather"),
+                &grad,
+                &ref_grad,
+                1e-7,
+                1e-5,
+            );
+        }
+        assert!(
+            grad.iter().any(|g| g.abs() > 1e-3),
+            "the gradient is not trivially zero"
+        );
+    }
+}
+
+pub fn config(kind: OptimizerKind) -> OptimizerConfig {
+    OptimizerConfig {
+        kind,
+        weight_decay: 0.05,
+        no_weight_decay: vec!["bias".into()],
+        ..Default::default()
+    }
+}
+
+/// Random gradients (uniform in [-0.5, 0.5), scaled per step) for every trainable
+/// parameter.
+pub struct RandomGrads {
+    next: Box<dyn FnMut() -> u64>,
+    scale: f32,
+    device: Device,
+    grads: GradientsParams,
+}
+
+impl ModuleVisitor for RandomGrads {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let t = param.val();
+        if !t.is_require_grad() {
+            return;
+        }
+        let dims = t.dims();
+        let n: usize = dims.iter().product();
+        let values: Vec<f32> = (0..n)
+            .map(|_| ((self.next)() % 10_000) as f32 / 10_000.0 - 0.5)
+            .map(|v| v * self.scale)
+            .collect();
+        let g = Tensor::<D>::from_data(TensorData::new(values, dims), &self.device);
+        self.grads.register(param.id, g);
+    }
+}
+
+pub fn grads(model: &OnnxModel, step: u64) -> GradientsParams {
+    let mut r = RandomGrads {
+        next: Box::new(lcg(step + 11)),
+        scale: 1.0 / (step as f32 + 1.0),
+        device: model.device().inner(),
+        grads: GradientsParams::new(),
+    };
+    model.visit(&mut r);
+    r.grads
+}
+
+pub struct Values(HashMap<ParamId, Vec<f32>>);
+
+impl ModuleVisitor for Values {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let v = param.val().into_data().convert::<f32>().try_to_vec::<f32>();
+        self.0.insert(param.id, v.unwrap());
+    }
+}
+
+pub fn values(model: &OnnxModel) -> HashMap<ParamId, Vec<f32>> {
+    let mut v = Values(HashMap::new());
+    model.visit(&mut v);
+    v.0
+}
+
+pub fn assert_same(what: &str, got: &OnnxModel, want: &OnnxModel, initial: &OnnxModel) {
+    let (got, want, initial) = (values(got), values(want), values(initial));
+    let mut moved = 0.0f32;
+    for (id, w) in &want {
+        let g = &got[id];
+        for (i, ((a, b), p)) in g.iter().zip(w).zip(&initial[id]).enumerate() {
+            // Relative to the parameter's magnitude (an update can cancel it to ~0).
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs().max(p.abs()) + 1e-9,
+                "{what}: parameter {id} [{i}]: fused {a}, Burn {b} (initially {p})"
+            );
+        }
+        for (a, b) in w.iter().zip(&initial[id]) {
+            moved = moved.max((a - b).abs());
+        }
+    }
+    assert!(
+        moved > 1e-4,
+        "{what}: the parameters did not move ({moved})"
+    );
+}
+
+pub fn check(kind: OptimizerKind, device: Device) {
+    let c = config(kind);
+    let initial = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
+    let fused_new = || FusedAdam::new(flat_rule(&c), weight_decays(&c, &initial)).unwrap();
+    let (mut fused, mut burn) = (fused_new(), build_optimizer(&c, &initial));
+    let (mut a, mut b) = (initial.clone(), initial.clone());
+    let lrs = [1e-2, 5e-3, 2e-3, 1e-3];
+    for (step, lr) in lrs.iter().take(3).enumerate() {
+        a = fused.step(*lr, a, grads(&initial, step as u64)).unwrap();
+        b = ReplicaOptimizer::step(&mut burn, *lr, b, grads(&initial, step as u64)).unwrap();
+    }
+    assert_same(&format!("{kind:?}, 3 updates"), &a, &b, &initial);
+
+    // The fused optimizer's record continues under Burn's, and Burn's under a fresh fused
+    // one; each fourth update agrees with the uninterrupted one.
+    let (fused_record, burn_record) = (fused.record_bytes().unwrap(), burn.record_bytes().unwrap());
+    let mut burn_from_fused = build_optimizer(&c, &initial);
+    burn_from_fused.load_record_bytes(fused_record).unwrap();
+    let mut fused_from_burn = fused_new();
+    fused_from_burn.load_record_bytes(burn_record).unwrap();
+    let g = || grads(&initial, 3);
+    let lr = lrs[3];
+    let c1 = ReplicaOptimizer::step(&mut burn_from_fused, lr, a.clone(), g()).unwrap();
+    let c2 = fused_from_burn.step(lr, b.clone(), g()).unwrap();
+    let a4 = fused.step(lr, a, g()).unwrap();
+    let b4 = ReplicaOptimizer::step(&mut burn, lr, b, g()).unwrap();
+    assert_same(&format!("{kind:?}, 4 updates"), &a4, &b4, &initial);
+    assert_same(
+        &format!("{kind:?}: Burn resumed from the fused record"),
+        &c1,
+        &b4,
+        &initial,
+    );
+    assert_same(
+        &format!("{kind:?}: fused resumed from Burn's record"),
+        &c2,
+        &b4,
+        &initial,
+    );
+}
+

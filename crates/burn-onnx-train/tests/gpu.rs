@@ -1,0 +1,457 @@
+//! The whole path on a GPU backend (`common::gpu`: wgpu by default, where on GPU-less
+//! machines Mesa's software Vulkan driver, lavapipe, runs the same CubeCL kernels a GPU
+//! would; `ONNX_TRAIN_TEST_GPU=cuda` with a CUDA build, `tools/gpu/check.sh`): the kit's
+//! forward passes against onnxruntime, forward+backward and 10 AdamW steps against
+//! PyTorch, and the runner end to end (evaluation, checkpoints, export, and the fused
+//! multi-tensor AdamW it uses there) against the same run on the CPU, with checkpoints
+//! resuming across the two; f16 with dynamic loss scaling (and bf16 where the GPU computes
+//! in it: CUDA) against the same precision on the CPU; the fused CubeCL kernels (softmax
+//! cross-entropy, unscale with the inf/NaN flag, multi-tensor Adam/AdamW/LAMB) against
+//! their plain references; with CUDA, NCCL through the real library. Without the GPU's driver these tests fail; they never pass silently.
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
+
+mod common;
+
+use std::path::Path;
+
+use burn::tensor::{Device, Tensor, TensorData};
+use burn_onnx_train::kernels::{
+    NonFiniteFlag, runs_cubecl, unscale_and_check, unscale_and_check_reference,
+};
+use burn_onnx_train::train::config::{LrConfig, OptimizerKind, ScheduleKind};
+use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::precision::Precision;
+use burn_onnx_train::train::{DeviceSpec, RunSummary, TrainingConfig};
+use common::fused_checks::{check, check_cross_entropy, host};
+use common::refkit_train::*;
+use common::*;
+
+/// `f32_tol` on a GPU that computes f32 matmuls in f32 (wgpu), `tf32_tol` on CUDA, where
+/// Burn's autotune runs f32 matmuls on TF32 tensor cores (10-bit operand mantissas, f32
+/// accumulation: PyTorch's `allow_tf32`), as `matmuls_of_every_layout_match_the_cpu_on_gpu`
+/// measures. References computed in f32 are then met to TF32's precision.
+fn on_tf32(f32_tol: f32, tf32_tol: f32) -> f32 {
+    if matches!(gpu_spec(), DeviceSpec::Cuda(_)) {
+        tf32_tol
+    } else {
+        f32_tol
+    }
+}
+
+/// Adam moves a parameter whose gradient is rounding noise by up to lr per update,
+/// whatever the noise: under TF32 the bound of 10 updates at lr 1e-3.
+const ADAM_NOISE_BOUND: f32 = 1e-2;
+
+#[test]
+fn forward_passes_match_onnxruntime_on_gpu() {
+    let (device, tol) = (gpu(), on_tf32(1e-4, 1e-3));
+    check_inference_within(&device, "mlp", "input.npy", "output_ort_legacy.npy", tol);
+    check_inference_within(&device, "lenet_bn", "input.npy", "output_ort_legacy.npy", tol);
+    check_inference_within(
+        &device,
+        "squeezenet1_1_dynbatch",
+        "input_other_shape.npy",
+        "output_torch_other_shape.npy",
+        tol,
+    );
+    check_inference_within(&device, "gpt2_tiny", "input.npy", "output_ort_legacy.npy", tol);
+}
+
+#[test]
+fn mlp_gradients_match_pytorch_on_gpu() {
+    let tol = on_tf32(1e-4, 1e-3);
+    check_gradients(Case::new("mlp", "mlp"), &gpu(), tol, tol);
+}
+
+#[test]
+fn gpt2_tiny_gradients_match_pytorch_on_gpu() {
+    let tol = on_tf32(1e-4, 1e-3);
+    check_gradients(Case::new("gpt2_tiny", "gpt2_tiny"), &gpu(), tol, tol);
+}
+
+#[test]
+fn gpt2_tiny_adamw_10_steps_match_pytorch_on_gpu() {
+    check_trajectory_within(
+        Case::new("gpt2_tiny", "gpt2_tiny"),
+        &gpu(),
+        adamw(),
+        1e-3,
+        "adamw",
+        on_tf32(1e-4, 1e-3) as f64,
+        on_tf32(1e-4, 1e-3),
+        // TF32's noise reaches gradients up to ~1e-4 of gpt2_tiny's (typically 1e-3..1e-2).
+        (on_tf32(1e-6, 1e-4), on_tf32(1e-4, ADAM_NOISE_BOUND)),
+    );
+}
+
+/// 10 AdamW updates of gpt2_tiny with clipping, a warm-up schedule, evaluation every 5
+/// updates and a checkpoint at 5, on `device`.
+fn run_on(device: DeviceSpec, out: &Path) -> RunSummary {
+    let c = TrainingConfig {
+        device,
+        num_train_steps: 10,
+        evaluation_period: 5,
+        checkpoint_period: 5,
+        lr: LrConfig {
+            warmup_ratio: 0.2,
+            mode: ScheduleKind::Constant,
+            ..Default::default()
+        },
+        ..gpt2_config(out)
+    };
+    launch(c, gpt2_tokens(), Some(gpt2_tokens())).unwrap()
+}
+
+#[test]
+fn the_runner_on_gpu_matches_the_cpu_run_and_its_checkpoint_resumes_on_the_cpu() {
+    let (gpu_out, cpu_out) = (tempdir("gpu-run"), tempdir("gpu-cpu-run"));
+    let gpu = run_on(gpu_spec(), &gpu_out);
+    let cpu = run_on(DeviceSpec::Cpu, &cpu_out);
+    assert_eq!(gpu.losses.len(), 10);
+    for ((step, g), (_, c)) in gpu.losses.iter().zip(&cpu.losses) {
+        assert!(
+            (g - c).abs() < on_tf32(1e-4, 1e-3) as f64,
+            "update {step}: loss {g} on {}, {c} on the CPU",
+            gpu_spec()
+        );
+    }
+    assert_eq!(gpu.evals.len(), 2);
+    for (g, c) in gpu.evals.iter().zip(&cpu.evals) {
+        assert!(
+            (g.loss - c.loss).abs() < on_tf32(1e-4, 1e-3) as f64,
+            "evaluation at {}: {} on {}, {} on the CPU",
+            g.step,
+            gpu_spec(),
+            g.loss,
+            c.loss
+        );
+    }
+    let (gpu_model, cpu_model) = (
+        gpu_out.join("gpt2_tiny_trained.onnx"),
+        cpu_out.join("gpt2_tiny_trained.onnx"),
+    );
+    assert_moved(&refkit("models/gpt2_tiny.onnx"), &gpu_model, 1e-3);
+    for ((name, g), (_, c)) in onnx_params(gpu_model)
+        .iter()
+        .zip(onnx_params(cpu_model.clone()))
+    {
+        assert_close(
+            &format!("{} vs CPU after 10 updates: {name}", gpu_spec()),
+            g,
+            &c,
+            on_tf32(1e-4, ADAM_NOISE_BOUND),
+            0.0,
+        );
+    }
+
+    // The GPU run's step-5 checkpoint (weights and AdamW moments) resumes on the CPU and
+    // ends where the CPU run ends.
+    let resumed = tempdir("gpu-resumed-on-cpu");
+    let ckpt = gpu_out.join("checkpoints/ckpt-000000005");
+    let c = TrainingConfig {
+        num_train_steps: 10,
+        evaluation_period: 5,
+        lr: LrConfig {
+            warmup_ratio: 0.2,
+            mode: ScheduleKind::Constant,
+            ..Default::default()
+        },
+        checkpoint_to_load_path: Some(ckpt),
+        ..gpt2_config(&resumed)
+    };
+    let again = launch(c, gpt2_tokens(), None).unwrap();
+    assert_eq!(again.start_step, 5);
+    for ((name, r), (_, c)) in onnx_params(resumed.join("gpt2_tiny_trained.onnx"))
+        .iter()
+        .zip(onnx_params(cpu_model.clone()))
+    {
+        assert_close(
+            &format!("resumed on the CPU from the GPU's checkpoint: {name}"),
+            r,
+            &c,
+            on_tf32(1e-4, ADAM_NOISE_BOUND),
+            0.0,
+        );
+    }
+
+    // And the converse: the CPU run's checkpoint (Burn's AdamW record) resumes under the
+    // fused update on the GPU.
+    let resumed = tempdir("cpu-resumed-on-gpu");
+    let c = TrainingConfig {
+        device: gpu_spec(),
+        num_train_steps: 10,
+        evaluation_period: 5,
+        lr: LrConfig {
+            warmup_ratio: 0.2,
+            mode: ScheduleKind::Constant,
+            ..Default::default()
+        },
+        checkpoint_to_load_path: Some(cpu_out.join("checkpoints/ckpt-000000005")),
+        ..gpt2_config(&resumed)
+    };
+    let again = launch(c, gpt2_tokens(), None).unwrap();
+    assert_eq!(again.start_step, 5);
+    for ((name, r), (_, c)) in onnx_params(resumed.join("gpt2_tiny_trained.onnx"))
+        .iter()
+        .zip(onnx_params(cpu_model))
+    {
+        assert_close(
+            &format!("resumed on the GPU from the CPU's checkpoint: {name}"),
+            r,
+            &c,
+            on_tf32(1e-4, ADAM_NOISE_BOUND),
+            0.0,
+        );
+    }
+}
+
+#[test]
+fn zero_3_on_gpu_matches_the_replicated_cpu_run() {
+    // The parameter gather and its reduce-scatter as CubeCL-backend ops, 2 thread ranks
+    // on the GPU.
+    // Both thread ranks on the one GPU (a CUDA rank otherwise takes GPU `rank`).
+    let spec = match gpu_spec() {
+        DeviceSpec::Cuda(None) => DeviceSpec::Cuda(Some(0)),
+        spec => spec,
+    };
+    let run = |device: DeviceSpec, zero_stage: usize, out: &Path| {
+        let c = TrainingConfig {
+            device,
+            data_parallel_size: 2,
+            batch_size: 2,
+            zero_stage,
+            num_train_steps: 10,
+            ..gpt2_config(out)
+        };
+        launch(c, gpt2_tokens(), None).unwrap()
+    };
+    let (gpu_out, cpu_out) = (tempdir("gpu-zero3"), tempdir("gpu-zero3-cpu"));
+    let gpu = run(spec, 3, &gpu_out);
+    let cpu = run(DeviceSpec::Cpu, 0, &cpu_out);
+    for ((step, g), (_, c)) in gpu.losses.iter().zip(&cpu.losses) {
+        assert!(
+            (g - c).abs() < on_tf32(1e-4, 1e-3) as f64,
+            "update {step}: loss {g} on {} at ZeRO-3, {c} on the CPU",
+            gpu_spec()
+        );
+    }
+    let file = "gpt2_tiny_trained.onnx";
+    assert_moved(&refkit("models/gpt2_tiny.onnx"), &gpu_out.join(file), 1e-3);
+    for ((name, g), (_, c)) in onnx_params(gpu_out.join(file))
+        .iter()
+        .zip(onnx_params(cpu_out.join(file)))
+    {
+        assert_close(&format!("{} ZeRO-3 vs CPU: {name}", gpu_spec()), g, &c, on_tf32(1e-4, ADAM_NOISE_BOUND), 1e-4);
+    }
+}
+
+#[test]
+fn low_precision_with_loss_scaling_on_gpu_matches_the_cpu() {
+    // f16 computes its matmuls in half precision with a dynamic loss scale; bf16 only where
+    // the backend computes in it (wgpu refuses it, see `precision.rs`). The GPU's and the
+    // CPU's low-precision roundings differ, so the losses agree to 1%; the parameters move.
+    let mut precisions = vec![Precision::F16];
+    if matches!(gpu_spec(), DeviceSpec::Cuda(_)) {
+        precisions.push(Precision::Bf16);
+    }
+    for precision in precisions {
+        let run = |device: DeviceSpec, tag: &str| {
+            let out = tempdir(&format!("gpu-{precision:?}-{tag}"));
+            let c = TrainingConfig {
+                device,
+                precision,
+                num_train_steps: 10,
+                ..gpt2_config(&out)
+            };
+            (launch(c, gpt2_tokens(), None).unwrap(), out)
+        };
+        let (gpu, gpu_out) = run(gpu_spec(), "gpu");
+        let (cpu, _) = run(DeviceSpec::Cpu, "cpu");
+        assert_eq!(gpu.losses.len(), 10, "{precision:?}");
+        for ((step, g), (_, c)) in gpu.losses.iter().zip(&cpu.losses) {
+            assert!(
+                (g - c).abs() <= 1e-2 * c.abs(),
+                "{precision:?} update {step}: loss {g} on {}, {c} on the CPU",
+                gpu_spec()
+            );
+        }
+        assert_moved(
+            &refkit("models/gpt2_tiny.onnx"),
+            &gpu_out.join("gpt2_tiny_trained.onnx"),
+            1e-3,
+        );
+    }
+}
+
+#[test]
+fn the_fused_paths_are_taken_on_gpu_only() {
+    assert!(runs_cubecl(&gpu()) && runs_cubecl(&gpu().autodiff()));
+    assert!(!runs_cubecl(&Device::flex()) && !runs_cubecl(&Device::flex().autodiff()));
+}
+
+#[test]
+fn fused_cross_entropy_on_gpu_matches_the_closed_form_and_the_plain_composition() {
+    check_cross_entropy(&gpu());
+}
+
+#[test]
+fn fused_unscale_matches_and_flags_inf_and_nan_across_gradients() {
+    let device = gpu();
+    let values: Vec<f32> = (0..3000).map(|i| (i as f32 - 1500.0) * 0.37).collect();
+    let grad =
+        |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), vec![v.len()]), &device);
+    let mut flag = NonFiniteFlag::new(&device);
+    let out = unscale_and_check(grad(&values), 0.25, &mut flag);
+    let mut host_flag = false;
+    let want = unscale_and_check_reference(grad(&values), 0.25, &mut host_flag);
+    assert_eq!(host(out), host(want), "x 0.25 is exact: bit-identical");
+    assert!(!flag.raised() && !host_flag);
+
+    for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+        let mut flag = NonFiniteFlag::new(&device);
+        // A clean gradient, then one with a single bad value in its tail: the flag is shared.
+        let _ = unscale_and_check(grad(&values), 0.5, &mut flag);
+        let mut v = values.clone();
+        v[2999] = bad;
+        let _ = unscale_and_check(grad(&v), 0.5, &mut flag);
+        assert!(flag.raised(), "{bad} not flagged");
+    }
+}
+
+#[test]
+fn gpu_fused_adamw_matches_burns_adamw_and_their_records_interchange() {
+    check(OptimizerKind::Adamw, gpu().autodiff());
+}
+
+#[test]
+fn gpu_fused_adam_matches_burns_adam_and_their_records_interchange() {
+    check(OptimizerKind::Adam, gpu().autodiff());
+}
+
+#[test]
+fn gpu_fused_lamb_matches_burns_lamb_and_their_records_interchange() {
+    check(OptimizerKind::Lamb, gpu().autodiff());
+}
+
+/// NCCL through the real library (CUDA only): a group of one, started without MPI.
+#[cfg(feature = "cuda")]
+mod nccl {
+    use burn::tensor::{Device, Tensor, TensorData};
+    use burn_ort_dist::{Communicator, NcclCommunicator, check_collectives};
+
+    fn nccl() -> NcclCommunicator {
+        NcclCommunicator::single(0).unwrap_or_else(|e| panic!("NCCL on GPU 0: {e}"))
+    }
+
+    /// Every collective of the self-test on device buffers (host values copied to the GPU,
+    /// NCCL, copied back), and again on a sub-group split from the group.
+    #[test]
+    fn a_group_of_one_passes_every_collective_on_the_gpu() {
+        let comm = nccl();
+        assert_eq!((comm.rank(), comm.world_size()), (0, 1));
+        check_collectives(&comm).unwrap();
+        let sub = comm.split(0, 0).unwrap();
+        assert_eq!(sub.world_size(), 1);
+        check_collectives(sub.as_ref()).unwrap();
+    }
+
+    /// The gradient-bucket path: NCCL averages a Burn CUDA tensor where it lives.
+    #[test]
+    fn a_cuda_gradient_bucket_is_averaged_in_place() {
+        let comm = nccl();
+        let device = Device::cuda(0);
+        let reduce = comm.device_reduce().expect("NCCL reduces device buffers");
+        assert!(reduce.reduces_on(&device) && !reduce.reduces_on(&Device::flex()));
+        let values: Vec<f32> = (0..10_000).map(|i| (i as f32 * 0.37).sin()).collect();
+        let bucket =
+            Tensor::<1>::from_data(TensorData::new(values.clone(), [values.len()]), &device);
+        let mean = reduce.all_reduce_mean(bucket).unwrap();
+        let got = mean.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        assert_eq!(got, values, "the mean over a group of one is the bucket itself");
+    }
+}
+
+/// Values `[rows, cols]` in [-1, 1) from a seeded generator.
+fn uniform(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut next = lcg(seed);
+    (0..rows * cols)
+        .map(|_| (next() % 20_001) as f32 / 10_000.0 - 1.0)
+        .collect()
+}
+
+fn matrix(v: &[f32], rows: usize, cols: usize, device: &Device) -> Tensor<2> {
+    Tensor::<2>::from_data(TensorData::new(v.to_vec(), vec![rows, cols]), device)
+}
+
+fn to_host(t: Tensor<2>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+}
+
+#[test]
+fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
+    // Each product against the CPU's f32, within 2e-3 of sum|a||b| per element: what TF32
+    // (10-bit mantissa operands, f32 accumulation) can lose, which CUDA's tensor-core
+    // kernels use for f32 as PyTorch does with `allow_tf32`. Operands come plain or as
+    // transposed views (the layouts of Gemm's transA/transB and of the backward products).
+    let (gpu_dev, cpu_dev) = (gpu(), Device::flex());
+    let mut failures = Vec::new();
+    for (m, k, n) in [
+        (32, 784, 256),
+        (32, 256, 10),
+        (256, 32, 784),
+        (10, 32, 256),
+        (37, 1000, 3),
+        (200, 300, 500),
+        (1, 64, 64),
+        (64, 64, 64),
+    ] {
+        let (a, b) = (uniform(m, k, 1), uniform(k, n, 2));
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            // A transposed view holds the same matrix: built as [k, m] then transposed.
+            let operand = |v: &[f32], r: usize, c: usize, t: bool, d: &Device| {
+                if t {
+                    let mut vt = vec![0.0; r * c];
+                    for i in 0..r {
+                        for j in 0..c {
+                            vt[j * r + i] = v[i * c + j];
+                        }
+                    }
+                    matrix(&vt, c, r, d).transpose()
+                } else {
+                    matrix(v, r, c, d)
+                }
+            };
+            let product = |d: &Device| {
+                to_host(operand(&a, m, k, ta, d).matmul(operand(&b, k, n, tb, d)))
+            };
+            // The interpreter's values are rank 6 (leading 1s): the batched form.
+            let product6 = |d: &Device| {
+                let lift = |t: Tensor<2>| t.unsqueeze::<6>();
+                let p = lift(operand(&a, m, k, ta, d)).matmul(lift(operand(&b, k, n, tb, d)));
+                to_host(p.reshape([m as i32, n as i32]))
+            };
+            let (got, want) = (product(&gpu_dev), product(&cpu_dev));
+
+            let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+            let scale = to_host(matrix(&abs(&a), m, k, &cpu_dev).matmul(matrix(&abs(&b), k, n, &cpu_dev)));
+            for (form, got) in [("rank 2", got), ("rank 6", product6(&gpu_dev))] {
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .zip(&scale)
+                    .enumerate()
+                    .map(|(i, ((g, w), s))| ((g - w).abs() / s.max(1e-6), i))
+                    .fold((0.0f32, 0), |a, x| if x.0 > a.0 || x.0.is_nan() { x } else { a });
+                eprintln!(
+                    "{form} {m}x{k} . {k}x{n} (lhs transposed {ta}, rhs transposed {tb}): \
+                     worst error {:.2e} of sum|a||b| at {}",
+                    worst.0, worst.1
+                );
+                if !(worst.0 <= 2e-3) {
+                    failures.push(format!("{form} {m}x{k}x{n} ta={ta} tb={tb}: {:.2e}", worst.0));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "matmuls off on {}: {failures:#?}", gpu_spec());
+}

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# One command that checks a GPU end to end, from the binaries tools/gpu/pack.sh packed.
+# Writes $OUT/gpu_check.json (one entry per check) and $OUT/gpu_check.log.
+#
+#   tools/gpu/check.sh --pack .gpu/cuda/pack.tar.xz                  # on the GPU machine
+#   tools/gpu/check.sh --pack .gpu/wgpu/pack.tar.xz --backends wgpu --no-bench  # lavapipe
+#
+# Checks, per backend (--backends, default cuda,wgpu):
+#   - gpu-tests (crates/burn-onnx-train/tests/gpu.rs) with ONNX_TRAIN_TEST_GPU=<backend>:
+#     the refkit models' forward passes against onnxruntime, forward+backward and 10 AdamW
+#     steps of gpt2_tiny against PyTorch, the runner against the CPU run (checkpoints
+#     resuming across the two), ZeRO-3, f16 (and on CUDA bf16) with loss scaling against
+#     the CPU, the fused kernels (cross-entropy, unscale, multi-tensor Adam/AdamW/LAMB)
+#     against their references; on CUDA also NCCL through the real library (world size 1);
+#   - `onnx-train train --dp 1 --device <backend>` on gpt2_tiny (the CLI's runner path);
+#   - with CUDA and without --no-bench: throughput and peak GPU memory of the GPT-2
+#     example's model (f32) and of a GPT-2 124M shape (bf16), onnx-train against PyTorch on
+#     the same model (tools/gpu/torch_gpt2.py) in the same run.
+# Exits non-zero when any check fails. Needs python3 (with torch, for the benchmark).
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+backends=cuda,wgpu pack="" bench=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --pack) pack="$2"; shift 2 ;;
+    --backends) backends="$2"; shift 2 ;;
+    --no-bench) bench=0; shift ;;
+    *) echo "check.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[ -f "$pack" ] || { echo "check.sh: --pack FILE (from tools/gpu/pack.sh) is required" >&2; exit 2; }
+out="${OUT:-$root/.gpu/out}"
+mkdir -p "$out"
+log="$out/gpu_check.log" records="$out/records.jsonl"
+: > "$log"; : > "$records"
+work="$(mktemp -d /tmp/gpu-check.XXXX)"
+tar -C "$work" -xJf "$pack"
+bin="$work"
+
+# The test binary finds the refkit through the path it was built at; point it here.
+built_root="$(cat "$bin/built_root")"
+if [ -n "$built_root" ] && [ "$built_root" != "$root" ] && [ ! -e "$built_root" ]; then
+  mkdir -p "$(dirname "$built_root")" && ln -s "$root" "$built_root"
+fi
+
+# Libraries: the packed ones, then CUDA's (NVRTC, NCCL) from the toolkit or from the
+# Python wheels PyTorch brings; cudarc looks for unversioned names, so link those.
+libdirs="$bin/lib"
+for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; p = nvidia.__path__[0]; print(" ".join(sorted({os.path.dirname(os.path.join(r, f)) for r, _, fs in os.walk(p) for f in fs if ".so" in f})))' 2>/dev/null); do
+  [ -d "$d" ] && libdirs="$libdirs:$d"
+done
+mkdir -p "$bin/cudalinks"
+for name in nvrtc nccl; do
+  found="$(IFS=:; for d in $libdirs; do ls "$d"/lib$name.so.[0-9]* 2>/dev/null; done | grep -v alt | sort -V | tail -1)"
+  [ -n "$found" ] && ln -sf "$found" "$bin/cudalinks/lib$name.so"
+done
+export LD_LIBRARY_PATH="$bin/cudalinks:$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+[ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && [ -z "${VK_DRIVER_FILES:-}" ] \
+  && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$work/xdg}"; mkdir -p "$XDG_RUNTIME_DIR"; chmod 700 "$XDG_RUNTIME_DIR"
+
+# record NAME BACKEND STATUS SECONDS DETAIL-JSON
+record() {
+  python3 -c 'import json, sys; print(json.dumps({"check": sys.argv[1], "backend": sys.argv[2], "status": sys.argv[3], "seconds": round(float(sys.argv[4]), 1), "detail": json.loads(sys.argv[5])}))' \
+    "$1" "$2" "$3" "$4" "$5" >> "$records"
+  echo "== $1 [$2]: $3 (${4}s)" | tee -a "$log"
+}
+now() { date +%s.%N; }
+since() { python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$1" "$(now)"; }
+
+machine="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+record machine none info 0 "$(python3 -c 'import json, sys, platform; print(json.dumps({"gpu": sys.argv[1], "host": platform.node(), "cpus": __import__("os").cpu_count()}))' "${machine:-none}")"
+
+# The test binary, one run per backend; each test's result becomes an entry.
+run_tests() {
+  local backend="$1" skip=() start status
+  [ "$backend" = cuda ] || skip=(--skip nccl::)
+  start="$(now)"
+  ONNX_TRAIN_TEST_GPU="$backend" timeout 1500 "$bin/gpu-tests" --test-threads=1 "${skip[@]}" > "$work/tests-$backend.log" 2>&1
+  status=$?
+  cat "$work/tests-$backend.log" >> "$log"
+  grep -E '^test .* \.\.\. (ok|FAILED|ignored)$' "$work/tests-$backend.log" | while read -r _ name _ result; do
+    record "$name" "$backend" "$([ "$result" = ok ] && echo pass || echo fail)" 0 '{}'
+  done
+  record gpu-tests "$backend" "$([ $status -eq 0 ] && echo pass || echo fail)" "$(since "$start")" \
+    "$(tail -3 "$work/tests-$backend.log" | python3 -c 'import json, sys; print(json.dumps({"tail": sys.stdin.read()}))')"
+}
+
+# write_run DIR MODEL VOCAB SEQ BATCH STEPS: random tokens and a run config (no eval, no logs).
+write_run() {
+  mkdir -p "$1/data"
+  python3 "$root/tools/random_tokens.py" "$1/data/tokens.npy" "$3"
+  cat > "$1/run.toml" <<TOML
+model_path = "$2"
+train_data_dir = "$1/data"
+input_name = "input_ids"
+output_name = "logits"
+loss = "lm_cross_entropy"
+seq_len = $4
+batch_size = $5
+num_train_steps = $6
+evaluation_period = 0
+progress = false
+log_dir = ""
+[optimizer]
+kind = "adamw"
+TOML
+}
+
+# The CLI's runner path on one GPU.
+run_cli() {
+  local backend="$1" dir="$work/cli-$backend" start status
+  write_run "$dir" "$root/crates/burn-onnx-train/tests/data/refkit/models/gpt2_tiny.onnx" 256 16 4 10
+  start="$(now)"
+  timeout 600 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/run" --dp 1 --device "$backend" > "$dir/log" 2>&1
+  status=$?
+  cat "$dir/log" >> "$log"
+  [ -f "$dir/run/gpt2_tiny_trained.onnx" ] && [ -f "$dir/run/perf.json" ] || status=1
+  record "onnx-train train --dp 1" "$backend" "$([ $status -eq 0 ] && echo pass || echo fail)" "$(since "$start")" \
+    "$(cat "$dir/run/perf.json" 2>/dev/null || echo '{}')"
+}
+
+# Peak GPU memory in use (MiB, whole device) while a command runs, sampled by nvidia-smi.
+with_peak_memory() {
+  local samples="$work/mem.$$"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$samples" 2>/dev/null &
+  local sampler=$!
+  "$@"; local status=$?
+  kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+  peak_mib="$(sort -n "$samples" | tail -1)"
+  return $status
+}
+
+# bench NAME LAYERS HEADS WIDTH BATCH SEQ PRECISION STEPS: onnx-train and PyTorch on the
+# same exported model, same batch, AdamW.
+bench() {
+  local name="$1" layers="$2" heads="$3" width="$4" batch="$5" seq="$6" precision="$7" steps="$8"
+  local dir="$work/bench-$name" start status ours torch ours_peak
+  mkdir -p "$dir"
+  python3 "$root/tools/gpu/torch_gpt2.py" export "$dir/model.onnx" --layers "$layers" --heads "$heads" --width "$width" >> "$log" 2>&1
+  write_run "$dir" "$dir/model.onnx" 50257 "$seq" "$batch" "$steps"
+  start="$(now)"
+  with_peak_memory timeout 600 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/run" \
+    --device cuda --precision "$precision" > "$dir/ours.log" 2>&1
+  status=$?; ours_peak="$peak_mib"
+  cat "$dir/ours.log" >> "$log"
+  ours="$(cat "$dir/run/perf.json" 2>/dev/null || echo '{}')"
+  with_peak_memory timeout 600 python3 "$root/tools/gpu/torch_gpt2.py" train --layers "$layers" --heads "$heads" \
+    --width "$width" --batch "$batch" --seq "$seq" --steps "$steps" --precision "$precision" > "$dir/torch.log" 2>>"$log"
+  [ $? -eq 0 ] || status=1
+  torch="$(tail -1 "$dir/torch.log")"
+  record "throughput $name" cuda "$([ $status -eq 0 ] && echo pass || echo fail)" "$(since "$start")" \
+    "$(python3 -c '
+import json, sys
+ours, torch = json.loads(sys.argv[1] or "{}"), json.loads(sys.argv[2] or "{}")
+print(json.dumps({"shape": sys.argv[3], "ours_tokens_per_sec": ours.get("throughput_per_sec"),
+  "ours_update_ms": ours.get("avg_update_ms"), "ours_peak_gpu_mib": float(sys.argv[4] or 0),
+  "torch_tokens_per_sec": torch.get("tokens_per_sec"), "torch_update_ms": torch.get("avg_update_ms"),
+  "torch_peak_gpu_mib": float(sys.argv[5] or 0), "torch_peak_allocated_mib": torch.get("peak_allocated_mib")}))' \
+      "$ours" "$torch" "$layers layers, $heads heads, width $width, batch $batch x $seq, $precision" "$ours_peak" "$peak_mib")"
+}
+
+for backend in ${backends//,/ }; do
+  run_tests "$backend"
+  run_cli "$backend"
+done
+if [ $bench -eq 1 ] && [[ ",$backends," == *,cuda,* ]]; then
+  bench example 2 4 128 8 64 f32 30
+  bench gpt2-124m 12 12 768 8 256 bf16 20
+fi
+
+python3 - "$records" "$out/gpu_check.json" <<'PY'
+import json, sys
+entries = [json.loads(l) for l in open(sys.argv[1])]
+failed = [e for e in entries if e["status"] == "fail"]
+json.dump({"failed": len(failed), "checks": entries}, open(sys.argv[2], "w"), indent=1)
+print(f"gpu_check: {len(entries)} entries, {len(failed)} failed -> {sys.argv[2]}")
+for e in failed:
+    print(f"  FAILED {e['check']} [{e['backend']}]")
+sys.exit(1 if failed else 0)
+PY
