@@ -46,7 +46,13 @@ const ADAM_NOISE_BOUND: f32 = 1e-2;
 fn forward_passes_match_onnxruntime_on_gpu() {
     let (device, tol) = (gpu(), on_tf32(1e-4, 1e-3));
     check_inference_within(&device, "mlp", "input.npy", "output_ort_legacy.npy", tol);
-    check_inference_within(&device, "lenet_bn", "input.npy", "output_ort_legacy.npy", tol);
+    check_inference_within(
+        &device,
+        "lenet_bn",
+        "input.npy",
+        "output_ort_legacy.npy",
+        tol,
+    );
     check_inference_within(
         &device,
         "squeezenet1_1_dynbatch",
@@ -54,7 +60,13 @@ fn forward_passes_match_onnxruntime_on_gpu() {
         "output_torch_other_shape.npy",
         tol,
     );
-    check_inference_within(&device, "gpt2_tiny", "input.npy", "output_ort_legacy.npy", tol);
+    check_inference_within(
+        &device,
+        "gpt2_tiny",
+        "input.npy",
+        "output_ort_legacy.npy",
+        tol,
+    );
 }
 
 #[test]
@@ -241,7 +253,13 @@ fn zero_3_on_gpu_matches_the_replicated_cpu_run() {
         .iter()
         .zip(onnx_params(cpu_out.join(file)))
     {
-        assert_close(&format!("{} ZeRO-3 vs CPU: {name}", gpu_spec()), g, &c, on_tf32(1e-4, ADAM_NOISE_BOUND), 1e-4);
+        assert_close(
+            &format!("{} ZeRO-3 vs CPU: {name}", gpu_spec()),
+            g,
+            &c,
+            on_tf32(1e-4, ADAM_NOISE_BOUND),
+            1e-4,
+        );
     }
 }
 
@@ -366,8 +384,15 @@ mod nccl {
         let bucket =
             Tensor::<1>::from_data(TensorData::new(values.clone(), [values.len()]), &device);
         let mean = reduce.all_reduce_mean(bucket).unwrap();
-        let got = mean.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
-        assert_eq!(got, values, "the mean over a group of one is the bucket itself");
+        let got = mean
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
+        assert_eq!(
+            got, values,
+            "the mean over a group of one is the bucket itself"
+        );
     }
 }
 
@@ -421,9 +446,8 @@ fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
                     matrix(v, r, c, d)
                 }
             };
-            let product = |d: &Device| {
-                to_host(operand(&a, m, k, ta, d).matmul(operand(&b, k, n, tb, d)))
-            };
+            let product =
+                |d: &Device| to_host(operand(&a, m, k, ta, d).matmul(operand(&b, k, n, tb, d)));
             // The interpreter's values are rank 6 (leading 1s): the batched form.
             let product6 = |d: &Device| {
                 let lift = |t: Tensor<2>| t.unsqueeze::<6>();
@@ -433,7 +457,8 @@ fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
             let (got, want) = (product(&gpu_dev), product(&cpu_dev));
 
             let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
-            let scale = to_host(matrix(&abs(&a), m, k, &cpu_dev).matmul(matrix(&abs(&b), k, n, &cpu_dev)));
+            let scale =
+                to_host(matrix(&abs(&a), m, k, &cpu_dev).matmul(matrix(&abs(&b), k, n, &cpu_dev)));
             for (form, got) in [("rank 2", got), ("rank 6", product6(&gpu_dev))] {
                 let worst = got
                     .iter()
@@ -441,17 +466,27 @@ fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
                     .zip(&scale)
                     .enumerate()
                     .map(|(i, ((g, w), s))| ((g - w).abs() / s.max(1e-6), i))
-                    .fold((0.0f32, 0), |a, x| if x.0 > a.0 || x.0.is_nan() { x } else { a });
+                    .fold(
+                        (0.0f32, 0),
+                        |a, x| if x.0 > a.0 || x.0.is_nan() { x } else { a },
+                    );
                 eprintln!(
                     "{form} {m}x{k} . {k}x{n} (lhs transposed {ta}, rhs transposed {tb}): \
                      worst error {:.2e} of sum|a||b| at {}",
                     worst.0, worst.1
                 );
                 if !(worst.0 <= 2e-3) {
-                    failures.push(format!("{form} {m}x{k}x{n} ta={ta} tb={tb}: {:.2e}", worst.0));
+                    failures.push(format!(
+                        "{form} {m}x{k}x{n} ta={ta} tb={tb}: {:.2e}",
+                        worst.0
+                    ));
                 }
             }
         }
     }
-    assert!(failures.is_empty(), "matmuls off on {}: {failures:#?}", gpu_spec());
+    assert!(
+        failures.is_empty(),
+        "matmuls off on {}: {failures:#?}",
+        gpu_spec()
+    );
 }

@@ -13,6 +13,8 @@
 
 pub mod collective_check;
 pub mod communicator;
+#[cfg(feature = "cuda")]
+pub mod cuda_probe;
 pub mod data_parallel;
 pub mod device_buckets;
 pub mod error;
@@ -21,8 +23,6 @@ pub mod grad_sync;
 pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi_comm;
-#[cfg(feature = "cuda")]
-pub mod cuda_probe;
 #[cfg(feature = "cuda")]
 pub mod nccl_comm;
 pub mod overlap;
@@ -35,6 +35,8 @@ pub mod zero;
 
 pub use collective_check::check_collectives;
 pub use communicator::{Communicator, DeviceReduce, LocalCommunicator, ReduceOp};
+#[cfg(feature = "cuda")]
+pub use cuda_probe::check_cuda_device;
 pub use data_parallel::{DataParallel, DistributedOptimizer};
 pub use error::{DistError, DistResult};
 pub use grad_sync::{
@@ -46,8 +48,6 @@ pub use launch::run_threads;
 pub use mpi;
 #[cfg(feature = "mpi")]
 pub use mpi_comm::{MpiCommunicator, launched_by_mpi};
-#[cfg(feature = "cuda")]
-pub use cuda_probe::check_cuda_device;
 #[cfg(feature = "cuda")]
 pub use nccl_comm::NcclCommunicator;
 pub use overlap::{OverlappedSync, SyncTimes};

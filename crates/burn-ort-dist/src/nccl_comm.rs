@@ -20,7 +20,7 @@ use burn::tensor::{Device, Tensor};
 use cubecl::cuda::CudaRuntime;
 use cubecl_runtime::runtime::Runtime;
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
 
 use crate::communicator::{Communicator, DeviceReduce, ReduceOp, check_reduce_scatter};
@@ -108,12 +108,44 @@ impl NcclCommunicator {
         }
     }
 
-    fn with_comm<T>(&self, f: impl FnOnce(&Comm) -> DistResult<T>) -> DistResult<T> {
+    /// One NCCL call on this group's communicator (calls are serialised), its error
+    /// named `what`.
+    fn nccl<T, E: std::fmt::Debug>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&Comm) -> Result<T, E>,
+    ) -> DistResult<()> {
         let c = self
             .comm
             .lock()
             .map_err(|_| self.err("NCCL lock", "poisoned"))?;
-        f(&c)
+        f(&c).map(|_| ()).map_err(|e| self.err(what, e))
+    }
+
+    /// A copy of `host` on this rank's GPU, on the group's stream.
+    fn to_device(&self, host: &[f32]) -> DistResult<CudaSlice<f32>> {
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| self.err("host to device", e))
+    }
+
+    /// `dev` copied back into `host` once the stream's work (the collective) is done.
+    fn to_host(&self, dev: &CudaSlice<f32>, host: &mut [f32]) -> DistResult<()> {
+        self.stream
+            .memcpy_dtoh(dev, host)
+            .map_err(|e| self.err("device to host", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("synchronize", e))
+    }
+}
+
+/// NCCL's reduction for ours: the mean is NCCL's `Avg`.
+fn nccl_op(op: ReduceOp) -> NcclOp {
+    if op == ReduceOp::Mean {
+        NcclOp::Avg
+    } else {
+        NcclOp::Sum
     }
 }
 
@@ -127,72 +159,32 @@ impl Communicator for NcclCommunicator {
     }
 
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        let op = if op == ReduceOp::Mean {
-            NcclOp::Avg
-        } else {
-            NcclOp::Sum
-        };
-        let mut dev = self
-            .stream
-            .clone_htod(buf)
-            .map_err(|e| self.err("host to device", e))?;
-        self.with_comm(|c| {
-            c.all_reduce_in_place(&mut dev, &op)
-                .map(|_| ())
-                .map_err(|e| self.err("ncclAllReduce", e))
+        let mut dev = self.to_device(buf)?;
+        self.nccl("ncclAllReduce", |c| {
+            c.all_reduce_in_place(&mut dev, &nccl_op(op))
         })?;
-        self.stream
-            .memcpy_dtoh(&dev, buf)
-            .map_err(|e| self.err("device to host", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.err("synchronize", e))
+        self.to_host(&dev, buf)
     }
 
     fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
         check_reduce_scatter(self.rank, self.size, send.len(), recv.len())?;
-        let op = if op == ReduceOp::Mean {
-            NcclOp::Avg
-        } else {
-            NcclOp::Sum
-        };
-        let src = self
-            .stream
-            .clone_htod(send)
-            .map_err(|e| self.err("host to device", e))?;
+        let src = self.to_device(send)?;
         let mut dst = self
             .stream
             .alloc_zeros::<f32>(recv.len())
             .map_err(|e| self.err("device alloc", e))?;
-        self.with_comm(|c| {
-            c.reduce_scatter(&src, &mut dst, &op)
-                .map(|_| ())
-                .map_err(|e| self.err("ncclReduceScatter", e))
+        self.nccl("ncclReduceScatter", |c| {
+            c.reduce_scatter(&src, &mut dst, &nccl_op(op))
         })?;
-        self.stream
-            .memcpy_dtoh(&dst, recv)
-            .map_err(|e| self.err("device to host", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.err("synchronize", e))
+        self.to_host(&dst, recv)
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
-        let mut dev = self
-            .stream
-            .clone_htod(buf)
-            .map_err(|e| self.err("host to device", e))?;
-        self.with_comm(|c| {
+        let mut dev = self.to_device(buf)?;
+        self.nccl("ncclBroadcast", |c| {
             c.broadcast_in_place(&mut dev, root as i32)
-                .map(|_| ())
-                .map_err(|e| self.err("ncclBroadcast", e))
         })?;
-        self.stream
-            .memcpy_dtoh(&dev, buf)
-            .map_err(|e| self.err("device to host", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.err("synchronize", e))
+        self.to_host(&dev, buf)
     }
 
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
@@ -207,25 +199,10 @@ impl Communicator for NcclCommunicator {
                 ),
             });
         }
-        let src = self
-            .stream
-            .clone_htod(send)
-            .map_err(|e| self.err("host to device", e))?;
-        let mut dst = self
-            .stream
-            .clone_htod(recv)
-            .map_err(|e| self.err("host to device", e))?;
-        self.with_comm(|c| {
-            c.all_gather(&src, &mut dst)
-                .map(|_| ())
-                .map_err(|e| self.err("ncclAllGather", e))
-        })?;
-        self.stream
-            .memcpy_dtoh(&dst, recv)
-            .map_err(|e| self.err("device to host", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.err("synchronize", e))
+        let src = self.to_device(send)?;
+        let mut dst = self.to_device(recv)?;
+        self.nccl("ncclAllGather", |c| c.all_gather(&src, &mut dst))?;
+        self.to_host(&dst, recv)
     }
 
     fn barrier(&self) -> DistResult<()> {
@@ -234,35 +211,17 @@ impl Communicator for NcclCommunicator {
     }
 
     fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
-        let dev = self
-            .stream
-            .clone_htod(buf)
-            .map_err(|e| self.err("host to device", e))?;
-        self.with_comm(|c| {
-            c.send(&dev, dest as i32)
-                .map_err(|e| self.err("ncclSend", e))
-        })?;
+        let dev = self.to_device(buf)?;
+        self.nccl("ncclSend", |c| c.send(&dev, dest as i32))?;
         self.stream
             .synchronize()
             .map_err(|e| self.err("synchronize", e))
     }
 
     fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
-        let mut dev = self
-            .stream
-            .clone_htod(buf)
-            .map_err(|e| self.err("host to device", e))?;
-        self.with_comm(|c| {
-            c.recv(&mut dev, src as i32)
-                .map(|_| ())
-                .map_err(|e| self.err("ncclRecv", e))
-        })?;
-        self.stream
-            .memcpy_dtoh(&dev, buf)
-            .map_err(|e| self.err("device to host", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.err("synchronize", e))
+        let mut dev = self.to_device(buf)?;
+        self.nccl("ncclRecv", |c| c.recv(&mut dev, src as i32))?;
+        self.to_host(&dev, buf)
     }
 
     fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
@@ -344,10 +303,8 @@ impl DeviceReduce for NcclCommunicator {
             len,
             stream: self.stream.clone(),
         };
-        self.with_comm(|c| {
+        self.nccl("ncclAllReduce", |c| {
             c.all_reduce_in_place(&mut buffer, &NcclOp::Avg)
-                .map(|_| ())
-                .map_err(|e| self.err("ncclAllReduce", e))
         })?;
         self.stream
             .synchronize()

@@ -292,8 +292,9 @@ pub fn lamb(b: FlatBuffers) -> (CubeTensor, CubeTensor, CubeTensor) {
     let (n, device) = (params.shape().num_elements(), params.device.clone());
     let chunks = n / CHUNK;
     let tensors = starts.shape().num_elements() - 1;
-    let empty =
-        |len: usize| empty_device_contiguous_dtype(client.clone(), device.clone(), [len].into(), DType::F32);
+    let empty = |len: usize| {
+        empty_device_contiguous_dtype(client.clone(), device.clone(), [len].into(), DType::F32)
+    };
     let (direction, partials, trust) = (empty(n), empty(2 * chunks), empty(tensors));
     let dim = CubeDim::new_1d(THREADS);
     let per_chunk = calculate_cube_count_elemwise(&client, chunks * THREADS as usize, dim);

@@ -265,4 +265,3 @@ pub fn check(kind: OptimizerKind, device: Device) {
         &initial,
     );
 }
-

@@ -35,7 +35,11 @@ pub fn data(rel: &str) -> PathBuf {
 /// the same test binaries once per GPU backend.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub fn gpu_spec() -> burn_onnx_train::train::DeviceSpec {
-    let default = if cfg!(feature = "wgpu") { "wgpu" } else { "cuda" };
+    let default = if cfg!(feature = "wgpu") {
+        "wgpu"
+    } else {
+        "cuda"
+    };
     let text = std::env::var("ONNX_TRAIN_TEST_GPU").unwrap_or_else(|_| default.into());
     text.parse()
         .unwrap_or_else(|e| panic!("ONNX_TRAIN_TEST_GPU: {e}"))

@@ -123,7 +123,16 @@ pub fn check_trajectory(
     loss_tol: f64,
     atol: f32,
 ) {
-    check_trajectory_within(case, device, optim, lr, key, loss_tol, atol, (1e-6, atol.max(1e-4)));
+    check_trajectory_within(
+        case,
+        device,
+        optim,
+        lr,
+        key,
+        loss_tol,
+        atol,
+        (1e-6, atol.max(1e-4)),
+    );
 }
 
 /// [`check_trajectory`] with the elements of small step-0 gradient held to their own
