@@ -609,6 +609,14 @@ pub fn mix_seed(a: u64, b: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The seed of one micro-step's forward pass (its dropout masks): a pure function of the
+/// run's seed, the data-parallel replica and the micro-step, so masks depend on neither
+/// threads, devices nor how the step is cut (segments, pipeline micro-batches mix in
+/// their own index on top).
+pub fn micro_step_seed(run_seed: u64, replica: usize, micro_step: usize) -> u64 {
+    mix_seed(mix_seed(run_seed, replica as u64), micro_step as u64)
+}
+
 /// A parameter id derived from the ONNX initializer name (FNV-1a), so optimizer state saved
 /// by one process matches the same parameters when another process loads the model.
 pub fn stable_param_id(name: &str) -> ParamId {

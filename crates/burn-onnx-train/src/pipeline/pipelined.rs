@@ -18,7 +18,7 @@ use super::executor::StageExec;
 use super::partition::Partition;
 use super::schedule::PipelineSchedule;
 use crate::error::{OnnxError, Result};
-use crate::model::{OnnxModel, mix_seed};
+use crate::model::{OnnxModel, micro_step_seed, mix_seed};
 use crate::train::config::TrainingConfig;
 use crate::train::data::{Batch, Prefetcher};
 use crate::train::passes::{Accumulated, Passes};
@@ -134,12 +134,7 @@ impl Passes for Pipelined {
             let batch = prefetch.next_batch()?;
             let parts = batch.split(m)?;
             let seeds: Vec<u64> = (0..m)
-                .map(|j| {
-                    mix_seed(
-                        mix_seed(mix_seed(c.seed, self.replica as u64), *micro as u64),
-                        j as u64,
-                    )
-                })
+                .map(|j| mix_seed(micro_step_seed(c.seed, self.replica, *micro), j as u64))
                 .collect();
             tracing::debug!(
                 micro_step = *micro,

@@ -16,7 +16,7 @@ use super::runner::SessionMode;
 use super::step::{forward_loss, scalar};
 use crate::collective::grad_hooks;
 use crate::error::Result;
-use crate::model::{Mode, OnnxModel, mix_seed};
+use crate::model::{Mode, OnnxModel, micro_step_seed};
 
 /// The gradients of one update with what the micro-steps measured.
 pub struct Accumulated {
@@ -98,7 +98,7 @@ impl Passes for Sequential {
             }
             let guard = ready.clone().map(|h| grad_hooks::install(h));
             let batch = prefetch.next_batch()?;
-            let seed = mix_seed(mix_seed(c.seed, self.replica as u64), *micro as u64);
+            let seed = micro_step_seed(c.seed, self.replica, *micro);
             let out = forward_loss(model, &batch, c, &self.device, Mode::Train, seed)?;
             drop(guard);
             loss_sum += f64::from(scalar(out.loss.clone()));

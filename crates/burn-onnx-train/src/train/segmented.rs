@@ -27,7 +27,7 @@ use super::data::{Batch, Prefetcher};
 use super::passes::{Accumulated, Passes, Sequential, scaled_loss};
 use super::step::{loss_of_outputs, scalar};
 use crate::error::{OnnxError, Result};
-use crate::model::{Mode, OnnxModel, mix_seed, vjp};
+use crate::model::{Mode, OnnxModel, micro_step_seed, vjp};
 use crate::pipeline::{Partition, Stage};
 use crate::value::{FloatValue, Value};
 
@@ -258,7 +258,7 @@ impl Passes for Segmented {
                 sink.overlap = Some((ddp.overlapped()?, &first));
             }
             let batch = prefetch.next_batch()?;
-            let seed = mix_seed(mix_seed(c.seed, self.replica as u64), *micro as u64);
+            let seed = micro_step_seed(c.seed, self.replica, *micro);
             loss_sum += self.batch(c, model, &batch, seed, loss_scale, &mut sink)?;
             items += batch.items;
             *micro += 1;
