@@ -9,9 +9,9 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 
+use crate::buckets::bucket_ranges;
 use crate::communicator::DeviceReduce;
 use crate::error::DistResult;
-use crate::grad_sync::bucket_ranges;
 
 /// Takes every gradient out, flattened.
 struct Take<'a> {

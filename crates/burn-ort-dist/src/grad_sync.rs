@@ -14,6 +14,7 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
 
+use crate::buckets::bucket_ranges;
 use crate::communicator::{Communicator, ReduceOp};
 use crate::error::{DistError, DistResult};
 
@@ -265,24 +266,6 @@ pub(crate) fn reduce_bucket(
             message: "Adasum combines whole tensors, not a flat bucket".into(),
         }),
     }
-}
-
-/// Consecutive tensors of `lens` elements grouped into buckets of at most `bucket_bytes`
-/// of f32 (a larger tensor is a bucket of its own), in order.
-pub fn bucket_ranges(lens: &[usize], bucket_bytes: usize) -> Vec<std::ops::Range<usize>> {
-    let cap = (bucket_bytes / 4).max(1);
-    let mut ranges = Vec::new();
-    let mut start = 0;
-    while start < lens.len() {
-        let (mut end, mut len) = (start + 1, lens[start]);
-        while end < lens.len() && len + lens[end] <= cap {
-            len += lens[end];
-            end += 1;
-        }
-        ranges.push(start..end);
-        start = end;
-    }
-    ranges
 }
 
 /// Gather the bucket from every rank and apply Adasum tensor by tensor.

@@ -11,6 +11,7 @@
 //! where PyTorch DDP hooks it too: on the gradients, after `backward()` and before the
 //! optimizer, on every backend.
 
+pub mod buckets;
 pub mod collective_check;
 pub mod communicator;
 #[cfg(feature = "cuda")]

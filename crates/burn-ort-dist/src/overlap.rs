@@ -20,10 +20,11 @@ use std::time::{Duration, Instant};
 use burn::module::{Module, ParamId};
 use burn::optim::GradientsParams;
 
+use crate::buckets::bucket_ranges;
 use crate::communicator::Communicator;
 use crate::data_parallel::DataParallel;
 use crate::error::{DistError, DistResult};
-use crate::grad_sync::{FlatGrad, Reduction, bucket_ranges, put_flat, reduce_bucket, take_flat};
+use crate::grad_sync::{FlatGrad, Reduction, put_flat, reduce_bucket, take_flat};
 
 /// Where an update's gradient averaging went.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

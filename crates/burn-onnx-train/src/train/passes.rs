@@ -12,11 +12,21 @@ use burn_ort_dist::{DataParallel, SyncTimes};
 use super::config::TrainingConfig;
 use super::data::{Batch, Prefetcher};
 use super::ready_grads::ReadyGrads;
-use super::runner::SessionMode;
 use super::step::{forward_loss, scalar};
 use crate::collective::grad_hooks;
 use crate::error::Result;
 use crate::model::{Mode, OnnxModel, micro_step_seed};
+
+/// The three kinds of session runs of ORT's training loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum SessionMode {
+    /// Forward + backward, gradients accumulated, no update.
+    GradientAccumulateStep,
+    /// Forward + backward, then synchronise, clip and update.
+    ModelUpdateStep,
+    /// Forward only, evaluation mode.
+    EvaluateStep,
+}
 
 /// The gradients of one update with what the micro-steps measured.
 pub struct Accumulated {

@@ -40,17 +40,6 @@ use crate::export::export_onnx;
 use crate::model::OnnxModel;
 use crate::model::profile::NodeProfiler;
 
-/// The three kinds of session runs of ORT's training loop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum SessionMode {
-    /// Forward + backward, gradients accumulated, no update.
-    GradientAccumulateStep,
-    /// Forward + backward, then synchronise, clip and update.
-    ModelUpdateStep,
-    /// Forward only, evaluation mode.
-    EvaluateStep,
-}
-
 /// What a finished run reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
