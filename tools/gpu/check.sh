@@ -59,17 +59,19 @@ export LD_LIBRARY_PATH="$bin/cudalinks:$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_P
   && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$work/xdg}"; mkdir -p "$XDG_RUNTIME_DIR"; chmod 700 "$XDG_RUNTIME_DIR"
 
-# record NAME BACKEND STATUS SECONDS DETAIL-JSON
+# record NAME BACKEND STATUS SECONDS DETAIL-JSON (SECONDS "-": not timed on its own)
 record() {
-  python3 -c 'import json, sys; print(json.dumps({"check": sys.argv[1], "backend": sys.argv[2], "status": sys.argv[3], "seconds": round(float(sys.argv[4]), 1), "detail": json.loads(sys.argv[5])}))' \
+  python3 -c 'import json, sys; t = sys.argv[4]; print(json.dumps({"check": sys.argv[1], "backend": sys.argv[2], "status": sys.argv[3], "seconds": None if t == "-" else round(float(t), 1), "detail": json.loads(sys.argv[5])}))' \
     "$1" "$2" "$3" "$4" "$5" >> "$records"
-  echo "== $1 [$2]: $3 (${4}s)" | tee -a "$log"
+  local took=""
+  [ "$4" = - ] || took=" (${4}s)"
+  echo "== $1 [$2]: $3$took" | tee -a "$log"
 }
 now() { date +%s.%N; }
 since() { python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$1" "$(now)"; }
 
 machine="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
-record machine none info 0 "$(python3 -c 'import json, sys, platform; print(json.dumps({"gpu": sys.argv[1], "host": platform.node(), "cpus": __import__("os").cpu_count()}))' "${machine:-none}")"
+record machine none info - "$(python3 -c 'import json, sys, platform; print(json.dumps({"gpu": sys.argv[1], "host": platform.node(), "cpus": __import__("os").cpu_count()}))' "${machine:-none}")"
 
 # The test binary, one run per backend; each test's result becomes an entry.
 run_tests() {
@@ -80,7 +82,7 @@ run_tests() {
   status=$?
   cat "$work/tests-$backend.log" >> "$log"
   grep -E '^test .* \.\.\. (ok|FAILED|ignored)$' "$work/tests-$backend.log" | while read -r _ name _ result; do
-    record "$name" "$backend" "$([ "$result" = ok ] && echo pass || echo fail)" 0 '{}'
+    record "$name" "$backend" "$([ "$result" = ok ] && echo pass || echo fail)" - '{}'
   done
   record gpu-tests "$backend" "$([ $status -eq 0 ] && echo pass || echo fail)" "$(since "$start")" \
     "$(tail -3 "$work/tests-$backend.log" | python3 -c 'import json, sys; print(json.dumps({"tail": sys.stdin.read()}))')"
