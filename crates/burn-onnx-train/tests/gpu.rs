@@ -133,8 +133,8 @@ fn the_runner_on_gpu_matches_the_cpu_run_and_its_checkpoint_resumes_on_the_cpu()
             (g.loss - c.loss).abs() < on_tf32(1e-4, 1e-3) as f64,
             "evaluation at {}: {} on {}, {} on the CPU",
             g.step,
-            gpu_spec(),
             g.loss,
+            gpu_spec(),
             c.loss
         );
     }
@@ -143,24 +143,30 @@ fn the_runner_on_gpu_matches_the_cpu_run_and_its_checkpoint_resumes_on_the_cpu()
         cpu_out.join("gpt2_tiny_trained.onnx"),
     );
     assert_moved(&refkit("models/gpt2_tiny.onnx"), &gpu_model, 1e-3);
-    for ((name, g), (_, c)) in onnx_params(gpu_model)
-        .iter()
-        .zip(onnx_params(cpu_model.clone()))
-    {
-        assert_close(
-            &format!("{} vs CPU after 10 updates: {name}", gpu_spec()),
-            g,
-            &c,
-            on_tf32(1e-4, ADAM_NOISE_BOUND),
-            0.0,
-        );
-    }
+    let tol = on_tf32(1e-4, ADAM_NOISE_BOUND);
+    let what = format!("{} vs CPU after 10 updates", gpu_spec());
+    assert_same_params(&what, &gpu_model, &cpu_model, tol);
 
     // The GPU run's step-5 checkpoint (weights and AdamW moments) resumes on the CPU and
     // ends where the CPU run ends.
-    let resumed = tempdir("gpu-resumed-on-cpu");
     let ckpt = gpu_out.join("checkpoints/ckpt-000000005");
+    let resumed = resume_on(DeviceSpec::Cpu, ckpt, "gpu-resumed-on-cpu");
+    let what = "resumed on the CPU from the GPU's checkpoint";
+    assert_same_params(what, &resumed, &cpu_model, tol);
+
+    // And the converse: the CPU run's checkpoint (Burn's AdamW record) resumes under the
+    // fused update on the GPU.
+    let ckpt = cpu_out.join("checkpoints/ckpt-000000005");
+    let resumed = resume_on(gpu_spec(), ckpt, "cpu-resumed-on-gpu");
+    let what = "resumed on the GPU from the CPU's checkpoint";
+    assert_same_params(what, &resumed, &cpu_model, tol);
+}
+
+/// [`run_on`]'s run resumed on `device` from `ckpt` (its update 5); the trained model.
+fn resume_on(device: DeviceSpec, ckpt: std::path::PathBuf, tag: &str) -> std::path::PathBuf {
+    let out = tempdir(tag);
     let c = TrainingConfig {
+        device,
         num_train_steps: 10,
         evaluation_period: 5,
         lr: LrConfig {
@@ -169,51 +175,18 @@ fn the_runner_on_gpu_matches_the_cpu_run_and_its_checkpoint_resumes_on_the_cpu()
             ..Default::default()
         },
         checkpoint_to_load_path: Some(ckpt),
-        ..gpt2_config(&resumed)
+        ..gpt2_config(&out)
     };
     let again = launch(c, gpt2_tokens(), None).unwrap();
-    assert_eq!(again.start_step, 5);
-    for ((name, r), (_, c)) in onnx_params(resumed.join("gpt2_tiny_trained.onnx"))
-        .iter()
-        .zip(onnx_params(cpu_model.clone()))
-    {
-        assert_close(
-            &format!("resumed on the CPU from the GPU's checkpoint: {name}"),
-            r,
-            &c,
-            on_tf32(1e-4, ADAM_NOISE_BOUND),
-            0.0,
-        );
-    }
+    assert_eq!(again.start_step, 5, "{tag}");
+    out.join("gpt2_tiny_trained.onnx")
+}
 
-    // And the converse: the CPU run's checkpoint (Burn's AdamW record) resumes under the
-    // fused update on the GPU.
-    let resumed = tempdir("cpu-resumed-on-gpu");
-    let c = TrainingConfig {
-        device: gpu_spec(),
-        num_train_steps: 10,
-        evaluation_period: 5,
-        lr: LrConfig {
-            warmup_ratio: 0.2,
-            mode: ScheduleKind::Constant,
-            ..Default::default()
-        },
-        checkpoint_to_load_path: Some(cpu_out.join("checkpoints/ckpt-000000005")),
-        ..gpt2_config(&resumed)
-    };
-    let again = launch(c, gpt2_tokens(), None).unwrap();
-    assert_eq!(again.start_step, 5);
-    for ((name, r), (_, c)) in onnx_params(resumed.join("gpt2_tiny_trained.onnx"))
-        .iter()
-        .zip(onnx_params(cpu_model))
-    {
-        assert_close(
-            &format!("resumed on the GPU from the CPU's checkpoint: {name}"),
-            r,
-            &c,
-            on_tf32(1e-4, ADAM_NOISE_BOUND),
-            0.0,
-        );
+/// Every initializer of two exported models within `atol`.
+fn assert_same_params(what: &str, got: &Path, want: &Path, atol: f32) {
+    let want = onnx_params(want.to_path_buf());
+    for ((name, g), (_, w)) in onnx_params(got.to_path_buf()).iter().zip(&want) {
+        assert_close(&format!("{what}: {name}"), g, w, atol, 0.0);
     }
 }
 
