@@ -88,31 +88,14 @@ run_tests() {
     "$(tail -3 "$work/tests-$backend.log" | python3 -c 'import json, sys; print(json.dumps({"tail": sys.stdin.read()}))')"
 }
 
-# write_run DIR MODEL VOCAB SEQ BATCH STEPS: random tokens and a run config (no eval, no logs).
-write_run() {
-  mkdir -p "$1/data"
-  python3 "$root/tools/random_tokens.py" "$1/data/tokens.npy" "$3"
-  cat > "$1/run.toml" <<TOML
-model_path = "$2"
-train_data_dir = "$1/data"
-input_name = "input_ids"
-output_name = "logits"
-loss = "lm_cross_entropy"
-seq_len = $4
-batch_size = $5
-num_train_steps = $6
-evaluation_period = 0
-progress = false
-log_dir = ""
-[optimizer]
-kind = "adamw"
-TOML
-}
+# write_run DIR MODEL VOCAB SEQ BATCH STEPS OPTIMIZER: random tokens and a run config (no
+# evaluation, no logs), as the CPU benchmark scripts write them.
+source "$root/tools/bench_lib.sh"
 
 # The CLI's runner path on one GPU.
 run_cli() {
   local backend="$1" dir="$work/cli-$backend" start status
-  write_run "$dir" "$root/crates/burn-onnx-train/tests/data/refkit/models/gpt2_tiny.onnx" 256 16 4 10
+  write_run "$dir" "$root/crates/burn-onnx-train/tests/data/refkit/models/gpt2_tiny.onnx" 256 16 4 10 adamw
   start="$(now)"
   timeout 600 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/run" --dp 1 --device "$backend" > "$dir/log" 2>&1
   status=$?
@@ -140,7 +123,7 @@ bench() {
   local dir="$work/bench-$name" start status ours torch ours_peak
   mkdir -p "$dir"
   python3 "$root/tools/gpu/torch_gpt2.py" export "$dir/model.onnx" --layers "$layers" --heads "$heads" --width "$width" >> "$log" 2>&1
-  write_run "$dir" "$dir/model.onnx" 50257 "$seq" "$batch" "$steps"
+  write_run "$dir" "$dir/model.onnx" 50257 "$seq" "$batch" "$steps" adamw
   start="$(now)"
   with_peak_memory timeout 600 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/run" \
     --device cuda --precision "$precision" > "$dir/ours.log" 2>&1

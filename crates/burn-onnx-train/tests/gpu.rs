@@ -22,7 +22,7 @@ use burn_onnx_train::train::config::{LrConfig, OptimizerKind, ScheduleKind};
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::precision::Precision;
 use burn_onnx_train::train::{DeviceSpec, RunSummary, TrainingConfig};
-use common::fused_checks::{check, check_cross_entropy, host};
+use common::fused_checks::{check, check_cross_entropy, host, host2};
 use common::refkit_train::*;
 use common::*;
 
@@ -381,10 +381,6 @@ fn matrix(v: &[f32], rows: usize, cols: usize, device: &Device) -> Tensor<2> {
     Tensor::<2>::from_data(TensorData::new(v.to_vec(), vec![rows, cols]), device)
 }
 
-fn to_host(t: Tensor<2>) -> Vec<f32> {
-    t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
-}
-
 #[test]
 fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
     // Each product against the CPU's f32, within 2e-3 of sum|a||b| per element: what TF32
@@ -420,18 +416,18 @@ fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
                 }
             };
             let product =
-                |d: &Device| to_host(operand(&a, m, k, ta, d).matmul(operand(&b, k, n, tb, d)));
+                |d: &Device| host2(operand(&a, m, k, ta, d).matmul(operand(&b, k, n, tb, d)));
             // The interpreter's values are rank 6 (leading 1s): the batched form.
             let product6 = |d: &Device| {
                 let lift = |t: Tensor<2>| t.unsqueeze::<6>();
                 let p = lift(operand(&a, m, k, ta, d)).matmul(lift(operand(&b, k, n, tb, d)));
-                to_host(p.reshape([m as i32, n as i32]))
+                host2(p.reshape([m as i32, n as i32]))
             };
             let (got, want) = (product(&gpu_dev), product(&cpu_dev));
 
             let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
             let scale =
-                to_host(matrix(&abs(&a), m, k, &cpu_dev).matmul(matrix(&abs(&b), k, n, &cpu_dev)));
+                host2(matrix(&abs(&a), m, k, &cpu_dev).matmul(matrix(&abs(&b), k, n, &cpu_dev)));
             for (form, got) in [("rank 2", got), ("rank 6", product6(&gpu_dev))] {
                 let worst = got
                     .iter()
