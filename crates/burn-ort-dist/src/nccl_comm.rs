@@ -63,13 +63,11 @@ impl NcclCommunicator {
     fn build(mpi: Option<MpiCommunicator>, device: usize) -> DistResult<Self> {
         let (rank, size) = mpi.as_ref().map_or((0, 1), |m| (m.rank(), m.world_size()));
         let fail = |m: String| DistError::Invalid { rank, message: m };
-        // SAFETY: these only try to load the shared libraries.
-        let present = unsafe {
-            cudarc::driver::sys::is_culib_present() && cudarc::nccl::sys::is_culib_present()
-        };
-        if !present {
+        crate::check_cuda_device(device).map_err(|why| fail(format!("cuda:{device}: {why}")))?;
+        // SAFETY: this only tries to load the shared library.
+        if !unsafe { cudarc::nccl::sys::is_culib_present() } {
             return Err(fail(
-                "libcuda or libnccl is not installed on this machine".into(),
+                "no NCCL on this machine (libnccl.so could not be loaded)".into(),
             ));
         }
         let ctx =

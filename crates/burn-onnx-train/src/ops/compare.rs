@@ -119,12 +119,11 @@ pub fn where_op(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             // live (a causal mask is T x T, the scores it selects batch x heads x T x T).
             let cond_dims = padded(cond.shape())?.to_vec();
             let cond: Vec<bool> = cond.iter().copied().collect();
-            let mask: Tensor<{ crate::value::MAX_RANK }, Bool> =
-                Tensor::<{ crate::value::MAX_RANK }, Bool>::from_data(
-                    TensorData::new(cond, cond_dims),
-                    ctx.device,
-                )
-                .expand(padded(&shape)?);
+            let mask = Tensor::<{ crate::value::MAX_RANK }, Bool>::from_data(
+                TensorData::new(cond, cond_dims),
+                ctx.device,
+            )
+            .expand(padded(&shape)?);
             // y where the mask is false, x where it is true.
             let out = y.tensor.mask_where(mask, x.tensor);
             Ok(Value::Float(FloatValue::new(out, shape.len())).into())
