@@ -88,6 +88,8 @@ const SETTING_SLOTS: &[(&str, &[usize])] = &[
     ("MelWeightMatrix", &[0, 1, 2, 3, 4]),
     ("NonMaxSuppression", &[2, 3, 4]),
     ("TensorScatter", &[2]),
+    ("RandomUniformLike", &[0]),
+    ("RandomNormalLike", &[0]),
 ];
 
 /// Magnitude from which a float initializer's values are mask fillers (exporters fold
@@ -142,6 +144,12 @@ const NO_GRADIENT_OPS: &[&str] = &[
     "MelWeightMatrix",
     "NonMaxSuppression",
     "BitCast",
+    "RandomUniform",
+    "RandomNormal",
+    "RandomUniformLike",
+    "RandomNormalLike",
+    "Bernoulli",
+    "Multinomial",
 ];
 
 fn listed(table: &[(&str, &[usize])], op: &str, slot: usize) -> bool {

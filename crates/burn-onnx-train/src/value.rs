@@ -15,7 +15,7 @@ use crate::host_tensor::HostTensor;
 use crate::op_bail;
 
 /// Highest tensor rank the interpreter handles.
-pub const MAX_RANK: usize = 6;
+pub const MAX_RANK: usize = 8;
 
 /// The physical Burn tensor behind every float value.
 pub type PhysTensor = Tensor<MAX_RANK>;

@@ -22,6 +22,7 @@ use burn_onnx_train::train::config::{LrConfig, OptimizerKind, ScheduleKind};
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::precision::Precision;
 use burn_onnx_train::train::{DeviceSpec, RunSummary, TrainingConfig};
+use burn_onnx_train::value::MAX_RANK;
 use common::fused_checks::{check, check_cross_entropy, host, host2};
 use common::refkit_train::*;
 use common::*;
@@ -417,9 +418,9 @@ fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
             };
             let product =
                 |d: &Device| host2(operand(&a, m, k, ta, d).matmul(operand(&b, k, n, tb, d)));
-            // The interpreter's values are rank 6 (leading 1s): the batched form.
+            // The interpreter's values have the physical rank (leading 1s): the batched form.
             let product6 = |d: &Device| {
-                let lift = |t: Tensor<2>| t.unsqueeze::<6>();
+                let lift = |t: Tensor<2>| t.unsqueeze::<MAX_RANK>();
                 let p = lift(operand(&a, m, k, ta, d)).matmul(lift(operand(&b, k, n, tb, d)));
                 host2(p.reshape([m as i32, n as i32]))
             };
@@ -428,7 +429,7 @@ fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
             let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
             let scale =
                 host2(matrix(&abs(&a), m, k, &cpu_dev).matmul(matrix(&abs(&b), k, n, &cpu_dev)));
-            for (form, got) in [("rank 2", got), ("rank 6", product6(&gpu_dev))] {
+            for (form, got) in [("rank 2", got), ("physical rank", product6(&gpu_dev))] {
                 let worst = got
                     .iter()
                     .zip(&want)

@@ -7,6 +7,7 @@ mod common;
 
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_onnx_train::kernels::{gelu_tanh, layer_norm, masked_fill, softmax, tanh};
+use burn_onnx_train::value::{MAX_RANK, PhysTensor, padded};
 use common::fused_checks::check_cross_entropy;
 use common::*;
 
@@ -38,13 +39,19 @@ fn activation_problem(rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
 fn activation_and_grad(
     rows: usize,
     cols: usize,
-    f: fn(Tensor<6>) -> Tensor<6>,
+    f: fn(PhysTensor) -> PhysTensor,
 ) -> (Vec<f32>, Vec<f32>) {
     let (x, w) = activation_problem(rows, cols);
     let device = Device::flex().autodiff();
-    let x = Tensor::<6>::from_data(TensorData::new(x, vec![1, 1, 1, 1, rows, cols]), &device)
-        .require_grad();
-    let w = Tensor::<6>::from_data(TensorData::new(w, vec![1, 1, 1, 1, rows, cols]), &device);
+    let x = PhysTensor::from_data(
+        TensorData::new(x, padded(&[rows, cols]).unwrap().to_vec()),
+        &device,
+    )
+    .require_grad();
+    let w = PhysTensor::from_data(
+        TensorData::new(w, padded(&[rows, cols]).unwrap().to_vec()),
+        &device,
+    );
     let y = f(x.clone());
     let grads = (y.clone() * w).sum().backward();
     let g = x.grad(&grads).unwrap();
@@ -104,7 +111,7 @@ fn gelu_tanh_forward_and_backward_match_the_f64_closed_form() {
 fn softmax_forward_and_backward_match_the_f64_closed_form() {
     for (rows, cols) in [(37, 1000), (5, 2), (3, 50257)] {
         let (x, w) = activation_problem(rows, cols);
-        let (y, g) = activation_and_grad(rows, cols, |t| softmax(t, 5));
+        let (y, g) = activation_and_grad(rows, cols, |t| softmax(t, MAX_RANK - 1));
         let (mut want_y, mut want_g, mut scale_g) = (Vec::new(), Vec::new(), Vec::new());
         for r in 0..rows {
             let row = &x[r * cols..(r + 1) * cols];
@@ -136,12 +143,15 @@ fn softmax_forward_and_backward_match_the_f64_closed_form() {
 #[test]
 fn softmax_on_another_axis_is_burns() {
     let (x, _) = activation_problem(6, 8);
-    let t = Tensor::<6>::from_data(TensorData::new(x, vec![1, 1, 1, 1, 6, 8]), &Device::flex());
-    let got = softmax(t.clone(), 4)
+    let t = PhysTensor::from_data(
+        TensorData::new(x, padded(&[6, 8]).unwrap().to_vec()),
+        &Device::flex(),
+    );
+    let got = softmax(t.clone(), MAX_RANK - 2)
         .into_data()
         .try_to_vec::<f32>()
         .unwrap();
-    let want = burn::tensor::activation::softmax(t, 4)
+    let want = burn::tensor::activation::softmax(t, MAX_RANK - 2)
         .into_data()
         .try_to_vec::<f32>()
         .unwrap();
@@ -255,9 +265,9 @@ fn masked_fill_forward_and_backward_match_the_closed_form() {
         let w: Vec<f32> = (0..n)
             .map(|_| (next() % 2000) as f32 / 500.0 - 2.0)
             .collect();
-        let shape = [1, 1, 1, 1, periods, period];
-        let xt = Tensor::<6>::from_data(TensorData::new(x.clone(), shape), &device).require_grad();
-        let wt = Tensor::<6>::from_data(TensorData::new(w.clone(), shape), &device);
+        let shape = padded(&[periods, period]).unwrap();
+        let xt = PhysTensor::from_data(TensorData::new(x.clone(), shape), &device).require_grad();
+        let wt = PhysTensor::from_data(TensorData::new(w.clone(), shape), &device);
         let what = format!("period {period} x {periods}");
 
         let y = masked_fill(xt.clone().detach(), keep.clone().into(), f32::NEG_INFINITY);

@@ -7,8 +7,9 @@
 
 mod common;
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, TensorData};
 use burn_onnx_train::kernels::matmul;
+use burn_onnx_train::value::{MAX_RANK, PhysTensor, padded};
 use common::lcg;
 
 /// Random values in [-2, 2).
@@ -66,7 +67,7 @@ fn transposed(x: &Mats, batch: usize) -> Mats {
     }
 }
 
-fn check(what: &str, got: Tensor<6>, want: &(Vec<f64>, Vec<f64>)) {
+fn check(what: &str, got: PhysTensor, want: &(Vec<f64>, Vec<f64>)) {
     let got = got.into_data().try_to_vec::<f32>().unwrap();
     assert_eq!(got.len(), want.0.len(), "{what}: length");
     for (i, ((&g, &w), &s)) in got.iter().zip(&want.0).zip(&want.1).enumerate() {
@@ -77,18 +78,26 @@ fn check(what: &str, got: Tensor<6>, want: &(Vec<f64>, Vec<f64>)) {
     }
 }
 
-fn host(t: &Tensor<6>) -> Vec<f64> {
+fn host(t: &PhysTensor) -> Vec<f64> {
     let v = t.clone().into_data().try_to_vec::<f32>().unwrap();
     v.into_iter().map(f64::from).collect()
 }
 
-/// `[1, .., batch..., m, n]` as a rank-6 shape.
-fn shape6(batch: &[usize], rows: usize, cols: usize) -> Vec<usize> {
-    let mut s = vec![1; 4 - batch.len()];
-    s.extend(batch);
+/// `[1, .., batch..., m, n]` as the interpreter's physical shape.
+fn phys_shape(batch: &[usize], rows: usize, cols: usize) -> Vec<usize> {
+    let mut s = batch.to_vec();
     s.extend([rows, cols]);
-    s
+    phys(&s)
 }
+
+/// A logical shape left-padded with ones to the physical rank.
+fn phys(shape: &[usize]) -> Vec<usize> {
+    padded(shape).unwrap().to_vec()
+}
+
+/// The last two physical axes.
+const ROWS: usize = MAX_RANK - 2;
+const COLS: usize = MAX_RANK - 1;
 
 /// How B is laid out in memory.
 #[derive(Clone, Copy, PartialEq)]
@@ -111,32 +120,33 @@ fn case(batch: &[usize], m: usize, k: usize, n: usize, a_transposed: bool, b: BL
     let device = Device::flex().autodiff();
     let a = if a_transposed {
         let t = values(count * k * m, 1);
-        Tensor::<6>::from_data(TensorData::new(t, shape6(batch, k, m)), &device).swap_dims(4, 5)
+        PhysTensor::from_data(TensorData::new(t, phys_shape(batch, k, m)), &device)
+            .swap_dims(ROWS, COLS)
     } else {
         let t = values(count * m * k, 1);
-        Tensor::<6>::from_data(TensorData::new(t, shape6(batch, m, k)), &device)
+        PhysTensor::from_data(TensorData::new(t, phys_shape(batch, m, k)), &device)
     }
     .require_grad();
     let b = match b {
         BLayout::Rows => {
             let t = values(count * k * n, 2);
-            Tensor::<6>::from_data(TensorData::new(t, shape6(batch, k, n)), &device)
+            PhysTensor::from_data(TensorData::new(t, phys_shape(batch, k, n)), &device)
         }
         BLayout::Sliced => {
             let t = values(count * k * (n + 3), 2);
-            Tensor::<6>::from_data(TensorData::new(t, shape6(batch, k, n + 3)), &device)
-                .narrow(5, 2, n)
+            PhysTensor::from_data(TensorData::new(t, phys_shape(batch, k, n + 3)), &device)
+                .narrow(COLS, 2, n)
         }
         BLayout::Transposed => {
             let t = values(count * n * (k + 3), 2);
-            Tensor::<6>::from_data(TensorData::new(t, shape6(batch, n, k + 3)), &device)
-                .narrow(5, 1, k)
-                .swap_dims(4, 5)
+            PhysTensor::from_data(TensorData::new(t, phys_shape(batch, n, k + 3)), &device)
+                .narrow(COLS, 1, k)
+                .swap_dims(ROWS, COLS)
         }
     }
     .require_grad();
-    let w = Tensor::<6>::from_data(
-        TensorData::new(values(count * m * n, 3), shape6(batch, m, n)),
+    let w = PhysTensor::from_data(
+        TensorData::new(values(count * m * n, 3), phys_shape(batch, m, n)),
         &device,
     );
     let (am, bm) = (
@@ -157,7 +167,7 @@ fn case(batch: &[usize], m: usize, k: usize, n: usize, a_transposed: bool, b: BL
         cols: n,
     };
     let c = matmul(a.clone(), b.clone());
-    assert_eq!(c.dims(), shape6(batch, m, n)[..], "{what}: shape");
+    assert_eq!(c.dims(), phys_shape(batch, m, n)[..], "{what}: shape");
     check(
         &format!("{what} product"),
         c.clone(),
@@ -208,8 +218,8 @@ fn a_right_hand_side_stored_along_k_is_copied_row_major_and_matches_f64() {
 #[test]
 fn an_empty_inner_dimension_gives_zeros() {
     let device = Device::flex();
-    let a = Tensor::<6>::zeros([1, 1, 1, 1, 3, 0], &device);
-    let b = Tensor::<6>::zeros([1, 1, 1, 1, 0, 4], &device);
+    let a = PhysTensor::zeros(padded(&[3, 0]).unwrap(), &device);
+    let b = PhysTensor::zeros(padded(&[0, 4]).unwrap(), &device);
     let c = matmul(a, b).into_data().try_to_vec::<f32>().unwrap();
     assert_eq!(c, vec![0.0; 12]);
 }
@@ -217,15 +227,9 @@ fn an_empty_inner_dimension_gives_zeros() {
 #[test]
 fn only_the_operand_that_needs_it_gets_a_gradient() {
     let device = Device::flex().autodiff();
-    let a = Tensor::<6>::from_data(
-        TensorData::new(values(6, 1), vec![1, 1, 1, 1, 2, 3]),
-        &device,
-    )
-    .require_grad();
-    let b = Tensor::<6>::from_data(
-        TensorData::new(values(12, 2), vec![1, 1, 1, 1, 3, 4]),
-        &device,
-    );
+    let a =
+        PhysTensor::from_data(TensorData::new(values(6, 1), phys(&[2, 3])), &device).require_grad();
+    let b = PhysTensor::from_data(TensorData::new(values(12, 2), phys(&[3, 4])), &device);
     let grads = matmul(a.clone(), b.clone()).sum().backward();
     assert!(b.grad(&grads).is_none());
     // d sum(A B) / dA = 1 B^T: every row is B's row sums.
@@ -245,14 +249,8 @@ fn only_the_operand_that_needs_it_gets_a_gradient() {
 #[test]
 fn broadcast_batches_take_burns_matmul() {
     let device = Device::flex();
-    let a = Tensor::<6>::from_data(
-        TensorData::new(values(2 * 6, 1), vec![1, 1, 1, 2, 2, 3]),
-        &device,
-    );
-    let b = Tensor::<6>::from_data(
-        TensorData::new(values(12, 2), vec![1, 1, 1, 1, 3, 4]),
-        &device,
-    );
+    let a = PhysTensor::from_data(TensorData::new(values(2 * 6, 1), phys(&[2, 2, 3])), &device);
+    let b = PhysTensor::from_data(TensorData::new(values(12, 2), phys(&[3, 4])), &device);
     let got = matmul(a.clone(), b.clone())
         .into_data()
         .try_to_vec::<f32>()

@@ -34,7 +34,7 @@ pub fn gather(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let out = match data {
         // An embedding lookup: rows of a `[dim, rest]` table. Burn's select (and its
         // backward, a scatter-add of rows) has a row-by-row path for rank 2 only; at the
-        // physical rank 6 it computes every element's index (~2% of a gpt2_tiny step).
+        // physical rank it computes every element's index (~2% of a gpt2_tiny step).
         Value::Float(f) if axis == 0 => {
             let rest: usize = shape[1..].iter().product();
             let table = f.reshape(&[shape[0], rest])?.into_rank::<2>()?;

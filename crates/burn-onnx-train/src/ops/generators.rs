@@ -116,7 +116,8 @@ pub fn cast_like(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     Ok(cast_to(ctx, x, to)?.into())
 }
 
-fn cast_to(ctx: &OpContext, x: Value, to: i32) -> OpResult<Value> {
+/// `x` cast to the ONNX type `to` (the body of `Cast`).
+pub(super) fn cast_to(ctx: &OpContext, x: Value, to: i32) -> OpResult<Value> {
     use burn::tensor::FloatDType;
     Ok(
         if low_precision::is_low_precision(to) && dtype::is_float(to) {

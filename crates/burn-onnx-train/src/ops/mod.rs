@@ -41,6 +41,7 @@ mod pad_tile;
 mod pool;
 mod pool_nd;
 mod quant;
+mod random;
 mod recurrent;
 mod reduce;
 mod reshape;
@@ -275,6 +276,13 @@ const OPS: &[(&str, OpFn)] = &[
         loss::negative_log_likelihood_loss,
     ),
     ("Dropout", dropout::dropout),
+    // random generators
+    ("RandomUniform", random::random_uniform),
+    ("RandomNormal", random::random_normal),
+    ("RandomUniformLike", random::random_uniform_like),
+    ("RandomNormalLike", random::random_normal_like),
+    ("Bernoulli", random::bernoulli),
+    ("Multinomial", random::multinomial),
     ("LpNormalization", local_norm::lp_normalization),
     ("LRN", local_norm::lrn),
     (
