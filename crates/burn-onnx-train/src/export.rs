@@ -12,6 +12,7 @@
 //! 64-byte aligned offset (`location`, `offset`, `length`), the rest inline, as the `onnx`
 //! package writes it. Initializers the source model kept in external files are carried over.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -21,6 +22,7 @@ use onnx_ir::{Message, ModelProto, TensorProto};
 use crate::atomic_file::write_atomic;
 use crate::error::{OnnxError, Result};
 use crate::host_tensor::{ExternalData, HostTensor, dtype};
+use crate::initializer_ties::restore_tied_copies;
 use crate::model::OnnxModel;
 use crate::progress::progress;
 use crate::proto_presence::restore_default_attribute_values;
@@ -61,27 +63,84 @@ const EXTERNAL_MIN_BYTES: usize = 1024;
 const EXTERNAL_ALIGN: usize = 64;
 
 /// Puts one initializer's data inline: trained values for the parameters, the source's bytes
-/// for initializers it kept in external files.
+/// for initializers it kept in external files, the original's values for a tied copy.
 struct Filler<'a> {
     model: &'a OnnxModel,
     source: Option<ExternalData>,
+    /// Tied copies written back as initializers: copy -> (original, transposed).
+    tied: HashMap<String, (String, bool)>,
+    /// The protos of the originals of tied copies (read when they are not parameters).
+    originals: HashMap<String, TensorProto>,
 }
 
 impl<'a> Filler<'a> {
-    fn new(model: &'a OnnxModel) -> Self {
+    /// The model's protobuf to export (tied copies back as initializers, attribute values
+    /// as the source wrote them) and the filler of its initializers.
+    fn prepare(model: &'a OnnxModel) -> (ModelProto, Self) {
         let dir = model.graph().source.as_deref().map(|s| {
             s.parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."))
                 .to_path_buf()
         });
-        Filler {
+        let mut proto = model.graph().model.clone();
+        restore_default_attribute_values(&mut proto);
+        let (tied, originals) = match proto.graph.as_mut() {
+            Some(g) => {
+                let tied = restore_tied_copies(g, &model.graph().ties);
+                let originals = g
+                    .initializer
+                    .iter()
+                    .filter(|t| tied.values().any(|(o, _)| *o == t.name))
+                    .map(|t| (t.name.clone(), t.clone()))
+                    .collect();
+                (tied, originals)
+            }
+            None => Default::default(),
+        };
+        let filler = Filler {
             model,
             source: dir.as_deref().map(ExternalData::new),
+            tied,
+            originals,
+        };
+        (proto, filler)
+    }
+
+    /// The current values of initializer `name`: trained, or as the source holds them.
+    fn values(&self, name: &str) -> Result<ndarray::ArrayD<f32>> {
+        let field = || format!("parameter '{name}'");
+        if let Some(i) = self.model.param_index(name) {
+            let value = self
+                .model
+                .param_value(i)
+                .ok_or_else(|| OnnxError::field(field(), "missing"))?;
+            return value.to_array().map_err(|e| OnnxError::field(field(), e.0));
+        }
+        let proto = self
+            .originals
+            .get(name)
+            .ok_or_else(|| OnnxError::field(format!("tensor '{name}'"), "missing"))?;
+        match HostTensor::from_proto(proto, self.source.as_ref())? {
+            HostTensor::Float(a) => Ok(a),
+            other => Err(OnnxError::field(
+                format!("tensor '{name}'"),
+                format!("a tied weight must be float, got {}", other.kind()),
+            )),
         }
     }
 
     fn fill(&self, init: &mut TensorProto) -> Result<()> {
+        if let Some((original, transposed)) = self.tied.get(&init.name) {
+            let values = self.values(original)?;
+            let values = if *transposed {
+                values.reversed_axes()
+            } else {
+                values
+            };
+            let flat: Vec<f32> = values.iter().copied().collect();
+            return HostTensor::write_float_into(&flat, init);
+        }
         match self.model.param_index(&init.name) {
             Some(i) => {
                 let value = self.model.param_value(i).ok_or_else(|| {
@@ -118,22 +177,21 @@ impl<'a> Filler<'a> {
                 .map(|&d| d.max(0) as usize)
                 .product::<usize>()
         };
-        match self.model.param_index(&init.name) {
-            Some(_) => elements() * dtype::width(init.data_type),
-            None => init
-                .external_data
+        if self.model.param_index(&init.name).is_some() || self.tied.contains_key(&init.name) {
+            elements() * dtype::width(init.data_type)
+        } else {
+            init.external_data
                 .iter()
                 .find(|e| e.key == "length")
                 .and_then(|e| e.value.parse().ok())
-                .unwrap_or(init.raw_data.len()),
+                .unwrap_or(init.raw_data.len())
         }
     }
 }
 
 /// Serialise the model with its current parameter values, all data inline.
 pub fn export_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
-    let filler = Filler::new(model);
-    let mut proto = model.graph().model.clone();
+    let (mut proto, filler) = Filler::prepare(model);
     for init in proto
         .graph
         .as_mut()
@@ -143,7 +201,6 @@ pub fn export_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
     {
         filler.fill(init)?;
     }
-    restore_default_attribute_values(&mut proto);
     proto
         .write_to_bytes()
         .map_err(|e| OnnxError::field("export", e.to_string()))
@@ -163,9 +220,7 @@ pub fn export_onnx_with(
     path: impl AsRef<Path>,
     options: ExportOptions,
 ) -> Result<()> {
-    let filler = Filler::new(model);
-    let mut proto = model.graph().model.clone();
-    restore_default_attribute_values(&mut proto);
+    let (proto, filler) = Filler::prepare(model);
     let total = proto
         .graph
         .as_ref()

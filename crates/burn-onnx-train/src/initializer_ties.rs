@@ -5,10 +5,10 @@
 //!   embedding (GPT-2's and T5's `lm_head`) into a second initializer. Trained as it is,
 //!   the copy drifts apart from the embedding. An initializer that equals an earlier one
 //!   exactly, directly or transposed (2-D), and is not filled with one constant value, is
-//!   reported as a duplicate; with `tie_duplicates` (opt-in: export then writes the tie as
-//!   a node, and the tensor-parallel planner does not yet split a weight read through a
-//!   tie) it is removed and read through an `Identity` or `Transpose` node of the earlier
-//!   one, so both readers train one tensor.
+//!   a duplicate: it is removed and read through an `Identity` or `Transpose` node of the
+//!   earlier one, so both readers train one tensor (`tie_duplicates = false` only reports
+//!   it). Export writes the copy back as an initializer of its own holding the trained
+//!   values, so the exported file keeps the source's structure.
 //! - **Merged constants.** TorchScript merges initializers of equal value, so a fresh
 //!   model's norm weights (all ones), biases (all zeros) and batch-norm running statistics
 //!   become one tensor read by many nodes, directly or through `Identity` nodes. Those
@@ -31,7 +31,7 @@ use crate::host_tensor::HostTensor;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TieOptions {
     /// Train initializers that duplicate another (directly or transposed) as one parameter
-    /// (off by default: detected duplicates are only reported).
+    /// (off: detected duplicates are only reported).
     pub tie_duplicates: bool,
     /// Give every reader of a shared constant-filled initializer its own copy.
     pub untie_constant_fills: bool,
@@ -40,7 +40,7 @@ pub struct TieOptions {
 impl Default for TieOptions {
     fn default() -> Self {
         TieOptions {
-            tie_duplicates: false,
+            tie_duplicates: true,
             untie_constant_fills: true,
         }
     }
@@ -350,5 +350,63 @@ fn tie_node(original: &str, copy: &str, transposed: bool) -> NodeProto {
         output: vec![copy.to_string()],
         attribute,
         ..Default::default()
+    }
+}
+
+/// The inverse of the tie rewrite, for export: every tied copy is an initializer again
+/// (its tie node removed; after its original, and listed as a graph input where the
+/// original is, as IR < 4 files do), so the exported file has the source's structure.
+/// The copies' data is left empty: returns, per copy, the original it is filled from and
+/// whether transposed.
+pub fn restore_tied_copies(
+    graph: &mut GraphProto,
+    decisions: &[TieDecision],
+) -> HashMap<String, (String, bool)> {
+    let mut restored = HashMap::new();
+    for d in decisions {
+        let TieDecision::Duplicate {
+            copy,
+            original,
+            transposed,
+            tied: true,
+        } = d
+        else {
+            continue;
+        };
+        let Some(at) = graph.initializer.iter().position(|t| &t.name == original) else {
+            continue;
+        };
+        graph.node.retain(|n| n.output.first() != Some(copy));
+        let mut proto = graph.initializer[at].clone();
+        proto.name = copy.clone();
+        if *transposed {
+            proto.dims.reverse();
+        }
+        proto.raw_data = Default::default();
+        proto.float_data.clear();
+        proto.double_data.clear();
+        proto.int32_data.clear();
+        proto.external_data.clear();
+        proto.data_location = Default::default();
+        graph.initializer.insert(at + 1, proto);
+        if let Some(i) = graph.input.iter().position(|v| &v.name == original) {
+            let mut info = graph.input[i].clone();
+            info.name = copy.clone();
+            if *transposed {
+                reverse_dims(&mut info);
+            }
+            graph.input.insert(i + 1, info);
+        }
+        restored.insert(copy.clone(), (original.clone(), *transposed));
+    }
+    restored
+}
+
+/// Reverse the shape of a tensor value info (a 2-D transpose).
+fn reverse_dims(info: &mut onnx_ir::ValueInfoProto) {
+    if let Some(ty) = info.type_.as_mut().filter(|t| t.has_tensor_type()) {
+        if let Some(shape) = ty.mut_tensor_type().shape.as_mut() {
+            shape.dim.reverse();
+        }
     }
 }

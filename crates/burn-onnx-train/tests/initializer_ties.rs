@@ -1,7 +1,9 @@
 //! Ties an exporter broke or made (`initializer_ties`), on the models of
 //! `tools/gen_tie_fixtures.py`, with every expectation in closed form or by finite
 //! differences of the forward pass:
-//! - a transposed copy of an embedding trains as the embedding (GPT-2's folded `lm_head`);
+//! - a transposed copy of an embedding trains as the embedding (GPT-2's folded `lm_head`),
+//!   by default, and is exported as an initializer of its own again, holding the trained
+//!   embedding transposed;
 //! - two LayerNorms sharing an all-ones scale and all-zeros bias get one each;
 //! - two BatchNorms sharing running statistics (through `Identity`) update one each;
 //! - an attention mask the exporter folded into an initializer is a constant.
@@ -15,6 +17,7 @@ use burn_onnx_train::initializer_ties::TieOptions;
 use burn_onnx_train::value::{FloatValue, MAX_RANK, padded};
 use burn_onnx_train::{Graph, Mode, OnnxModel, Value};
 use common::*;
+use onnx_ir::Message;
 
 fn load(name: &str, device: &Device, ties: TieOptions) -> OnnxModel {
     let graph = Graph::load_with(data(&format!("ties/{name}.onnx")), ties).unwrap();
@@ -68,11 +71,7 @@ fn a_transposed_copy_of_the_embedding_trains_as_the_embedding() {
         )]
     };
     let device = train_device();
-    let tie = TieOptions {
-        tie_duplicates: true,
-        ..TieOptions::default()
-    };
-    let model = load("tied_lm_head", &device, tie);
+    let model = load("tied_lm_head", &device, TieOptions::default());
     assert_eq!(
         names(&model),
         ["E"],
@@ -115,8 +114,12 @@ fn a_transposed_copy_of_the_embedding_trains_as_the_embedding() {
         );
     }
 
-    // By default the duplicate is only reported: W is a parameter of its own.
-    let untied = load("tied_lm_head", &device, TieOptions::default());
+    // With `tie_duplicates` off the duplicate is only reported: W is a parameter of its own.
+    let report_only = TieOptions {
+        tie_duplicates: false,
+        ..TieOptions::default()
+    };
+    let untied = load("tied_lm_head", &device, report_only);
     assert_eq!(names(&untied), ["E", "W"]);
     let reported: Vec<String> = untied.graph().ties.iter().map(|t| t.to_string()).collect();
     assert!(
@@ -125,6 +128,45 @@ fn a_transposed_copy_of_the_embedding_trains_as_the_embedding() {
             .any(|t| t.starts_with("duplicate: 'W' equals 'E' transposed")),
         "{reported:?}"
     );
+}
+
+#[test]
+fn export_writes_a_tied_copy_back_as_the_trained_original_transposed() {
+    let device = eval_device();
+    let model = load("tied_lm_head", &device, TieOptions::default());
+    let e = model.param_by_name("E").unwrap().to_array().unwrap();
+    let (v, d) = (e.shape()[0], e.shape()[1]);
+    // A "trained" embedding: every element moved.
+    let trained = e.mapv(|x| x * 1.5 + 0.25);
+    let model = model
+        .set_params(&HashMap::from([(
+            "E".to_string(),
+            FloatValue::from_array(&trained, &device).unwrap(),
+        )]))
+        .unwrap();
+    let bytes = burn_onnx_train::export::export_bytes(&model).unwrap();
+    let out = onnx_ir::ModelProto::parse_from_bytes(&bytes).unwrap();
+    let source = std::fs::read(data("ties/tied_lm_head.onnx")).unwrap();
+    let source = onnx_ir::ModelProto::parse_from_bytes(&source).unwrap();
+    let (g, src) = (out.graph.unwrap(), source.graph.unwrap());
+    let ops = |g: &onnx_ir::GraphProto| -> Vec<String> {
+        g.node.iter().map(|n| n.op_type.clone()).collect()
+    };
+    assert_eq!(ops(&g), ops(&src), "the source's nodes, no tie node");
+    let inits: Vec<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(inits, ["E", "W"]);
+    let w = &g.initializer[1];
+    assert_eq!(w.dims, [d as i64, v as i64]);
+    let w: Vec<f32> = w
+        .raw_data
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    for r in 0..d {
+        for c in 0..v {
+            assert_eq!(w[r * v + c], trained[[c, r]], "W[{r}, {c}] = E[{c}, {r}]");
+        }
+    }
 }
 
 #[test]

@@ -414,11 +414,11 @@ fn copy_tree(from: &Path, to: &Path) {
 
 #[test]
 fn every_stage_writes_the_summaries_of_its_own_weights() {
-    // The first stage holds the embeddings, the last the LM head: their norms and
-    // histograms reach the run's TensorBoard directory (one event file per stage), the
-    // loss once.
+    // The first stage holds the embeddings (the LM head reads them tied), the last the
+    // final LayerNorm: their norms and histograms reach the run's TensorBoard directory
+    // (one event file per stage), the loss once.
     let out = tempdir("pp-tb");
-    let (first, last) = ("m.transformer.wte.weight", "onnx::MatMul_522");
+    let (first, last) = ("m.transformer.wte.weight", "m.transformer.ln_f.weight");
     let c = TrainingConfig {
         pipeline_parallel_size: 2,
         log_dir: None,

@@ -246,8 +246,8 @@ pub struct TrainingConfig {
     /// Never train these initializers.
     pub weights_not_to_train: Vec<String>,
     /// Train an initializer that equals another exactly, directly or transposed, as that
-    /// parameter (an exporter's folded copy of a tied weight, e.g. GPT-2's `lm_head`); off
-    /// by default (`inspect` reports such duplicates); see `initializer_ties`.
+    /// parameter (an exporter's folded copy of a tied weight, e.g. GPT-2's `lm_head`); on by
+    /// default (off: `inspect` only reports such duplicates); see `initializer_ties`.
     pub tie_duplicate_initializers: bool,
     /// Give each node that reads a shared constant-filled initializer (exporter-merged norm
     /// weights, biases, batch-norm statistics) its own copy; see `initializer_ties`.
@@ -310,7 +310,7 @@ impl Default for TrainingConfig {
             norm_weights: Vec::new(),
             weights_to_train: Vec::new(),
             weights_not_to_train: Vec::new(),
-            tie_duplicate_initializers: false,
+            tie_duplicate_initializers: true,
             untie_shared_constants: true,
             seed: 42,
             progress: true,
