@@ -16,12 +16,15 @@ pub mod placement;
 pub mod precision;
 pub mod preflight;
 pub mod ready_grads;
+mod report;
+mod resume;
 pub mod runner;
 pub mod schedule;
 pub mod segmented;
 pub mod step;
 pub mod summaries;
 pub mod tp_resume;
+mod trainer;
 
 pub use config::TrainingConfig;
 pub use device::DeviceSpec;

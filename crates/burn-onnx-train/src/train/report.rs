@@ -1,0 +1,129 @@
+//! Where a run reports after each update and evaluation: the run summary it returns, the
+//! throughput meter, TensorBoard, the progress bar and the log.
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use super::config::TrainingConfig;
+use super::evaluate::EvalMetrics;
+use super::perf::{PerfMeter, PerfReport};
+use super::placement::Placement;
+use super::summaries::Summaries;
+use crate::error::Result;
+use crate::model::OnnxModel;
+
+/// What a finished run reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    /// Update step the run started from (non-zero after a resume).
+    pub start_step: usize,
+    /// `(update step, mean loss of that update)` for every update this run performed.
+    pub losses: Vec<(usize, f64)>,
+    /// Evaluations.
+    pub evals: Vec<EvalMetrics>,
+    /// Exported model (rank 0).
+    pub exported: Option<std::path::PathBuf>,
+    /// Throughput report (rank 0).
+    pub perf: Option<PerfReport>,
+}
+
+/// The loop's reporters: throughput meter, run summary, TensorBoard, progress bar, log.
+pub(super) struct Reporter {
+    pub perf: PerfMeter,
+    pub summary: RunSummary,
+    pub tb: Summaries,
+    pub bar: ProgressBar,
+    unit: &'static str,
+    root: bool,
+}
+
+/// One update's figures, as the reporters show them.
+pub(super) struct UpdateReport {
+    pub step: usize,
+    pub loss: f64,
+    pub lr: f64,
+    pub grad_norm: f32,
+    pub loss_scale: Option<f64>,
+    /// A logged step (every `display_loss_steps` updates, and the last).
+    pub display: bool,
+}
+
+impl Reporter {
+    /// The reporters of world rank `rank` for updates `start_step..total`, counting `unit`s.
+    pub fn open(
+        c: &TrainingConfig,
+        place: &Placement,
+        rank: usize,
+        unit: &'static str,
+        (start_step, total): (usize, usize),
+    ) -> Result<Self> {
+        let root = rank == 0;
+        Ok(Reporter {
+            perf: PerfMeter::new(unit),
+            summary: RunSummary {
+                start_step,
+                losses: Vec::new(),
+                evals: Vec::new(),
+                exported: None,
+                perf: None,
+            },
+            tb: Summaries::open(c, place.summary_role(rank))?,
+            bar: progress_bar(c.progress && root, total, start_step),
+            unit,
+            root,
+        })
+    }
+
+    /// After an update: summary, progress bar, TensorBoard, and the log line when `display`.
+    pub fn update(&mut self, u: &UpdateReport) -> Result<()> {
+        let (rate, unit) = (self.perf.recent_rate(), self.unit);
+        let (step, loss, lr, grad_norm) = (u.step, u.loss, u.lr, u.grad_norm);
+        self.summary.losses.push((step, loss));
+        self.bar.set_position(step as u64);
+        self.bar
+            .set_message(format!("loss {loss:.4} | {rate:.0} {unit}/s"));
+        self.tb
+            .update(step, loss, lr, grad_norm, u.loss_scale, rate, unit)?;
+        if self.root && u.display {
+            self.bar
+                .suspend(|| tracing::info!(step, loss, lr, grad_norm, rate, unit, "train"));
+        }
+        Ok(())
+    }
+
+    /// After an evaluation.
+    pub fn eval(&mut self, m: EvalMetrics, model: &OnnxModel) -> Result<()> {
+        if self.root {
+            self.bar.suspend(|| {
+                tracing::info!(
+                    step = m.step,
+                    loss = m.loss,
+                    perplexity = m.perplexity,
+                    accuracy = m.accuracy,
+                    "eval"
+                )
+            });
+        }
+        self.tb.eval(&m, model)?;
+        self.summary.evals.push(m);
+        Ok(())
+    }
+
+    /// A line in the log (rank 0), above the progress bar.
+    pub fn log(&self, line: impl FnOnce()) {
+        if self.root {
+            self.bar.suspend(line);
+        }
+    }
+}
+
+fn progress_bar(shown: bool, total: usize, start: usize) -> ProgressBar {
+    if !shown {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total as u64).with_position(start as u64);
+    let style = ProgressStyle::with_template("{bar:30} {pos}/{len} updates | {msg} | ETA {eta}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
+}

@@ -1,0 +1,287 @@
+//! One run's state between updates, and the steps of the runner's loop as one call each:
+//! [`Trainer::start`] (the parallel layout applied to the model, its passes and update
+//! strategy, the resume), [`Trainer::train_update`], [`Trainer::evaluate`],
+//! [`Trainer::checkpoint`] and [`Trainer::finish`] (export and reports).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::tensor::Device;
+use burn_ort_dist::{Communicator, DataParallel, UpdateStrategy};
+
+use super::checkpoint::{CheckpointState, save_checkpoint};
+use super::config::TrainingConfig;
+use super::data::{Dataset, DistributedSampler, Prefetcher};
+use super::evaluate::evaluate;
+use super::optimizer::{build_strategy, data_parallel};
+use super::passes::Passes;
+use super::perf::MemoryReport;
+use super::placement::Placement;
+use super::precision::LossScaler;
+use super::preflight::{check_data, check_weight_names};
+use super::report::{Reporter, RunSummary, UpdateReport};
+use super::resume::resume;
+use super::schedule::LrSchedule;
+use crate::collective::GroupGuard;
+use crate::error::{OnnxError, Result};
+use crate::export::export_onnx;
+use crate::model::OnnxModel;
+use crate::model::profile::NodeProfiler;
+
+/// A run between updates: the layout and this rank's passes and update strategy, the
+/// counters, the reporters.
+pub(super) struct Trainer {
+    c: TrainingConfig,
+    comm: Arc<dyn Communicator>,
+    place: Placement,
+    /// The collective groups the model's ops run on, entered for the run.
+    _groups: Vec<GroupGuard>,
+    passes: Box<dyn Passes>,
+    strategy: Box<dyn UpdateStrategy<OnnxModel>>,
+    scaler: LossScaler,
+    schedule: LrSchedule,
+    prefetch: Prefetcher,
+    out: Reporter,
+    profiler: Option<NodeProfiler>,
+    /// Updates done (counting those of the run resumed from).
+    pub update: usize,
+    /// The last update of the run.
+    pub total: usize,
+    start_step: usize,
+    micro: usize,
+}
+
+impl Trainer {
+    /// Load the model, apply the parallel layout, build the passes and the update strategy,
+    /// resume from the newest checkpoint: the trainer and this rank's model, broadcast from
+    /// the first replica and sharded as the layout says.
+    pub fn start(
+        mut c: TrainingConfig,
+        comm: Arc<dyn Communicator>,
+        device: &Device,
+        train: &Arc<dyn Dataset>,
+        test: Option<&dyn Dataset>,
+    ) -> Result<(Self, OnnxModel)> {
+        let mut place = Placement::new(&c, comm.as_ref())?;
+        let sampler = DistributedSampler {
+            len: train.len(),
+            batch_size: c.batch_size,
+            rank: place.groups.dp_rank,
+            world: place.topology.dp,
+            seed: c.seed,
+            shuffle: true,
+        };
+        c.resolve_epochs(sampler.batches_per_epoch())?;
+        sampler.batch_indices(0)?;
+        let model = c.load_model(device)?.select_trainable(
+            &c.weights_to_train,
+            &c.weights_not_to_train,
+            ("config.weights_to_train", "config.weights_not_to_train"),
+        )?;
+        check_weight_names(&c, &model)?;
+        check_data(&c, &model, train.as_ref(), test)?;
+        let model = place.model_part(&c, model, train.as_ref())?;
+        let groups = place.enter_groups();
+        let ddp = data_parallel(&c, place.groups.dp.clone());
+        let passes = place.passes(&c, &model, device, &ddp)?;
+        let mut strategy = build_strategy(&c, &model, &ddp)?;
+        if let Some(group) = place.model_parallel(&model) {
+            strategy.set_model_parallel(group);
+        }
+        let mut scaler = LossScaler::new(&c);
+        let (model, update, micro) = resume(
+            &c,
+            comm.as_ref(),
+            &place,
+            model,
+            strategy.as_mut(),
+            &mut scaler,
+        )?;
+        DataParallel::new(comm.clone()).check_consistent(c.to_toml()?.as_bytes())?;
+        let model =
+            place.shard(DataParallel::new(place.groups.dp.clone()).broadcast_parameters(model)?)?;
+        let total = c.num_updates();
+        let out = Reporter::open(&c, &place, comm.rank(), train.unit(), (update, total))?;
+        let trainer = Trainer {
+            schedule: LrSchedule::new(&c.lr, total),
+            prefetch: Prefetcher::start(train.clone(), sampler, micro, 4),
+            profiler: c.profile.then(NodeProfiler::start),
+            out,
+            comm,
+            place,
+            _groups: groups,
+            passes,
+            strategy,
+            scaler,
+            update,
+            total,
+            start_step: update,
+            micro,
+            c,
+        };
+        Ok((trainer, model))
+    }
+
+    /// One optimizer update: the micro-steps' forward and backward passes, the strategy's
+    /// update at the scheduled learning rate, then the reports (loss, rate, norms).
+    pub fn train_update(&mut self, mut model: OnnxModel) -> Result<OnnxModel> {
+        let started = Instant::now();
+        let acc = self.passes.train(
+            &self.c,
+            &mut model,
+            &self.prefetch,
+            &mut self.micro,
+            self.update,
+            self.scaler.scale(),
+        )?;
+        let display = (self.update + 1) % self.c.display_loss_steps.max(1) == 0
+            || self.update + 1 == self.total;
+        let (lr, update_started) = (self.schedule.lr(self.update), Instant::now());
+        let (model, report) = self.scaler.step(
+            self.strategy.as_mut(),
+            self.comm.as_ref(),
+            lr,
+            model,
+            acc.grads,
+            self.c.max_grad_norm,
+            display && self.out.tb.wants_norms(),
+        )?;
+        let sync_time = update_started.elapsed();
+        self.update += 1;
+        if display && !self.c.norm_weights.is_empty() {
+            let whole = self.place.readable(&model, true)?;
+            self.out
+                .tb
+                .norms(&whole, &report.tensor_grad_norms, self.update)?;
+        }
+        if !acc.loss.is_finite() {
+            return Err(OnnxError::field(
+                "training",
+                format!("loss became {} at update {}", acc.loss, self.update),
+            ));
+        }
+        let items = acc.items * self.place.topology.dp;
+        let elapsed = started.elapsed();
+        self.out
+            .perf
+            .record(items, elapsed, sync_time, acc.waited, acc.sync);
+        self.out.update(&UpdateReport {
+            step: self.update,
+            loss: acc.loss,
+            lr,
+            grad_norm: report.grad_norm,
+            loss_scale: self.scaler.state().map(|s| s.scale),
+            display,
+        })?;
+        Ok(model)
+    }
+
+    /// Whether the test set is evaluated after this update: every `evaluation_period`
+    /// updates and after the last.
+    pub fn eval_due(&self) -> bool {
+        let period = self.c.evaluation_period;
+        (period > 0 && self.update % period == 0) || self.update == self.total
+    }
+
+    /// Evaluate on `test`, all ranks together, and report.
+    pub fn evaluate(&mut self, model: &OnnxModel, test: &dyn Dataset) -> Result<()> {
+        let metrics = evaluate(
+            &self.c,
+            self.comm.as_ref(),
+            (self.place.groups.dp_rank, self.place.topology.dp),
+            self.place.groups.tp_rank == 0,
+            self.passes.as_ref(),
+            model,
+            test,
+            self.update,
+        )?;
+        let readable = self
+            .place
+            .readable(model, !self.c.histogram_weights.is_empty())?;
+        self.out.eval(metrics, &readable)
+    }
+
+    /// Whether a checkpoint is written after this update: every `checkpoint_period`
+    /// updates and after the last (never with a period of 0).
+    pub fn checkpoint_due(&self) -> bool {
+        let period = self.c.checkpoint_period;
+        period > 0 && (self.update % period == 0 || self.update == self.total)
+    }
+
+    /// Write a checkpoint, all ranks together (rank 0 the model, each rank its optimizer
+    /// state).
+    pub fn checkpoint(&mut self, model: &OnnxModel) -> Result<()> {
+        let (c, place) = (&self.c, &self.place);
+        let state = CheckpointState {
+            update_step: self.update,
+            micro_step: self.micro,
+            seed: c.seed,
+            loss_scale: self.scaler.state(),
+            world_size: self.comm.world_size(),
+            written_by_rank: 0,
+            zero_stage: c.zero_stage,
+            pipeline_stages: place.topology.pp,
+            tensor_parallel: place.topology.tp,
+            tensor_parallel_splits: place
+                .tensor_parallel
+                .as_ref()
+                .map(|t| t.params.clone())
+                .unwrap_or_default(),
+            config_toml: c.to_toml()?,
+        };
+        let files = place.checkpoint_files(model, self.strategy.state_files()?)?;
+        let path = save_checkpoint(
+            &c.checkpoints_dir(),
+            files,
+            &state,
+            c.max_num_checkpoints,
+            self.comm.as_ref(),
+        )?;
+        let step = self.update;
+        self.out
+            .log(|| tracing::info!(step, path = %path.display(), "checkpoint"));
+        Ok(())
+    }
+
+    /// After the last update: rank 0 exports `<model stem>_trained.onnx` and writes
+    /// `perf.json` (and `profile.json` when profiling); the run's summary.
+    pub fn finish(mut self, model: &OnnxModel) -> Result<RunSummary> {
+        self.out.bar.finish_and_clear();
+        self.out.tb.flush()?;
+        let profile = self
+            .profiler
+            .take()
+            .map(|p| p.finish(self.update - self.start_step));
+        let memory = MemoryReport::gather(self.strategy.memory(), self.comm.as_ref())?;
+        let idle = self.out.perf.gather_idle(self.comm.as_ref())?;
+        let c = &self.c;
+        if let Some(whole) = self.place.whole_model(c, model, self.comm.as_ref())? {
+            self.out.summary.exported = Some(export_trained(c, &whole)?);
+            let report = self
+                .out
+                .perf
+                .report(c, self.comm.world_size(), memory, idle);
+            report.write(&c.output_dir.join("perf.json"))?;
+            self.out.summary.perf = Some(report);
+            if let Some(profile) = &profile {
+                profile.write(&c.output_dir.join("profile.json"))?;
+            }
+        }
+        Ok(self.out.summary)
+    }
+}
+
+/// Export the trained model to `<output_dir>/<model stem>_trained.onnx`.
+fn export_trained(c: &TrainingConfig, model: &OnnxModel) -> Result<PathBuf> {
+    std::fs::create_dir_all(&c.output_dir).map_err(|e| OnnxError::io(&c.output_dir, e))?;
+    let stem = c
+        .model_path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("model");
+    let path = c.output_dir.join(format!("{stem}_trained.onnx"));
+    export_onnx(model, &path)?;
+    tracing::info!(path = %path.display(), "exported");
+    Ok(path)
+}
