@@ -108,7 +108,7 @@ fn an_inf_gradient_on_one_rank_skips_the_update_on_every_rank() {
         let before = onnx_values(&model);
         let mut strategy = build_strategy(&c, &model, &data_parallel(&c, comm.clone()))
             .map_err(|e| e.to_string())?;
-        let mut scaler = LossScaler::new(&c);
+        let mut scaler = LossScaler::new(c.precision, c.loss_scale, c.loss_scale_growth_interval);
         let mut grads = GradientsParams::new();
         for (i, p) in model.params().iter().enumerate() {
             let mut g = p.val().inner().ones_like();

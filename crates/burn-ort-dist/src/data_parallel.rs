@@ -10,7 +10,7 @@
 //! ```
 //!
 //! To hide the averaging behind backward, hand finished gradients to the
-//! [`OverlappedSync`] of [`DataParallel::overlapped`] as backward produces them; `sync` then
+//! [`crate::OverlappedSync`] of [`DataParallel::overlapped`] (in `overlap.rs`) as backward produces them; `sync` then
 //! averages only the rest.
 
 use std::collections::HashSet;
@@ -23,7 +23,6 @@ use burn::tensor::{Tensor, TensorData};
 use crate::communicator::Communicator;
 use crate::error::{DistError, DistResult};
 use crate::grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, reduce_gradients_except};
-use crate::overlap::OverlappedSync;
 
 /// Data-parallel settings around a communicator. Clones share the record of gradients
 /// averaged during backward.
@@ -71,12 +70,6 @@ impl DataParallel {
     /// Bucket size in bytes.
     pub fn bucket_bytes(&self) -> usize {
         self.bucket_bytes
-    }
-
-    /// Start averaging one update's gradients during backward (a communication thread; mean
-    /// reductions only).
-    pub fn overlapped(&self) -> DistResult<OverlappedSync> {
-        OverlappedSync::start(self.clone())
     }
 
     /// The gradients of `ids` for the coming [`Self::sync`] are averaged already.

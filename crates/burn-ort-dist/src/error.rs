@@ -23,3 +23,9 @@ pub enum DistError {
 
 /// Result of a collective.
 pub type DistResult<T> = Result<T, DistError>;
+
+/// An [`DistError::Invalid`] observed while reading or checking state (rank 0: the caller
+/// knows no better).
+pub(crate) fn invalid(message: String) -> DistError {
+    DistError::Invalid { rank: 0, message }
+}

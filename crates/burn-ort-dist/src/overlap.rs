@@ -42,6 +42,14 @@ pub struct SyncTimes {
 /// gradients fit in one ordinary bucket still averages most of them during backward.
 const FIRST_BUCKET_BYTES: usize = 1 << 18;
 
+impl DataParallel {
+    /// Start averaging one update's gradients during backward (a communication thread; mean
+    /// reductions only).
+    pub fn overlapped(&self) -> DistResult<OverlappedSync> {
+        OverlappedSync::start(self.clone())
+    }
+}
+
 /// One update's averaging of gradients during backward.
 pub struct OverlappedSync {
     ddp: DataParallel,
@@ -53,7 +61,7 @@ pub struct OverlappedSync {
 }
 
 impl OverlappedSync {
-    pub(crate) fn start(ddp: DataParallel) -> DistResult<Self> {
+    fn start(ddp: DataParallel) -> DistResult<Self> {
         Ok(OverlappedSync {
             reducer: BackgroundReduce::start(ddp.comm().clone(), ddp.reduction())?,
             ddp,

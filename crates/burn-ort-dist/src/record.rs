@@ -8,8 +8,10 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{Bytes, DType};
 
-use crate::error::{DistError, DistResult};
-use crate::strategy::{REPLICATED_STATE_FILE, invalid};
+use crate::error::{DistError, DistResult, invalid};
+
+/// The optimizer record file of a replicated run.
+pub const REPLICATED_STATE_FILE: &str = "optimizer.bpk";
 
 /// One tensor of a record: its shape and values.
 pub type RecordTensor = (Vec<usize>, Vec<f32>);

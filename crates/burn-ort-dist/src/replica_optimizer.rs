@@ -9,8 +9,7 @@ use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::Bytes;
 
-use crate::error::DistResult;
-use crate::strategy::invalid;
+use crate::error::{DistResult, invalid};
 
 /// An update of a whole module with its state in Burn's optimizer record format.
 pub trait ReplicaOptimizer {

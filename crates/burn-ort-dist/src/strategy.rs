@@ -15,8 +15,8 @@ use burn::tensor::Tensor;
 
 use crate::communicator::{Communicator, ReduceOp};
 use crate::data_parallel::DataParallel;
-use crate::error::{DistError, DistResult};
-use crate::record::merged_record;
+use crate::error::{DistError, DistResult, invalid};
+use crate::record::{REPLICATED_STATE_FILE, merged_record};
 use crate::replica_optimizer::ReplicaOptimizer;
 
 /// What an update measured.
@@ -26,6 +26,29 @@ pub struct UpdateReport {
     pub grad_norm: f32,
     /// Per-parameter gradient norms, when asked for.
     pub tensor_grad_norms: Vec<(ParamId, f32)>,
+}
+
+impl UpdateReport {
+    /// The report of an update with global norm `grad_norm`; with `per_tensor`, each
+    /// parameter's norm from its gradient's sum of squares.
+    pub fn new(
+        grad_norm: f32,
+        squares: impl IntoIterator<Item = (ParamId, f64)>,
+        per_tensor: bool,
+    ) -> Self {
+        let tensor_grad_norms = if per_tensor {
+            squares
+                .into_iter()
+                .map(|(id, s)| (id, s.sqrt() as f32))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        UpdateReport {
+            grad_norm,
+            tensor_grad_norms,
+        }
+    }
 }
 
 /// Bytes one rank holds for training, by kind.
@@ -106,9 +129,6 @@ pub trait UpdateStrategy<M: Module> {
     fn set_model_parallel(&mut self, group: ModelParallel);
 }
 
-/// The optimizer record file of a replicated run.
-pub const REPLICATED_STATE_FILE: &str = "optimizer.bpk";
-
 /// ZeRO stage 0: gradients all-reduced (or Adasum-combined) in buckets, every rank runs
 /// the optimizer `O` (Burn's by default) on every parameter; rank 0 saves the optimizer
 /// record.
@@ -152,22 +172,8 @@ impl<M: Module, O: ReplicaOptimizer> UpdateStrategy<M> for Replicated<O> {
             gradient_bytes: census.trainable * 4,
             parameter_bytes: census.elements * 4,
         };
-        let tensor_grad_norms = if tensor_norms {
-            norms
-                .into_iter()
-                .map(|(id, s)| (id, s.sqrt() as f32))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let module = self.optim.step(lr, module, grads)?;
-        Ok((
-            module,
-            UpdateReport {
-                grad_norm,
-                tensor_grad_norms,
-            },
-        ))
+        let report = UpdateReport::new(grad_norm, norms, tensor_norms);
+        Ok((self.optim.step(lr, module, grads)?, report))
     }
 
     fn memory(&self) -> MemoryUse {
@@ -211,10 +217,6 @@ fn param_ids<M: Module>(module: &M) -> HashSet<u64> {
     let mut ids = Ids(HashSet::new());
     module.visit(&mut ids);
     ids.0
-}
-
-pub(crate) fn invalid(message: String) -> DistError {
-    DistError::Invalid { rank: 0, message }
 }
 
 #[derive(Default)]

@@ -19,8 +19,8 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
 
+use super::FLAT_CHUNK as CHUNK;
 use super::cube::reduce_shared;
-use super::fused_adam::CHUNK;
 
 /// Threads per cube (a power of two for the tree reductions).
 const THREADS: u32 = 256;

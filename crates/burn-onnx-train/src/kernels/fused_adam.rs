@@ -26,9 +26,7 @@ use burn_ort_dist::{
     DistError, DistResult, MomentState, ReplicaOptimizer, decode_moments, encode_moments,
 };
 
-/// Values per chunk: a chunk belongs to one parameter (a multiple of the CubeCL kernels'
-/// cube size).
-pub(crate) const CHUNK: usize = 2048;
+use super::FLAT_CHUNK as CHUNK;
 
 /// One parameter in the flat buffers.
 #[derive(Debug, Clone)]

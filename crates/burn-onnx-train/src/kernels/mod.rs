@@ -54,6 +54,11 @@ pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference}
 
 use burn::tensor::Device;
 
+/// Values per chunk of the fused optimizers' flat buffers (`fused_adam.rs`, and the
+/// CubeCL kernel in `cube_optim.rs`): a chunk belongs to one parameter, a multiple of the
+/// kernel's cube size.
+pub(crate) const FLAT_CHUNK: usize = 2048;
+
 /// Whether `device` (or the device an autodiff device wraps) runs CubeCL kernels.
 pub fn runs_cubecl(device: &Device) -> bool {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]

@@ -17,7 +17,6 @@ use burn::tensor::{FloatDType, Tensor};
 use burn_ort_dist::{Communicator, ReduceOp, UpdateReport, UpdateStrategy};
 use serde::{Deserialize, Serialize};
 
-use super::config::TrainingConfig;
 use crate::error::{OnnxError, Result};
 use crate::kernels::{NonFiniteFlag, unscale_and_check};
 use crate::model::OnnxModel;
@@ -70,17 +69,18 @@ pub struct LossScaler {
 }
 
 impl LossScaler {
-    /// The scaler `c` asks for: `loss_scale` absent means dynamic under f16 and off
-    /// otherwise; 0 dynamic; a positive value static.
-    pub fn new(c: &TrainingConfig) -> Self {
-        let dynamic = match c.loss_scale {
-            None => c.precision == Precision::F16,
+    /// The scaler of config `precision`, `loss_scale` and `loss_scale_growth_interval`:
+    /// `loss_scale` absent means dynamic under f16 and off otherwise; 0 dynamic; a positive
+    /// value static.
+    pub fn new(precision: Precision, loss_scale: Option<f64>, growth_interval: usize) -> Self {
+        let dynamic = match loss_scale {
+            None => precision == Precision::F16,
             Some(s) => s == 0.0,
         };
         let scale = if dynamic {
             INITIAL_DYNAMIC_SCALE
         } else {
-            c.loss_scale.unwrap_or(1.0)
+            loss_scale.unwrap_or(1.0)
         };
         LossScaler {
             state: ScalerState {
@@ -88,7 +88,7 @@ impl LossScaler {
                 good_steps: 0,
             },
             dynamic,
-            growth_interval: c.loss_scale_growth_interval,
+            growth_interval,
         }
     }
 
@@ -222,12 +222,7 @@ mod tests {
     use super::*;
 
     fn scaler(loss_scale: Option<f64>, precision: Precision, interval: usize) -> LossScaler {
-        LossScaler::new(&TrainingConfig {
-            loss_scale,
-            precision,
-            loss_scale_growth_interval: interval,
-            ..Default::default()
-        })
+        LossScaler::new(precision, loss_scale, interval)
     }
 
     #[test]

@@ -89,7 +89,7 @@ impl Trainer {
         if let Some(group) = place.model_parallel(&model) {
             strategy.set_model_parallel(group);
         }
-        let mut scaler = LossScaler::new(&c);
+        let mut scaler = LossScaler::new(c.precision, c.loss_scale, c.loss_scale_growth_interval);
         let (model, update, micro) = resume(
             &c,
             comm.as_ref(),

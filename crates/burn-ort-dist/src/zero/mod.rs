@@ -216,23 +216,9 @@ impl<M: Module> UpdateStrategy<M> for Zero {
             // What the module holds: at stage 3 its chunks.
             parameter_bytes: local.as_ref().map_or(layout.len, |l| l.len) * 4,
         };
-        let tensor_grad_norms = if tensor_norms {
-            layout
-                .slots
-                .iter()
-                .zip(&squares)
-                .map(|(s, q)| (s.id, q.sqrt() as f32))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        Ok((
-            module,
-            UpdateReport {
-                grad_norm,
-                tensor_grad_norms,
-            },
-        ))
+        let squares = layout.slots.iter().map(|s| s.id).zip(squares);
+        let report = UpdateReport::new(grad_norm, squares, tensor_norms);
+        Ok((module, report))
     }
 
     fn memory(&self) -> MemoryUse {
