@@ -8,14 +8,14 @@
 //!   as PyTorch's TorchScript and dynamo exporters and our builder write it, 8 nodes) ->
 //!   `Gelu(approximate = "tanh")`.
 //! - Conv followed by Relu (the Conv's output read by the Relu alone) -> the Conv marked
-//!   with [`FUSED_ACTIVATION`] = `"Relu"`: `kernels::conv2d` applies the ReLU to each image's
+//!   with [`FUSED_ACTIVATION`](crate::graph::attributes::FUSED_ACTIVATION) = `"Relu"`: `kernels::conv2d` applies the ReLU to each image's
 //!   output while it is in cache and masks the gradient in its backward, instead of a pass
 //!   of its own over the activations each way. The mark is internal: export writes the
 //!   original graph.
 
 use std::collections::HashMap;
 
-use crate::attributes::{Attr, Attributes};
+use crate::graph::attributes::{Attr, Attributes, FUSED_ACTIVATION};
 use crate::graph::{Graph, Node};
 use crate::host_tensor::HostTensor;
 use crate::ops;
@@ -186,9 +186,6 @@ pub fn fuse_gelu(graph: &mut Graph) -> usize {
     remove_nodes(graph, &drop);
     found.len()
 }
-
-/// The attribute marking a Conv that applies the named activation to its output itself.
-pub const FUSED_ACTIVATION: &str = "__fused_activation";
 
 /// Fold every Relu whose input is a Conv's output read by nothing else into that Conv;
 /// returns how many.

@@ -23,7 +23,6 @@
 
 pub mod allocator;
 pub mod atomic_file;
-pub mod attributes;
 pub mod builders;
 pub mod collective;
 pub mod error;
@@ -34,6 +33,7 @@ pub mod graph;
 pub mod host_tensor;
 pub mod initializer_ties;
 pub mod kernels;
+pub mod loader;
 pub mod loss;
 pub mod model;
 pub mod npy;
@@ -41,6 +41,7 @@ pub mod ops;
 pub mod pipeline;
 pub mod progress;
 pub mod proto_presence;
+pub mod seeds;
 pub mod tensor_parallel;
 pub mod tensorboard;
 pub mod train;

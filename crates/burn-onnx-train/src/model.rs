@@ -23,6 +23,7 @@ use crate::error::{OnnxError, OpError, Result};
 use crate::graph::{Dim, Graph, TensorInfo};
 use crate::host_tensor::{HostTensor, dtype};
 use crate::ops::{Inputs, OpContext};
+pub use crate::seeds::{micro_step_seed, mix_seed};
 use crate::trainability::{DefaultRole, Usage};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 
@@ -599,22 +600,6 @@ impl OnnxModel {
             ))),
         }
     }
-}
-
-/// Combine two values into a well-spread seed (SplitMix64 finalizer of `a ^ rotated b`).
-pub fn mix_seed(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// The seed of one micro-step's forward pass (its dropout masks): a pure function of the
-/// run's seed, the data-parallel replica and the micro-step, so masks depend on neither
-/// threads, devices nor how the step is cut (segments, pipeline micro-batches mix in
-/// their own index on top).
-pub fn micro_step_seed(run_seed: u64, replica: usize, micro_step: usize) -> u64 {
-    mix_seed(mix_seed(run_seed, replica as u64), micro_step as u64)
 }
 
 /// A parameter id derived from the ONNX initializer name (FNV-1a), so optimizer state saved

@@ -14,7 +14,7 @@ mod common;
 use std::collections::HashMap;
 
 use burn::tensor::{Tensor, TensorData};
-use burn_onnx_train::attributes::Attr;
+use burn_onnx_train::graph::attributes::Attr;
 use burn_onnx_train::host_tensor::{HostTensor, dtype};
 use burn_onnx_train::ops::ZERO_POINT_TYPE;
 use burn_onnx_train::value::{FloatValue, MAX_RANK, padded};

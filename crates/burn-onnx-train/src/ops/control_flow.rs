@@ -2,7 +2,7 @@
 //! opset 9+ form).
 //!
 //! A subgraph ([`Body`]) was decoded and checked at load. The outer values it reads arrive
-//! as the node's trailing inputs ([`crate::attributes::CAPTURED`]), so the interpreter
+//! as the node's trailing inputs ([`crate::graph::attributes::CAPTURED`]), so the interpreter
 //! fetches them (parameters included) and keeps them alive like any other input. A body runs node by node with the same Burn ops as the main graph: `If` records
 //! the taken branch on the autodiff tape, and `Loop`/`Scan` unroll, so gradients reach
 //! every parameter a branch or body reads. State updates of ops inside a body (training-mode
@@ -17,8 +17,8 @@ use super::{Inputs, OpContext, OpOutput};
 use crate::error::{OpError, OpResult};
 use crate::graph::{Body, Dim, TensorInfo};
 use crate::host_tensor::dtype;
-use crate::model::mix_seed;
 use crate::op_bail;
+use crate::seeds::mix_seed;
 use crate::value::{FloatValue, MAX_RANK, Value, norm_axis};
 
 /// A body ready to run repeatedly: the outer values it reads and its constants, uploaded

@@ -7,7 +7,7 @@ use burn::tensor::ops::ConvOptions;
 use super::window::Window2d;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
-use crate::fusion::FUSED_ACTIVATION;
+use crate::graph::attributes::FUSED_ACTIVATION;
 use crate::kernels::conv2d;
 use crate::op_bail;
 use crate::value::{FloatValue, Value};

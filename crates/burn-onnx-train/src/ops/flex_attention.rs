@@ -6,7 +6,7 @@
 //! whole `[B, q_heads, L, S]` score (or probability) tensor. They run node by node with the
 //! same Burn ops as the main graph, so the op stays differentiable in Q, K, V and in every
 //! outer value a subgraph reads (those arrive as the node's trailing inputs,
-//! [`crate::attributes::CAPTURED`]). As in `Attention`, Q and K are each scaled by
+//! [`crate::graph::attributes::CAPTURED`]). As in `Attention`, Q and K are each scaled by
 //! `sqrt(scale)` and the grouped query heads are stacked along the sequence axis instead of
 //! repeating K and V. `softmax_precision` is not consulted: the softmax runs in f32.
 

@@ -3,12 +3,7 @@
 //! Each op is a plain function from its inputs to its outputs. [`lookup`] maps an op type to
 //! its function; the interpreter calls it and attaches the node's name to any error.
 
-use burn::tensor::{Device, FloatDType, Tensor};
-
-use crate::attributes::Attributes;
-use crate::error::OpResult;
-use crate::op_bail;
-use crate::value::{FloatValue, Value};
+pub use crate::graph::op_api::{Inputs, OpContext, OpFn, OpOutput};
 
 mod arg_reduce;
 mod attention;
@@ -60,105 +55,6 @@ mod windows_signal;
 
 pub use broadcast::broadcast_shapes;
 pub use quant::{ZERO_POINT_TYPE, annotate_zero_point_types};
-
-/// What an op sees besides its inputs.
-pub struct OpContext<'a> {
-    /// Device for values created by the op.
-    pub device: &'a Device,
-    /// Training mode: dropout active, batch norm on batch statistics.
-    pub train: bool,
-    /// The model's `ai.onnx` opset version.
-    pub opset: i64,
-    /// The node's attributes.
-    pub attrs: &'a Attributes,
-    /// How many outputs the node declares.
-    pub num_outputs: usize,
-    /// Seed for this node's randomness (dropout masks): a pure function of the forward
-    /// pass's seed and the node's position, so masks do not depend on threads or devices.
-    pub seed: u64,
-    /// The low precision of the autocast list (MatMul, Gemm, Conv, ConvTranspose), if any.
-    pub autocast: Option<FloatDType>,
-}
-
-impl OpContext<'_> {
-    /// `f` of `operands`, computed in the autocast precision when there is one: the
-    /// operands are cast down and the result back to f32 (both casts differentiable, so
-    /// gradients reach f32 parameters in f32).
-    pub fn autocast<const N: usize>(
-        &self,
-        operands: [FloatValue; N],
-        f: impl FnOnce([FloatValue; N]) -> OpResult<FloatValue>,
-    ) -> OpResult<FloatValue> {
-        let Some(low) = self.autocast else {
-            return f(operands);
-        };
-        let out = f(operands.map(|v| FloatValue::new(v.tensor.cast(low), v.rank)))?;
-        Ok(FloatValue::new(out.tensor.cast(FloatDType::F32), out.rank))
-    }
-
-    /// A bias added inside an autocast op, cast to the operands' precision.
-    pub fn autocast_bias<const D: usize>(&self, bias: Option<Tensor<D>>) -> Option<Tensor<D>> {
-        match self.autocast {
-            Some(low) => bias.map(|b| b.cast(low)),
-            None => bias,
-        }
-    }
-}
-
-/// What an op returns.
-#[derive(Default)]
-pub struct OpOutput {
-    /// One value per node output, in order (trailing optional outputs may be missing).
-    pub values: Vec<Value>,
-    /// New values for stateful inputs, by input slot (batch norm running statistics).
-    pub state_updates: Vec<(usize, FloatValue)>,
-}
-
-impl From<Vec<Value>> for OpOutput {
-    fn from(values: Vec<Value>) -> Self {
-        OpOutput {
-            values,
-            state_updates: Vec::new(),
-        }
-    }
-}
-
-impl From<Value> for OpOutput {
-    fn from(value: Value) -> Self {
-        vec![value].into()
-    }
-}
-
-/// A node's inputs; empty input names (omitted optional inputs) are `None`.
-pub struct Inputs(pub Vec<Option<Value>>);
-
-impl Inputs {
-    /// Take a required input.
-    pub fn take(&mut self, i: usize, what: &str) -> OpResult<Value> {
-        match self.0.get_mut(i).and_then(Option::take) {
-            Some(v) => Ok(v),
-            None => op_bail!("missing required input {i} ({what})"),
-        }
-    }
-
-    /// Take an optional input.
-    pub fn opt(&mut self, i: usize) -> Option<Value> {
-        self.0.get_mut(i).and_then(Option::take)
-    }
-
-    /// Take a required input as a float tensor (ints/bools are converted).
-    pub fn float(&mut self, i: usize, what: &str, device: &Device) -> OpResult<FloatValue> {
-        self.take(i, what)?.into_float(device)
-    }
-
-    /// Take an optional input as a list of ints (axes, pads, shapes).
-    pub fn int_list(&mut self, i: usize, what: &str) -> OpResult<Option<Vec<i64>>> {
-        self.opt(i).map(|v| v.int_list(what)).transpose()
-    }
-}
-
-/// Signature shared by every op.
-pub type OpFn = fn(&OpContext, Inputs) -> OpResult<OpOutput>;
 
 /// Find the implementation of an op type of the default (`ai.onnx`) domain.
 pub fn lookup(op_type: &str) -> Option<OpFn> {

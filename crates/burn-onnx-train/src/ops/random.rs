@@ -16,13 +16,13 @@ use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
 use crate::host_tensor::dtype;
 use crate::op_bail;
+use crate::seeds::mix_seed;
 use crate::value::{FloatValue, Value};
 
 /// The node's random stream.
 fn rng(ctx: &OpContext) -> OpResult<ChaCha8Rng> {
     let seed = if ctx.attrs.has("seed") {
-        let bits = u64::from(ctx.attrs.float("seed", 0.0)?.to_bits());
-        ctx.seed ^ bits.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        mix_seed(ctx.seed, u64::from(ctx.attrs.float("seed", 0.0)?.to_bits()))
     } else {
         ctx.seed
     };

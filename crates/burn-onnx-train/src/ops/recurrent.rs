@@ -22,8 +22,8 @@ use burn::tensor::activation;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 
 use super::{Inputs, OpContext, OpOutput};
-use crate::attributes::Attr;
 use crate::error::OpResult;
+use crate::graph::attributes::Attr;
 use crate::op_bail;
 use crate::value::{FloatValue, Value, int_tensor_1d, padded};
 

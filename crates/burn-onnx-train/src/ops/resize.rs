@@ -332,7 +332,9 @@ pub fn upsample(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         Some(Value::Float(f)) => f.to_array()?.iter().map(|&v| f64::from(v)).collect(),
         Some(_) => op_bail!("`scales` must be a float tensor"),
         None => match ctx.attrs.get("scales") {
-            Some(crate::attributes::Attr::Floats(s)) => s.iter().map(|&v| f64::from(v)).collect(),
+            Some(crate::graph::attributes::Attr::Floats(s)) => {
+                s.iter().map(|&v| f64::from(v)).collect()
+            }
             _ => op_bail!("needs `scales` (a float list attribute or the second input)"),
         },
     };

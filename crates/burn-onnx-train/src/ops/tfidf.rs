@@ -12,8 +12,8 @@ use std::collections::{HashMap, HashSet};
 use ndarray::{ArrayD, IxDyn};
 
 use super::{Inputs, OpContext, OpOutput};
-use crate::attributes::Attr;
 use crate::error::OpResult;
+use crate::graph::attributes::Attr;
 use crate::op_bail;
 use crate::value::{FloatValue, Value};
 

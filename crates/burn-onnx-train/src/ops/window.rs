@@ -1,8 +1,8 @@
 //! Sliding-window attributes shared by `Conv` and the pooling ops: kernel, strides,
 //! dilations and padding (explicit `pads` or `auto_pad`), normalised to two spatial dims.
 
-use crate::attributes::Attributes;
 use crate::error::OpResult;
+use crate::graph::attributes::Attributes;
 use crate::op_bail;
 
 /// Window geometry for a 2-D op (1-D inputs are treated as height 1).

@@ -7,8 +7,8 @@ use std::collections::{HashMap, HashSet};
 
 use super::ops;
 use super::plan::Plan;
-use crate::attributes::{Attr, Attributes};
 use crate::error::{OnnxError, Result};
+use crate::graph::attributes::{Attr, Attributes};
 use crate::graph::{Graph, Node};
 
 fn copied(name: &str) -> String {

@@ -173,3 +173,7 @@ impl Attributes {
         self.0.insert(name.to_string(), value);
     }
 }
+
+/// The attribute marking a Conv that applies the named activation to its output itself
+/// (set by `crate::fusion::fuse_conv_relu`).
+pub const FUSED_ACTIVATION: &str = "__fused_activation";

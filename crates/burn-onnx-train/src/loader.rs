@@ -1,5 +1,5 @@
-//! An ONNX file, decoded and checked: nodes in execution order with their attributes and
-//! implementations, initializers under their original names, graph inputs and outputs.
+//! Loading an ONNX file into a [`Graph`]: decoded and checked, nodes in execution order with
+//! their attributes and implementations, initializers under their original names.
 //!
 //! Everything that can be checked before running is checked here, so that a bad file fails
 //! at load time with the file, node or field named: protobuf decoding, unsupported ops,
@@ -19,112 +19,14 @@ use onnx_ir::{
     AttributeProto, AttributeType, GraphProto, Message, ModelProto, NodeProto, ValueInfoProto,
 };
 
-use crate::attributes::{Attr, Attributes, CAPTURED};
 use crate::error::{OnnxError, Result};
 use crate::functions::inline_functions;
+use crate::graph::attributes::{Attr, Attributes, CAPTURED};
+use crate::graph::{Body, Dim, Graph, Node, TensorInfo, last_uses};
 use crate::host_tensor::{ExternalData, HostTensor, release_pages};
-use crate::initializer_ties::{TieDecision, TieOptions};
-use crate::ops::{self, OpFn};
+use crate::initializer_ties::TieOptions;
+use crate::ops;
 use crate::progress::progress;
-
-/// A dimension of a declared graph input or output.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Dim {
-    /// A fixed size.
-    Fixed(usize),
-    /// A named (dynamic) size such as `batch`.
-    Symbolic(String),
-}
-
-/// A declared graph input or output.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorInfo {
-    /// Name.
-    pub name: String,
-    /// ONNX element type code (see [`crate::host_tensor::dtype`]).
-    pub elem_type: i32,
-    /// Declared dims; empty if the file declares none.
-    pub dims: Vec<Dim>,
-}
-
-/// One executable node.
-#[derive(Debug, Clone)]
-pub struct Node {
-    /// Node name, or `<op_type>#<index>` when the file gives none.
-    pub name: String,
-    /// ONNX op type.
-    pub op_type: String,
-    /// Input edge names (empty string: omitted optional input).
-    pub inputs: Vec<String>,
-    /// Output edge names.
-    pub outputs: Vec<String>,
-    /// Decoded attributes.
-    pub attrs: Attributes,
-    /// The implementation.
-    pub op: OpFn,
-}
-
-/// A subgraph: the branch of an `If`, the body of a `Loop` or `Scan`, decoded and checked
-/// like the main graph. Its nodes may read outer-scope values (values computed earlier in
-/// the enclosing graph, its inputs and initializers): those are listed in `captured`, and
-/// the owning node reads them as extra inputs ([`crate::attributes::CAPTURED`]).
-#[derive(Clone)]
-pub struct Body {
-    /// `<owning node>.<attribute>`, for errors.
-    pub name: String,
-    /// Formal inputs, bound by the owning op on every run.
-    pub inputs: Vec<TensorInfo>,
-    /// Formal outputs.
-    pub outputs: Vec<TensorInfo>,
-    /// Nodes to execute, in order.
-    pub nodes: Vec<Node>,
-    /// The body's own initializers and folded `Constant` nodes.
-    pub constants: HashMap<String, HostTensor>,
-    /// Outer-scope names the body (or a subgraph nested in it) reads, in first-use order.
-    pub captured: Vec<String>,
-    /// For every edge read in the body, the index of the last body node that reads it.
-    pub last_use: HashMap<String, usize>,
-}
-
-impl std::fmt::Debug for Body {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Body")
-            .field("name", &self.name)
-            .field("inputs", &self.inputs.len())
-            .field("outputs", &self.outputs.len())
-            .field("nodes", &self.nodes.len())
-            .field("captured", &self.captured)
-            .finish()
-    }
-}
-
-impl PartialEq for Body {
-    fn eq(&self, other: &Self) -> bool {
-        self.name == other.name
-            && self.inputs == other.inputs
-            && self.outputs == other.outputs
-            && self.captured == other.captured
-            && self.nodes.len() == other.nodes.len()
-            && self.nodes.iter().zip(&other.nodes).all(|(a, b)| {
-                a.name == b.name
-                    && a.op_type == b.op_type
-                    && a.inputs == b.inputs
-                    && a.outputs == b.outputs
-                    && a.attrs == b.attrs
-            })
-    }
-}
-
-/// For every edge read by `nodes`, the index of the last node reading it.
-pub fn last_uses(nodes: &[Node]) -> HashMap<String, usize> {
-    let mut last_use = HashMap::new();
-    for (i, n) in nodes.iter().enumerate() {
-        for input in n.inputs.iter().filter(|i| !i.is_empty()) {
-            last_use.insert(input.clone(), i);
-        }
-    }
-    last_use
-}
 
 /// Decode and check `protos` (a graph's nodes, local functions expanded) into executable
 /// nodes and folded constants. `defined` holds every name visible so far (for a subgraph,
@@ -288,49 +190,6 @@ fn build_body(
         captured,
         last_use,
     })
-}
-
-/// A decoded, checked ONNX model.
-#[derive(Clone)]
-pub struct Graph {
-    /// The file it came from, if any.
-    pub source: Option<PathBuf>,
-    /// The original protobuf (kept for export).
-    pub model: ModelProto,
-    /// `ai.onnx` opset version.
-    pub opset: i64,
-    /// Nodes to execute, in order (`Constant` nodes are folded into `constants`).
-    pub nodes: Vec<Node>,
-    /// Graph inputs the caller must feed (initializers excluded).
-    pub inputs: Vec<TensorInfo>,
-    /// Graph outputs.
-    pub outputs: Vec<TensorInfo>,
-    /// Initializers, in file order, under their original names (moved into the parameters
-    /// and constants by `OnnxModel::from_graph`).
-    pub initializers: Vec<(String, HostTensor)>,
-    /// Outputs of `Constant` nodes.
-    pub constants: HashMap<String, HostTensor>,
-    /// For every edge, the index of the last node that reads it.
-    pub last_use: HashMap<String, usize>,
-    /// The initializer-tie rewrites applied at load ([`crate::initializer_ties`]).
-    pub ties: Vec<TieDecision>,
-    /// Index of the first node in the whole model's order (non-zero for a pipeline stage's
-    /// part of a graph): random streams are keyed by it, so a stage draws what the whole
-    /// graph would.
-    pub node_offset: usize,
-}
-
-impl std::fmt::Debug for Graph {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Graph")
-            .field("source", &self.source)
-            .field("opset", &self.opset)
-            .field("nodes", &self.nodes.len())
-            .field("inputs", &self.inputs)
-            .field("outputs", &self.outputs)
-            .field("initializers", &self.initializers.len())
-            .finish()
-    }
 }
 
 fn tensor_info(vi: &ValueInfoProto) -> TensorInfo {
@@ -566,18 +425,5 @@ impl Graph {
         crate::fusion::fuse_gelu(&mut graph);
         crate::fusion::fuse_conv_relu(&mut graph);
         Ok(graph)
-    }
-
-    /// Count of each op type, `Constant` nodes included.
-    pub fn op_counts(&self) -> Vec<(String, usize)> {
-        let mut counts: HashMap<String, usize> = HashMap::new();
-        if let Some(g) = self.model.graph.as_ref() {
-            for n in &g.node {
-                *counts.entry(n.op_type.clone()).or_default() += 1;
-            }
-        }
-        let mut v: Vec<_> = counts.into_iter().collect();
-        v.sort();
-        v
     }
 }
