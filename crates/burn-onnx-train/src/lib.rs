@@ -21,6 +21,7 @@
 //! # Ok::<(), burn_onnx_train::OnnxError>(())
 //! ```
 
+#[cfg(feature = "cli")]
 pub mod allocator;
 pub mod atomic_file;
 pub mod builders;

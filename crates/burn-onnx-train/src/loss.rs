@@ -14,7 +14,8 @@ use crate::value::FloatValue;
 pub const IGNORE_INDEX: i64 = -100;
 
 /// The loss functions a training run can attach to the model's output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum LossKind {
     /// Cross-entropy of logits `[.., C]` against class ids `[..]`.

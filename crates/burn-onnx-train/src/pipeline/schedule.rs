@@ -14,16 +14,17 @@
 use serde::{Deserialize, Serialize};
 
 /// Which pipeline schedule (config `pipeline_schedule`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum PipelineSchedule {
     /// One forward, one backward (PipeDream-flush): activation memory bounded by the stage count.
     #[default]
     #[serde(rename = "1f1b")]
-    #[value(name = "1f1b")]
+    #[cfg_attr(feature = "cli", value(name = "1f1b"))]
     OneFOneB,
     /// All forwards, then all backwards.
     #[serde(rename = "gpipe")]
-    #[value(name = "gpipe")]
+    #[cfg_attr(feature = "cli", value(name = "gpipe"))]
     Gpipe,
 }
 

@@ -13,7 +13,8 @@ use crate::loss::LossKind;
 use crate::pipeline::PipelineSchedule;
 
 /// Optimizer choice (ORT: `training_optimizer_name`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
     /// SGD with optional momentum.
@@ -68,7 +69,8 @@ impl Default for OptimizerConfig {
 }
 
 /// Learning-rate schedule after warm-up (ORT: `lr_params.warmup_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum ScheduleKind {
     /// No warm-up, constant rate.

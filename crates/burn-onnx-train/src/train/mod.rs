@@ -7,6 +7,7 @@ pub mod data;
 pub mod device;
 pub mod elastic;
 pub mod evaluate;
+#[cfg(feature = "cli")]
 pub mod flags;
 pub mod launch;
 pub mod optimizer;

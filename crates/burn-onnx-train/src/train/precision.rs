@@ -22,7 +22,8 @@ use crate::kernels::{NonFiniteFlag, unscale_and_check};
 use crate::model::OnnxModel;
 
 /// Arithmetic precision of the weighted ops (config `precision`, `--precision`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// Everything in f32.

@@ -1,0 +1,23 @@
+//! The house rule "no import cycles" (ARCHITECTURE.md), checked on both crates by
+//! `tools/import_cycles.py`: a `use` cycle between files of a crate fails the tests.
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn neither_crate_has_an_import_cycle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new("python3")
+        .arg(root.join("tools/import_cycles.py"))
+        .arg(root.join("crates/burn-onnx-train/src"))
+        .arg(root.join("crates/burn-ort-dist/src"))
+        .output()
+        .expect("python3 runs tools/import_cycles.py");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("0 import cycle(s)"), "{text}");
+}
