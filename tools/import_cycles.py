@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""The import cycles between the source files of a crate: every `use crate::...`,
-`use super::...` and `crate::a::b` path in a file is an edge to the file that defines the
-module it names; cycles are the strongly connected components of more than one file.
+"""The import cycles of a crate, between its source files and between its top-level modules
+(`src/x.rs` or `src/x/`): every `use crate::...`, `use super::...` and `crate::a::b` path in
+a file is an edge to the file that defines the module it names; cycles are the strongly
+connected components of more than one file (or module). A module and its own submodules
+are one unit: a parent's `mod child;` and re-exports are not edges.
 
     python3 tools/import_cycles.py crates/burn-onnx-train/src crates/burn-ort-dist/src
 
@@ -116,6 +118,19 @@ def main():
                 found += 1
                 names = sorted(os.path.relpath(f, src) for f in comp)
                 print(f"{src}: cycle of {len(comp)} files: {', '.join(names)}")
+        # The same between top-level modules (the crate root, lib.rs, is left out: its
+        # macros and re-exports are reachable from everywhere).
+        top = lambda f: os.path.relpath(f, src).split(os.sep)[0].removesuffix(".rs")
+        modules = {}
+        for f, ts in graph.items():
+            modules.setdefault(top(f), set()).update(
+                top(t) for t in ts if top(t) not in (top(f), "lib")
+            )
+        modules.pop("lib", None)
+        for comp in sccs(modules):
+            if len(comp) > 1:
+                found += 1
+                print(f"{src}: cycle of {len(comp)} modules: {', '.join(sorted(comp))}")
     print(f"{found} import cycle(s)")
     sys.exit(1 if found else 0)
 

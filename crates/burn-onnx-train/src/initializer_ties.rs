@@ -327,8 +327,32 @@ fn tie_duplicates(
     // A graph input that shares the removed initializer's name (IR < 4 lists initializers
     // as inputs too) is no longer an input either.
     graph.input.retain(|i| !removed.contains(&i.name));
-    graph.node.splice(0..0, tie_nodes);
+    // Each tie node goes right before the first node that reads its copy, so a pipeline
+    // stage that reads the copy holds the original (shared across stages) instead of
+    // receiving the copy from the first stage every micro-batch.
+    let mut placed: Vec<(usize, NodeProto)> = tie_nodes
+        .into_iter()
+        .map(|t| {
+            let copy = &t.output[0];
+            let at = graph.node.iter().position(|n| reads(n, copy)).unwrap_or(0);
+            (at, t)
+        })
+        .collect();
+    placed.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+    for (at, t) in placed {
+        graph.node.insert(at, t);
+    }
     decisions
+}
+
+/// Whether `node` reads `name`, itself or inside one of its subgraphs.
+fn reads(node: &NodeProto, name: &str) -> bool {
+    node.input.iter().any(|i| i == name)
+        || node.attribute.iter().any(|a| {
+            a.g.iter()
+                .chain(&a.graphs)
+                .any(|g| g.node.iter().any(|n| reads(n, name)))
+        })
 }
 
 /// `Identity(original) -> copy`, or `Transpose(original, perm = [1, 0]) -> copy`.

@@ -28,10 +28,11 @@ use crate::trainability::{DefaultRole, Usage};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 
 pub use sharded::Sharding;
+pub use tensor_parallel::Probe;
 
 pub mod profile;
 mod sharded;
-mod stage;
+pub mod stage;
 mod tensor_parallel;
 pub mod vjp;
 

@@ -1,5 +1,6 @@
 //! The house rule "no import cycles" (ARCHITECTURE.md), checked on both crates by
-//! `tools/import_cycles.py`: a `use` cycle between files of a crate fails the tests.
+//! `tools/import_cycles.py`: a `use` cycle between files of a crate, or between its
+//! top-level modules, fails the tests.
 
 use std::path::Path;
 use std::process::Command;

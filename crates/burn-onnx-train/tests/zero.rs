@@ -187,12 +187,16 @@ fn stage_3_with_recomputed_segments_matches_replicated() {
         None,
     )
     .unwrap();
+    // The tied embedding's two gradient contributions (its Gather in the first segment,
+    // the lm_head's Transpose in the last) add up across segments here and inside one
+    // backward pass there: the same sum in another order, a few ulps apart (parameters
+    // move by more than 1e-3).
     same(
         refkit("models/gpt2_tiny.onnx"),
         &base,
         &out,
         "gpt2_tiny_trained.onnx",
-        1e-6,
+        5e-6,
         1e-3,
     );
 }

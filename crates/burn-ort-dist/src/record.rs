@@ -60,8 +60,11 @@ fn write(
 }
 
 /// The optimizer records in `dirs` as one, keeping the state of the parameters `ids` only.
+/// A parameter several records hold (one that several pipeline stages read: its copies
+/// take the same updates) is taken from the first.
 pub(crate) fn merged_record(dirs: &[PathBuf], ids: &HashSet<u64>) -> DistResult<Bytes> {
     let (mut tensors, mut scalars, mut paths) = (Vec::new(), BTreeMap::new(), BTreeMap::new());
+    let mut taken = HashSet::new();
     for dir in dirs {
         let (path, reader) = read(dir)?;
         let bad = |e: burn_pack::Error| {
@@ -86,7 +89,10 @@ pub(crate) fn merged_record(dirs: &[PathBuf], ids: &HashSet<u64>) -> DistResult<
         );
         for t in reader.into_tensors().map_err(bad)? {
             let (name, dtype, shape, id, data) = t.into_parts().map_err(bad)?;
-            if id.is_none_or(|id| ids.contains(&id)) && kept(&name, ids) {
+            if id.is_none_or(|id| ids.contains(&id))
+                && kept(&name, ids)
+                && taken.insert(name.clone())
+            {
                 tensors.push(burn_pack::Tensor::new(name, dtype, shape, id, data));
             }
         }

@@ -8,17 +8,32 @@
 //! in the whole graph, so a stage's dropout masks are the whole model's.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use super::{OnnxModel, Source, Spec};
 use crate::error::{OnnxError, Result};
 use crate::graph::{Graph, TensorInfo};
-use crate::pipeline::Stage;
+
+/// The part of the graph a pipeline stage runs (what `crate::pipeline::Stage::part` gives).
+#[derive(Debug, Clone, Copy)]
+pub struct StagePart<'a> {
+    /// The nodes (indices into the whole graph's execution order).
+    pub nodes: &'a Range<usize>,
+    /// Graph inputs its nodes read.
+    pub graph_inputs: &'a [String],
+    /// Values it receives from the previous stage, in wire order.
+    pub receives: &'a [String],
+    /// Values it returns: those it sends on (the last stage: the graph outputs).
+    pub sends: &'a [String],
+    /// Parameters its nodes read.
+    pub params: &'a [String],
+}
 
 impl OnnxModel {
     /// Keep only `stage`'s part of the model (see the module doc); the other parameters
     /// are dropped.
-    pub fn into_stage(mut self, stage: &Stage) -> Result<OnnxModel> {
+    pub fn into_stage(mut self, stage: StagePart) -> Result<OnnxModel> {
         let whole = &self.spec.graph;
         if stage.nodes.end > whole.nodes.len() || stage.nodes.is_empty() {
             return Err(OnnxError::field(
@@ -50,7 +65,7 @@ impl OnnxModel {
         let inputs = stage
             .graph_inputs
             .iter()
-            .chain(&stage.receives)
+            .chain(stage.receives)
             .map(|n| declared(n, &whole.inputs))
             .collect();
         let outputs = stage

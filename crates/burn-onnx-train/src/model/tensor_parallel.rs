@@ -1,8 +1,8 @@
-//! An [`OnnxModel`] as one tensor-parallel rank: the rewritten graph (see
-//! [`crate::tensor_parallel`]) with this rank's part of every split parameter. Also the
+//! An [`OnnxModel`] as one tensor-parallel rank: a rewritten graph (see
+//! [`crate::tensor_parallel`]) with some parameters replaced by this rank's part. Also the
 //! probe pass the planner reads shapes from.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use burn::module::Param;
@@ -11,8 +11,17 @@ use burn::tensor::TensorData;
 use super::{Mode, OnnxModel, Spec};
 use crate::error::{OnnxError, Result};
 use crate::graph::{Graph, TensorInfo};
-use crate::tensor_parallel::{AxisSplit, Probe};
 use crate::value::{PhysTensor, Value, padded};
+
+/// Full shapes (and whether the value is a float tensor) of the graph's values, from a
+/// probe pass.
+#[derive(Debug, Default, Clone)]
+pub struct Probe {
+    /// Shape of every graph input and node output.
+    pub shapes: HashMap<String, Vec<usize>>,
+    /// The float ones.
+    pub floats: HashSet<String>,
+}
 
 impl OnnxModel {
     /// Run the graph once in evaluation mode without autodiff and note the shape and kind
@@ -53,17 +62,18 @@ impl OnnxModel {
         Ok(p)
     }
 
-    /// Rank `rank` of `tp`: `graph` (the rewrite of this model's) with the parameters in
-    /// `splits` cut to this rank's part.
-    pub fn into_tensor_parallel(
+    /// `graph` (a rewrite of this model's) with each parameter named in `parts` replaced
+    /// by the part `parts` cuts from its full value (a tensor-parallel rank's slice).
+    pub fn into_tensor_parallel<F>(
         mut self,
         graph: Graph,
-        splits: &BTreeMap<String, AxisSplit>,
-        rank: usize,
-        tp: usize,
-    ) -> Result<OnnxModel> {
+        parts: &BTreeMap<String, F>,
+    ) -> Result<OnnxModel>
+    where
+        F: Fn(&ndarray::ArrayD<f32>) -> ndarray::ArrayD<f32>,
+    {
         let mut infos = self.spec.params.clone();
-        for (name, split) in splits {
+        for (name, cut) in parts {
             let i = self.param_index(name).ok_or_else(|| {
                 OnnxError::field(
                     format!("parameter '{name}'"),
@@ -75,7 +85,7 @@ impl OnnxModel {
                 .expect("an indexed parameter")
                 .to_array()
                 .map_err(|e| OnnxError::field(name, e.0))?;
-            let part = split.slice(&full, rank, tp);
+            let part = cut(&full);
             let shape = part.shape().to_vec();
             let phys = padded(&shape).map_err(|e| OnnxError::field(name, e.0))?;
             let device = self.device();

@@ -20,6 +20,7 @@ use std::ops::Range;
 
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
+use crate::model::stage::StagePart;
 
 /// One pipeline stage of a partition.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +41,19 @@ pub struct Stage {
     pub param_elements: usize,
     /// Estimated multiply-adds per position (see the module doc).
     pub flops: f64,
+}
+
+impl Stage {
+    /// The model's view of this stage, for [`OnnxModel::into_stage`].
+    pub fn part(&self) -> StagePart<'_> {
+        StagePart {
+            nodes: &self.nodes,
+            graph_inputs: &self.graph_inputs,
+            receives: &self.receives,
+            sends: &self.sends,
+            params: &self.params,
+        }
+    }
 }
 
 /// A parameter that several stages read (a tied embedding).

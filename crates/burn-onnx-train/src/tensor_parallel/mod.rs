@@ -14,7 +14,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use burn_ort_dist::Communicator;
 
-pub use plan::{Plan, Probe};
+pub use crate::model::Probe;
+pub use plan::Plan;
 pub use split::AxisSplit;
 
 use crate::error::{OnnxError, Result};
@@ -66,7 +67,12 @@ impl TensorParallel {
             .map(|&i| model.graph().nodes[i].name.clone())
             .collect();
         let graph = rewrite::rewrite(model.graph(), &plan)?;
-        let model = model.into_tensor_parallel(graph, &plan.params, rank, size)?;
+        let parts: BTreeMap<_, _> = plan
+            .params
+            .iter()
+            .map(|(name, split)| (name.clone(), move |full: &_| split.slice(full, rank, size)))
+            .collect();
+        let model = model.into_tensor_parallel(graph, &parts)?;
         Ok((
             model,
             TensorParallel {

@@ -15,22 +15,12 @@
 //!
 //! Shapes come from one probe pass of the whole model on a sample batch.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::split::AxisSplit;
 use crate::graph::{Graph, Node};
-use crate::model::{OnnxModel, ParamRole};
+use crate::model::{OnnxModel, ParamRole, Probe};
 use crate::value::norm_axis;
-
-/// Full shapes (and whether the value is a float tensor) of the graph's values, from a
-/// probe pass.
-#[derive(Debug, Default, Clone)]
-pub struct Probe {
-    /// Shape of every graph input and node output.
-    pub shapes: HashMap<String, Vec<usize>>,
-    /// The float ones.
-    pub floats: HashSet<String>,
-}
 
 /// What the rewrite does to the graph for `tp` ranks.
 #[derive(Debug, Clone, Default)]

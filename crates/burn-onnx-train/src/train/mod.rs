@@ -13,6 +13,7 @@ pub mod launch;
 pub mod optimizer;
 pub mod passes;
 pub mod perf;
+pub mod pipelined;
 pub mod placement;
 pub mod precision;
 pub mod preflight;

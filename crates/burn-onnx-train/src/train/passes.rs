@@ -1,6 +1,6 @@
 //! How the forward and backward passes of one update run: [`Passes`]. The runner calls it
 //! once per update and does not know whether the whole model is here ([`Sequential`]) or one
-//! pipeline stage of it (`crate::pipeline::Pipelined`).
+//! pipeline stage of it (`crate::train::pipelined::Pipelined`).
 
 use std::sync::Arc;
 use std::time::Duration;

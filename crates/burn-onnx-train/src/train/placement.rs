@@ -20,13 +20,14 @@ use super::checkpoint::{model_bytes, model_file, state_dir};
 use super::config::TrainingConfig;
 use super::data::Dataset;
 use super::passes::{Passes, Sequential};
+use super::pipelined::Pipelined;
 use super::segmented::Segmented;
 use super::summaries::SummaryRole;
 use crate::collective::{Group, GroupGuard, enter};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
+use crate::pipeline::Partition;
 use crate::pipeline::wire::{recv_values, send_values};
-use crate::pipeline::{Partition, Pipelined};
 use crate::tensor_parallel::TensorParallel;
 use crate::value::{FloatValue, Value};
 
@@ -125,7 +126,7 @@ impl Placement {
             }
             Partition::after(&model, &c.pipeline_cut_after)?
         };
-        let part = model.into_stage(&partition.stages[self.groups.pp_rank])?;
+        let part = model.into_stage(partition.stages[self.groups.pp_rank].part())?;
         self.partition = Some(Arc::new(partition));
         Ok(part)
     }

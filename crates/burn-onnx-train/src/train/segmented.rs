@@ -130,7 +130,7 @@ impl Segmented {
         let stages = &self.partition.stages;
         let segments = stages
             .iter()
-            .map(|s| model.clone().into_stage(s))
+            .map(|s| model.clone().into_stage(s.part()))
             .collect::<Result<Vec<_>>>()?;
         let autocast = c.precision.autocast();
         let n = stages.len();

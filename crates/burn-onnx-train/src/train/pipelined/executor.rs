@@ -15,11 +15,11 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
 use burn_ort_dist::Communicator;
 
-use super::partition::Stage;
-use super::schedule::{Pass, PipelineSchedule};
-use super::wire::{recv_values, send_values};
 use crate::error::{OnnxError, Result};
 use crate::model::{Mode, OnnxModel, vjp};
+use crate::pipeline::Stage;
+use crate::pipeline::schedule::{Pass, PipelineSchedule};
+use crate::pipeline::wire::{recv_values, send_values};
 use crate::train::config::TrainingConfig;
 use crate::train::data::Batch;
 use crate::train::step::{loss_of_outputs, scalar};

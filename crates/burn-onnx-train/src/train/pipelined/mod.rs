@@ -14,15 +14,16 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, TensorData};
 use burn_ort_dist::{Communicator, ReduceOp};
 
-use super::executor::StageExec;
-use super::partition::Partition;
-use super::schedule::PipelineSchedule;
 use crate::error::{OnnxError, Result};
 use crate::model::{OnnxModel, micro_step_seed, mix_seed};
+use crate::pipeline::{Partition, PipelineSchedule};
 use crate::train::config::TrainingConfig;
 use crate::train::data::{Batch, Prefetcher};
 use crate::train::passes::{Accumulated, Passes};
-use crate::value::{MAX_RANK, PhysTensor, padded};
+use executor::StageExec;
+
+pub mod executor;
+use crate::value::{MAX_RANK, PhysTensor};
 
 /// This rank's stage of a pipeline.
 pub struct Pipelined {
@@ -64,10 +65,16 @@ impl Pipelined {
         if shared.is_empty() {
             return Ok(());
         }
+        // Under ZeRO-3 every stage holds the same chunk of the parameter (one data-parallel
+        // rank's), so the sum runs over chunks.
+        let held = |elements: usize| match model.sharding() {
+            Some(s) => elements.div_ceil(s.world),
+            None => elements,
+        };
         let mut flat = Vec::new();
         let mut spans = Vec::new();
         for s in &shared {
-            let (name, n) = (&s.name, s.elements);
+            let (name, n) = (&s.name, held(s.elements));
             let start = flat.len();
             flat.resize(start + n, 0.0);
             if let Some(g) = model
@@ -95,8 +102,8 @@ impl Pipelined {
             if !p.val().is_require_grad() {
                 continue;
             }
-            let shape = padded(&model.param_infos()[i].shape)
-                .map_err(|e| OnnxError::field(name.as_str(), e.0))?;
+            // The parameter's own shape: whole, or its chunk under ZeRO-3.
+            let shape = p.val().dims();
             let device = p.val().inner().device();
             grads.register(
                 p.id,
