@@ -23,7 +23,7 @@ use crate::error::{OnnxError, OpError, Result};
 use crate::graph::{Dim, Graph, TensorInfo};
 use crate::host_tensor::{HostTensor, dtype};
 use crate::ops::{Inputs, OpContext};
-pub use crate::seeds::{micro_step_seed, mix_seed};
+use crate::seeds::mix_seed;
 use crate::trainability::{DefaultRole, Usage};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 

@@ -15,7 +15,8 @@ use super::ready_grads::ReadyGrads;
 use super::step::{forward_loss, scalar};
 use crate::collective::grad_hooks;
 use crate::error::Result;
-use crate::model::{Mode, OnnxModel, micro_step_seed};
+use crate::model::{Mode, OnnxModel};
+use crate::seeds::micro_step_seed;
 
 /// The three kinds of session runs of ORT's training loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -66,6 +67,74 @@ pub trait Passes {
     ) -> Result<Option<(f32, usize)>>;
 }
 
+/// One micro-step as [`accumulation_loop`] hands it to a pass.
+pub struct MicroStep<'a> {
+    /// Whether it is the update's last (`ModelUpdateStep`: gradients may be averaged during
+    /// its backward; DDP's `no_sync` before it).
+    pub last: bool,
+    /// Its batch.
+    pub batch: &'a Batch,
+    /// The seed of its random streams ([`micro_step_seed`]).
+    pub seed: u64,
+}
+
+/// What a micro-step measured.
+pub struct MicroResult {
+    /// Its mean loss.
+    pub loss: f64,
+    /// Time blocked waiting for other pipeline stages.
+    pub waited: Duration,
+}
+
+/// What the micro-steps of an update measured together.
+pub struct LoopTotals {
+    /// Mean loss over the micro-steps.
+    pub loss: f64,
+    /// Items (tokens or images) processed.
+    pub items: usize,
+    /// Time blocked waiting for other pipeline stages.
+    pub waited: Duration,
+}
+
+/// The accumulation loop every pass runs: `steps` micro-steps of update `update`, each on
+/// the next batch of `prefetch` with its seed (a function of the run's `seed`, the
+/// `replica` and the micro-step count `micro`, which it advances); `step` does the
+/// forward and backward passes and keeps the gradients.
+pub fn accumulation_loop(
+    (steps, seed, replica): (usize, u64, usize),
+    prefetch: &Prefetcher,
+    micro: &mut usize,
+    update: usize,
+    mut step: impl FnMut(MicroStep) -> Result<MicroResult>,
+) -> Result<LoopTotals> {
+    let (mut loss, mut items, mut waited) = (0.0f64, 0usize, Duration::ZERO);
+    for m in 0..steps {
+        let last = m + 1 == steps;
+        let mode = if last {
+            SessionMode::ModelUpdateStep
+        } else {
+            SessionMode::GradientAccumulateStep
+        };
+        tracing::debug!(?mode, micro_step = *micro, update, "session run");
+        let batch = prefetch.next_batch()?;
+        let seed = micro_step_seed(seed, replica, *micro);
+        let out = step(MicroStep {
+            last,
+            batch: &batch,
+            seed,
+        })?;
+        loss += out.loss;
+        waited += out.waited;
+        items += batch.items;
+        *micro += 1;
+    }
+    Ok(LoopTotals {
+        loss: loss / steps as f64,
+        items,
+        waited,
+    })
+}
+
 /// The whole model on this rank: ORT's micro-steps (`GradientAccumulateStep`, then
 /// `ModelUpdateStep`), each a forward and a backward.
 pub struct Sequential {
@@ -90,36 +159,25 @@ impl Passes for Sequential {
     ) -> Result<Accumulated> {
         let k = c.gradient_accumulation_steps;
         let mut acc = GradientsAccumulator::<OnnxModel>::new();
-        let (mut loss_sum, mut items) = (0.0f64, 0usize);
         let mut ready: Option<Arc<ReadyGrads>> = None;
-        for m in 0..k {
-            let mode = if m + 1 < k {
-                SessionMode::GradientAccumulateStep
-            } else {
-                SessionMode::ModelUpdateStep
-            };
-            tracing::debug!(?mode, micro_step = *micro, update, "session run");
-            // Gradients are averaged during the last micro-step's backward only (DDP's
-            // `no_sync` before it).
-            if m + 1 == k
+        let totals = accumulation_loop((k, c.seed, self.replica), prefetch, micro, update, |s| {
+            if s.last
                 && let Some(ddp) = &self.overlap
             {
                 ready = Some(ReadyGrads::start(ddp, model, &mut acc)?);
             }
             let guard = ready.clone().map(|h| grad_hooks::install(h));
-            let batch = prefetch.next_batch()?;
-            let seed = micro_step_seed(c.seed, self.replica, *micro);
-            let out = forward_loss(model, &batch, c, &self.device, Mode::Train, seed)?;
+            let out = forward_loss(model, s.batch, c, &self.device, Mode::Train, s.seed)?;
             drop(guard);
-            loss_sum += f64::from(scalar(out.loss.clone()));
-            items += batch.items;
-            acc.accumulate(
-                model,
-                GradientsParams::from_grads(scaled_loss(out.loss, k, loss_scale).backward(), model),
-            );
+            let loss = f64::from(scalar(out.loss.clone()));
+            let scaled = scaled_loss(out.loss, k, loss_scale);
+            acc.accumulate(model, GradientsParams::from_grads(scaled.backward(), model));
             *model = model.clone().apply_state(out.state_updates);
-            *micro += 1;
-        }
+            Ok(MicroResult {
+                loss,
+                waited: Duration::ZERO,
+            })
+        })?;
         let mut grads = acc.grads();
         let sync = match ready {
             Some(hooks) => hooks.finish(model, &mut grads)?,
@@ -127,9 +185,9 @@ impl Passes for Sequential {
         };
         Ok(Accumulated {
             grads,
-            loss: loss_sum / k as f64,
-            items,
-            waited: Duration::ZERO,
+            loss: totals.loss,
+            items: totals.items,
+            waited: totals.waited,
             sync,
         })
     }

@@ -6,8 +6,8 @@ use serde::Serialize;
 
 use super::config::TrainingConfig;
 use super::evaluate::EvalMetrics;
+use super::parallel_plan::ParallelPlan;
 use super::perf::{PerfMeter, PerfReport};
-use super::placement::Placement;
 use super::summaries::Summaries;
 use crate::error::Result;
 use crate::model::OnnxModel;
@@ -52,7 +52,7 @@ impl Reporter {
     /// The reporters of world rank `rank` for updates `start_step..total`, counting `unit`s.
     pub fn open(
         c: &TrainingConfig,
-        place: &Placement,
+        place: &ParallelPlan,
         rank: usize,
         unit: &'static str,
         (start_step, total): (usize, usize),

@@ -7,7 +7,7 @@ use super::checkpoint::{
     list_checkpoints, read_params, read_state, remove_stale_temporaries, state_dirs,
 };
 use super::config::TrainingConfig;
-use super::placement::Placement;
+use super::parallel_plan::ParallelPlan;
 use super::precision::LossScaler;
 use super::tp_resume::regrouped_state_dirs;
 use crate::error::Result;
@@ -18,7 +18,7 @@ use crate::model::OnnxModel;
 pub(super) fn resume(
     c: &TrainingConfig,
     world: &dyn Communicator,
-    place: &Placement,
+    place: &ParallelPlan,
     model: OnnxModel,
     strategy: &mut dyn UpdateStrategy<OnnxModel>,
     scaler: &mut LossScaler,

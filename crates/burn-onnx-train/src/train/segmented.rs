@@ -24,10 +24,10 @@ use burn_ort_dist::{DataParallel, OverlappedSync, SyncTimes};
 
 use super::config::TrainingConfig;
 use super::data::{Batch, Prefetcher};
-use super::passes::{Accumulated, Passes, Sequential, scaled_loss};
+use super::passes::{Accumulated, MicroResult, Passes, Sequential, accumulation_loop, scaled_loss};
 use super::step::{loss_of_outputs, scalar};
 use crate::error::{OnnxError, Result};
-use crate::model::{Mode, OnnxModel, micro_step_seed, vjp};
+use crate::model::{Mode, OnnxModel, vjp};
 use crate::pipeline::{Partition, Stage};
 use crate::value::{FloatValue, Value};
 
@@ -247,22 +247,18 @@ impl Passes for Segmented {
             total: GradientsParams::new(),
             overlap: None,
         };
-        let (mut loss_sum, mut items) = (0.0f64, 0usize);
-        for m in 0..k {
-            tracing::debug!(micro_step = *micro, update, "segmented step");
-            // Gradients are averaged during the last micro-step only (DDP's `no_sync`
-            // before it).
-            if m + 1 == k
+        let totals = accumulation_loop((k, c.seed, self.replica), prefetch, micro, update, |s| {
+            if s.last
                 && let Some(ddp) = &self.overlap
             {
                 sink.overlap = Some((ddp.overlapped()?, &first));
             }
-            let batch = prefetch.next_batch()?;
-            let seed = micro_step_seed(c.seed, self.replica, *micro);
-            loss_sum += self.batch(c, model, &batch, seed, loss_scale, &mut sink)?;
-            items += batch.items;
-            *micro += 1;
-        }
+            let loss = self.batch(c, model, s.batch, s.seed, loss_scale, &mut sink)?;
+            Ok(MicroResult {
+                loss,
+                waited: Duration::ZERO,
+            })
+        })?;
         let mut grads = sink.total;
         let sync = match sink.overlap {
             Some((sync, _)) => sync.finish(model, &mut grads)?,
@@ -270,9 +266,9 @@ impl Passes for Segmented {
         };
         Ok(Accumulated {
             grads,
-            loss: loss_sum / k as f64,
-            items,
-            waited: Duration::ZERO,
+            loss: totals.loss,
+            items: totals.items,
+            waited: totals.waited,
             sync,
         })
     }

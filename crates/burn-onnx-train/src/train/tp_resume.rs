@@ -13,7 +13,7 @@ use burn_ort_dist::{DistError, RecordTensor, regroup_records};
 use ndarray::{ArrayD, IxDyn};
 
 use super::checkpoint::{CheckpointState, state_dir};
-use super::placement::Placement;
+use super::parallel_plan::ParallelPlan;
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::tensor_parallel::AxisSplit;
@@ -23,7 +23,7 @@ use crate::tensor_parallel::AxisSplit;
 pub fn regrouped_state_dirs(
     path: &Path,
     state: &CheckpointState,
-    place: &Placement,
+    place: &ParallelPlan,
     model: &OnnxModel,
     scratch: &Path,
 ) -> Result<Vec<PathBuf>> {
@@ -109,7 +109,7 @@ pub fn regrouped_state_dirs(
 fn regroup_zero(
     sources: &[PathBuf],
     state: &CheckpointState,
-    place: &Placement,
+    place: &ParallelPlan,
     model: &OnnxModel,
     out: &Path,
 ) -> Result<()> {

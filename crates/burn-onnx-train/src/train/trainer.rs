@@ -14,10 +14,9 @@ use super::checkpoint::{CheckpointState, save_checkpoint};
 use super::config::TrainingConfig;
 use super::data::{Dataset, DistributedSampler, Prefetcher};
 use super::evaluate::evaluate;
-use super::optimizer::{build_strategy, data_parallel};
+use super::parallel_plan::{ParallelPlan, Parallelized};
 use super::passes::Passes;
 use super::perf::MemoryReport;
-use super::placement::Placement;
 use super::precision::LossScaler;
 use super::preflight::{check_data, check_weight_names};
 use super::report::{Reporter, RunSummary, UpdateReport};
@@ -34,7 +33,7 @@ use crate::model::profile::NodeProfiler;
 pub(super) struct Trainer {
     c: TrainingConfig,
     comm: Arc<dyn Communicator>,
-    place: Placement,
+    plan: ParallelPlan,
     /// The collective groups the model's ops run on, entered for the run.
     _groups: Vec<GroupGuard>,
     passes: Box<dyn Passes>,
@@ -63,12 +62,12 @@ impl Trainer {
         train: &Arc<dyn Dataset>,
         test: Option<&dyn Dataset>,
     ) -> Result<(Self, OnnxModel)> {
-        let mut place = Placement::new(&c, comm.as_ref())?;
+        let mut plan = ParallelPlan::new(&c, comm.as_ref())?;
         let sampler = DistributedSampler {
             len: train.len(),
             batch_size: c.batch_size,
-            rank: place.groups.dp_rank,
-            world: place.topology.dp,
+            rank: plan.groups.dp_rank,
+            world: plan.topology.dp,
             seed: c.seed,
             shuffle: true,
         };
@@ -81,35 +80,33 @@ impl Trainer {
         )?;
         check_weight_names(&c, &model)?;
         check_data(&c, &model, train.as_ref(), test)?;
-        let model = place.model_part(&c, model, train.as_ref())?;
-        let groups = place.enter_groups();
-        let ddp = data_parallel(&c, place.groups.dp.clone());
-        let passes = place.passes(&c, &model, device, &ddp)?;
-        let mut strategy = build_strategy(&c, &model, &ddp)?;
-        if let Some(group) = place.model_parallel(&model) {
-            strategy.set_model_parallel(group);
-        }
+        let Parallelized {
+            model,
+            passes,
+            mut strategy,
+            groups,
+        } = plan.parallelize(&c, model, train.as_ref(), device)?;
         let mut scaler = LossScaler::new(c.precision, c.loss_scale, c.loss_scale_growth_interval);
         let (model, update, micro) = resume(
             &c,
             comm.as_ref(),
-            &place,
+            &plan,
             model,
             strategy.as_mut(),
             &mut scaler,
         )?;
         DataParallel::new(comm.clone()).check_consistent(c.to_toml()?.as_bytes())?;
         let model =
-            place.shard(DataParallel::new(place.groups.dp.clone()).broadcast_parameters(model)?)?;
+            plan.shard(DataParallel::new(plan.groups.dp.clone()).broadcast_parameters(model)?)?;
         let total = c.num_updates();
-        let out = Reporter::open(&c, &place, comm.rank(), train.unit(), (update, total))?;
+        let out = Reporter::open(&c, &plan, comm.rank(), train.unit(), (update, total))?;
         let trainer = Trainer {
             schedule: LrSchedule::new(&c.lr, total),
             prefetch: Prefetcher::start(train.clone(), sampler, micro, 4),
             profiler: c.profile.then(NodeProfiler::start),
             out,
             comm,
-            place,
+            plan,
             _groups: groups,
             passes,
             strategy,
@@ -150,7 +147,7 @@ impl Trainer {
         let sync_time = update_started.elapsed();
         self.update += 1;
         if display && !self.c.norm_weights.is_empty() {
-            let whole = self.place.readable(&model, true)?;
+            let whole = self.plan.readable(&model, true)?;
             self.out
                 .tb
                 .norms(&whole, &report.tensor_grad_norms, self.update)?;
@@ -161,7 +158,7 @@ impl Trainer {
                 format!("loss became {} at update {}", acc.loss, self.update),
             ));
         }
-        let items = acc.items * self.place.topology.dp;
+        let items = acc.items * self.plan.topology.dp;
         let elapsed = started.elapsed();
         self.out
             .perf
@@ -189,15 +186,15 @@ impl Trainer {
         let metrics = evaluate(
             &self.c,
             self.comm.as_ref(),
-            (self.place.groups.dp_rank, self.place.topology.dp),
-            self.place.groups.tp_rank == 0,
+            (self.plan.groups.dp_rank, self.plan.topology.dp),
+            self.plan.groups.tp_rank == 0,
             self.passes.as_ref(),
             model,
             test,
             self.update,
         )?;
         let readable = self
-            .place
+            .plan
             .readable(model, !self.c.histogram_weights.is_empty())?;
         self.out.eval(metrics, &readable)
     }
@@ -212,7 +209,7 @@ impl Trainer {
     /// Write a checkpoint, all ranks together (rank 0 the model, each rank its optimizer
     /// state).
     pub fn checkpoint(&mut self, model: &OnnxModel) -> Result<()> {
-        let (c, place) = (&self.c, &self.place);
+        let (c, plan) = (&self.c, &self.plan);
         let state = CheckpointState {
             update_step: self.update,
             micro_step: self.micro,
@@ -221,16 +218,16 @@ impl Trainer {
             world_size: self.comm.world_size(),
             written_by_rank: 0,
             zero_stage: c.zero_stage,
-            pipeline_stages: place.topology.pp,
-            tensor_parallel: place.topology.tp,
-            tensor_parallel_splits: place
+            pipeline_stages: plan.topology.pp,
+            tensor_parallel: plan.topology.tp,
+            tensor_parallel_splits: plan
                 .tensor_parallel
                 .as_ref()
                 .map(|t| t.params.clone())
                 .unwrap_or_default(),
             config_toml: c.to_toml()?,
         };
-        let files = place.checkpoint_files(model, self.strategy.state_files()?)?;
+        let files = plan.checkpoint_files(model, self.strategy.state_files()?)?;
         let path = save_checkpoint(
             &c.checkpoints_dir(),
             files,
@@ -256,7 +253,7 @@ impl Trainer {
         let memory = MemoryReport::gather(self.strategy.memory(), self.comm.as_ref())?;
         let idle = self.out.perf.gather_idle(self.comm.as_ref())?;
         let c = &self.c;
-        if let Some(whole) = self.place.whole_model(c, model, self.comm.as_ref())? {
+        if let Some(whole) = self.plan.whole_model(c, model, self.comm.as_ref())? {
             self.out.summary.exported = Some(export_trained(c, &whole)?);
             let report = self
                 .out

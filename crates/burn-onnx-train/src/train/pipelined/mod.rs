@@ -7,7 +7,6 @@
 //! update and stay identical, and the last stage's loss is broadcast to the group.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use burn::module::Param;
 use burn::optim::GradientsParams;
@@ -15,11 +14,12 @@ use burn::tensor::{Device, TensorData};
 use burn_ort_dist::{Communicator, ReduceOp};
 
 use crate::error::{OnnxError, Result};
-use crate::model::{OnnxModel, micro_step_seed, mix_seed};
+use crate::model::OnnxModel;
 use crate::pipeline::{Partition, PipelineSchedule};
+use crate::seeds::mix_seed;
 use crate::train::config::TrainingConfig;
 use crate::train::data::{Batch, Prefetcher};
-use crate::train::passes::{Accumulated, Passes};
+use crate::train::passes::{Accumulated, MicroResult, Passes, accumulation_loop};
 use executor::StageExec;
 
 pub mod executor;
@@ -131,41 +131,29 @@ impl Passes for Pipelined {
         let m = self.micro_batches;
         let exec = self.exec(&self.device);
         let scale = loss_scale / (m * k) as f64;
-        let (mut acc, mut loss_sum, mut items, mut waited) = (
-            burn::optim::GradientsAccumulator::<OnnxModel>::new(),
-            0.0f64,
-            0usize,
-            Duration::ZERO,
-        );
-        for _ in 0..k {
-            let batch = prefetch.next_batch()?;
-            let parts = batch.split(m)?;
-            let seeds: Vec<u64> = (0..m)
-                .map(|j| mix_seed(micro_step_seed(c.seed, self.replica, *micro), j as u64))
-                .collect();
-            tracing::debug!(
-                micro_step = *micro,
-                update,
-                stage = exec.stage.index,
-                "pipeline batch"
-            );
+        let mut acc = burn::optim::GradientsAccumulator::<OnnxModel>::new();
+        let totals = accumulation_loop((k, c.seed, self.replica), prefetch, micro, update, |s| {
+            // Each pipeline micro-batch mixes its index into the micro-step's seed.
+            let parts = s.batch.split(m)?;
+            let seeds: Vec<u64> = (0..m).map(|j| mix_seed(s.seed, j as u64)).collect();
+            tracing::debug!(stage = exec.stage.index, "pipeline batch");
             let out = exec.run(model, &parts, c, self.schedule, &seeds, scale)?;
             acc.accumulate(model, out.grads);
-            loss_sum += out.loss_sum / m as f64;
-            waited += out.waited;
-            items += batch.items;
-            *micro += 1;
-        }
+            Ok(MicroResult {
+                loss: out.loss_sum / m as f64,
+                waited: out.waited,
+            })
+        })?;
         let mut grads = acc.grads();
         self.sum_shared(model, &mut grads)?;
-        let mut loss = [loss_sum as f32 / k as f32];
+        let mut loss = [totals.loss as f32];
         self.comm
             .broadcast(&mut loss, self.partition.stages.len() - 1)?;
         Ok(Accumulated {
             grads,
             loss: f64::from(loss[0]),
-            items,
-            waited,
+            items: totals.items,
+            waited: totals.waited,
             sync: burn_ort_dist::SyncTimes::default(),
         })
     }

@@ -1,4 +1,7 @@
-//! [`Placement`]: where this rank sits in the run's topology and what it holds.
+//! [`ParallelPlan`]: where this rank sits in the run's topology and what it holds; the one
+//! place where the parallelisms compose ([`ParallelPlan::parallelize`], torchtitan's
+//! `parallelize_*`: tensor parallelism, then the pipeline cut, then the passes and the
+//! update strategy over the right groups; ZeRO-3's sharding after the resume).
 //!
 //! The world splits into data-parallel replicas and, within a replica, tensor-parallel
 //! ranks and pipeline stages (`burn_ort_dist::Topology`, Megatron's layout). A rank holds
@@ -14,11 +17,12 @@ use std::sync::Arc;
 use burn::module::ParamId;
 use burn::tensor::Device;
 use burn_ort_dist::fp16_wire::Fp16ReduceScatter;
-use burn_ort_dist::{Communicator, DataParallel, Groups, ModelParallel, Topology};
+use burn_ort_dist::{Communicator, DataParallel, Groups, ModelParallel, Topology, UpdateStrategy};
 
 use super::checkpoint::{model_bytes, model_file, state_dir};
 use super::config::TrainingConfig;
 use super::data::Dataset;
+use super::optimizer::{build_strategy, data_parallel};
 use super::passes::{Passes, Sequential};
 use super::pipelined::Pipelined;
 use super::segmented::Segmented;
@@ -31,8 +35,22 @@ use crate::pipeline::wire::{recv_values, send_values};
 use crate::tensor_parallel::TensorParallel;
 use crate::value::{FloatValue, Value};
 
+/// What [`ParallelPlan::parallelize`] gives the trainer: this rank's part of the model, the
+/// passes that train it, its update strategy, and the collective groups the model's ops
+/// run on (entered on this thread while `groups` lives).
+pub struct Parallelized {
+    /// This rank's part of the model (whole parameters; ZeRO-3 shards it later).
+    pub model: OnnxModel,
+    /// The forward and backward passes of an update.
+    pub passes: Box<dyn Passes>,
+    /// The update after backward.
+    pub strategy: Box<dyn UpdateStrategy<OnnxModel>>,
+    /// The entered groups.
+    pub groups: Vec<GroupGuard>,
+}
+
 /// This rank's coordinates, groups and pipeline partition.
-pub struct Placement {
+pub struct ParallelPlan {
     /// The sizes.
     pub topology: Topology,
     /// Coordinates and sub-communicators.
@@ -49,7 +67,7 @@ pub struct Placement {
     fp16_gradients: bool,
 }
 
-impl Placement {
+impl ParallelPlan {
     /// Carve the groups out of `world` (collective) for `c`'s sizes.
     pub fn new(c: &TrainingConfig, world: &dyn Communicator) -> Result<Self> {
         let topology = Topology::new(
@@ -64,7 +82,7 @@ impl Placement {
         } else {
             None
         };
-        Ok(Placement {
+        Ok(ParallelPlan {
             topology,
             groups,
             partition: None,
@@ -75,9 +93,36 @@ impl Placement {
         })
     }
 
+    /// Apply the plan to `model` (the whole model): its tensor-parallel split and pipeline
+    /// stage ([`Self::model_part`]), the groups its ops run on, the passes (plain,
+    /// segmented or a pipeline stage's) and the update strategy (replicated or ZeRO over
+    /// the data-parallel group; the global norm over the model-parallel group).
+    pub fn parallelize(
+        &mut self,
+        c: &TrainingConfig,
+        model: OnnxModel,
+        train: &dyn Dataset,
+        device: &Device,
+    ) -> Result<Parallelized> {
+        let model = self.model_part(c, model, train)?;
+        let groups = self.enter_groups();
+        let ddp = data_parallel(c, self.groups.dp.clone());
+        let passes = self.passes(c, &model, device, &ddp)?;
+        let mut strategy = build_strategy(c, &model, &ddp)?;
+        if let Some(group) = self.model_parallel(&model) {
+            strategy.set_model_parallel(group);
+        }
+        Ok(Parallelized {
+            model,
+            passes,
+            strategy,
+            groups,
+        })
+    }
+
     /// This rank's part of `model` (the whole model): its tensor-parallel split (planned
     /// from a probe pass on two samples of `train`), then its pipeline stage.
-    pub fn model_part(
+    fn model_part(
         &mut self,
         c: &TrainingConfig,
         model: OnnxModel,
@@ -134,7 +179,7 @@ impl Placement {
     /// The passes this rank runs on `model` (its part of the model); `ddp` averages the
     /// gradients (during backward with `overlap_segments`: from gradient hooks inside one
     /// backward pass at 1, segment by segment from 2).
-    pub fn passes(
+    fn passes(
         &self,
         c: &TrainingConfig,
         model: &OnnxModel,
@@ -183,7 +228,7 @@ impl Placement {
     /// Make the groups the model's collective ops run on this thread's while the guards
     /// live: the tensor-parallel group with tensor parallelism, the data-parallel group with
     /// ZeRO-3.
-    pub fn enter_groups(&self) -> Vec<GroupGuard> {
+    fn enter_groups(&self) -> Vec<GroupGuard> {
         let mut guards = Vec::new();
         if self.tensor_parallel.is_some() {
             guards.push(enter(Group::TensorParallel, self.groups.tp.clone()));
@@ -222,7 +267,7 @@ impl Placement {
     /// The model-parallel norm group of a stage or tp rank (`None` when the model is
     /// whole here): a parameter whose first holder is another stage, and on tp ranks other
     /// than 0 a weight every tp rank holds whole, count there.
-    pub fn model_parallel(&self, model: &OnnxModel) -> Option<ModelParallel> {
+    fn model_parallel(&self, model: &OnnxModel) -> Option<ModelParallel> {
         let id = |name: &str| model.param_index(name).map(|i| model.params()[i].id);
         let mut elsewhere: HashSet<ParamId> = HashSet::new();
         if let Some(p) = &self.partition {
