@@ -106,6 +106,36 @@ fn train_setup(dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 #[test]
+fn a_torchrun_launch_is_refused_with_the_mpirun_command() {
+    // What torchrun sets for rank 1 of 2: without the refusal both processes would train
+    // alone into one output directory.
+    let dir = tempdir("cli-torchrun");
+    let cfg = train_setup(&dir);
+    let out = Command::new(env!("CARGO_BIN_EXE_onnx-train"))
+        .args(["train", "--config", cfg.to_str().unwrap()])
+        .envs([
+            ("WORLD_SIZE", "2"),
+            ("RANK", "1"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_RUN_ID", "none"),
+        ])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{log}");
+    assert!(
+        log.contains("torchrun") && log.contains("mpirun -np 2 onnx-train train"),
+        "{log}"
+    );
+    assert!(
+        !dir.join("out/checkpoints").exists(),
+        "nothing trained or written"
+    );
+}
+
+#[test]
 fn train_logs_its_run_and_export_rebuilds_the_model_from_a_checkpoint() {
     let dir = tempdir("cli-train");
     let cfg = train_setup(&dir);

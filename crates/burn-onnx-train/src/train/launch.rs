@@ -105,6 +105,35 @@ pub fn launch(
     launch_elastic(config, train, test, 0)
 }
 
+/// Refuse a launcher this trainer does not speak: torchrun (torchelastic) and
+/// `torch.distributed.launch` start N processes with `WORLD_SIZE`, `RANK` and a TCP
+/// rendezvous at `MASTER_ADDR`; each process would train alone, into the same output
+/// directory. MPI launchers (mpirun, `srun --mpi=pmix`) are ours and pass.
+fn refuse_foreign_launcher() -> Result<()> {
+    if burn_ort_dist::launched_by_mpi() {
+        return Ok(());
+    }
+    let var = |k: &str| std::env::var(k).ok();
+    let Some(world) = var("WORLD_SIZE").and_then(|w| w.parse::<usize>().ok()) else {
+        return Ok(());
+    };
+    if world <= 1 {
+        return Ok(());
+    }
+    let launcher = if var("TORCHELASTIC_RUN_ID").is_some() {
+        "torchrun (torchelastic)"
+    } else {
+        "a torch.distributed launcher"
+    };
+    let rank = var("RANK").unwrap_or_else(|| "?".into());
+    Err(OnnxError::field(
+        "launch",
+        format!(
+            "started by {launcher} (WORLD_SIZE={world}, RANK={rank}), whose rendezvous onnx-train does not join: every process would train alone into the same output directory. Start the ranks with MPI: `mpirun -np {world} onnx-train train ...` (Slurm: `srun --mpi=pmix -n {world} onnx-train train ...`), or as threads of one process: `onnx-train train --dp {world} ...`"
+        ),
+    ))
+}
+
 /// [`launch`], and when the run fails, start it again up to `max_restarts` times; each
 /// attempt resumes from the newest checkpoint of the run (resharding ZeRO state as needed).
 /// Under `mpirun` the processes of a failed job are gone: restarts belong to
@@ -115,6 +144,7 @@ pub fn launch_elastic(
     test: Option<Arc<dyn Dataset>>,
     max_restarts: usize,
 ) -> Result<RunSummary> {
+    refuse_foreign_launcher()?;
     if let Some(comm) = mpi_comm(&config)? {
         if max_restarts > 0 {
             return Err(OnnxError::field(
