@@ -54,6 +54,13 @@ pub enum OnnxError {
     /// A collective operation failed (a peer rank died, timed out or disagreed).
     #[error(transparent)]
     Distributed(#[from] burn_ort_dist::DistError),
+    /// The run stopped on a signal (preemption) after writing a checkpoint: rerun the same
+    /// command to resume from it.
+    #[error("{what}: checkpoint written; run the same command again to resume")]
+    Preempted {
+        /// When and why, e.g. `stopped by SIGTERM after update 7`.
+        what: String,
+    },
     /// An initializer or graph-level field is malformed.
     #[error("{field}: {message}")]
     Field {

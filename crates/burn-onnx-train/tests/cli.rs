@@ -1,7 +1,9 @@
 //! The `onnx-train` command line: `inspect` lists what the file holds, its pipeline cut
 //! and its tensor-parallel split, `run` writes every graph output as `.npy` (checked
 //! against onnxruntime), bad files exit non-zero with the file named, `train` flags reach
-//! the config, a pipelined checkpoint exports the whole model.
+//! the config, a pipelined checkpoint exports the whole model, a torchrun launch is
+//! refused, and SIGTERM mid-run stops both ranks after one update with a checkpoint that
+//! the same command resumes from, ending bit-identical to an uninterrupted run.
 
 mod common;
 
@@ -132,6 +134,88 @@ fn a_torchrun_launch_is_refused_with_the_mpirun_command() {
     assert!(
         !dir.join("out/checkpoints").exists(),
         "nothing trained or written"
+    );
+}
+
+/// `onnx-train train` on `cfg` with two thread ranks, 60 updates, no periodic checkpoint,
+/// a loss line every update, into `out`.
+fn preemptible_run(cfg: &std::path::Path, out: &std::path::Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_onnx-train"));
+    cmd.args(["train", "--config", cfg.to_str().unwrap()])
+        .args(["--output-dir", out.to_str().unwrap()])
+        .args(["--dp", "2", "--steps", "60", "--checkpoint-period", "0"])
+        .args(["--display-loss-steps", "1"]);
+    cmd
+}
+
+#[test]
+fn sigterm_stops_every_rank_with_a_checkpoint_and_the_rerun_ends_bit_identical() {
+    use std::io::BufRead;
+    let dir = tempdir("cli-preempt");
+    let cfg = train_setup(&dir);
+    let whole = dir.join("whole");
+    let out = preemptible_run(&cfg, &whole).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The same run, sent SIGTERM once its first update is logged.
+    let cut = dir.join("cut");
+    let mut child = preemptible_run(&cfg, &cut)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut log = String::new();
+    let mut signalled = false;
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        if !signalled && line.contains(" train ") {
+            let kill = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(kill.success());
+            signalled = true;
+        }
+        log.push_str(&line);
+        log.push('\n');
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(75), "the preempted status:\n{log}");
+    assert!(log.contains("stopped by SIGTERM after update"), "{log}");
+    let kept = burn_onnx_train::train::checkpoint::list_checkpoints(&cut.join("checkpoints"));
+    assert_eq!(
+        kept.len(),
+        1,
+        "one checkpoint, at the stop: {kept:?}\n{log}"
+    );
+    let stop = kept[0].0;
+    assert!((1..60).contains(&stop), "stopped mid-run, at update {stop}");
+    assert!(
+        !cut.join("gpt2_tiny_trained.onnx").exists(),
+        "a preempted run exports nothing"
+    );
+
+    // The same command again resumes at the stop and ends where the whole run did.
+    let out = preemptible_run(&cfg, &cut).output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("resumed"), "{log}");
+    let (a, b) = (
+        onnx_params(whole.join("gpt2_tiny_trained.onnx")),
+        onnx_params(cut.join("gpt2_tiny_trained.onnx")),
+    );
+    assert_eq!(a.len(), b.len());
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        assert!(x == y, "{name}: the resumed run differs from the whole one");
+    }
+    assert_moved(
+        &refkit("models/gpt2_tiny.onnx"),
+        &whole.join("gpt2_tiny_trained.onnx"),
+        1e-3,
     );
 }
 

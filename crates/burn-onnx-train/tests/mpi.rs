@@ -533,6 +533,101 @@ fn descendants_named(root: u32, name: &str) -> Vec<u32> {
     found
 }
 
+/// Preemption under MPI: SIGUSR1 to mpirun (which forwards it to the ranks; Slurm's
+/// `--signal=USR1`) stops both ranks after the same update with a checkpoint and status
+/// 75; the same job started again resumes there and ends bit-identical to a clean job.
+#[test]
+fn sigusr1_preempts_an_mpi_job_and_the_rerun_ends_bit_identical() {
+    use std::io::BufRead;
+    let _serial = one_job_at_a_time();
+    let dir = tempdir("mpi-preempt");
+    let cfg = setup(&dir, "gpt2", 200);
+    let job = |out: &str| {
+        let mut cmd = mpirun(2);
+        cmd.arg(onnx_train()).args([
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--output-dir",
+            dir.join(out).to_str().unwrap(),
+            "--dp",
+            "2",
+            "--batch-size",
+            "1",
+            "--display-loss-steps",
+            "1",
+        ]);
+        cmd
+    };
+    let clean = job("clean").output().unwrap();
+    assert!(
+        clean.status.success(),
+        "{}",
+        String::from_utf8_lossy(&clean.stderr)
+    );
+
+    let mut run = job("cut")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = run.stderr.take().unwrap();
+    let mut log = String::new();
+    let mut signalled = false;
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        if !signalled && line.contains(" train ") {
+            // timeout -> mpirun (OpenMPI's orterun) -> the ranks.
+            let launcher = [
+                descendants_named(run.id(), "mpirun"),
+                descendants_named(run.id(), "orterun"),
+            ]
+            .concat();
+            Command::new("kill")
+                .args(["-USR1", &launcher[0].to_string()])
+                .status()
+                .unwrap();
+            signalled = true;
+        }
+        log.push_str(&line);
+        log.push('\n');
+    }
+    let status = run.wait().unwrap();
+    assert!(signalled, "the job never logged an update:\n{log}");
+    assert_eq!(status.code(), Some(75), "mpirun's status:\n{log}");
+    let kept = burn_onnx_train::train::checkpoint::list_checkpoints(&dir.join("cut/checkpoints"));
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let stop = kept[0].0;
+    assert!((1..200).contains(&stop), "stopped mid-run at {stop}");
+    for rank in 0..2 {
+        assert!(
+            log.contains(&format!(
+                "rank {rank}: stopped by SIGUSR1 after update {stop}:"
+            )),
+            "rank {rank} stopped after the checkpoint's update:\n{log}"
+        );
+    }
+
+    let rerun = job("cut").output().unwrap();
+    let log = String::from_utf8_lossy(&rerun.stderr);
+    assert!(rerun.status.success() && log.contains("resumed"), "{log}");
+    let file = "gpt2_tiny_trained.onnx";
+    for ((name, a), (_, b)) in onnx_params(dir.join("clean").join(file))
+        .iter()
+        .zip(onnx_params(dir.join("cut").join(file)))
+    {
+        assert!(
+            *a == b,
+            "{name}: the resumed job differs from the clean one"
+        );
+    }
+    assert_moved(
+        &refkit("models/gpt2_tiny.onnx"),
+        &dir.join("clean").join(file),
+        1e-4,
+    );
+}
+
 /// `onnx-train launch`: a rank killed mid-run ends the MPI job; the wrapper starts it again,
 /// it resumes from the newest checkpoint and ends exactly where an uninterrupted job does.
 #[test]

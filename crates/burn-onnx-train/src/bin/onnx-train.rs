@@ -553,6 +553,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if burn_onnx_train::train::preemption::is_preemption(&e) => {
+            eprintln!("{e}");
+            ExitCode::from(burn_onnx_train::train::preemption::PREEMPTED_EXIT_CODE)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

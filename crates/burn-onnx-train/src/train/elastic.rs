@@ -1,12 +1,15 @@
 //! `onnx-train launch`: run a command under `mpirun` and start it again when it fails, as
 //! torchrun does for its workers. A failed rank ends the whole MPI job (the communicator
 //! aborts it); the wrapper waits for mpirun, and if restarts remain, starts the same job
-//! again, which resumes from the newest checkpoint (ZeRO state is resharded on load).
+//! again, which resumes from the newest checkpoint (ZeRO state is resharded on load). A job
+//! whose ranks stopped on a signal ([`super::preemption`]) is not restarted: the wrapper
+//! ends with the same status.
 
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
 
+use super::preemption::PREEMPTED_EXIT_CODE;
 use crate::error::{OnnxError, Result};
 
 /// How to run the job.
@@ -45,6 +48,12 @@ impl ElasticJob {
                 .map_err(|e| OnnxError::io(Path::new(&self.mpirun), e))?;
             if status.success() {
                 return Ok(attempt);
+            }
+            if status.code() == Some(i32::from(PREEMPTED_EXIT_CODE)) {
+                // Preempted, not failed: the ranks wrote a checkpoint; no restart here.
+                return Err(OnnxError::Preempted {
+                    what: format!("the job stopped on a signal ({status})"),
+                });
             }
             if attempt < self.max_restarts {
                 tracing::warn!(%status, restart = attempt + 1, max_restarts = self.max_restarts, "the job failed; restarting it from the newest checkpoint");

@@ -19,6 +19,7 @@ use burn_ort_dist::{Communicator, LocalCommunicator, run_threads};
 use super::config::TrainingConfig;
 use super::data::Dataset;
 use super::device::local_rank;
+use super::preemption::is_preemption;
 use super::runner::{RunSummary, TrainingRunner};
 use crate::error::{OnnxError, Result};
 
@@ -73,9 +74,14 @@ fn run_rank(
         .device(local_rank(comm.rank()))
         .and_then(|device| TrainingRunner::new(config, comm.clone(), device.autodiff()))
         .and_then(|r| r.run(train, test));
-    if let Err(e) = &result {
-        eprintln!("rank {}: {e}", comm.rank());
-        comm.abort(1);
+    match &result {
+        // Every rank stopped after the same update: nothing to abort.
+        Err(e) if is_preemption(e) => eprintln!("rank {}: {e}", comm.rank()),
+        Err(e) => {
+            eprintln!("rank {}: {e}", comm.rank());
+            comm.abort(1);
+        }
+        Ok(_) => {}
     }
     result
 }
@@ -157,7 +163,7 @@ pub fn launch_elastic(
     let mut attempt = 0;
     loop {
         match launch_threads(config.clone(), train.clone(), test.clone()) {
-            Err(e) if attempt < max_restarts => {
+            Err(e) if attempt < max_restarts && !is_preemption(&e) => {
                 attempt += 1;
                 if config.checkpoint_period == 0 {
                     tracing::warn!("checkpoint_period is 0: the restart trains from the start");

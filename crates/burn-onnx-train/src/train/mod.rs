@@ -16,6 +16,7 @@ pub mod passes;
 pub mod perf;
 pub mod pipelined;
 pub mod precision;
+pub mod preemption;
 pub mod preflight;
 pub mod ready_grads;
 mod report;

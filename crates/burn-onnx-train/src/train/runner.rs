@@ -9,7 +9,8 @@
 //! set is evaluated by all ranks together (`EvaluateStep`); every `checkpoint_period` the
 //! ranks write a checkpoint together (rank 0 the model, each rank its optimizer state). At
 //! the end rank 0 exports `<model stem>_trained.onnx` and a throughput report `perf.json`.
-//! The steps are [`super::trainer::Trainer`]'s methods.
+//! A stop signal (SIGTERM, SIGINT, SIGUSR1) ends the run after the current update with a
+//! checkpoint ([`super::preemption`]). The steps are [`super::trainer::Trainer`]'s methods.
 
 use std::sync::Arc;
 
@@ -67,6 +68,7 @@ impl TrainingRunner {
             if trainer.checkpoint_due() {
                 trainer.checkpoint(&model)?;
             }
+            trainer.stop_if_preempted(&model)?;
         }
         trainer.finish(&model)
     }

@@ -18,6 +18,7 @@ use super::parallel_plan::{ParallelPlan, Parallelized};
 use super::passes::Passes;
 use super::perf::MemoryReport;
 use super::precision::LossScaler;
+use super::preemption::{agreed_stop, install};
 use super::preflight::{check_data, check_weight_names};
 use super::report::{Reporter, RunSummary, UpdateReport};
 use super::resume::resume;
@@ -62,6 +63,7 @@ impl Trainer {
         train: &Arc<dyn Dataset>,
         test: Option<&dyn Dataset>,
     ) -> Result<(Self, OnnxModel)> {
+        install();
         let mut plan = ParallelPlan::new(&c, comm.as_ref())?;
         let sampler = DistributedSampler {
             len: train.len(),
@@ -239,6 +241,23 @@ impl Trainer {
         self.out
             .log(|| tracing::info!(step, path = %path.display(), "checkpoint"));
         Ok(())
+    }
+
+    /// After an update: when any rank received a stop signal (agreed by all, see
+    /// [`super::preemption`]), write a checkpoint (unless this update's was just written)
+    /// and stop with [`OnnxError::Preempted`].
+    pub fn stop_if_preempted(&mut self, model: &OnnxModel) -> Result<()> {
+        let Some(signal) = agreed_stop(self.comm.as_ref())? else {
+            return Ok(());
+        };
+        if !self.checkpoint_due() {
+            self.checkpoint(model)?;
+        }
+        self.out.bar.finish_and_clear();
+        self.out.tb.flush()?;
+        Err(OnnxError::Preempted {
+            what: format!("stopped by {signal} after update {}", self.update),
+        })
     }
 
     /// After the last update: rank 0 exports `<model stem>_trained.onnx` and writes
