@@ -3,7 +3,8 @@
 //! against onnxruntime), bad files exit non-zero with the file named, `train` flags reach
 //! the config, a pipelined checkpoint exports the whole model, a torchrun launch is
 //! refused, and SIGTERM mid-run stops both ranks after one update with a checkpoint that
-//! the same command resumes from, ending bit-identical to an uninterrupted run.
+//! the same command resumes from, ending bit-identical to an uninterrupted run (its
+//! `metrics.jsonl` too).
 
 mod common;
 
@@ -217,6 +218,22 @@ fn sigterm_stops_every_rank_with_a_checkpoint_and_the_rerun_ends_bit_identical()
         &whole.join("gpt2_tiny_trained.onnx"),
         1e-3,
     );
+    // metrics.jsonl: one line per update, the resumed run's continuing the stopped one's.
+    let train_lines = |dir: &std::path::Path| -> Vec<(u64, f64)> {
+        std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|j| j["kind"] == "train")
+            .map(|j| (j["step"].as_u64().unwrap(), j["loss"].as_f64().unwrap()))
+            .collect()
+    };
+    let (a, b) = (train_lines(&whole), train_lines(&cut));
+    assert_eq!(
+        a.iter().map(|l| l.0).collect::<Vec<_>>(),
+        (1..=60).collect::<Vec<_>>()
+    );
+    assert_eq!(a, b, "the same losses, each step once");
 }
 
 #[test]

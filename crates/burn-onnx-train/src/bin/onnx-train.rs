@@ -554,7 +554,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if burn_onnx_train::train::preemption::is_preemption(&e) => {
-            eprintln!("{e}");
+            // One write, so the lines of MPI ranks sharing the terminal do not interleave.
+            let line = format!("{e}\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             ExitCode::from(burn_onnx_train::train::preemption::PREEMPTED_EXIT_CODE)
         }
         Err(e) => {

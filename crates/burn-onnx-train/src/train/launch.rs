@@ -75,8 +75,9 @@ fn run_rank(
         .and_then(|device| TrainingRunner::new(config, comm.clone(), device.autodiff()))
         .and_then(|r| r.run(train, test));
     match &result {
-        // Every rank stopped after the same update: nothing to abort.
-        Err(e) if is_preemption(e) => eprintln!("rank {}: {e}", comm.rank()),
+        // Every rank stopped after the same update: nothing to abort (the front end
+        // reports it).
+        Err(e) if is_preemption(e) => {}
         Err(e) => {
             eprintln!("rank {}: {e}", comm.rank());
             comm.abort(1);

@@ -10,6 +10,7 @@ pub mod evaluate;
 #[cfg(feature = "cli")]
 pub mod flags;
 pub mod launch;
+pub mod metrics_log;
 pub mod optimizer;
 pub mod parallel_plan;
 pub mod passes;

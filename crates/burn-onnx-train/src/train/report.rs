@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::config::TrainingConfig;
 use super::evaluate::EvalMetrics;
+use super::metrics_log::MetricsLog;
 use super::parallel_plan::ParallelPlan;
 use super::perf::{PerfMeter, PerfReport};
 use super::summaries::Summaries;
@@ -33,6 +34,8 @@ pub(super) struct Reporter {
     pub summary: RunSummary,
     pub tb: Summaries,
     pub bar: ProgressBar,
+    /// `metrics.jsonl` (world rank 0).
+    metrics: Option<MetricsLog>,
     unit: &'static str,
     root: bool,
 }
@@ -69,6 +72,9 @@ impl Reporter {
             },
             tb: Summaries::open(c, place.summary_role(rank))?,
             bar: progress_bar(c.progress && root, total, start_step),
+            metrics: root
+                .then(|| MetricsLog::open(&c.output_dir, start_step))
+                .transpose()?,
             unit,
             root,
         })
@@ -84,6 +90,9 @@ impl Reporter {
             .set_message(format!("loss {loss:.4} | {rate:.0} {unit}/s"));
         self.tb
             .update(step, loss, lr, grad_norm, u.loss_scale, rate, unit)?;
+        if let Some(m) = self.metrics.as_mut().filter(|_| u.display) {
+            m.update(step, loss, lr, grad_norm, u.loss_scale, (rate, unit))?;
+        }
         if self.root && u.display {
             self.bar
                 .suspend(|| tracing::info!(step, loss, lr, grad_norm, rate, unit, "train"));
@@ -105,6 +114,9 @@ impl Reporter {
             });
         }
         self.tb.eval(&m, model)?;
+        if let Some(log) = self.metrics.as_mut() {
+            log.eval(&m)?;
+        }
         self.summary.evals.push(m);
         Ok(())
     }
