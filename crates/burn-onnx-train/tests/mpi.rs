@@ -533,6 +533,23 @@ fn descendants_named(root: u32, name: &str) -> Vec<u32> {
     found
 }
 
+/// `onnx-train train` arguments for two data-parallel ranks of one sample each.
+fn two_rank_train(cfg: &Path, out: &Path) -> Vec<String> {
+    [
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--output-dir",
+        out.to_str().unwrap(),
+        "--dp",
+        "2",
+        "--batch-size",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// Preemption under MPI: SIGUSR1 to mpirun (which forwards it to the ranks; Slurm's
 /// `--signal=USR1`) stops both ranks after the same update with a checkpoint and status
 /// 75; the same job started again resumes there and ends bit-identical to a clean job.
@@ -544,19 +561,9 @@ fn sigusr1_preempts_an_mpi_job_and_the_rerun_ends_bit_identical() {
     let cfg = setup(&dir, "gpt2", 200);
     let job = |out: &str| {
         let mut cmd = mpirun(2);
-        cmd.arg(onnx_train()).args([
-            "train",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--output-dir",
-            dir.join(out).to_str().unwrap(),
-            "--dp",
-            "2",
-            "--batch-size",
-            "1",
-            "--display-loss-steps",
-            "1",
-        ]);
+        cmd.arg(onnx_train())
+            .args(two_rank_train(&cfg, &dir.join(out)))
+            .args(["--display-loss-steps", "1"]);
         cmd
     };
     let clean = job("clean").output().unwrap();
@@ -638,21 +645,7 @@ fn launch_restarts_a_job_whose_rank_was_killed() {
         .unwrap()
         .replace("checkpoint_period = 0", "checkpoint_period = 20");
     std::fs::write(&cfg, text).unwrap();
-    let train_args = |out: &str| -> Vec<String> {
-        [
-            "train",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--output-dir",
-            dir.join(out).to_str().unwrap(),
-            "--dp",
-            "2",
-            "--batch-size",
-            "1",
-        ]
-        .map(String::from)
-        .to_vec()
-    };
+    let train_args = |out: &str| two_rank_train(&cfg, &dir.join(out));
     let clean = mpirun(2)
         .arg(onnx_train())
         .args(train_args("clean"))
