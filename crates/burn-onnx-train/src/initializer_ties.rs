@@ -428,9 +428,9 @@ pub fn restore_tied_copies(
 
 /// Reverse the shape of a tensor value info (a 2-D transpose).
 fn reverse_dims(info: &mut onnx_ir::ValueInfoProto) {
-    if let Some(ty) = info.type_.as_mut().filter(|t| t.has_tensor_type()) {
-        if let Some(shape) = ty.mut_tensor_type().shape.as_mut() {
-            shape.dim.reverse();
-        }
+    if let Some(ty) = info.type_.as_mut().filter(|t| t.has_tensor_type())
+        && let Some(shape) = ty.mut_tensor_type().shape.as_mut()
+    {
+        shape.dim.reverse();
     }
 }

@@ -134,7 +134,7 @@ impl Trainer {
             self.update,
             self.scaler.scale(),
         )?;
-        let display = (self.update + 1) % self.c.display_loss_steps.max(1) == 0
+        let display = (self.update + 1).is_multiple_of(self.c.display_loss_steps.max(1))
             || self.update + 1 == self.total;
         let (lr, update_started) = (self.schedule.lr(self.update), Instant::now());
         let (model, report) = self.scaler.step(
@@ -180,7 +180,7 @@ impl Trainer {
     /// updates and after the last.
     pub fn eval_due(&self) -> bool {
         let period = self.c.evaluation_period;
-        (period > 0 && self.update % period == 0) || self.update == self.total
+        (period > 0 && self.update.is_multiple_of(period)) || self.update == self.total
     }
 
     /// Evaluate on `test`, all ranks together, and report.
@@ -205,7 +205,7 @@ impl Trainer {
     /// updates and after the last (never with a period of 0).
     pub fn checkpoint_due(&self) -> bool {
         let period = self.c.checkpoint_period;
-        period > 0 && (self.update % period == 0 || self.update == self.total)
+        period > 0 && (self.update.is_multiple_of(period) || self.update == self.total)
     }
 
     /// Write a checkpoint, all ranks together (rank 0 the model, each rank its optimizer
