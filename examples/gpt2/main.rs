@@ -129,6 +129,9 @@ fn main() -> std::process::ExitCode {
 
 fn run(args: Args) -> Result<(), OnnxError> {
     let mut config = config(&args)?;
+    if args.run.printed(&config)? {
+        return Ok(());
+    }
     let tokens = tokenize(args.text.as_deref().unwrap_or(&default_text()))?;
     let split = tokens.len() * 9 / 10;
     write_shard(&config.train_data_dir, &tokens[..split])?;

@@ -173,6 +173,9 @@ fn run(args: Args) -> Result<()> {
         ) = (0, 0, config.num_updates(), false);
         config.histogram_weights.clear();
     }
+    if args.run.printed(&config)? {
+        return Ok(());
+    }
     let model_path = config.model_path.clone();
     let train: Arc<dyn Dataset> = Arc::new(StripeImages {
         len: args.train_images,

@@ -109,6 +109,40 @@ fn train_setup(dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 #[test]
+fn print_config_shows_the_effective_config_and_a_run_writes_it() {
+    use burn_onnx_train::train::TrainingConfig;
+    let dir = tempdir("cli-print-config");
+    let cfg = train_setup(&dir);
+    let out = onnx_train(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--dp",
+        "2",
+        "--print-config",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = TrainingConfig::from_toml(&String::from_utf8_lossy(&out.stdout), &cfg).unwrap();
+    assert_eq!(printed.data_parallel_size, 2, "the flag over the file");
+    assert_eq!(printed.num_train_steps, 4, "the file over the defaults");
+    assert!(!dir.join("out").exists(), "nothing ran");
+    // A run writes what it uses (epochs resolved, flags applied) to its output directory.
+    let out = onnx_train(&["train", "--config", cfg.to_str().unwrap(), "--dp", "2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written = dir.join("out/config.toml");
+    let used = TrainingConfig::from_file(&written).unwrap();
+    assert_eq!(used.to_toml().unwrap(), printed.to_toml().unwrap());
+}
+
+#[test]
 fn a_torchrun_launch_is_refused_with_the_mpirun_command() {
     // What torchrun sets for rank 1 of 2: without the refusal both processes would train
     // alone into one output directory.

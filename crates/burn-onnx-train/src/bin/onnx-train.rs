@@ -381,6 +381,9 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
         ));
     }
     let c = args.run.apply(TrainingConfig::default())?;
+    if args.run.printed(&c)? {
+        return Ok(());
+    }
     let load = |dir: &std::path::Path| -> Result<Arc<dyn Dataset>, OnnxError> {
         Ok(match c.loss {
             LossKind::LmCrossEntropy => Arc::new(TokenDataset::load(dir, c.seq_len)?),

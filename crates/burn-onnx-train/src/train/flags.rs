@@ -101,6 +101,10 @@ pub struct TrainFlags {
     /// `onnx-train launch --max-restarts K`).
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub max_restarts: usize,
+    /// Print the effective config (defaults, then the file, then the flags) as TOML and
+    /// exit without training. A run writes the same to `<output_dir>/config.toml`.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 impl TrainFlags {
@@ -148,5 +152,13 @@ impl TrainFlags {
         c.profile |= self.profile;
         c.allreduce_in_fp16 |= self.allreduce_in_fp16;
         Ok(c)
+    }
+
+    /// With `--print-config`, print `c` as TOML and say so (the front end then exits).
+    pub fn printed(&self, c: &TrainingConfig) -> Result<bool> {
+        if self.print_config {
+            print!("{}", c.to_toml()?);
+        }
+        Ok(self.print_config)
     }
 }

@@ -23,6 +23,7 @@ use super::preflight::{check_data, check_weight_names};
 use super::report::{Reporter, RunSummary, UpdateReport};
 use super::resume::resume;
 use super::schedule::LrSchedule;
+use crate::atomic_file::write_atomic;
 use crate::collective::GroupGuard;
 use crate::error::{OnnxError, Result};
 use crate::export::export_onnx;
@@ -75,6 +76,9 @@ impl Trainer {
         };
         c.resolve_epochs(sampler.batches_per_epoch())?;
         sampler.batch_indices(0)?;
+        if comm.rank() == 0 {
+            write_effective_config(&c)?;
+        }
         let model = c.load_model(device)?.select_trainable(
             &c.weights_to_train,
             &c.weights_not_to_train,
@@ -286,6 +290,13 @@ impl Trainer {
         }
         Ok(self.out.summary)
     }
+}
+
+/// The config the run uses (defaults, file and flags resolved) as
+/// `<output_dir>/config.toml`, to read or to start the same run from.
+fn write_effective_config(c: &TrainingConfig) -> Result<()> {
+    std::fs::create_dir_all(&c.output_dir).map_err(|e| OnnxError::io(&c.output_dir, e))?;
+    write_atomic(&c.output_dir.join("config.toml"), c.to_toml()?.as_bytes())
 }
 
 /// Export the trained model to `<output_dir>/<model stem>_trained.onnx`.
