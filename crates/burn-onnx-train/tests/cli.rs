@@ -143,6 +143,47 @@ fn print_config_shows_the_effective_config_and_a_run_writes_it() {
 }
 
 #[test]
+fn resume_never_latest_or_a_path_and_overwrite() {
+    let dir = tempdir("cli-resume");
+    let cfg = train_setup(&dir);
+    let cfg = cfg.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let out = onnx_train(&[&["train", "--config", cfg][..], extra].concat());
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let exported = || onnx_params(dir.join("out/gpt2_tiny_trained.onnx"));
+    let (ok, log) = run(&[]);
+    assert!(ok && !log.contains("resumed"), "{log}");
+    let first = exported();
+    // Checkpoints at updates 2 and 4 are there: starting over must be asked for.
+    let (ok, log) = run(&["--resume", "never"]);
+    assert!(!ok && log.contains("--overwrite"), "{log}");
+    let (ok, log) = run(&["--resume", "never", "--overwrite"]);
+    assert!(
+        ok && !log.contains("resumed") && log.contains("deleted"),
+        "{log}"
+    );
+    assert!(exported() == first, "a fresh run again, the same result");
+    // From a given checkpoint: update 2 of this run, then on to the same end.
+    let ckpt = dir.join("out/checkpoints/ckpt-000000002");
+    let (ok, log) = run(&["--resume", ckpt.to_str().unwrap()]);
+    assert!(
+        ok && log.contains("resumed") && log.contains("update=2"),
+        "{log}"
+    );
+    assert!(
+        exported() == first,
+        "resumed from update 2, the same result"
+    );
+    // The default, latest: the newest checkpoint is the last update, nothing to train.
+    let (ok, log) = run(&["--resume", "latest"]);
+    assert!(ok && log.contains("already at the last update"), "{log}");
+}
+
+#[test]
 fn a_torchrun_launch_is_refused_with_the_mpirun_command() {
     // What torchrun sets for rank 1 of 2: without the refusal both processes would train
     // alone into one output directory.

@@ -12,6 +12,19 @@ use crate::error::{OnnxError, Result};
 use crate::loss::LossKind;
 use crate::pipeline::PipelineSchedule;
 
+/// Where a run starts (config `resume`, `--resume latest|never|PATH`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Resume {
+    /// From the newest checkpoint in the checkpoint directory, if any (or from
+    /// `checkpoint_to_load_path` when set).
+    #[default]
+    Latest,
+    /// From the model file, whatever the checkpoint directory holds (with checkpoints
+    /// there: an error unless `overwrite_output_dir`, which deletes them first).
+    Never,
+}
+
 /// Optimizer choice (ORT: `training_optimizer_name`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
@@ -235,6 +248,12 @@ pub struct TrainingConfig {
     pub max_num_checkpoints: usize,
     /// Resume from this checkpoint instead of the latest one.
     pub checkpoint_to_load_path: Option<PathBuf>,
+    /// Resume from the newest checkpoint (`latest`) or start from the model (`never`).
+    pub resume: Resume,
+    /// With `resume = "never"`: delete the checkpoints an earlier run left in the
+    /// checkpoint directory instead of refusing to start (Hugging Face's
+    /// `overwrite_output_dir`).
+    pub overwrite_output_dir: bool,
     /// TensorBoard directory (default `<output_dir>/tensorboard`; empty string disables).
     pub log_dir: Option<PathBuf>,
     /// Weights whose histograms are logged at each evaluation.
@@ -307,6 +326,8 @@ impl Default for TrainingConfig {
             checkpoint_period: 0,
             max_num_checkpoints: 3,
             checkpoint_to_load_path: None,
+            resume: Resume::Latest,
+            overwrite_output_dir: false,
             log_dir: None,
             histogram_weights: Vec::new(),
             norm_weights: Vec::new(),
@@ -564,6 +585,12 @@ impl TrainingConfig {
     pub fn validate(&self, world_size: usize) -> Result<()> {
         if self.model_path.as_os_str().is_empty() {
             return Err(invalid("model_path", "is required"));
+        }
+        if self.resume == Resume::Never && self.checkpoint_to_load_path.is_some() {
+            return Err(invalid(
+                "resume",
+                "\"never\" with checkpoint_to_load_path: drop one of them",
+            ));
         }
         if matches!(self.device, DeviceSpec::Wgpu(_)) && self.precision == Precision::Bf16 {
             return Err(invalid(

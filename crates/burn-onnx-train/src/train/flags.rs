@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use super::config::TrainingConfig;
+use super::config::{Resume, TrainingConfig};
 use crate::error::{OnnxError, Result};
 
 /// Flags that override a [`TrainingConfig`].
@@ -101,6 +101,15 @@ pub struct TrainFlags {
     /// `onnx-train launch --max-restarts K`).
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub max_restarts: usize,
+    /// Where to start: `latest` (the newest checkpoint in the output directory, the
+    /// default), `never` (the model file), or a checkpoint directory
+    /// (`checkpoint_to_load_path`).
+    #[arg(long, value_name = "latest|never|PATH")]
+    pub resume: Option<String>,
+    /// With `--resume never`, delete the checkpoints an earlier run left instead of
+    /// refusing to start (`overwrite_output_dir`).
+    #[arg(long)]
+    pub overwrite: bool,
     /// Print the effective config (defaults, then the file, then the flags) as TOML and
     /// exit without training. A run writes the same to `<output_dir>/config.toml`.
     #[arg(long)]
@@ -151,6 +160,16 @@ impl TrainFlags {
         set(&mut c.overlap_segments, self.overlap);
         c.profile |= self.profile;
         c.allreduce_in_fp16 |= self.allreduce_in_fp16;
+        match self.resume.as_deref() {
+            None => {}
+            Some("latest") => c.resume = Resume::Latest,
+            Some("never") => c.resume = Resume::Never,
+            Some(path) => {
+                c.resume = Resume::Latest;
+                c.checkpoint_to_load_path = Some(PathBuf::from(path));
+            }
+        }
+        c.overwrite_output_dir |= self.overwrite;
         Ok(c)
     }
 

@@ -1,17 +1,48 @@
-//! Where a run starts: fresh, from the checkpoint `checkpoint_to_load_path` names, or from
-//! the newest one in the checkpoint directory (which must come from a compatible run).
+//! Where a run starts: from the checkpoint `checkpoint_to_load_path` names, from the newest
+//! one in the checkpoint directory (which must come from a compatible run), or, with
+//! `resume = "never"` (or none there), from the model file.
+
+use std::path::Path;
 
 use burn_ort_dist::{Communicator, UpdateStrategy};
 
 use super::checkpoint::{
     list_checkpoints, read_params, read_state, remove_stale_temporaries, state_dirs,
 };
-use super::config::TrainingConfig;
+use super::config::{Resume, TrainingConfig};
 use super::parallel_plan::ParallelPlan;
 use super::precision::LossScaler;
 use super::tp_resume::regrouped_state_dirs;
-use crate::error::Result;
+use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
+
+/// `resume = "never"` in a directory holding checkpoints: refused, or with
+/// `overwrite_output_dir` the checkpoints are deleted (by rank 0) so that this run's
+/// rotation and a later resume see only its own.
+fn start_over(c: &TrainingConfig, dir: &Path, root: bool) -> Result<()> {
+    let old = list_checkpoints(dir);
+    let Some((_, newest)) = old.last() else {
+        return Ok(());
+    };
+    if !c.overwrite_output_dir {
+        return Err(OnnxError::field(
+            "resume",
+            format!(
+                "\"never\", but {} holds {} checkpoint(s) of an earlier run (newest {}): pass --overwrite (overwrite_output_dir = true) to delete them, or use another --output-dir",
+                dir.display(),
+                old.len(),
+                newest.display()
+            ),
+        ));
+    }
+    if root {
+        for (_, path) in &old {
+            std::fs::remove_dir_all(path).map_err(|e| OnnxError::io(path, e))?;
+        }
+        tracing::warn!(deleted = old.len(), dir = %dir.display(), "--overwrite: the earlier checkpoints are deleted");
+    }
+    Ok(())
+}
 
 /// The model to start from with the update and micro-step counters; the strategy's
 /// optimizer state and the loss scale are loaded from the checkpoint, if any.
@@ -27,6 +58,10 @@ pub(super) fn resume(
     let root = world.rank() == 0;
     if root {
         remove_stale_temporaries(&dir);
+    }
+    if c.resume == Resume::Never {
+        start_over(c, &dir, root)?;
+        return Ok((model, 0, 0));
     }
     let Some(path) = c
         .checkpoint_to_load_path
