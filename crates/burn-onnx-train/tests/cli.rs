@@ -140,6 +140,27 @@ fn print_config_shows_the_effective_config_and_a_run_writes_it() {
     let written = dir.join("out/config.toml");
     let used = TrainingConfig::from_file(&written).unwrap();
     assert_eq!(used.to_toml().unwrap(), printed.to_toml().unwrap());
+    // A file that leaves the checkpoint period out checkpoints every 500 updates (the
+    // library's default is never).
+    let minimal = dir.join("minimal.toml");
+    std::fs::write(
+        &minimal,
+        format!(
+            "model_path = {:?}\ntrain_data_dir = {:?}\n",
+            used.model_path, used.train_data_dir
+        ),
+    )
+    .unwrap();
+    let out = onnx_train(&[
+        "train",
+        "--config",
+        minimal.to_str().unwrap(),
+        "--print-config",
+    ]);
+    let printed =
+        TrainingConfig::from_toml(&String::from_utf8_lossy(&out.stdout), &minimal).unwrap();
+    assert_eq!(printed.checkpoint_period, 500);
+    assert_eq!(TrainingConfig::default().checkpoint_period, 0);
 }
 
 #[test]

@@ -373,6 +373,19 @@ fn sanitize(name: &str) -> String {
         .collect()
 }
 
+/// Updates between checkpoints when the config file does not say (Hugging Face Trainer's
+/// `save_steps`); the library's own default is 0 (never).
+const CLI_CHECKPOINT_PERIOD: usize = 500;
+
+/// `onnx-train train`'s defaults under the config file: the library's, checkpointing every
+/// [`CLI_CHECKPOINT_PERIOD`] updates (and after the last).
+fn cli_defaults() -> TrainingConfig {
+    TrainingConfig {
+        checkpoint_period: CLI_CHECKPOINT_PERIOD,
+        ..TrainingConfig::default()
+    }
+}
+
 fn train(args: TrainArgs) -> Result<(), OnnxError> {
     if args.run.config.is_none() {
         return Err(OnnxError::field(
@@ -380,7 +393,7 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
             "is required: the TrainingConfig file (TOML or JSON)",
         ));
     }
-    let c = args.run.apply(TrainingConfig::default())?;
+    let c = args.run.apply(cli_defaults())?;
     if args.run.printed(&c)? {
         return Ok(());
     }
