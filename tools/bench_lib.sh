@@ -6,7 +6,8 @@ bench_bin="$bench_root/target/release/onnx-train"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 # write_run DIR MODEL VOCAB SEQ BATCH STEPS OPTIMIZER: random tokens below VOCAB in
-# DIR/data and DIR/run.toml training MODEL with OPTIMIZER, no evaluation, no logs.
+# DIR/data and DIR/run.toml training MODEL with OPTIMIZER, no evaluation, no logs, no
+# checkpoints.
 write_run() {
   local dir="$1" model="$2" vocab="$3" seq="$4" batch="$5" steps="$6" optimizer="$7"
   mkdir -p "$dir/data"
@@ -21,6 +22,7 @@ seq_len = $seq
 batch_size = $batch
 num_train_steps = $steps
 evaluation_period = 0
+checkpoint_period = 0
 progress = false
 log_dir = ""
 [optimizer]
