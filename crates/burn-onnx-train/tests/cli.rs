@@ -130,6 +130,38 @@ fn print_config_shows_the_effective_config_and_a_run_writes_it() {
     assert_eq!(printed.data_parallel_size, 2, "the flag over the file");
     assert_eq!(printed.num_train_steps, 4, "the file over the defaults");
     assert!(!dir.join("out").exists(), "nothing ran");
+    // --set reaches any field, in sections too; an unknown key is named.
+    let out = onnx_train(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--set",
+        "optimizer.kind=sgd",
+        "--set",
+        "lr.initial_lr = 0.25",
+        "--set",
+        "zero_stage=1",
+        "--print-config",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let set = TrainingConfig::from_toml(&String::from_utf8_lossy(&out.stdout), &cfg).unwrap();
+    assert_eq!(
+        (set.optimizer.kind, set.lr.initial_lr, set.zero_stage),
+        (burn_onnx_train::train::config::OptimizerKind::Sgd, 0.25, 1)
+    );
+    let out = onnx_train(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--set",
+        "no_such=1",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("no_such"), "{err}");
     // A run writes what it uses (epochs resolved, flags applied) to its output directory.
     let out = onnx_train(&["train", "--config", cfg.to_str().unwrap(), "--dp", "2"]);
     assert!(

@@ -416,6 +416,39 @@ impl TrainingConfig {
             .map_err(|e: toml::de::Error| bad(e.to_string()))
     }
 
+    /// `self` with `KEY=VALUE` overrides (`--set`): dotted keys reach into sections
+    /// (`optimizer.kind=sgd`, `lr.initial_lr=3e-4`); a value is TOML (`0.5`, `true`,
+    /// `[1, 2]`, `"text"`) or else taken as a string. A key the config does not have is an
+    /// error naming it.
+    pub fn with_overrides(self, sets: &[String]) -> Result<Self> {
+        if sets.is_empty() {
+            return Ok(self);
+        }
+        let bad = |m: String| OnnxError::field("--set", m);
+        let mut merged = toml::Table::try_from(&self).map_err(|e| bad(e.to_string()))?;
+        for set in sets {
+            let Some((key, text)) = set.split_once('=') else {
+                return Err(bad(format!("{set:?} is not KEY=VALUE")));
+            };
+            let text = text.trim();
+            let mut value = toml::from_str::<toml::Table>(&format!("v = {text}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| toml::Value::String(text.to_string()));
+            let parts: Vec<&str> = key.trim().split('.').collect();
+            for part in parts[1..].iter().rev() {
+                value = toml::Value::Table(toml::Table::from_iter([(part.to_string(), value)]));
+            }
+            merge(
+                &mut merged,
+                toml::Table::from_iter([(parts[0].to_string(), value)]),
+            );
+        }
+        toml::Value::Table(merged)
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(e.to_string()))
+    }
+
     /// Parse TOML held in memory (a checkpoint's copy of its run's config); `source` names
     /// where it came from in errors.
     pub fn from_toml(text: &str, source: &Path) -> Result<Self> {

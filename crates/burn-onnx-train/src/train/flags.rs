@@ -110,6 +110,11 @@ pub struct TrainFlags {
     /// refusing to start (`overwrite_output_dir`).
     #[arg(long)]
     pub overwrite: bool,
+    /// Override any config field: `--set KEY=VALUE`, repeatable; dotted keys for sections
+    /// (`--set optimizer.kind=sgd`), TOML values (applied after the file, before the flags
+    /// above).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
     /// Print the effective config (defaults, then the file, then the flags) as TOML and
     /// exit without training. A run writes the same to `<output_dir>/config.toml`.
     #[arg(long)]
@@ -120,10 +125,11 @@ impl TrainFlags {
     /// `defaults`, overlaid with the config file's fields (if `--config`), overlaid with
     /// the flags that were given.
     pub fn apply(&self, defaults: TrainingConfig) -> Result<TrainingConfig> {
-        let mut c = match &self.config {
+        let c = match &self.config {
             Some(path) => TrainingConfig::from_file_over(defaults, path)?,
             None => defaults,
         };
+        let mut c = c.with_overrides(&self.set)?;
         let set = |field: &mut usize, v: Option<usize>| {
             if let Some(v) = v {
                 *field = v;
