@@ -77,8 +77,8 @@ enum Command {
         /// Ranks (`mpirun -np`).
         #[arg(long)]
         np: usize,
-        /// Restarts after a failure.
-        #[arg(long, default_value_t = 3)]
+        /// Restarts after a failure (0, as torchrun's default: restarts are asked for).
+        #[arg(long, default_value_t = 0)]
         max_restarts: usize,
         /// The mpirun program.
         #[arg(long, default_value = "mpirun")]
