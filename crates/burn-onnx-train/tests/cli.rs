@@ -279,7 +279,6 @@ fn preemptible_run(cfg: &std::path::Path, out: &std::path::Path) -> Command {
 
 #[test]
 fn sigterm_stops_every_rank_with_a_checkpoint_and_the_rerun_ends_bit_identical() {
-    use std::io::BufRead;
     let dir = tempdir("cli-preempt");
     let cfg = train_setup(&dir);
     let whole = dir.join("whole");
@@ -292,27 +291,7 @@ fn sigterm_stops_every_rank_with_a_checkpoint_and_the_rerun_ends_bit_identical()
 
     // The same run, sent SIGTERM once its first update is logged.
     let cut = dir.join("cut");
-    let mut child = preemptible_run(&cfg, &cut)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut log = String::new();
-    let mut signalled = false;
-    for line in std::io::BufReader::new(stderr).lines() {
-        let line = line.unwrap();
-        if !signalled && line.contains(" train ") {
-            let kill = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status()
-                .unwrap();
-            assert!(kill.success());
-            signalled = true;
-        }
-        log.push_str(&line);
-        log.push('\n');
-    }
-    let status = child.wait().unwrap();
+    let (status, log) = signal_after_first_update(preemptible_run(&cfg, &cut), "-TERM", |pid| pid);
     assert_eq!(status.code(), Some(75), "the preempted status:\n{log}");
     assert!(log.contains("stopped by SIGTERM after update"), "{log}");
     let kept = burn_onnx_train::train::checkpoint::list_checkpoints(&cut.join("checkpoints"));

@@ -555,7 +555,6 @@ fn two_rank_train(cfg: &Path, out: &Path) -> Vec<String> {
 /// 75; the same job started again resumes there and ends bit-identical to a clean job.
 #[test]
 fn sigusr1_preempts_an_mpi_job_and_the_rerun_ends_bit_identical() {
-    use std::io::BufRead;
     let _serial = one_job_at_a_time();
     let dir = tempdir("mpi-preempt");
     let cfg = setup(&dir, "gpt2", 200);
@@ -573,34 +572,16 @@ fn sigusr1_preempts_an_mpi_job_and_the_rerun_ends_bit_identical() {
         String::from_utf8_lossy(&clean.stderr)
     );
 
-    let mut run = job("cut")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = run.stderr.take().unwrap();
-    let mut log = String::new();
-    let mut signalled = false;
-    for line in std::io::BufReader::new(stderr).lines() {
-        let line = line.unwrap();
-        if !signalled && line.contains(" train ") {
-            // timeout -> mpirun (OpenMPI's orterun) -> the ranks.
-            let launcher = [
-                descendants_named(run.id(), "mpirun"),
-                descendants_named(run.id(), "orterun"),
-            ]
-            .concat();
-            Command::new("kill")
-                .args(["-USR1", &launcher[0].to_string()])
-                .status()
-                .unwrap();
-            signalled = true;
-        }
-        log.push_str(&line);
-        log.push('\n');
-    }
-    let status = run.wait().unwrap();
-    assert!(signalled, "the job never logged an update:\n{log}");
+    let mut cut = job("cut");
+    cut.stdout(Stdio::null());
+    // timeout -> mpirun (OpenMPI's orterun) -> the ranks: mpirun forwards SIGUSR1.
+    let (status, log) = signal_after_first_update(cut, "-USR1", |pid| {
+        [
+            descendants_named(pid, "mpirun"),
+            descendants_named(pid, "orterun"),
+        ]
+        .concat()[0]
+    });
     assert_eq!(status.code(), Some(75), "mpirun's status:\n{log}");
     let kept = burn_onnx_train::train::checkpoint::list_checkpoints(&dir.join("cut/checkpoints"));
     assert_eq!(kept.len(), 1, "{kept:?}");

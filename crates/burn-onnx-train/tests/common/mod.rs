@@ -390,3 +390,33 @@ pub fn small_gpt2(
     .unwrap();
     path
 }
+
+/// Run `cmd` with its stderr read line by line; once the first update is logged (a
+/// ` train ` line), send `signal` (`-TERM`, `-USR1`) to the process `target` picks for the
+/// child's pid. The exit status and the whole stderr; fails when no update was logged.
+pub fn signal_after_first_update(
+    mut cmd: std::process::Command,
+    signal: &str,
+    target: impl FnOnce(u32) -> u32,
+) -> (std::process::ExitStatus, String) {
+    use std::io::BufRead;
+    let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (mut log, mut target) = (String::new(), Some(target));
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        if line.contains(" train ")
+            && let Some(pick) = target.take()
+        {
+            let kill = std::process::Command::new("kill")
+                .args([signal, &pick(child.id()).to_string()])
+                .status()
+                .unwrap();
+            assert!(kill.success(), "kill {signal}");
+        }
+        log.push_str(&line);
+        log.push('\n');
+    }
+    assert!(target.is_none(), "no update was logged:\n{log}");
+    (child.wait().unwrap(), log)
+}
