@@ -23,6 +23,7 @@ use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::precision::Precision;
 use burn_onnx_train::train::{DeviceSpec, RunSummary, TrainingConfig};
 use burn_onnx_train::value::MAX_RANK;
+use burn_onnx_train::{Mode, OnnxModel, Value};
 use common::fused_checks::{check, check_cross_entropy, host, host2};
 use common::refkit_train::*;
 use common::*;
@@ -94,6 +95,55 @@ fn gpt2_tiny_adamw_10_steps_match_pytorch_on_gpu() {
         on_tf32(1e-4, 1e-3),
         // TF32's noise reaches gradients up to ~1e-4 of gpt2_tiny's (typically 1e-3..1e-2).
         (on_tf32(1e-6, 1e-4), on_tf32(1e-4, ADAM_NOISE_BOUND)),
+    );
+}
+
+/// Every parameter gradient of gpt2_tiny over 32 x 16 tokens and `mean(logits^2)`.
+fn gpt2_tiny_grads_over_512_rows(device: &Device) -> Vec<(String, ndarray::ArrayD<f32>)> {
+    let device = device.clone().autodiff();
+    let model = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
+    let ids = ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[32, 16]), |ix| {
+        ((ix[0] * 131 + ix[1] * 17) % 256) as i64
+    });
+    let out = model
+        .forward(vec![("input_ids".into(), Value::Int(ids))], Mode::Train)
+        .unwrap();
+    let Some(Value::Float(logits)) = out.first().cloned() else {
+        panic!("float logits")
+    };
+    let loss = (logits.tensor.clone() * logits.tensor).mean();
+    let grads = loss.backward();
+    model
+        .param_grads(&grads)
+        .into_iter()
+        .map(|(name, g)| (name, g.to_array().unwrap()))
+        .collect()
+}
+
+/// 512 rows: on CubeCL devices the gradients of the biases and LayerNorm scales are summed
+/// in groups (`ops::broadcast::float_binary`); the CPU sums each in one reduction.
+#[test]
+fn bias_and_norm_gradients_over_512_rows_match_the_cpu() {
+    let gpu_grads = gpt2_tiny_grads_over_512_rows(&gpu());
+    let cpu_grads = gpt2_tiny_grads_over_512_rows(&Device::flex());
+    assert_eq!(gpu_grads.len(), cpu_grads.len());
+    let mut grouped = 0;
+    for ((name, g), (_, c)) in gpu_grads.iter().zip(&cpu_grads) {
+        let scale = c.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(scale > 0.0, "{name}: no gradient");
+        let tol = on_tf32(1e-4, 2e-3) * scale;
+        assert_close(
+            &format!("{} vs CPU: grad {name}", gpu_spec()),
+            g,
+            c,
+            tol,
+            0.0,
+        );
+        grouped += usize::from(c.ndim() == 1);
+    }
+    assert!(
+        grouped >= 10,
+        "the biases and norm scales are among the gradients"
     );
 }
 

@@ -9,6 +9,7 @@
 
 use burn::tensor::DType;
 
+use super::broadcast::float_binary;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
 use crate::op_bail;
@@ -62,10 +63,10 @@ pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         ))
     };
     let scale = broadcast_check(scale, &shape[axis..], "Scale")?;
-    let mut y = FloatValue::new(normed.tensor * scale.tensor, shape.len());
+    let mut y = float_binary(normed, scale, |x, s| x * s)?;
     if let Some(b) = bias {
         let b = broadcast_check(b, &shape[axis..], "B")?;
-        y = FloatValue::new(y.tensor + b.tensor, shape.len());
+        y = float_binary(y, b, |x, b| x + b)?;
     }
     let mut out = vec![Value::Float(y)];
     if ctx.num_outputs > 1 {
