@@ -114,10 +114,6 @@ impl Dataset for StripeImages {
     fn target_kind(&self) -> TargetKind {
         TargetKind::Classes
     }
-
-    fn max_id(&self) -> Option<i64> {
-        Some(CLASSES as i64 - 1)
-    }
 }
 
 fn default_model() -> PathBuf {

@@ -61,6 +61,11 @@ pub enum OnnxError {
         /// When and why, e.g. `stopped by SIGTERM after update 7`.
         what: String,
     },
+    /// A training run failed before its first optimizer update (a config, data or model it
+    /// cannot use, an op that cannot run): starting it again would fail the same way, so
+    /// restarts skip it and the process ends with [`FAILED_BEFORE_FIRST_UPDATE`].
+    #[error(transparent)]
+    BeforeFirstUpdate(Box<OnnxError>),
     /// An initializer or graph-level field is malformed.
     #[error("{field}: {message}")]
     Field {
@@ -71,7 +76,34 @@ pub enum OnnxError {
     },
 }
 
+/// Exit status (and MPI abort code) of a training run that failed before its first update
+/// (`EX_CONFIG`): `onnx-train launch` does not restart it.
+pub const FAILED_BEFORE_FIRST_UPDATE: u8 = 78;
+
 impl OnnxError {
+    /// This error, marked as ending a run before its first update (once).
+    pub fn before_first_update(self) -> Self {
+        match self {
+            e @ OnnxError::BeforeFirstUpdate(_) => e,
+            e => OnnxError::BeforeFirstUpdate(Box::new(e)),
+        }
+    }
+
+    /// Whether the run failed before its first update (see [`OnnxError::BeforeFirstUpdate`]).
+    pub fn is_before_first_update(&self) -> bool {
+        matches!(self, OnnxError::BeforeFirstUpdate(_))
+    }
+
+    /// The exit status of a training run that ended with this error:
+    /// [`FAILED_BEFORE_FIRST_UPDATE`] before its first update, 1 after.
+    pub fn training_exit_code(&self) -> u8 {
+        if self.is_before_first_update() {
+            FAILED_BEFORE_FIRST_UPDATE
+        } else {
+            1
+        }
+    }
+
     /// An error about a named field.
     pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
         OnnxError::Field {

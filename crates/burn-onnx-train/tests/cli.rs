@@ -402,6 +402,26 @@ fn train_logs_its_run_and_export_rebuilds_the_model_from_a_checkpoint() {
         onnx_params(early),
         onnx_params(dir.join("out/gpt2_tiny_trained.onnx"))
     );
+    // A few flipped bytes in the checkpoint's model: export refuses it, naming the file.
+    let model = ckpt2.join("model.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&model, bytes).unwrap();
+    let refused = dir.join("refused.onnx");
+    let out = onnx_train(&[
+        "export",
+        "--checkpoint",
+        ckpt2.to_str().unwrap(),
+        "--output",
+        refused.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !refused.exists(), "{err}");
+    assert!(
+        err.contains("ckpt-000000002/model.safetensors") && err.contains("damaged"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -603,5 +623,26 @@ fn gpt2_builds_a_model_and_export_rewrites_it_with_external_data() {
     assert!(
         !out.status.success()
             && String::from_utf8_lossy(&out.stderr).contains("--checkpoint, --model")
+    );
+}
+
+#[test]
+fn an_empty_config_names_the_fields_it_needs() {
+    let dir = tempdir("cli-empty-config");
+    let cfg = dir.join("empty.toml");
+    std::fs::write(&cfg, "").unwrap();
+    let out = onnx_train(&["train", "--config", cfg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("config.model_path") && err.contains("is required"),
+        "{err}"
+    );
+    std::fs::write(&cfg, "model_path = \"m.onnx\"\n").unwrap();
+    let out = onnx_train(&["train", "--config", cfg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("config.train_data_dir") && err.contains("is required"),
+        "{err}"
     );
 }

@@ -9,7 +9,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
@@ -377,22 +377,26 @@ fn mpi_four_ranks_equal_one_process_mlp() {
 }
 
 #[test]
-fn an_op_error_on_a_rank_is_printed_before_the_job_ends() {
+fn an_error_on_every_rank_is_printed_before_the_job_ends() {
     let _serial = one_job_at_a_time();
-    // Sequences of 200 tokens index gpt2_tiny's 128-row position table out of range: the
-    // Gather node fails at run time on every rank.
-    let dir = tempdir("mpi-op-error");
-    let cfg = setup(&dir, "gpt2", 2);
-    let text = std::fs::read_to_string(&cfg)
-        .unwrap()
-        .replace("seq_len = 16", "seq_len = 200");
-    std::fs::write(&cfg, text).unwrap();
+    // Images of 100 features where the mlp takes 784: every rank fails on its first batch
+    // and prints why before MPI_Abort ends the job.
+    let dir = tempdir("mpi-rank-error");
+    let cfg = setup(&dir, "mlp", 2);
+    let x = ArrayD::from_shape_fn(IxDyn(&[64, 100]), |_| 0.5f32);
+    write_npy(
+        dir.join("data/images_0.npy"),
+        &Value::Float(FloatValue::from_array(&x, &Device::flex()).unwrap()),
+    )
+    .unwrap();
     let out = mpirun(2)
         .arg(onnx_train())
         .args([
             "train",
             "--config",
             cfg.to_str().unwrap(),
+            "--output-dir",
+            dir.join("out").to_str().unwrap(),
             "--dp",
             "2",
             "--batch-size",
@@ -403,8 +407,26 @@ fn an_op_error_on_a_rank_is_printed_before_the_job_ends() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("node `") && err.contains("(Gather)"),
-        "the op error must name the node and op:\n{err}"
+        err.contains("input 'input': dim 1 must be 784, got 100") && err.contains("MPI_ABORT"),
+        "the rank's error must be printed before the job ends:\n{err}"
+    );
+    // Before the first update: EX_CONFIG, which `onnx-train launch` does not restart.
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    let launched = Command::new("timeout")
+        .args(["-k", "10", "300", onnx_train(), "launch", "--np", "2"])
+        .args(["--max-restarts", "3", "--mpirun-arg=--oversubscribe", "--"])
+        .args(["train", "--config", cfg.to_str().unwrap()])
+        .args(["--output-dir", dir.join("launched").to_str().unwrap()])
+        .args(["--dp", "2", "--batch-size", "1"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&launched.stderr);
+    assert!(!launched.status.success(), "{err}");
+    assert!(
+        err.contains("failed before its first update") && !err.contains("restarting it"),
+        "{err}"
     );
 }
 
@@ -442,9 +464,47 @@ fn a_killed_stage_ends_the_pipeline_within_30_seconds() {
 }
 
 fn kill_one_of_two(tag: &str, flags: &[&str]) {
+    let (status, _, _) = signal_one_of_two(tag, flags, "-9");
+    assert!(!status.success(), "a job with a killed rank must fail");
+}
+
+/// Stop one rank of a running 2-rank job for good (SIGSTOP: alive, silent): with a
+/// 3-second `collective_timeout` the other rank must end the job within 30 seconds with
+/// an error naming the operation and the stopped rank.
+#[test]
+fn a_stopped_rank_ends_the_job_with_an_error_naming_it() {
+    let _serial = one_job_at_a_time();
+    let flags = [
+        "--dp",
+        "2",
+        "--batch-size",
+        "1",
+        "--set",
+        "collective_timeout=3",
+    ];
+    let (status, stopped, stderr) = signal_one_of_two("mpi-stop", &flags, "-STOP");
+    assert!(
+        !status.success(),
+        "a job with a stopped rank must fail:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("collective timed out: all_reduce of "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("never arrived: world rank(s) [{stopped}]")),
+        "{stderr}"
+    );
+}
+
+/// Start a long 2-rank training job, send `signal` to one rank once both train, and wait
+/// (at most 30 seconds) for the job to end. Returns mpirun's status, the signalled rank's
+/// world rank, and the job's stderr.
+fn signal_one_of_two(tag: &str, flags: &[&str], signal: &str) -> (ExitStatus, usize, String) {
     let dir = tempdir(tag);
     let cfg = setup(&dir, "gpt2", 100_000);
     let out_dir = dir.join("out");
+    let log = dir.join("stderr.log");
     let mut job = mpirun(2)
         .arg(onnx_train())
         .args([
@@ -456,7 +516,7 @@ fn kill_one_of_two(tag: &str, flags: &[&str]) {
         ])
         .args(flags)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     // Wait until both ranks are training: the ranks are the children of mpirun.
@@ -473,11 +533,12 @@ fn kill_one_of_two(tag: &str, flags: &[&str]) {
     std::thread::sleep(Duration::from_secs(3));
     assert!(
         job.try_wait().unwrap().is_none(),
-        "the job ended before the kill"
+        "the job ended before the signal"
     );
-    let killed_at = Instant::now();
+    let world_rank = world_rank_of(ranks[1]);
+    let signalled_at = Instant::now();
     Command::new("kill")
-        .args(["-9", &ranks[1].to_string()])
+        .args([signal, &ranks[1].to_string()])
         .status()
         .unwrap();
     let status = loop {
@@ -485,17 +546,26 @@ fn kill_one_of_two(tag: &str, flags: &[&str]) {
             break s;
         }
         assert!(
-            killed_at.elapsed() < Duration::from_secs(30),
-            "the job outlived a killed rank by 30 s"
+            signalled_at.elapsed() < Duration::from_secs(30),
+            "the job outlived a {signal} rank by 30 s"
         );
         std::thread::sleep(Duration::from_millis(100));
     };
     eprintln!(
-        "mpirun exited with {status} {:?} after the kill",
-        killed_at.elapsed()
+        "mpirun exited with {status} {:?} after kill {signal}",
+        signalled_at.elapsed()
     );
-    assert!(!status.success(), "a job with a killed rank must fail");
     assert!(descendants_named(mpirun_pid, "onnx-train").is_empty());
+    (status, world_rank, std::fs::read_to_string(&log).unwrap())
+}
+
+/// The MPI world rank of process `pid` (OpenMPI's `OMPI_COMM_WORLD_RANK`).
+fn world_rank_of(pid: u32) -> usize {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    env.split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(b"OMPI_COMM_WORLD_RANK="))
+        .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+        .expect("an OpenMPI rank")
 }
 
 /// Processes under `root` (transitively) whose command name is `name`.

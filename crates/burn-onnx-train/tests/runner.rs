@@ -173,6 +173,108 @@ fn a_checkpoint_write_killed_half_way_leaves_the_previous_one_loadable() {
     );
 }
 
+/// Flip a few bytes in the middle of `path` (what a bad disk or a torn copy leaves).
+fn damage(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 4] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn every_checkpoint_file_is_in_the_manifest_with_its_sha256() {
+    let out = tempdir("runner-manifest");
+    run(TrainingConfig {
+        num_train_steps: 2,
+        checkpoint_period: 2,
+        ..config(&out)
+    });
+    let ckpt = out.join("checkpoints/ckpt-000000002");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("manifest.json")).unwrap()).unwrap();
+    let files = manifest["files"].as_object().unwrap();
+    let mut on_disk: Vec<String> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "manifest.json")
+        .collect();
+    on_disk.sort();
+    assert_eq!(files.keys().cloned().collect::<Vec<_>>(), on_disk);
+    // coreutils' sha256sum is the independent reference.
+    for (name, sum) in files {
+        let out = std::process::Command::new("sha256sum")
+            .arg(ckpt.join(name))
+            .output()
+            .expect("sha256sum (coreutils)");
+        let reference = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            sum["sha256"].as_str().unwrap(),
+            reference.split_whitespace().next().unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            sum["bytes"].as_u64().unwrap(),
+            std::fs::metadata(ckpt.join(name)).unwrap().len()
+        );
+    }
+}
+
+#[test]
+fn a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_bit_identical_from_the_one_before() {
+    let full = tempdir("runner-damage-full");
+    let c = TrainingConfig {
+        checkpoint_period: 2,
+        max_num_checkpoints: 3,
+        ..config(&full)
+    };
+    run(c.clone());
+    // A copy of the run as if it had died after update 4, with update 4's model damaged.
+    let resumed = tempdir("runner-damage-resumed");
+    for step in ["ckpt-000000002", "ckpt-000000004"] {
+        copy_dir(
+            &full.join("checkpoints").join(step),
+            &resumed.join("checkpoints").join(step),
+        );
+    }
+    damage(&resumed.join("checkpoints/ckpt-000000004/model.safetensors"));
+    let summary = run(TrainingConfig {
+        output_dir: resumed.clone(),
+        ..c.clone()
+    });
+    assert_eq!(summary.start_step, 2, "resumed from the intact checkpoint");
+    for ((name, a), (_, b)) in onnx_params(full.join("gpt2_tiny_trained.onnx"))
+        .iter()
+        .zip(onnx_params(resumed.join("gpt2_tiny_trained.onnx")))
+    {
+        assert_eq!(
+            a, &b,
+            "{name} differs after resuming from the older checkpoint"
+        );
+    }
+    // Named explicitly, a damaged checkpoint is an error naming the file.
+    let named = tempdir("runner-damage-named");
+    let damaged = full.join("checkpoints/ckpt-000000006");
+    damage(&damaged.join("model.safetensors"));
+    let err = TrainingRunner::new(
+        TrainingConfig {
+            output_dir: named.clone(),
+            checkpoint_to_load_path: Some(damaged.clone()),
+            ..c
+        },
+        Arc::new(LocalCommunicator),
+        Device::flex().autodiff(),
+    )
+    .and_then(|r| r.run(tokens(), None))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("ckpt-000000006/model.safetensors") && err.contains("damaged"),
+        "{err}"
+    );
+}
+
 #[test]
 fn tensorboard_events_and_perf_report_are_written() {
     let out = tempdir("runner-tb");
@@ -291,6 +393,22 @@ fn invalid_configs_name_the_field() {
         err.contains("run.toml") && err.contains("batch_sise"),
         "{err}"
     );
+    // A wrong type or a negative count names its field, in a section too, and the file.
+    for (text, field) in [
+        (
+            "batch_size = \"eight\"\n",
+            "batch_size: invalid type: string \"eight\"",
+        ),
+        ("seq_len = -3\n", "seq_len: invalid value: integer `-3`"),
+        (
+            "[optimizer]\nweight_decay = \"x\"\n",
+            "optimizer.weight_decay: invalid type",
+        ),
+    ] {
+        std::fs::write(&p, format!("model_path = \"m.onnx\"\n{text}")).unwrap();
+        let err = TrainingConfig::from_file(&p).unwrap_err().to_string();
+        assert!(err.contains("run.toml") && err.contains(field), "{err}");
+    }
     std::fs::write(&p, ok.to_toml().unwrap()).unwrap();
     assert_eq!(TrainingConfig::from_file(&p).unwrap(), ok);
     // A weight name that is not in the model.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use burn::tensor::Device;
 use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::npy::write_npy;
 use burn_onnx_train::tensorboard::{EventKind, ValueKind, read_events, scalars};
 use burn_onnx_train::train::checkpoint::list_checkpoints;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind, ScheduleKind};
@@ -399,6 +400,57 @@ fn bad_data_and_configs_fail_before_the_first_step() {
             && err.contains("1024"),
         "{err}"
     );
+    // A negative token id in a shard file: named with the file and its index there.
+    let shards = out.join("negative-ids");
+    std::fs::create_dir_all(&shards).unwrap();
+    let ints = |v: Vec<i64>| Value::Int(ArrayD::from_shape_vec(IxDyn(&[v.len()]), v).unwrap());
+    write_npy(shards.join("a.npy"), &ints((0..64).collect())).unwrap();
+    write_npy(
+        shards.join("b.npy"),
+        &ints((0..64).map(|i| if i == 5 { -7 } else { i }).collect()),
+    )
+    .unwrap();
+    let negative: Arc<dyn Dataset> = Arc::new(TokenDataset::load(&shards, 16).unwrap());
+    let err = try_run(c.clone(), negative, None).unwrap_err();
+    assert!(
+        err.contains("token id -7 (index 5 of") && err.contains("b.npy) is negative"),
+        "{err}"
+    );
+    // A class label beyond the classifier's declared classes (mlp: logits [batch, 10]).
+    let images = out.join("labels");
+    std::fs::create_dir_all(&images).unwrap();
+    let pixels = ArrayD::from_shape_fn(IxDyn(&[8, 784]), |ix| (ix[1] % 7) as f32 / 7.0);
+    let pixels = burn_onnx_train::FloatValue::from_array(&pixels, &Device::flex()).unwrap();
+    write_npy(images.join("images_0.npy"), &Value::Float(pixels)).unwrap();
+    write_npy(
+        images.join("labels_0.npy"),
+        &ints((0..8).map(|i| if i == 3 { 12 } else { i }).collect()),
+    )
+    .unwrap();
+    let labelled: Arc<dyn Dataset> = Arc::new(ImageDataset::load(&images).unwrap());
+    let mlp = TrainingConfig {
+        model_path: refkit("models/mlp.onnx"),
+        input_name: "input".into(),
+        output_name: "logits".into(),
+        loss: LossKind::CrossEntropy,
+        ..c.clone()
+    };
+    let err = try_run(mlp, labelled, None).unwrap_err();
+    assert!(
+        err.contains("class label 12 (index 3 of")
+            && err.contains("labels_0.npy) is outside the model's 10 classes (output 'logits')"),
+        "{err}"
+    );
+    // Sequences longer than the model's learned positions (gpt2_tiny: wpe of 128 rows).
+    let long = TrainingConfig {
+        seq_len: 129,
+        ..c.clone()
+    };
+    let err = try_run(long, gpt2_tokens(), None).unwrap_err();
+    assert!(
+        err.contains("config.seq_len") && err.contains("129 tokens per sequence, but the model has 128 positions ('m.transformer.wpe.weight'"),
+        "{err}"
+    );
     // A loss that does not fit the data.
     let err = try_run(
         TrainingConfig {
@@ -515,16 +567,21 @@ fn files_of_the_wrong_kind_are_named_as_what_they_should_be() {
         ..gpt2_config(&out)
     };
     run_local(c.clone());
-    std::fs::write(out.join("checkpoints/ckpt-000000002/state.json"), b"{").unwrap();
-    let err = try_run(
-        TrainingConfig {
-            num_train_steps: 4,
-            ..c
-        },
-        gpt2_tokens(),
-        None,
-    )
-    .unwrap_err();
+    let ckpt = out.join("checkpoints/ckpt-000000002");
+    std::fs::write(ckpt.join("state.json"), b"{").unwrap();
+    let more = TrainingConfig {
+        num_train_steps: 4,
+        ..c
+    };
+    // Against its manifest the file is damaged; with no older checkpoint, that is the error.
+    let err = try_run(more.clone(), gpt2_tokens(), None).unwrap_err();
+    assert!(
+        err.contains("ckpt-000000002/state.json") && err.contains("the file is damaged"),
+        "{err}"
+    );
+    // Without a manifest (a checkpoint of an older version) the decoder names it.
+    std::fs::remove_file(ckpt.join("manifest.json")).unwrap();
+    let err = try_run(more, gpt2_tokens(), None).unwrap_err();
     assert!(
         err.contains("state.json: not a valid checkpoint state"),
         "{err}"

@@ -375,6 +375,35 @@ fn a_failed_thread_run_restarts_from_its_newest_checkpoint_and_ends_as_an_uninte
     );
 }
 
+/// A run that fails in its first update would fail the same way again: not restarted,
+/// although the flaky read would succeed the second time.
+#[test]
+fn a_thread_run_that_fails_before_its_first_update_is_not_restarted() {
+    use burn_onnx_train::train::launch::launch_elastic;
+    let sampler = DistributedSampler {
+        len: gpt2_tokens().len(),
+        batch_size: 2,
+        rank: 0,
+        world: 2,
+        seed: 42,
+        shuffle: true,
+    };
+    let flaky = Arc::new(Flaky {
+        inner: gpt2_tokens(),
+        fail_at_window: sampler.batch_indices(0).unwrap()[0],
+        failed: false.into(),
+    });
+    let out = tempdir("elastic-first-update");
+    let err = launch_elastic(gpt2(&out, 2, 2), flaky, None, 3)
+        .err()
+        .expect("a failure before the first update ends the run");
+    assert!(
+        err.is_before_first_update() && err.to_string().contains("transient read error"),
+        "{err}"
+    );
+    assert_eq!(err.training_exit_code(), 78);
+}
+
 #[test]
 fn a_sharded_model_gathers_each_parameter_once_per_pass_and_gets_the_whole_models_gradient_chunks()
 {

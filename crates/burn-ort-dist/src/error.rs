@@ -11,6 +11,15 @@ pub enum DistError {
         /// What happened.
         message: String,
     },
+    /// A collective waited longer than the group's timeout (`collective_timeout`): which
+    /// operation, how many bytes, which group, and which ranks never arrived.
+    #[error("rank {rank}: collective timed out: {message}")]
+    Timeout {
+        /// The rank that gave up waiting.
+        rank: usize,
+        /// The operation, its bytes, the group, the ranks that never arrived.
+        message: String,
+    },
     /// Buffers or arguments disagree across ranks or with the group.
     #[error("rank {rank}: invalid collective call: {message}")]
     Invalid {
@@ -19,13 +28,19 @@ pub enum DistError {
         /// What was wrong.
         message: String,
     },
+    /// Reading, writing or checking saved state (optimizer records, ZeRO shards,
+    /// checkpoint files) failed; no collective is involved.
+    #[error("{message}")]
+    State {
+        /// What failed, naming the file or record.
+        message: String,
+    },
 }
 
 /// Result of a collective.
 pub type DistResult<T> = Result<T, DistError>;
 
-/// An [`DistError::Invalid`] observed while reading or checking state (rank 0: the caller
-/// knows no better).
-pub(crate) fn invalid(message: String) -> DistError {
-    DistError::Invalid { rank: 0, message }
+/// A [`DistError::State`]: saved state that cannot be read, written or used.
+pub(crate) fn state_error(message: String) -> DistError {
+    DistError::State { message }
 }

@@ -24,11 +24,16 @@ pub mod grad_sync;
 pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi_comm;
+#[cfg(feature = "mpi")]
+mod mpi_ffi;
+#[cfg(feature = "mpi")]
+mod mpi_watch;
 #[cfg(feature = "cuda")]
 pub mod nccl_comm;
 pub mod overlap;
 pub mod record;
 pub mod replica_optimizer;
+pub mod stall;
 pub mod strategy;
 pub mod threads;
 pub mod topology;

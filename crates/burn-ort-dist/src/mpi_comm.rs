@@ -2,7 +2,10 @@
 //! (`mpirun -np N ...`). Ranks and world size come from the MPI environment.
 //!
 //! All-reduce runs in place (`MPI_IN_PLACE`, through a C wrapper compiled by `build.rs`,
-//! since rsmpi does not expose it), so it costs what a raw `MPI_Allreduce` does.
+//! since rsmpi does not expose it). Every operation starts non-blocking and is tested until
+//! it completes (`mpi_watch.rs`): with a `collective_timeout`, a wait that outlasts it ends
+//! the rank with an error naming the operation, its bytes, the group and the ranks that
+//! never arrived, instead of hanging the job.
 //!
 //! MPI is initialised with `MPI_THREAD_SERIALIZED` and every call goes through a mutex, so
 //! the communicator can be shared across threads. [`MpiCommunicator::init`] installs a panic
@@ -11,55 +14,44 @@
 //! job with a non-zero status.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use mpi::collective::SystemOperation;
-use mpi::datatype::Equivalence;
 use mpi::environment::{Threading, Universe};
-use mpi::point_to_point::Source;
 use mpi::raw::AsRaw;
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
-use mpi::traits::{CommunicatorCollectives, Root};
 
 use crate::communicator::{Communicator, ReduceOp, check_reduce_scatter, scale_mean};
 use crate::error::{DistError, DistResult};
-
-unsafe extern "C" {
-    /// `MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, comm)` (`csrc/in_place.c`).
-    fn burn_ort_allreduce_sum_f32_in_place(
-        buf: *mut f32,
-        count: i32,
-        comm: mpi::ffi::MPI_Comm,
-    ) -> i32;
-    /// `MPI_Isend` of `count` floats to `dest` with tag 0.
-    fn burn_ort_isend_f32(
-        buf: *const f32,
-        count: i32,
-        dest: i32,
-        comm: mpi::ffi::MPI_Comm,
-        req: *mut mpi::ffi::MPI_Request,
-    ) -> i32;
-    /// `MPI_Test(req, done, MPI_STATUS_IGNORE)`.
-    fn burn_ort_test(req: *mut mpi::ffi::MPI_Request, done: *mut i32) -> i32;
-    /// `MPI_Wait(req, MPI_STATUS_IGNORE)`.
-    fn burn_ort_wait(req: *mut mpi::ffi::MPI_Request) -> i32;
-}
+use crate::mpi_ffi::*;
+use crate::mpi_watch::Watch;
+use crate::stall::OpInfo;
 
 /// Sends in flight: each request with the buffer it reads, kept alive until it completes.
 type Pending = Vec<(mpi::ffi::MPI_Request, Vec<f32>)>;
 
-/// The world of an MPI job.
+/// The group's communicator and its watch channel, used under one lock.
+struct Comms {
+    comm: SimpleCommunicator,
+    watch: Watch,
+}
+
+/// A group of an MPI job: the world, or a group split from it.
 pub struct MpiCommunicator {
-    world: Mutex<SimpleCommunicator>,
-    /// Buffered sends not known to be complete (locked inside `world`'s lock).
+    comms: Mutex<Comms>,
+    /// Buffered sends not known to be complete (locked inside `comms`' lock).
     pending: Mutex<Pending>,
     rank: usize,
     size: usize,
+    /// The members' world ranks, in group-rank order (for error reports).
+    world_ranks: Vec<usize>,
+    /// How long one operation may wait (`None`: as long as it takes).
+    timeout: Option<Duration>,
     // Shared with sub-communicators; the last one dropped finalises MPI.
     universe: Arc<Universe>,
 }
 
 // SAFETY: MPI is initialised with MPI_THREAD_SERIALIZED and every MPI call made through this
-// type holds `world`'s mutex, so no two threads ever call MPI at the same time.
+// type holds `comms`' mutex, so no two threads ever call MPI at the same time.
 unsafe impl Send for MpiCommunicator {}
 // SAFETY: see above; shared references only reach MPI through the mutex.
 unsafe impl Sync for MpiCommunicator {}
@@ -71,8 +63,17 @@ pub fn launched_by_mpi() -> bool {
         .any(|v| std::env::var_os(v).is_some())
 }
 
+/// `n` as MPI's int count, or the error naming `what`.
+fn mpi_count(n: usize, rank: usize, what: &str) -> DistResult<i32> {
+    i32::try_from(n).map_err(|_| DistError::Invalid {
+        rank,
+        message: format!("{what} of {n} values is above MPI's count limit"),
+    })
+}
+
 impl MpiCommunicator {
-    /// Initialise MPI (once per process) and install the aborting panic hook.
+    /// Initialise MPI (once per process) and install the aborting panic hook. Operations
+    /// wait without limit until [`MpiCommunicator::with_timeout`] sets one.
     pub fn init() -> DistResult<Self> {
         let Some((universe, level)) = mpi::initialize_with_threading(Threading::Serialized) else {
             return Err(DistError::Invalid {
@@ -97,22 +98,47 @@ impl MpiCommunicator {
                 mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, 101);
             }
         }));
-        Ok(Self::wrap(world, Arc::new(universe)))
+        let world_ranks = (0..world.size() as usize).collect();
+        Ok(Self::wrap(world, world_ranks, None, Arc::new(universe)))
     }
 
-    fn wrap(comm: SimpleCommunicator, universe: Arc<Universe>) -> Self {
+    /// The same group with a limit on how long one operation waits (`None`: no limit);
+    /// groups split from it inherit the limit.
+    pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    fn wrap(
+        comm: SimpleCommunicator,
+        world_ranks: Vec<usize>,
+        timeout: Option<Duration>,
+        universe: Arc<Universe>,
+    ) -> Self {
         let (rank, size) = (comm.rank() as usize, comm.size() as usize);
+        let watch = Watch::new(&comm);
         MpiCommunicator {
-            world: Mutex::new(comm),
+            comms: Mutex::new(Comms { comm, watch }),
             pending: Mutex::new(Vec::new()),
             rank,
             size,
+            world_ranks,
+            timeout,
             universe,
         }
     }
 
     /// `MPI_Comm_split`: the ranks of each colour form a group, ordered by `key`.
     pub fn split_mpi(&self, color: usize, key: usize) -> DistResult<MpiCommunicator> {
+        // Every member's world rank, so the new group can name its members in reports.
+        let mut all = vec![0.0f32; 3 * self.size];
+        let mine = [color as f32, key as f32, self.world_ranks[self.rank] as f32];
+        self.all_gather(&mine, &mut all)?;
+        let mut members: Vec<(usize, usize, usize)> = (0..self.size)
+            .filter(|&r| all[3 * r] as usize == color)
+            .map(|r| (all[3 * r + 1] as usize, r, all[3 * r + 2] as usize))
+            .collect();
+        members.sort_unstable();
         let sub = self.with_world(|w| {
             w.split_by_color_with_key(Color::with_value(color as i32), key as i32)
         })?;
@@ -120,17 +146,57 @@ impl MpiCommunicator {
             rank: self.rank,
             message: format!("MPI_Comm_split with colour {color} gave no communicator"),
         })?;
-        Ok(Self::wrap(sub, self.universe.clone()))
+        let world_ranks = members.iter().map(|m| m.2).collect();
+        Ok(Self::wrap(
+            sub,
+            world_ranks,
+            self.timeout,
+            self.universe.clone(),
+        ))
     }
 
-    /// Run `f` on the raw rsmpi world (under the communicator's lock), for collectives this
-    /// trait does not offer and for measuring against plain rsmpi.
+    /// Run `f` on the raw rsmpi communicator (under the communicator's lock), for
+    /// collectives this trait does not offer and for measuring against plain rsmpi.
     pub fn with_world<T>(&self, f: impl FnOnce(&SimpleCommunicator) -> T) -> DistResult<T> {
-        let w = self.world.lock().map_err(|_| DistError::Peer {
+        let c = self.lock()?;
+        Ok(f(&c.comm))
+    }
+
+    fn lock(&self) -> DistResult<std::sync::MutexGuard<'_, Comms>> {
+        self.comms.lock().map_err(|_| DistError::Peer {
             rank: self.rank,
             message: "MPI lock poisoned".into(),
-        })?;
-        Ok(f(&w))
+        })
+    }
+
+    /// Operation `op` of `bytes`: start it with `start` (which gets the raw communicator and
+    /// the request to fill, and returns MPI's code), then wait for it as the watch does.
+    /// Returns the sender and the element count (of `type_bytes`-byte elements) of a receive.
+    fn run(
+        &self,
+        op: &str,
+        bytes: usize,
+        type_bytes: i32,
+        start: impl FnOnce(mpi::ffi::MPI_Comm, &mut mpi::ffi::MPI_Request) -> i32,
+    ) -> DistResult<(usize, usize)> {
+        let mut guard = self.lock()?;
+        let c = &mut *guard;
+        c.watch.begin(op, bytes);
+        let mut req = null_request();
+        let code = start(c.comm.as_raw(), &mut req);
+        if code != 0 {
+            return Err(DistError::Peer {
+                rank: self.rank,
+                message: format!("{op} could not start: MPI error code {code}"),
+            });
+        }
+        let info = OpInfo {
+            op,
+            bytes,
+            group: &self.world_ranks,
+        };
+        c.watch
+            .wait(&mut req, info, self.rank, self.timeout, type_bytes)
     }
 }
 
@@ -146,23 +212,12 @@ impl Communicator for MpiCommunicator {
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
         // In place (no send-buffer copy), in chunks that fit MPI's int count.
         for chunk in buf.chunks_mut(i32::MAX as usize) {
-            let code = self.with_world(|w| {
+            let (ptr, len) = (chunk.as_mut_ptr(), chunk.len());
+            self.run("all_reduce", 4 * len, 4, |comm, req| {
                 // SAFETY: `chunk` is a valid, exclusively borrowed f32 buffer of `len` values
-                // and `w` a live communicator; MPI calls are serialised by the world lock.
-                unsafe {
-                    burn_ort_allreduce_sum_f32_in_place(
-                        chunk.as_mut_ptr(),
-                        chunk.len() as i32,
-                        w.as_raw(),
-                    )
-                }
+                // that outlives the request (`run` waits for it); calls are serialised.
+                unsafe { burn_ort_iallreduce_sum_f32_in_place(ptr, len as i32, comm, req) }
             })?;
-            if code != 0 {
-                return Err(DistError::Peer {
-                    rank: self.rank,
-                    message: format!("MPI_Allreduce failed with code {code}"),
-                });
-            }
         }
         scale_mean(buf, op, self.size);
         Ok(())
@@ -170,7 +225,13 @@ impl Communicator for MpiCommunicator {
 
     fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
         check_reduce_scatter(self.rank, self.size, send.len(), recv.len())?;
-        self.with_world(|w| w.reduce_scatter_block_into(send, recv, SystemOperation::sum()))?;
+        let count = mpi_count(recv.len(), self.rank, "a reduce_scatter chunk")?;
+        let (src, dst) = (send.as_ptr(), recv.as_mut_ptr());
+        self.run("reduce_scatter", 4 * send.len(), 4, |comm, req| {
+            // SAFETY: `send` holds size x count values and `recv` count, both alive until
+            // `run` returns after the request completes.
+            unsafe { burn_ort_ireduce_scatter_block_sum_f32(src, dst, count, comm, req) }
+        })?;
         scale_mean(recv, op, self.size);
         Ok(())
     }
@@ -182,7 +243,13 @@ impl Communicator for MpiCommunicator {
                 message: format!("broadcast root {root} in a world of {}", self.size),
             });
         }
-        self.with_world(|w| w.process_at_rank(root as i32).broadcast_into(buf))
+        let count = mpi_count(buf.len(), self.rank, "a broadcast")?;
+        let ptr = buf.as_mut_ptr();
+        self.run("broadcast", 4 * buf.len(), 4, |comm, req| {
+            // SAFETY: `buf` holds `count` values and outlives the request.
+            unsafe { burn_ort_ibcast_f32(ptr, count, root as i32, comm, req) }
+        })
+        .map(|_| ())
     }
 
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
@@ -197,11 +264,22 @@ impl Communicator for MpiCommunicator {
                 ),
             });
         }
-        self.with_world(|w| w.all_gather_into(send, recv))
+        let count = mpi_count(send.len(), self.rank, "an all_gather contribution")?;
+        let (src, dst) = (send.as_ptr(), recv.as_mut_ptr());
+        self.run("all_gather", 4 * recv.len(), 4, |comm, req| {
+            // SAFETY: `send` holds `count` values and `recv` size x count, both alive until
+            // the request completes.
+            unsafe { burn_ort_iallgather_f32(src, count, dst, comm, req) }
+        })
+        .map(|_| ())
     }
 
     fn barrier(&self) -> DistResult<()> {
-        self.with_world(|w| w.barrier())
+        // SAFETY: no buffers; `req` is filled by MPI.
+        self.run("barrier", 0, 4, |comm, req| unsafe {
+            burn_ort_ibarrier(comm, req)
+        })
+        .map(|_| ())
     }
 
     /// Buffered: the values are copied and sent in the background (`MPI_Isend`); messages
@@ -213,19 +291,12 @@ impl Communicator for MpiCommunicator {
                 message: format!("send to rank {dest} in a world of {}", self.size),
             });
         }
-        let count = i32::try_from(buf.len()).map_err(|_| DistError::Invalid {
-            rank: self.rank,
-            message: format!(
-                "a message of {} values is above MPI's count limit",
-                buf.len()
-            ),
-        })?;
+        let count = mpi_count(buf.len(), self.rank, "a message")?;
         let data = buf.to_vec();
         let code = self.with_world(|w| {
             let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
             reap(&mut pending);
-            // SAFETY: an MPI_Request is plain data (an int or a pointer) that MPI_Isend fills.
-            let mut req: mpi::ffi::MPI_Request = unsafe { std::mem::zeroed() };
+            let mut req = null_request();
             // SAFETY: `data` is moved into `pending` below and outlives the request (it is
             // only dropped once MPI_Test or MPI_Wait reports completion); calls are serialised.
             let code = unsafe {
@@ -252,13 +323,18 @@ impl Communicator for MpiCommunicator {
                 message: format!("receive from rank {src} in a world of {}", self.size),
             });
         }
-        let status = self.with_world(|w| w.process_at_rank(src as i32).receive_into(buf))?;
-        let count = status.count(f32::equivalent_datatype()) as usize;
-        if count != buf.len() {
+        let count = mpi_count(buf.len(), self.rank, "a message")?;
+        let ptr = buf.as_mut_ptr();
+        let op = format!("receive from world rank {}", self.world_ranks[src]);
+        let (_, got) = self.run(&op, 4 * buf.len(), 4, |comm, req| {
+            // SAFETY: `buf` holds `count` values and outlives the request.
+            unsafe { burn_ort_irecv_f32(ptr, count, src as i32, comm, req) }
+        })?;
+        if got != buf.len() {
             return Err(DistError::Invalid {
                 rank: self.rank,
                 message: format!(
-                    "received {count} values from rank {src}, expected {}",
+                    "received {got} values from rank {src}, expected {}",
                     buf.len()
                 ),
             });
@@ -271,8 +347,8 @@ impl Communicator for MpiCommunicator {
     }
 
     fn abort(&self, code: i32) {
-        if let Ok(w) = self.world.lock() {
-            w.abort(code);
+        if let Ok(c) = self.comms.lock() {
+            c.comm.abort(code);
         }
     }
 }
@@ -295,7 +371,7 @@ impl Drop for MpiCommunicator {
             .get_mut()
             .map(std::mem::take)
             .unwrap_or_default();
-        if let Ok(_w) = self.world.lock() {
+        if let Ok(_c) = self.comms.lock() {
             for (mut req, _data) in pending {
                 // SAFETY: an incomplete request from MPI_Isend; its buffer is alive here.
                 unsafe { burn_ort_wait(&mut req) };

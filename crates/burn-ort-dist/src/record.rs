@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{Bytes, DType};
 
-use crate::error::{DistError, DistResult, invalid};
+use crate::error::{DistError, DistResult, state_error};
 
 /// The optimizer record file of a replicated run.
 pub const REPLICATED_STATE_FILE: &str = "optimizer.bpk";
@@ -28,13 +28,13 @@ fn kept(key: &str, ids: &HashSet<u64>) -> bool {
 fn read(dir: &Path) -> DistResult<(PathBuf, burn_pack::Reader)> {
     let path = dir.join(REPLICATED_STATE_FILE);
     let bytes = std::fs::read(&path).map_err(|e| {
-        invalid(format!(
+        state_error(format!(
             "{}: {e} (a checkpoint of a sharded run needs zero_stage >= 1)",
             path.display()
         ))
     })?;
     let reader = burn_pack::Reader::from_bytes(Bytes::from_bytes_vec(bytes)).map_err(|e| {
-        invalid(format!(
+        state_error(format!(
             "{}: not a valid optimizer record: {e:?}",
             path.display()
         ))
@@ -56,7 +56,7 @@ fn write(
     }
     writer
         .into_bytes()
-        .map_err(|e| invalid(format!("cannot write an optimizer record: {e:?}")))
+        .map_err(|e| state_error(format!("cannot write an optimizer record: {e:?}")))
 }
 
 /// The optimizer records in `dirs` as one, keeping the state of the parameters `ids` only.
@@ -68,7 +68,7 @@ pub(crate) fn merged_record(dirs: &[PathBuf], ids: &HashSet<u64>) -> DistResult<
     for dir in dirs {
         let (path, reader) = read(dir)?;
         let bad = |e: burn_pack::Error| {
-            invalid(format!(
+            state_error(format!(
                 "{}: not a valid optimizer record: {e:?}",
                 path.display()
             ))
@@ -119,7 +119,7 @@ pub fn regroup_records(
             paths = reader.metadata().clone();
         }
         let bad = |e: burn_pack::Error| {
-            invalid(format!(
+            state_error(format!(
                 "{}: not a valid optimizer record: {e:?}",
                 path.display()
             ))
@@ -141,7 +141,7 @@ pub fn regroup_records(
         let mut copies = vec![(shape.to_vec(), f32_values(dtype, &data, &name, &path)?)];
         for rank in &ranks {
             let (dtype, shape, _, data, path) = rank.get(&name).ok_or_else(|| {
-                invalid(format!("{}: no optimizer state '{name}'", path.display()))
+                state_error(format!("{}: no optimizer state '{name}'", path.display()))
             })?;
             copies.push((shape.to_vec(), f32_values(*dtype, data, &name, path)?));
         }
@@ -160,14 +160,14 @@ pub fn regroup_records(
         }
     }
     let bytes = write(tensors, &scalars, &paths)?;
-    std::fs::create_dir_all(out).map_err(|e| invalid(format!("{}: {e}", out.display())))?;
+    std::fs::create_dir_all(out).map_err(|e| state_error(format!("{}: {e}", out.display())))?;
     let file = out.join(REPLICATED_STATE_FILE);
-    std::fs::write(&file, &bytes[..]).map_err(|e| invalid(format!("{}: {e}", file.display())))
+    std::fs::write(&file, &bytes[..]).map_err(|e| state_error(format!("{}: {e}", file.display())))
 }
 
 fn f32_values(dtype: DType, data: &Bytes, name: &str, path: &Path) -> DistResult<Vec<f32>> {
     if dtype != DType::F32 {
-        return Err(invalid(format!(
+        return Err(state_error(format!(
             "{}: optimizer state '{name}' is {dtype:?}; only f32 state regroups across tensor-parallel sizes",
             path.display()
         )));
@@ -230,7 +230,7 @@ pub fn encode_moments(states: &[(u64, MomentState)], nested: bool) -> DistResult
 /// The per-parameter moments in a record `bytes` (see [`encode_moments`]); parameters
 /// without state are absent.
 pub fn decode_moments(bytes: Bytes, nested: bool) -> DistResult<BTreeMap<u64, MomentState>> {
-    let bad = |e: burn_pack::Error| invalid(format!("not a valid optimizer record: {e:?}"));
+    let bad = |e: burn_pack::Error| state_error(format!("not a valid optimizer record: {e:?}"));
     let reader = burn_pack::Reader::from_bytes(bytes).map_err(bad)?;
     let scalars = reader.scalars().clone();
     let mut tensors = BTreeMap::new();
@@ -250,12 +250,12 @@ pub fn decode_moments(bytes: Bytes, nested: bool) -> DistResult<BTreeMap<u64, Mo
         let time = scalars
             .get(&format!("{prefix}.time"))
             .and_then(|s| usize::try_from(*s).ok())
-            .ok_or_else(|| invalid(format!("optimizer record: no step count '{prefix}.time' (a record of another optimizer kind?)")))?;
+            .ok_or_else(|| state_error(format!("optimizer record: no step count '{prefix}.time' (a record of another optimizer kind?)")))?;
         let mut moment = |leaf: &str| {
             let name = format!("{prefix}.{leaf}");
             let (dtype, shape, data) = tensors
                 .remove(&name)
-                .ok_or_else(|| invalid(format!("optimizer record: no state '{name}'")))?;
+                .ok_or_else(|| state_error(format!("optimizer record: no state '{name}'")))?;
             let values = f32_values(dtype, &data, &name, Path::new("optimizer record"))?;
             Ok::<_, DistError>((shape, values))
         };

@@ -9,7 +9,7 @@ use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::Bytes;
 
-use crate::error::{DistResult, invalid};
+use crate::error::{DistResult, state_error};
 
 /// An update of a whole module with its state in Burn's optimizer record format.
 pub trait ReplicaOptimizer {
@@ -30,14 +30,14 @@ impl ReplicaOptimizer for ModuleOptimizer {
 
     fn record_bytes(&self) -> DistResult<Bytes> {
         self.into_bytes()
-            .map_err(|e| invalid(format!("cannot encode the optimizer record: {e:?}")))
+            .map_err(|e| state_error(format!("cannot encode the optimizer record: {e:?}")))
     }
 
     fn load_record_bytes(&mut self, bytes: Bytes) -> DistResult<()> {
         *self = self
             .clone()
             .from_bytes(bytes)
-            .map_err(|e| invalid(format!("not a valid optimizer record: {e:?}")))?;
+            .map_err(|e| state_error(format!("not a valid optimizer record: {e:?}")))?;
         Ok(())
     }
 

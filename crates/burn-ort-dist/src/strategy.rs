@@ -15,7 +15,7 @@ use burn::tensor::Tensor;
 
 use crate::communicator::{Communicator, ReduceOp};
 use crate::data_parallel::DataParallel;
-use crate::error::{DistError, DistResult, invalid};
+use crate::error::{DistError, DistResult, state_error};
 use crate::record::{REPLICATED_STATE_FILE, merged_record};
 use crate::replica_optimizer::ReplicaOptimizer;
 
@@ -194,8 +194,8 @@ impl<M: Module, O: ReplicaOptimizer> UpdateStrategy<M> for Replicated<O> {
     fn load_state(&mut self, module: &M, dirs: &[PathBuf]) -> DistResult<()> {
         let bytes = merged_record(dirs, &param_ids(module))?;
         self.optim.load_record_bytes(bytes).map_err(|e| match e {
-            DistError::Invalid { message, .. } => {
-                invalid(format!("{}: {message}", dirs[0].display()))
+            DistError::State { message } => {
+                state_error(format!("{}: {message}", dirs[0].display()))
             }
             other => other,
         })
@@ -317,7 +317,7 @@ fn grad_squares<M: Module>(module: &M, grads: &GradientsParams) -> DistResult<Ve
     };
     module.visit(&mut n);
     if let Some(e) = n.error {
-        return Err(invalid(format!("cannot read a gradient: {e}")));
+        return Err(state_error(format!("cannot read a gradient: {e}")));
     }
     if n.device.is_empty() {
         return Ok(n.host);
@@ -327,7 +327,7 @@ fn grad_squares<M: Module>(module: &M, grads: &GradientsParams) -> DistResult<Ve
         .into_data()
         .convert::<f32>()
         .try_to_vec::<f32>()
-        .map_err(|e| invalid(format!("cannot read the gradient norms: {e:?}")))?;
+        .map_err(|e| state_error(format!("cannot read the gradient norms: {e:?}")))?;
     Ok(ids
         .into_iter()
         .zip(values.into_iter().map(f64::from))

@@ -7,7 +7,8 @@
 //! rank that finishes leaves the group, which fails only what needs it (a collective, a
 //! message from it or to it: point-to-point patterns finish rank by rank); a rank that
 //! stops answering makes the others fail after `timeout`
-//! (`Duration::MAX`: never, for launchers where a live rank is a working rank).
+//! (`Duration::MAX`: never, for launchers where a live rank is a working rank), with an
+//! error naming the operation, its bytes, the group and the ranks that never arrived.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::communicator::{Communicator, ReduceOp, check_reduce_scatter, scale_mean};
 use crate::error::{DistError, DistResult};
+use crate::stall::{OpInfo, Stall, trace_done};
 
 struct State {
     generation: u64,
@@ -28,6 +30,8 @@ struct State {
     broken: Option<String>,
     /// Ranks that finished and dropped their communicator.
     left: Vec<bool>,
+    /// Ranks inside a collective of the current generation (arrived, not yet gone).
+    inside: Vec<bool>,
     /// Point-to-point messages in flight, by (source, destination).
     mail: HashMap<(usize, usize), VecDeque<Vec<f32>>>,
     /// Sub-groups made by `split`, by (split number, colour), created by their first member.
@@ -36,6 +40,8 @@ struct State {
 
 struct Shared {
     world: usize,
+    /// The members' ranks in the first group (the world), in this group's rank order.
+    world_ranks: Vec<usize>,
     timeout: Duration,
     state: Mutex<State>,
     cv: Condvar,
@@ -52,7 +58,7 @@ pub struct ThreadCommunicator {
 impl ThreadCommunicator {
     /// Create a group of `world` ranks; hand one to each thread.
     pub fn group(world: usize, timeout: Duration) -> Vec<ThreadCommunicator> {
-        let shared = Shared::new(world, timeout);
+        let shared = Shared::new((0..world).collect(), timeout);
         (0..world)
             .map(|rank| ThreadCommunicator::member(rank, shared.clone()))
             .collect()
@@ -66,18 +72,28 @@ impl ThreadCommunicator {
         }
     }
 
+    /// Operation `op` of `bytes` in this group, for reports and traces.
+    fn info<'s>(&'s self, op: &'s str, bytes: usize) -> OpInfo<'s> {
+        OpInfo {
+            op,
+            bytes,
+            group: &self.shared.world_ranks,
+        }
+    }
+
     /// Wait on the group's condition variable until `ready` holds, the group breaks, a rank
     /// the wait needs (`peer`; `None`: every rank) leaves, or the timeout passes.
     fn wait_until<'a>(
         &self,
         mut st: MutexGuard<'a, State>,
-        what: &str,
+        info: OpInfo<'_>,
         peer: Option<usize>,
         mut ready: impl FnMut(&mut State) -> bool,
     ) -> DistResult<MutexGuard<'a, State>> {
         // `Duration::MAX` (no deadline): wait as long as the peers live; a departed peer
         // fails the wait, so only a live but stuck rank could make this wait forever.
-        let deadline = Instant::now().checked_add(self.shared.timeout);
+        let start = Instant::now();
+        let deadline = start.checked_add(self.shared.timeout);
         while !ready(&mut st) {
             if let Some(b) = &st.broken {
                 return Err(self.peer(b.clone()));
@@ -93,10 +109,10 @@ impl ThreadCommunicator {
                 continue;
             };
             if now >= deadline {
-                let msg = format!("{what}: no answer within {:?}", self.shared.timeout);
-                st.broken = Some(msg.clone());
+                let err = self.stalled(&st, info, peer, now - start);
+                st.broken = Some(err.to_string());
                 self.shared.cv.notify_all();
-                return Err(self.peer(msg));
+                return Err(err);
             }
             st = self
                 .shared
@@ -106,6 +122,29 @@ impl ThreadCommunicator {
                 .0;
         }
         Ok(st)
+    }
+
+    /// The timeout error of a wait for `peer` (`None`: every rank of the collective).
+    fn stalled(
+        &self,
+        st: &State,
+        info: OpInfo<'_>,
+        peer: Option<usize>,
+        waited: Duration,
+    ) -> DistError {
+        let absent = match peer {
+            Some(p) => vec![p],
+            None => (0..self.shared.world)
+                .filter(|&r| r != self.rank && !st.inside[r])
+                .collect(),
+        };
+        Stall {
+            info,
+            waited,
+            absent: absent.iter().map(|&r| self.shared.world_ranks[r]).collect(),
+            elsewhere: Vec::new(),
+        }
+        .into_error(self.shared.world_ranks[self.rank])
     }
 
     /// An error when rank `peer` (`None`: any rank) has left the group.
@@ -139,23 +178,19 @@ impl ThreadCommunicator {
     /// deterministic, whatever order the threads arrive in.
     fn rendezvous(
         &self,
+        op: &str,
         len: usize,
         deposit: impl FnOnce(&mut Vec<f32>),
     ) -> DistResult<Arc<Vec<f32>>> {
-        let st = self.lock()?;
+        let start = Instant::now();
+        let info = self.info(op, len * std::mem::size_of::<f32>());
+        let mut st = self.lock()?;
         if let Some(b) = &st.broken {
             return Err(self.peer(b.clone()));
         }
         let rank = self.rank;
-        let mut st = self.wait_until(
-            st,
-            &format!(
-                "collective waiting for rank {} to deposit first",
-                rank.saturating_sub(1)
-            ),
-            None,
-            |st| st.arrived == rank,
-        )?;
+        st.inside[rank] = true;
+        let mut st = self.wait_until(st, info, None, |st| st.arrived == rank)?;
         if st.arrived == 0 {
             st.acc.clear();
             st.acc.resize(len, 0.0);
@@ -180,24 +215,23 @@ impl ThreadCommunicator {
             st.result = Arc::new(std::mem::take(&mut st.acc));
             st.arrived = 0;
             st.generation += 1;
+            st.inside.fill(false);
             self.shared.cv.notify_all();
+            trace_done(info, start.elapsed());
             return Ok(st.result.clone());
         }
-        let waiting = self.shared.world - st.arrived;
-        let st = self.wait_until(
-            st,
-            &format!("collective waiting for {waiting} rank(s)"),
-            None,
-            |st| st.generation != generation,
-        )?;
+        let st = self.wait_until(st, info, None, |st| st.generation != generation)?;
+        trace_done(info, start.elapsed());
         Ok(st.result.clone())
     }
 }
 
 impl Shared {
-    fn new(world: usize, timeout: Duration) -> Arc<Shared> {
+    fn new(world_ranks: Vec<usize>, timeout: Duration) -> Arc<Shared> {
+        let world = world_ranks.len();
         Arc::new(Shared {
             world,
+            world_ranks,
             timeout,
             state: Mutex::new(State {
                 generation: 0,
@@ -206,6 +240,7 @@ impl Shared {
                 result: Arc::new(Vec::new()),
                 broken: None,
                 left: vec![false; world],
+                inside: vec![false; world],
                 mail: HashMap::new(),
                 splits: HashMap::new(),
             }),
@@ -224,7 +259,7 @@ impl Communicator for ThreadCommunicator {
     }
 
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        let result = self.rendezvous(buf.len(), |acc| {
+        let result = self.rendezvous("all_reduce", buf.len(), |acc| {
             acc.iter_mut().zip(buf.iter()).for_each(|(a, b)| *a += *b)
         })?;
         buf.copy_from_slice(&result);
@@ -235,7 +270,7 @@ impl Communicator for ThreadCommunicator {
     fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
         check_reduce_scatter(self.rank, self.shared.world, send.len(), recv.len())?;
         // The ranks sum into one shared buffer; each copies out only its own chunk.
-        let result = self.rendezvous(send.len(), |acc| {
+        let result = self.rendezvous("reduce_scatter", send.len(), |acc| {
             acc.iter_mut().zip(send.iter()).for_each(|(a, b)| *a += *b)
         })?;
         let n = recv.len();
@@ -252,7 +287,7 @@ impl Communicator for ThreadCommunicator {
             });
         }
         let is_root = self.rank == root;
-        let result = self.rendezvous(buf.len(), |acc| {
+        let result = self.rendezvous("broadcast", buf.len(), |acc| {
             if is_root {
                 acc.copy_from_slice(buf);
             }
@@ -274,7 +309,7 @@ impl Communicator for ThreadCommunicator {
             });
         }
         let rank = self.rank;
-        let result = self.rendezvous(recv.len(), |acc| {
+        let result = self.rendezvous("all_gather", recv.len(), |acc| {
             acc[rank * n..(rank + 1) * n].copy_from_slice(send)
         })?;
         recv.copy_from_slice(&result);
@@ -282,7 +317,7 @@ impl Communicator for ThreadCommunicator {
     }
 
     fn barrier(&self) -> DistResult<()> {
-        self.rendezvous(0, |_| {}).map(|_| ())
+        self.rendezvous("barrier", 0, |_| {}).map(|_| ())
     }
 
     fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
@@ -316,8 +351,10 @@ impl Communicator for ThreadCommunicator {
             });
         }
         let key = (src, self.rank);
+        let op = format!("receive from world rank {}", self.shared.world_ranks[src]);
+        let info = self.info(&op, std::mem::size_of_val(buf));
         let st = self.lock()?;
-        let mut st = self.wait_until(st, &format!("receive from rank {src}"), Some(src), |st| {
+        let mut st = self.wait_until(st, info, Some(src), |st| {
             st.mail.get(&key).is_some_and(|q| !q.is_empty())
         })?;
         let msg = st
@@ -357,7 +394,13 @@ impl Communicator for ThreadCommunicator {
             let mut st = self.lock()?;
             st.splits
                 .entry((index, color))
-                .or_insert_with(|| Shared::new(members.len(), self.shared.timeout))
+                .or_insert_with(|| {
+                    let world_ranks = members
+                        .iter()
+                        .map(|&(_, r)| self.shared.world_ranks[r])
+                        .collect();
+                    Shared::new(world_ranks, self.shared.timeout)
+                })
                 .clone()
         };
         Ok(Box::new(ThreadCommunicator::member(new_rank, shared)))

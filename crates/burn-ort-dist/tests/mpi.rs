@@ -34,3 +34,68 @@ fn every_operation_checks_out_under_mpirun() {
         );
     }
 }
+
+/// `ort-dist-check --stall-rank` on 3 ranks with a 2-second timeout: `stall_in` "nothing"
+/// (rank 2 hangs outside any communication) or "receive" (rank 2 waits in another
+/// operation). Returns the job's stderr; asserts it ended, non-zero, well before the
+/// outer limit.
+fn stalled_job(stall_in: &str) -> String {
+    let start = std::time::Instant::now();
+    let out = Command::new("timeout")
+        .args(["-k", "10", "120", "mpirun", "--oversubscribe", "-np", "3"])
+        .arg(env!("CARGO_BIN_EXE_ort-dist-check"))
+        .args([
+            "--timeout",
+            "2",
+            "--stall-rank",
+            "2",
+            "--stall-in",
+            stall_in,
+        ])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "a hung rank must end the job: {stderr}"
+    );
+    assert_ne!(
+        out.status.code(),
+        Some(124),
+        "the job hung until the outer timeout: {stderr}"
+    );
+    assert!(
+        start.elapsed().as_secs() < 60,
+        "took {:?}: {stderr}",
+        start.elapsed()
+    );
+    stderr
+}
+
+#[test]
+fn a_hung_rank_ends_the_job_with_an_error_naming_it() {
+    let stderr = stalled_job("nothing");
+    assert!(
+        stderr.contains(
+            "collective timed out: all_reduce of 4 B in the group of world ranks [0, 1, 2]"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("never arrived: world rank(s) [2]"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_rank_waiting_in_another_operation_is_named_with_it() {
+    let stderr = stalled_job("receive");
+    assert!(stderr.contains("all_reduce of 4 B"), "{stderr}");
+    assert!(
+        stderr.contains("world rank 2 waits in receive #") && stderr.contains("of 16 B instead"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("never arrived"), "{stderr}");
+}

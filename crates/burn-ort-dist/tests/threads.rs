@@ -91,18 +91,51 @@ fn a_failing_rank_ends_the_others_quickly() {
 }
 
 #[test]
-fn a_silent_rank_times_out() {
-    let mut comms = ThreadCommunicator::group(2, Duration::from_millis(200));
+fn a_silent_rank_times_out_naming_the_operation_the_group_and_the_rank() {
+    let mut comms = ThreadCommunicator::group(3, Duration::from_millis(200));
     let silent = comms.pop().unwrap();
-    let c = comms.pop().unwrap();
     let start = Instant::now();
-    let err = c.barrier().unwrap_err();
-    assert!(
-        matches!(err, DistError::Peer { .. }) && err.to_string().contains("no answer"),
-        "{err}"
-    );
+    let errors: Vec<DistError> = std::thread::scope(|s| {
+        let waits: Vec<_> = comms
+            .iter()
+            .map(|c| s.spawn(move || c.all_reduce(&mut [1.0; 4], ReduceOp::Sum).unwrap_err()))
+            .collect();
+        waits.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    // The first rank to give up names the operation and the absent rank; the other learns
+    // of it through the broken group.
+    let timed_out: Vec<_> = errors
+        .iter()
+        .filter(|e| matches!(e, DistError::Timeout { .. }))
+        .collect();
+    assert!(!timed_out.is_empty(), "{errors:?}");
+    for e in &errors {
+        let msg = e.to_string();
+        assert!(
+            msg.contains(
+                "all_reduce of 16 B in the group of world ranks [0, 1, 2]: no answer within"
+            ),
+            "{msg}"
+        );
+        assert!(msg.contains("never arrived: world rank(s) [2]"), "{msg}");
+    }
     assert!(
         start.elapsed() >= Duration::from_millis(200) && start.elapsed() < Duration::from_secs(5)
+    );
+    drop(silent);
+}
+
+#[test]
+fn a_receive_from_a_silent_rank_names_it() {
+    let mut comms = ThreadCommunicator::group(2, Duration::from_millis(100));
+    let silent = comms.pop().unwrap();
+    let c = comms.pop().unwrap();
+    let err = c.recv(&mut [0.0; 3], 1).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("receive from world rank 1 of 12 B")
+            && err.to_string().contains("never arrived: world rank(s) [1]"),
+        "{err}"
     );
     drop(silent);
 }

@@ -22,6 +22,7 @@ use burn_onnx_train::npy::{read_npy, write_npy_as};
 use burn_onnx_train::pipeline::Partition;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::{read_params, read_state};
+use burn_onnx_train::train::checkpoint_manifest::{Verified, verify};
 use burn_onnx_train::train::data::{Dataset, ImageDataset, TokenDataset};
 use burn_onnx_train::train::elastic::ElasticJob;
 use burn_onnx_train::train::flags::TrainFlags;
@@ -386,17 +387,9 @@ fn cli_defaults() -> TrainingConfig {
     }
 }
 
-fn train(args: TrainArgs) -> Result<(), OnnxError> {
-    if args.run.config.is_none() {
-        return Err(OnnxError::field(
-            "--config",
-            "is required: the TrainingConfig file (TOML or JSON)",
-        ));
-    }
-    let c = args.run.apply(cli_defaults())?;
-    if args.run.printed(&c)? {
-        return Ok(());
-    }
+/// The training and (if any) test shards the config names, read as its loss needs them.
+fn datasets(c: &TrainingConfig) -> Result<(Arc<dyn Dataset>, Option<Arc<dyn Dataset>>), OnnxError> {
+    c.check_files_named()?;
     let load = |dir: &std::path::Path| -> Result<Arc<dyn Dataset>, OnnxError> {
         Ok(match c.loss {
             LossKind::LmCrossEntropy => Arc::new(TokenDataset::load(dir, c.seq_len)?),
@@ -409,7 +402,25 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
         })
     };
     let train = load(&c.train_data_dir)?;
-    let test = test_dir(&c).map(load).transpose()?;
+    let test = test_dir(c).map(load).transpose()?;
+    Ok((train, test))
+}
+
+fn train(args: TrainArgs) -> Result<(), OnnxError> {
+    if args.run.config.is_none() {
+        return Err(OnnxError::field(
+            "--config",
+            "is required: the TrainingConfig file (TOML or JSON)",
+        ));
+    }
+    let c = args
+        .run
+        .apply(cli_defaults())
+        .map_err(OnnxError::before_first_update)?;
+    if args.run.printed(&c)? {
+        return Ok(());
+    }
+    let (train, test) = datasets(&c).map_err(OnnxError::before_first_update)?;
     let summary = launch_elastic(c, train, test, args.run.max_restarts)?;
     if let (Some(first), Some(last)) = (summary.losses.first(), summary.losses.last()) {
         println!(
@@ -429,6 +440,15 @@ fn export(
     model: Option<PathBuf>,
     external_data: bool,
 ) -> Result<(), OnnxError> {
+    // A damaged checkpoint is refused before anything is read from it.
+    if let Some(c) = &checkpoint
+        && verify(c)? == Verified::Unchecked
+    {
+        eprintln!(
+            "warning: {}: no manifest.json (written before checkpoints carried checksums): its files are not checked",
+            c.display()
+        );
+    }
     // The run that wrote the checkpoint says which model file and which initializer ties
     // its parameters follow.
     let run = checkpoint
@@ -508,6 +528,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    let training = matches!(cli.command, Command::Train(_));
     let result = match cli.command {
         Command::Inspect { model, stages, tp } => inspect(model, stages, tp),
         Command::Run {
@@ -577,7 +598,12 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            // A training run that failed before its first update: not worth restarting.
+            if training {
+                ExitCode::from(e.training_exit_code())
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

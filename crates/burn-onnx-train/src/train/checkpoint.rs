@@ -16,7 +16,9 @@
 //!   each stage's under `stage-<k>/`, and each tp rank's under `tp-<r>/` (below the stage);
 //! * `state.json`: update and micro-step counters, seed (data order and dropout are pure
 //!   functions of seed and step, so this is the whole RNG state), loss-scaler state, the
-//!   world size, the ZeRO stage, and the run's config.
+//!   world size, the ZeRO stage, and the run's config;
+//! * `manifest.json`, written last: the size and SHA-256 of every other file
+//!   (`checkpoint_manifest`), checked before a resume or an export reads them.
 //!
 //! Every rank takes part: rank 0 makes `.ckpt-<step>.tmp/`, each rank writes its files
 //! (its part of the model, its optimizer state) into it (fsynced), then rank 0 writes the state, renames the directory into
@@ -33,6 +35,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
+use super::checkpoint_manifest::{FileSum, write_manifest, write_rank_sums};
 use super::precision::ScalerState;
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
@@ -205,19 +208,23 @@ pub fn save_checkpoint(
         fs::create_dir(&tmp).map_err(io(&tmp))?;
     }
     comm.barrier()?;
+    let mut sums = BTreeMap::new();
     for (file, bytes) in files {
-        let path = tmp.join(file);
+        let path = tmp.join(&file);
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(io(parent))?;
         }
         write_synced(&path, &bytes)?;
+        sums.insert(file, FileSum::of(&bytes));
     }
+    write_rank_sums(&tmp, comm.rank(), sums)?;
     comm.barrier()?;
     let target = dir.join(&name);
     if root {
         let json = serde_json::to_vec_pretty(state)
             .map_err(|e| OnnxError::field("checkpoint state", e.to_string()))?;
         write_synced(&tmp.join(STATE_FILE), &json)?;
+        write_manifest(&tmp, &[STATE_FILE])?;
         File::open(&tmp)
             .and_then(|d| d.sync_all())
             .map_err(io(&tmp))?;

@@ -126,6 +126,9 @@ impl Default for LrConfig {
     }
 }
 
+/// `collective_timeout`'s default under MPI, in seconds (torch.distributed's for Gloo/MPI).
+pub const DEFAULT_MPI_COLLECTIVE_TIMEOUT_S: u64 = 1800;
+
 /// Everything a training run needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -196,6 +199,11 @@ pub struct TrainingConfig {
     /// the all-reduce (ZeRO-2/3: reduce-scatter), f16's precision (about 3 decimal digits
     /// relative to the largest gradient of a bucket). Not with Adasum.
     pub allreduce_in_fp16: bool,
+    /// Seconds one collective may wait for its peers; past it the job ends with an error
+    /// naming the operation, its bytes, the group and the ranks that never arrived, instead
+    /// of hanging (PyTorch's process-group `timeout`). Unset: 1800 under MPI, no limit for
+    /// thread ranks (a failed or finished thread rank fails its peers at once); 0: no limit.
+    pub collective_timeout: Option<f64>,
     /// Data-parallel size.
     pub data_parallel_size: usize,
     /// Horizontal (tensor) parallel size: the Megatron blocks found in the graph (MLP and
@@ -311,6 +319,7 @@ impl Default for TrainingConfig {
             loss_scale: None,
             loss_scale_growth_interval: 2000,
             allreduce_in_fp16: false,
+            collective_timeout: None,
             data_parallel_size: 1,
             horizontal_parallel_size: 1,
             tensor_parallel_allow_replicated: false,
@@ -352,6 +361,32 @@ fn merge(base: &mut toml::Table, top: toml::Table) {
             }
         }
     }
+}
+
+/// `error` (a type or value the config cannot take, which serde reports without the key)
+/// with the key of `file` that causes it: each key (each key of a section) is tried alone
+/// over `base`, and the first that fails is named (`batch_size: invalid type: string
+/// "eight", expected usize`).
+fn name_the_field(base: &toml::Table, file: &toml::Table, error: toml::de::Error) -> String {
+    let fails = |alone: toml::Table| {
+        let mut one = base.clone();
+        merge(&mut one, alone);
+        toml::Value::Table(one).try_into::<TrainingConfig>().err()
+    };
+    let single = |k: &str, v: &toml::Value| toml::Table::from_iter([(k.to_string(), v.clone())]);
+    for (key, value) in file {
+        if let toml::Value::Table(section) = value {
+            for (k, v) in section {
+                if let Some(e) = fails(single(key, &toml::Value::Table(single(k, v)))) {
+                    return format!("{key}.{k}: {}", e.message());
+                }
+            }
+        }
+        if let Some(e) = fails(single(key, value)) {
+            return format!("{key}: {}", e.message());
+        }
+    }
+    error.to_string()
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> OnnxError {
@@ -408,12 +443,12 @@ impl TrainingConfig {
             _ => toml::from_str(&text).map_err(|e| bad(e.to_string()))?,
         };
         ort_precision_aliases(&mut file).map_err(bad)?;
-        let mut merged: toml::Table =
-            toml::Table::try_from(&base).map_err(|e| bad(e.to_string()))?;
-        merge(&mut merged, file);
+        let base: toml::Table = toml::Table::try_from(&base).map_err(|e| bad(e.to_string()))?;
+        let mut merged = base.clone();
+        merge(&mut merged, file.clone());
         toml::Value::Table(merged)
             .try_into()
-            .map_err(|e: toml::de::Error| bad(e.to_string()))
+            .map_err(|e: toml::de::Error| bad(name_the_field(&base, &file, e)))
     }
 
     /// `self` with `KEY=VALUE` overrides (`--set`): dotted keys reach into sections
@@ -518,6 +553,16 @@ impl TrainingConfig {
         )
     }
 
+    /// How long one collective may wait: `collective_timeout`, or its default for thread
+    /// ranks (`mpi` false: none) or MPI ranks (1800 s); `None`: no limit.
+    pub fn collective_wait_limit(&self, mpi: bool) -> Option<std::time::Duration> {
+        match self.collective_timeout {
+            Some(s) if s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
+            Some(_) => None,
+            None => mpi.then(|| std::time::Duration::from_secs(DEFAULT_MPI_COLLECTIVE_TIMEOUT_S)),
+        }
+    }
+
     /// Resolved checkpoint directory.
     pub fn checkpoints_dir(&self) -> PathBuf {
         self.checkpoints_dir
@@ -614,15 +659,42 @@ impl TrainingConfig {
         Ok(())
     }
 
+    /// What a front end that reads data from files needs before it reads any: the model
+    /// and the training shards named (an empty config fails here, naming them).
+    pub fn check_files_named(&self) -> Result<()> {
+        if self.model_path.as_os_str().is_empty() {
+            return Err(invalid(
+                "model_path",
+                "is required: the ONNX model to train",
+            ));
+        }
+        if self.train_data_dir.as_os_str().is_empty() {
+            return Err(invalid(
+                "train_data_dir",
+                "is required: the directory of training shards",
+            ));
+        }
+        Ok(())
+    }
+
     /// Check every field; `world_size` is the number of processes the run has.
     pub fn validate(&self, world_size: usize) -> Result<()> {
         if self.model_path.as_os_str().is_empty() {
             return Err(invalid("model_path", "is required"));
         }
+
         if self.resume == Resume::Never && self.checkpoint_to_load_path.is_some() {
             return Err(invalid(
                 "resume",
                 "\"never\" with checkpoint_to_load_path: drop one of them",
+            ));
+        }
+        if let Some(t) = self.collective_timeout
+            && !(t.is_finite() && t >= 0.0)
+        {
+            return Err(invalid(
+                "collective_timeout",
+                format!("{t} is not a number of seconds (0 for no limit)"),
             ));
         }
         if matches!(self.device, DeviceSpec::Wgpu(_)) && self.precision == Precision::Bf16 {

@@ -107,9 +107,72 @@ pub trait Dataset: Send + Sync {
     fn unit(&self) -> &'static str;
     /// What kind of targets the batches carry (checked against the loss before training).
     fn target_kind(&self) -> TargetKind;
-    /// The largest token id or class label, to check against the model before training.
-    fn max_id(&self) -> Option<i64> {
+    /// The smallest and the largest token id or class label, with where each is, to check
+    /// against the model before training (`None`: no integer ids).
+    fn id_range(&self) -> Option<(IdAt, IdAt)> {
         None
+    }
+}
+
+/// A token id or class label and where it is: its shard file (`memory` for data built in
+/// memory) and its index in that shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdAt {
+    /// The id or label.
+    pub value: i64,
+    /// The shard file it was read from.
+    pub source: String,
+    /// Its index in that shard.
+    pub index: usize,
+}
+
+impl std::fmt::Display for IdAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (index {} of {})",
+            self.value, self.index, self.source
+        )
+    }
+}
+
+/// Shards laid end to end: each one's name and the position where it starts.
+#[derive(Debug, Clone)]
+pub struct Sources(Vec<(String, usize)>);
+
+impl Sources {
+    /// Data built in memory, not read from files.
+    pub fn memory() -> Self {
+        Sources(vec![("memory".into(), 0)])
+    }
+
+    /// The smallest and the largest of `ids` (laid out as these shards), with where each is.
+    pub fn extremes(&self, ids: impl Iterator<Item = i64>) -> Option<(IdAt, IdAt)> {
+        let (mut lo, mut hi): (Option<(i64, usize)>, Option<(i64, usize)>) = (None, None);
+        for (i, v) in ids.enumerate() {
+            if lo.is_none_or(|(m, _)| v < m) {
+                lo = Some((v, i));
+            }
+            if hi.is_none_or(|(m, _)| v > m) {
+                hi = Some((v, i));
+            }
+        }
+        Some((self.at(lo?), self.at(hi?)))
+    }
+
+    fn at(&self, (value, i): (i64, usize)) -> IdAt {
+        let (source, start) = self
+            .0
+            .iter()
+            .rev()
+            .find(|(_, start)| *start <= i)
+            .cloned()
+            .unwrap_or_else(|| ("memory".into(), 0));
+        IdAt {
+            value,
+            source,
+            index: i - start,
+        }
     }
 }
 
@@ -149,13 +212,15 @@ fn shard_files(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
 pub struct TokenDataset {
     tokens: Vec<i64>,
     seq_len: usize,
+    sources: Sources,
 }
 
 impl TokenDataset {
     /// Load every token shard of `dir`.
     pub fn load(dir: &Path, seq_len: usize) -> Result<Self> {
-        let mut tokens = Vec::new();
+        let (mut tokens, mut sources) = (Vec::new(), Vec::new());
         for f in shard_files(dir, "")? {
+            sources.push((f.display().to_string(), tokens.len()));
             match read_npy(&f)? {
                 HostTensor::Int(a) if a.ndim() == 1 => tokens.extend(a.iter().copied()),
                 other => {
@@ -170,8 +235,10 @@ impl TokenDataset {
                 }
             }
         }
-        Self::from_tokens(tokens, seq_len)
-            .map_err(|e| OnnxError::field(dir.display().to_string(), e.to_string()))
+        let mut data = Self::from_tokens(tokens, seq_len)
+            .map_err(|e| OnnxError::field(dir.display().to_string(), e.to_string()))?;
+        data.sources = Sources(sources);
+        Ok(data)
     }
 
     /// Wrap an in-memory token stream.
@@ -185,12 +252,11 @@ impl TokenDataset {
                 ),
             ));
         }
-        Ok(TokenDataset { tokens, seq_len })
-    }
-
-    /// Largest token id (to check against the model's vocabulary).
-    pub fn max_token(&self) -> i64 {
-        self.tokens.iter().copied().max().unwrap_or(0)
+        Ok(TokenDataset {
+            tokens,
+            seq_len,
+            sources: Sources::memory(),
+        })
     }
 }
 
@@ -222,8 +288,8 @@ impl Dataset for TokenDataset {
         TargetKind::NextToken
     }
 
-    fn max_id(&self) -> Option<i64> {
-        Some(self.max_token())
+    fn id_range(&self) -> Option<(IdAt, IdAt)> {
+        self.sources.extremes(self.tokens.iter().copied())
     }
 }
 
@@ -231,6 +297,7 @@ impl Dataset for TokenDataset {
 pub struct ImageDataset {
     images: ArrayD<f32>,
     targets: Target,
+    label_sources: Sources,
 }
 
 fn concat<T: Clone>(parts: &[ArrayD<T>], dir: &Path) -> Result<ArrayD<T>> {
@@ -247,6 +314,7 @@ impl ImageDataset {
     /// Load every `images_<k>.npy` of `dir` with its `labels_<k>.npy` (or `targets_<k>.npy`).
     pub fn load(dir: &Path) -> Result<Self> {
         let (mut images, mut labels, mut values) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut label_sources, mut label_count) = (Vec::new(), 0);
         for f in shard_files(dir, "images_")? {
             let sibling = |prefix: &str| {
                 let name = f
@@ -272,6 +340,8 @@ impl ImageDataset {
                             format!("labels must be 1-D [N], got {:?}", lab.shape()),
                         ));
                     }
+                    label_sources.push((lf.display().to_string(), label_count));
+                    label_count += lab.len();
                     labels.push(lab);
                     labels.last().map(|l| l.len())
                 }
@@ -317,7 +387,9 @@ impl ImageDataset {
         } else {
             Target::Values(concat(&values, dir)?)
         };
-        Self::new(concat(&images, dir)?, targets)
+        let mut data = Self::new(concat(&images, dir)?, targets)?;
+        data.label_sources = Sources(label_sources);
+        Ok(data)
     }
 
     /// Wrap in-memory arrays: images `[N, ...]` with `Target::Classes` `[N]` or
@@ -337,15 +409,11 @@ impl ImageDataset {
                 ),
             ));
         }
-        Ok(ImageDataset { images, targets })
-    }
-
-    /// Largest label (to check against the number of classes), if the targets are labels.
-    pub fn max_label(&self) -> Option<i64> {
-        match &self.targets {
-            Target::Classes(l) => l.iter().copied().max(),
-            _ => None,
-        }
+        Ok(ImageDataset {
+            images,
+            targets,
+            label_sources: Sources::memory(),
+        })
     }
 }
 
@@ -378,8 +446,11 @@ impl Dataset for ImageDataset {
         }
     }
 
-    fn max_id(&self) -> Option<i64> {
-        self.max_label()
+    fn id_range(&self) -> Option<(IdAt, IdAt)> {
+        match &self.targets {
+            Target::Classes(l) => self.label_sources.extremes(l.iter().copied()),
+            _ => None,
+        }
     }
 }
 

@@ -3,14 +3,15 @@
 //! aborts it); the wrapper waits for mpirun, and if restarts remain, starts the same job
 //! again, which resumes from the newest checkpoint (ZeRO state is resharded on load). A job
 //! whose ranks stopped on a signal ([`super::preemption`]) is not restarted: the wrapper
-//! ends with the same status.
+//! ends with the same status; nor is one that failed before its first update
+//! ([`crate::error::FAILED_BEFORE_FIRST_UPDATE`]: it would fail the same way).
 
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
 
 use super::preemption::PREEMPTED_EXIT_CODE;
-use crate::error::{OnnxError, Result};
+use crate::error::{FAILED_BEFORE_FIRST_UPDATE, OnnxError, Result};
 
 /// How to run the job.
 #[derive(Debug, Clone)]
@@ -48,6 +49,14 @@ impl ElasticJob {
                 .map_err(|e| OnnxError::io(Path::new(&self.mpirun), e))?;
             if status.success() {
                 return Ok(attempt);
+            }
+            if status.code() == Some(i32::from(FAILED_BEFORE_FIRST_UPDATE)) {
+                return Err(OnnxError::field(
+                    "launch",
+                    format!(
+                        "the job failed before its first update ({status}): not restarted, it would fail the same way (see the ranks' errors above)"
+                    ),
+                ));
             }
             if status.code() == Some(i32::from(PREEMPTED_EXIT_CODE)) {
                 // Preempted, not failed: the ranks wrote a checkpoint; no restart here.

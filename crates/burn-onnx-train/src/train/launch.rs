@@ -23,12 +23,6 @@ use super::preemption::is_preemption;
 use super::runner::{RunSummary, TrainingRunner};
 use crate::error::{OnnxError, Result};
 
-/// How long a thread rank waits for a peer: without limit. The ranks are threads of this
-/// process, so a rank that fails, panics or returns leaves the group and every waiting
-/// rank fails at once; a rank that has not arrived is still working (writing a checkpoint
-/// of a big model, say), and a deadline would kill a healthy run.
-pub const THREAD_TIMEOUT: Duration = Duration::MAX;
-
 /// The communicator of this process when started by an MPI launcher: NCCL over the MPI
 /// world when the run is on CUDA GPUs, MPI otherwise.
 #[cfg(feature = "mpi")]
@@ -36,7 +30,8 @@ fn mpi_comm(config: &TrainingConfig) -> Result<Option<Arc<dyn Communicator>>> {
     if !burn_ort_dist::launched_by_mpi() {
         return Ok(None);
     }
-    let mpi = burn_ort_dist::MpiCommunicator::init()?;
+    let mpi =
+        burn_ort_dist::MpiCommunicator::init()?.with_timeout(config.collective_wait_limit(true));
     match config.device {
         #[cfg(feature = "cuda")]
         super::device::DeviceSpec::Cuda(index) => {
@@ -79,8 +74,16 @@ fn run_rank(
         // reports it).
         Err(e) if is_preemption(e) => {}
         Err(e) => {
-            eprintln!("rank {}: {e}", comm.rank());
-            comm.abort(1);
+            // Collective errors name their rank already.
+            let prefix = format!("rank {}: ", comm.rank());
+            let message = e.to_string();
+            let prefix = if message.starts_with(&prefix) {
+                ""
+            } else {
+                &prefix
+            };
+            eprintln!("{prefix}{message}");
+            comm.abort(i32::from(e.training_exit_code()));
         }
         Ok(_) => {}
     }
@@ -164,6 +167,12 @@ pub fn launch_elastic(
     let mut attempt = 0;
     loop {
         match launch_threads(config.clone(), train.clone(), test.clone()) {
+            Err(e) if attempt < max_restarts && e.is_before_first_update() => {
+                tracing::warn!(
+                    "the run failed before its first update: not restarted (it would fail the same way)"
+                );
+                return Err(e);
+            }
             Err(e) if attempt < max_restarts && !is_preemption(&e) => {
                 attempt += 1;
                 if config.checkpoint_period == 0 {
@@ -188,7 +197,11 @@ fn launch_threads(
     if world <= 1 {
         return on_own_pool(|| run_rank(config, Arc::new(LocalCommunicator), train, test));
     }
-    let results = run_threads(world, THREAD_TIMEOUT, |comm| {
+    // Thread ranks wait without limit unless configured: a rank that fails, panics or
+    // returns leaves the group and fails its peers at once, and one that has not arrived
+    // is still working (writing a checkpoint of a big model, say).
+    let timeout = config.collective_wait_limit(false).unwrap_or(Duration::MAX);
+    let results = run_threads(world, timeout, |comm| {
         run_rank(config.clone(), comm, train.clone(), test.clone())
     });
     let mut first_error = None;

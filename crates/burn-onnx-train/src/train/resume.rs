@@ -1,14 +1,17 @@
 //! Where a run starts: from the checkpoint `checkpoint_to_load_path` names, from the newest
-//! one in the checkpoint directory (which must come from a compatible run), or, with
-//! `resume = "never"` (or none there), from the model file.
+//! intact one in the checkpoint directory (which must come from a compatible run), or, with
+//! `resume = "never"` (or none there), from the model file. Rank 0 checks the checkpoint's
+//! files against its manifest first: a damaged newest checkpoint is skipped with a warning
+//! naming the file, a damaged named one is an error.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use burn_ort_dist::{Communicator, UpdateStrategy};
 
 use super::checkpoint::{
     list_checkpoints, read_params, read_state, remove_stale_temporaries, state_dirs,
 };
+use super::checkpoint_manifest::{Verified, verify};
 use super::config::{Resume, TrainingConfig};
 use super::parallel_plan::ParallelPlan;
 use super::precision::LossScaler;
@@ -44,6 +47,77 @@ fn start_over(c: &TrainingConfig, dir: &Path, root: bool) -> Result<()> {
     Ok(())
 }
 
+/// Rank 0's choice of checkpoint (see [`checked_choice`]), handed to every rank: a
+/// broadcast of (found, step high, step low), so a step travels exactly as f32 values.
+fn choose_checkpoint(
+    c: &TrainingConfig,
+    dir: &Path,
+    world: &dyn Communicator,
+) -> Result<Option<PathBuf>> {
+    let mut msg = [0.0f32; 3];
+    let chosen = if world.rank() == 0 {
+        let chosen = checked_choice(c, dir);
+        if let Ok(Some((step, _))) = &chosen {
+            msg = [1.0, (step >> 20) as f32, (step & 0xF_FFFF) as f32];
+        } else if chosen.is_err() {
+            msg[0] = -1.0;
+        }
+        Some(chosen)
+    } else {
+        None
+    };
+    world.broadcast(&mut msg, 0)?;
+    match chosen {
+        Some(choice) => Ok(choice?.map(|(_, path)| path)),
+        None if msg[0] < 0.0 => Err(OnnxError::field(
+            "resume",
+            "rank 0 found the checkpoint to resume from damaged (its error says which file)",
+        )),
+        None if msg[0] == 0.0 => Ok(None),
+        None => {
+            let step = ((msg[1] as usize) << 20) | msg[2] as usize;
+            Ok(Some(c.checkpoint_to_load_path.clone().unwrap_or_else(
+                || dir.join(super::checkpoint::checkpoint_name(step)),
+            )))
+        }
+    }
+}
+
+/// The checkpoint `checkpoint_to_load_path` names, which must be intact, or the newest
+/// intact one in `dir` (skipping damaged newer ones with a warning), with its step. When
+/// every checkpoint there is damaged, the newest one's error: the run does not silently
+/// start over.
+fn checked_choice(c: &TrainingConfig, dir: &Path) -> Result<Option<(usize, PathBuf)>> {
+    if let Some(path) = &c.checkpoint_to_load_path {
+        warn_unchecked(path, verify(path)?);
+        return Ok(Some((0, path.clone())));
+    }
+    let mut newest_error = None;
+    for (step, path) in list_checkpoints(dir).into_iter().rev() {
+        match verify(&path) {
+            Ok(v) => {
+                warn_unchecked(&path, v);
+                return Ok(Some((step, path)));
+            }
+            Err(e) => {
+                tracing::warn!(
+                    checkpoint = %path.display(),
+                    error = %e,
+                    "skipping a damaged checkpoint; trying the one before it"
+                );
+                newest_error.get_or_insert(e);
+            }
+        }
+    }
+    newest_error.map_or(Ok(None), Err)
+}
+
+fn warn_unchecked(path: &Path, v: Verified) {
+    if v == Verified::Unchecked {
+        tracing::warn!(checkpoint = %path.display(), "no manifest.json (written before checkpoints carried checksums): its files are not checked");
+    }
+}
+
 /// The model to start from with the update and micro-step counters; the strategy's
 /// optimizer state and the loss scale are loaded from the checkpoint, if any.
 pub(super) fn resume(
@@ -63,11 +137,7 @@ pub(super) fn resume(
         start_over(c, &dir, root)?;
         return Ok((model, 0, 0));
     }
-    let Some(path) = c
-        .checkpoint_to_load_path
-        .clone()
-        .or_else(|| list_checkpoints(&dir).pop().map(|(_, p)| p))
-    else {
+    let Some(path) = choose_checkpoint(c, &dir, world)? else {
         return Ok((model, 0, 0));
     };
     let state = read_state(&path)?;

@@ -22,7 +22,7 @@ use super::data::Dataset;
 pub use super::evaluate::EvalMetrics;
 pub use super::report::RunSummary;
 use super::trainer::Trainer;
-use crate::error::Result;
+use crate::error::{OnnxError, Result};
 
 /// Runs training as configured, on one process or as one rank of a data-parallel group.
 pub struct TrainingRunner {
@@ -59,9 +59,16 @@ impl TrainingRunner {
     ) -> Result<RunSummary> {
         let c = self.config.clone();
         let (mut trainer, mut model) =
-            Trainer::start(c, self.comm.clone(), &self.device, &train, test.as_deref())?;
+            Trainer::start(c, self.comm.clone(), &self.device, &train, test.as_deref())
+                .map_err(OnnxError::before_first_update)?;
+        let first = trainer.update;
         while trainer.update < trainer.total {
-            model = trainer.train_update(model)?;
+            model = trainer
+                .train_update(model)
+                .map_err(|e| match trainer.update {
+                    u if u == first => e.before_first_update(),
+                    _ => e,
+                })?;
             if let Some(test) = test.as_ref().filter(|_| trainer.eval_due()) {
                 trainer.evaluate(&model, test.as_ref())?;
             }

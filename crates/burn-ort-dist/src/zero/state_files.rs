@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{DistError, DistResult};
+use crate::record::REPLICATED_STATE_FILE;
 use crate::zero::flat_optim::ShardState;
 use burn::module::ParamId;
 
@@ -25,7 +26,9 @@ fn shard_file(rank: usize) -> String {
 }
 
 fn bad(rank: usize, message: String) -> DistError {
-    DistError::Invalid { rank, message }
+    DistError::State {
+        message: format!("rank {rank}: {message}"),
+    }
 }
 
 /// What `zero.json` holds.
@@ -162,7 +165,14 @@ fn read_dir(
 ) -> DistResult<(Manifest, Vec<Vec<Vec<f32>>>)> {
     let path = dir.join(MANIFEST);
     let text = std::fs::read(&path).map_err(|e| {
-        bad(rank, format!("{}: {e} (the checkpoint has no ZeRO state: it comes from a run with zero_stage 0, whose optimizer record cannot be resharded)", path.display()))
+        let why = if dir.join(REPLICATED_STATE_FILE).exists() {
+            format!(
+                "the checkpoint holds a replicated optimizer record ({REPLICATED_STATE_FILE}) instead: it comes from a run with zero_stage 0, whose record cannot be resharded"
+            )
+        } else {
+            "the checkpoint holds no optimizer state: it is incomplete or was damaged".into()
+        };
+        bad(rank, format!("{}: {e} ({why})", path.display()))
     })?;
     let m: Manifest = serde_json::from_slice(&text).map_err(|e| {
         bad(

@@ -1,0 +1,160 @@
+//! Checksums of a checkpoint's files: `manifest.json`, written last, holds the size and
+//! SHA-256 of every file (`sha256sum` can check them by hand), so a damaged file is found
+//! before a run resumes from it or an export writes it.
+//!
+//! Each rank hashes the files it writes while they are in memory and leaves its list in
+//! `.sums/rank-<r>.json` inside the temporary directory; rank 0 merges the lists, adds
+//! `state.json`, writes the manifest and removes `.sums/` before the directory is renamed
+//! into place.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{OnnxError, Result};
+
+/// The manifest's file name.
+pub const MANIFEST_FILE: &str = "manifest.json";
+const SUMS_DIR: &str = ".sums";
+
+/// One file's size and SHA-256 (lowercase hex).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSum {
+    /// Size in bytes.
+    pub bytes: u64,
+    /// SHA-256 of the contents, lowercase hex.
+    pub sha256: String,
+}
+
+impl FileSum {
+    /// The sum of `bytes`.
+    pub fn of(bytes: &[u8]) -> FileSum {
+        FileSum {
+            bytes: bytes.len() as u64,
+            sha256: hex(&Sha256::digest(bytes)),
+        }
+    }
+
+    /// The sum of the file at `path`, read in pieces.
+    fn of_file(path: &Path) -> std::io::Result<FileSum> {
+        let mut f = fs::File::open(path)?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut bytes = 0u64;
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            bytes += n as u64;
+        }
+        Ok(FileSum {
+            bytes,
+            sha256: hex(&hasher.finalize()),
+        })
+    }
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What `manifest.json` holds: every file of the checkpoint by its path inside it.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Manifest {
+    files: BTreeMap<String, FileSum>,
+}
+
+/// Leave rank `rank`'s list of the files it wrote into the temporary checkpoint `tmp`.
+pub fn write_rank_sums(tmp: &Path, rank: usize, sums: BTreeMap<String, FileSum>) -> Result<()> {
+    let dir = tmp.join(SUMS_DIR);
+    fs::create_dir_all(&dir).map_err(|e| OnnxError::io(&dir, e))?;
+    let path = dir.join(format!("rank-{rank}.json"));
+    let json =
+        serde_json::to_vec(&sums).map_err(|e| OnnxError::field("checkpoint", e.to_string()))?;
+    fs::write(&path, json).map_err(|e| OnnxError::io(&path, e))
+}
+
+/// Rank 0, after every rank wrote its files and `state.json` is written: merge the ranks'
+/// lists, add `also` (files rank 0 wrote last, hashed here), and write the manifest,
+/// synced, into `tmp`.
+pub fn write_manifest(tmp: &Path, also: &[&str]) -> Result<()> {
+    let dir = tmp.join(SUMS_DIR);
+    let mut manifest = Manifest::default();
+    for entry in fs::read_dir(&dir).map_err(|e| OnnxError::io(&dir, e))? {
+        let path = entry.map_err(|e| OnnxError::io(&dir, e))?.path();
+        let text = fs::read(&path).map_err(|e| OnnxError::io(&path, e))?;
+        let sums: BTreeMap<String, FileSum> =
+            serde_json::from_slice(&text).map_err(|e| OnnxError::Decode {
+                path: path.clone(),
+                what: "checkpoint checksums (JSON)",
+                message: e.to_string(),
+            })?;
+        manifest.files.extend(sums);
+    }
+    for name in also {
+        let path = tmp.join(name);
+        let sum = FileSum::of_file(&path).map_err(|e| OnnxError::io(&path, e))?;
+        manifest.files.insert((*name).to_string(), sum);
+    }
+    fs::remove_dir_all(&dir).map_err(|e| OnnxError::io(&dir, e))?;
+    let path = tmp.join(MANIFEST_FILE);
+    let json = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| OnnxError::field("checkpoint", e.to_string()))?;
+    let mut f = fs::File::create(&path).map_err(|e| OnnxError::io(&path, e))?;
+    std::io::Write::write_all(&mut f, &json).map_err(|e| OnnxError::io(&path, e))?;
+    f.sync_all().map_err(|e| OnnxError::io(&path, e))
+}
+
+/// How a checkpoint passed [`verify`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verified {
+    /// Every file the manifest lists is there, with its size and SHA-256.
+    Intact,
+    /// No manifest: written before checkpoints carried checksums; nothing to check.
+    Unchecked,
+}
+
+/// Check every file of the checkpoint at `path` against its manifest. The error names the
+/// damaged or missing file.
+pub fn verify(path: &Path) -> Result<Verified> {
+    let manifest_path = path.join(MANIFEST_FILE);
+    let text = match fs::read(&manifest_path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Verified::Unchecked),
+        Err(e) => return Err(OnnxError::io(&manifest_path, e)),
+    };
+    let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| OnnxError::Decode {
+        path: manifest_path.clone(),
+        what: "checkpoint manifest (JSON)",
+        message: e.to_string(),
+    })?;
+    for (name, want) in &manifest.files {
+        let file = path.join(name);
+        let damaged = |message: String| OnnxError::Decode {
+            path: file.clone(),
+            what: "checkpoint file",
+            message,
+        };
+        let got = FileSum::of_file(&file)
+            .map_err(|e| damaged(format!("{e} (listed in {MANIFEST_FILE})")))?;
+        if got.bytes != want.bytes {
+            return Err(damaged(format!(
+                "{} bytes, the manifest says {}: the file is damaged",
+                got.bytes, want.bytes
+            )));
+        }
+        if got.sha256 != want.sha256 {
+            return Err(damaged(format!(
+                "SHA-256 {} differs from the manifest's {}: the file is damaged",
+                got.sha256, want.sha256
+            )));
+        }
+    }
+    Ok(Verified::Intact)
+}
