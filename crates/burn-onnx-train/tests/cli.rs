@@ -646,3 +646,85 @@ fn an_empty_config_names_the_fields_it_needs() {
         "{err}"
     );
 }
+
+#[test]
+fn a_deepspeed_config_sets_its_fields_and_names_the_keys_it_cannot_honour() {
+    let dir = tempdir("cli-deepspeed");
+    let cfg = dir.join("run.toml");
+    std::fs::write(&cfg, "model_path = \"m.onnx\"\nnum_train_steps = 40\n").unwrap();
+    let ds = dir.join("ds.json");
+    let print = |json: &str| {
+        std::fs::write(&ds, json).unwrap();
+        onnx_train(&[
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--deepspeed",
+            ds.to_str().unwrap(),
+            "--print-config",
+        ])
+    };
+    let out = print(
+        r#"{
+        "train_batch_size": 16, "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 2, "gradient_clipping": 0.5, "steps_per_print": 5,
+        "fp16": {"enabled": true, "loss_scale": 0, "loss_scale_window": 500},
+        "zero_optimization": {"stage": 2},
+        "optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10, "total_num_steps": 100, "warmup_max_lr": 3e-4}},
+        "tensorboard": {"enabled": true, "output_path": "tb", "job_name": "ds"}
+    }"#,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c: toml::Table = toml::from_str(&text).unwrap();
+    let get = |k: &str| c[k].clone();
+    assert_eq!(get("batch_size").as_integer(), Some(8));
+    assert_eq!(get("gradient_accumulation_steps").as_integer(), Some(2));
+    assert_eq!(get("max_grad_norm").as_float(), Some(0.5));
+    assert_eq!(get("display_loss_steps").as_integer(), Some(5));
+    assert_eq!(get("precision").as_str(), Some("f16"));
+    assert_eq!(get("loss_scale").as_float(), Some(0.0));
+    assert_eq!(get("loss_scale_growth_interval").as_integer(), Some(500));
+    assert_eq!(get("zero_stage").as_integer(), Some(2));
+    // 100 updates of 2 micro-steps; warm-up 10 of 100 updates; DeepSpeed's Adam is AdamW.
+    assert_eq!(get("num_train_steps").as_integer(), Some(200));
+    assert_eq!(get("log_dir").as_str(), Some("tb/ds"));
+    let (o, lr) = (
+        c["optimizer"].as_table().unwrap(),
+        c["lr"].as_table().unwrap(),
+    );
+    assert_eq!(o["kind"].as_str(), Some("adamw"));
+    assert_eq!(o["beta2"].as_float().map(|b| b as f32), Some(0.95));
+    assert_eq!(o["weight_decay"].as_float().map(|w| w as f32), Some(0.1));
+    assert_eq!(lr["initial_lr"].as_float(), Some(3e-4));
+    assert_eq!(lr["mode"].as_str(), Some("linear"));
+    assert_eq!(lr["warmup_ratio"].as_float(), Some(0.1));
+    // What it cannot honour is an error naming the key.
+    for (json, key) in [
+        (
+            r#"{"zero_optimization": {"stage": 2, "overlap_comm": true}}"#,
+            "zero_optimization.overlap_comm",
+        ),
+        (r#"{"wall_clock_breakdown": false}"#, "wall_clock_breakdown"),
+        (
+            r#"{"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}}"#,
+            "warmup_type",
+        ),
+        (
+            r#"{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8}"#,
+            "train_batch_size 64",
+        ),
+    ] {
+        let out = print(json);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("ds.json") && err.contains(key),
+            "{key}: {err}"
+        );
+    }
+}

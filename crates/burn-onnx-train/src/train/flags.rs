@@ -110,6 +110,12 @@ pub struct TrainFlags {
     /// refusing to start (`overwrite_output_dir`).
     #[arg(long)]
     pub overwrite: bool,
+    /// A DeepSpeed config (`ds.json`), applied after `--config`: micro-batch, accumulation,
+    /// clipping, fp16/bf16 and loss scaling, ZeRO stage, optimizer, WarmupLR /
+    /// WarmupDecayLR / WarmupCosineLR, steps_per_print, tensorboard; any other key is an
+    /// error naming it (`train::deepspeed`).
+    #[arg(long, value_name = "ds.json")]
+    pub deepspeed: Option<PathBuf>,
     /// Override any config field: `--set KEY=VALUE`, repeatable; dotted keys for sections
     /// (`--set optimizer.kind=sgd`), TOML values (applied after the file, before the flags
     /// above).
@@ -128,6 +134,10 @@ impl TrainFlags {
         let c = match &self.config {
             Some(path) => TrainingConfig::from_file_over(defaults, path)?,
             None => defaults,
+        };
+        let c = match &self.deepspeed {
+            Some(path) => super::deepspeed::apply_deepspeed(c, path)?,
+            None => c,
         };
         let mut c = c.with_overrides(&self.set)?;
         let set = |field: &mut usize, v: Option<usize>| {

@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod checkpoint_manifest;
 pub mod config;
 pub mod data;
+pub mod deepspeed;
 pub mod device;
 pub mod elastic;
 pub mod evaluate;
