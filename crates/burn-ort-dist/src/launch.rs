@@ -1,11 +1,20 @@
 //! Local launch: run `N` data-parallel workers as threads of this process, each with its
-//! rank of a [`ThreadCommunicator`] group (what `--dp N` does without `mpirun`).
+//! rank of a [`ThreadCommunicator`] group (what `--dp N` does without `mpirun`); and whether
+//! an MPI launcher started this process (read from its environment, with or without the
+//! `mpi` feature).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::communicator::Communicator;
 use crate::threads::ThreadCommunicator;
+
+/// Was this process started by an MPI launcher (OpenMPI, MPICH, Slurm's PMI)?
+pub fn launched_by_mpi() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
 
 /// Run `worker` on `world` threads, one rank each. Returns every rank's result in rank order.
 /// A worker that fails or panics aborts the group, so the others fail at their next

@@ -49,11 +49,11 @@ pub use grad_sync::{
     DEFAULT_BUCKET_BYTES, FlatGrad, Reduction, adasum_pair, adasum_tree, all_reduce_gradients,
     put_flat, reduce_gradients, take_flat,
 };
-pub use launch::run_threads;
+pub use launch::{launched_by_mpi, run_threads};
 #[cfg(feature = "mpi")]
 pub use mpi;
 #[cfg(feature = "mpi")]
-pub use mpi_comm::{MpiCommunicator, launched_by_mpi};
+pub use mpi_comm::MpiCommunicator;
 #[cfg(feature = "cuda")]
 pub use nccl_comm::NcclCommunicator;
 pub use overlap::{OverlappedSync, SyncTimes};

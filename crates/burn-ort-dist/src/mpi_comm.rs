@@ -56,13 +56,6 @@ unsafe impl Send for MpiCommunicator {}
 // SAFETY: see above; shared references only reach MPI through the mutex.
 unsafe impl Sync for MpiCommunicator {}
 
-/// Was this process started by an MPI launcher (OpenMPI, MPICH, Slurm's PMI)?
-pub fn launched_by_mpi() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
-}
-
 /// `n` as MPI's int count, or the error naming `what`.
 fn mpi_count(n: usize, rank: usize, what: &str) -> DistResult<i32> {
     i32::try_from(n).map_err(|_| DistError::Invalid {

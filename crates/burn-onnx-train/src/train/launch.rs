@@ -46,10 +46,7 @@ fn mpi_comm(config: &TrainingConfig) -> Result<Option<Arc<dyn Communicator>>> {
 
 #[cfg(not(feature = "mpi"))]
 fn mpi_comm(_: &TrainingConfig) -> Result<Option<Arc<dyn Communicator>>> {
-    if ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
-    {
+    if burn_ort_dist::launched_by_mpi() {
         return Err(OnnxError::field(
             "launch",
             "started by mpirun, but built without the `mpi` feature (rebuild with --features mpi)",
