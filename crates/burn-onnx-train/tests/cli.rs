@@ -266,6 +266,50 @@ fn a_torchrun_launch_is_refused_with_the_mpirun_command() {
     );
 }
 
+#[test]
+fn an_srun_step_without_pmix_is_refused_and_a_batch_script_is_not() {
+    // What `srun -n 2` (no --mpi=pmix) sets for task 1: refused with the srun command.
+    let dir = tempdir("cli-srun");
+    let cfg = train_setup(&dir);
+    let run = |env: &[(&str, &str)]| {
+        Command::new(env!("CARGO_BIN_EXE_onnx-train"))
+            .args(["train", "--config", cfg.to_str().unwrap()])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let slurm_job = [
+        ("SLURM_JOB_ID", "4242"),
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_PROCID", "1"),
+        ("SLURM_LOCALID", "1"),
+    ];
+    let step: Vec<_> = slurm_job
+        .iter()
+        .copied()
+        .chain([("SLURM_STEP_ID", "0"), ("SLURM_STEP_NUM_TASKS", "2")])
+        .collect();
+    let out = run(&step);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{log}");
+    assert!(
+        log.contains("task 1 of 2") && log.contains("srun --mpi=pmix -n 2 onnx-train train"),
+        "{log}"
+    );
+    assert!(!dir.join("out/checkpoints").exists(), "nothing trained");
+    // The batch script of the same allocation (SLURM_NTASKS but no step) trains.
+    let out = run(&[
+        ("SLURM_JOB_ID", "4242"),
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_PROCID", "0"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `onnx-train train` on `cfg` with two thread ranks, 60 updates, no periodic checkpoint,
 /// a loss line every update, into `out`.
 fn preemptible_run(cfg: &std::path::Path, out: &std::path::Path) -> Command {

@@ -114,13 +114,27 @@ pub fn launch(
 
 /// Refuse a launcher this trainer does not speak: torchrun (torchelastic) and
 /// `torch.distributed.launch` start N processes with `WORLD_SIZE`, `RANK` and a TCP
-/// rendezvous at `MASTER_ADDR`; each process would train alone, into the same output
-/// directory. MPI launchers (mpirun, `srun --mpi=pmix`) are ours and pass.
+/// rendezvous at `MASTER_ADDR`, and a plain `srun -n N` starts N tasks without PMI/PMIx;
+/// each process would train alone, into the same output directory. MPI launchers
+/// (mpirun, `srun --mpi=pmix`) are ours and pass.
 fn refuse_foreign_launcher() -> Result<()> {
     if burn_ort_dist::launched_by_mpi() {
         return Ok(());
     }
     let var = |k: &str| std::env::var(k).ok();
+    // An srun step of several tasks without MPI's process management (`--mpi=pmix`): its
+    // tasks would each train alone too. (A batch script has SLURM_NTASKS but no step.)
+    if let Some(tasks) = var("SLURM_STEP_NUM_TASKS").and_then(|n| n.parse::<usize>().ok())
+        && tasks > 1
+    {
+        let task = var("SLURM_PROCID").unwrap_or_else(|| "?".into());
+        return Err(OnnxError::field(
+            "launch",
+            format!(
+                "started by srun as task {task} of {tasks} without MPI process management (no PMI/PMIx in the environment): every task would train alone into the same output directory. Use `srun --mpi=pmix -n {tasks} onnx-train train ...` (OpenMPI's PMIx), or one task with threads: `srun -n 1 onnx-train train --dp {tasks} ...`"
+            ),
+        ));
+    }
     let Some(world) = var("WORLD_SIZE").and_then(|w| w.parse::<usize>().ok()) else {
         return Ok(());
     };
