@@ -328,6 +328,24 @@ impl Dataset for Flaky {
     }
 }
 
+/// gpt2_tiny's tokens, failing once at rank 0's first window of micro-step `k` (2 ranks,
+/// batch 2, seed 42).
+fn flaky_at_micro_step(k: usize) -> Arc<dyn Dataset> {
+    let sampler = DistributedSampler {
+        len: gpt2_tokens().len(),
+        batch_size: 2,
+        rank: 0,
+        world: 2,
+        seed: 42,
+        shuffle: true,
+    };
+    Arc::new(Flaky {
+        inner: gpt2_tokens(),
+        fail_at_window: sampler.batch_indices(k).unwrap()[0],
+        failed: false.into(),
+    })
+}
+
 #[test]
 fn a_failed_thread_run_restarts_from_its_newest_checkpoint_and_ends_as_an_uninterrupted_one() {
     use burn_onnx_train::train::launch::launch_elastic;
@@ -339,22 +357,7 @@ fn a_failed_thread_run_restarts_from_its_newest_checkpoint_and_ends_as_an_uninte
     launch(c(&clean), gpt2_tokens(), None).unwrap();
     // Rank 0's first window of micro-step 6 (after the checkpoints of updates 2, 4, 6) fails
     // once: the first attempt dies there, the second resumes from update 6 and finishes.
-    let sampler = DistributedSampler {
-        len: gpt2_tokens().len(),
-        batch_size: 2,
-        rank: 0,
-        world: 2,
-        seed: 42,
-        shuffle: true,
-    };
-    let window = sampler.batch_indices(6).unwrap()[0];
-    let flaky = || {
-        Arc::new(Flaky {
-            inner: gpt2_tokens(),
-            fail_at_window: window,
-            failed: false.into(),
-        }) as Arc<dyn Dataset>
-    };
+    let flaky = || flaky_at_micro_step(6);
     let out = tempdir("elastic-restarted");
     let err = launch_elastic(c(&tempdir("elastic-no-restart")), flaky(), None, 0)
         .err()
@@ -380,21 +383,8 @@ fn a_failed_thread_run_restarts_from_its_newest_checkpoint_and_ends_as_an_uninte
 #[test]
 fn a_thread_run_that_fails_before_its_first_update_is_not_restarted() {
     use burn_onnx_train::train::launch::launch_elastic;
-    let sampler = DistributedSampler {
-        len: gpt2_tokens().len(),
-        batch_size: 2,
-        rank: 0,
-        world: 2,
-        seed: 42,
-        shuffle: true,
-    };
-    let flaky = Arc::new(Flaky {
-        inner: gpt2_tokens(),
-        fail_at_window: sampler.batch_indices(0).unwrap()[0],
-        failed: false.into(),
-    });
     let out = tempdir("elastic-first-update");
-    let err = launch_elastic(gpt2(&out, 2, 2), flaky, None, 3)
+    let err = launch_elastic(gpt2(&out, 2, 2), flaky_at_micro_step(0), None, 3)
         .err()
         .expect("a failure before the first update ends the run");
     assert!(

@@ -164,14 +164,13 @@ impl MpiCommunicator {
 
     /// Operation `op` of `bytes`: start it with `start` (which gets the raw communicator and
     /// the request to fill, and returns MPI's code), then wait for it as the watch does.
-    /// Returns the sender and the element count (of `type_bytes`-byte elements) of a receive.
+    /// Returns the number of floats a receive got.
     fn run(
         &self,
         op: &str,
         bytes: usize,
-        type_bytes: i32,
         start: impl FnOnce(mpi::ffi::MPI_Comm, &mut mpi::ffi::MPI_Request) -> i32,
-    ) -> DistResult<(usize, usize)> {
+    ) -> DistResult<usize> {
         let mut guard = self.lock()?;
         let c = &mut *guard;
         c.watch.begin(op, bytes);
@@ -188,8 +187,7 @@ impl MpiCommunicator {
             bytes,
             group: &self.world_ranks,
         };
-        c.watch
-            .wait(&mut req, info, self.rank, self.timeout, type_bytes)
+        c.watch.wait(&mut req, info, self.rank, self.timeout)
     }
 }
 
@@ -206,7 +204,7 @@ impl Communicator for MpiCommunicator {
         // In place (no send-buffer copy), in chunks that fit MPI's int count.
         for chunk in buf.chunks_mut(i32::MAX as usize) {
             let (ptr, len) = (chunk.as_mut_ptr(), chunk.len());
-            self.run("all_reduce", 4 * len, 4, |comm, req| {
+            self.run("all_reduce", 4 * len, |comm, req| {
                 // SAFETY: `chunk` is a valid, exclusively borrowed f32 buffer of `len` values
                 // that outlives the request (`run` waits for it); calls are serialised.
                 unsafe { burn_ort_iallreduce_sum_f32_in_place(ptr, len as i32, comm, req) }
@@ -220,7 +218,7 @@ impl Communicator for MpiCommunicator {
         check_reduce_scatter(self.rank, self.size, send.len(), recv.len())?;
         let count = mpi_count(recv.len(), self.rank, "a reduce_scatter chunk")?;
         let (src, dst) = (send.as_ptr(), recv.as_mut_ptr());
-        self.run("reduce_scatter", 4 * send.len(), 4, |comm, req| {
+        self.run("reduce_scatter", 4 * send.len(), |comm, req| {
             // SAFETY: `send` holds size x count values and `recv` count, both alive until
             // `run` returns after the request completes.
             unsafe { burn_ort_ireduce_scatter_block_sum_f32(src, dst, count, comm, req) }
@@ -238,7 +236,7 @@ impl Communicator for MpiCommunicator {
         }
         let count = mpi_count(buf.len(), self.rank, "a broadcast")?;
         let ptr = buf.as_mut_ptr();
-        self.run("broadcast", 4 * buf.len(), 4, |comm, req| {
+        self.run("broadcast", 4 * buf.len(), |comm, req| {
             // SAFETY: `buf` holds `count` values and outlives the request.
             unsafe { burn_ort_ibcast_f32(ptr, count, root as i32, comm, req) }
         })
@@ -259,7 +257,7 @@ impl Communicator for MpiCommunicator {
         }
         let count = mpi_count(send.len(), self.rank, "an all_gather contribution")?;
         let (src, dst) = (send.as_ptr(), recv.as_mut_ptr());
-        self.run("all_gather", 4 * recv.len(), 4, |comm, req| {
+        self.run("all_gather", 4 * recv.len(), |comm, req| {
             // SAFETY: `send` holds `count` values and `recv` size x count, both alive until
             // the request completes.
             unsafe { burn_ort_iallgather_f32(src, count, dst, comm, req) }
@@ -269,7 +267,7 @@ impl Communicator for MpiCommunicator {
 
     fn barrier(&self) -> DistResult<()> {
         // SAFETY: no buffers; `req` is filled by MPI.
-        self.run("barrier", 0, 4, |comm, req| unsafe {
+        self.run("barrier", 0, |comm, req| unsafe {
             burn_ort_ibarrier(comm, req)
         })
         .map(|_| ())
@@ -319,7 +317,7 @@ impl Communicator for MpiCommunicator {
         let count = mpi_count(buf.len(), self.rank, "a message")?;
         let ptr = buf.as_mut_ptr();
         let op = format!("receive from world rank {}", self.world_ranks[src]);
-        let (_, got) = self.run(&op, 4 * buf.len(), 4, |comm, req| {
+        let got = self.run(&op, 4 * buf.len(), |comm, req| {
             // SAFETY: `buf` holds `count` values and outlives the request.
             unsafe { burn_ort_irecv_f32(ptr, count, src as i32, comm, req) }
         })?;

@@ -118,26 +118,22 @@ impl Watch {
         };
     }
 
-    /// Test `req` until it completes (returning the sender and the element count of a
-    /// receive of `type_bytes`-byte elements), or until `timeout` passes: then the error
-    /// naming `info`'s operation and the ranks that never arrived. `rank` is this rank's
-    /// index in `info.group`.
+    /// Test `req` until it completes (returning the number of floats a receive got), or
+    /// until `timeout` passes: then the error naming `info`'s operation and the ranks that
+    /// never arrived. `rank` is this rank's index in `info.group`.
     pub fn wait(
         &mut self,
         req: &mut MPI_Request,
         info: OpInfo<'_>,
         rank: usize,
         timeout: Option<Duration>,
-        type_bytes: i32,
-    ) -> DistResult<(usize, usize)> {
+    ) -> DistResult<usize> {
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
             let (mut done, mut source, mut count) = (0, 0, 0);
             // SAFETY: `req` is a live request of an operation whose buffers the caller holds.
-            let code = unsafe {
-                burn_ort_test_status(req, &mut done, &mut source, &mut count, type_bytes)
-            };
+            let code = unsafe { burn_ort_test_status(req, &mut done, &mut source, &mut count, 4) };
             if code != 0 {
                 return Err(DistError::Peer {
                     rank: info.group[rank],
@@ -146,7 +142,7 @@ impl Watch {
             }
             if done != 0 {
                 trace_done(info, start.elapsed());
-                return Ok((source.max(0) as usize, count.max(0) as usize));
+                return Ok(count.max(0) as usize);
             }
             self.answer();
             let waited = start.elapsed();

@@ -22,7 +22,7 @@ use burn_onnx_train::npy::{read_npy, write_npy_as};
 use burn_onnx_train::pipeline::Partition;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::{read_params, read_state};
-use burn_onnx_train::train::checkpoint_manifest::{Verified, verify};
+use burn_onnx_train::train::checkpoint_manifest::check_files;
 use burn_onnx_train::train::data::{Dataset, ImageDataset, TokenDataset};
 use burn_onnx_train::train::elastic::ElasticJob;
 use burn_onnx_train::train::flags::TrainFlags;
@@ -441,13 +441,8 @@ fn export(
     external_data: bool,
 ) -> Result<(), OnnxError> {
     // A damaged checkpoint is refused before anything is read from it.
-    if let Some(c) = &checkpoint
-        && verify(c)? == Verified::Unchecked
-    {
-        eprintln!(
-            "warning: {}: no manifest.json (written before checkpoints carried checksums): its files are not checked",
-            c.display()
-        );
+    if let Some(c) = &checkpoint {
+        check_files(c)?;
     }
     // The run that wrote the checkpoint says which model file and which initializer ties
     // its parameters follow.

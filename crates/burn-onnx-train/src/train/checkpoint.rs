@@ -35,7 +35,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint_manifest::{FileSum, write_manifest, write_rank_sums};
+use super::checkpoint_manifest::{FileSum, MANIFEST_FILE, merged_manifest, write_rank_sums};
 use super::precision::ScalerState;
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
@@ -224,7 +224,8 @@ pub fn save_checkpoint(
         let json = serde_json::to_vec_pretty(state)
             .map_err(|e| OnnxError::field("checkpoint state", e.to_string()))?;
         write_synced(&tmp.join(STATE_FILE), &json)?;
-        write_manifest(&tmp, &[STATE_FILE])?;
+        let state_sum = BTreeMap::from([(STATE_FILE.to_string(), FileSum::of(&json))]);
+        write_synced(&tmp.join(MANIFEST_FILE), &merged_manifest(&tmp, state_sum)?)?;
         File::open(&tmp)
             .and_then(|d| d.sync_all())
             .map_err(io(&tmp))?;

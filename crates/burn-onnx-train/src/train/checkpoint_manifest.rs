@@ -3,8 +3,8 @@
 //! before a run resumes from it or an export writes it.
 //!
 //! Each rank hashes the files it writes while they are in memory and leaves its list in
-//! `.sums/rank-<r>.json` inside the temporary directory; rank 0 merges the lists, adds
-//! `state.json`, writes the manifest and removes `.sums/` before the directory is renamed
+//! `.sums/rank-<r>.json` inside the temporary directory; rank 0 merges the lists with
+//! `state.json`'s, writes the manifest and removes `.sums/` before the directory is renamed
 //! into place.
 
 use std::collections::BTreeMap;
@@ -80,10 +80,10 @@ pub fn write_rank_sums(tmp: &Path, rank: usize, sums: BTreeMap<String, FileSum>)
     fs::write(&path, json).map_err(|e| OnnxError::io(&path, e))
 }
 
-/// Rank 0, after every rank wrote its files and `state.json` is written: merge the ranks'
-/// lists, add `also` (files rank 0 wrote last, hashed here), and write the manifest,
-/// synced, into `tmp`.
-pub fn write_manifest(tmp: &Path, also: &[&str]) -> Result<()> {
+/// Rank 0, after every rank wrote its files: the ranks' lists in the temporary checkpoint
+/// `tmp` merged with `also` (the files rank 0 writes last) as the manifest's bytes, for
+/// the caller to write as [`MANIFEST_FILE`]; the lists are removed.
+pub fn merged_manifest(tmp: &Path, also: BTreeMap<String, FileSum>) -> Result<Vec<u8>> {
     let dir = tmp.join(SUMS_DIR);
     let mut manifest = Manifest::default();
     for entry in fs::read_dir(&dir).map_err(|e| OnnxError::io(&dir, e))? {
@@ -97,18 +97,9 @@ pub fn write_manifest(tmp: &Path, also: &[&str]) -> Result<()> {
             })?;
         manifest.files.extend(sums);
     }
-    for name in also {
-        let path = tmp.join(name);
-        let sum = FileSum::of_file(&path).map_err(|e| OnnxError::io(&path, e))?;
-        manifest.files.insert((*name).to_string(), sum);
-    }
+    manifest.files.extend(also);
     fs::remove_dir_all(&dir).map_err(|e| OnnxError::io(&dir, e))?;
-    let path = tmp.join(MANIFEST_FILE);
-    let json = serde_json::to_vec_pretty(&manifest)
-        .map_err(|e| OnnxError::field("checkpoint", e.to_string()))?;
-    let mut f = fs::File::create(&path).map_err(|e| OnnxError::io(&path, e))?;
-    std::io::Write::write_all(&mut f, &json).map_err(|e| OnnxError::io(&path, e))?;
-    f.sync_all().map_err(|e| OnnxError::io(&path, e))
+    serde_json::to_vec_pretty(&manifest).map_err(|e| OnnxError::field("checkpoint", e.to_string()))
 }
 
 /// How a checkpoint passed [`verify`].
@@ -118,6 +109,14 @@ pub enum Verified {
     Intact,
     /// No manifest: written before checkpoints carried checksums; nothing to check.
     Unchecked,
+}
+
+/// [`verify`], with a warning when the checkpoint has no manifest to check against.
+pub fn check_files(path: &Path) -> Result<()> {
+    if verify(path)? == Verified::Unchecked {
+        tracing::warn!(checkpoint = %path.display(), "no manifest.json (written before checkpoints carried checksums): its files are not checked");
+    }
+    Ok(())
 }
 
 /// Check every file of the checkpoint at `path` against its manifest. The error names the

@@ -11,7 +11,7 @@ use burn_ort_dist::{Communicator, UpdateStrategy};
 use super::checkpoint::{
     list_checkpoints, read_params, read_state, remove_stale_temporaries, state_dirs,
 };
-use super::checkpoint_manifest::{Verified, verify};
+use super::checkpoint_manifest::check_files;
 use super::config::{Resume, TrainingConfig};
 use super::parallel_plan::ParallelPlan;
 use super::precision::LossScaler;
@@ -89,16 +89,13 @@ fn choose_checkpoint(
 /// start over.
 fn checked_choice(c: &TrainingConfig, dir: &Path) -> Result<Option<(usize, PathBuf)>> {
     if let Some(path) = &c.checkpoint_to_load_path {
-        warn_unchecked(path, verify(path)?);
+        check_files(path)?;
         return Ok(Some((0, path.clone())));
     }
     let mut newest_error = None;
     for (step, path) in list_checkpoints(dir).into_iter().rev() {
-        match verify(&path) {
-            Ok(v) => {
-                warn_unchecked(&path, v);
-                return Ok(Some((step, path)));
-            }
+        match check_files(&path) {
+            Ok(()) => return Ok(Some((step, path))),
             Err(e) => {
                 tracing::warn!(
                     checkpoint = %path.display(),
@@ -110,12 +107,6 @@ fn checked_choice(c: &TrainingConfig, dir: &Path) -> Result<Option<(usize, PathB
         }
     }
     newest_error.map_or(Ok(None), Err)
-}
-
-fn warn_unchecked(path: &Path, v: Verified) {
-    if v == Verified::Unchecked {
-        tracing::warn!(checkpoint = %path.display(), "no manifest.json (written before checkpoints carried checksums): its files are not checked");
-    }
 }
 
 /// The model to start from with the update and micro-step counters; the strategy's
