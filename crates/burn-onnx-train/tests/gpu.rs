@@ -432,6 +432,72 @@ fn matrix(v: &[f32], rows: usize, cols: usize, device: &Device) -> Tensor<2> {
     Tensor::<2>::from_data(TensorData::new(v.to_vec(), vec![rows, cols]), device)
 }
 
+/// `kernels::matmul` of `a [m, k]` and `b [k, n]` (`b` stored as `[n, k]` and transposed
+/// when `b_transposed`, as a tied LM head's is) under autodiff: the product and the
+/// gradients of `sum(product * r)` with respect to `a` and `b`.
+fn product_and_gradients(
+    device: &Device,
+    (m, k, n): (usize, usize, usize),
+    b_transposed: bool,
+) -> [ndarray::ArrayD<f32>; 3] {
+    let device = device.clone().autodiff();
+    let lift = |t: Tensor<2>| t.unsqueeze::<MAX_RANK>();
+    let a = lift(matrix(&uniform(m, k, 5), m, k, &device)).require_grad();
+    let b = if b_transposed {
+        lift(matrix(&uniform(n, k, 6), n, k, &device)).require_grad()
+    } else {
+        lift(matrix(&uniform(k, n, 6), k, n, &device)).require_grad()
+    };
+    let rhs = if b_transposed {
+        b.clone().swap_dims(MAX_RANK - 2, MAX_RANK - 1)
+    } else {
+        b.clone()
+    };
+    let product = burn_onnx_train::kernels::matmul(a.clone(), rhs);
+    let r = lift(matrix(&uniform(m, n, 7), m, n, &device));
+    let grads = (product.clone() * r).sum().backward();
+    let flat = |t: Tensor<MAX_RANK>| {
+        let [.., rows, cols] = t.dims();
+        host2(t.reshape([rows as i32, cols as i32]))
+    };
+    [
+        flat(product.inner()),
+        flat(a.grad(&grads).unwrap()),
+        flat(b.grad(&grads).unwrap()),
+    ]
+}
+
+/// Products with a column count that is not a multiple of 8 and at least 1024 (an LM head
+/// over GPT-2's 50257 words) run on CubeCL devices with zero-padded columns
+/// (`kernels::matmul`); the product and both gradients against the CPU, for a plain and a
+/// transposed (tied-embedding) right-hand side, and one multiple of 8 that is not padded.
+#[test]
+fn products_with_odd_column_counts_and_their_gradients_match_the_cpu() {
+    for (shape, b_transposed) in [
+        ((48, 64, 1027), false),
+        ((48, 64, 1027), true),
+        ((33, 40, 2049), false),
+        ((48, 64, 1024), false),
+    ] {
+        let got = product_and_gradients(&gpu(), shape, b_transposed);
+        let want = product_and_gradients(&Device::flex(), shape, b_transposed);
+        for ((what, g), w) in ["product", "grad a", "grad b"].iter().zip(&got).zip(&want) {
+            let scale = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            assert!(scale > 0.0, "{what}: all zero");
+            assert_close(
+                &format!(
+                    "{} {shape:?} (b transposed {b_transposed}): {what}",
+                    gpu_spec()
+                ),
+                g,
+                w,
+                on_tf32(1e-5, 2e-3) * scale,
+                0.0,
+            );
+        }
+    }
+}
+
 #[test]
 fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
     // Each product against the CPU's f32, within 2e-3 of sum|a||b| per element: what TF32
