@@ -467,10 +467,10 @@ fn product_and_gradients(
     ]
 }
 
-/// Products with a column count that is not a multiple of 8 and at least 1024 (an LM head
-/// over GPT-2's 50257 words) run on CubeCL devices with zero-padded columns
-/// (`kernels::matmul`); the product and both gradients against the CPU, for a plain and a
-/// transposed (tied-embedding) right-hand side, and one multiple of 8 that is not padded.
+/// Products whose column count is odd (an LM head over GPT-2's 50257 words: CubeCL's matmul
+/// then reads and writes those rows without vectors) and one of a multiple of 8, through
+/// `kernels::matmul` under autodiff: the product and both gradients against the CPU, for a
+/// plain and a transposed (tied-embedding) right-hand side.
 #[test]
 fn products_with_odd_column_counts_and_their_gradients_match_the_cpu() {
     for (shape, b_transposed) in [
