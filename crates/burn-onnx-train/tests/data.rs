@@ -2,6 +2,8 @@
 
 use std::collections::HashSet;
 
+mod common;
+
 use burn_onnx_train::Value;
 use burn_onnx_train::host_tensor::HostTensor;
 use burn_onnx_train::npy::write_npy;
@@ -132,5 +134,89 @@ fn prefetcher_yields_the_sampler_batches_in_order() {
             p.next_batch().unwrap(),
             data.batch(&s.batch_indices(k).unwrap()).unwrap()
         );
+    }
+}
+
+/// Token shards as NumPy, nanoGPT and llm.c write them (numpy writes each file here), read
+/// in place: uint16 / int32 / uint8 `.npy`, nanoGPT's raw uint16 `.bin`, llm.c's headed
+/// `.bin` (u16 and u32), windows that span shards, one file named directly; big-endian
+/// arrays, a wrong llm.c version and a truncated file are errors naming the file.
+#[test]
+fn token_shards_of_numpy_nanogpt_and_llmc_are_read_in_place() {
+    let Some(python) = common::python_for("ONNX_TRAIN_PYTHON", "numpy token shard") else {
+        return;
+    };
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("onnx-train-token-shards");
+    let _ = std::fs::remove_dir_all(&dir);
+    for sub in ["mixed", "bad_endian", "bad_version", "truncated"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    let script = r#"
+import sys, numpy as np
+d = sys.argv[1]
+def llmc(path, toks, version):
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, version, len(toks)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(toks.tobytes())
+np.save(f"{d}/mixed/a.npy", np.arange(0, 5, dtype=np.uint16) + 60000)
+np.save(f"{d}/mixed/b.npy", np.arange(5, 9, dtype=np.int32) - 7)
+np.save(f"{d}/mixed/c.npy", np.arange(9, 12, dtype=np.uint8))
+np.arange(12, 15, dtype=np.uint16).tofile(f"{d}/mixed/d.bin")
+llmc(f"{d}/mixed/e.bin", np.arange(15, 18, dtype=np.uint16), 1)
+llmc(f"{d}/mixed/f.bin", np.arange(18, 20, dtype=np.uint32) + 100000, 2)
+np.save(f"{d}/bad_endian/a.npy", np.arange(8, dtype=">u2"))
+llmc(f"{d}/bad_version/a.bin", np.arange(8, dtype=np.uint16), 7)
+llmc(f"{d}/truncated/a.bin", np.arange(8, dtype=np.uint16), 1)
+with open(f"{d}/truncated/a.bin", "r+b") as f:
+    f.truncate(1024 + 10)
+"#;
+    let status = std::process::Command::new(&python)
+        .args(["-c", script, dir.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "numpy could not write the shards");
+
+    // The stream numpy wrote: 60000..60004, -2..1, 9..11, 12..14, 15..17, 100018, 100019.
+    let mut want: Vec<i64> = (0..5).map(|i| 60000 + i).collect();
+    want.extend((5..9).map(|i| i - 7));
+    want.extend(9..18);
+    want.extend([100018, 100019]);
+    let data = TokenDataset::load(&dir.join("mixed"), 3).unwrap();
+    assert_eq!(data.len(), want.len() / 3);
+    let all: Vec<usize> = (0..data.len()).collect();
+    let HostTensor::Int(got) = data.batch(&all).unwrap().input else {
+        panic!("integer batch")
+    };
+    assert_eq!(got.iter().copied().collect::<Vec<_>>(), want[..18]);
+    // Window 1 (tokens 3..6) spans a.npy and b.npy; window 5 (15..18) is e.bin whole.
+    let HostTensor::Int(w) = data.batch(&[1]).unwrap().input else {
+        panic!("integer batch")
+    };
+    assert_eq!(w.iter().copied().collect::<Vec<_>>(), [60003, 60004, -2]);
+    let (lo, hi) = data.id_range().unwrap();
+    assert_eq!((lo.value, lo.index), (-2, 0));
+    assert!(lo.source.ends_with("b.npy"), "{lo}");
+    assert_eq!((hi.value, hi.index), (100019, 1));
+    assert!(hi.source.ends_with("f.bin"), "{hi}");
+
+    // One file named directly (nanoGPT's `train.bin` beside its `val.bin`).
+    let one = TokenDataset::load(&dir.join("mixed/d.bin"), 3).unwrap();
+    let HostTensor::Int(w) = one.batch(&[0]).unwrap().input else {
+        panic!("integer batch")
+    };
+    assert_eq!(w.iter().copied().collect::<Vec<_>>(), [12, 13, 14]);
+
+    for (sub, says) in [
+        ("bad_endian", "big-endian"),
+        ("bad_version", "version"),
+        ("truncated", "bytes"),
+    ] {
+        let err = TokenDataset::load(&dir.join(sub), 2)
+            .err()
+            .unwrap_or_else(|| panic!("{sub}: loaded"))
+            .to_string();
+        assert!(err.contains("a.") && err.contains(says), "{sub}: {err}");
     }
 }

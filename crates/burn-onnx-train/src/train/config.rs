@@ -135,9 +135,9 @@ pub const DEFAULT_MPI_COLLECTIVE_TIMEOUT_S: u64 = 1800;
 pub struct TrainingConfig {
     /// The ONNX model to train.
     pub model_path: PathBuf,
-    /// Directory of training shards.
+    /// Directory of training shards; for token shards also one file (nanoGPT's `train.bin`).
     pub train_data_dir: PathBuf,
-    /// Directory of evaluation shards.
+    /// Directory of evaluation shards; for token shards also one file (`val.bin`).
     pub test_data_dir: PathBuf,
     /// Where the run writes its outputs (exported model, perf report).
     pub output_dir: PathBuf,

@@ -1,9 +1,11 @@
 //! Training and evaluation data: shard directories, distributed sampling and prefetch.
 //!
 //! ## Shard formats (NumPy `.npy`, so any tool can write them)
-//! * **Token shards** (language models): every `*.npy` in the directory, in file-name
-//!   order, is a 1-D integer array (uint16, uint32, int32 or int64) of token ids; the shards
-//!   are concatenated into one stream, cut into non-overlapping windows of `seq_len` tokens.
+//! * **Token shards** (language models): every `*.npy` and `*.bin` in the directory, in
+//!   file-name order, or one such file: 1-D integer arrays (8- to 64-bit) of token ids, or
+//!   nanoGPT's raw u16 / llm.c's headed `.bin` files; the shards are laid end to end as one
+//!   stream, cut into non-overlapping windows of `seq_len` tokens. They are memory-mapped
+//!   and read a window at a time ([`super::token_shards`]), never widened whole in RAM.
 //! * **Image shards** (classifiers and regressors): `images_<k>.npy` (float32 `[N, ...]`,
 //!   e.g. `[N, C, H, W]` images or `[N, features]` vectors) paired with `labels_<k>.npy`
 //!   (integer `[N]`, for cross-entropy) or `targets_<k>.npy` (float32 `[N, ...]`, for MSE).
@@ -26,6 +28,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
+use super::token_shards::TokenShards;
 use crate::error::{OnnxError, Result};
 use crate::host_tensor::HostTensor;
 use crate::npy::read_npy;
@@ -187,12 +190,13 @@ pub enum TargetKind {
     Values,
 }
 
-fn shard_files(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
+fn shard_files(dir: &Path, prefix: &str, extensions: &[&str]) -> Result<Vec<PathBuf>> {
     let entries = std::fs::read_dir(dir).map_err(|e| OnnxError::io(dir, e))?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.extension().is_some_and(|x| x == "npy")
+            p.extension()
+                .is_some_and(|x| extensions.iter().any(|e| x == *e))
                 && p.file_name()
                     .and_then(|n| n.to_str())
                     .is_some_and(|n| n.starts_with(prefix))
@@ -202,7 +206,14 @@ fn shard_files(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
     if files.is_empty() {
         return Err(OnnxError::field(
             dir.display().to_string(),
-            format!("no {prefix}*.npy shards in this directory"),
+            format!(
+                "no {} shards in this directory",
+                extensions
+                    .iter()
+                    .map(|e| format!("{prefix}*.{e}"))
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ),
         ));
     }
     Ok(files)
@@ -210,39 +221,51 @@ fn shard_files(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
 
 /// Token stream cut into windows of `seq_len`.
 pub struct TokenDataset {
-    tokens: Vec<i64>,
+    tokens: Tokens,
     seq_len: usize,
     sources: Sources,
 }
 
-impl TokenDataset {
-    /// Load every token shard of `dir`.
-    pub fn load(dir: &Path, seq_len: usize) -> Result<Self> {
-        let (mut tokens, mut sources) = (Vec::new(), Vec::new());
-        for f in shard_files(dir, "")? {
-            sources.push((f.display().to_string(), tokens.len()));
-            match read_npy(&f)? {
-                HostTensor::Int(a) if a.ndim() == 1 => tokens.extend(a.iter().copied()),
-                other => {
-                    return Err(OnnxError::field(
-                        f.display().to_string(),
-                        format!(
-                            "token shard must be 1-D integers, got {} {:?}",
-                            other.kind(),
-                            other.shape()
-                        ),
-                    ));
-                }
-            }
+/// Where a [`TokenDataset`]'s stream lives.
+enum Tokens {
+    /// Built in memory.
+    Memory(Vec<i64>),
+    /// Shard files, memory-mapped.
+    Mapped(TokenShards),
+}
+
+impl Tokens {
+    fn len(&self) -> usize {
+        match self {
+            Tokens::Memory(t) => t.len(),
+            Tokens::Mapped(m) => m.len(),
         }
-        let mut data = Self::from_tokens(tokens, seq_len)
-            .map_err(|e| OnnxError::field(dir.display().to_string(), e.to_string()))?;
-        data.sources = Sources(sources);
+    }
+}
+
+impl TokenDataset {
+    /// Map the token shards at `path`: every `*.npy` and `*.bin` of a directory, in
+    /// file-name order, or one such file.
+    pub fn load(path: &Path, seq_len: usize) -> Result<Self> {
+        let files = if path.is_dir() {
+            shard_files(path, "", &["npy", "bin"])?
+        } else {
+            vec![path.to_path_buf()]
+        };
+        let shards = TokenShards::open(&files)?;
+        let sources = Sources(shards.sources());
+        let mut data = Self::with_tokens(Tokens::Mapped(shards), seq_len)
+            .map_err(|e| OnnxError::field(path.display().to_string(), e.to_string()))?;
+        data.sources = sources;
         Ok(data)
     }
 
     /// Wrap an in-memory token stream.
     pub fn from_tokens(tokens: Vec<i64>, seq_len: usize) -> Result<Self> {
+        Self::with_tokens(Tokens::Memory(tokens), seq_len)
+    }
+
+    fn with_tokens(tokens: Tokens, seq_len: usize) -> Result<Self> {
         if seq_len == 0 || tokens.len() < seq_len {
             return Err(OnnxError::field(
                 "tokens",
@@ -269,7 +292,10 @@ impl Dataset for TokenDataset {
         let s = self.seq_len;
         let mut ids = Vec::with_capacity(indices.len() * s);
         for &i in indices {
-            ids.extend_from_slice(&self.tokens[i * s..(i + 1) * s]);
+            match &self.tokens {
+                Tokens::Memory(t) => ids.extend_from_slice(&t[i * s..(i + 1) * s]),
+                Tokens::Mapped(m) => m.read(i * s, (i + 1) * s, &mut ids),
+            }
         }
         let input = ArrayD::from_shape_vec(IxDyn(&[indices.len(), s]), ids)
             .map_err(|e| OnnxError::field("batch", e.to_string()))?;
@@ -289,7 +315,10 @@ impl Dataset for TokenDataset {
     }
 
     fn id_range(&self) -> Option<(IdAt, IdAt)> {
-        self.sources.extremes(self.tokens.iter().copied())
+        match &self.tokens {
+            Tokens::Memory(t) => self.sources.extremes(t.iter().copied()),
+            Tokens::Mapped(m) => self.sources.extremes(m.ids()),
+        }
     }
 }
 
@@ -315,7 +344,7 @@ impl ImageDataset {
     pub fn load(dir: &Path) -> Result<Self> {
         let (mut images, mut labels, mut values) = (Vec::new(), Vec::new(), Vec::new());
         let (mut label_sources, mut label_count) = (Vec::new(), 0);
-        for f in shard_files(dir, "images_")? {
+        for f in shard_files(dir, "images_", &["npy"])? {
             let sibling = |prefix: &str| {
                 let name = f
                     .file_name()

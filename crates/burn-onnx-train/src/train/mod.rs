@@ -29,6 +29,7 @@ pub mod schedule;
 pub mod segmented;
 pub mod step;
 pub mod summaries;
+pub mod token_shards;
 pub mod tp_resume;
 mod trainer;
 
