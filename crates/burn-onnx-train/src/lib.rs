@@ -45,6 +45,8 @@ pub mod proto_presence;
 pub mod seeds;
 pub mod tensor_parallel;
 pub mod tensorboard;
+#[cfg(feature = "tokenize")]
+pub mod tokenize;
 pub mod train;
 pub mod trainability;
 pub mod unary_op;

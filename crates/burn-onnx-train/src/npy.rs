@@ -175,6 +175,14 @@ pub fn write_npy_as(path: impl AsRef<Path>, value: &Value, elem_type: i32) -> Re
     write_atomic(path, bytes.get_ref())
 }
 
+/// Write a 1-D array of `values` (any `.npy` element type) atomically.
+pub fn write_npy_1d<T: npyz::AutoSerialize + Copy>(path: &Path, values: &[T]) -> Result<()> {
+    let mut bytes = std::io::Cursor::new(Vec::new());
+    write_iter(&mut bytes, &[values.len() as u64], values.iter().copied())
+        .map_err(|e| OnnxError::io(path, e))?;
+    write_atomic(path, bytes.get_ref())
+}
+
 fn write_iter<W: std::io::Write + Seek, T: npyz::AutoSerialize + Copy>(
     f: W,
     shape: &[u64],

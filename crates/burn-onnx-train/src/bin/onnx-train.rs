@@ -20,6 +20,7 @@ use burn_onnx_train::host_tensor::dtype;
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::npy::{read_npy, write_npy_as};
 use burn_onnx_train::pipeline::Partition;
+use burn_onnx_train::tokenize::{TokenizeOptions, tokenize};
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::{read_params, read_state};
 use burn_onnx_train::train::checkpoint_manifest::check_files;
@@ -108,6 +109,28 @@ enum Command {
         /// which it happens anyway (protobuf's 2 GB limit).
         #[arg(long)]
         external_data: bool,
+    },
+    /// Tokenize UTF-8 text files into token shards for `train` (DIR/tokens_NNNNN.npy,
+    /// uint16 ids, uint32 when the vocabulary needs it) with a Hugging Face tokenizer.json.
+    Tokenize {
+        /// The tokenizer (Hugging Face's `tokenizer.json`).
+        #[arg(long)]
+        tokenizer: PathBuf,
+        /// Where the shards go (the directory `train_data_dir` then names).
+        #[arg(long, value_name = "DIR")]
+        output: PathBuf,
+        /// Tokens per shard (the last one may hold fewer).
+        #[arg(long, default_value_t = 100_000_000)]
+        shard_tokens: usize,
+        /// Each non-empty line is a document (default: each file is one).
+        #[arg(long)]
+        per_line: bool,
+        /// A token appended after every document, e.g. "<|endoftext|>" for GPT-2.
+        #[arg(long, value_name = "TOKEN")]
+        eos: Option<String>,
+        /// The text files, in stream order.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
     },
     /// Build a GPT-2 (random N(0, 0.02) weights, HF initializer names) as an ONNX file: the
     /// example's model, or big ones for load/export tests (weights past 1.8 GB go to
@@ -539,6 +562,35 @@ fn main() -> ExitCode {
             model,
             external_data,
         } => export(checkpoint, output, model, external_data),
+        Command::Tokenize {
+            tokenizer,
+            output,
+            shard_tokens,
+            per_line,
+            eos,
+            files,
+        } => tokenize(&TokenizeOptions {
+            tokenizer,
+            files,
+            output,
+            shard_tokens,
+            per_line,
+            eos,
+        })
+        .map(|s| {
+            println!(
+                "{} documents, {} tokens ({}) in {} shard(s) under {}",
+                s.documents,
+                s.tokens,
+                s.dtype,
+                s.shards.len(),
+                s.shards
+                    .first()
+                    .and_then(|p| p.parent())
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default()
+            )
+        }),
         Command::Gpt2 {
             output,
             layers,
