@@ -98,7 +98,10 @@ fn tokenize_writes_the_ids_of_hugging_face_tokenizers() {
         .args(["-c", REFERENCE, dir.to_str().unwrap()])
         .status()
         .unwrap();
-    assert!(status.success(), "Python's tokenizers could not write the reference");
+    assert!(
+        status.success(),
+        "Python's tokenizers could not write the reference"
+    );
 
     for (mode, out, reference) in [
         (None, "files", "want_files.npy"),
@@ -150,5 +153,8 @@ fn tokenize_writes_the_ids_of_hugging_face_tokenizers() {
         &d("a.txt"),
     ]);
     let err = String::from_utf8_lossy(&r.stderr);
-    assert!(!r.status.success() && err.contains("--eos") && err.contains("</s>"), "{err}");
+    assert!(
+        !r.status.success() && err.contains("--eos") && err.contains("</s>"),
+        "{err}"
+    );
 }

@@ -202,8 +202,9 @@ fn stage_3_with_recomputed_segments_matches_replicated() {
 }
 
 /// A checkpoint written at update 4 of a 4-rank run at `stage` (its directory), resumed by
-/// `resumes` (ranks, stage): each ends where the uninterrupted run did.
-fn resumes_from_a_four_rank_checkpoint(stage: usize, resumes: &[(usize, usize)]) -> PathBuf {
+/// `resumes` (ranks, stage, accumulation steps; the global batch of 4 windows kept): each
+/// ends where the uninterrupted run did.
+fn resumes_from_a_four_rank_checkpoint(stage: usize, resumes: &[(usize, usize, usize)]) -> PathBuf {
     let full = tempdir(&format!("zero{stage}-ckpt-full"));
     launch(
         TrainingConfig {
@@ -216,14 +217,19 @@ fn resumes_from_a_four_rank_checkpoint(stage: usize, resumes: &[(usize, usize)])
     .unwrap();
     let ckpt = full.join("checkpoints/ckpt-000000004");
     assert!(
-        ckpt.join("zero.json").is_file()
-            && (0..4).all(|r| ckpt.join(format!("zero-{r}.bin")).is_file()),
+        stage == 0
+            || ckpt.join("zero.json").is_file()
+                && (0..4).all(|r| ckpt.join(format!("zero-{r}.bin")).is_file()),
         "one shard per rank and a manifest"
     );
-    for &(ranks, to) in resumes {
-        let out = tempdir(&format!("zero{stage}-ckpt-{ranks}-{to}"));
+    for &(ranks, to, accumulation) in resumes {
+        let out = tempdir(&format!("zero{stage}-ckpt-{ranks}-{to}-{accumulation}"));
         let c = TrainingConfig {
             checkpoint_to_load_path: Some(ckpt.clone()),
+            batch_size: 4 / (ranks * accumulation),
+            gradient_accumulation_steps: accumulation,
+            // ORT's num_train_steps counts micro-steps: the same 10 updates.
+            num_train_steps: 10 * accumulation,
             ..gpt2(&out, ranks, to)
         };
         let summary = launch(c, gpt2_tokens(), None).unwrap();
@@ -245,14 +251,14 @@ fn resumes_from_a_four_rank_checkpoint(stage: usize, resumes: &[(usize, usize)])
 #[test]
 fn a_stage_3_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_3_and_on_one_process_at_stage_1()
  {
-    let ckpt = resumes_from_a_four_rank_checkpoint(3, &[(2, 3), (1, 1)]);
+    let ckpt = resumes_from_a_four_rank_checkpoint(3, &[(2, 3, 1), (1, 1, 1)]);
     let manifest = std::fs::read_to_string(ckpt.join("zero.json")).unwrap();
     assert!(manifest.contains("per_tensor"), "{manifest}");
 }
 
 #[test]
 fn a_stage_2_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_1_and_on_one_process() {
-    let ckpt = resumes_from_a_four_rank_checkpoint(2, &[(2, 1), (1, 1)]);
+    let ckpt = resumes_from_a_four_rank_checkpoint(2, &[(2, 1, 1), (1, 1, 1), (1, 2, 4)]);
     // A replicated run cannot take ZeRO shards.
     let out = tempdir("zero-ckpt-replicated");
     let err = launch(
@@ -267,6 +273,33 @@ fn a_stage_2_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_1_and_on_one
     .unwrap()
     .to_string();
     assert!(err.contains("config.zero_stage"), "{err}");
+}
+
+/// A replicated (stage 0) checkpoint of 4 ranks resumes on 2 ranks accumulating 2
+/// micro-steps and on one process accumulating 4 (elastic shrink keeps the global batch);
+/// one that would change the global batch is an error naming it.
+#[test]
+fn a_replicated_checkpoint_of_four_ranks_resumes_on_two_ranks_and_one_process_with_accumulation() {
+    let ckpt = resumes_from_a_four_rank_checkpoint(0, &[(2, 0, 2), (1, 0, 4)]);
+    let out = tempdir("zero0-ckpt-bigger-batch");
+    let err = launch(
+        TrainingConfig {
+            checkpoint_to_load_path: Some(ckpt),
+            batch_size: 2,
+            gradient_accumulation_steps: 4,
+            num_train_steps: 40,
+            ..gpt2(&out, 1, 0)
+        },
+        gpt2_tokens(),
+        None,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.contains("config.batch_size") && err.contains("global batch of 8"),
+        "{err}"
+    );
 }
 
 #[test]

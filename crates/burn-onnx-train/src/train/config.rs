@@ -580,11 +580,13 @@ impl TrainingConfig {
     }
 
     /// Can this run continue a checkpoint written by a run with `saved` on `saved_world`
-    /// data-parallel replicas at ZeRO stage `saved_zero`? The data stream and the optimizer state depend on
-    /// the batch geometry, the seed and the optimizer: those must match (`checkpoint` names
-    /// the checkpoint in the error). A replicated (stage 0) checkpoint resumes only on the
-    /// same world size and stage 0; a ZeRO checkpoint reshards onto any world size and stage
-    /// 1 or 2, keeping the global batch (`batch_size` x ranks). Either resumes on any
+    /// data-parallel replicas at ZeRO stage `saved_zero`? The data stream and the optimizer
+    /// state depend on the global batch, the seed and the optimizer: those must match
+    /// (`checkpoint` names the checkpoint in the error). The global batch (`batch_size` x
+    /// replicas x `gradient_accumulation_steps`) may be split another way: a replicated
+    /// (stage 0) checkpoint resumes on any data-parallel size at stage 0, a ZeRO checkpoint
+    /// reshards onto any data-parallel size and stage 1 to 3 (as torchrun's elastic
+    /// restarts keep the global batch by raising accumulation). Either resumes on any
     /// pipeline stage count (each stage takes its parameters' state from the stages that
     /// wrote it). Step counts, schedules, periods and paths may change.
     pub fn check_resume(
@@ -605,21 +607,17 @@ impl TrainingConfig {
                 ),
             ));
         }
-        if saved_zero == 0 && saved_world != world {
-            return Err(invalid(
-                "data_parallel_size",
-                format!(
-                    "{here} was written by a run of {saved_world} rank(s); this run has {world} (only ZeRO checkpoints, zero_stage >= 1, reshard onto another world size)"
-                ),
-            ));
-        }
-        let (was, is) = (saved.batch_size * saved_world, self.batch_size * world);
+        let was = saved.batch_size * saved_world * saved.gradient_accumulation_steps;
+        let is = self.batch_size * world * self.gradient_accumulation_steps;
         if was != is {
             return Err(invalid(
                 "batch_size",
                 format!(
-                    "{} per rank x {world} rank(s) = {is} samples per micro-step, but {here} was trained with {was}",
-                    self.batch_size
+                    "{} per rank x {world} replica(s) x {} accumulation step(s) = a global batch of {is} samples, but {here} was trained with {was} ({} x {saved_world} x {}): keep the global batch to resume",
+                    self.batch_size,
+                    self.gradient_accumulation_steps,
+                    saved.batch_size,
+                    saved.gradient_accumulation_steps
                 ),
             ));
         }
@@ -628,11 +626,6 @@ impl TrainingConfig {
                 "seq_len",
                 format!("{}", saved.seq_len),
                 format!("{}", self.seq_len),
-            ),
-            (
-                "gradient_accumulation_steps",
-                format!("{}", saved.gradient_accumulation_steps),
-                format!("{}", self.gradient_accumulation_steps),
             ),
             ("seed", format!("{}", saved.seed), format!("{}", self.seed)),
             (

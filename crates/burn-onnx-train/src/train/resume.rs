@@ -155,7 +155,13 @@ pub(super) fn resume(
         let _ = std::fs::remove_dir_all(&scratch);
     }
     scaler.restore(state.loss_scale);
-    let (update, micro) = (state.update_step, state.micro_step);
+    let update = state.update_step;
+    let micro = rescaled_micro(
+        state.micro_step,
+        saved.batch_size * saved_replicas,
+        c.batch_size * place.topology.dp,
+        &path,
+    )?;
     if root {
         tracing::info!(checkpoint = %path.display(), update, total = c.num_updates(), "resumed");
         if update >= c.num_updates() {
@@ -165,4 +171,27 @@ pub(super) fn resume(
         }
     }
     Ok((model, update, micro))
+}
+
+/// This run's micro-step counter at the checkpoint's place in the data: the samples the
+/// saved run consumed (`saved_micro` micro-steps of `saved_per_micro` samples across its
+/// replicas) counted in this run's micro-steps of `per_micro`, which differ when the global
+/// batch is split over another data-parallel size or accumulation.
+fn rescaled_micro(
+    saved_micro: usize,
+    saved_per_micro: usize,
+    per_micro: usize,
+    checkpoint: &Path,
+) -> Result<usize> {
+    let samples = saved_micro * saved_per_micro;
+    if per_micro == 0 || samples % per_micro != 0 {
+        return Err(OnnxError::field(
+            "config.batch_size",
+            format!(
+                "{} stopped after {samples} samples, not a whole number of this run's micro-steps of {per_micro} (batch_size x data-parallel replicas)",
+                checkpoint.display()
+            ),
+        ));
+    }
+    Ok(samples / per_micro)
 }
