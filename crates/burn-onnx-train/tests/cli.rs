@@ -566,6 +566,45 @@ fn a_pipelined_checkpoint_exports_the_whole_model() {
         &dir.join("out/gpt2_tiny_trained.onnx"),
         1e-3,
     );
+
+    // `--safetensors`: the same merged weights as one Hugging Face-style file, read here
+    // by its published layout (u64 header length, JSON header, little-endian data).
+    let weights = dir.join("from_ckpt.safetensors");
+    let out = onnx_train(&[
+        "export",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--output",
+        weights.to_str().unwrap(),
+        "--safetensors",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = std::fs::read(&weights).unwrap();
+    let header_len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&file[8..8 + header_len]).unwrap();
+    assert_eq!(header["__metadata__"]["format"], "pt");
+    let data = &file[8 + header_len..];
+    for (name, a) in &run {
+        let entry = &header[name.as_str()];
+        assert_eq!(entry["dtype"], "F32", "{name}");
+        let shape: Vec<usize> = serde_json::from_value(entry["shape"].clone()).unwrap();
+        assert_eq!(shape, a.shape(), "{name}: logical shape");
+        let [from, to]: [usize; 2] = serde_json::from_value(entry["data_offsets"].clone()).unwrap();
+        let values: Vec<f32> = data[from..to]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(values, a.iter().copied().collect::<Vec<_>>(), "{name}");
+    }
+    assert_eq!(
+        header.as_object().unwrap().len(),
+        run.len() + 1,
+        "every parameter and the metadata"
+    );
 }
 
 #[test]

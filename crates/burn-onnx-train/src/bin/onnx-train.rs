@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn::tensor::Device;
+use burn_onnx_train::atomic_file::write_atomic;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::export::{ExportOptions, ExternalDataPolicy, export_onnx_with};
 use burn_onnx_train::graph::Dim;
@@ -22,7 +23,7 @@ use burn_onnx_train::npy::{read_npy, write_npy_as};
 use burn_onnx_train::pipeline::Partition;
 use burn_onnx_train::tokenize::{TokenizeOptions, tokenize};
 use burn_onnx_train::train::TrainingConfig;
-use burn_onnx_train::train::checkpoint::{read_params, read_state};
+use burn_onnx_train::train::checkpoint::{read_params, read_state, weights_file_bytes};
 use burn_onnx_train::train::checkpoint_manifest::check_files;
 use burn_onnx_train::train::data::{Dataset, ImageDataset, TokenDataset};
 use burn_onnx_train::train::elastic::ElasticJob;
@@ -109,6 +110,11 @@ enum Command {
         /// which it happens anyway (protobuf's 2 GB limit).
         #[arg(long)]
         external_data: bool,
+        /// Write the weights alone as one safetensors file (ONNX initializer names, logical
+        /// shapes, f32, `format: pt` metadata as Hugging Face's loaders expect) instead of
+        /// an ONNX file; a pipelined or tensor-parallel checkpoint's parts are merged.
+        #[arg(long, conflicts_with = "external_data")]
+        safetensors: bool,
     },
     /// Tokenize UTF-8 text files into token shards for `train` (DIR/tokens_NNNNN.npy,
     /// uint16 ids, uint32 when the vocabulary needs it) with a Hugging Face tokenizer.json.
@@ -462,6 +468,7 @@ fn export(
     output: PathBuf,
     model: Option<PathBuf>,
     external_data: bool,
+    safetensors: bool,
 ) -> Result<(), OnnxError> {
     // A damaged checkpoint is refused before anything is read from it.
     if let Some(c) = &checkpoint {
@@ -491,19 +498,23 @@ fn export(
     if let Some(c) = &checkpoint {
         model = read_params(c, model, None)?;
     }
-    let external_data = if external_data {
-        ExternalDataPolicy::Always
+    if safetensors {
+        write_atomic(&output, &weights_file_bytes(&model)?)?;
     } else {
-        ExternalDataPolicy::Auto
-    };
-    export_onnx_with(
-        &model,
-        &output,
-        ExportOptions {
-            external_data,
-            ..Default::default()
-        },
-    )?;
+        let external_data = if external_data {
+            ExternalDataPolicy::Always
+        } else {
+            ExternalDataPolicy::Auto
+        };
+        export_onnx_with(
+            &model,
+            &output,
+            ExportOptions {
+                external_data,
+                ..Default::default()
+            },
+        )?;
+    }
     let from = checkpoint.map_or_else(String::new, |c| format!(", checkpoint {}", c.display()));
     println!(
         "exported {} (model {}{from})",
@@ -561,7 +572,8 @@ fn main() -> ExitCode {
             output,
             model,
             external_data,
-        } => export(checkpoint, output, model, external_data),
+            safetensors,
+        } => export(checkpoint, output, model, external_data, safetensors),
         Command::Tokenize {
             tokenizer,
             output,

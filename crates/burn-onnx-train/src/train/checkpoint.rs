@@ -165,6 +165,21 @@ pub fn list_checkpoints(dir: &Path) -> Vec<(usize, PathBuf)> {
 
 /// Serialise the parameters `keep` selects by ONNX name.
 pub fn model_bytes(model: &OnnxModel, keep: impl Fn(&str) -> bool) -> Result<Vec<u8>> {
+    serialize_params(model, keep, None)
+}
+
+/// Every parameter as one safetensors file a Hugging Face loader takes (`format: pt` in
+/// its metadata): ONNX initializer names, logical shapes, f32.
+pub fn weights_file_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
+    let metadata = [("format".to_string(), "pt".to_string())].into();
+    serialize_params(model, |_| true, Some(metadata))
+}
+
+fn serialize_params(
+    model: &OnnxModel,
+    keep: impl Fn(&str) -> bool,
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<Vec<u8>> {
     let mut buffers = Vec::new();
     for (i, info) in model
         .param_infos()
@@ -186,7 +201,8 @@ pub fn model_bytes(model: &OnnxModel, keep: impl Fn(&str) -> bool) -> Result<Vec
         .map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| OnnxError::field("checkpoint", e.to_string()))?;
-    safetensors::serialize(views, None).map_err(|e| OnnxError::field("checkpoint", e.to_string()))
+    safetensors::serialize(views, metadata)
+        .map_err(|e| OnnxError::field("checkpoint", e.to_string()))
 }
 
 /// Write a checkpoint atomically into `dir`, then delete all but the newest `keep`. A
