@@ -49,11 +49,8 @@ fn build_nodes(
         } else {
             format!("{scope}/{}#{index}", n.op_type)
         };
-        // FlexAttention lives in the preview domain.
-        let preview = n.domain == "ai.onnx.preview" && n.op_type == "FlexAttention";
-        if !(n.domain.is_empty() || n.domain == "ai.onnx" || preview)
-            || (n.op_type != "Constant" && ops::lookup(&n.op_type).is_none())
-        {
+        let constant = n.op_type == "Constant" && (n.domain.is_empty() || n.domain == "ai.onnx");
+        if !constant && ops::lookup_in(&n.domain, &n.op_type).is_none() {
             return Err(OnnxError::UnsupportedOp {
                 node: name,
                 op_type: n.op_type.clone(),
@@ -115,7 +112,7 @@ fn build_nodes(
             constants.insert(out.clone(), constant_value(&attrs, &name)?);
             continue;
         }
-        let op = ops::lookup(&n.op_type).expect("checked above");
+        let op = ops::lookup_in(&n.domain, &n.op_type).expect("checked above");
         nodes.push(Node {
             name,
             op_type: n.op_type.clone(),
@@ -332,12 +329,23 @@ impl Graph {
                 "missing (empty or truncated file?)",
             ));
         };
-        let opset = model
+        // A graph of other domains' ops alone (ORT Training's optimizer graphs) may declare
+        // no ai.onnx opset; the default domain's op semantics then never come up.
+        let default_domain = |d: &str| d.is_empty() || d == "ai.onnx";
+        let opset = match model
             .opset_import
             .iter()
-            .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-            .map(|o| o.version)
-            .ok_or_else(|| OnnxError::field("model.opset_import", "no ai.onnx opset declared"))?;
+            .find(|o| default_domain(&o.domain))
+        {
+            Some(o) => o.version,
+            None if !g.node.iter().any(|n| default_domain(&n.domain)) => 0,
+            None => {
+                return Err(OnnxError::field(
+                    "model.opset_import",
+                    "no ai.onnx opset declared",
+                ));
+            }
+        };
         let external = source.map(|s| {
             ExternalData::new(
                 s.parent()

@@ -32,6 +32,7 @@ mod loss;
 mod matmul;
 mod misc;
 mod normalization;
+mod onnx_ml;
 mod pad_tile;
 mod pool;
 mod pool_nd;
@@ -49,6 +50,7 @@ mod signal;
 mod slice;
 mod softmax;
 mod tfidf;
+mod training_optimizers;
 mod unary_math;
 mod window;
 mod windows_signal;
@@ -58,10 +60,41 @@ pub use quant::{ZERO_POINT_TYPE, annotate_zero_point_types};
 
 /// Find the implementation of an op type of the default (`ai.onnx`) domain.
 pub fn lookup(op_type: &str) -> Option<OpFn> {
-    OPS.iter()
+    find(OPS, op_type)
+}
+
+/// Find the implementation of `op_type` in `domain` (empty: `ai.onnx`). Besides the
+/// default domain: `FlexAttention` of `ai.onnx.preview`, ORT Training's optimizer ops of
+/// `ai.onnx.preview.training`, and some of `ai.onnx.ml`.
+pub fn lookup_in(domain: &str, op_type: &str) -> Option<OpFn> {
+    match domain {
+        "" | "ai.onnx" => lookup(op_type),
+        "ai.onnx.preview" if op_type == "FlexAttention" => lookup(op_type),
+        "ai.onnx.preview.training" => find(PREVIEW_TRAINING_OPS, op_type),
+        "ai.onnx.ml" => find(ONNX_ML_OPS, op_type),
+        _ => None,
+    }
+}
+
+fn find(table: &[(&str, OpFn)], op_type: &str) -> Option<OpFn> {
+    table
+        .iter()
         .find(|(name, _)| *name == op_type)
         .map(|(_, f)| *f)
 }
+
+/// The ops of `ai.onnx.ml`.
+const ONNX_ML_OPS: &[(&str, OpFn)] = &[
+    ("ArrayFeatureExtractor", onnx_ml::array_feature_extractor),
+    ("Binarizer", onnx_ml::binarizer),
+];
+
+/// The ops of `ai.onnx.preview.training`.
+const PREVIEW_TRAINING_OPS: &[(&str, OpFn)] = &[
+    ("Adagrad", training_optimizers::adagrad),
+    ("Adam", training_optimizers::adam),
+    ("Momentum", training_optimizers::momentum),
+];
 
 /// The supported op types, sorted.
 pub fn supported() -> Vec<&'static str> {
