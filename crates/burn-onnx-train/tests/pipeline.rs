@@ -95,6 +95,57 @@ fn gpt2_tiny_two_stages_equal_one_process() {
     );
 }
 
+/// Each stage recomputing its forward in backward (`recompute_segments` = stages) trains
+/// exactly as the stages that keep their activations (1F1B and GPipe) and as one process;
+/// another segment count is an error naming the field.
+#[test]
+fn stages_that_recompute_their_forward_equal_stages_that_keep_it() {
+    let data = tokens(1024);
+    let one = tempdir("pp-recompute-one");
+    run(gpt2_tiny(&one), &data);
+    for schedule in [PipelineSchedule::OneFOneB, PipelineSchedule::Gpipe] {
+        let (kept, again) = (
+            tempdir(&format!("pp-kept-{schedule:?}")),
+            tempdir(&format!("pp-recompute-{schedule:?}")),
+        );
+        let piped = |out: &Path, recompute_segments| TrainingConfig {
+            pipeline_parallel_size: 2,
+            num_pipeline_micro_batches: 4,
+            pipeline_schedule: schedule,
+            recompute_segments,
+            ..gpt2_tiny(out)
+        };
+        let a = run(piped(&kept, 0), &data);
+        let b = run(piped(&again, 2), &data);
+        assert_eq!(
+            a.losses, b.losses,
+            "{schedule:?}: the same losses, bit for bit"
+        );
+        compare(
+            &refkit("models/gpt2_tiny.onnx"),
+            &kept.join("gpt2_tiny_trained.onnx"),
+            &again.join("gpt2_tiny_trained.onnx"),
+            0.0,
+        );
+        compare(
+            &refkit("models/gpt2_tiny.onnx"),
+            &one.join("gpt2_tiny_trained.onnx"),
+            &again.join("gpt2_tiny_trained.onnx"),
+            1e-5,
+        );
+    }
+    let bad = TrainingConfig {
+        pipeline_parallel_size: 2,
+        recompute_segments: 3,
+        ..gpt2_tiny(&one)
+    };
+    let err = bad.validate(2).unwrap_err().to_string();
+    assert!(
+        err.contains("config.recompute_segments") && err.contains("set it to 2"),
+        "{err}"
+    );
+}
+
 #[test]
 fn gpt2_tiny_four_stages_1f1b_and_gpipe_are_identical_and_equal_one_process() {
     let data = tokens(1024);

@@ -229,7 +229,8 @@ pub struct TrainingConfig {
     /// Activation recomputation (ORT's gradient checkpointing): cut the graph into this
     /// many balanced segments, keep only the values crossing the cuts through the forward
     /// pass and re-run each segment's forward in backward. 0: off; at least 2 otherwise.
-    /// Not with a pipeline.
+    /// With a pipeline the segments are its stages (Megatron's full recomputation): set it
+    /// to `pipeline_parallel_size`, and each stage keeps only its inputs per micro-batch.
     pub recompute_segments: usize,
     /// Average data-parallel gradients during backward (PyTorch DDP's overlap) on a
     /// communication thread. 1: in one backward pass, each parameter's gradient joins a
@@ -841,10 +842,14 @@ impl TrainingConfig {
                 "1 segment recomputes nothing: use 0 (off) or at least 2",
             ));
         }
-        if self.recompute_segments > 1 && self.pipeline_parallel_size > 1 {
+        let stages = self.pipeline_parallel_size;
+        if self.recompute_segments > 1 && stages > 1 && self.recompute_segments != stages {
             return Err(invalid(
                 "recompute_segments",
-                "recomputation inside pipeline stages is not implemented: use one or the other",
+                format!(
+                    "{} with {stages} pipeline stages: each stage is one recomputed segment, set it to {stages}",
+                    self.recompute_segments
+                ),
             ));
         }
         self.check_overlap()

@@ -221,6 +221,7 @@ impl ParallelPlan {
                 schedule: c.pipeline_schedule,
                 micro_batches: c.micro_batches(),
                 device: device.clone(),
+                recompute,
             }),
         })
     }

@@ -209,7 +209,7 @@ impl Segmented {
 
 /// `inputs` with the values received from earlier segments (after the first
 /// `graph_inputs`) cut from their tapes and made gradient leaves, and those leaves.
-fn track_received(
+pub(crate) fn track_received(
     mut inputs: Vec<(String, Value)>,
     graph_inputs: usize,
 ) -> (Vec<(String, Value)>, Vec<FloatValue>) {

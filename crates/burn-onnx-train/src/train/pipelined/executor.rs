@@ -7,6 +7,12 @@
 //! Burn's autodiff (the last stage: the loss, scaled by `1 / (micro-batches x accumulation
 //! steps)`), accumulate the parameters' gradients, send the received activations'
 //! gradients back.
+//!
+//! With `recompute` (Megatron's full activation recomputation, one segment per stage) the
+//! forward keeps only the stage's inputs: its outputs and their autodiff graph are dropped
+//! once sent, and the backward runs the stage's forward again (the same seed, so the same
+//! dropout masks; batch-norm state is updated once, by the first forward) before
+//! back-propagating.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -16,12 +22,13 @@ use burn::tensor::{Device, Tensor};
 use burn_ort_dist::Communicator;
 
 use crate::error::{OnnxError, Result};
-use crate::model::{Mode, OnnxModel, vjp};
+use crate::model::{ForwardOutput, Mode, OnnxModel, vjp};
 use crate::pipeline::Stage;
 use crate::pipeline::schedule::{Pass, PipelineSchedule};
 use crate::pipeline::wire::{recv_values, send_values};
 use crate::train::config::TrainingConfig;
 use crate::train::data::Batch;
+use crate::train::segmented::track_received;
 use crate::train::step::{loss_of_outputs, scalar};
 use crate::value::{FloatValue, Value};
 
@@ -37,10 +44,23 @@ pub struct StageExec<'a> {
     pub device: &'a Device,
     /// Time spent blocked receiving from the neighbouring stages (the pipeline bubble).
     pub waited: Cell<Duration>,
+    /// Recompute the stage's forward in backward instead of keeping its activations.
+    pub recompute: bool,
 }
 
 /// What a forward pass leaves for its backward.
-struct InFlight {
+enum InFlight {
+    /// The forward's autodiff graph, kept.
+    Kept(Tracked),
+    /// Only the stage's inputs and the seed, to run the forward again in backward.
+    Replay {
+        inputs: Vec<(String, Value)>,
+        seed: u64,
+    },
+}
+
+/// A forward pass with its autodiff graph.
+struct Tracked {
     /// Received float activations (gradient leaves), by position in `receives`.
     received: Vec<FloatValue>,
     /// What was sent on, or the scaled loss on the last stage.
@@ -103,7 +123,13 @@ impl StageExec<'_> {
                             format!("backward of micro-batch {j} before its forward"),
                         )
                     })?;
-                    let grads = self.backward(model, flight)?;
+                    let tracked = match flight {
+                        InFlight::Kept(t) => t,
+                        InFlight::Replay { inputs, seed } => {
+                            self.replay(model, inputs, &micro[j], c, seed, scale)?
+                        }
+                    };
+                    let grads = self.backward(model, tracked)?;
                     acc.accumulate(model, grads);
                 }
             }
@@ -178,41 +204,81 @@ impl StageExec<'_> {
         seed: u64,
         scale: f64,
     ) -> Result<(InFlight, f64)> {
-        let (inputs, received) = self.inputs(batch, c, true)?;
-        let out = model.forward_with(inputs, Mode::Train, seed, c.precision.autocast())?;
+        let (inputs, received) = self.inputs(batch, c, !self.recompute)?;
+        let replay = self.recompute.then(|| inputs.clone());
+        let out = if self.recompute {
+            // No tape: the backward makes its own from the kept inputs.
+            model
+                .untracked()
+                .forward_with(inputs, Mode::Train, seed, c.precision.autocast())?
+        } else {
+            model.forward_with(inputs, Mode::Train, seed, c.precision.autocast())?
+        };
         let state = out.state_updates.clone();
-        let result = if self.last() {
+        let (tracked, loss) = self.finish_forward(out, received, batch, c, scale, true)?;
+        *model = model.clone().apply_state(state);
+        let flight = match replay {
+            Some(inputs) => InFlight::Replay { inputs, seed },
+            None => InFlight::Kept(tracked),
+        };
+        Ok((flight, loss))
+    }
+
+    /// The forward of a recomputing stage run again for its backward: the kept inputs with
+    /// the received activations as fresh gradient leaves; nothing is sent.
+    fn replay(
+        &self,
+        model: &OnnxModel,
+        inputs: Vec<(String, Value)>,
+        batch: &Batch,
+        c: &TrainingConfig,
+        seed: u64,
+        scale: f64,
+    ) -> Result<Tracked> {
+        let (inputs, received) = track_received(inputs, self.stage.graph_inputs.len());
+        let out = model.forward_with(inputs, Mode::Train, seed, c.precision.autocast())?;
+        Ok(self
+            .finish_forward(out, received, batch, c, scale, false)?
+            .0)
+    }
+
+    /// The loss (last stage) or the outputs, sent on to the next stage when `send`.
+    fn finish_forward(
+        &self,
+        out: ForwardOutput,
+        received: Vec<FloatValue>,
+        batch: &Batch,
+        c: &TrainingConfig,
+        scale: f64,
+        send: bool,
+    ) -> Result<(Tracked, f64)> {
+        if self.last() {
             let step = loss_of_outputs(out, batch, c, self.device, Mode::Train)?;
             let loss = f64::from(scalar(step.loss.clone()));
-            (
-                InFlight {
-                    received,
-                    sent: Vec::new(),
-                    loss: Some(step.loss.mul_scalar(scale)),
-                },
-                loss,
-            )
-        } else {
-            let sent: Vec<Value> = out.outputs.into_iter().map(|(_, v)| v).collect();
+            let tracked = Tracked {
+                received,
+                sent: Vec::new(),
+                loss: Some(step.loss.mul_scalar(scale)),
+            };
+            return Ok((tracked, loss));
+        }
+        let sent: Vec<Value> = out.outputs.into_iter().map(|(_, v)| v).collect();
+        if send {
             send_values(
                 self.comm,
                 self.stage.index + 1,
                 &sent.iter().collect::<Vec<_>>(),
             )?;
-            (
-                InFlight {
-                    received,
-                    sent,
-                    loss: None,
-                },
-                0.0,
-            )
+        }
+        let tracked = Tracked {
+            received,
+            sent,
+            loss: None,
         };
-        *model = model.clone().apply_state(state);
-        Ok(result)
+        Ok((tracked, 0.0))
     }
 
-    fn backward(&self, model: &OnnxModel, flight: InFlight) -> Result<GradientsParams> {
+    fn backward(&self, model: &OnnxModel, flight: Tracked) -> Result<GradientsParams> {
         let surrogate = match flight.loss {
             Some(loss) => Some(loss),
             None => {

@@ -39,6 +39,8 @@ pub struct Pipelined {
     pub micro_batches: usize,
     /// The training device.
     pub device: Device,
+    /// Each stage recomputes its forward in backward (`recompute_segments`).
+    pub recompute: bool,
 }
 
 impl Pipelined {
@@ -50,6 +52,7 @@ impl Pipelined {
             comm: self.comm.as_ref(),
             device,
             waited: Default::default(),
+            recompute: self.recompute,
         }
     }
 
