@@ -145,9 +145,10 @@ fn bad_segment_counts_are_config_errors() {
         .to_string()
         .contains("config.recompute_segments")
     );
+    // With a pipeline the segments are its stages: 3 with 2 stages is an error, 2 is not.
     assert!(
         TrainingConfig {
-            recompute_segments: 2,
+            recompute_segments: 3,
             pipeline_parallel_size: 2,
             ..c.clone()
         }
@@ -155,6 +156,15 @@ fn bad_segment_counts_are_config_errors() {
         .unwrap_err()
         .to_string()
         .contains("config.recompute_segments")
+    );
+    assert!(
+        TrainingConfig {
+            recompute_segments: 2,
+            pipeline_parallel_size: 2,
+            ..c.clone()
+        }
+        .validate(2)
+        .is_ok()
     );
     let mut next = lcg(5);
     let x = ArrayD::from_shape_fn(IxDyn(&[16, 784]), |_| (next() % 1000) as f32 / 1000.0);
