@@ -33,6 +33,7 @@ mod matmul;
 mod misc;
 mod normalization;
 mod onnx_ml;
+mod optional;
 mod pad_tile;
 mod pool;
 mod pool_nd;
@@ -291,6 +292,9 @@ const OPS: &[(&str, OpFn)] = &[
     ("RoiAlign", image_misc::roi_align),
     ("Unique", misc::unique),
     ("ReverseSequence", misc::reverse_sequence),
+    ("Optional", optional::optional),
+    ("OptionalHasElement", optional::optional_has_element),
+    ("OptionalGetElement", optional::optional_get_element),
     ("Det", misc::det),
     ("HannWindow", windows_signal::hann_window),
     ("HammingWindow", windows_signal::hamming_window),
