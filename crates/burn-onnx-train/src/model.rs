@@ -435,6 +435,22 @@ impl OnnxModel {
             .map_or_else(|| self.spec.device.clone(), |p| p.val().device())
     }
 
+    /// The mode Burn's module state implies, for code that gives none (burn-train's
+    /// `Learner` trains the autodiff module and validates its `valid()` copy): `Train` when
+    /// the parameters live on an autodiff device, `Eval` otherwise.
+    pub fn default_mode(&self) -> Mode {
+        if self.device().is_autodiff() {
+            Mode::Train
+        } else {
+            Mode::Eval
+        }
+    }
+
+    /// [`OnnxModel::forward`] in [`OnnxModel::default_mode`].
+    pub fn forward_default(&self, inputs: Vec<(String, Value)>) -> Result<ForwardOutput> {
+        self.forward(inputs, self.default_mode())
+    }
+
     /// Run the graph. `inputs` maps graph input names to values. Randomness (training-mode
     /// dropout) uses seed 0: see [`OnnxModel::forward_seeded`].
     pub fn forward(&self, inputs: Vec<(String, Value)>, mode: Mode) -> Result<ForwardOutput> {
