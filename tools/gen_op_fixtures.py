@@ -740,3 +740,58 @@ if wanted("flex_attention_mods_gqa_fa"):
         (y,) = ReferenceEvaluator(ref).run(None, {})
     np.savez(os.path.join(OUT, case + ".npz"), out_y=y)
     print("wrote", case)
+
+# --- batch norm in training inside subgraphs: the running statistics are outer
+# initializers, updated through the If branch once and through each Loop iteration in turn
+# (the second iteration reads the first's update), PyTorch's convention (unbiased batch
+# variance in the running variance, biased in the normalisation), computed with numpy.
+rng_bn = np.random.default_rng(777)
+bn_inits = [("scale", rng_bn.standard_normal(3).astype(np.float32)),
+            ("bias", rng_bn.standard_normal(3).astype(np.float32)),
+            ("mean", rng_bn.standard_normal(3).astype(np.float32)),
+            ("var", (np.abs(rng_bn.standard_normal(3)) + 0.5).astype(np.float32))]
+xbn = (rng_bn.standard_normal((4, 3, 5, 5)) * 2 + 1).astype(np.float32)
+
+
+def bn_train_numpy(x, mean, var, momentum=0.8, eps=1e-5):
+    p = dict(bn_inits)
+    bm, bv = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+    shape = (1, 3, 1, 1)
+    y = p["scale"].reshape(shape) * (x - bm.reshape(shape)) / np.sqrt(bv.reshape(shape) + eps) + p["bias"].reshape(shape)
+    return (y.astype(np.float32), mean * momentum + bm * (1 - momentum),
+            var * momentum + x.var(axis=(0, 2, 3), ddof=1) * (1 - momentum))
+
+
+def bn_node(x, y):
+    return helper.make_node("BatchNormalization", [x, "scale", "bias", "mean", "var"], [y], momentum=0.8, epsilon=1e-5)
+
+
+for case, nodes, iterations in [
+    ("batch_norm_in_if_15",
+     [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array(True))),
+      helper.make_node("If", ["c"], ["y"],
+                       then_branch=body("then", [bn_node("x", "t")], [], [("t", F)]),
+                       else_branch=body("else", [helper.make_node("Identity", ["x"], ["e"])], [], [("e", F)]))],
+     1),
+    ("batch_norm_in_loop_15",
+     [helper.make_node("Constant", [], ["M"], value=numpy_helper.from_array(np.array(2, np.int64))),
+      helper.make_node("Constant", [], ["go"], value=numpy_helper.from_array(np.array(True))),
+      helper.make_node("Loop", ["M", "go", "x"], ["y"],
+                       body=body("loop_body",
+                                 [helper.make_node("Identity", ["c_in"], ["c_out"]), bn_node("v_in", "v_out")],
+                                 [("i", I, []), ("c_in", TensorProto.BOOL, []), ("v_in", F, None)],
+                                 [("c_out", TensorProto.BOOL), ("v_out", F)]))],
+     2),
+]:
+    if not wanted(case):
+        continue
+    save(case, nodes, [("x", xbn)], [("y", F)], [("x", xbn)], 15, inits=bn_inits, run=False)
+    v, mean, var = xbn, dict(bn_inits)["mean"], dict(bn_inits)["var"]
+    for _ in range(iterations):
+        v, mean, var = bn_train_numpy(v, mean, var)
+    path = os.path.join(OUT, case + ".npz")
+    arrays = dict(np.load(path))
+    arrays.update(state_running_mean=mean.astype(np.float32), state_running_var=var.astype(np.float32),
+                  train_y=v)
+    np.savez(path, **arrays)
+    print("added numpy running statistics to", case)

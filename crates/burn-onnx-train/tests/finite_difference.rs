@@ -10,7 +10,8 @@
 //! ScatterND / ScatterElements, TopK + Compress, LRN / LpNormalization / MVN, 3-D pooling,
 //! cubic antialiased Resize, wrap Pad, DepthToSpace, CausalConvWithState, LinearAttention, 3-D
 //! ConvTranspose, Einsum diagonals, FlexAttention with score_mod/prob_mod). Fixtures: `tools/gen_op_fixtures.py`.
-//! Also the batch-norm running-statistics update against numpy.
+//! Also the batch-norm running-statistics update against numpy, at the top level and inside
+//! If/Loop bodies.
 
 mod common;
 
@@ -203,6 +204,42 @@ fn batch_norm_train_mode_updates_running_statistics_like_pytorch() {
     for (param, key) in [("mean", "state_running_mean"), ("var", "state_running_var")] {
         let got = model.param_by_name(param).unwrap().to_array().unwrap();
         assert_close(param, &got, float(&arrays[key]), 1e-5, 1e-5);
+    }
+}
+
+/// Training-mode batch norm inside an `If` branch and a 2-iteration `Loop` body, its running
+/// statistics outer initializers: updated once through the branch, and in turn through the
+/// iterations (the second reads the first's update), against numpy; the Loop's output is
+/// the twice-normalised input.
+#[test]
+fn batch_norm_inside_if_and_loop_updates_running_statistics_like_pytorch() {
+    for case in ["batch_norm_in_if_15", "batch_norm_in_loop_15"] {
+        let arrays = npz(data(&format!("ops/{case}.npz")));
+        let device = eval_device();
+        let model = OnnxModel::load(data(&format!("ops/{case}.onnx")), &device).unwrap();
+        let x = Value::from_host(&arrays["in_x"], &device).unwrap();
+        let out = model.forward(vec![("x".into(), x)], Mode::Train).unwrap();
+        let Some(Value::Float(y)) = out.first().cloned() else {
+            panic!("float output")
+        };
+        assert_close(
+            &format!("{case}: y"),
+            &y.to_array().unwrap(),
+            float(&arrays["train_y"]),
+            1e-4,
+            1e-4,
+        );
+        let model = model.apply_state(out.state_updates);
+        for (param, key) in [("mean", "state_running_mean"), ("var", "state_running_var")] {
+            let got = model.param_by_name(param).unwrap().to_array().unwrap();
+            assert_close(
+                &format!("{case}: {param}"),
+                &got,
+                float(&arrays[key]),
+                1e-5,
+                1e-5,
+            );
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 //! every parameter a branch or body reads. State updates of ops inside a body (training-mode
 //! batch-norm running statistics) are not propagated.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use burn::tensor::Tensor;
@@ -22,12 +23,15 @@ use crate::seeds::mix_seed;
 use crate::value::{FloatValue, MAX_RANK, Value, norm_axis};
 
 /// A body ready to run repeatedly: the outer values it reads and its constants, uploaded
-/// once.
+/// once. State its nodes update in training (batch-norm running statistics read from the
+/// outer graph) is kept here: later nodes and iterations read the updated values, and the
+/// op hands the last ones on as its own state updates ([`Runner::state_updates`]).
 pub(super) struct Runner<'a> {
     ctx: &'a OpContext<'a>,
     body: &'a Body,
     outer: &'a HashMap<&'a str, Value>,
     constants: HashMap<&'a str, Value>,
+    state: RefCell<HashMap<String, FloatValue>>,
 }
 
 impl<'a> Runner<'a> {
@@ -47,10 +51,28 @@ impl<'a> Runner<'a> {
             body,
             outer,
             constants,
+            state: RefCell::default(),
         })
     }
 
+    /// The outer values the body updated, as state updates of the op's own inputs: the
+    /// captured values follow its `formal` inputs, in the order of its `captured` list.
+    pub(super) fn state_updates(&self, formal: usize) -> Vec<(usize, FloatValue)> {
+        let captured = self.ctx.attrs.captured();
+        self.state
+            .take()
+            .into_iter()
+            .filter_map(|(name, v)| {
+                let k = captured.iter().position(|c| *c == name)?;
+                Some((formal + k, v))
+            })
+            .collect()
+    }
+
     fn fetch(&self, env: &HashMap<&str, Value>, name: &str) -> OpResult<Value> {
+        if let Some(v) = self.state.borrow().get(name) {
+            return Ok(Value::Float(v.clone()));
+        }
         match env
             .get(name)
             .or_else(|| self.constants.get(name))
@@ -111,6 +133,14 @@ impl<'a> Runner<'a> {
                 autocast: self.ctx.autocast,
             };
             let out = (node.op)(&ctx, Inputs(args)).map_err(err)?;
+            for (slot, v) in out.state_updates {
+                match node.inputs.get(slot) {
+                    Some(name) if self.outer.contains_key(name.as_str()) => {
+                        self.state.borrow_mut().insert(name.clone(), v);
+                    }
+                    _ => {}
+                }
+            }
             for name in &node.inputs {
                 if body.last_use.get(name) == Some(&i)
                     && !body.outputs.iter().any(|o| &o.name == name)
@@ -266,7 +296,12 @@ pub fn if_op(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
         "else_branch"
     };
     let body = ctx.attrs.graph(branch)?;
-    Ok(Runner::new(ctx, body, &outer)?.run(Vec::new(), 0)?.into())
+    let runner = Runner::new(ctx, body, &outer)?;
+    let values = runner.run(Vec::new(), 0)?;
+    Ok(OpOutput {
+        values,
+        state_updates: runner.state_updates(formal.len()),
+    })
 }
 
 /// `Loop`: runs the body while the trip count `M` (if given) is not reached and the
@@ -274,6 +309,7 @@ pub fn if_op(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
 /// values, then each scan output stacked along a new axis 0.
 pub fn loop_op(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     let (mut formal, outer) = split_inputs(ctx, inputs)?;
+    let formal_count = formal.len();
     let body = ctx.attrs.graph("body")?;
     if formal.len() < 2 {
         formal.resize_with(2, || None);
@@ -336,7 +372,10 @@ pub fn loop_op(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
             stack(s, 0, ctx)?
         });
     }
-    Ok(values.into())
+    Ok(OpOutput {
+        values,
+        state_updates: runner.state_updates(formal_count),
+    })
 }
 
 /// The settings of one scan: axes and directions of the scan inputs and outputs.
@@ -419,6 +458,7 @@ fn flags(v: Option<Vec<i64>>) -> Vec<bool> {
 /// scanned on its own; sequences shorter than the scan axis are not supported.
 pub fn scan_op(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     let (mut formal, outer) = split_inputs(ctx, inputs)?;
+    let formal_count = formal.len();
     let body = ctx.attrs.graph("body")?;
     let m = ctx.attrs.int("num_scan_inputs", -1)?;
     if m < 1 {
@@ -479,7 +519,10 @@ pub fn scan_op(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
             .into_iter()
             .map(|v| stack(v, 0, ctx))
             .collect::<OpResult<Vec<_>>>()?;
-        return Ok(values.into());
+        return Ok(OpOutput {
+            values,
+            state_updates: runner.state_updates(formal_count),
+        });
     }
     let values = formal
         .into_iter()
@@ -497,5 +540,9 @@ pub fn scan_op(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
         out_reverse: flags(ctx.attrs.ints("scan_output_directions")?),
     };
     let (states, scans) = values.split_at(n);
-    Ok(scan_once(&runner, states.to_vec(), scans, &plan)?.into())
+    let values = scan_once(&runner, states.to_vec(), scans, &plan)?;
+    Ok(OpOutput {
+        values,
+        state_updates: runner.state_updates(formal_count),
+    })
 }
