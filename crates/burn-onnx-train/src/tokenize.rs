@@ -69,9 +69,9 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeSummary> {
         wide,
         pending: Vec::new(),
         shards: Vec::new(),
+        written: 0,
     };
     let mut documents = 0;
-    let mut tokens = 0;
     for file in &o.files {
         for batch in documents_of(file, o.per_line)? {
             let encoded = tokenizer
@@ -79,7 +79,6 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeSummary> {
                 .map_err(|e| OnnxError::field(file.display().to_string(), e.to_string()))?;
             for doc in encoded {
                 documents += 1;
-                tokens += doc.get_ids().len() + usize::from(eos.is_some());
                 out.push(doc.get_ids().iter().copied().chain(eos))?;
             }
         }
@@ -87,7 +86,7 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeSummary> {
     out.finish()?;
     Ok(TokenizeSummary {
         documents,
-        tokens,
+        tokens: out.written,
         shards: out.shards,
         dtype: if wide { "u32" } else { "u16" },
     })
@@ -130,6 +129,8 @@ struct ShardWriter {
     wide: bool,
     pending: Vec<u32>,
     shards: Vec<PathBuf>,
+    /// Token ids written to the shards so far.
+    written: usize,
 }
 
 impl ShardWriter {
@@ -161,6 +162,7 @@ impl ShardWriter {
             write_npy_1d(&path, &narrow)?;
         }
         self.shards.push(path);
+        self.written += self.pending.len();
         self.pending.clear();
         Ok(())
     }
