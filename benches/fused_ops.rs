@@ -24,12 +24,12 @@ use criterion::{Criterion, criterion_group, criterion_main};
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn values(rows: usize, cols: usize) -> Tensor<6> {
+fn values(rows: usize, cols: usize) -> Tensor<8> {
     let x: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919) % 2000) as f32 / 250.0 - 4.0)
         .collect();
     Tensor::from_data(
-        TensorData::new(x, vec![1, 1, 1, 1, rows, cols]),
+        TensorData::new(x, vec![1, 1, 1, 1, 1, 1, rows, cols]),
         &Device::flex().autodiff(),
     )
 }
@@ -40,8 +40,8 @@ fn pair(
     name: &str,
     rows: usize,
     cols: usize,
-    fused: fn(Tensor<6>) -> Tensor<6>,
-    plain: fn(Tensor<6>) -> Tensor<6>,
+    fused: fn(Tensor<8>) -> Tensor<8>,
+    plain: fn(Tensor<8>) -> Tensor<8>,
 ) {
     let x = values(rows, cols);
     for (kind, f) in [("fused", fused), ("burn", plain)] {
@@ -69,8 +69,8 @@ fn activations(c: &mut Criterion) {
         "softmax",
         1024,
         128,
-        |x| softmax(x, 5),
-        |x| activation::softmax(x, 5),
+        |x| softmax(x, 7),
+        |x| activation::softmax(x, 7),
     );
 }
 
@@ -217,10 +217,11 @@ fn layer_norms(c: &mut Criterion) {
 fn masks(c: &mut Criterion) {
     let device = Device::flex().autodiff();
     let (heads, t) = (2 * 12, 128);
-    let scores = values(heads * t, t).reshape([1, 1, 2, 12, t, t]);
+    let scores = values(heads * t, t).reshape([1, 1, 1, 1, 2, 12, t, t]);
     let keep: Vec<bool> = (0..t * t).map(|i| i % t <= i / t).collect();
     let masked: Vec<bool> = (0..heads).flat_map(|_| keep.iter().map(|k| !k)).collect();
-    let mask = Tensor::<6, Bool>::from_data(TensorData::new(masked, [1, 1, 2, 12, t, t]), &device);
+    let mask =
+        Tensor::<8, Bool>::from_data(TensorData::new(masked, [1, 1, 1, 1, 2, 12, t, t]), &device);
     let keep: std::sync::Arc<[bool]> = keep.into();
     c.bench_function("causal mask [2, 12, 128, 128] fwd+bwd fused", |b| {
         b.iter(|| {

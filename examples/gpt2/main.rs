@@ -61,26 +61,27 @@ struct Args {
 /// This example's defaults: 400 updates of 8 x 64 tokens, AdamW at 1e-3 with 5% warm-up
 /// and cosine decay, evaluation and checkpoints every 100 updates.
 fn defaults() -> TrainingConfig {
-    TrainingConfig {
-        output_dir: "runs/gpt2".into(),
-        input_name: "input_ids".into(),
-        output_name: "logits".into(),
-        loss: LossKind::LmCrossEntropy,
-        batch_size: 8,
-        eval_batch_size: 8,
-        seq_len: 64,
-        num_train_steps: 400,
-        display_loss_steps: 10,
-        evaluation_period: 100,
-        checkpoint_period: 100,
-        lr: LrConfig {
+    {
+        let mut c = TrainingConfig::default();
+        c.checkpoint.output_dir = "runs/gpt2".into();
+        c.model.input_name = "input_ids".into();
+        c.model.output_name = "logits".into();
+        c.model.loss = LossKind::LmCrossEntropy;
+        c.data.batch_size = 8;
+        c.eval.eval_batch_size = 8;
+        c.data.seq_len = 64;
+        c.train.num_train_steps = 400;
+        c.logging.display_loss_steps = 10;
+        c.eval.evaluation_period = 100;
+        c.checkpoint.checkpoint_period = 100;
+        c.lr = LrConfig {
             initial_lr: 1e-3,
             warmup_ratio: 0.05,
             mode: ScheduleKind::Cosine,
             ..Default::default()
-        },
-        histogram_weights: vec!["transformer.h.0.attn.c_attn.weight".into()],
-        ..Default::default()
+        };
+        c.logging.histogram_weights = vec!["transformer.h.0.attn.c_attn.weight".into()];
+        c
     }
 }
 
@@ -107,18 +108,18 @@ fn write_shard(dir: &Path, tokens: &[i64]) -> Result<(), OnnxError> {
 
 fn config(args: &Args) -> Result<TrainingConfig, OnnxError> {
     let mut c = args.run.apply(defaults())?;
-    c.seq_len = args.seq_len.unwrap_or(c.seq_len);
-    c.output_dir = common::output_dir(&c.output_dir, args.bench)?;
-    c.train_data_dir = c.output_dir.join("data/train");
-    c.test_data_dir = c.output_dir.join("data/test");
+    c.data.seq_len = args.seq_len.unwrap_or(c.data.seq_len);
+    c.checkpoint.output_dir = common::output_dir(&c.checkpoint.output_dir, args.bench)?;
+    c.data.train_data_dir = c.checkpoint.output_dir.join("data/train");
+    c.data.test_data_dir = c.checkpoint.output_dir.join("data/test");
     if args.bench {
         (
-            c.evaluation_period,
-            c.checkpoint_period,
-            c.display_loss_steps,
-            c.progress,
-        ) = (0, 0, c.num_updates(), false);
-        c.histogram_weights.clear();
+            c.eval.evaluation_period,
+            c.checkpoint.checkpoint_period,
+            c.logging.display_loss_steps,
+            c.logging.progress,
+        ) = (0, 0, c.train.num_updates(), false);
+        c.logging.histogram_weights.clear();
     }
     Ok(c)
 }
@@ -134,30 +135,34 @@ fn run(args: Args) -> Result<(), OnnxError> {
     }
     let tokens = tokenize(args.text.as_deref().unwrap_or(&default_text()))?;
     let split = tokens.len() * 9 / 10;
-    write_shard(&config.train_data_dir, &tokens[..split])?;
-    write_shard(&config.test_data_dir, &tokens[split..])?;
-    if config.model_path.as_os_str().is_empty() {
+    write_shard(&config.data.train_data_dir, &tokens[..split])?;
+    write_shard(&config.data.test_data_dir, &tokens[split..])?;
+    if config.model.model_path.as_os_str().is_empty() {
         let c = Gpt2Config {
             n_layer: args.layers,
             n_head: args.heads,
             n_embd: args.width,
-            n_positions: config.seq_len.max(64),
+            n_positions: config.data.seq_len.max(64),
             ..Default::default()
         };
-        config.model_path = config.output_dir.join("gpt2.onnx");
-        write_gpt2(&c, &config.model_path)?;
-        tracing::info!(layers = c.n_layer, heads = c.n_head, width = c.n_embd, vocab = c.vocab_size, path = %config.model_path.display(), "built GPT-2");
+        config.model.model_path = config.checkpoint.output_dir.join("gpt2.onnx");
+        write_gpt2(&c, &config.model.model_path)?;
+        tracing::info!(layers = c.n_layer, heads = c.n_head, width = c.n_embd, vocab = c.vocab_size, path = %config.model.model_path.display(), "built GPT-2");
     }
-    let train: Arc<dyn Dataset> =
-        Arc::new(TokenDataset::load(&config.train_data_dir, config.seq_len)?);
-    let test: Arc<dyn Dataset> =
-        Arc::new(TokenDataset::load(&config.test_data_dir, config.seq_len)?);
+    let train: Arc<dyn Dataset> = Arc::new(TokenDataset::load(
+        &config.data.train_data_dir,
+        config.data.seq_len,
+    )?);
+    let test: Arc<dyn Dataset> = Arc::new(TokenDataset::load(
+        &config.data.test_data_dir,
+        config.data.seq_len,
+    )?);
     tracing::info!(
         train_tokens = split,
         test_tokens = tokens.len() - split,
         "tokenized with the GPT-2 BPE"
     );
-    let model_path = config.model_path.clone();
+    let model_path = config.model.model_path.clone();
     let summary = launch_elastic(config, train, Some(test), args.run.max_restarts)?;
     let Some(perf) = &summary.perf else {
         return Ok(());

@@ -128,51 +128,52 @@ fn main() -> std::process::ExitCode {
 /// This example's defaults: the refkit SqueezeNet, 120 updates of 8 images, AdamW at 1e-3
 /// with 10% warm-up and cosine decay, evaluation and checkpoints every 20 updates.
 fn defaults() -> TrainingConfig {
-    TrainingConfig {
-        model_path: default_model(),
-        output_dir: "runs/squeezenet".into(),
-        input_name: "input".into(),
-        output_name: "logits".into(),
-        loss: LossKind::CrossEntropy,
-        batch_size: 8,
-        eval_batch_size: 8,
-        num_train_steps: 120,
-        display_loss_steps: 5,
-        evaluation_period: 20,
-        eval_batches: 4,
-        checkpoint_period: 20,
-        optimizer: OptimizerConfig {
+    {
+        let mut c = TrainingConfig::default();
+        c.model.model_path = default_model();
+        c.checkpoint.output_dir = "runs/squeezenet".into();
+        c.model.input_name = "input".into();
+        c.model.output_name = "logits".into();
+        c.model.loss = LossKind::CrossEntropy;
+        c.data.batch_size = 8;
+        c.eval.eval_batch_size = 8;
+        c.train.num_train_steps = 120;
+        c.logging.display_loss_steps = 5;
+        c.eval.evaluation_period = 20;
+        c.eval.eval_batches = 4;
+        c.checkpoint.checkpoint_period = 20;
+        c.optimizer = OptimizerConfig {
             kind: OptimizerKind::Adamw,
             weight_decay: 1e-4,
             ..Default::default()
-        },
-        lr: LrConfig {
+        };
+        c.lr = LrConfig {
             initial_lr: 1e-3,
             warmup_ratio: 0.1,
             mode: ScheduleKind::Cosine,
             ..Default::default()
-        },
-        histogram_weights: vec!["features.0.weight".into()],
-        ..Default::default()
+        };
+        c.logging.histogram_weights = vec!["features.0.weight".into()];
+        c
     }
 }
 
 fn run(args: Args) -> Result<()> {
     let mut config = args.run.apply(defaults())?;
-    config.output_dir = common::output_dir(&config.output_dir, args.bench)?;
+    config.checkpoint.output_dir = common::output_dir(&config.checkpoint.output_dir, args.bench)?;
     if args.bench {
         (
-            config.evaluation_period,
-            config.checkpoint_period,
-            config.display_loss_steps,
-            config.progress,
-        ) = (0, 0, config.num_updates(), false);
-        config.histogram_weights.clear();
+            config.eval.evaluation_period,
+            config.checkpoint.checkpoint_period,
+            config.logging.display_loss_steps,
+            config.logging.progress,
+        ) = (0, 0, config.train.num_updates(), false);
+        config.logging.histogram_weights.clear();
     }
     if args.run.printed(&config)? {
         return Ok(());
     }
-    let model_path = config.model_path.clone();
+    let model_path = config.model.model_path.clone();
     let train: Arc<dyn Dataset> = Arc::new(StripeImages {
         len: args.train_images,
         seed: 1,

@@ -84,7 +84,7 @@ fn bad_file_fails_with_its_name() {
 /// Token shards and a 4-update config for gpt2_tiny under `dir`, checkpointing every 2.
 fn train_setup(dir: &std::path::Path) -> std::path::PathBuf {
     use burn_onnx_train::npy::write_npy;
-    use burn_onnx_train::train::TrainingConfig;
+
     let data = dir.join("data");
     std::fs::create_dir_all(&data).unwrap();
     let mut next = lcg(7);
@@ -96,12 +96,13 @@ fn train_setup(dir: &std::path::Path) -> std::path::PathBuf {
         ),
     )
     .unwrap();
-    let c = TrainingConfig {
-        train_data_dir: data,
-        num_train_steps: 4,
-        checkpoint_period: 2,
-        display_loss_steps: 2,
-        ..gpt2_config(&dir.join("out"))
+    let c = {
+        let mut c = gpt2_config(&dir.join("out"));
+        c.data.train_data_dir = data;
+        c.train.num_train_steps = 4;
+        c.checkpoint.checkpoint_period = 2;
+        c.logging.display_loss_steps = 2;
+        c
     };
     let path = dir.join("run.toml");
     std::fs::write(&path, c.to_toml().unwrap()).unwrap();
@@ -127,8 +128,14 @@ fn print_config_shows_the_effective_config_and_a_run_writes_it() {
         String::from_utf8_lossy(&out.stderr)
     );
     let printed = TrainingConfig::from_toml(&String::from_utf8_lossy(&out.stdout), &cfg).unwrap();
-    assert_eq!(printed.data_parallel_size, 2, "the flag over the file");
-    assert_eq!(printed.num_train_steps, 4, "the file over the defaults");
+    assert_eq!(
+        printed.parallel.data_parallel_size, 2,
+        "the flag over the file"
+    );
+    assert_eq!(
+        printed.train.num_train_steps, 4,
+        "the file over the defaults"
+    );
     assert!(!dir.join("out").exists(), "nothing ran");
     // --set reaches any field, in sections too; an unknown key is named.
     let out = onnx_train(&[
@@ -150,7 +157,11 @@ fn print_config_shows_the_effective_config_and_a_run_writes_it() {
     );
     let set = TrainingConfig::from_toml(&String::from_utf8_lossy(&out.stdout), &cfg).unwrap();
     assert_eq!(
-        (set.optimizer.kind, set.lr.initial_lr, set.zero_stage),
+        (
+            set.optimizer.kind,
+            set.lr.initial_lr,
+            set.parallel.zero_stage
+        ),
         (burn_onnx_train::train::config::OptimizerKind::Sgd, 0.25, 1)
     );
     let out = onnx_train(&[
@@ -179,7 +190,7 @@ fn print_config_shows_the_effective_config_and_a_run_writes_it() {
         &minimal,
         format!(
             "model_path = {:?}\ntrain_data_dir = {:?}\n",
-            used.model_path, used.train_data_dir
+            used.model.model_path, used.data.train_data_dir
         ),
     )
     .unwrap();
@@ -191,8 +202,8 @@ fn print_config_shows_the_effective_config_and_a_run_writes_it() {
     ]);
     let printed =
         TrainingConfig::from_toml(&String::from_utf8_lossy(&out.stdout), &minimal).unwrap();
-    assert_eq!(printed.checkpoint_period, 500);
-    assert_eq!(TrainingConfig::default().checkpoint_period, 0);
+    assert_eq!(printed.checkpoint.checkpoint_period, 500);
+    assert_eq!(TrainingConfig::default().checkpoint.checkpoint_period, 0);
 }
 
 #[test]
@@ -614,15 +625,16 @@ fn flags_override_the_config_file_only_when_given() {
     let dir = tempdir("cli-flags");
     let file = dir.join("run.toml");
     std::fs::write(&file, "batch_size = 3\n[lr]\nwarmup_ratio = 0.2\n").unwrap();
-    let defaults = TrainingConfig {
-        batch_size: 8,
-        seq_len: 64,
-        num_train_steps: 400,
-        lr: burn_onnx_train::train::config::LrConfig {
+    let defaults = {
+        let mut c = TrainingConfig::default();
+        c.data.batch_size = 8;
+        c.data.seq_len = 64;
+        c.train.num_train_steps = 400;
+        c.lr = burn_onnx_train::train::config::LrConfig {
             initial_lr: 5e-4,
             ..Default::default()
-        },
-        ..Default::default()
+        };
+        c
     };
     let flags = TrainFlags {
         config: Some(file.clone()),
@@ -630,7 +642,7 @@ fn flags_override_the_config_file_only_when_given() {
     };
     let c = flags.apply(defaults.clone()).unwrap();
     assert_eq!(
-        (c.batch_size, c.seq_len, c.num_train_steps),
+        (c.data.batch_size, c.data.seq_len, c.train.num_train_steps),
         (3, 64, 400),
         "the file sets batch_size only"
     );
@@ -649,10 +661,10 @@ fn flags_override_the_config_file_only_when_given() {
     let c = flags.apply(defaults).unwrap();
     assert_eq!(
         (
-            c.batch_size,
-            c.num_train_steps,
-            c.gradient_accumulation_steps,
-            c.num_updates()
+            c.data.batch_size,
+            c.train.num_train_steps,
+            c.train.gradient_accumulation_steps,
+            c.train.num_updates()
         ),
         (5, 20, 2, 10),
         "--steps counts updates"
@@ -718,14 +730,14 @@ fn an_empty_config_names_the_fields_it_needs() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("config.model_path") && err.contains("is required"),
+        err.contains("config.model.model_path") && err.contains("is required"),
         "{err}"
     );
     std::fs::write(&cfg, "model_path = \"m.onnx\"\n").unwrap();
     let out = onnx_train(&["train", "--config", cfg.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("config.train_data_dir") && err.contains("is required"),
+        err.contains("config.data.train_data_dir") && err.contains("is required"),
         "{err}"
     );
 }
@@ -765,18 +777,27 @@ fn a_deepspeed_config_sets_its_fields_and_names_the_keys_it_cannot_honour() {
         String::from_utf8_lossy(&out.stderr)
     );
     let c: toml::Table = toml::from_str(&text).unwrap();
-    let get = |k: &str| c[k].clone();
-    assert_eq!(get("batch_size").as_integer(), Some(8));
-    assert_eq!(get("gradient_accumulation_steps").as_integer(), Some(2));
-    assert_eq!(get("max_grad_norm").as_float(), Some(0.5));
-    assert_eq!(get("display_loss_steps").as_integer(), Some(5));
-    assert_eq!(get("precision").as_str(), Some("f16"));
-    assert_eq!(get("loss_scale").as_float(), Some(0.0));
-    assert_eq!(get("loss_scale_growth_interval").as_integer(), Some(500));
-    assert_eq!(get("zero_stage").as_integer(), Some(2));
+    let get = |k: &str| {
+        let (section, field) = k.split_once('.').unwrap();
+        c[section][field].clone()
+    };
+    assert_eq!(get("data.batch_size").as_integer(), Some(8));
+    assert_eq!(
+        get("train.gradient_accumulation_steps").as_integer(),
+        Some(2)
+    );
+    assert_eq!(get("train.max_grad_norm").as_float(), Some(0.5));
+    assert_eq!(get("logging.display_loss_steps").as_integer(), Some(5));
+    assert_eq!(get("precision.dtype").as_str(), Some("f16"));
+    assert_eq!(get("precision.loss_scale").as_float(), Some(0.0));
+    assert_eq!(
+        get("precision.loss_scale_growth_interval").as_integer(),
+        Some(500)
+    );
+    assert_eq!(get("parallel.zero_stage").as_integer(), Some(2));
     // 100 updates of 2 micro-steps; warm-up 10 of 100 updates; DeepSpeed's Adam is AdamW.
-    assert_eq!(get("num_train_steps").as_integer(), Some(200));
-    assert_eq!(get("log_dir").as_str(), Some("tb/ds"));
+    assert_eq!(get("train.num_train_steps").as_integer(), Some(200));
+    assert_eq!(get("logging.log_dir").as_str(), Some("tb/ds"));
     let (o, lr) = (
         c["optimizer"].as_table().unwrap(),
         c["lr"].as_table().unwrap(),

@@ -65,7 +65,7 @@ fn batches_continue_across_epochs() {
             .batch_indices(0)
             .unwrap_err()
             .to_string()
-            .contains("config.batch_size")
+            .contains("config.data.batch_size")
     );
 }
 

@@ -8,7 +8,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use burn_onnx_train::loss::LossKind;
-use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
 use burn_onnx_train::train::launch::launch;
 use common::*;
@@ -36,28 +35,31 @@ fn gpt2_case(ranks: usize, per_rank: usize) {
         tempdir(&format!("dp-gpt2-1-{ranks}")),
         tempdir(&format!("dp-gpt2-{ranks}")),
     );
-    let base = |out: &Path| TrainingConfig {
-        output_dir: out.to_path_buf(),
-        ..sgd_config(
+    let base = |out: &Path| {
+        let mut c = sgd_config(
             refkit("models/gpt2_tiny.onnx"),
             LossKind::LmCrossEntropy,
             "input_ids",
-        )
+        );
+        c.checkpoint.output_dir = out.to_path_buf();
+        c
     };
     launch(
-        TrainingConfig {
-            batch_size: ranks * per_rank,
-            ..base(&one)
+        {
+            let mut c = base(&one);
+            c.data.batch_size = ranks * per_rank;
+            c
         },
         data.clone(),
         None,
     )
     .unwrap();
     let summary = launch(
-        TrainingConfig {
-            batch_size: per_rank,
-            data_parallel_size: ranks,
-            ..base(&many)
+        {
+            let mut c = base(&many);
+            c.data.batch_size = per_rank;
+            c.parallel.data_parallel_size = ranks;
+            c
         },
         data,
         None,
@@ -90,24 +92,27 @@ fn mlp_two_ranks_equal_one_process_with_double_batch() {
     let y = ArrayD::from_shape_fn(IxDyn(&[64]), |_| (next() % 10) as i64);
     let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap());
     let (one, many) = (tempdir("dp-mlp-1"), tempdir("dp-mlp-2"));
-    let base = |out: &Path| TrainingConfig {
-        output_dir: out.to_path_buf(),
-        ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input")
+    let base = |out: &Path| {
+        let mut c = sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input");
+        c.checkpoint.output_dir = out.to_path_buf();
+        c
     };
     launch(
-        TrainingConfig {
-            batch_size: 8,
-            ..base(&one)
+        {
+            let mut c = base(&one);
+            c.data.batch_size = 8;
+            c
         },
         data.clone(),
         None,
     )
     .unwrap();
     launch(
-        TrainingConfig {
-            batch_size: 4,
-            data_parallel_size: 2,
-            ..base(&many)
+        {
+            let mut c = base(&many);
+            c.data.batch_size = 4;
+            c.parallel.data_parallel_size = 2;
+            c
         },
         data,
         None,
@@ -122,16 +127,17 @@ fn a_failing_rank_fails_the_whole_run() {
     let data: Arc<dyn Dataset> =
         Arc::new(TokenDataset::from_tokens((0..64).collect(), 16).unwrap());
     let out = tempdir("dp-fail");
-    let c = TrainingConfig {
-        batch_size: 4,
-        data_parallel_size: 2,
-        output_dir: out.clone(),
-        ..sgd_config(
+    let c = {
+        let mut c = sgd_config(
             refkit("models/gpt2_tiny.onnx"),
             LossKind::LmCrossEntropy,
             "input_ids",
-        )
+        );
+        c.data.batch_size = 4;
+        c.parallel.data_parallel_size = 2;
+        c.checkpoint.output_dir = out.clone();
+        c
     };
     let err = launch(c, data, None).err().unwrap().to_string();
-    assert!(err.contains("config.batch_size"), "{err}");
+    assert!(err.contains("config.data.batch_size"), "{err}");
 }

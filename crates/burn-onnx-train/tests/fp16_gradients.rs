@@ -15,23 +15,24 @@ use burn_onnx_train::train::launch::launch;
 use common::*;
 
 fn config(out: &Path, stage: usize, fp16: bool) -> TrainingConfig {
-    TrainingConfig {
-        num_train_steps: 10,
-        batch_size: 2,
-        data_parallel_size: 2,
-        zero_stage: stage,
-        max_grad_norm: 0.0,
-        optimizer: OptimizerConfig {
+    {
+        let mut c = gpt2_config(out);
+        c.train.num_train_steps = 10;
+        c.data.batch_size = 2;
+        c.parallel.data_parallel_size = 2;
+        c.parallel.zero_stage = stage;
+        c.train.max_grad_norm = 0.0;
+        c.optimizer = OptimizerConfig {
             kind: OptimizerKind::Sgd,
             momentum: 0.9,
             ..Default::default()
-        },
-        lr: LrConfig {
+        };
+        c.lr = LrConfig {
             initial_lr: 0.1,
             ..Default::default()
-        },
-        allreduce_in_fp16: fp16,
-        ..gpt2_config(out)
+        };
+        c.parallel.allreduce_in_fp16 = fp16;
+        c
     }
 }
 
@@ -73,10 +74,11 @@ fn f16_gradients_at_stages_0_2_and_3_follow_the_f32_run() {
 
 #[test]
 fn f16_gradients_with_adasum_are_a_config_error() {
-    let c = TrainingConfig {
-        enable_adasum: true,
-        ..config(&tempdir("fp16-adasum"), 0, true)
+    let c = {
+        let mut c = config(&tempdir("fp16-adasum"), 0, true);
+        c.parallel.enable_adasum = true;
+        c
     };
     let err = c.validate(2).unwrap_err().to_string();
-    assert!(err.contains("config.allreduce_in_fp16"), "{err}");
+    assert!(err.contains("config.parallel.allreduce_in_fp16"), "{err}");
 }

@@ -21,7 +21,7 @@ use burn_onnx_train::kernels::{
 use burn_onnx_train::train::config::{LrConfig, OptimizerKind, ScheduleKind};
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::precision::Precision;
-use burn_onnx_train::train::{DeviceSpec, RunSummary, TrainingConfig};
+use burn_onnx_train::train::{DeviceSpec, RunSummary};
 use burn_onnx_train::value::MAX_RANK;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use common::fused_checks::{check, check_cross_entropy, host, host2};
@@ -150,17 +150,18 @@ fn bias_and_norm_gradients_over_512_rows_match_the_cpu() {
 /// 10 AdamW updates of gpt2_tiny with clipping, a warm-up schedule, evaluation every 5
 /// updates and a checkpoint at 5, on `device`.
 fn run_on(device: DeviceSpec, out: &Path) -> RunSummary {
-    let c = TrainingConfig {
-        device,
-        num_train_steps: 10,
-        evaluation_period: 5,
-        checkpoint_period: 5,
-        lr: LrConfig {
+    let c = {
+        let mut c = gpt2_config(out);
+        c.parallel.device = device;
+        c.train.num_train_steps = 10;
+        c.eval.evaluation_period = 5;
+        c.checkpoint.checkpoint_period = 5;
+        c.lr = LrConfig {
             warmup_ratio: 0.2,
             mode: ScheduleKind::Constant,
             ..Default::default()
-        },
-        ..gpt2_config(out)
+        };
+        c
     };
     launch(c, gpt2_tokens(), Some(gpt2_tokens())).unwrap()
 }
@@ -216,17 +217,18 @@ fn the_runner_on_gpu_matches_the_cpu_run_and_its_checkpoint_resumes_on_the_cpu()
 /// [`run_on`]'s run resumed on `device` from `ckpt` (its update 5); the trained model.
 fn resume_on(device: DeviceSpec, ckpt: std::path::PathBuf, tag: &str) -> std::path::PathBuf {
     let out = tempdir(tag);
-    let c = TrainingConfig {
-        device,
-        num_train_steps: 10,
-        evaluation_period: 5,
-        lr: LrConfig {
+    let c = {
+        let mut c = gpt2_config(&out);
+        c.parallel.device = device;
+        c.train.num_train_steps = 10;
+        c.eval.evaluation_period = 5;
+        c.lr = LrConfig {
             warmup_ratio: 0.2,
             mode: ScheduleKind::Constant,
             ..Default::default()
-        },
-        checkpoint_to_load_path: Some(ckpt),
-        ..gpt2_config(&out)
+        };
+        c.checkpoint.checkpoint_to_load_path = Some(ckpt);
+        c
     };
     let again = launch(c, gpt2_tokens(), None).unwrap();
     assert_eq!(again.start_step, 5, "{tag}");
@@ -251,13 +253,14 @@ fn zero_3_on_gpu_matches_the_replicated_cpu_run() {
         spec => spec,
     };
     let run = |device: DeviceSpec, zero_stage: usize, out: &Path| {
-        let c = TrainingConfig {
-            device,
-            data_parallel_size: 2,
-            batch_size: 2,
-            zero_stage,
-            num_train_steps: 10,
-            ..gpt2_config(out)
+        let c = {
+            let mut c = gpt2_config(out);
+            c.parallel.device = device;
+            c.parallel.data_parallel_size = 2;
+            c.data.batch_size = 2;
+            c.parallel.zero_stage = zero_stage;
+            c.train.num_train_steps = 10;
+            c
         };
         launch(c, gpt2_tokens(), None).unwrap()
     };
@@ -299,11 +302,12 @@ fn low_precision_with_loss_scaling_on_gpu_matches_the_cpu() {
     for precision in precisions {
         let run = |device: DeviceSpec, tag: &str| {
             let out = tempdir(&format!("gpu-{precision:?}-{tag}"));
-            let c = TrainingConfig {
-                device,
-                precision,
-                num_train_steps: 10,
-                ..gpt2_config(&out)
+            let c = {
+                let mut c = gpt2_config(&out);
+                c.parallel.device = device;
+                c.precision.dtype = precision;
+                c.train.num_train_steps = 10;
+                c
             };
             (launch(c, gpt2_tokens(), None).unwrap(), out)
         };

@@ -26,26 +26,27 @@ fn images() -> Arc<dyn Dataset> {
 }
 
 fn train(model: &str, loss: LossKind, output: &str, out: &Path) -> Vec<(usize, f64)> {
-    let c = TrainingConfig {
-        model_path: data(&format!("graph_loss/{model}.onnx")),
-        output_dir: out.to_path_buf(),
-        input_name: "input".into(),
-        output_name: output.into(),
-        loss,
-        batch_size: 8,
-        num_train_steps: 6,
-        optimizer: OptimizerConfig {
+    let c = {
+        let mut c = TrainingConfig::default();
+        c.model.model_path = data(&format!("graph_loss/{model}.onnx"));
+        c.checkpoint.output_dir = out.to_path_buf();
+        c.model.input_name = "input".into();
+        c.model.output_name = output.into();
+        c.model.loss = loss;
+        c.data.batch_size = 8;
+        c.train.num_train_steps = 6;
+        c.optimizer = OptimizerConfig {
             kind: OptimizerKind::Sgd,
             weight_decay: 0.0,
             ..Default::default()
-        },
-        max_grad_norm: 0.0,
-        lr: LrConfig {
+        };
+        c.train.max_grad_norm = 0.0;
+        c.lr = LrConfig {
             initial_lr: 0.5,
             ..Default::default()
-        },
-        progress: false,
-        ..TrainingConfig::default()
+        };
+        c.logging.progress = false;
+        c
     };
     let runner = TrainingRunner::new(
         c,
@@ -84,12 +85,13 @@ fn a_graph_ending_in_its_loss_trains_as_the_attached_loss_would() {
 #[test]
 fn a_label_name_without_the_graph_loss_is_refused() {
     let out = tempdir("graph-loss-refused");
-    let c = TrainingConfig {
-        model_path: data("graph_loss/mlp_logits.onnx"),
-        output_dir: out,
-        loss: LossKind::CrossEntropy,
-        label_name: Some("labels".into()),
-        ..TrainingConfig::default()
+    let c = {
+        let mut c = TrainingConfig::default();
+        c.model.model_path = data("graph_loss/mlp_logits.onnx");
+        c.checkpoint.output_dir = out;
+        c.model.loss = LossKind::CrossEntropy;
+        c.model.label_name = Some("labels".into());
+        c
     };
     let err = TrainingRunner::new(
         c,

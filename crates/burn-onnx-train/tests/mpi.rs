@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use burn::tensor::Device;
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::npy::write_npy;
-use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::{FloatValue, Value};
 use common::*;
 use ndarray::{ArrayD, IxDyn};
@@ -44,10 +43,11 @@ fn setup(dir: &Path, case: &str, steps: usize) -> PathBuf {
         write_npy(data.join("labels_0.npy"), &Value::Int(y)).unwrap();
         ("mlp", LossKind::CrossEntropy, "input")
     };
-    let c = TrainingConfig {
-        train_data_dir: data,
-        num_train_steps: steps,
-        ..sgd_config(refkit(&format!("models/{model}.onnx")), loss, input)
+    let c = {
+        let mut c = sgd_config(refkit(&format!("models/{model}.onnx")), loss, input);
+        c.data.train_data_dir = data;
+        c.train.num_train_steps = steps;
+        c
     };
     let path = dir.join("run.toml");
     std::fs::write(&path, c.to_toml().unwrap()).unwrap();

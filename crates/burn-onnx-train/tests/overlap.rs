@@ -1,4 +1,4 @@
-//! Data-parallel gradient averaging during backward (`overlap_segments`): thread ranks that
+//! Data-parallel gradient averaging during backward (`parallel.overlap`): thread ranks that
 //! average gradients as backward finishes them, from per-parameter hooks inside one backward
 //! pass (1) or segment by segment while the earlier segments run backward (2 and more),
 //! end where one process with the whole batch does, on gpt2_tiny with SGD and on a
@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use burn_onnx_train::loss::LossKind;
-use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
+use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind, Overlap};
 use burn_onnx_train::train::data::{Dataset, TokenDataset};
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::{RunSummary, TrainingConfig};
@@ -39,6 +39,7 @@ fn compare(
     atol: f32,
 ) {
     let stem = c
+        .model
         .model_path
         .file_stem()
         .unwrap()
@@ -52,32 +53,29 @@ fn compare(
     );
     let run = |out: &Path, c: TrainingConfig| -> RunSummary {
         launch(
-            TrainingConfig {
-                output_dir: out.to_path_buf(),
-                ..c
+            {
+                let mut cfg = c;
+                cfg.checkpoint.output_dir = out.to_path_buf();
+                cfg
             },
             data.clone(),
             None,
         )
         .unwrap_or_else(|e| panic!("{e}"))
     };
-    let a = run(
-        &one,
-        TrainingConfig {
-            batch_size: 2 * per_rank,
-            ..c.clone()
-        },
-    );
-    let b = run(
-        &two,
-        TrainingConfig {
-            batch_size: per_rank,
-            data_parallel_size: 2,
-            overlap_segments: overlap,
-            recompute_segments: recompute,
-            ..c.clone()
-        },
-    );
+    let a = run(&one, {
+        let mut cfg = c.clone();
+        cfg.data.batch_size = 2 * per_rank;
+        cfg
+    });
+    let b = run(&two, {
+        let mut cfg = c.clone();
+        cfg.data.batch_size = per_rank;
+        cfg.parallel.data_parallel_size = 2;
+        cfg.parallel.overlap = Overlap::from_count(overlap);
+        cfg.parallel.recompute_segments = recompute;
+        cfg
+    });
     let perf = b.perf.expect("a perf report");
     assert!(
         perf.avg_overlapped_sync_ms > 0.0,
@@ -92,7 +90,7 @@ fn compare(
     {
         assert_close(&format!("overlap {overlap}: {name}"), &y, x, atol, 0.0);
     }
-    assert_moved(&c.model_path, &one.join(&file), 1e-3);
+    assert_moved(&c.model.model_path, &one.join(&file), 1e-3);
 }
 
 /// refkit's gpt2_tiny with SGD.
@@ -111,19 +109,20 @@ fn gpt2_tiny_averaged_during_backward_trains_as_one_process() {
 
 fn tied_gpt2(tag: &str) -> TrainingConfig {
     let model = small_gpt2(tag, "gpt2_tied.onnx", 3, 2, 256);
-    TrainingConfig {
-        optimizer: OptimizerConfig {
+    {
+        let mut c = sgd_config(model, LossKind::LmCrossEntropy, "input_ids");
+        c.optimizer = OptimizerConfig {
             kind: OptimizerKind::Adamw,
             ..Default::default()
-        },
-        lr: LrConfig {
+        };
+        c.lr = LrConfig {
             initial_lr: 3e-3,
             ..Default::default()
-        },
-        max_grad_norm: 0.5,
-        gradient_accumulation_steps: 2,
-        num_train_steps: 12,
-        ..sgd_config(model, LossKind::LmCrossEntropy, "input_ids")
+        };
+        c.train.max_grad_norm = 0.5;
+        c.train.gradient_accumulation_steps = 2;
+        c.train.num_train_steps = 12;
+        c
     }
 }
 
@@ -153,71 +152,79 @@ fn averaging_during_backward_composes_with_recomputation() {
 
 #[test]
 fn unsupported_combinations_are_config_errors() {
-    let c = TrainingConfig {
-        data_parallel_size: 2,
-        overlap_segments: 3,
-        ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input")
+    let c = {
+        let mut c = sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input");
+        c.parallel.data_parallel_size = 2;
+        c.parallel.overlap = Overlap::Segments(3);
+        c
     };
     c.validate(2).unwrap();
     let refused = |bad: TrainingConfig, world: usize, why: &str| {
         let err = bad.validate(world).unwrap_err().to_string();
         assert!(
-            err.contains("overlap_segments") && err.contains(why),
+            err.contains("config.parallel.overlap") && err.contains(why),
             "{err}"
         );
     };
-    TrainingConfig {
-        overlap_segments: 1,
-        ..c.clone()
+    {
+        let mut cfg = c.clone();
+        cfg.parallel.overlap = Overlap::Hooks;
+        cfg
     }
     .validate(2)
     .unwrap();
     refused(
-        TrainingConfig {
-            data_parallel_size: 1,
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.parallel.data_parallel_size = 1;
+            cfg
         },
         1,
         "one data-parallel replica",
     );
     refused(
-        TrainingConfig {
-            zero_stage: 1,
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.parallel.zero_stage = 1;
+            cfg
         },
         2,
         "ZeRO",
     );
     refused(
-        TrainingConfig {
-            enable_adasum: true,
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.parallel.enable_adasum = true;
+            cfg
         },
         2,
         "Adasum",
     );
     refused(
-        TrainingConfig {
-            pipeline_parallel_size: 2,
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.parallel.pipeline_parallel_size = 2;
+            cfg
         },
         4,
         "pipeline",
     );
     refused(
-        TrainingConfig {
-            recompute_segments: 2,
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.parallel.recompute_segments = 2;
+            cfg
         },
         2,
         "recompute_segments",
     );
     // Hooks run in one backward pass; recomputation needs segments.
     refused(
-        TrainingConfig {
-            overlap_segments: 1,
-            recompute_segments: 3,
-            ..c
+        {
+            let mut cfg = c;
+            cfg.parallel.overlap = Overlap::Hooks;
+            cfg.parallel.recompute_segments = 3;
+            cfg
         },
         2,
         "recompute_segments",

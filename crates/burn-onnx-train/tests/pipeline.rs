@@ -50,15 +50,16 @@ fn compare(initial: &Path, want: &Path, got: &Path, atol: f32) {
 }
 
 fn gpt2_tiny(out: &Path) -> TrainingConfig {
-    TrainingConfig {
-        output_dir: out.to_path_buf(),
-        batch_size: 4,
-        eval_batch_size: 4,
-        ..sgd_config(
+    {
+        let mut c = sgd_config(
             refkit("models/gpt2_tiny.onnx"),
             LossKind::LmCrossEntropy,
             "input_ids",
-        )
+        );
+        c.checkpoint.output_dir = out.to_path_buf();
+        c.data.batch_size = 4;
+        c.eval.eval_batch_size = 4;
+        c
     }
 }
 
@@ -68,9 +69,10 @@ fn gpt2_tiny_two_stages_equal_one_process() {
     let (one, two) = (tempdir("pp-gpt2-1"), tempdir("pp-gpt2-2"));
     let single = run(gpt2_tiny(&one), &data);
     let piped = run(
-        TrainingConfig {
-            pipeline_parallel_size: 2,
-            ..gpt2_tiny(&two)
+        {
+            let mut c = gpt2_tiny(&two);
+            c.parallel.pipeline_parallel_size = 2;
+            c
         },
         &data,
     );
@@ -108,12 +110,13 @@ fn stages_that_recompute_their_forward_equal_stages_that_keep_it() {
             tempdir(&format!("pp-kept-{schedule:?}")),
             tempdir(&format!("pp-recompute-{schedule:?}")),
         );
-        let piped = |out: &Path, recompute_segments| TrainingConfig {
-            pipeline_parallel_size: 2,
-            num_pipeline_micro_batches: 4,
-            pipeline_schedule: schedule,
-            recompute_segments,
-            ..gpt2_tiny(out)
+        let piped = |out: &Path, recompute_segments| {
+            let mut c = gpt2_tiny(out);
+            c.parallel.pipeline_parallel_size = 2;
+            c.parallel.num_pipeline_micro_batches = 4;
+            c.parallel.pipeline_schedule = schedule;
+            c.parallel.recompute_segments = recompute_segments;
+            c
         };
         let a = run(piped(&kept, 0), &data);
         let b = run(piped(&again, 2), &data);
@@ -134,14 +137,15 @@ fn stages_that_recompute_their_forward_equal_stages_that_keep_it() {
             1e-5,
         );
     }
-    let bad = TrainingConfig {
-        pipeline_parallel_size: 2,
-        recompute_segments: 3,
-        ..gpt2_tiny(&one)
+    let bad = {
+        let mut c = gpt2_tiny(&one);
+        c.parallel.pipeline_parallel_size = 2;
+        c.parallel.recompute_segments = 3;
+        c
     };
     let err = bad.validate(2).unwrap_err().to_string();
     assert!(
-        err.contains("config.recompute_segments") && err.contains("set it to 2"),
+        err.contains("config.parallel.recompute_segments") && err.contains("set it to 2"),
         "{err}"
     );
 }
@@ -154,11 +158,12 @@ fn gpt2_tiny_four_stages_1f1b_and_gpipe_are_identical_and_equal_one_process() {
     let mut outs = Vec::new();
     for schedule in [PipelineSchedule::OneFOneB, PipelineSchedule::Gpipe] {
         let out = tempdir(&format!("pp4-{schedule:?}"));
-        let c = TrainingConfig {
-            pipeline_parallel_size: 4,
-            num_pipeline_micro_batches: 4,
-            pipeline_schedule: schedule,
-            ..gpt2_tiny(&out)
+        let c = {
+            let mut c = gpt2_tiny(&out);
+            c.parallel.pipeline_parallel_size = 4;
+            c.parallel.num_pipeline_micro_batches = 4;
+            c.parallel.pipeline_schedule = schedule;
+            c
         };
         run(c, &data);
         outs.push(out.join("gpt2_tiny_trained.onnx"));
@@ -193,27 +198,29 @@ fn tied_embedding_split_across_stages_trains_as_one_parameter() {
         .expect("the tied embedding is shared");
     assert_eq!(wte.stages, vec![0, 1]);
     let data = tokens(256);
-    let base = |out: &Path| TrainingConfig {
-        optimizer: OptimizerConfig {
+    let base = |out: &Path| {
+        let mut c = sgd_config(model.clone(), LossKind::LmCrossEntropy, "input_ids");
+        c.optimizer = OptimizerConfig {
             kind: OptimizerKind::Adamw,
             ..Default::default()
-        },
-        lr: LrConfig {
+        };
+        c.lr = LrConfig {
             initial_lr: 3e-3,
             ..Default::default()
-        },
-        max_grad_norm: 0.5,
-        output_dir: out.to_path_buf(),
-        batch_size: 4,
-        eval_batch_size: 4,
-        ..sgd_config(model.clone(), LossKind::LmCrossEntropy, "input_ids")
+        };
+        c.train.max_grad_norm = 0.5;
+        c.checkpoint.output_dir = out.to_path_buf();
+        c.data.batch_size = 4;
+        c.eval.eval_batch_size = 4;
+        c
     };
     let (one, two) = (dir.join("one"), dir.join("two"));
     run(base(&one), &data);
     run(
-        TrainingConfig {
-            pipeline_parallel_size: 2,
-            ..base(&two)
+        {
+            let mut c = base(&two);
+            c.parallel.pipeline_parallel_size = 2;
+            c
         },
         &data,
     );
@@ -222,9 +229,10 @@ fn tied_embedding_split_across_stages_trains_as_one_parameter() {
     // The clipping binds: without it the run ends elsewhere.
     let free = dir.join("unclipped");
     run(
-        TrainingConfig {
-            max_grad_norm: 0.0,
-            ..base(&free)
+        {
+            let mut c = base(&free);
+            c.train.max_grad_norm = 0.0;
+            c
         },
         &data,
     );
@@ -246,12 +254,13 @@ fn data_and_pipeline_parallel_compose() {
     let (one, grid) = (tempdir("dppp-one"), tempdir("dppp-grid"));
     run(gpt2_tiny(&one), &data);
     let summary = run(
-        TrainingConfig {
-            batch_size: 2,
-            eval_batch_size: 2,
-            data_parallel_size: 2,
-            pipeline_parallel_size: 2,
-            ..gpt2_tiny(&grid)
+        {
+            let mut c = gpt2_tiny(&grid);
+            c.data.batch_size = 2;
+            c.eval.eval_batch_size = 2;
+            c.parallel.data_parallel_size = 2;
+            c.parallel.pipeline_parallel_size = 2;
+            c
         },
         &data,
     );
@@ -273,23 +282,25 @@ fn squeezenet_two_stages_equal_one_process() {
     let y = ArrayD::from_shape_fn(IxDyn(&[8]), |_| (next() % 1000) as i64);
     let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap());
     let model = refkit("models/squeezenet1_1_dynbatch.onnx");
-    let base = |out: &Path| TrainingConfig {
-        output_dir: out.to_path_buf(),
-        batch_size: 2,
-        eval_batch_size: 2,
-        num_train_steps: 3,
-        lr: LrConfig {
+    let base = |out: &Path| {
+        let mut c = sgd_config(model.clone(), LossKind::CrossEntropy, "input");
+        c.checkpoint.output_dir = out.to_path_buf();
+        c.data.batch_size = 2;
+        c.eval.eval_batch_size = 2;
+        c.train.num_train_steps = 3;
+        c.lr = LrConfig {
             initial_lr: 0.01,
             ..Default::default()
-        },
-        ..sgd_config(model.clone(), LossKind::CrossEntropy, "input")
+        };
+        c
     };
     let (one, two) = (tempdir("pp-sq-1"), tempdir("pp-sq-2"));
     run(base(&one), &data);
     run(
-        TrainingConfig {
-            pipeline_parallel_size: 2,
-            ..base(&two)
+        {
+            let mut c = base(&two);
+            c.parallel.pipeline_parallel_size = 2;
+            c
         },
         &data,
     );
@@ -303,18 +314,20 @@ fn manual_cut_of_the_mlp_equals_one_process() {
     let x = ArrayD::from_shape_fn(IxDyn(&[64, 784]), |_| (next() % 1000) as f32 / 1000.0 - 0.5);
     let y = ArrayD::from_shape_fn(IxDyn(&[64]), |_| (next() % 10) as i64);
     let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap());
-    let base = |out: &Path| TrainingConfig {
-        output_dir: out.to_path_buf(),
-        batch_size: 8,
-        eval_batch_size: 8,
-        ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input")
+    let base = |out: &Path| {
+        let mut c = sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input");
+        c.checkpoint.output_dir = out.to_path_buf();
+        c.data.batch_size = 8;
+        c.eval.eval_batch_size = 8;
+        c
     };
     let (one, two) = (tempdir("pp-mlp-1"), tempdir("pp-mlp-2"));
     run(base(&one), &data);
-    let c = TrainingConfig {
-        pipeline_parallel_size: 2,
-        pipeline_cut_after: vec!["/Relu_output_0".into()],
-        ..base(&two)
+    let c = {
+        let mut c = base(&two);
+        c.parallel.pipeline_parallel_size = 2;
+        c.parallel.pipeline_cut_after = vec!["/Relu_output_0".into()];
+        c
     };
     run(c.clone(), &data);
     compare(
@@ -324,10 +337,11 @@ fn manual_cut_of_the_mlp_equals_one_process() {
         1e-5,
     );
     // A cut naming no value of the graph is an error naming the field and the value.
-    let bad = TrainingConfig {
-        pipeline_cut_after: vec!["nope".into()],
-        output_dir: tempdir("pp-mlp-bad"),
-        ..c
+    let bad = {
+        let mut cfg = c;
+        cfg.parallel.pipeline_cut_after = vec!["nope".into()];
+        cfg.checkpoint.output_dir = tempdir("pp-mlp-bad");
+        cfg
     };
     let err = launch(bad, data.clone(), None).err().unwrap().to_string();
     assert!(
@@ -340,11 +354,12 @@ fn manual_cut_of_the_mlp_equals_one_process() {
 fn pipelined_checkpoints_hold_each_stage_and_resume_exactly() {
     let data = tokens(1024);
     let full = tempdir("pp-ckpt-full");
-    let c = TrainingConfig {
-        pipeline_parallel_size: 2,
-        num_train_steps: 4,
-        checkpoint_period: 2,
-        ..gpt2_tiny(&full)
+    let c = {
+        let mut c = gpt2_tiny(&full);
+        c.parallel.pipeline_parallel_size = 2;
+        c.train.num_train_steps = 4;
+        c.checkpoint.checkpoint_period = 2;
+        c
     };
     let summary = run(c.clone(), &data);
     let kept = list_checkpoints(&full.join("checkpoints"));
@@ -372,9 +387,10 @@ fn pipelined_checkpoints_hold_each_stage_and_resume_exactly() {
         &resumed.join("checkpoints").join(dir.file_name().unwrap()),
     );
     let summary2 = run(
-        TrainingConfig {
-            output_dir: resumed.clone(),
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.checkpoint.output_dir = resumed.clone();
+            cfg
         },
         &data,
     );
@@ -395,11 +411,12 @@ fn pipelined_checkpoints_hold_each_stage_and_resume_exactly() {
             dir,
             &other.join("checkpoints").join(dir.file_name().unwrap()),
         );
-        let c = TrainingConfig {
-            output_dir: other.clone(),
-            pipeline_parallel_size: stages,
-            num_pipeline_micro_batches: 0,
-            ..c.clone()
+        let c = {
+            let mut cfg = c.clone();
+            cfg.checkpoint.output_dir = other.clone();
+            cfg.parallel.pipeline_parallel_size = stages;
+            cfg.parallel.num_pipeline_micro_batches = 0;
+            cfg
         };
         assert_eq!(run(c, &data).start_step, 2);
         compare(
@@ -417,14 +434,15 @@ fn a_zero_checkpoint_of_a_grid_resumes_in_one_process() {
     // process at ZeRO-1 (the same 4 samples per update) reassembles its state from them.
     let data = tokens(1024);
     let full = tempdir("pp-zero-ckpt-full");
-    let grid = TrainingConfig {
-        batch_size: 2,
-        data_parallel_size: 2,
-        pipeline_parallel_size: 2,
-        zero_stage: 1,
-        num_train_steps: 4,
-        checkpoint_period: 2,
-        ..gpt2_tiny(&full)
+    let grid = {
+        let mut c = gpt2_tiny(&full);
+        c.data.batch_size = 2;
+        c.parallel.data_parallel_size = 2;
+        c.parallel.pipeline_parallel_size = 2;
+        c.parallel.zero_stage = 1;
+        c.train.num_train_steps = 4;
+        c.checkpoint.checkpoint_period = 2;
+        c
     };
     run(grid.clone(), &data);
     let kept = list_checkpoints(&full.join("checkpoints"));
@@ -435,12 +453,13 @@ fn a_zero_checkpoint_of_a_grid_resumes_in_one_process() {
     assert!(dir.join("stage-1/zero-1.bin").is_file());
     let one = tempdir("pp-zero-ckpt-one");
     copy_tree(dir, &one.join("checkpoints").join(dir.file_name().unwrap()));
-    let c = TrainingConfig {
-        output_dir: one.clone(),
-        batch_size: 4,
-        data_parallel_size: 1,
-        pipeline_parallel_size: 1,
-        ..grid
+    let c = {
+        let mut c = grid;
+        c.checkpoint.output_dir = one.clone();
+        c.data.batch_size = 4;
+        c.parallel.data_parallel_size = 1;
+        c.parallel.pipeline_parallel_size = 1;
+        c
     };
     assert_eq!(run(c, &data).start_step, 2);
     compare(
@@ -470,14 +489,15 @@ fn every_stage_writes_the_summaries_of_its_own_weights() {
     // (one event file per stage), the loss once.
     let out = tempdir("pp-tb");
     let (first, last) = ("m.transformer.wte.weight", "m.transformer.ln_f.weight");
-    let c = TrainingConfig {
-        pipeline_parallel_size: 2,
-        log_dir: None,
-        display_loss_steps: 5,
-        evaluation_period: 5,
-        histogram_weights: vec![first.into(), last.into()],
-        norm_weights: vec!["*".into()],
-        ..gpt2_tiny(&out)
+    let c = {
+        let mut c = gpt2_tiny(&out);
+        c.parallel.pipeline_parallel_size = 2;
+        c.logging.log_dir = None;
+        c.logging.display_loss_steps = 5;
+        c.eval.evaluation_period = 5;
+        c.logging.histogram_weights = vec![first.into(), last.into()];
+        c.logging.norm_weights = vec!["*".into()];
+        c
     };
     run(c, &tokens(1024));
     let mut events = Vec::new();
@@ -509,22 +529,23 @@ fn zero_runs_inside_each_stage_data_parallel_group() {
     // stage's optimizer state (3: and parameters) over its two replicas and end where the
     // replicated update does.
     let data = tokens(1024);
-    let base = |out: &Path, zero: usize| TrainingConfig {
-        optimizer: OptimizerConfig {
+    let base = |out: &Path, zero: usize| {
+        let mut c = gpt2_tiny(out);
+        c.optimizer = OptimizerConfig {
             kind: OptimizerKind::Adamw,
             ..Default::default()
-        },
-        lr: LrConfig {
+        };
+        c.lr = LrConfig {
             initial_lr: 1e-3,
             ..Default::default()
-        },
-        max_grad_norm: 1.0,
-        batch_size: 2,
-        eval_batch_size: 2,
-        data_parallel_size: 2,
-        pipeline_parallel_size: 2,
-        zero_stage: zero,
-        ..gpt2_tiny(out)
+        };
+        c.train.max_grad_norm = 1.0;
+        c.data.batch_size = 2;
+        c.eval.eval_batch_size = 2;
+        c.parallel.data_parallel_size = 2;
+        c.parallel.pipeline_parallel_size = 2;
+        c.parallel.zero_stage = zero;
+        c
     };
     let replicated = tempdir("pp-zero0");
     run(base(&replicated, 0), &data);

@@ -87,28 +87,34 @@ fn mlp_data() -> Arc<dyn Dataset> {
 }
 
 fn mlp(out: &Path) -> TrainingConfig {
-    TrainingConfig {
-        output_dir: out.to_path_buf(),
-        batch_size: 8,
-        eval_batch_size: 8,
-        ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input")
+    {
+        let mut c = sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input");
+        c.checkpoint.output_dir = out.to_path_buf();
+        c.data.batch_size = 8;
+        c.eval.eval_batch_size = 8;
+        c
     }
 }
 
 #[test]
 fn an_inf_gradient_on_one_rank_skips_the_update_on_every_rank() {
     // Two thread ranks with dynamic scaling; rank 1's gradient of fc2.bias holds an inf.
-    let c = TrainingConfig {
-        loss_scale: Some(0.0),
-        ..mlp(&tempdir("mp-inf"))
+    let c = {
+        let mut c = mlp(&tempdir("mp-inf"));
+        c.precision.loss_scale = Some(0.0);
+        c
     };
     let results = run_threads(2, Duration::from_secs(60), |comm| -> Result<_, String> {
-        let model = OnnxModel::load(&c.model_path, &Device::flex().autodiff())
+        let model = OnnxModel::load(&c.model.model_path, &Device::flex().autodiff())
             .map_err(|e| e.to_string())?;
         let before = onnx_values(&model);
         let mut strategy = build_strategy(&c, &model, &data_parallel(&c, comm.clone()))
             .map_err(|e| e.to_string())?;
-        let mut scaler = LossScaler::new(c.precision, c.loss_scale, c.loss_scale_growth_interval);
+        let mut scaler = LossScaler::new(
+            c.precision.dtype,
+            c.precision.loss_scale,
+            c.precision.loss_scale_growth_interval,
+        );
         let mut grads = GradientsParams::new();
         for (i, p) in model.params().iter().enumerate() {
             let mut g = p.val().inner().ones_like();
@@ -172,9 +178,10 @@ fn a_static_power_of_two_scale_changes_nothing() {
     let (plain, scaled) = (tempdir("mp-plain"), tempdir("mp-scaled"));
     launch(mlp(&plain), data.clone(), None).unwrap();
     launch(
-        TrainingConfig {
-            loss_scale: Some(1024.0),
-            ..mlp(&scaled)
+        {
+            let mut c = mlp(&scaled);
+            c.precision.loss_scale = Some(1024.0);
+            c
         },
         data,
         None,
@@ -200,12 +207,13 @@ fn a_dynamic_scale_grows_after_clean_updates_and_resumes_exactly() {
     // both, and a run resumed from update 4 ends bit-identical.
     let data = mlp_data();
     let full = tempdir("mp-grow");
-    let c = TrainingConfig {
-        precision: Precision::F16,
-        loss_scale_growth_interval: 2,
-        num_train_steps: 5,
-        checkpoint_period: 4,
-        ..mlp(&full)
+    let c = {
+        let mut c = mlp(&full);
+        c.precision.dtype = Precision::F16;
+        c.precision.loss_scale_growth_interval = 2;
+        c.train.num_train_steps = 5;
+        c.checkpoint.checkpoint_period = 4;
+        c
     };
     launch(c.clone(), data.clone(), None).unwrap();
     let kept = list_checkpoints(&full.join("checkpoints"));
@@ -238,9 +246,10 @@ fn a_dynamic_scale_grows_after_clean_updates_and_resumes_exactly() {
         std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
     }
     launch(
-        TrainingConfig {
-            output_dir: resumed.clone(),
-            ..c
+        {
+            let mut cfg = c;
+            cfg.checkpoint.output_dir = resumed.clone();
+            cfg
         },
         data,
         None,
@@ -278,21 +287,22 @@ fn gpt2_in_bf16_and_f16_ends_within_two_percent_of_f32() {
     let data: Arc<dyn Dataset> = Arc::new(TokenDataset::from_tokens(ids, 16).unwrap());
     let run = |precision: Precision| {
         let out = dir.join(format!("{precision:?}"));
-        let c = TrainingConfig {
-            precision,
-            num_train_steps: 30,
-            batch_size: 8,
-            eval_batch_size: 8,
-            optimizer: OptimizerConfig {
+        let c = {
+            let mut c = sgd_config(model.clone(), LossKind::LmCrossEntropy, "input_ids");
+            c.precision.dtype = precision;
+            c.train.num_train_steps = 30;
+            c.data.batch_size = 8;
+            c.eval.eval_batch_size = 8;
+            c.optimizer = OptimizerConfig {
                 kind: OptimizerKind::Adamw,
                 ..Default::default()
-            },
-            lr: LrConfig {
+            };
+            c.lr = LrConfig {
                 initial_lr: 3e-3,
                 ..Default::default()
-            },
-            output_dir: out,
-            ..sgd_config(model.clone(), LossKind::LmCrossEntropy, "input_ids")
+            };
+            c.checkpoint.output_dir = out;
+            c
         };
         launch(c, data.clone(), None).unwrap().losses
     };
@@ -330,26 +340,28 @@ fn mixed_precision_composes_with_data_pipeline_and_zero_3() {
         TokenDataset::from_tokens((0..16 * 96).map(|_| (next() % 1024) as i64).collect(), 16)
             .unwrap(),
     );
-    let base = |out: &Path| TrainingConfig {
-        precision: Precision::F16,
-        output_dir: out.to_path_buf(),
-        batch_size: 4,
-        eval_batch_size: 4,
-        ..sgd_config(
+    let base = |out: &Path| {
+        let mut c = sgd_config(
             refkit("models/gpt2_tiny.onnx"),
             LossKind::LmCrossEntropy,
             "input_ids",
-        )
+        );
+        c.precision.dtype = Precision::F16;
+        c.checkpoint.output_dir = out.to_path_buf();
+        c.data.batch_size = 4;
+        c.eval.eval_batch_size = 4;
+        c
     };
     let (one, grid) = (tempdir("mp-one"), tempdir("mp-grid"));
     launch(base(&one), data.clone(), None).unwrap();
     launch(
-        TrainingConfig {
-            batch_size: 2,
-            eval_batch_size: 2,
-            data_parallel_size: 2,
-            pipeline_parallel_size: 2,
-            ..base(&grid)
+        {
+            let mut c = base(&grid);
+            c.data.batch_size = 2;
+            c.eval.eval_batch_size = 2;
+            c.parallel.data_parallel_size = 2;
+            c.parallel.pipeline_parallel_size = 2;
+            c
         },
         data.clone(),
         None,
@@ -367,12 +379,13 @@ fn mixed_precision_composes_with_data_pipeline_and_zero_3() {
     // overflow vote spans the replicas, and the parameters are gathered in f32.
     let zero3 = tempdir("mp-zero3");
     launch(
-        TrainingConfig {
-            batch_size: 2,
-            eval_batch_size: 2,
-            data_parallel_size: 2,
-            zero_stage: 3,
-            ..base(&zero3)
+        {
+            let mut c = base(&zero3);
+            c.data.batch_size = 2;
+            c.eval.eval_batch_size = 2;
+            c.parallel.data_parallel_size = 2;
+            c.parallel.zero_stage = 3;
+            c
         },
         data,
         None,
@@ -393,7 +406,7 @@ fn ort_mixed_precision_flags_are_read_as_precision() {
         let path = dir.join("c.toml");
         std::fs::write(&path, text).unwrap();
         TrainingConfig::from_file(&path)
-            .map(|c| c.precision)
+            .map(|c| c.precision.dtype)
             .map_err(|e| e.to_string())
     };
     assert_eq!(
@@ -424,21 +437,23 @@ fn ort_mixed_precision_flags_are_read_as_precision() {
 #[test]
 fn bf16_on_wgpu_is_refused_before_anything_runs() {
     use burn_onnx_train::train::DeviceSpec;
-    let c = TrainingConfig {
-        model_path: refkit("models/gpt2_tiny.onnx"),
-        device: DeviceSpec::Wgpu(None),
-        precision: Precision::Bf16,
-        ..Default::default()
+    let c = {
+        let mut c = TrainingConfig::default();
+        c.model.model_path = refkit("models/gpt2_tiny.onnx");
+        c.parallel.device = DeviceSpec::Wgpu(None);
+        c.precision.dtype = Precision::Bf16;
+        c
     };
     let err = c.validate(1).unwrap_err().to_string();
     assert!(
-        err.contains("config.precision") && err.contains("bf16 on wgpu"),
+        err.contains("config.precision.dtype") && err.contains("bf16 on wgpu"),
         "{err}"
     );
     assert!(
-        TrainingConfig {
-            precision: Precision::F16,
-            ..c
+        {
+            let mut cfg = c;
+            cfg.precision.dtype = Precision::F16;
+            cfg
         }
         .validate(1)
         .is_ok()

@@ -21,6 +21,7 @@ use ndarray::{ArrayD, IxDyn};
 /// values used on both sides of a cut are summed in another order), and the plain run moved.
 fn compare(c: TrainingConfig, data: Arc<dyn Dataset>, segments: usize, atol: f32) {
     let stem = c
+        .model
         .model_path
         .file_stem()
         .unwrap()
@@ -33,10 +34,11 @@ fn compare(c: TrainingConfig, data: Arc<dyn Dataset>, segments: usize, atol: f32
     );
     let run = |out: &Path, n: usize| -> RunSummary {
         launch(
-            TrainingConfig {
-                output_dir: out.to_path_buf(),
-                recompute_segments: n,
-                ..c.clone()
+            {
+                let mut cfg = c.clone();
+                cfg.checkpoint.output_dir = out.to_path_buf();
+                cfg.parallel.recompute_segments = n;
+                cfg
             },
             data.clone(),
             None,
@@ -61,7 +63,7 @@ fn compare(c: TrainingConfig, data: Arc<dyn Dataset>, segments: usize, atol: f32
     {
         assert_close(&format!("{segments} segments: {name}"), &y, x, atol, 0.0);
     }
-    assert_moved(&c.model_path, &plain.join(&file), 1e-3);
+    assert_moved(&c.model.model_path, &plain.join(&file), 1e-3);
 }
 
 fn tokens(vocab: u64) -> Arc<dyn Dataset> {
@@ -74,14 +76,15 @@ fn tokens(vocab: u64) -> Arc<dyn Dataset> {
 
 #[test]
 fn gpt2_tiny_recomputed_in_four_segments_trains_as_the_plain_pass() {
-    let c = TrainingConfig {
-        batch_size: 4,
-        eval_batch_size: 4,
-        ..sgd_config(
+    let c = {
+        let mut c = sgd_config(
             refkit("models/gpt2_tiny.onnx"),
             LossKind::LmCrossEntropy,
             "input_ids",
-        )
+        );
+        c.data.batch_size = 4;
+        c.eval.eval_batch_size = 4;
+        c
     };
     compare(c, tokens(1024), 4, 1e-6);
 }
@@ -89,20 +92,21 @@ fn gpt2_tiny_recomputed_in_four_segments_trains_as_the_plain_pass() {
 #[test]
 fn a_tied_embedding_gpt2_with_adamw_and_clipping_recomputes_exactly_enough() {
     let model = small_gpt2("rc-tied", "gpt2_tied.onnx", 3, 2, 256);
-    let c = TrainingConfig {
-        optimizer: OptimizerConfig {
+    let c = {
+        let mut c = sgd_config(model, LossKind::LmCrossEntropy, "input_ids");
+        c.optimizer = OptimizerConfig {
             kind: OptimizerKind::Adamw,
             ..Default::default()
-        },
-        lr: LrConfig {
+        };
+        c.lr = LrConfig {
             initial_lr: 3e-3,
             ..Default::default()
-        },
-        max_grad_norm: 0.5,
-        batch_size: 4,
-        eval_batch_size: 4,
-        gradient_accumulation_steps: 2,
-        ..sgd_config(model, LossKind::LmCrossEntropy, "input_ids")
+        };
+        c.train.max_grad_norm = 0.5;
+        c.data.batch_size = 4;
+        c.eval.eval_batch_size = 4;
+        c.train.gradient_accumulation_steps = 2;
+        c
     };
     compare(c, tokens(256), 3, 1e-5);
 }
@@ -113,55 +117,60 @@ fn lenet_batch_norm_statistics_update_once_per_step() {
     let x = ArrayD::from_shape_fn(IxDyn(&[32, 1, 28, 28]), |_| (next() % 1000) as f32 / 1000.0);
     let y = ArrayD::from_shape_fn(IxDyn(&[32]), |_| (next() % 10) as i64);
     let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap());
-    let c = TrainingConfig {
-        batch_size: 8,
-        eval_batch_size: 8,
-        lr: LrConfig {
-            initial_lr: 0.05,
-            ..Default::default()
-        },
-        ..sgd_config(
+    let c = {
+        let mut c = sgd_config(
             refkit("models/lenet_bn.onnx"),
             LossKind::CrossEntropy,
             "input",
-        )
+        );
+        c.data.batch_size = 8;
+        c.eval.eval_batch_size = 8;
+        c.lr = LrConfig {
+            initial_lr: 0.05,
+            ..Default::default()
+        };
+        c
     };
     compare(c, data, 3, 1e-6);
 }
 
 #[test]
 fn bad_segment_counts_are_config_errors() {
-    let c = TrainingConfig {
-        output_dir: tempdir("rc-bad"),
-        ..sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input")
+    let c = {
+        let mut c = sgd_config(refkit("models/mlp.onnx"), LossKind::CrossEntropy, "input");
+        c.checkpoint.output_dir = tempdir("rc-bad");
+        c
     };
     assert!(
-        TrainingConfig {
-            recompute_segments: 1,
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.parallel.recompute_segments = 1;
+            cfg
         }
         .validate(1)
         .unwrap_err()
         .to_string()
-        .contains("config.recompute_segments")
+        .contains("config.parallel.recompute_segments")
     );
     // With a pipeline the segments are its stages: 3 with 2 stages is an error, 2 is not.
     assert!(
-        TrainingConfig {
-            recompute_segments: 3,
-            pipeline_parallel_size: 2,
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.parallel.recompute_segments = 3;
+            cfg.parallel.pipeline_parallel_size = 2;
+            cfg
         }
         .validate(2)
         .unwrap_err()
         .to_string()
-        .contains("config.recompute_segments")
+        .contains("config.parallel.recompute_segments")
     );
     assert!(
-        TrainingConfig {
-            recompute_segments: 2,
-            pipeline_parallel_size: 2,
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.parallel.recompute_segments = 2;
+            cfg.parallel.pipeline_parallel_size = 2;
+            cfg
         }
         .validate(2)
         .is_ok()
@@ -171,10 +180,11 @@ fn bad_segment_counts_are_config_errors() {
     let y = ArrayD::from_shape_fn(IxDyn(&[16]), |_| (next() % 10) as i64);
     let data: Arc<dyn Dataset> = Arc::new(ImageDataset::new(x, Target::Classes(y)).unwrap());
     let err = launch(
-        TrainingConfig {
-            recompute_segments: 9,
-            batch_size: 4,
-            ..c
+        {
+            let mut cfg = c;
+            cfg.parallel.recompute_segments = 9;
+            cfg.data.batch_size = 4;
+            cfg
         },
         data,
         None,
@@ -183,7 +193,7 @@ fn bad_segment_counts_are_config_errors() {
     .unwrap()
     .to_string();
     assert!(
-        err.contains("config.recompute_segments: 9 segments for a graph of 3 nodes"),
+        err.contains("config.parallel.recompute_segments: 9 segments for a graph of 3 nodes"),
         "{err}"
     );
 }

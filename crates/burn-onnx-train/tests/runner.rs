@@ -32,31 +32,34 @@ fn run(c: TrainingConfig) -> burn_onnx_train::train::RunSummary {
 #[test]
 fn accumulating_k_micro_batches_equals_one_big_batch() {
     let (a, b) = (tempdir("runner-acc-a"), tempdir("runner-acc-b"));
-    let base = |out: &Path| TrainingConfig {
-        optimizer: OptimizerConfig {
+    let base = |out: &Path| {
+        let mut c = config(out);
+        c.optimizer = OptimizerConfig {
             kind: OptimizerKind::Sgd,
             weight_decay: 0.0,
             ..Default::default()
-        },
-        max_grad_norm: 0.0,
-        lr: burn_onnx_train::train::config::LrConfig {
+        };
+        c.train.max_grad_norm = 0.0;
+        c.lr = burn_onnx_train::train::config::LrConfig {
             initial_lr: 0.1,
             ..Default::default()
-        },
-        ..config(out)
+        };
+        c
     };
     // 2 updates of 4 micro-batches of 2 sequences vs 2 updates of one batch of 8.
-    run(TrainingConfig {
-        batch_size: 2,
-        gradient_accumulation_steps: 4,
-        num_train_steps: 8,
-        ..base(&a)
+    run({
+        let mut c = base(&a);
+        c.data.batch_size = 2;
+        c.train.gradient_accumulation_steps = 4;
+        c.train.num_train_steps = 8;
+        c
     });
-    run(TrainingConfig {
-        batch_size: 8,
-        gradient_accumulation_steps: 1,
-        num_train_steps: 2,
-        ..base(&b)
+    run({
+        let mut c = base(&b);
+        c.data.batch_size = 8;
+        c.train.gradient_accumulation_steps = 1;
+        c.train.num_train_steps = 2;
+        c
     });
     let init = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex()).unwrap();
     for ((name, pa), (_, pb)) in onnx_params(a.join("gpt2_tiny_trained.onnx"))
@@ -78,15 +81,16 @@ fn accumulating_k_micro_batches_equals_one_big_batch() {
 #[test]
 fn checkpoints_rotate_and_resume_is_bit_exact() {
     let full = tempdir("runner-full");
-    let c = TrainingConfig {
-        checkpoint_period: 2,
-        max_num_checkpoints: 2,
-        lr: burn_onnx_train::train::config::LrConfig {
+    let c = {
+        let mut c = config(&full);
+        c.checkpoint.checkpoint_period = 2;
+        c.checkpoint.max_num_checkpoints = 2;
+        c.lr = burn_onnx_train::train::config::LrConfig {
             mode: ScheduleKind::Cosine,
             warmup_ratio: 0.3,
             ..Default::default()
-        },
-        ..config(&full)
+        };
+        c
     };
     let summary = run(c.clone());
     assert_eq!(summary.losses.len(), 6);
@@ -109,9 +113,10 @@ fn checkpoints_rotate_and_resume_is_bit_exact() {
         &full.join("checkpoints/ckpt-000000004"),
         &resumed.join("checkpoints/ckpt-000000004"),
     );
-    let summary2 = run(TrainingConfig {
-        output_dir: resumed.clone(),
-        ..c
+    let summary2 = run({
+        let mut cfg = c;
+        cfg.checkpoint.output_dir = resumed.clone();
+        cfg
     });
     assert_eq!(summary2.start_step, 4);
     assert_eq!(summary2.losses.len(), 2);
@@ -138,10 +143,11 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn a_checkpoint_write_killed_half_way_leaves_the_previous_one_loadable() {
     let out = tempdir("runner-killed");
-    let c = TrainingConfig {
-        num_train_steps: 2,
-        checkpoint_period: 2,
-        ..config(&out)
+    let c = {
+        let mut c = config(&out);
+        c.train.num_train_steps = 2;
+        c.checkpoint.checkpoint_period = 2;
+        c
     };
     run(c.clone());
     let dir = out.join("checkpoints");
@@ -158,9 +164,10 @@ fn a_checkpoint_write_killed_half_way_leaves_the_previous_one_loadable() {
         vec![2]
     );
     // Continue to 4 updates: resumes from step 2, removes the torn directory.
-    let summary = run(TrainingConfig {
-        num_train_steps: 4,
-        ..c
+    let summary = run({
+        let mut cfg = c;
+        cfg.train.num_train_steps = 4;
+        cfg
     });
     assert_eq!(summary.start_step, 2);
     assert!(!torn.exists(), "stale temporary removed");
@@ -186,10 +193,11 @@ fn damage(path: &Path) {
 #[test]
 fn every_checkpoint_file_is_in_the_manifest_with_its_sha256() {
     let out = tempdir("runner-manifest");
-    run(TrainingConfig {
-        num_train_steps: 2,
-        checkpoint_period: 2,
-        ..config(&out)
+    run({
+        let mut c = config(&out);
+        c.train.num_train_steps = 2;
+        c.checkpoint.checkpoint_period = 2;
+        c
     });
     let ckpt = out.join("checkpoints/ckpt-000000002");
     let manifest: serde_json::Value =
@@ -224,10 +232,11 @@ fn every_checkpoint_file_is_in_the_manifest_with_its_sha256() {
 #[test]
 fn a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_bit_identical_from_the_one_before() {
     let full = tempdir("runner-damage-full");
-    let c = TrainingConfig {
-        checkpoint_period: 2,
-        max_num_checkpoints: 3,
-        ..config(&full)
+    let c = {
+        let mut c = config(&full);
+        c.checkpoint.checkpoint_period = 2;
+        c.checkpoint.max_num_checkpoints = 3;
+        c
     };
     run(c.clone());
     // A copy of the run as if it had died after update 4, with update 4's model damaged.
@@ -239,9 +248,10 @@ fn a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_bit_identical_from
         );
     }
     damage(&resumed.join("checkpoints/ckpt-000000004/model.safetensors"));
-    let summary = run(TrainingConfig {
-        output_dir: resumed.clone(),
-        ..c.clone()
+    let summary = run({
+        let mut cfg = c.clone();
+        cfg.checkpoint.output_dir = resumed.clone();
+        cfg
     });
     assert_eq!(summary.start_step, 2, "resumed from the intact checkpoint");
     for ((name, a), (_, b)) in onnx_params(full.join("gpt2_tiny_trained.onnx"))
@@ -258,10 +268,11 @@ fn a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_bit_identical_from
     let damaged = full.join("checkpoints/ckpt-000000006");
     damage(&damaged.join("model.safetensors"));
     let err = TrainingRunner::new(
-        TrainingConfig {
-            output_dir: named.clone(),
-            checkpoint_to_load_path: Some(damaged.clone()),
-            ..c
+        {
+            let mut cfg = c;
+            cfg.checkpoint.output_dir = named.clone();
+            cfg.checkpoint.checkpoint_to_load_path = Some(damaged.clone());
+            cfg
         },
         Arc::new(LocalCommunicator),
         Device::flex().autodiff(),
@@ -278,10 +289,11 @@ fn a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_bit_identical_from
 #[test]
 fn tensorboard_events_and_perf_report_are_written() {
     let out = tempdir("runner-tb");
-    let summary = run(TrainingConfig {
-        log_dir: None,
-        evaluation_period: 3,
-        ..config(&out)
+    let summary = run({
+        let mut c = config(&out);
+        c.logging.log_dir = None;
+        c.eval.evaluation_period = 3;
+        c
     });
     let tb = out.join("tensorboard");
     let file = std::fs::read_dir(&tb)
@@ -317,54 +329,60 @@ fn invalid_configs_name_the_field() {
     let ok = config(Path::new("/tmp/unused"));
     let cases: Vec<(TrainingConfig, usize, &str)> = vec![
         (
-            TrainingConfig {
-                num_train_steps: 7,
-                gradient_accumulation_steps: 2,
-                ..ok.clone()
+            {
+                let mut c = ok.clone();
+                c.train.num_train_steps = 7;
+                c.train.gradient_accumulation_steps = 2;
+                c
             },
             1,
-            "config.num_train_steps",
+            "config.train.num_train_steps",
         ),
         (
-            TrainingConfig {
-                data_parallel_size: 2,
-                ..ok.clone()
+            {
+                let mut c = ok.clone();
+                c.parallel.data_parallel_size = 2;
+                c
             },
             1,
-            "config.data_parallel_size",
+            "config.parallel.data_parallel_size",
         ),
-        (ok.clone(), 4, "config.data_parallel_size"),
+        (ok.clone(), 4, "config.parallel.data_parallel_size"),
         (
-            TrainingConfig {
-                batch_size: 0,
-                ..ok.clone()
+            {
+                let mut c = ok.clone();
+                c.data.batch_size = 0;
+                c
             },
             1,
-            "config.batch_size",
-        ),
-        (
-            TrainingConfig {
-                model_path: PathBuf::new(),
-                ..ok.clone()
-            },
-            1,
-            "config.model_path",
+            "config.data.batch_size",
         ),
         (
-            TrainingConfig {
-                max_grad_norm: -1.0,
-                ..ok.clone()
+            {
+                let mut c = ok.clone();
+                c.model.model_path = PathBuf::new();
+                c
             },
             1,
-            "config.max_grad_norm",
+            "config.model.model_path",
         ),
         (
-            TrainingConfig {
-                seq_len: 1,
-                ..ok.clone()
+            {
+                let mut c = ok.clone();
+                c.train.max_grad_norm = -1.0;
+                c
             },
             1,
-            "config.seq_len",
+            "config.train.max_grad_norm",
+        ),
+        (
+            {
+                let mut c = ok.clone();
+                c.data.seq_len = 1;
+                c
+            },
+            1,
+            "config.data.seq_len",
         ),
     ];
     for (c, world, field) in cases {
@@ -412,12 +430,128 @@ fn invalid_configs_name_the_field() {
     std::fs::write(&p, ok.to_toml().unwrap()).unwrap();
     assert_eq!(TrainingConfig::from_file(&p).unwrap(), ok);
     // A weight name that is not in the model.
-    let c = TrainingConfig {
-        weights_not_to_train: vec!["nope".into()],
-        ..config(&dir)
+    let c = {
+        let mut c = config(&dir);
+        c.model.weights_not_to_train = vec!["nope".into()];
+        c
     };
     let runner =
         TrainingRunner::new(c, Arc::new(LocalCommunicator), Device::flex().autodiff()).unwrap();
     let err = runner.run(tokens(), None).err().unwrap();
     assert!(err.to_string().contains("'nope'"), "{err}");
+}
+
+#[test]
+fn config_files_load_in_sections_or_flat_with_ort_names() {
+    use burn_onnx_train::train::config::{Overlap, Resume};
+    use burn_onnx_train::train::precision::Precision;
+    let dir = tempdir("runner-cfg-sections");
+    let read = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        TrainingConfig::from_file(&p)
+    };
+    // ORT's flat names, its aliases included, and the same run written in sections.
+    let flat = read(
+        "flat.toml",
+        "model_path = \"m.onnx\"\nbatch_size = 4\nseq_len = 32\nnum_train_steps = 20\n\
+         gradient_accumulation_steps = 2\ndeepspeed_zero_stage = 1\ndata_parallel_size = 2\n\
+         use_mixed_precision = true\nuse_bfloat16 = true\noverlap_segments = 1\n\
+         checkpoint_period = 5\nresume = \"never\"\ndisplay_loss_steps = 3\n\
+         eval_batches = 2\n[optimizer]\nkind = \"sgd\"\n",
+    )
+    .unwrap();
+    let sectioned = read(
+        "sections.toml",
+        "[model]\nmodel_path = \"m.onnx\"\n[data]\nbatch_size = 4\nseq_len = 32\n\
+         [train]\nnum_train_steps = 20\ngradient_accumulation_steps = 2\n\
+         [parallel]\nzero_stage = 1\ndata_parallel_size = 2\noverlap = \"hooks\"\n\
+         [precision]\ndtype = \"bf16\"\n[checkpoint]\ncheckpoint_period = 5\nresume = \"never\"\n\
+         [logging]\ndisplay_loss_steps = 3\n[eval]\neval_batches = 2\n[optimizer]\nkind = \"sgd\"\n",
+    )
+    .unwrap();
+    assert_eq!(flat, sectioned);
+    assert_eq!(flat.model.model_path, PathBuf::from("m.onnx"));
+    assert_eq!((flat.data.batch_size, flat.data.seq_len), (4, 32));
+    assert_eq!(flat.train.num_updates(), 10);
+    assert_eq!(flat.parallel.zero_stage, 1);
+    assert_eq!(flat.parallel.overlap, Overlap::Hooks);
+    assert_eq!(flat.precision.dtype, Precision::Bf16);
+    assert_eq!(flat.checkpoint.resume, Resume::Never);
+    assert_eq!(flat.logging.display_loss_steps, 3);
+    assert_eq!(flat.optimizer.kind, OptimizerKind::Sgd);
+    // Unset fields keep their defaults in both.
+    assert_eq!(flat.eval.eval_batch_size, 8);
+
+    // Overlap modes: ORT's counts, names and a segment table; fewer than 2 segments refused.
+    for (text, want) in [
+        ("overlap_segments = 0", Overlap::Off),
+        ("overlap_segments = 3", Overlap::Segments(3)),
+        (
+            "[parallel]\noverlap = { segments = 4 }",
+            Overlap::Segments(4),
+        ),
+        ("[parallel]\noverlap = \"off\"", Overlap::Off),
+    ] {
+        let c = read("o.toml", &format!("model_path = \"m.onnx\"\n{text}\n")).unwrap();
+        assert_eq!(c.parallel.overlap, want, "{text}");
+    }
+    for (text, says) in [
+        ("[parallel]\noverlap = { segments = 1 }", "needs at least 2"),
+        ("[parallel]\noverlap = \"sometimes\"", "not an overlap mode"),
+        // One field set twice, flat and in its section.
+        (
+            "batch_size = 2\n[data]\nbatch_size = 4",
+            "batch_size is set twice",
+        ),
+        ("[data]\nnum_train_steps = 4", "num_train_steps"),
+    ] {
+        let err = read("bad.toml", &format!("model_path = \"m.onnx\"\n{text}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("bad.toml") && err.contains(says),
+            "{text}: {err}"
+        );
+    }
+
+    // `--set`: flat and dotted keys reach the same field.
+    let a = flat
+        .clone()
+        .with_overrides(&["batch_size=6".into(), "overlap_segments=0".into()])
+        .unwrap();
+    let b = flat
+        .clone()
+        .with_overrides(&[
+            "data.batch_size=6".into(),
+            "parallel.overlap=\"off\"".into(),
+        ])
+        .unwrap();
+    assert_eq!(a, b);
+    assert_eq!((a.data.batch_size, a.parallel.overlap), (6, Overlap::Off));
+    let err = flat
+        .clone()
+        .with_overrides(&["batch_sise=6".into()])
+        .unwrap_err();
+    assert!(err.to_string().contains("batch_sise"), "{err}");
+
+    // Written in sections; a config written flat by an older run (a checkpoint's copy)
+    // still reads.
+    let written = flat.to_toml().unwrap();
+    assert!(
+        written.contains("[data]") && written.contains("[parallel]"),
+        "{written}"
+    );
+    assert_eq!(
+        TrainingConfig::from_toml(&written, Path::new("config.toml")).unwrap(),
+        flat
+    );
+    let old = TrainingConfig::from_toml(
+        "model_path = \"m.onnx\"\nbatch_size = 4\noverlap_segments = 2\nprecision = \"f16\"\n",
+        Path::new("old/config.toml"),
+    )
+    .unwrap();
+    assert_eq!(old.data.batch_size, 4);
+    assert_eq!(old.parallel.overlap, Overlap::Segments(2));
+    assert_eq!(old.precision.dtype, Precision::F16);
 }

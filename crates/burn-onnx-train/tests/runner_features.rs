@@ -45,9 +45,10 @@ fn try_run(
 #[test]
 fn frozen_weights_stay_bit_identical_and_the_rest_moves() {
     let out = tempdir("feat-frozen");
-    run_local(TrainingConfig {
-        weights_not_to_train: vec![WPE.into()],
-        ..gpt2_config(&out)
+    run_local({
+        let mut c = gpt2_config(&out);
+        c.model.weights_not_to_train = vec![WPE.into()];
+        c
     });
     let init = onnx_params(refkit("models/gpt2_tiny.onnx"));
     for ((name, a), (_, b)) in init.iter().zip(trained(&out)) {
@@ -62,9 +63,10 @@ fn frozen_weights_stay_bit_identical_and_the_rest_moves() {
 #[test]
 fn weights_to_train_trains_exactly_those() {
     let out = tempdir("feat-only");
-    run_local(TrainingConfig {
-        weights_to_train: vec![WTE.into()],
-        ..gpt2_config(&out)
+    run_local({
+        let mut c = gpt2_config(&out);
+        c.model.weights_to_train = vec![WTE.into()];
+        c
     });
     for ((name, a), (_, b)) in onnx_params(refkit("models/gpt2_tiny.onnx"))
         .iter()
@@ -85,11 +87,12 @@ fn checkpoint_to_load_path_resumes_from_that_checkpoint_in_a_custom_dir() {
         tempdir("feat-ckpt-dir"),
         tempdir("feat-ckpt-resumed"),
     );
-    let c = TrainingConfig {
-        checkpoint_period: 2,
-        max_num_checkpoints: 5,
-        checkpoints_dir: Some(ckpts.clone()),
-        ..gpt2_config(&full)
+    let c = {
+        let mut c = gpt2_config(&full);
+        c.checkpoint.checkpoint_period = 2;
+        c.checkpoint.max_num_checkpoints = 5;
+        c.checkpoint.checkpoints_dir = Some(ckpts.clone());
+        c
     };
     let first = run_local(c.clone());
     assert!(
@@ -104,11 +107,12 @@ fn checkpoint_to_load_path_resumes_from_that_checkpoint_in_a_custom_dir() {
         vec![2, 4, 6]
     );
     // Resume from the step-2 checkpoint explicitly, although newer ones exist.
-    let again = run_local(TrainingConfig {
-        output_dir: resumed.clone(),
-        checkpoints_dir: Some(resumed.join("ck")),
-        checkpoint_to_load_path: Some(ckpts.join("ckpt-000000002")),
-        ..c
+    let again = run_local({
+        let mut cfg = c;
+        cfg.checkpoint.output_dir = resumed.clone();
+        cfg.checkpoint.checkpoints_dir = Some(resumed.join("ck"));
+        cfg.checkpoint.checkpoint_to_load_path = Some(ckpts.join("ckpt-000000002"));
+        cfg
     });
     assert_eq!(again.start_step, 2);
     assert_eq!(again.losses.len(), 4);
@@ -124,33 +128,36 @@ fn checkpoint_to_load_path_resumes_from_that_checkpoint_in_a_custom_dir() {
 #[test]
 fn resuming_a_checkpoint_of_an_incompatible_run_is_an_error() {
     let out = tempdir("feat-incompatible");
-    let c = TrainingConfig {
-        num_train_steps: 2,
-        checkpoint_period: 2,
-        ..gpt2_config(&out)
+    let c = {
+        let mut c = gpt2_config(&out);
+        c.train.num_train_steps = 2;
+        c.checkpoint.checkpoint_period = 2;
+        c
     };
     run_local(c.clone());
     let err = try_run(
-        TrainingConfig {
-            batch_size: 2,
-            num_train_steps: 4,
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.data.batch_size = 2;
+            cfg.train.num_train_steps = 4;
+            cfg
         },
         gpt2_tokens(),
         None,
     )
     .unwrap_err();
     assert!(
-        err.contains("config.batch_size") && err.contains("ckpt-000000002"),
+        err.contains("config.data.batch_size") && err.contains("ckpt-000000002"),
         "{err}"
     );
     // Two thread ranks continue it when they keep the global batch (2 x 2 = 4 x 1); the
     // same two ranks with batches of 4 would double it.
     let err = launch(
-        TrainingConfig {
-            data_parallel_size: 2,
-            num_train_steps: 4,
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.parallel.data_parallel_size = 2;
+            cfg.train.num_train_steps = 4;
+            cfg
         },
         gpt2_tokens(),
         None,
@@ -160,11 +167,12 @@ fn resuming_a_checkpoint_of_an_incompatible_run_is_an_error() {
     .to_string();
     assert!(err.contains("global batch of 8"), "{err}");
     let summary = launch(
-        TrainingConfig {
-            data_parallel_size: 2,
-            batch_size: 2,
-            num_train_steps: 4,
-            ..c
+        {
+            let mut cfg = c;
+            cfg.parallel.data_parallel_size = 2;
+            cfg.data.batch_size = 2;
+            cfg.train.num_train_steps = 4;
+            cfg
         },
         gpt2_tokens(),
         None,
@@ -181,24 +189,25 @@ fn mse_trains_end_to_end_with_the_loss_numpy_would_compute() {
     let data: Arc<dyn Dataset> =
         Arc::new(ImageDataset::new(x.clone(), Target::Values(t.clone())).unwrap());
     let out = tempdir("feat-mse");
-    let c = TrainingConfig {
-        model_path: refkit("models/mlp.onnx"),
-        input_name: "input".into(),
-        loss: LossKind::Mse,
-        batch_size: 32,
-        num_train_steps: 10,
-        optimizer: OptimizerConfig {
+    let c = {
+        let mut c = gpt2_config(&out);
+        c.model.model_path = refkit("models/mlp.onnx");
+        c.model.input_name = "input".into();
+        c.model.loss = LossKind::Mse;
+        c.data.batch_size = 32;
+        c.train.num_train_steps = 10;
+        c.optimizer = OptimizerConfig {
             kind: OptimizerKind::Sgd,
             momentum: 0.9,
             weight_decay: 0.0,
             ..Default::default()
-        },
-        lr: LrConfig {
+        };
+        c.lr = LrConfig {
             initial_lr: 0.05,
             ..Default::default()
-        },
-        max_grad_norm: 0.0,
-        ..gpt2_config(&out)
+        };
+        c.train.max_grad_norm = 0.0;
+        c
     };
     let runner =
         TrainingRunner::new(c, Arc::new(LocalCommunicator), Device::flex().autodiff()).unwrap();
@@ -258,16 +267,17 @@ fn weight_summaries_of_a_zero_3_run_are_of_the_whole_weights() {
 fn summaries_reach_tensorboard(tag: &str, ranks: usize, zero_stage: usize) {
     let out = tempdir(tag);
     burn_onnx_train::train::launch::launch(
-        TrainingConfig {
-            log_dir: None,
-            display_loss_steps: 2,
-            evaluation_period: 3,
-            histogram_weights: vec![WPE.into()],
-            norm_weights: vec![WPE.into(), "*".into()],
-            data_parallel_size: ranks,
-            batch_size: 4 / ranks,
-            zero_stage,
-            ..gpt2_config(&out)
+        {
+            let mut c = gpt2_config(&out);
+            c.logging.log_dir = None;
+            c.logging.display_loss_steps = 2;
+            c.eval.evaluation_period = 3;
+            c.logging.histogram_weights = vec![WPE.into()];
+            c.logging.norm_weights = vec![WPE.into(), "*".into()];
+            c.parallel.data_parallel_size = ranks;
+            c.data.batch_size = 4 / ranks;
+            c.parallel.zero_stage = zero_stage;
+            c
         },
         gpt2_tokens(),
         Some(gpt2_tokens()),
@@ -298,9 +308,10 @@ fn summaries_reach_tensorboard(tag: &str, ranks: usize, zero_stage: usize) {
     // The weight norm logged at update 2 is that of the weights after update 2: recompute it
     // from a 2-update run.
     let one = tempdir(&format!("{tag}-one"));
-    run_local(TrainingConfig {
-        num_train_steps: 2,
-        ..gpt2_config(&one)
+    run_local({
+        let mut c = gpt2_config(&one);
+        c.train.num_train_steps = 2;
+        c
     });
     let w1 = trained(&one).into_iter().find(|(n, _)| n == WPE).unwrap().1;
     let want = w1.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
@@ -330,11 +341,12 @@ fn summaries_reach_tensorboard(tag: &str, ranks: usize, zero_stage: usize) {
 fn epochs_set_the_number_of_updates() {
     let out = tempdir("feat-epochs");
     // 256 windows of 16 tokens, batch 4: 64 batches per epoch; accumulation 3 rounds down.
-    let summary = run_local(TrainingConfig {
-        num_train_epochs: 1,
-        num_train_steps: 1,
-        gradient_accumulation_steps: 3,
-        ..gpt2_config(&out)
+    let summary = run_local({
+        let mut c = gpt2_config(&out);
+        c.train.num_train_epochs = 1;
+        c.train.num_train_steps = 1;
+        c.train.gradient_accumulation_steps = 3;
+        c
     });
     assert_eq!(summary.losses.len(), 21);
 }
@@ -346,25 +358,27 @@ fn evaluation_split_across_thread_ranks_equals_the_single_process_one() {
         tempdir("feat-eval-2"),
         tempdir("feat-eval-rep"),
     );
-    let base = |out: &Path, dp: usize| TrainingConfig {
-        optimizer: OptimizerConfig {
+    let base = |out: &Path, dp: usize| {
+        let mut c = gpt2_config(out);
+        c.optimizer = OptimizerConfig {
             kind: OptimizerKind::Sgd,
             weight_decay: 0.0,
             ..Default::default()
-        },
-        max_grad_norm: 0.0,
-        batch_size: 4 / dp,
-        data_parallel_size: dp,
-        evaluation_period: 3,
-        eval_batches: 5,
-        ..gpt2_config(out)
+        };
+        c.train.max_grad_norm = 0.0;
+        c.data.batch_size = 4 / dp;
+        c.parallel.data_parallel_size = dp;
+        c.eval.evaluation_period = 3;
+        c.eval.eval_batches = 5;
+        c
     };
     let a = launch(base(&one, 1), gpt2_tokens(), Some(gpt2_tokens())).unwrap();
     let b = launch(base(&two, 2), gpt2_tokens(), Some(gpt2_tokens())).unwrap();
     let c = launch(
-        TrainingConfig {
-            eval_partitioned: false,
-            ..base(&rep, 2)
+        {
+            let mut c = base(&rep, 2);
+            c.eval.eval_partitioned = false;
+            c
         },
         gpt2_tokens(),
         Some(gpt2_tokens()),
@@ -403,7 +417,7 @@ fn bad_data_and_configs_fail_before_the_first_step() {
     );
     let err = try_run(c.clone(), big, None).unwrap_err();
     assert!(
-        err.contains("config.train_data_dir")
+        err.contains("config.data.train_data_dir")
             && err.contains("5000")
             && err.contains(WTE)
             && err.contains("1024"),
@@ -437,12 +451,13 @@ fn bad_data_and_configs_fail_before_the_first_step() {
     )
     .unwrap();
     let labelled: Arc<dyn Dataset> = Arc::new(ImageDataset::load(&images).unwrap());
-    let mlp = TrainingConfig {
-        model_path: refkit("models/mlp.onnx"),
-        input_name: "input".into(),
-        output_name: "logits".into(),
-        loss: LossKind::CrossEntropy,
-        ..c.clone()
+    let mlp = {
+        let mut cfg = c.clone();
+        cfg.model.model_path = refkit("models/mlp.onnx");
+        cfg.model.input_name = "input".into();
+        cfg.model.output_name = "logits".into();
+        cfg.model.loss = LossKind::CrossEntropy;
+        cfg
     };
     let err = try_run(mlp, labelled, None).unwrap_err();
     assert!(
@@ -451,43 +466,46 @@ fn bad_data_and_configs_fail_before_the_first_step() {
         "{err}"
     );
     // Sequences longer than the model's learned positions (gpt2_tiny: wpe of 128 rows).
-    let long = TrainingConfig {
-        seq_len: 129,
-        ..c.clone()
+    let long = {
+        let mut cfg = c.clone();
+        cfg.data.seq_len = 129;
+        cfg
     };
     let err = try_run(long, gpt2_tokens(), None).unwrap_err();
     assert!(
-        err.contains("config.seq_len") && err.contains("129 tokens per sequence, but the model has 128 positions ('m.transformer.wpe.weight'"),
+        err.contains("config.data.seq_len") && err.contains("129 tokens per sequence, but the model has 128 positions ('m.transformer.wpe.weight'"),
         "{err}"
     );
     // A loss that does not fit the data.
     let err = try_run(
-        TrainingConfig {
-            loss: LossKind::Mse,
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.model.loss = LossKind::Mse;
+            cfg
         },
         gpt2_tokens(),
         None,
     )
     .unwrap_err();
     assert!(
-        err.contains("config.loss") && err.contains("targets_"),
+        err.contains("config.model.loss") && err.contains("targets_"),
         "{err}"
     );
     // A test set that cannot fill one evaluation batch fails at start, not at the first evaluation.
     let small: Arc<dyn Dataset> =
         Arc::new(TokenDataset::from_tokens((0..48).collect(), 16).unwrap());
     let err = try_run(c.clone(), gpt2_tokens(), Some(small)).unwrap_err();
-    assert!(err.contains("config.eval_batch_size"), "{err}");
+    assert!(err.contains("config.eval.eval_batch_size"), "{err}");
     assert!(list_checkpoints(&out.join("checkpoints")).is_empty());
     // A warm-up ratio the schedule would ignore.
-    let bad = TrainingConfig {
-        lr: LrConfig {
+    let bad = {
+        let mut cfg = c.clone();
+        cfg.lr = LrConfig {
             warmup_ratio: 0.1,
             mode: ScheduleKind::None,
             ..Default::default()
-        },
-        ..c.clone()
+        };
+        cfg
     };
     assert!(
         bad.validate(1)
@@ -497,49 +515,53 @@ fn bad_data_and_configs_fail_before_the_first_step() {
     );
     // Weight lists name their own fields.
     let err = try_run(
-        TrainingConfig {
-            weights_not_to_train: vec!["nope".into()],
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.model.weights_not_to_train = vec!["nope".into()];
+            cfg
         },
         gpt2_tokens(),
         None,
     )
     .unwrap_err();
     assert!(
-        err.contains("config.weights_not_to_train") && err.contains("'nope'"),
+        err.contains("config.model.weights_not_to_train") && err.contains("'nope'"),
         "{err}"
     );
     let err = try_run(
-        TrainingConfig {
-            histogram_weights: vec!["nope".into()],
-            ..c.clone()
+        {
+            let mut cfg = c.clone();
+            cfg.logging.histogram_weights = vec!["nope".into()];
+            cfg
         },
         gpt2_tokens(),
         None,
     )
     .unwrap_err();
-    assert!(err.contains("config.histogram_weights"), "{err}");
+    assert!(err.contains("config.logging.histogram_weights"), "{err}");
     // Pipeline micro-batches that do not divide the batch, and more stages than nodes.
-    let pp = TrainingConfig {
-        pipeline_parallel_size: 2,
-        num_pipeline_micro_batches: 3,
-        ..c.clone()
+    let pp = {
+        let mut cfg = c.clone();
+        cfg.parallel.pipeline_parallel_size = 2;
+        cfg.parallel.num_pipeline_micro_batches = 3;
+        cfg
     };
     assert!(
         pp.validate(2)
             .unwrap_err()
             .to_string()
-            .starts_with("config.num_pipeline_micro_batches")
+            .starts_with("config.parallel.num_pipeline_micro_batches")
     );
-    let pp = TrainingConfig {
-        model_path: refkit("models/mlp.onnx"),
-        pipeline_parallel_size: 4,
-        batch_size: 4,
-        ..c.clone()
+    let pp = {
+        let mut cfg = c.clone();
+        cfg.model.model_path = refkit("models/mlp.onnx");
+        cfg.parallel.pipeline_parallel_size = 4;
+        cfg.data.batch_size = 4;
+        cfg
     };
     let err = launch(pp, gpt2_tokens(), None).err().unwrap().to_string();
     assert!(
-        err.contains("config.pipeline_parallel_size") && err.contains("3 nodes"),
+        err.contains("config.parallel.pipeline_parallel_size") && err.contains("3 nodes"),
         "{err}"
     );
     // Images and labels that do not pair up.
@@ -570,17 +592,19 @@ fn files_of_the_wrong_kind_are_named_as_what_they_should_be() {
         .to_string();
     assert!(err.contains("tokens.npy: not a valid .npy"), "{err}");
     let out = tempdir("feat-decode-ckpt");
-    let c = TrainingConfig {
-        num_train_steps: 2,
-        checkpoint_period: 2,
-        ..gpt2_config(&out)
+    let c = {
+        let mut c = gpt2_config(&out);
+        c.train.num_train_steps = 2;
+        c.checkpoint.checkpoint_period = 2;
+        c
     };
     run_local(c.clone());
     let ckpt = out.join("checkpoints/ckpt-000000002");
     std::fs::write(ckpt.join("state.json"), b"{").unwrap();
-    let more = TrainingConfig {
-        num_train_steps: 4,
-        ..c
+    let more = {
+        let mut cfg = c;
+        cfg.train.num_train_steps = 4;
+        cfg
     };
     // Against its manifest the file is damaged; with no older checkpoint, that is the error.
     let err = try_run(more.clone(), gpt2_tokens(), None).unwrap_err();
@@ -649,12 +673,13 @@ fn dropout_masks_depend_on_the_seed_only_not_on_threads() {
 fn profile_times_every_forward_node_once_per_update_and_leaves_evaluation_out() {
     let out = tempdir("feat-profile");
     // 6 updates of 2 accumulated micro-batches, evaluating every 3 updates.
-    run_local(TrainingConfig {
-        profile: true,
-        gradient_accumulation_steps: 2,
-        num_train_steps: 12,
-        evaluation_period: 3,
-        ..gpt2_config(&out)
+    run_local({
+        let mut c = gpt2_config(&out);
+        c.logging.profile = true;
+        c.train.gradient_accumulation_steps = 2;
+        c.train.num_train_steps = 12;
+        c.eval.evaluation_period = 3;
+        c
     });
     let p: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("profile.json")).unwrap()).unwrap();

@@ -243,25 +243,26 @@ fn run(c: TrainingConfig, data: &Arc<dyn Dataset>) -> RunSummary {
 /// below 1e-5 with AVX2 ones), still 60x below one step (lr 3e-3), the size of the
 /// difference a wrong gradient or norm makes.
 fn config(model: &Path, out: &Path, kind: OptimizerKind) -> TrainingConfig {
-    TrainingConfig {
-        optimizer: OptimizerConfig {
+    {
+        let mut c = sgd_config(model.to_path_buf(), LossKind::LmCrossEntropy, "input_ids");
+        c.optimizer = OptimizerConfig {
             kind,
             epsilon: 1e-6,
             ..Default::default()
-        },
-        lr: LrConfig {
+        };
+        c.lr = LrConfig {
             initial_lr: if kind == OptimizerKind::Adamw {
                 3e-3
             } else {
                 0.1
             },
             ..Default::default()
-        },
-        max_grad_norm: 0.5,
-        output_dir: out.to_path_buf(),
-        batch_size: 4,
-        eval_batch_size: 4,
-        ..sgd_config(model.to_path_buf(), LossKind::LmCrossEntropy, "input_ids")
+        };
+        c.train.max_grad_norm = 0.5;
+        c.checkpoint.output_dir = out.to_path_buf();
+        c.data.batch_size = 4;
+        c.eval.eval_batch_size = 4;
+        c
     }
 }
 
@@ -331,9 +332,10 @@ fn tp_matches_one_process(model: &Path, vocab: u64, tp: usize) {
         );
         let base = run(config(model, &one, kind), &data);
         let s = run(
-            TrainingConfig {
-                horizontal_parallel_size: tp,
-                ..config(model, &dir, kind)
+            {
+                let mut c = config(model, &dir, kind);
+                c.parallel.horizontal_parallel_size = tp;
+                c
             },
             &data,
         );
@@ -351,10 +353,11 @@ fn recomputed_segments_at_tp2_end_where_one_process_does() {
     let (one, dir) = (tempdir("tp-recompute-one"), tempdir("tp-recompute-tp2"));
     let base = run(config(&model, &one, OptimizerKind::Sgd), &data);
     let s = run(
-        TrainingConfig {
-            horizontal_parallel_size: 2,
-            recompute_segments: 3,
-            ..config(&model, &dir, OptimizerKind::Sgd)
+        {
+            let mut c = config(&model, &dir, OptimizerKind::Sgd);
+            c.parallel.horizontal_parallel_size = 2;
+            c.parallel.recompute_segments = 3;
+            c
         },
         &data,
     );
@@ -386,21 +389,23 @@ fn data_and_pipeline_parallel_compose_with_tensor_parallel() {
     let base = run(config(&model, &one, kind), &data);
     let dir = tempdir("tp-grid-dp2tp2");
     let s = run(
-        TrainingConfig {
-            data_parallel_size: 2,
-            horizontal_parallel_size: 2,
-            batch_size: 2,
-            ..config(&model, &dir, kind)
+        {
+            let mut c = config(&model, &dir, kind);
+            c.parallel.data_parallel_size = 2;
+            c.parallel.horizontal_parallel_size = 2;
+            c.data.batch_size = 2;
+            c
         },
         &data,
     );
     same_run(&model, (&one, &base), (&dir, &s), 1e-5, false);
     let dir = tempdir("tp-grid-tp2pp2");
     let s = run(
-        TrainingConfig {
-            horizontal_parallel_size: 2,
-            pipeline_parallel_size: 2,
-            ..config(&model, &dir, kind)
+        {
+            let mut c = config(&model, &dir, kind);
+            c.parallel.horizontal_parallel_size = 2;
+            c.parallel.pipeline_parallel_size = 2;
+            c
         },
         &data,
     );
@@ -408,12 +413,13 @@ fn data_and_pipeline_parallel_compose_with_tensor_parallel() {
     // The full 3D grid: 2 replicas x 2 tp ranks x 2 stages on 8 threads.
     let dir = tempdir("tp-grid-3d");
     let s = run(
-        TrainingConfig {
-            data_parallel_size: 2,
-            horizontal_parallel_size: 2,
-            pipeline_parallel_size: 2,
-            batch_size: 2,
-            ..config(&model, &dir, kind)
+        {
+            let mut c = config(&model, &dir, kind);
+            c.parallel.data_parallel_size = 2;
+            c.parallel.horizontal_parallel_size = 2;
+            c.parallel.pipeline_parallel_size = 2;
+            c.data.batch_size = 2;
+            c
         },
         &data,
     );
@@ -427,12 +433,13 @@ fn zero_and_mixed_precision_compose_with_tensor_parallel() {
     let data = tokens(1024);
     // ZeRO within each tp rank's data-parallel group: stages 2 (gradients and optimizer
     // state sharded) and 3 (parameters too) end where the replicated update does.
-    let grid = |out: &Path, zero_stage: usize| TrainingConfig {
-        data_parallel_size: 2,
-        horizontal_parallel_size: 2,
-        batch_size: 2,
-        zero_stage,
-        ..adamw(&model, out)
+    let grid = |out: &Path, zero_stage: usize| {
+        let mut c = adamw(&model, out);
+        c.parallel.data_parallel_size = 2;
+        c.parallel.horizontal_parallel_size = 2;
+        c.data.batch_size = 2;
+        c.parallel.zero_stage = zero_stage;
+        c
     };
     let (plain, zero) = (tempdir("tp-zero0"), tempdir("tp-zero2"));
     let a = run(grid(&plain, 0), &data);
@@ -445,15 +452,17 @@ fn zero_and_mixed_precision_compose_with_tensor_parallel() {
     // bf16 autocast: each rank multiplies its slices in bf16 and the partial sums add up in
     // f32, one process multiplies whole in bf16; the losses agree to bf16's precision.
     let (one, two) = (tempdir("tp-bf16-1"), tempdir("tp-bf16-2"));
-    let bf16 = |out: &Path| TrainingConfig {
-        precision: burn_onnx_train::train::precision::Precision::Bf16,
-        ..adamw(&model, out)
+    let bf16 = |out: &Path| {
+        let mut c = adamw(&model, out);
+        c.precision.dtype = burn_onnx_train::train::precision::Precision::Bf16;
+        c
     };
     let x = run(bf16(&one), &data);
     let y = run(
-        TrainingConfig {
-            horizontal_parallel_size: 2,
-            ..bf16(&two)
+        {
+            let mut c = bf16(&two);
+            c.parallel.horizontal_parallel_size = 2;
+            c
         },
         &data,
     );
@@ -471,10 +480,11 @@ fn tensor_parallel_checkpoints_hold_each_part_resume_exactly_and_reassemble() {
     let model = refkit("models/gpt2_tiny.onnx");
     let data = tokens(1024);
     let full = tempdir("tp-ckpt-full");
-    let c = TrainingConfig {
-        horizontal_parallel_size: 2,
-        checkpoint_period: 5,
-        ..adamw(&model, &full)
+    let c = {
+        let mut c = adamw(&model, &full);
+        c.parallel.horizontal_parallel_size = 2;
+        c.checkpoint.checkpoint_period = 5;
+        c
     };
     let whole = run(c.clone(), &data);
     let kept = list_checkpoints(&full.join("checkpoints"));
@@ -510,13 +520,12 @@ fn tensor_parallel_checkpoints_hold_each_part_resume_exactly_and_reassemble() {
     // Resume from update 5 in a fresh directory: the same updates 6..10.
     let resumed_dir = tempdir("tp-ckpt-resumed");
     let resumed = run(
-        TrainingConfig {
-            checkpoint_to_load_path: Some(five.clone()),
-            checkpoint_period: 0,
-            ..TrainingConfig {
-                output_dir: resumed_dir.clone(),
-                ..c.clone()
-            }
+        {
+            let mut cfg = c.clone();
+            cfg.checkpoint.output_dir = resumed_dir.clone();
+            cfg.checkpoint.checkpoint_to_load_path = Some(five.clone());
+            cfg.checkpoint.checkpoint_period = 0;
+            cfg
         },
         &data,
     );
@@ -529,12 +538,13 @@ fn tensor_parallel_checkpoints_hold_each_part_resume_exactly_and_reassemble() {
     // cut again (tp 4, or one process), the same updates 6..10.
     for tp in [1, 4] {
         let dir = tempdir(&format!("tp-ckpt-regroup-{tp}"));
-        let c = TrainingConfig {
-            horizontal_parallel_size: tp,
-            checkpoint_to_load_path: Some(five.clone()),
-            checkpoint_period: 0,
-            output_dir: dir.clone(),
-            ..c.clone()
+        let c = {
+            let mut cfg = c.clone();
+            cfg.parallel.horizontal_parallel_size = tp;
+            cfg.checkpoint.checkpoint_to_load_path = Some(five.clone());
+            cfg.checkpoint.checkpoint_period = 0;
+            cfg.checkpoint.output_dir = dir.clone();
+            cfg
         };
         let resumed = run(c, &data);
         assert_eq!(resumed.start_step, 5);
@@ -554,24 +564,27 @@ fn tensor_parallel_checkpoints_hold_each_part_resume_exactly_and_reassemble() {
     // tp1 (4 ranks to 2) and ends where the uninterrupted run does.
     for stage in [1, 3] {
         let zero_dir = tempdir(&format!("tp-ckpt-zero{stage}"));
-        let z = TrainingConfig {
-            data_parallel_size: 2,
-            batch_size: 2,
-            zero_stage: stage,
-            num_train_steps: 4,
-            checkpoint_period: 2,
-            output_dir: zero_dir.clone(),
-            ..c.clone()
+        let z = {
+            let mut cfg = c.clone();
+            cfg.parallel.data_parallel_size = 2;
+            cfg.data.batch_size = 2;
+            cfg.parallel.zero_stage = stage;
+            cfg.train.num_train_steps = 4;
+            cfg.checkpoint.checkpoint_period = 2;
+            cfg.checkpoint.output_dir = zero_dir.clone();
+            cfg
         };
         let uninterrupted = run(z.clone(), &data);
         let other_dir = tempdir(&format!("tp-ckpt-zero{stage}-tp1"));
         let resumed = run(
-            TrainingConfig {
-                horizontal_parallel_size: 1,
-                checkpoint_to_load_path: Some(zero_dir.join("checkpoints/ckpt-000000002")),
-                checkpoint_period: 0,
-                output_dir: other_dir.clone(),
-                ..z
+            {
+                let mut c = z;
+                c.parallel.horizontal_parallel_size = 1;
+                c.checkpoint.checkpoint_to_load_path =
+                    Some(zero_dir.join("checkpoints/ckpt-000000002"));
+                c.checkpoint.checkpoint_period = 0;
+                c.checkpoint.output_dir = other_dir.clone();
+                c
             },
             &data,
         );

@@ -22,13 +22,14 @@ use common::*;
 use ndarray::{ArrayD, IxDyn};
 
 fn gpt2(out: &Path, ranks: usize, stage: usize) -> TrainingConfig {
-    TrainingConfig {
-        num_train_steps: 10,
-        batch_size: 4 / ranks,
-        data_parallel_size: ranks,
-        zero_stage: stage,
-        max_grad_norm: 0.5,
-        ..gpt2_config(out)
+    {
+        let mut c = gpt2_config(out);
+        c.train.num_train_steps = 10;
+        c.data.batch_size = 4 / ranks;
+        c.parallel.data_parallel_size = ranks;
+        c.parallel.zero_stage = stage;
+        c.train.max_grad_norm = 0.5;
+        c
     }
 }
 
@@ -40,19 +41,20 @@ fn mlp_data() -> Arc<dyn Dataset> {
 }
 
 fn mlp(out: &Path, ranks: usize, stage: usize, kind: OptimizerKind) -> TrainingConfig {
-    TrainingConfig {
-        model_path: refkit("models/mlp.onnx"),
-        input_name: "input".into(),
-        loss: LossKind::CrossEntropy,
-        optimizer: OptimizerConfig {
+    {
+        let mut c = gpt2(out, ranks, stage);
+        c.model.model_path = refkit("models/mlp.onnx");
+        c.model.input_name = "input".into();
+        c.model.loss = LossKind::CrossEntropy;
+        c.optimizer = OptimizerConfig {
             kind,
             momentum: 0.9,
             epsilon: 1e-6,
             ..Default::default()
-        },
+        };
         // No clipping: a clipped step would hide a gradient off by a constant factor.
-        max_grad_norm: 0.0,
-        ..gpt2(out, ranks, stage)
+        c.train.max_grad_norm = 0.0;
+        c
     }
 }
 
@@ -74,10 +76,11 @@ fn perf(out: &Path) -> serde_json::Value {
 fn gpt2_case(ranks: usize) {
     let base = tempdir(&format!("zero-gpt2-{ranks}-0"));
     // Evaluation after update 5 and 10 over 3 batches: replicas get unequal shares.
-    let c = |out: &Path, stage| TrainingConfig {
-        evaluation_period: 5,
-        eval_batches: 3,
-        ..gpt2(out, ranks, stage)
+    let c = |out: &Path, stage| {
+        let mut c = gpt2(out, ranks, stage);
+        c.eval.evaluation_period = 5;
+        c.eval.eval_batches = 3;
+        c
     };
     let want = launch(c(&base, 0), gpt2_tokens(), Some(gpt2_tokens())).unwrap();
     let replicated = perf(&base);
@@ -179,9 +182,10 @@ fn stage_3_with_recomputed_segments_matches_replicated() {
     launch(gpt2(&base, 2, 0), gpt2_tokens(), None).unwrap();
     let out = tempdir("zero3-recompute-3");
     launch(
-        TrainingConfig {
-            recompute_segments: 3,
-            ..gpt2(&out, 2, 3)
+        {
+            let mut c = gpt2(&out, 2, 3);
+            c.parallel.recompute_segments = 3;
+            c
         },
         gpt2_tokens(),
         None,
@@ -207,9 +211,10 @@ fn stage_3_with_recomputed_segments_matches_replicated() {
 fn resumes_from_a_four_rank_checkpoint(stage: usize, resumes: &[(usize, usize, usize)]) -> PathBuf {
     let full = tempdir(&format!("zero{stage}-ckpt-full"));
     launch(
-        TrainingConfig {
-            checkpoint_period: 4,
-            ..gpt2(&full, 4, stage)
+        {
+            let mut c = gpt2(&full, 4, stage);
+            c.checkpoint.checkpoint_period = 4;
+            c
         },
         gpt2_tokens(),
         None,
@@ -224,13 +229,14 @@ fn resumes_from_a_four_rank_checkpoint(stage: usize, resumes: &[(usize, usize, u
     );
     for &(ranks, to, accumulation) in resumes {
         let out = tempdir(&format!("zero{stage}-ckpt-{ranks}-{to}-{accumulation}"));
-        let c = TrainingConfig {
-            checkpoint_to_load_path: Some(ckpt.clone()),
-            batch_size: 4 / (ranks * accumulation),
-            gradient_accumulation_steps: accumulation,
+        let c = {
+            let mut c = gpt2(&out, ranks, to);
+            c.checkpoint.checkpoint_to_load_path = Some(ckpt.clone());
+            c.data.batch_size = 4 / (ranks * accumulation);
+            c.train.gradient_accumulation_steps = accumulation;
             // ORT's num_train_steps counts micro-steps: the same 10 updates.
-            num_train_steps: 10 * accumulation,
-            ..gpt2(&out, ranks, to)
+            c.train.num_train_steps = 10 * accumulation;
+            c
         };
         let summary = launch(c, gpt2_tokens(), None).unwrap();
         assert_eq!(summary.start_step, 4);
@@ -262,9 +268,10 @@ fn a_stage_2_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_1_and_on_one
     // A replicated run cannot take ZeRO shards.
     let out = tempdir("zero-ckpt-replicated");
     let err = launch(
-        TrainingConfig {
-            checkpoint_to_load_path: Some(ckpt),
-            ..gpt2(&out, 4, 0)
+        {
+            let mut c = gpt2(&out, 4, 0);
+            c.checkpoint.checkpoint_to_load_path = Some(ckpt);
+            c
         },
         gpt2_tokens(),
         None,
@@ -272,7 +279,7 @@ fn a_stage_2_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_1_and_on_one
     .err()
     .unwrap()
     .to_string();
-    assert!(err.contains("config.zero_stage"), "{err}");
+    assert!(err.contains("config.parallel.zero_stage"), "{err}");
 }
 
 /// A replicated (stage 0) checkpoint of 4 ranks resumes on 2 ranks accumulating 2
@@ -283,12 +290,13 @@ fn a_replicated_checkpoint_of_four_ranks_resumes_on_two_ranks_and_one_process_wi
     let ckpt = resumes_from_a_four_rank_checkpoint(0, &[(2, 0, 2), (1, 0, 4)]);
     let out = tempdir("zero0-ckpt-bigger-batch");
     let err = launch(
-        TrainingConfig {
-            checkpoint_to_load_path: Some(ckpt),
-            batch_size: 2,
-            gradient_accumulation_steps: 4,
-            num_train_steps: 40,
-            ..gpt2(&out, 1, 0)
+        {
+            let mut c = gpt2(&out, 1, 0);
+            c.checkpoint.checkpoint_to_load_path = Some(ckpt);
+            c.data.batch_size = 2;
+            c.train.gradient_accumulation_steps = 4;
+            c.train.num_train_steps = 40;
+            c
         },
         gpt2_tokens(),
         None,
@@ -297,7 +305,7 @@ fn a_replicated_checkpoint_of_four_ranks_resumes_on_two_ranks_and_one_process_wi
     .unwrap()
     .to_string();
     assert!(
-        err.contains("config.batch_size") && err.contains("global batch of 8"),
+        err.contains("config.data.batch_size") && err.contains("global batch of 8"),
         "{err}"
     );
 }
@@ -305,23 +313,25 @@ fn a_replicated_checkpoint_of_four_ranks_resumes_on_two_ranks_and_one_process_wi
 #[test]
 fn unsupported_combinations_are_config_errors() {
     let dir = tempdir("zero-invalid");
-    let adasum = |stage| TrainingConfig {
-        enable_adasum: true,
-        ..gpt2(&dir, 2, stage)
+    let adasum = |stage| {
+        let mut c = gpt2(&dir, 2, stage);
+        c.parallel.enable_adasum = true;
+        c
     };
     for (c, field) in [
-        (adasum(2), "config.enable_adasum"),
-        (adasum(3), "config.enable_adasum"),
-        (gpt2(&dir, 2, 4), "config.zero_stage"),
+        (adasum(2), "config.parallel.enable_adasum"),
+        (adasum(3), "config.parallel.enable_adasum"),
+        (gpt2(&dir, 2, 4), "config.parallel.zero_stage"),
     ] {
         let err = c.validate(2).unwrap_err().to_string();
         assert!(err.contains(field), "{err}");
     }
     // Adasum with stage 1 is fine: the whole gradient is combined before sharding.
     assert!(
-        TrainingConfig {
-            enable_adasum: true,
-            ..gpt2(&dir, 2, 1)
+        {
+            let mut c = gpt2(&dir, 2, 1);
+            c.parallel.enable_adasum = true;
+            c
         }
         .validate(2)
         .is_ok()
@@ -383,9 +393,10 @@ fn flaky_at_micro_step(k: usize) -> Arc<dyn Dataset> {
 fn a_failed_thread_run_restarts_from_its_newest_checkpoint_and_ends_as_an_uninterrupted_one() {
     use burn_onnx_train::train::launch::launch_elastic;
     let clean = tempdir("elastic-clean");
-    let c = |out: &Path| TrainingConfig {
-        checkpoint_period: 2,
-        ..gpt2(out, 2, 2)
+    let c = |out: &Path| {
+        let mut c = gpt2(out, 2, 2);
+        c.checkpoint.checkpoint_period = 2;
+        c
     };
     launch(c(&clean), gpt2_tokens(), None).unwrap();
     // Rank 0's first window of micro-step 6 (after the checkpoints of updates 2, 4, 6) fails

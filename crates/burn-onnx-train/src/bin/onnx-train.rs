@@ -410,9 +410,10 @@ const CLI_CHECKPOINT_PERIOD: usize = 500;
 /// `onnx-train train`'s defaults under the config file: the library's, checkpointing every
 /// [`CLI_CHECKPOINT_PERIOD`] updates (and after the last).
 fn cli_defaults() -> TrainingConfig {
-    TrainingConfig {
-        checkpoint_period: CLI_CHECKPOINT_PERIOD,
-        ..TrainingConfig::default()
+    {
+        let mut c = TrainingConfig::default();
+        c.checkpoint.checkpoint_period = CLI_CHECKPOINT_PERIOD;
+        c
     }
 }
 
@@ -420,17 +421,17 @@ fn cli_defaults() -> TrainingConfig {
 fn datasets(c: &TrainingConfig) -> Result<(Arc<dyn Dataset>, Option<Arc<dyn Dataset>>), OnnxError> {
     c.check_files_named()?;
     let load = |dir: &std::path::Path| -> Result<Arc<dyn Dataset>, OnnxError> {
-        Ok(match c.loss {
-            LossKind::LmCrossEntropy => Arc::new(TokenDataset::load(dir, c.seq_len)?),
+        Ok(match c.model.loss {
+            LossKind::LmCrossEntropy => Arc::new(TokenDataset::load(dir, c.data.seq_len)?),
             LossKind::CrossEntropy | LossKind::Mse => Arc::new(ImageDataset::load(dir)?),
             // The graph's own loss takes image shards when there are any, else tokens.
             LossKind::Graph if dir.join("images_0.npy").exists() => {
                 Arc::new(ImageDataset::load(dir)?)
             }
-            LossKind::Graph => Arc::new(TokenDataset::load(dir, c.seq_len)?),
+            LossKind::Graph => Arc::new(TokenDataset::load(dir, c.data.seq_len)?),
         })
     };
-    let train = load(&c.train_data_dir)?;
+    let train = load(&c.data.train_data_dir)?;
     let test = test_dir(c).map(load).transpose()?;
     Ok((train, test))
 }
@@ -482,7 +483,7 @@ fn export(
         .transpose()?;
     let model_path = match (model, &run) {
         (Some(m), _) => m,
-        (None, Some(r)) => r.model_path.clone(),
+        (None, Some(r)) => r.model.model_path.clone(),
         (None, None) => {
             return Err(OnnxError::field(
                 "export",
@@ -492,7 +493,7 @@ fn export(
     };
     let ties = run
         .as_ref()
-        .map(TrainingConfig::tie_options)
+        .map(|c| c.model.tie_options())
         .unwrap_or_default();
     let mut model = OnnxModel::from_graph(Graph::load_with(&model_path, ties)?, &Device::flex())?;
     if let Some(c) = &checkpoint {
@@ -537,7 +538,7 @@ fn gpt2(output: PathBuf, config: Gpt2Config) -> Result<(), OnnxError> {
 }
 
 fn test_dir(c: &TrainingConfig) -> Option<&std::path::Path> {
-    (!c.test_data_dir.as_os_str().is_empty()).then_some(c.test_data_dir.as_path())
+    (!c.data.test_data_dir.as_os_str().is_empty()).then_some(c.data.test_data_dir.as_path())
 }
 
 /// Training allocates and frees tensors of tens of megabytes every step; glibc's malloc

@@ -87,7 +87,7 @@ impl Partition {
         let nodes = model.graph().nodes.len();
         if n == 0 || n > nodes {
             return Err(OnnxError::field(
-                "config.pipeline_parallel_size",
+                "config.parallel.pipeline_parallel_size",
                 format!("{n} stages for a graph of {nodes} nodes: use 1 to {nodes}"),
             ));
         }
@@ -148,13 +148,13 @@ impl Partition {
         for cut in cuts {
             let &p = producer.get(cut.as_str()).ok_or_else(|| {
                 OnnxError::field(
-                    "config.pipeline_cut_after",
+                    "config.parallel.pipeline_cut_after",
                     format!("'{cut}' is not the output of a node"),
                 )
             })?;
             if p + 1 <= *bounds.last().unwrap_or(&0) || p + 1 >= graph.nodes.len() {
                 return Err(OnnxError::field(
-                    "config.pipeline_cut_after",
+                    "config.parallel.pipeline_cut_after",
                     format!(
                         "cutting after '{cut}' (node {p} of {}) leaves an empty stage: list cuts in execution order, none after the last node",
                         graph.nodes.len()

@@ -62,7 +62,7 @@ impl Batch {
         let samples = self.input.shape().first().copied().unwrap_or(0);
         if parts == 0 || samples % parts != 0 {
             return Err(OnnxError::field(
-                "config.num_pipeline_micro_batches",
+                "config.parallel.num_pipeline_micro_batches",
                 format!(
                     "{parts} micro-batches do not divide a batch of {samples} samples: make batch_size a multiple of it"
                 ),
@@ -531,7 +531,7 @@ impl DistributedSampler {
         let per = self.batches_per_epoch();
         if per == 0 {
             return Err(OnnxError::field(
-                "config.batch_size",
+                "config.data.batch_size",
                 format!(
                     "{} samples over {} rank(s) cannot fill one batch of {}",
                     self.len, self.world, self.batch_size

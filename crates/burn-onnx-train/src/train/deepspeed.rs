@@ -52,27 +52,27 @@ impl Ds<'_> {
             match key.as_str() {
                 "train_micro_batch_size_per_gpu" => {
                     let b = count(key, v)?;
-                    (self.c.batch_size, self.c.eval_batch_size) = (b, b);
+                    (self.c.data.batch_size, self.c.eval.eval_batch_size) = (b, b);
                 }
                 "gradient_accumulation_steps" => {
-                    self.c.gradient_accumulation_steps = count(key, v)?
+                    self.c.train.gradient_accumulation_steps = count(key, v)?
                 }
                 "train_batch_size" => train_batch = Some(count(key, v)?),
-                "gradient_clipping" => self.c.max_grad_norm = number(key, v)? as f32,
-                "steps_per_print" => self.c.display_loss_steps = count(key, v)?,
+                "gradient_clipping" => self.c.train.max_grad_norm = number(key, v)? as f32,
+                "steps_per_print" => self.c.logging.display_loss_steps = count(key, v)?,
                 "fp16" => self.fp16(section(key, v)?)?,
                 "bf16" => {
                     let s = section(key, v)?;
                     only(key, s, &["enabled"])?;
                     if flag(s, "enabled")? {
-                        self.c.precision = Precision::Bf16;
+                        self.c.precision.dtype = Precision::Bf16;
                     }
                 }
                 "zero_optimization" => {
                     let s = section(key, v)?;
                     only(key, s, &["stage"])?;
                     if let Some(stage) = s.get("stage") {
-                        self.c.zero_stage = count("zero_optimization.stage", stage)?;
+                        self.c.parallel.zero_stage = count("zero_optimization.stage", stage)?;
                     }
                 }
                 "optimizer" => self.optimizer(section(key, v)?)?,
@@ -83,11 +83,15 @@ impl Ds<'_> {
         }
         if let Some(total) = train_batch {
             let c = &self.c;
-            let product = c.batch_size * c.gradient_accumulation_steps * c.data_parallel_size;
+            let product = c.data.batch_size
+                * c.train.gradient_accumulation_steps
+                * c.parallel.data_parallel_size;
             if total != product {
                 return Err(format!(
                     "train_batch_size {total} is not train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x data-parallel ranks {} = {product}",
-                    c.batch_size, c.gradient_accumulation_steps, c.data_parallel_size
+                    c.data.batch_size,
+                    c.train.gradient_accumulation_steps,
+                    c.parallel.data_parallel_size
                 ));
             }
         }
@@ -108,12 +112,12 @@ impl Ds<'_> {
         if !flag(s, "enabled")? {
             return Ok(());
         }
-        self.c.precision = Precision::F16;
+        self.c.precision.dtype = Precision::F16;
         if let Some(v) = s.get("loss_scale") {
-            self.c.loss_scale = Some(number("fp16.loss_scale", v)?);
+            self.c.precision.loss_scale = Some(number("fp16.loss_scale", v)?);
         }
         if let Some(v) = s.get("loss_scale_window") {
-            self.c.loss_scale_growth_interval = count("fp16.loss_scale_window", v)?;
+            self.c.precision.loss_scale_growth_interval = count("fp16.loss_scale_window", v)?;
         }
         if let Some(v) = s.get("initial_scale_power")
             && count("fp16.initial_scale_power", v)? != 16
@@ -196,8 +200,9 @@ impl Ds<'_> {
                 "warmup_num_steps" => warmup = count(&name, v)?,
                 "warmup_max_lr" => self.c.lr.initial_lr = number(&name, v)?,
                 "total_num_steps" if mode != ScheduleKind::Constant => {
-                    self.c.num_train_steps = count(&name, v)? * self.c.gradient_accumulation_steps;
-                    self.c.num_train_epochs = 0;
+                    self.c.train.num_train_steps =
+                        count(&name, v)? * self.c.train.gradient_accumulation_steps;
+                    self.c.train.num_train_epochs = 0;
                 }
                 "warmup_type" if v.as_str() == Some("linear") => {}
                 "warmup_min_lr" | "warmup_min_ratio" | "cos_min_ratio"
@@ -212,7 +217,8 @@ impl Ds<'_> {
         if kind == "WarmupLR" && !params.contains_key("warmup_type") {
             return Err("scheduler.params.warmup_type: DeepSpeed's WarmupLR warms up logarithmically by default; the warm-up here is linear: set \"warmup_type\": \"linear\"".into());
         }
-        let updates = (self.c.num_train_steps / self.c.gradient_accumulation_steps.max(1)).max(1);
+        let updates =
+            (self.c.train.num_train_steps / self.c.train.gradient_accumulation_steps.max(1)).max(1);
         self.c.lr.mode = mode;
         self.c.lr.warmup_ratio = warmup as f64 / updates as f64;
         Ok(())
@@ -221,17 +227,17 @@ impl Ds<'_> {
     fn tensorboard(&mut self, s: &Map<String, Value>) -> Step {
         only("tensorboard", s, &["enabled", "output_path", "job_name"])?;
         if !flag(s, "enabled")? {
-            self.c.log_dir = Some(Default::default());
+            self.c.logging.log_dir = Some(Default::default());
             return Ok(());
         }
         let mut dir = match s.get("output_path") {
             Some(p) => std::path::PathBuf::from(text("tensorboard.output_path", Some(p))?),
-            None => self.c.output_dir.join("tensorboard"),
+            None => self.c.checkpoint.output_dir.join("tensorboard"),
         };
         if let Some(job) = s.get("job_name") {
             dir.push(text("tensorboard.job_name", Some(job))?);
         }
-        self.c.log_dir = Some(dir);
+        self.c.logging.log_dir = Some(dir);
         Ok(())
     }
 }

@@ -31,20 +31,20 @@ pub struct EvalMetrics {
 /// How many evaluation batches the config asks for on a test set of `len` samples; an
 /// error when the set cannot fill one.
 pub fn eval_batches(c: &TrainingConfig, len: usize) -> Result<usize> {
-    let n = len / c.eval_batch_size;
+    let n = len / c.eval.eval_batch_size;
     if n == 0 {
         return Err(OnnxError::field(
-            "config.eval_batch_size",
+            "config.eval.eval_batch_size",
             format!(
                 "the test set ({len} samples) cannot fill one batch of {}",
-                c.eval_batch_size
+                c.eval.eval_batch_size
             ),
         ));
     }
-    Ok(if c.eval_batches == 0 {
+    Ok(if c.eval.eval_batches == 0 {
         n
     } else {
-        n.min(c.eval_batches)
+        n.min(c.eval.eval_batches)
     })
 }
 
@@ -64,7 +64,7 @@ pub fn evaluate(
 ) -> Result<EvalMetrics> {
     let eval_model = model.valid();
     let batches = eval_batches(c, test.len())?;
-    let (first, stride) = if c.eval_partitioned {
+    let (first, stride) = if c.eval.eval_partitioned {
         (replica, replicas)
     } else {
         (0, 1)
@@ -81,9 +81,10 @@ pub fn evaluate(
         }
         let counted = b < batches;
         let b = if counted { b } else { 0 };
-        let idx: Vec<usize> = (b * c.eval_batch_size..(b + 1) * c.eval_batch_size).collect();
+        let idx: Vec<usize> =
+            (b * c.eval.eval_batch_size..(b + 1) * c.eval.eval_batch_size).collect();
         let batch = test.batch(&idx)?;
-        if let Some((loss, correct)) = passes.eval(c, &eval_model, &batch)?
+        if let Some((loss, correct)) = passes.eval(&eval_model, &batch)?
             && reports
             && counted
         {
@@ -96,7 +97,7 @@ pub fn evaluate(
         world.all_reduce(&mut sums, ReduceOp::Sum)?;
     }
     // Replicated evaluation: every replica summed every batch.
-    let copies = if c.eval_partitioned {
+    let copies = if c.eval.eval_partitioned {
         1.0
     } else {
         replicas as f32
@@ -106,8 +107,8 @@ pub fn evaluate(
     Ok(EvalMetrics {
         step,
         loss,
-        perplexity: (c.loss == LossKind::LmCrossEntropy).then(|| loss.exp()),
-        accuracy: (c.loss == LossKind::CrossEntropy)
+        perplexity: (c.model.loss == LossKind::LmCrossEntropy).then(|| loss.exp()),
+        accuracy: (c.model.loss == LossKind::CrossEntropy)
             .then(|| f64::from(sums[1]) / f64::from(sums[2])),
     })
 }

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use super::config::{Resume, TrainingConfig};
+use super::config::{Overlap, Resume, TrainingConfig};
 use crate::error::{OnnxError, Result};
 
 /// Flags that override a [`TrainingConfig`].
@@ -90,10 +90,11 @@ pub struct TrainFlags {
     /// Activation recomputation over N segments (`recompute_segments`; 0 off).
     #[arg(long, value_name = "N")]
     pub recompute: Option<usize>,
-    /// Average data-parallel gradients during backward: 1 from per-parameter hooks in one
-    /// backward pass, N >= 2 segment by segment (`overlap_segments`; 0 off).
-    #[arg(long, value_name = "N")]
-    pub overlap: Option<usize>,
+    /// Average data-parallel gradients during backward: `hooks` from per-parameter hooks in
+    /// one backward pass, N >= 2 segment by segment, `off` (`parallel.overlap`; ORT's
+    /// counts 0 and 1 mean off and hooks).
+    #[arg(long, value_name = "off|hooks|N")]
+    pub overlap: Option<Overlap>,
     /// Time each node's forward and write `<output_dir>/profile.json` (`profile`).
     #[arg(long)]
     pub profile: bool,
@@ -145,47 +146,52 @@ impl TrainFlags {
                 *field = v;
             }
         };
-        c.model_path = self.model.clone().unwrap_or(c.model_path);
-        c.output_dir = self.output_dir.clone().unwrap_or(c.output_dir);
-        set(&mut c.gradient_accumulation_steps, self.accumulation);
+        c.model.model_path = self.model.clone().unwrap_or(c.model.model_path);
+        c.checkpoint.output_dir = self.output_dir.clone().unwrap_or(c.checkpoint.output_dir);
+        set(&mut c.train.gradient_accumulation_steps, self.accumulation);
         if let Some(n) = self.steps {
-            c.num_train_steps = n
-                .checked_mul(c.gradient_accumulation_steps)
+            c.train.num_train_steps = n
+                .checked_mul(c.train.gradient_accumulation_steps)
                 .ok_or_else(|| OnnxError::field("--steps", "too large"))?;
-            c.num_train_epochs = 0;
+            c.train.num_train_epochs = 0;
         }
-        set(&mut c.num_train_epochs, self.epochs);
+        set(&mut c.train.num_train_epochs, self.epochs);
         if let Some(b) = self.batch_size {
-            (c.batch_size, c.eval_batch_size) = (b, b);
+            (c.data.batch_size, c.eval.eval_batch_size) = (b, b);
         }
         c.lr.initial_lr = self.lr.unwrap_or(c.lr.initial_lr);
-        set(&mut c.display_loss_steps, self.display_loss_steps);
-        set(&mut c.evaluation_period, self.eval_period);
-        set(&mut c.checkpoint_period, self.checkpoint_period);
-        c.seed = self.seed.unwrap_or(c.seed);
-        set(&mut c.data_parallel_size, self.dp);
-        set(&mut c.zero_stage, self.zero);
-        set(&mut c.pipeline_parallel_size, self.pp);
-        set(&mut c.horizontal_parallel_size, self.tp);
-        set(&mut c.num_pipeline_micro_batches, self.micro_batches);
-        c.pipeline_schedule = self.pipeline_schedule.unwrap_or(c.pipeline_schedule);
-        c.device = self.device.unwrap_or(c.device);
-        c.precision = self.precision.unwrap_or(c.precision);
-        c.loss_scale = self.loss_scale.or(c.loss_scale);
-        set(&mut c.recompute_segments, self.recompute);
-        set(&mut c.overlap_segments, self.overlap);
-        c.profile |= self.profile;
-        c.allreduce_in_fp16 |= self.allreduce_in_fp16;
+        set(&mut c.logging.display_loss_steps, self.display_loss_steps);
+        set(&mut c.eval.evaluation_period, self.eval_period);
+        set(&mut c.checkpoint.checkpoint_period, self.checkpoint_period);
+        c.train.seed = self.seed.unwrap_or(c.train.seed);
+        set(&mut c.parallel.data_parallel_size, self.dp);
+        set(&mut c.parallel.zero_stage, self.zero);
+        set(&mut c.parallel.pipeline_parallel_size, self.pp);
+        set(&mut c.parallel.horizontal_parallel_size, self.tp);
+        set(
+            &mut c.parallel.num_pipeline_micro_batches,
+            self.micro_batches,
+        );
+        c.parallel.pipeline_schedule = self
+            .pipeline_schedule
+            .unwrap_or(c.parallel.pipeline_schedule);
+        c.parallel.device = self.device.unwrap_or(c.parallel.device);
+        c.precision.dtype = self.precision.unwrap_or(c.precision.dtype);
+        c.precision.loss_scale = self.loss_scale.or(c.precision.loss_scale);
+        set(&mut c.parallel.recompute_segments, self.recompute);
+        c.parallel.overlap = self.overlap.unwrap_or(c.parallel.overlap);
+        c.logging.profile |= self.profile;
+        c.parallel.allreduce_in_fp16 |= self.allreduce_in_fp16;
         match self.resume.as_deref() {
             None => {}
-            Some("latest") => c.resume = Resume::Latest,
-            Some("never") => c.resume = Resume::Never,
+            Some("latest") => c.checkpoint.resume = Resume::Latest,
+            Some("never") => c.checkpoint.resume = Resume::Never,
             Some(path) => {
-                c.resume = Resume::Latest;
-                c.checkpoint_to_load_path = Some(PathBuf::from(path));
+                c.checkpoint.resume = Resume::Latest;
+                c.checkpoint.checkpoint_to_load_path = Some(PathBuf::from(path));
             }
         }
-        c.overwrite_output_dir |= self.overwrite;
+        c.checkpoint.overwrite_output_dir |= self.overwrite;
         Ok(c)
     }
 

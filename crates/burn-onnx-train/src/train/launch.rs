@@ -30,9 +30,9 @@ fn mpi_comm(config: &TrainingConfig) -> Result<Option<Arc<dyn Communicator>>> {
     if !burn_ort_dist::launched_by_mpi() {
         return Ok(None);
     }
-    let mpi =
-        burn_ort_dist::MpiCommunicator::init()?.with_timeout(config.collective_wait_limit(true));
-    match config.device {
+    let mpi = burn_ort_dist::MpiCommunicator::init()?
+        .with_timeout(config.parallel.collective_wait_limit(true));
+    match config.parallel.device {
         #[cfg(feature = "cuda")]
         super::device::DeviceSpec::Cuda(index) => {
             let gpu = index.unwrap_or_else(|| local_rank(mpi.rank()));
@@ -62,6 +62,7 @@ fn run_rank(
     test: Option<Arc<dyn Dataset>>,
 ) -> Result<RunSummary> {
     let result = config
+        .parallel
         .device
         .device(local_rank(comm.rank()))
         .and_then(|device| TrainingRunner::new(config, comm.clone(), device.autodiff()))
@@ -186,7 +187,7 @@ pub fn launch_elastic(
             }
             Err(e) if attempt < max_restarts && !is_preemption(&e) => {
                 attempt += 1;
-                if config.checkpoint_period == 0 {
+                if config.checkpoint.checkpoint_period == 0 {
                     tracing::warn!("checkpoint_period is 0: the restart trains from the start");
                 }
                 tracing::warn!(error = %e, attempt, max_restarts, "the run failed; restarting from the newest checkpoint");
@@ -203,15 +204,19 @@ fn launch_threads(
     train: Arc<dyn Dataset>,
     test: Option<Arc<dyn Dataset>>,
 ) -> Result<RunSummary> {
-    let world =
-        config.data_parallel_size * config.horizontal_parallel_size * config.pipeline_parallel_size;
+    let world = config.parallel.data_parallel_size
+        * config.parallel.horizontal_parallel_size
+        * config.parallel.pipeline_parallel_size;
     if world <= 1 {
         return on_own_pool(|| run_rank(config, Arc::new(LocalCommunicator), train, test));
     }
     // Thread ranks wait without limit unless configured: a rank that fails, panics or
     // returns leaves the group and fails its peers at once, and one that has not arrived
     // is still working (writing a checkpoint of a big model, say).
-    let timeout = config.collective_wait_limit(false).unwrap_or(Duration::MAX);
+    let timeout = config
+        .parallel
+        .collective_wait_limit(false)
+        .unwrap_or(Duration::MAX);
     let results = run_threads(world, timeout, |comm| {
         run_rank(config.clone(), comm, train.clone(), test.clone())
     });

@@ -152,9 +152,9 @@ pub fn weight_decays(c: &OptimizerConfig, model: &OnnxModel) -> HashMap<ParamId,
 /// The data-parallel settings of a run over the data-parallel group `comm`: the
 /// reduction its config asks for (mean, mean with f16 on the wire, or Adasum).
 pub fn data_parallel(c: &TrainingConfig, comm: Arc<dyn Communicator>) -> DataParallel {
-    let reduction = if c.enable_adasum {
+    let reduction = if c.parallel.enable_adasum {
         Reduction::Adasum
-    } else if c.allreduce_in_fp16 {
+    } else if c.parallel.allreduce_in_fp16 {
         Reduction::MeanFp16
     } else {
         Reduction::Mean
@@ -172,7 +172,7 @@ pub fn build_strategy(
     ddp: &DataParallel,
 ) -> Result<Box<dyn UpdateStrategy<OnnxModel>>> {
     let decay = weight_decays(&c.optimizer, model);
-    if c.zero_stage == 0 {
+    if c.parallel.zero_stage == 0 {
         let ddp = ddp.clone();
         if let Some(fused) = crate::kernels::FusedAdam::new(flat_rule(&c.optimizer), decay.clone())
         {
@@ -186,7 +186,7 @@ pub fn build_strategy(
     }
     let decay_of = |id: ParamId| decay.get(&id).copied().unwrap_or(0.0);
     Ok(Box::new(Zero::new(
-        c.zero_stage,
+        c.parallel.zero_stage,
         ddp.comm().clone(),
         flat_rule(&c.optimizer),
         ddp.reduction(),

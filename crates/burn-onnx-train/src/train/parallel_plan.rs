@@ -20,12 +20,13 @@ use burn_ort_dist::fp16_wire::Fp16ReduceScatter;
 use burn_ort_dist::{Communicator, DataParallel, Groups, ModelParallel, Topology, UpdateStrategy};
 
 use super::checkpoint::{model_bytes, model_file, state_dir};
-use super::config::TrainingConfig;
+use super::config::{Overlap, TrainingConfig};
 use super::data::Dataset;
 use super::optimizer::{build_strategy, data_parallel};
 use super::passes::{Passes, Sequential};
 use super::pipelined::Pipelined;
 use super::segmented::Segmented;
+use super::step::PassSettings;
 use super::summaries::SummaryRole;
 use crate::collective::{Group, GroupGuard, enter};
 use crate::error::{OnnxError, Result};
@@ -71,9 +72,9 @@ impl ParallelPlan {
     /// Carve the groups out of `world` (collective) for `c`'s sizes.
     pub fn new(c: &TrainingConfig, world: &dyn Communicator) -> Result<Self> {
         let topology = Topology::new(
-            c.data_parallel_size,
-            c.horizontal_parallel_size,
-            c.pipeline_parallel_size,
+            c.parallel.data_parallel_size,
+            c.parallel.horizontal_parallel_size,
+            c.parallel.pipeline_parallel_size,
             world.world_size(),
         )?;
         let groups = topology.groups(world)?;
@@ -88,8 +89,8 @@ impl ParallelPlan {
             partition: None,
             tensor_parallel: None,
             model_group,
-            sharded: c.zero_stage == 3,
-            fp16_gradients: c.allreduce_in_fp16,
+            sharded: c.parallel.zero_stage == 3,
+            fp16_gradients: c.parallel.allreduce_in_fp16,
         })
     }
 
@@ -134,10 +135,10 @@ impl ParallelPlan {
                 .map_err(|e| OnnxError::field("batch", e.0))?;
             let (part, t) = TensorParallel::apply(
                 model,
-                vec![(c.input_name.clone(), input)],
+                vec![(c.model.input_name.clone(), input)],
                 self.groups.tp_rank,
                 self.topology.tp,
-                c.tensor_parallel_allow_replicated,
+                c.parallel.tensor_parallel_allow_replicated,
             )?;
             if self.groups.tp_rank == 0 && self.groups.dp_rank == 0 && self.groups.pp_rank == 0 {
                 tracing::info!(
@@ -155,21 +156,21 @@ impl ParallelPlan {
         if self.topology.pp == 1 {
             return Ok(model);
         }
-        let partition = if c.pipeline_cut_after.is_empty() {
+        let partition = if c.parallel.pipeline_cut_after.is_empty() {
             Partition::auto(&model, self.topology.pp)?
         } else {
-            if c.pipeline_cut_after.len() + 1 != self.topology.pp {
+            if c.parallel.pipeline_cut_after.len() + 1 != self.topology.pp {
                 return Err(OnnxError::field(
-                    "config.pipeline_cut_after",
+                    "config.parallel.pipeline_cut_after",
                     format!(
                         "{} cut(s) make {} stages, but pipeline_parallel_size is {}",
-                        c.pipeline_cut_after.len(),
-                        c.pipeline_cut_after.len() + 1,
+                        c.parallel.pipeline_cut_after.len(),
+                        c.parallel.pipeline_cut_after.len() + 1,
                         self.topology.pp
                     ),
                 ));
             }
-            Partition::after(&model, &c.pipeline_cut_after)?
+            Partition::after(&model, &c.parallel.pipeline_cut_after)?
         };
         let part = model.into_stage(partition.stages[self.groups.pp_rank].part())?;
         self.partition = Some(Arc::new(partition));
@@ -177,8 +178,8 @@ impl ParallelPlan {
     }
 
     /// The passes this rank runs on `model` (its part of the model); `ddp` averages the
-    /// gradients (during backward with `overlap_segments`: from gradient hooks inside one
-    /// backward pass at 1, segment by segment from 2).
+    /// gradients (during backward with `parallel.overlap`: from gradient hooks inside one
+    /// backward pass, or segment by segment).
     fn passes(
         &self,
         c: &TrainingConfig,
@@ -186,13 +187,20 @@ impl ParallelPlan {
         device: &Device,
         ddp: &DataParallel,
     ) -> Result<Box<dyn Passes>> {
-        let (recompute, overlap) = (c.recompute_segments > 1, c.overlap_segments > 1);
+        let (recompute, overlap) = (
+            c.parallel.recompute_segments > 1,
+            c.parallel.overlap.segments().is_some(),
+        );
         Ok(match &self.partition {
             None if recompute || overlap => {
                 let (segments, field) = if recompute {
-                    (c.recompute_segments, "config.recompute_segments")
+                    (
+                        c.parallel.recompute_segments,
+                        "config.parallel.recompute_segments",
+                    )
                 } else {
-                    (c.overlap_segments, "config.overlap_segments")
+                    let segments = c.parallel.overlap.segments().unwrap_or_default();
+                    (segments, "config.parallel.overlap")
                 };
                 let nodes = model.graph().nodes.len();
                 if segments > nodes {
@@ -207,21 +215,24 @@ impl ParallelPlan {
                     device: device.clone(),
                     recompute,
                     overlap: overlap.then(|| ddp.clone()),
+                    settings: PassSettings::of(c),
                 })
             }
             None => Box::new(Sequential {
                 replica: self.groups.dp_rank,
                 device: device.clone(),
-                overlap: (c.overlap_segments == 1).then(|| ddp.clone()),
+                overlap: (c.parallel.overlap == Overlap::Hooks).then(|| ddp.clone()),
+                settings: PassSettings::of(c),
             }),
             Some(p) => Box::new(Pipelined {
                 partition: p.clone(),
                 comm: self.groups.pp.clone(),
                 replica: self.groups.dp_rank,
-                schedule: c.pipeline_schedule,
+                schedule: c.parallel.pipeline_schedule,
                 micro_batches: c.micro_batches(),
                 device: device.clone(),
                 recompute,
+                settings: PassSettings::of(c),
             }),
         })
     }
@@ -390,7 +401,7 @@ impl ParallelPlan {
         }
         let whole = match &self.partition {
             None if world.rank() == 0 && self.tensor_parallel.is_none() => Some(model.clone()),
-            None if world.rank() == 0 => Some(c.load_model(&model.device())?.set_params(&values)?),
+            None if world.rank() == 0 => Some(c.model.load(&model.device())?.set_params(&values)?),
             None => None,
             Some(p) if self.groups.dp_rank == 0 => {
                 self.gather_stages(c, p, &values, &model.device())?
@@ -452,7 +463,7 @@ impl ParallelPlan {
                 values.insert((*n).clone(), f);
             }
         }
-        let whole = c.load_model(&device)?;
+        let whole = c.model.load(&device)?;
         Ok(Some(whole.set_params(&values)?))
     }
 }

@@ -9,10 +9,9 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
 use burn_ort_dist::{DataParallel, SyncTimes};
 
-use super::config::TrainingConfig;
 use super::data::{Batch, Prefetcher};
 use super::ready_grads::ReadyGrads;
-use super::step::{forward_loss, scalar};
+use super::step::{PassSettings, forward_loss, scalar};
 use crate::collective::grad_hooks;
 use crate::error::Result;
 use crate::model::{Mode, OnnxModel};
@@ -50,7 +49,6 @@ pub trait Passes {
     /// gradients are those of the loss times `loss_scale`.
     fn train(
         &self,
-        c: &TrainingConfig,
         model: &mut OnnxModel,
         prefetch: &Prefetcher,
         micro: &mut usize,
@@ -59,12 +57,7 @@ pub trait Passes {
     ) -> Result<Accumulated>;
     /// An evaluation batch's loss and correct predictions, on the rank that computes them
     /// (`None` on the others; the evaluation sums over ranks).
-    fn eval(
-        &self,
-        c: &TrainingConfig,
-        model: &OnnxModel,
-        batch: &Batch,
-    ) -> Result<Option<(f32, usize)>>;
+    fn eval(&self, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>>;
 }
 
 /// One micro-step as [`accumulation_loop`] hands it to a pass.
@@ -145,19 +138,21 @@ pub struct Sequential {
     /// Average each parameter's gradient across this data-parallel group as soon as the
     /// last micro-step's backward has finished it ([`ReadyGrads`]).
     pub overlap: Option<DataParallel>,
+    /// What the passes read from the config.
+    pub settings: PassSettings,
 }
 
 impl Passes for Sequential {
     fn train(
         &self,
-        c: &TrainingConfig,
         model: &mut OnnxModel,
         prefetch: &Prefetcher,
         micro: &mut usize,
         update: usize,
         loss_scale: f64,
     ) -> Result<Accumulated> {
-        let k = c.gradient_accumulation_steps;
+        let c = &self.settings;
+        let k = c.accumulation;
         let mut acc = GradientsAccumulator::<OnnxModel>::new();
         let mut ready: Option<Arc<ReadyGrads>> = None;
         let totals = accumulation_loop((k, c.seed, self.replica), prefetch, micro, update, |s| {
@@ -192,12 +187,8 @@ impl Passes for Sequential {
         })
     }
 
-    fn eval(
-        &self,
-        c: &TrainingConfig,
-        model: &OnnxModel,
-        batch: &Batch,
-    ) -> Result<Option<(f32, usize)>> {
+    fn eval(&self, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {
+        let c = &self.settings;
         let out = forward_loss(model, batch, c, &self.device, Mode::Eval, 0)?;
         Ok(Some((scalar(out.loss), out.correct.unwrap_or(0))))
     }

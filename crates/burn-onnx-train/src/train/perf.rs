@@ -33,7 +33,7 @@ pub struct PerfReport {
     /// Of which the update strategy: gradient synchronisation across ranks (what backward
     /// did not average already), clipping and the optimizer step, in milliseconds.
     pub avg_sync_and_update_ms: f64,
-    /// With `overlap_segments`: time per update the communication thread spent averaging
+    /// With `parallel.overlap`: time per update the communication thread spent averaging
     /// gradients during backward, in milliseconds (0 otherwise).
     pub avg_overlapped_sync_ms: f64,
     /// Of it, the time the update waited for it after backward ended: the part not
@@ -199,13 +199,13 @@ impl PerfMeter {
             avg_exposed_sync_ms: mean_ms(&mut overlapped.iter().map(|o| o.exposed)),
             updates_measured: measured.len(),
             updates_total: self.steps.len(),
-            batch_size: c.batch_size,
-            seq_len: c.seq_len,
-            gradient_accumulation_steps: c.gradient_accumulation_steps,
+            batch_size: c.data.batch_size,
+            seq_len: c.data.seq_len,
+            gradient_accumulation_steps: c.train.gradient_accumulation_steps,
             world_size,
             threads: rayon::current_num_threads(),
-            zero_stage: c.zero_stage,
-            pipeline_stages: c.pipeline_parallel_size,
+            zero_stage: c.parallel.zero_stage,
+            pipeline_stages: c.parallel.pipeline_parallel_size,
             pipeline_micro_batches: c.micro_batches(),
             pipeline_idle_fraction: idle,
             memory,

@@ -211,7 +211,7 @@ impl ModuleVisitor for Unscale<'_> {
 pub fn check_loss_scale(scale: Option<f64>) -> Result<()> {
     match scale {
         Some(s) if !(s.is_finite() && s >= 0.0) => Err(OnnxError::field(
-            "config.loss_scale",
+            "config.precision.loss_scale",
             format!("{s}: use 0 (dynamic) or a positive scale"),
         )),
         _ => Ok(()),

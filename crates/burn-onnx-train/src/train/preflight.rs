@@ -15,19 +15,19 @@ use crate::model::OnnxModel;
 /// The weights named by `histogram_weights` and `norm_weights` must be parameters.
 pub fn check_weight_names(c: &TrainingConfig, model: &OnnxModel) -> Result<()> {
     for (field, names) in [
-        ("histogram_weights", &c.histogram_weights),
-        ("norm_weights", &c.norm_weights),
+        ("logging.histogram_weights", &c.logging.histogram_weights),
+        ("logging.norm_weights", &c.logging.norm_weights),
     ] {
         for name in names
             .iter()
-            .filter(|n| !(field == "norm_weights" && *n == "*"))
+            .filter(|n| !(field == "logging.norm_weights" && *n == "*"))
         {
             if model.param_index(name).is_none() {
                 return Err(OnnxError::field(
                     format!("config.{field}"),
                     format!(
                         "'{name}' is not a float parameter of {}",
-                        c.model_path.display()
+                        c.model.model_path.display()
                     ),
                 ));
             }
@@ -43,9 +43,12 @@ pub fn check_data(
     train: &dyn Dataset,
     test: Option<&dyn Dataset>,
 ) -> Result<()> {
-    for (field, data) in [("train_data_dir", Some(train)), ("test_data_dir", test)] {
+    for (field, data) in [
+        ("data.train_data_dir", Some(train)),
+        ("data.test_data_dir", test),
+    ] {
         let Some(data) = data else { continue };
-        let (want, needs) = match c.loss {
+        let (want, needs) = match c.model.loss {
             LossKind::Graph => continue,
             LossKind::LmCrossEntropy => (TargetKind::NextToken, "integer token shards"),
             LossKind::CrossEntropy => (
@@ -59,10 +62,10 @@ pub fn check_data(
         };
         if data.target_kind() != want {
             return Err(OnnxError::field(
-                "config.loss",
+                "config.model.loss",
                 format!(
                     "{:?} needs {needs}, but {field} holds {:?} targets",
-                    c.loss,
+                    c.model.loss,
                     data.target_kind()
                 ),
             ));
@@ -71,16 +74,16 @@ pub fn check_data(
             check_ids(c, model, field, want, &min, &max)?;
         }
     }
-    if c.loss == LossKind::LmCrossEntropy
+    if c.model.loss == LossKind::LmCrossEntropy
         && let Some((table, rows)) = positions(model)
-        && c.seq_len > rows
+        && c.data.seq_len > rows
     {
         return Err(OnnxError::field(
-            "config.seq_len",
+            "config.data.seq_len",
             format!(
                 "{} tokens per sequence, but the model has {rows} positions ('{table}' of {})",
-                c.seq_len,
-                c.model_path.display()
+                c.data.seq_len,
+                c.model.model_path.display()
             ),
         ));
     }
@@ -111,12 +114,13 @@ fn check_ids(
     let limit = match kind {
         TargetKind::NextToken => vocabulary(c, model)
             .map(|(table, rows)| (rows, format!("vocabulary: '{table}' has {rows} rows"))),
-        _ => classes(c, model).map(|n| (n, format!("{n} classes (output '{}')", c.output_name))),
+        _ => classes(c, model)
+            .map(|n| (n, format!("{n} classes (output '{}')", c.model.output_name))),
     };
     match limit {
         Some((n, model_side)) if max.value >= n as i64 => bad(format!(
             "{what} {max} is outside the model's {model_side} ({})",
-            c.model_path.display()
+            c.model.model_path.display()
         )),
         _ => Ok(()),
     }
@@ -167,13 +171,13 @@ fn gathered_table<'m>(
 }
 
 /// The class count of a classifier: the last declared dim of the output
-/// `config.output_name`, when the file fixes it.
+/// `config.model.output_name`, when the file fixes it.
 fn classes(c: &TrainingConfig, model: &OnnxModel) -> Option<usize> {
     let out = model
         .graph()
         .outputs
         .iter()
-        .find(|o| o.name == c.output_name)?;
+        .find(|o| o.name == c.model.output_name)?;
     match out.dims.last()? {
         Dim::Fixed(n) if *n > 0 => Some(*n),
         _ => None,
@@ -181,7 +185,7 @@ fn classes(c: &TrainingConfig, model: &OnnxModel) -> Option<usize> {
 }
 
 /// The embedding table the token input indexes, and its row count: the first `Gather`
-/// (axis 0) whose indices are the graph input `config.input_name`, or a reshaped or cast
+/// (axis 0) whose indices are the graph input `config.model.input_name`, or a reshaped or cast
 /// copy of it, and whose data is a parameter.
 fn vocabulary(c: &TrainingConfig, model: &OnnxModel) -> Option<(String, usize)> {
     let through = [
@@ -192,5 +196,5 @@ fn vocabulary(c: &TrainingConfig, model: &OnnxModel) -> Option<(String, usize)> 
         "Cast",
         "Identity",
     ];
-    gathered_table(model, vec![c.input_name.as_str()], None, &through)
+    gathered_table(model, vec![c.model.input_name.as_str()], None, &through)
 }

@@ -1,4 +1,4 @@
-//! Data-parallel averaging started from inside one backward pass (`overlap_segments = 1`,
+//! Data-parallel averaging started from inside one backward pass (`overlap = "hooks"`,
 //! PyTorch DDP's way): in the last micro-step of an update the model reads its parameters
 //! through gradient hooks ([`crate::collective::grad_hooks`]), and each parameter's
 //! gradient, once final, joins a bucket that a communication thread averages while the
@@ -27,7 +27,7 @@ pub struct ReadyGrads {
 }
 
 fn dist_error(e: burn_ort_dist::DistError) -> OnnxError {
-    OnnxError::field("overlap_segments", e.to_string())
+    OnnxError::field("config.parallel.overlap", e.to_string())
 }
 
 impl ReadyGrads {

@@ -71,9 +71,9 @@ impl Reporter {
                 perf: None,
             },
             tb: Summaries::open(c, place.summary_role(rank))?,
-            bar: progress_bar(c.progress && root, total, start_step),
+            bar: progress_bar(c.logging.progress && root, total, start_step),
             metrics: root
-                .then(|| MetricsLog::open(&c.output_dir, start_step))
+                .then(|| MetricsLog::open(&c.checkpoint.output_dir, start_step))
                 .transpose()?,
             unit,
             root,

@@ -27,7 +27,7 @@ fn start_over(c: &TrainingConfig, dir: &Path, root: bool) -> Result<()> {
     let Some((_, newest)) = old.last() else {
         return Ok(());
     };
-    if !c.overwrite_output_dir {
+    if !c.checkpoint.overwrite_output_dir {
         return Err(OnnxError::field(
             "resume",
             format!(
@@ -76,9 +76,12 @@ fn choose_checkpoint(
         None if msg[0] == 0.0 => Ok(None),
         None => {
             let step = ((msg[1] as usize) << 20) | msg[2] as usize;
-            Ok(Some(c.checkpoint_to_load_path.clone().unwrap_or_else(
-                || dir.join(super::checkpoint::checkpoint_name(step)),
-            )))
+            Ok(Some(
+                c.checkpoint
+                    .checkpoint_to_load_path
+                    .clone()
+                    .unwrap_or_else(|| dir.join(super::checkpoint::checkpoint_name(step))),
+            ))
         }
     }
 }
@@ -88,7 +91,7 @@ fn choose_checkpoint(
 /// every checkpoint there is damaged, the newest one's error: the run does not silently
 /// start over.
 fn checked_choice(c: &TrainingConfig, dir: &Path) -> Result<Option<(usize, PathBuf)>> {
-    if let Some(path) = &c.checkpoint_to_load_path {
+    if let Some(path) = &c.checkpoint.checkpoint_to_load_path {
         check_files(path)?;
         return Ok(Some((0, path.clone())));
     }
@@ -119,12 +122,12 @@ pub(super) fn resume(
     strategy: &mut dyn UpdateStrategy<OnnxModel>,
     scaler: &mut LossScaler,
 ) -> Result<(OnnxModel, usize, usize)> {
-    let dir = c.checkpoints_dir();
+    let dir = c.checkpoint.checkpoints_dir();
     let root = world.rank() == 0;
     if root {
         remove_stale_temporaries(&dir);
     }
-    if c.resume == Resume::Never {
+    if c.checkpoint.resume == Resume::Never {
         start_over(c, &dir, root)?;
         return Ok((model, 0, 0));
     }
@@ -133,8 +136,8 @@ pub(super) fn resume(
     };
     let state = read_state(&path)?;
     let saved = TrainingConfig::from_toml(&state.config_toml, &path)?;
-    let saved_replicas =
-        state.world_size / (saved.pipeline_parallel_size * saved.horizontal_parallel_size).max(1);
+    let saved_replicas = state.world_size
+        / (saved.parallel.pipeline_parallel_size * saved.parallel.horizontal_parallel_size).max(1);
     c.check_resume(
         &saved,
         saved_replicas,
@@ -149,7 +152,10 @@ pub(super) fn resume(
             &state_dirs(&path, state.pipeline_stages, place.tp_rank()),
         )?;
     } else {
-        let scratch = c.output_dir.join(format!(".tp-regroup-{}", world.rank()));
+        let scratch = c
+            .checkpoint
+            .output_dir
+            .join(format!(".tp-regroup-{}", world.rank()));
         let dirs = regrouped_state_dirs(&path, &state, place, &model, &scratch)?;
         strategy.load_state(&model, &dirs)?;
         let _ = std::fs::remove_dir_all(&scratch);
@@ -158,13 +164,13 @@ pub(super) fn resume(
     let update = state.update_step;
     let micro = rescaled_micro(
         state.micro_step,
-        saved.batch_size * saved_replicas,
-        c.batch_size * place.topology.dp,
+        saved.data.batch_size * saved_replicas,
+        c.data.batch_size * place.topology.dp,
         &path,
     )?;
     if root {
-        tracing::info!(checkpoint = %path.display(), update, total = c.num_updates(), "resumed");
-        if update >= c.num_updates() {
+        tracing::info!(checkpoint = %path.display(), update, total = c.train.num_updates(), "resumed");
+        if update >= c.train.num_updates() {
             tracing::warn!(
                 "the checkpoint is already at the last update: nothing to train (raise num_train_steps or use a fresh output_dir)"
             );
@@ -186,7 +192,7 @@ fn rescaled_micro(
     let samples = saved_micro * saved_per_micro;
     if per_micro == 0 || samples % per_micro != 0 {
         return Err(OnnxError::field(
-            "config.batch_size",
+            "config.data.batch_size",
             format!(
                 "{} stopped after {samples} samples, not a whole number of this run's micro-steps of {per_micro} (batch_size x data-parallel replicas)",
                 checkpoint.display()

@@ -22,10 +22,9 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
 use burn_ort_dist::{DataParallel, OverlappedSync, SyncTimes};
 
-use super::config::TrainingConfig;
 use super::data::{Batch, Prefetcher};
 use super::passes::{Accumulated, MicroResult, Passes, Sequential, accumulation_loop, scaled_loss};
-use super::step::{loss_of_outputs, scalar};
+use super::step::{PassSettings, loss_of_outputs, scalar};
 use crate::error::{OnnxError, Result};
 use crate::model::{Mode, OnnxModel, vjp};
 use crate::pipeline::{Partition, Stage};
@@ -43,6 +42,8 @@ pub struct Segmented {
     pub recompute: bool,
     /// Average finished gradients across this data-parallel group during backward.
     pub overlap: Option<DataParallel>,
+    /// What the passes read from the config.
+    pub settings: PassSettings,
 }
 
 /// Where a segment's gradients go when its backward is done.
@@ -81,14 +82,14 @@ impl Segmented {
         &self,
         stage: &Stage,
         batch: &Batch,
-        c: &TrainingConfig,
+        c: &PassSettings,
         env: &HashMap<String, Value>,
     ) -> Result<Vec<(String, Value)>> {
         let mut inputs = Vec::new();
         for name in &stage.graph_inputs {
             if name != &c.input_name {
                 return Err(OnnxError::field(
-                    "config.input_name",
+                    "config.model.input_name",
                     format!(
                         "segment {} reads graph input '{name}', but batches feed only '{}'",
                         stage.index, c.input_name
@@ -120,7 +121,7 @@ impl Segmented {
     /// into `sink`; returns the loss.
     fn batch(
         &self,
-        c: &TrainingConfig,
+        c: &PassSettings,
         model: &mut OnnxModel,
         batch: &Batch,
         seed: u64,
@@ -167,7 +168,7 @@ impl Segmented {
         state.extend(named_state(last, out.state_updates.clone()));
         let step = loss_of_outputs(out, batch, c, &self.device, Mode::Train)?;
         let loss = f64::from(scalar(step.loss.clone()));
-        let grads = scaled_loss(step.loss, c.gradient_accumulation_steps, loss_scale).backward();
+        let grads = scaled_loss(step.loss, c.accumulation, loss_scale).backward();
         let mut sent_grads = vjp::leaf_grads(&leaves, Some(&grads));
         sink.segment_done(model, n - 1, last, GradientsParams::from_grads(grads, last))?;
         for (i, (stage, seg)) in stages.iter().zip(&segments).enumerate().rev().skip(1) {
@@ -234,14 +235,14 @@ fn named_state(
 impl Passes for Segmented {
     fn train(
         &self,
-        c: &TrainingConfig,
         model: &mut OnnxModel,
         prefetch: &Prefetcher,
         micro: &mut usize,
         update: usize,
         loss_scale: f64,
     ) -> Result<Accumulated> {
-        let k = c.gradient_accumulation_steps;
+        let c = &self.settings;
+        let k = c.accumulation;
         let first = self.first_readers(model);
         let mut sink = Sink {
             total: GradientsParams::new(),
@@ -273,17 +274,13 @@ impl Passes for Segmented {
         })
     }
 
-    fn eval(
-        &self,
-        c: &TrainingConfig,
-        model: &OnnxModel,
-        batch: &Batch,
-    ) -> Result<Option<(f32, usize)>> {
+    fn eval(&self, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {
         Sequential {
             replica: self.replica,
             device: self.device.clone(),
             overlap: None,
+            settings: self.settings.clone(),
         }
-        .eval(c, model, batch)
+        .eval(model, batch)
     }
 }

@@ -5,11 +5,53 @@ use burn::tensor::{Device, Tensor};
 
 use super::config::TrainingConfig;
 use super::data::{Batch, Target};
+use super::precision::Precision;
 use crate::error::{OnnxError, Result};
 use crate::host_tensor::HostTensor;
 use crate::loss::{LossKind, cross_entropy, lm_cross_entropy, mse};
 use crate::model::{ForwardOutput, Mode, OnnxModel};
 use crate::value::{FloatValue, PhysTensor, Value};
+
+/// What the forward and backward passes read from a run's config: the graph's feeds and
+/// loss, the compute precision, the accumulation and the seed. The plan builds it once
+/// ([`PassSettings::of`]) and each [`Passes`](super::passes::Passes) holds its copy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PassSettings {
+    /// Graph input fed with the batch (`model.input_name`).
+    pub input_name: String,
+    /// Graph output the loss reads (`model.output_name`).
+    pub output_name: String,
+    /// The loss (`model.loss`).
+    pub loss: LossKind,
+    /// With the graph's own loss, the input fed with the targets (`model.label_name`,
+    /// default `labels`).
+    pub label_name: String,
+    /// Compute precision of the big products (`precision.dtype`).
+    pub precision: Precision,
+    /// Micro-steps per update (`train.gradient_accumulation_steps`).
+    pub accumulation: usize,
+    /// The run's seed (`train.seed`): dropout masks derive from it.
+    pub seed: u64,
+}
+
+impl PassSettings {
+    /// The settings `c` gives the passes.
+    pub fn of(c: &TrainingConfig) -> Self {
+        PassSettings {
+            input_name: c.model.input_name.clone(),
+            output_name: c.model.output_name.clone(),
+            loss: c.model.loss,
+            label_name: c
+                .model
+                .label_name
+                .clone()
+                .unwrap_or_else(|| "labels".into()),
+            precision: c.precision.dtype,
+            accumulation: c.train.gradient_accumulation_steps,
+            seed: c.train.seed,
+        }
+    }
+}
 
 /// Loss of one batch, with what else the step needs.
 pub struct StepOutput {
@@ -26,7 +68,7 @@ pub struct StepOutput {
 pub fn forward_loss(
     model: &OnnxModel,
     batch: &Batch,
-    config: &TrainingConfig,
+    config: &PassSettings,
     device: &Device,
     mode: Mode,
     seed: u64,
@@ -41,7 +83,7 @@ pub fn forward_loss(
 }
 
 /// The graph inputs a batch feeds: the input, and with `loss = "graph"` the targets.
-fn feeds(batch: &Batch, config: &TrainingConfig, device: &Device) -> Result<Vec<(String, Value)>> {
+fn feeds(batch: &Batch, config: &PassSettings, device: &Device) -> Result<Vec<(String, Value)>> {
     let value =
         |h: &HostTensor| Value::from_host(h, device).map_err(|e| OnnxError::field("batch", e.0));
     let mut feeds = vec![(config.input_name.clone(), value(&batch.input)?)];
@@ -51,8 +93,7 @@ fn feeds(batch: &Batch, config: &TrainingConfig, device: &Device) -> Result<Vec<
             Target::Classes(c) => Value::Int(c.clone()),
             Target::Values(v) => value(&HostTensor::Float(v.clone()))?,
         };
-        let name = config.label_name.clone().unwrap_or_else(|| "labels".into());
-        feeds.push((name, labels));
+        feeds.push((config.label_name.clone(), labels));
     }
     Ok(feeds)
 }
@@ -62,13 +103,13 @@ fn feeds(batch: &Batch, config: &TrainingConfig, device: &Device) -> Result<Vec<
 pub fn loss_of_outputs(
     out: ForwardOutput,
     batch: &Batch,
-    config: &TrainingConfig,
+    config: &PassSettings,
     device: &Device,
     mode: Mode,
 ) -> Result<StepOutput> {
     let Some(Value::Float(pred)) = out.get(&config.output_name).cloned() else {
         return Err(OnnxError::field(
-            "config.output_name",
+            "config.model.output_name",
             format!(
                 "'{}' is not a float output of the model",
                 config.output_name
@@ -79,7 +120,7 @@ pub fn loss_of_outputs(
         (LossKind::Graph, _, _) => {
             if pred.numel() != 1 {
                 return Err(OnnxError::field(
-                    "config.output_name",
+                    "config.model.output_name",
                     format!(
                         "with loss = \"graph\", '{}' must be the scalar loss, got shape {:?}",
                         config.output_name,
@@ -107,7 +148,7 @@ pub fn loss_of_outputs(
         }
         (kind, _, _) => {
             return Err(OnnxError::field(
-                "config.loss",
+                "config.model.loss",
                 format!("loss {kind:?} does not fit this data set's targets"),
             ));
         }

@@ -45,8 +45,8 @@ impl Summaries {
         Ok(Summaries {
             writer,
             scalars: role == SummaryRole::Run,
-            histogram_weights: c.histogram_weights.clone(),
-            norm_weights: c.norm_weights.clone(),
+            histogram_weights: c.logging.histogram_weights.clone(),
+            norm_weights: c.logging.norm_weights.clone(),
         })
     }
 

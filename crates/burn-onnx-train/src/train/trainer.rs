@@ -68,21 +68,24 @@ impl Trainer {
         let mut plan = ParallelPlan::new(&c, comm.as_ref())?;
         let sampler = DistributedSampler {
             len: train.len(),
-            batch_size: c.batch_size,
+            batch_size: c.data.batch_size,
             rank: plan.groups.dp_rank,
             world: plan.topology.dp,
-            seed: c.seed,
+            seed: c.train.seed,
             shuffle: true,
         };
-        c.resolve_epochs(sampler.batches_per_epoch())?;
+        c.train.resolve_epochs(sampler.batches_per_epoch())?;
         sampler.batch_indices(0)?;
         if comm.rank() == 0 {
             write_effective_config(&c)?;
         }
-        let model = c.load_model(device)?.select_trainable(
-            &c.weights_to_train,
-            &c.weights_not_to_train,
-            ("config.weights_to_train", "config.weights_not_to_train"),
+        let model = c.model.load(device)?.select_trainable(
+            &c.model.weights_to_train,
+            &c.model.weights_not_to_train,
+            (
+                "config.model.weights_to_train",
+                "config.model.weights_not_to_train",
+            ),
         )?;
         check_weight_names(&c, &model)?;
         check_data(&c, &model, train.as_ref(), test)?;
@@ -92,7 +95,11 @@ impl Trainer {
             mut strategy,
             groups,
         } = plan.parallelize(&c, model, train.as_ref(), device)?;
-        let mut scaler = LossScaler::new(c.precision, c.loss_scale, c.loss_scale_growth_interval);
+        let mut scaler = LossScaler::new(
+            c.precision.dtype,
+            c.precision.loss_scale,
+            c.precision.loss_scale_growth_interval,
+        );
         let (model, update, micro) = resume(
             &c,
             comm.as_ref(),
@@ -104,12 +111,12 @@ impl Trainer {
         DataParallel::new(comm.clone()).check_consistent(c.to_toml()?.as_bytes())?;
         let model =
             plan.shard(DataParallel::new(plan.groups.dp.clone()).broadcast_parameters(model)?)?;
-        let total = c.num_updates();
+        let total = c.train.num_updates();
         let out = Reporter::open(&c, &plan, comm.rank(), train.unit(), (update, total))?;
         let trainer = Trainer {
             schedule: LrSchedule::new(&c.lr, total),
             prefetch: Prefetcher::start(train.clone(), sampler, micro, 4),
-            profiler: c.profile.then(NodeProfiler::start),
+            profiler: c.logging.profile.then(NodeProfiler::start),
             out,
             comm,
             plan,
@@ -131,14 +138,13 @@ impl Trainer {
     pub fn train_update(&mut self, mut model: OnnxModel) -> Result<OnnxModel> {
         let started = Instant::now();
         let acc = self.passes.train(
-            &self.c,
             &mut model,
             &self.prefetch,
             &mut self.micro,
             self.update,
             self.scaler.scale(),
         )?;
-        let display = (self.update + 1).is_multiple_of(self.c.display_loss_steps.max(1))
+        let display = (self.update + 1).is_multiple_of(self.c.logging.display_loss_steps.max(1))
             || self.update + 1 == self.total;
         let (lr, update_started) = (self.schedule.lr(self.update), Instant::now());
         let (model, report) = self.scaler.step(
@@ -147,12 +153,12 @@ impl Trainer {
             lr,
             model,
             acc.grads,
-            self.c.max_grad_norm,
+            self.c.train.max_grad_norm,
             display && self.out.tb.wants_norms(),
         )?;
         let sync_time = update_started.elapsed();
         self.update += 1;
-        if display && !self.c.norm_weights.is_empty() {
+        if display && !self.c.logging.norm_weights.is_empty() {
             let whole = self.plan.readable(&model, true)?;
             self.out
                 .tb
@@ -183,7 +189,7 @@ impl Trainer {
     /// Whether the test set is evaluated after this update: every `evaluation_period`
     /// updates and after the last.
     pub fn eval_due(&self) -> bool {
-        let period = self.c.evaluation_period;
+        let period = self.c.eval.evaluation_period;
         (period > 0 && self.update.is_multiple_of(period)) || self.update == self.total
     }
 
@@ -201,14 +207,14 @@ impl Trainer {
         )?;
         let readable = self
             .plan
-            .readable(model, !self.c.histogram_weights.is_empty())?;
+            .readable(model, !self.c.logging.histogram_weights.is_empty())?;
         self.out.eval(metrics, &readable)
     }
 
     /// Whether a checkpoint is written after this update: every `checkpoint_period`
     /// updates and after the last (never with a period of 0).
     pub fn checkpoint_due(&self) -> bool {
-        let period = self.c.checkpoint_period;
+        let period = self.c.checkpoint.checkpoint_period;
         period > 0 && (self.update.is_multiple_of(period) || self.update == self.total)
     }
 
@@ -219,11 +225,11 @@ impl Trainer {
         let state = CheckpointState {
             update_step: self.update,
             micro_step: self.micro,
-            seed: c.seed,
+            seed: c.train.seed,
             loss_scale: self.scaler.state(),
             world_size: self.comm.world_size(),
             written_by_rank: 0,
-            zero_stage: c.zero_stage,
+            zero_stage: c.parallel.zero_stage,
             pipeline_stages: plan.topology.pp,
             tensor_parallel: plan.topology.tp,
             tensor_parallel_splits: plan
@@ -235,10 +241,10 @@ impl Trainer {
         };
         let files = plan.checkpoint_files(model, self.strategy.state_files()?)?;
         let path = save_checkpoint(
-            &c.checkpoints_dir(),
+            &c.checkpoint.checkpoints_dir(),
             files,
             &state,
-            c.max_num_checkpoints,
+            c.checkpoint.max_num_checkpoints,
             self.comm.as_ref(),
         )?;
         let step = self.update;
@@ -282,10 +288,10 @@ impl Trainer {
                 .out
                 .perf
                 .report(c, self.comm.world_size(), memory, idle);
-            report.write(&c.output_dir.join("perf.json"))?;
+            report.write(&c.checkpoint.output_dir.join("perf.json"))?;
             self.out.summary.perf = Some(report);
             if let Some(profile) = &profile {
-                profile.write(&c.output_dir.join("profile.json"))?;
+                profile.write(&c.checkpoint.output_dir.join("profile.json"))?;
             }
         }
         Ok(self.out.summary)
@@ -295,19 +301,25 @@ impl Trainer {
 /// The config the run uses (defaults, file and flags resolved) as
 /// `<output_dir>/config.toml`, to read or to start the same run from.
 fn write_effective_config(c: &TrainingConfig) -> Result<()> {
-    std::fs::create_dir_all(&c.output_dir).map_err(|e| OnnxError::io(&c.output_dir, e))?;
-    write_atomic(&c.output_dir.join("config.toml"), c.to_toml()?.as_bytes())
+    std::fs::create_dir_all(&c.checkpoint.output_dir)
+        .map_err(|e| OnnxError::io(&c.checkpoint.output_dir, e))?;
+    write_atomic(
+        &c.checkpoint.output_dir.join("config.toml"),
+        c.to_toml()?.as_bytes(),
+    )
 }
 
 /// Export the trained model to `<output_dir>/<model stem>_trained.onnx`.
 fn export_trained(c: &TrainingConfig, model: &OnnxModel) -> Result<PathBuf> {
-    std::fs::create_dir_all(&c.output_dir).map_err(|e| OnnxError::io(&c.output_dir, e))?;
+    std::fs::create_dir_all(&c.checkpoint.output_dir)
+        .map_err(|e| OnnxError::io(&c.checkpoint.output_dir, e))?;
     let stem = c
+        .model
         .model_path
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("model");
-    let path = c.output_dir.join(format!("{stem}_trained.onnx"));
+    let path = c.checkpoint.output_dir.join(format!("{stem}_trained.onnx"));
     export_onnx(model, &path)?;
     tracing::info!(path = %path.display(), "exported");
     Ok(path)

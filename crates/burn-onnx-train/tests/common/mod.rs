@@ -161,28 +161,29 @@ pub fn sgd_config(
     input: &str,
 ) -> burn_onnx_train::train::TrainingConfig {
     use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
-    burn_onnx_train::train::TrainingConfig {
-        model_path: model,
-        input_name: input.into(),
-        output_name: "logits".into(),
-        loss,
-        seq_len: 16,
-        num_train_steps: 10,
-        evaluation_period: 0,
-        optimizer: OptimizerConfig {
+    {
+        let mut c = burn_onnx_train::train::TrainingConfig::default();
+        c.model.model_path = model;
+        c.model.input_name = input.into();
+        c.model.output_name = "logits".into();
+        c.model.loss = loss;
+        c.data.seq_len = 16;
+        c.train.num_train_steps = 10;
+        c.eval.evaluation_period = 0;
+        c.optimizer = OptimizerConfig {
             kind: OptimizerKind::Sgd,
             momentum: 0.9,
             weight_decay: 0.0,
             ..Default::default()
-        },
-        lr: LrConfig {
+        };
+        c.lr = LrConfig {
             initial_lr: 0.1,
             ..Default::default()
-        },
-        max_grad_norm: 0.0,
-        log_dir: Some(PathBuf::new()),
-        progress: false,
-        ..Default::default()
+        };
+        c.train.max_grad_norm = 0.0;
+        c.logging.log_dir = Some(PathBuf::new());
+        c.logging.progress = false;
+        c
     }
 }
 
@@ -259,26 +260,27 @@ pub fn gpt2_tokens() -> std::sync::Arc<dyn burn_onnx_train::train::data::Dataset
 /// TensorBoard, no evaluation unless asked).
 pub fn gpt2_config(out: &std::path::Path) -> burn_onnx_train::train::TrainingConfig {
     use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
-    burn_onnx_train::train::TrainingConfig {
-        model_path: refkit("models/gpt2_tiny.onnx"),
-        output_dir: out.to_path_buf(),
-        input_name: "input_ids".into(),
-        output_name: "logits".into(),
-        loss: burn_onnx_train::loss::LossKind::LmCrossEntropy,
-        batch_size: 4,
-        eval_batch_size: 4,
-        seq_len: 16,
-        num_train_steps: 6,
-        display_loss_steps: 1,
-        evaluation_period: 0,
-        eval_batches: 2,
-        optimizer: OptimizerConfig {
+    {
+        let mut c = burn_onnx_train::train::TrainingConfig::default();
+        c.model.model_path = refkit("models/gpt2_tiny.onnx");
+        c.checkpoint.output_dir = out.to_path_buf();
+        c.model.input_name = "input_ids".into();
+        c.model.output_name = "logits".into();
+        c.model.loss = burn_onnx_train::loss::LossKind::LmCrossEntropy;
+        c.data.batch_size = 4;
+        c.eval.eval_batch_size = 4;
+        c.data.seq_len = 16;
+        c.train.num_train_steps = 6;
+        c.logging.display_loss_steps = 1;
+        c.eval.evaluation_period = 0;
+        c.eval.eval_batches = 2;
+        c.optimizer = OptimizerConfig {
             kind: OptimizerKind::Adamw,
             ..Default::default()
-        },
-        log_dir: Some(PathBuf::new()),
-        progress: false,
-        ..Default::default()
+        };
+        c.logging.log_dir = Some(PathBuf::new());
+        c.logging.progress = false;
+        c
     }
 }
 

@@ -26,10 +26,9 @@ use crate::model::{ForwardOutput, Mode, OnnxModel, vjp};
 use crate::pipeline::Stage;
 use crate::pipeline::schedule::{Pass, PipelineSchedule};
 use crate::pipeline::wire::{recv_values, send_values};
-use crate::train::config::TrainingConfig;
 use crate::train::data::Batch;
 use crate::train::segmented::track_received;
-use crate::train::step::{loss_of_outputs, scalar};
+use crate::train::step::{PassSettings, loss_of_outputs, scalar};
 use crate::value::{FloatValue, Value};
 
 /// A stage of a pipeline and the group of its stages.
@@ -101,7 +100,7 @@ impl StageExec<'_> {
         &self,
         model: &mut OnnxModel,
         micro: &[Batch],
-        c: &TrainingConfig,
+        c: &PassSettings,
         schedule: PipelineSchedule,
         seeds: &[u64],
         scale: f64,
@@ -147,7 +146,7 @@ impl StageExec<'_> {
         &self,
         model: &OnnxModel,
         batch: &Batch,
-        c: &TrainingConfig,
+        c: &PassSettings,
     ) -> Result<Option<(f32, usize)>> {
         let (inputs, _) = self.inputs(batch, c, false)?;
         let out = model.forward_with(inputs, Mode::Eval, 0, c.precision.autocast())?;
@@ -165,14 +164,14 @@ impl StageExec<'_> {
     fn inputs(
         &self,
         batch: &Batch,
-        c: &TrainingConfig,
+        c: &PassSettings,
         track: bool,
     ) -> Result<(Vec<(String, Value)>, Vec<FloatValue>)> {
         let mut inputs = Vec::new();
         for name in &self.stage.graph_inputs {
             if name != &c.input_name {
                 return Err(OnnxError::field(
-                    "config.input_name",
+                    "config.model.input_name",
                     format!(
                         "stage {} reads graph input '{name}', but batches feed only '{}'",
                         self.stage.index, c.input_name
@@ -200,7 +199,7 @@ impl StageExec<'_> {
         &self,
         model: &mut OnnxModel,
         batch: &Batch,
-        c: &TrainingConfig,
+        c: &PassSettings,
         seed: u64,
         scale: f64,
     ) -> Result<(InFlight, f64)> {
@@ -231,7 +230,7 @@ impl StageExec<'_> {
         model: &OnnxModel,
         inputs: Vec<(String, Value)>,
         batch: &Batch,
-        c: &TrainingConfig,
+        c: &PassSettings,
         seed: u64,
         scale: f64,
     ) -> Result<Tracked> {
@@ -248,7 +247,7 @@ impl StageExec<'_> {
         out: ForwardOutput,
         received: Vec<FloatValue>,
         batch: &Batch,
-        c: &TrainingConfig,
+        c: &PassSettings,
         scale: f64,
         send: bool,
     ) -> Result<(Tracked, f64)> {

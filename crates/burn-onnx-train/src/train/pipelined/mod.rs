@@ -17,9 +17,9 @@ use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::pipeline::{Partition, PipelineSchedule};
 use crate::seeds::mix_seed;
-use crate::train::config::TrainingConfig;
 use crate::train::data::{Batch, Prefetcher};
 use crate::train::passes::{Accumulated, MicroResult, Passes, accumulation_loop};
+use crate::train::step::PassSettings;
 use executor::StageExec;
 
 pub mod executor;
@@ -41,6 +41,8 @@ pub struct Pipelined {
     pub device: Device,
     /// Each stage recomputes its forward in backward (`recompute_segments`).
     pub recompute: bool,
+    /// What the passes read from the config.
+    pub settings: PassSettings,
 }
 
 impl Pipelined {
@@ -123,14 +125,14 @@ impl Pipelined {
 impl Passes for Pipelined {
     fn train(
         &self,
-        c: &TrainingConfig,
         model: &mut OnnxModel,
         prefetch: &Prefetcher,
         micro: &mut usize,
         update: usize,
         loss_scale: f64,
     ) -> Result<Accumulated> {
-        let k = c.gradient_accumulation_steps;
+        let c = &self.settings;
+        let k = c.accumulation;
         let m = self.micro_batches;
         let exec = self.exec(&self.device);
         let scale = loss_scale / (m * k) as f64;
@@ -161,12 +163,8 @@ impl Passes for Pipelined {
         })
     }
 
-    fn eval(
-        &self,
-        c: &TrainingConfig,
-        model: &OnnxModel,
-        batch: &Batch,
-    ) -> Result<Option<(f32, usize)>> {
+    fn eval(&self, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {
+        let c = &self.settings;
         let device = model.device();
         self.exec(&device).eval(model, batch, c)
     }

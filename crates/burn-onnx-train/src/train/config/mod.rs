@@ -1,0 +1,229 @@
+//! [`TrainingConfig`]: the fields of ONNX Runtime Training's `TrainingRunner::Parameters`
+//! in sections (`[model]`, `[data]`, `[train]`, `[eval]`, `[optimizer]`, `[lr]`,
+//! `[precision]`, `[parallel]`, `[checkpoint]`, `[logging]`), loaded from a TOML or JSON
+//! file in sections or flat (`file.rs`), overridable from the command line, and validated
+//! section by section with errors that name the offending field (`config.data.batch_size`).
+//! This file holds the whole and the checks that span sections.
+
+mod file;
+mod optimizer;
+mod parallel;
+mod sections;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use optimizer::{LrConfig, OptimizerConfig, OptimizerKind, ScheduleKind};
+pub use parallel::{DEFAULT_MPI_COLLECTIVE_TIMEOUT_S, Overlap, ParallelConfig};
+pub use sections::{
+    CheckpointConfig, DataConfig, EvalConfig, LoggingConfig, ModelConfig, PrecisionConfig, Resume,
+    TrainLoopConfig,
+};
+
+use super::device::DeviceSpec;
+use super::precision::Precision;
+use crate::error::{OnnxError, Result};
+use crate::loss::LossKind;
+
+/// Everything a training run needs, section by section.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainingConfig {
+    /// The graph, its feeds, the loss, what trains.
+    pub model: ModelConfig,
+    /// Training and evaluation data, batch and sequence sizes.
+    pub data: DataConfig,
+    /// Steps, accumulation, clipping, seed.
+    pub train: TrainLoopConfig,
+    /// Evaluation.
+    pub eval: EvalConfig,
+    /// Optimizer (ORT: `optimizer_attributes`).
+    pub optimizer: OptimizerConfig,
+    /// Learning rate and its schedule.
+    pub lr: LrConfig,
+    /// Compute precision and loss scaling.
+    pub precision: PrecisionConfig,
+    /// Device, parallel layout, gradient reduction.
+    pub parallel: ParallelConfig,
+    /// Outputs, checkpoints, resume.
+    pub checkpoint: CheckpointConfig,
+    /// Console, TensorBoard, profile.
+    pub logging: LoggingConfig,
+}
+
+/// A config error naming `config.<field>` (`field` with its section: `data.batch_size`).
+fn invalid(field: &str, message: impl Into<String>) -> OnnxError {
+    OnnxError::field(format!("config.{field}"), message)
+}
+
+impl TrainingConfig {
+    /// Pipeline micro-batches per batch (`num_pipeline_micro_batches`; by default the
+    /// largest divisor of `batch_size` up to twice the stage count; 1 without a pipeline).
+    pub fn micro_batches(&self) -> usize {
+        let p = &self.parallel;
+        match (p.pipeline_parallel_size, p.num_pipeline_micro_batches) {
+            (1, _) => 1,
+            (stages, 0) => (1..=2 * stages)
+                .rev()
+                .find(|m| self.data.batch_size % m == 0)
+                .unwrap_or(1),
+            (_, m) => m,
+        }
+    }
+
+    /// Resolved TensorBoard directory, `None` when disabled.
+    pub fn log_dir(&self) -> Option<PathBuf> {
+        match &self.logging.log_dir {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) => Some(p.clone()),
+            None => Some(self.checkpoint.output_dir.join("tensorboard")),
+        }
+    }
+
+    /// Can this run continue a checkpoint written by a run with `saved` on `saved_world`
+    /// data-parallel replicas at ZeRO stage `saved_zero`? The data stream and the optimizer
+    /// state depend on the global batch, the seed and the optimizer: those must match
+    /// (`checkpoint` names the checkpoint in the error). The global batch (`batch_size` x
+    /// replicas x `gradient_accumulation_steps`) may be split another way: a replicated
+    /// (stage 0) checkpoint resumes on any data-parallel size at stage 0, a ZeRO checkpoint
+    /// reshards onto any data-parallel size and stage 1 to 3 (as torchrun's elastic
+    /// restarts keep the global batch by raising accumulation). Either resumes on any
+    /// pipeline stage count (each stage takes its parameters' state from the stages that
+    /// wrote it). Step counts, schedules, periods and paths may change.
+    pub fn check_resume(
+        &self,
+        saved: &TrainingConfig,
+        saved_world: usize,
+        saved_zero: usize,
+        world: usize,
+        checkpoint: &Path,
+    ) -> Result<()> {
+        let here = checkpoint.display();
+        if (saved_zero == 0) != (self.parallel.zero_stage == 0) {
+            return Err(invalid(
+                "parallel.zero_stage",
+                format!(
+                    "{} cannot continue {here}, written at zero_stage {saved_zero}: a replicated optimizer record and ZeRO shards do not convert",
+                    self.parallel.zero_stage
+                ),
+            ));
+        }
+        let was = saved.data.batch_size * saved_world * saved.train.gradient_accumulation_steps;
+        let is = self.data.batch_size * world * self.train.gradient_accumulation_steps;
+        if was != is {
+            return Err(invalid(
+                "data.batch_size",
+                format!(
+                    "{} per rank x {world} replica(s) x {} accumulation step(s) = a global batch of {is} samples, but {here} was trained with {was} ({} x {saved_world} x {}): keep the global batch to resume",
+                    self.data.batch_size,
+                    self.train.gradient_accumulation_steps,
+                    saved.data.batch_size,
+                    saved.train.gradient_accumulation_steps
+                ),
+            ));
+        }
+        let pairs = [
+            (
+                "data.seq_len",
+                format!("{}", saved.data.seq_len),
+                format!("{}", self.data.seq_len),
+            ),
+            (
+                "train.seed",
+                format!("{}", saved.train.seed),
+                format!("{}", self.train.seed),
+            ),
+            (
+                "model.loss",
+                format!("{:?}", saved.model.loss),
+                format!("{:?}", self.model.loss),
+            ),
+            (
+                "optimizer.kind",
+                format!("{:?}", saved.optimizer.kind),
+                format!("{:?}", self.optimizer.kind),
+            ),
+        ];
+        for (field, was, is) in pairs {
+            if was != is {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{is} differs from {was} in the run that wrote {here}: the run cannot resume from it (use a fresh output_dir or checkpoints_dir)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What a front end that reads data from files needs before it reads any: the model
+    /// and the training shards named (an empty config fails here, naming them).
+    pub fn check_files_named(&self) -> Result<()> {
+        if self.model.model_path.as_os_str().is_empty() {
+            return Err(invalid(
+                "model.model_path",
+                "is required: the ONNX model to train",
+            ));
+        }
+        if self.data.train_data_dir.as_os_str().is_empty() {
+            return Err(invalid(
+                "data.train_data_dir",
+                "is required: the directory of training shards",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Check every section, then the combinations across sections; `world_size` is the
+    /// number of processes the run has.
+    pub fn validate(&self, world_size: usize) -> Result<()> {
+        self.model.validate()?;
+        self.checkpoint.validate()?;
+        self.data.validate()?;
+        self.eval.validate()?;
+        self.train.validate()?;
+        self.parallel.validate(world_size)?;
+        self.precision.validate()?;
+        self.optimizer.validate()?;
+        self.lr.validate()?;
+        self.check_across_sections()
+    }
+
+    /// The refusals that involve fields of two sections.
+    fn check_across_sections(&self) -> Result<()> {
+        let p = &self.parallel;
+        if matches!(p.device, DeviceSpec::Wgpu(_)) && self.precision.dtype == Precision::Bf16 {
+            return Err(invalid(
+                "precision.dtype",
+                "bf16 on wgpu: Vulkan, Metal and DX12 store bf16 but do not compute in it; use f16 (or f32), or bf16 on cuda",
+            ));
+        }
+        if p.pipeline_parallel_size > 1 && self.data.batch_size % self.micro_batches() != 0 {
+            return Err(invalid(
+                "parallel.num_pipeline_micro_batches",
+                format!(
+                    "{} micro-batches do not divide batch_size {}",
+                    self.micro_batches(),
+                    self.data.batch_size
+                ),
+            ));
+        }
+        if self.model.loss == LossKind::Graph
+            && (p.pipeline_parallel_size > 1 || p.overlap.segments().is_some())
+        {
+            return Err(invalid(
+                "model.loss",
+                "\"graph\" is not implemented with pipeline parallelism or segmented overlap: attach the loss instead",
+            ));
+        }
+        if matches!(self.model.loss, LossKind::LmCrossEntropy) && self.data.seq_len < 2 {
+            return Err(invalid(
+                "data.seq_len",
+                "must be at least 2 for the language-model loss",
+            ));
+        }
+        Ok(())
+    }
+}
