@@ -61,28 +61,26 @@ struct Args {
 /// This example's defaults: 400 updates of 8 x 64 tokens, AdamW at 1e-3 with 5% warm-up
 /// and cosine decay, evaluation and checkpoints every 100 updates.
 fn defaults() -> TrainingConfig {
-    {
-        let mut c = TrainingConfig::default();
-        c.checkpoint.output_dir = "runs/gpt2".into();
-        c.model.input_name = "input_ids".into();
-        c.model.output_name = "logits".into();
-        c.model.loss = LossKind::LmCrossEntropy;
-        c.data.batch_size = 8;
-        c.eval.eval_batch_size = 8;
-        c.data.seq_len = 64;
-        c.train.num_train_steps = 400;
-        c.logging.display_loss_steps = 10;
-        c.eval.evaluation_period = 100;
-        c.checkpoint.checkpoint_period = 100;
-        c.lr = LrConfig {
-            initial_lr: 1e-3,
-            warmup_ratio: 0.05,
-            mode: ScheduleKind::Cosine,
-            ..Default::default()
-        };
-        c.logging.histogram_weights = vec!["transformer.h.0.attn.c_attn.weight".into()];
-        c
-    }
+    let mut c = TrainingConfig::default();
+    c.checkpoint.output_dir = "runs/gpt2".into();
+    c.model.input_name = "input_ids".into();
+    c.model.output_name = "logits".into();
+    c.model.loss = LossKind::LmCrossEntropy;
+    c.data.batch_size = 8;
+    c.eval.eval_batch_size = 8;
+    c.data.seq_len = 64;
+    c.train.num_train_steps = 400;
+    c.logging.display_loss_steps = 10;
+    c.eval.evaluation_period = 100;
+    c.checkpoint.checkpoint_period = 100;
+    c.lr = LrConfig {
+        initial_lr: 1e-3,
+        warmup_ratio: 0.05,
+        mode: ScheduleKind::Cosine,
+        ..Default::default()
+    };
+    c.logging.histogram_weights = vec!["transformer.h.0.attn.c_attn.weight".into()];
+    c
 }
 
 fn default_text() -> PathBuf {

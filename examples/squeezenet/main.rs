@@ -128,34 +128,32 @@ fn main() -> std::process::ExitCode {
 /// This example's defaults: the refkit SqueezeNet, 120 updates of 8 images, AdamW at 1e-3
 /// with 10% warm-up and cosine decay, evaluation and checkpoints every 20 updates.
 fn defaults() -> TrainingConfig {
-    {
-        let mut c = TrainingConfig::default();
-        c.model.model_path = default_model();
-        c.checkpoint.output_dir = "runs/squeezenet".into();
-        c.model.input_name = "input".into();
-        c.model.output_name = "logits".into();
-        c.model.loss = LossKind::CrossEntropy;
-        c.data.batch_size = 8;
-        c.eval.eval_batch_size = 8;
-        c.train.num_train_steps = 120;
-        c.logging.display_loss_steps = 5;
-        c.eval.evaluation_period = 20;
-        c.eval.eval_batches = 4;
-        c.checkpoint.checkpoint_period = 20;
-        c.optimizer = OptimizerConfig {
-            kind: OptimizerKind::Adamw,
-            weight_decay: 1e-4,
-            ..Default::default()
-        };
-        c.lr = LrConfig {
-            initial_lr: 1e-3,
-            warmup_ratio: 0.1,
-            mode: ScheduleKind::Cosine,
-            ..Default::default()
-        };
-        c.logging.histogram_weights = vec!["features.0.weight".into()];
-        c
-    }
+    let mut c = TrainingConfig::default();
+    c.model.model_path = default_model();
+    c.checkpoint.output_dir = "runs/squeezenet".into();
+    c.model.input_name = "input".into();
+    c.model.output_name = "logits".into();
+    c.model.loss = LossKind::CrossEntropy;
+    c.data.batch_size = 8;
+    c.eval.eval_batch_size = 8;
+    c.train.num_train_steps = 120;
+    c.logging.display_loss_steps = 5;
+    c.eval.evaluation_period = 20;
+    c.eval.eval_batches = 4;
+    c.checkpoint.checkpoint_period = 20;
+    c.optimizer = OptimizerConfig {
+        kind: OptimizerKind::Adamw,
+        weight_decay: 1e-4,
+        ..Default::default()
+    };
+    c.lr = LrConfig {
+        initial_lr: 1e-3,
+        warmup_ratio: 0.1,
+        mode: ScheduleKind::Cosine,
+        ..Default::default()
+    };
+    c.logging.histogram_weights = vec!["features.0.weight".into()];
+    c
 }
 
 fn run(args: Args) -> Result<()> {

@@ -15,25 +15,23 @@ use burn_onnx_train::train::launch::launch;
 use common::*;
 
 fn config(out: &Path, stage: usize, fp16: bool) -> TrainingConfig {
-    {
-        let mut c = gpt2_config(out);
-        c.train.num_train_steps = 10;
-        c.data.batch_size = 2;
-        c.parallel.data_parallel_size = 2;
-        c.parallel.zero_stage = stage;
-        c.train.max_grad_norm = 0.0;
-        c.optimizer = OptimizerConfig {
-            kind: OptimizerKind::Sgd,
-            momentum: 0.9,
-            ..Default::default()
-        };
-        c.lr = LrConfig {
-            initial_lr: 0.1,
-            ..Default::default()
-        };
-        c.parallel.allreduce_in_fp16 = fp16;
-        c
-    }
+    let mut c = gpt2_config(out);
+    c.train.num_train_steps = 10;
+    c.data.batch_size = 2;
+    c.parallel.data_parallel_size = 2;
+    c.parallel.zero_stage = stage;
+    c.train.max_grad_norm = 0.0;
+    c.optimizer = OptimizerConfig {
+        kind: OptimizerKind::Sgd,
+        momentum: 0.9,
+        ..Default::default()
+    };
+    c.lr = LrConfig {
+        initial_lr: 0.1,
+        ..Default::default()
+    };
+    c.parallel.allreduce_in_fp16 = fp16;
+    c
 }
 
 #[test]

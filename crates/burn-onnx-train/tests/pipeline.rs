@@ -50,17 +50,15 @@ fn compare(initial: &Path, want: &Path, got: &Path, atol: f32) {
 }
 
 fn gpt2_tiny(out: &Path) -> TrainingConfig {
-    {
-        let mut c = sgd_config(
-            refkit("models/gpt2_tiny.onnx"),
-            LossKind::LmCrossEntropy,
-            "input_ids",
-        );
-        c.checkpoint.output_dir = out.to_path_buf();
-        c.data.batch_size = 4;
-        c.eval.eval_batch_size = 4;
-        c
-    }
+    let mut c = sgd_config(
+        refkit("models/gpt2_tiny.onnx"),
+        LossKind::LmCrossEntropy,
+        "input_ids",
+    );
+    c.checkpoint.output_dir = out.to_path_buf();
+    c.data.batch_size = 4;
+    c.eval.eval_batch_size = 4;
+    c
 }
 
 #[test]

@@ -243,27 +243,25 @@ fn run(c: TrainingConfig, data: &Arc<dyn Dataset>) -> RunSummary {
 /// below 1e-5 with AVX2 ones), still 60x below one step (lr 3e-3), the size of the
 /// difference a wrong gradient or norm makes.
 fn config(model: &Path, out: &Path, kind: OptimizerKind) -> TrainingConfig {
-    {
-        let mut c = sgd_config(model.to_path_buf(), LossKind::LmCrossEntropy, "input_ids");
-        c.optimizer = OptimizerConfig {
-            kind,
-            epsilon: 1e-6,
-            ..Default::default()
-        };
-        c.lr = LrConfig {
-            initial_lr: if kind == OptimizerKind::Adamw {
-                3e-3
-            } else {
-                0.1
-            },
-            ..Default::default()
-        };
-        c.train.max_grad_norm = 0.5;
-        c.checkpoint.output_dir = out.to_path_buf();
-        c.data.batch_size = 4;
-        c.eval.eval_batch_size = 4;
-        c
-    }
+    let mut c = sgd_config(model.to_path_buf(), LossKind::LmCrossEntropy, "input_ids");
+    c.optimizer = OptimizerConfig {
+        kind,
+        epsilon: 1e-6,
+        ..Default::default()
+    };
+    c.lr = LrConfig {
+        initial_lr: if kind == OptimizerKind::Adamw {
+            3e-3
+        } else {
+            0.1
+        },
+        ..Default::default()
+    };
+    c.train.max_grad_norm = 0.5;
+    c.checkpoint.output_dir = out.to_path_buf();
+    c.data.batch_size = 4;
+    c.eval.eval_batch_size = 4;
+    c
 }
 
 fn adamw(model: &Path, out: &Path) -> TrainingConfig {

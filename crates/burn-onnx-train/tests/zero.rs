@@ -22,15 +22,13 @@ use common::*;
 use ndarray::{ArrayD, IxDyn};
 
 fn gpt2(out: &Path, ranks: usize, stage: usize) -> TrainingConfig {
-    {
-        let mut c = gpt2_config(out);
-        c.train.num_train_steps = 10;
-        c.data.batch_size = 4 / ranks;
-        c.parallel.data_parallel_size = ranks;
-        c.parallel.zero_stage = stage;
-        c.train.max_grad_norm = 0.5;
-        c
-    }
+    let mut c = gpt2_config(out);
+    c.train.num_train_steps = 10;
+    c.data.batch_size = 4 / ranks;
+    c.parallel.data_parallel_size = ranks;
+    c.parallel.zero_stage = stage;
+    c.train.max_grad_norm = 0.5;
+    c
 }
 
 fn mlp_data() -> Arc<dyn Dataset> {
@@ -41,21 +39,19 @@ fn mlp_data() -> Arc<dyn Dataset> {
 }
 
 fn mlp(out: &Path, ranks: usize, stage: usize, kind: OptimizerKind) -> TrainingConfig {
-    {
-        let mut c = gpt2(out, ranks, stage);
-        c.model.model_path = refkit("models/mlp.onnx");
-        c.model.input_name = "input".into();
-        c.model.loss = LossKind::CrossEntropy;
-        c.optimizer = OptimizerConfig {
-            kind,
-            momentum: 0.9,
-            epsilon: 1e-6,
-            ..Default::default()
-        };
-        // No clipping: a clipped step would hide a gradient off by a constant factor.
-        c.train.max_grad_norm = 0.0;
-        c
-    }
+    let mut c = gpt2(out, ranks, stage);
+    c.model.model_path = refkit("models/mlp.onnx");
+    c.model.input_name = "input".into();
+    c.model.loss = LossKind::CrossEntropy;
+    c.optimizer = OptimizerConfig {
+        kind,
+        momentum: 0.9,
+        epsilon: 1e-6,
+        ..Default::default()
+    };
+    // No clipping: a clipped step would hide a gradient off by a constant factor.
+    c.train.max_grad_norm = 0.0;
+    c
 }
 
 /// Same parameters within `atol`, and moved from the initial model by more than `min_move`.

@@ -410,11 +410,9 @@ const CLI_CHECKPOINT_PERIOD: usize = 500;
 /// `onnx-train train`'s defaults under the config file: the library's, checkpointing every
 /// [`CLI_CHECKPOINT_PERIOD`] updates (and after the last).
 fn cli_defaults() -> TrainingConfig {
-    {
-        let mut c = TrainingConfig::default();
-        c.checkpoint.checkpoint_period = CLI_CHECKPOINT_PERIOD;
-        c
-    }
+    let mut c = TrainingConfig::default();
+    c.checkpoint.checkpoint_period = CLI_CHECKPOINT_PERIOD;
+    c
 }
 
 /// The training and (if any) test shards the config names, read as its loss needs them.

@@ -17,7 +17,7 @@ use burn::optim::{
 use burn_ort_dist::zero::flat_optim::Rule;
 use burn_ort_dist::{Communicator, DataParallel, Reduction, Replicated, UpdateStrategy, Zero};
 
-use super::config::{OptimizerConfig, OptimizerKind, TrainingConfig};
+use super::config::{OptimizerConfig, OptimizerKind, ParallelConfig};
 use crate::error::Result;
 use crate::model::{OnnxModel, ParamRole};
 
@@ -150,11 +150,11 @@ pub fn weight_decays(c: &OptimizerConfig, model: &OnnxModel) -> HashMap<ParamId,
 }
 
 /// The data-parallel settings of a run over the data-parallel group `comm`: the
-/// reduction its config asks for (mean, mean with f16 on the wire, or Adasum).
-pub fn data_parallel(c: &TrainingConfig, comm: Arc<dyn Communicator>) -> DataParallel {
-    let reduction = if c.parallel.enable_adasum {
+/// reduction its `[parallel]` section asks for (mean, mean with f16 on the wire, or Adasum).
+pub fn data_parallel(p: &ParallelConfig, comm: Arc<dyn Communicator>) -> DataParallel {
+    let reduction = if p.enable_adasum {
         Reduction::Adasum
-    } else if c.parallel.allreduce_in_fp16 {
+    } else if p.allreduce_in_fp16 {
         Reduction::MeanFp16
     } else {
         Reduction::Mean
@@ -167,28 +167,28 @@ pub fn data_parallel(c: &TrainingConfig, comm: Arc<dyn Communicator>) -> DataPar
 /// [`build_optimizer`]) or stages 1-3 (sharded flat buffers), over
 /// `ddp`'s group; `model` is this rank's whole part of the model (before stage 3 shards it).
 pub fn build_strategy(
-    c: &TrainingConfig,
+    optimizer: &OptimizerConfig,
+    zero_stage: usize,
     model: &OnnxModel,
     ddp: &DataParallel,
 ) -> Result<Box<dyn UpdateStrategy<OnnxModel>>> {
-    let decay = weight_decays(&c.optimizer, model);
-    if c.parallel.zero_stage == 0 {
+    let decay = weight_decays(optimizer, model);
+    if zero_stage == 0 {
         let ddp = ddp.clone();
-        if let Some(fused) = crate::kernels::FusedAdam::new(flat_rule(&c.optimizer), decay.clone())
-        {
-            tracing::info!(optimizer = ?c.optimizer.kind, "fused multi-tensor update");
+        if let Some(fused) = crate::kernels::FusedAdam::new(flat_rule(optimizer), decay.clone()) {
+            tracing::info!(optimizer = ?optimizer.kind, "fused multi-tensor update");
             return Ok(Box::new(Replicated::new(ddp, fused)));
         }
         return Ok(Box::new(Replicated::new(
             ddp,
-            build_optimizer(&c.optimizer, model),
+            build_optimizer(optimizer, model),
         )));
     }
     let decay_of = |id: ParamId| decay.get(&id).copied().unwrap_or(0.0);
     Ok(Box::new(Zero::new(
-        c.parallel.zero_stage,
+        zero_stage,
         ddp.comm().clone(),
-        flat_rule(&c.optimizer),
+        flat_rule(optimizer),
         ddp.reduction(),
         decay_of,
         model,

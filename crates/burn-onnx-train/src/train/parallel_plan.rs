@@ -107,9 +107,9 @@ impl ParallelPlan {
     ) -> Result<Parallelized> {
         let model = self.model_part(c, model, train)?;
         let groups = self.enter_groups();
-        let ddp = data_parallel(c, self.groups.dp.clone());
+        let ddp = data_parallel(&c.parallel, self.groups.dp.clone());
         let passes = self.passes(c, &model, device, &ddp)?;
-        let mut strategy = build_strategy(c, &model, &ddp)?;
+        let mut strategy = build_strategy(&c.optimizer, c.parallel.zero_stage, &model, &ddp)?;
         if let Some(group) = self.model_parallel(&model) {
             strategy.set_model_parallel(group);
         }
