@@ -1,7 +1,6 @@
 //! Where a run reports after each update and evaluation: the run summary it returns, the
 //! throughput meter, TensorBoard, the progress bar and the log.
 
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use super::config::TrainingConfig;
@@ -12,6 +11,7 @@ use super::perf::{PerfMeter, PerfReport};
 use super::summaries::Summaries;
 use crate::error::Result;
 use crate::model::OnnxModel;
+use crate::progress::{Bar, updates};
 
 /// What a finished run reports.
 #[derive(Debug, Clone, Serialize)]
@@ -33,7 +33,7 @@ pub(super) struct Reporter {
     pub perf: PerfMeter,
     pub summary: RunSummary,
     pub tb: Summaries,
-    pub bar: ProgressBar,
+    pub bar: Bar,
     /// `metrics.jsonl` (world rank 0).
     metrics: Option<MetricsLog>,
     unit: &'static str,
@@ -71,7 +71,7 @@ impl Reporter {
                 perf: None,
             },
             tb: Summaries::open(c, place.summary_role(rank))?,
-            bar: progress_bar(c.logging.progress && root, total, start_step),
+            bar: updates(c.logging.progress && root, total, start_step),
             metrics: root
                 .then(|| MetricsLog::open(&c.checkpoint.output_dir, start_step))
                 .transpose()?,
@@ -127,15 +127,4 @@ impl Reporter {
             self.bar.suspend(line);
         }
     }
-}
-
-fn progress_bar(shown: bool, total: usize, start: usize) -> ProgressBar {
-    if !shown {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total as u64).with_position(start as u64);
-    let style = ProgressStyle::with_template("{bar:30} {pos}/{len} updates | {msg} | ETA {eta}")
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
-    bar.set_style(style);
-    bar
 }

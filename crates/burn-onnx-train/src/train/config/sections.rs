@@ -381,7 +381,8 @@ pub struct LoggingConfig {
     /// `display_loss_steps` updates (`norms/weight/<name>`, `norms/gradient/<name>`; ORT's
     /// norm summaries). `"*"` selects every trainable weight.
     pub norm_weights: Vec<String>,
-    /// Show a progress bar.
+    /// Show a progress bar (feature `progress`, part of `cli`; a library built without it
+    /// reports through the log lines alone).
     pub progress: bool,
     /// Time every node of the training forward passes and write
     /// `<output_dir>/profile.json` (rank 0's nodes: by op type and by node, per update).
