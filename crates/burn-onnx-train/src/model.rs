@@ -18,7 +18,7 @@ use burn::module::{Module, Param, ParamId};
 use burn::tensor::Gradients;
 use burn::tensor::{Device, FloatDType, TensorData};
 
-use crate::collective::grad_hooks;
+use crate::collective::{Collectives, grad_hooks};
 use crate::error::{OnnxError, OpError, Result};
 use crate::graph::{Dim, Graph, TensorInfo};
 use crate::host_tensor::{HostTensor, dtype};
@@ -104,6 +104,8 @@ struct Spec {
     device: Device,
     /// ZeRO-3: the parameters hold only this rank's chunk (see [`sharded`]).
     sharding: Option<Sharding>,
+    /// The groups its collective ops run on ([`OnnxModel::with_collectives`]).
+    collectives: Collectives,
 }
 
 /// Forward mode.
@@ -228,6 +230,7 @@ impl OnnxModel {
                 sources,
                 device: device.clone(),
                 sharding: None,
+                collectives: Collectives::default(),
             }),
         })
     }
@@ -547,6 +550,7 @@ impl OnnxModel {
                 num_outputs: node.outputs.len(),
                 seed: mix_seed(seed, (graph.node_offset + i) as u64),
                 autocast,
+                collectives: &self.spec.collectives,
             };
             let started = profiling.then(std::time::Instant::now);
             let result = catch_unwind(AssertUnwindSafe(|| (node.op)(&ctx, Inputs(args))))

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use burn::tensor::Device;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
-use burn_onnx_train::collective::{self, Group};
+use burn_onnx_train::collective::{CollectiveGroup, Collectives};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::tensor_parallel::{AxisSplit, TensorParallel};
 use burn_onnx_train::train::checkpoint::{list_checkpoints, read_params};
@@ -161,7 +161,10 @@ fn check_equivalence(path: &Path, tp: usize, vocab: u64) {
         let (model, t) =
             TensorParallel::apply(model, sample(&x), rank, tp, false).map_err(|e| e.to_string())?;
         let counting = Arc::new(Counting::new(comm.clone()));
-        let _group = collective::enter(Group::TensorParallel, counting.clone());
+        let model = model.with_collectives(Collectives {
+            tensor_parallel: Some(CollectiveGroup(counting.clone())),
+            sharding: None,
+        });
         let (logits, grads) = logits_and_grads(&model, &x);
         let calls = counting.all_reduces.lock().unwrap().clone();
         let tokens = want_logits.len() / want_logits.shape()[2];
@@ -201,6 +204,25 @@ fn check_equivalence(path: &Path, tp: usize, vocab: u64) {
     for r in results {
         r.unwrap();
     }
+}
+
+/// The groups are the model's: a split model that was never given its tensor-parallel
+/// group stops at its first collective node with an error naming it, instead of reaching
+/// for some other group.
+#[test]
+fn a_split_model_without_its_group_is_an_error_naming_the_node() {
+    let path = refkit("models/gpt2_tiny.onnx");
+    let x = ids(1024);
+    let model = OnnxModel::load(&path, &Device::flex()).unwrap();
+    let (model, _) = TensorParallel::apply(model, sample(&x), 0, 2, false).unwrap();
+    let Err(err) = model.forward(sample(&x), burn_onnx_train::Mode::Eval) else {
+        panic!("a split model ran without its tensor-parallel group");
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("TensorParallelCopy") && err.contains("no tensor-parallel group"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use burn_onnx_train::OnnxModel;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
-use burn_onnx_train::collective::{self, Group};
+use burn_onnx_train::collective::{CollectiveGroup, Collectives};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
@@ -481,7 +481,10 @@ fn a_sharded_model_gathers_each_parameter_once_per_pass_and_gets_the_whole_model
                 .and_then(|m| m.into_sharded(rank, 2))
                 .map_err(|e| e.to_string())?;
             let counting = Arc::new(Counting::new(comm.clone()));
-            let _group = collective::enter(Group::Sharding, counting.clone());
+            let model = model.with_collectives(Collectives {
+                tensor_parallel: None,
+                sharding: Some(CollectiveGroup(counting.clone())),
+            });
             // Both ranks see the same tokens: the averaged gradient is the whole model's.
             let (logits, grads) = logits_and_grads(&model, &x);
             let (gathers, scatters) = (

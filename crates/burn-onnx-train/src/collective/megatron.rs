@@ -1,5 +1,5 @@
-//! Megatron's two conjugate operators as differentiable ops, on the tensor-parallel group
-//! of the calling thread ([`super::Group::TensorParallel`]):
+//! Megatron's two conjugate operators as differentiable ops, on a tensor-parallel group
+//! ([`super::Collectives::tensor_parallel`]):
 //! - [`tp_copy`] (`f`): identity forward, all-reduce of the gradient backward (before a
 //!   column-parallel block: every rank's partial gradient of the block input is summed);
 //! - [`tp_reduce`] (`g`): all-reduce forward, identity backward (after a row-parallel
@@ -14,14 +14,15 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, backend_extension};
 use burn_ort_dist::ReduceOp;
 
-use super::{Group, HostCopy, group};
+use super::{CollectiveGroup, HostCopy};
 use crate::unary_op::unary;
 use crate::value::PhysTensor;
 
-/// Sum `x` over this thread's tensor-parallel group, through host memory.
-fn host_all_reduce<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
+/// Sum `x` over the tensor-parallel `group`, through host memory.
+fn host_all_reduce<B: Backend>(x: FloatTensor<B>, group: &CollectiveGroup) -> FloatTensor<B> {
     let mut host = HostCopy::<B>::of(x, "tensor-parallel all-reduce");
-    group(Group::TensorParallel)
+    group
+        .0
         .all_reduce(&mut host.values, ReduceOp::Sum)
         .unwrap_or_else(|e| panic!("tensor-parallel all-reduce failed: {e}"));
     let (values, shape) = (std::mem::take(&mut host.values), host.shape.clone());
@@ -31,53 +32,61 @@ fn host_all_reduce<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
 /// The two operators as a backend extension.
 #[backend_extension(Cube: cfg(any(feature = "wgpu", feature = "cuda")), Flex, Autodiff)]
 pub trait TensorParallelOps: Backend {
-    /// `f`: identity (its gradient is all-reduced).
-    fn tp_copy(x: FloatTensor<Self>) -> FloatTensor<Self>;
-    /// `g`: all-reduce (its gradient passes through).
-    fn tp_reduce(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `f`: identity (its gradient is all-reduced over `group`).
+    fn tp_copy(x: FloatTensor<Self>, group: CollectiveGroup) -> FloatTensor<Self>;
+    /// `g`: all-reduce over `group` (its gradient passes through).
+    fn tp_reduce(x: FloatTensor<Self>, group: CollectiveGroup) -> FloatTensor<Self>;
 }
 
 impl TensorParallelOps for Flex {
-    fn tp_copy(x: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn tp_copy(x: FloatTensor<Self>, _group: CollectiveGroup) -> FloatTensor<Self> {
         x
     }
 
-    fn tp_reduce(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        host_all_reduce::<Self>(x)
+    fn tp_reduce(x: FloatTensor<Self>, group: CollectiveGroup) -> FloatTensor<Self> {
+        host_all_reduce::<Self>(x, &group)
     }
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 impl TensorParallelOps for Cube {
-    fn tp_copy(x: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn tp_copy(x: FloatTensor<Self>, _group: CollectiveGroup) -> FloatTensor<Self> {
         x
     }
 
-    fn tp_reduce(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        host_all_reduce::<Self>(x)
+    fn tp_reduce(x: FloatTensor<Self>, group: CollectiveGroup) -> FloatTensor<Self> {
+        host_all_reduce::<Self>(x, &group)
     }
 }
 
 impl<B: Backend + TensorParallelOps, C: CheckpointStrategy> TensorParallelOps for Autodiff<B, C> {
-    fn tp_copy(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        unary::<B, C, ()>(x, B::tp_copy, |_, _| (), |(), g| host_all_reduce::<B>(g))
+    fn tp_copy(x: FloatTensor<Self>, group: CollectiveGroup) -> FloatTensor<Self> {
+        let kept = group.clone();
+        unary::<B, C, CollectiveGroup>(
+            x,
+            |x| B::tp_copy(x, group),
+            |_, _| kept,
+            |group, g| host_all_reduce::<B>(g, &group),
+        )
     }
 
-    fn tp_reduce(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        unary::<B, C, ()>(x, B::tp_reduce, |_, _| (), |(), g| g)
+    fn tp_reduce(x: FloatTensor<Self>, group: CollectiveGroup) -> FloatTensor<Self> {
+        unary::<B, C, ()>(x, |x| B::tp_reduce(x, group), |_, _| (), |(), g| g)
     }
 }
 
-/// Megatron's `f` on a tensor.
-pub fn tp_copy(x: PhysTensor) -> PhysTensor {
+/// Megatron's `f` on a tensor, over `group`.
+pub fn tp_copy(x: PhysTensor, group: &CollectiveGroup) -> PhysTensor {
     PhysTensor::from_dispatch(<burn::backend::Dispatch as TensorParallelOps>::tp_copy(
         x.into_dispatch(),
+        group.clone(),
     ))
 }
 
-/// Megatron's `g` on a tensor.
-pub fn tp_reduce(x: PhysTensor) -> PhysTensor {
+/// Megatron's `g` on a tensor, over `group`.
+pub fn tp_reduce(x: PhysTensor, group: &CollectiveGroup) -> PhysTensor {
     PhysTensor::from_dispatch(<burn::backend::Dispatch as TensorParallelOps>::tp_reduce(
         x.into_dispatch(),
+        group.clone(),
     ))
 }

@@ -5,17 +5,17 @@
 //!
 //! The ops are Burn backend extensions (Flex, Cube, Autodiff) with their own backward. They
 //! move data through the group's [`Communicator`] on host buffers, so they run on every
-//! device and communicator (threads, MPI, NCCL). The groups are thread-locals set by
-//! [`enter`] for the duration of a run: a rank's forward and backward passes run on its
-//! thread, and every rank of a group runs the same graph, so the collectives meet in the
-//! same order. A failed collective panics: the interpreter turns a panic in forward into an
-//! error naming the node, and a panic in backward ends the rank, which ends every rank.
+//! device and communicator (threads, MPI, NCCL). The groups are values: the parallel plan
+//! gives a model its [`Collectives`] (`OnnxModel::with_collectives`), the interpreter hands
+//! them to the ops, and an op's backward keeps the group it ran on. Every rank of a group
+//! runs the same graph, so the collectives meet in the same order. A failed collective
+//! panics: the interpreter turns a panic in forward into an error naming the node, and a
+//! panic in backward ends the rank, which ends every rank.
 
 pub mod grad_hooks;
 pub mod megatron;
 pub mod param_gather;
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
 use burn::backend::tensor::FloatTensor;
@@ -23,57 +23,30 @@ use burn::backend::{Backend, TensorMetadata};
 use burn::tensor::{DType, TensorData, read_sync};
 use burn_ort_dist::Communicator;
 
-/// The groups an op can run its collective on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Group {
+/// A group of ranks an op runs its collective on: a communicator, cheap to clone into the
+/// op's backward.
+#[derive(Clone)]
+pub struct CollectiveGroup(pub Arc<dyn Communicator>);
+
+impl std::fmt::Debug for CollectiveGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CollectiveGroup(rank {} of {})",
+            self.0.rank(),
+            self.0.world_size()
+        )
+    }
+}
+
+/// The groups a model's collective ops run on; a model outside a parallel run has none.
+#[derive(Debug, Clone, Default)]
+pub struct Collectives {
     /// The tensor-parallel ranks of one replica (Megatron's `f`/`g`).
-    TensorParallel,
-    /// The data-parallel ranks that share parameters by ZeRO-3 sharding.
-    Sharding,
-}
-
-impl Group {
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-thread_local! {
-    static GROUPS: RefCell<[Option<Arc<dyn Communicator>>; 2]> = const { RefCell::new([None, None]) };
-}
-
-/// While alive, this thread's group of one kind is the one given to [`enter`].
-pub struct GroupGuard {
-    kind: Group,
-    previous: Option<Arc<dyn Communicator>>,
-}
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        GROUPS.with(|g| g.borrow_mut()[self.kind.index()] = self.previous.take());
-    }
-}
-
-/// Make `group` this thread's group of kind `kind` until the guard drops.
-pub fn enter(kind: Group, group: Arc<dyn Communicator>) -> GroupGuard {
-    GroupGuard {
-        kind,
-        previous: GROUPS.with(|g| g.borrow_mut()[kind.index()].replace(group)),
-    }
-}
-
-/// Whether this thread has a group of kind `kind`.
-pub fn active(kind: Group) -> bool {
-    GROUPS.with(|g| g.borrow()[kind.index()].is_some())
-}
-
-/// This thread's group of kind `kind`; panics outside a run that set one.
-fn group(kind: Group) -> Arc<dyn Communicator> {
-    GROUPS
-        .with(|g| g.borrow()[kind.index()].clone())
-        .unwrap_or_else(|| {
-            panic!("a collective op of the {kind:?} group ran on a thread without that group")
-        })
+    pub tensor_parallel: Option<CollectiveGroup>,
+    /// The data-parallel ranks that share parameters by ZeRO-3 sharding (the gather, and
+    /// the reduce-scatter of its backward).
+    pub sharding: Option<CollectiveGroup>,
 }
 
 /// A tensor's values on the host as f32, with what it takes to make it again.

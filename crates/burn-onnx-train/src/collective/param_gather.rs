@@ -1,5 +1,5 @@
-//! ZeRO-3's parameter gather as a differentiable op, on the sharding group of the calling
-//! thread ([`super::Group::Sharding`]): [`gather_param`] all-gathers the ranks' chunks of a
+//! ZeRO-3's parameter gather as a differentiable op, on a sharding group
+//! ([`super::Collectives::sharding`]): [`gather_param`] all-gathers the ranks' chunks of a
 //! parameter into the whole tensor where a node reads it; its backward reduce-scatters the
 //! whole gradient (mean over the ranks, as data parallelism averages), so each rank's chunk
 //! receives the reduced gradient of its part and no rank keeps a whole gradient.
@@ -17,14 +17,18 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata, backend_extension};
 use burn_ort_dist::ReduceOp;
 
-use super::{Group, HostCopy, group};
+use super::{CollectiveGroup, HostCopy};
 use crate::unary_op::unary;
 use crate::value::{MAX_RANK, PhysTensor};
 
 /// The whole parameter of physical `shape` from every rank's chunk of it.
-fn host_gather<B: Backend>(chunk: FloatTensor<B>, shape: Vec<usize>) -> FloatTensor<B> {
+fn host_gather<B: Backend>(
+    chunk: FloatTensor<B>,
+    shape: Vec<usize>,
+    group: &CollectiveGroup,
+) -> FloatTensor<B> {
     let host = HostCopy::<B>::of(chunk, "ZeRO-3 parameter gather");
-    let g = group(Group::Sharding);
+    let g = &group.0;
     let mut all = vec![0.0; host.values.len() * g.world_size()];
     g.all_gather(&host.values, &mut all)
         .unwrap_or_else(|e| panic!("ZeRO-3 parameter gather failed: {e}"));
@@ -36,9 +40,10 @@ fn host_gather<B: Backend>(chunk: FloatTensor<B>, shape: Vec<usize>) -> FloatTen
 fn host_reduce_scatter<B: Backend>(
     grad: FloatTensor<B>,
     chunk_shape: Vec<usize>,
+    group: &CollectiveGroup,
 ) -> FloatTensor<B> {
     let mut host = HostCopy::<B>::of(grad, "ZeRO-3 gradient reduce-scatter");
-    let g = group(Group::Sharding);
+    let g = &group.0;
     let chunk: usize = chunk_shape.iter().product();
     host.values.resize(chunk * g.world_size(), 0.0);
     let mut mine = vec![0.0; chunk];
@@ -50,40 +55,63 @@ fn host_reduce_scatter<B: Backend>(
 /// The gather as a backend extension.
 #[backend_extension(Cube: cfg(any(feature = "wgpu", feature = "cuda")), Flex, Autodiff)]
 pub trait ParamGatherOps: Backend {
-    /// The whole parameter of physical `shape` from this rank's `chunk` and the others'.
-    fn gather_param(chunk: FloatTensor<Self>, shape: Vec<usize>) -> FloatTensor<Self>;
+    /// The whole parameter of physical `shape` from this rank's `chunk` and the others' in
+    /// `group`.
+    fn gather_param(
+        chunk: FloatTensor<Self>,
+        shape: Vec<usize>,
+        group: CollectiveGroup,
+    ) -> FloatTensor<Self>;
 }
 
 impl ParamGatherOps for Flex {
-    fn gather_param(chunk: FloatTensor<Self>, shape: Vec<usize>) -> FloatTensor<Self> {
-        host_gather::<Self>(chunk, shape)
+    fn gather_param(
+        chunk: FloatTensor<Self>,
+        shape: Vec<usize>,
+        group: CollectiveGroup,
+    ) -> FloatTensor<Self> {
+        host_gather::<Self>(chunk, shape, &group)
     }
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 impl ParamGatherOps for Cube {
-    fn gather_param(chunk: FloatTensor<Self>, shape: Vec<usize>) -> FloatTensor<Self> {
-        host_gather::<Self>(chunk, shape)
+    fn gather_param(
+        chunk: FloatTensor<Self>,
+        shape: Vec<usize>,
+        group: CollectiveGroup,
+    ) -> FloatTensor<Self> {
+        host_gather::<Self>(chunk, shape, &group)
     }
 }
 
 impl<B: Backend + ParamGatherOps, C: CheckpointStrategy> ParamGatherOps for Autodiff<B, C> {
-    fn gather_param(chunk: FloatTensor<Self>, shape: Vec<usize>) -> FloatTensor<Self> {
+    fn gather_param(
+        chunk: FloatTensor<Self>,
+        shape: Vec<usize>,
+        group: CollectiveGroup,
+    ) -> FloatTensor<Self> {
         let chunk_shape = chunk.shape().to_vec();
-        unary::<B, C, ()>(
+        let kept = group.clone();
+        unary::<B, C, CollectiveGroup>(
             chunk,
-            move |x| B::gather_param(x, shape),
-            |_, _| (),
-            move |(), g| host_reduce_scatter::<B>(g, chunk_shape),
+            move |x| B::gather_param(x, shape, group),
+            |_, _| kept,
+            move |group, g| host_reduce_scatter::<B>(g, chunk_shape, &group),
         )
     }
 }
 
 /// The whole parameter of physical `shape` from this rank's `chunk` (a collective of the
-/// thread's sharding group).
-pub fn gather_param(chunk: PhysTensor, shape: [usize; MAX_RANK]) -> PhysTensor {
+/// sharding `group`).
+pub fn gather_param(
+    chunk: PhysTensor,
+    shape: [usize; MAX_RANK],
+    group: &CollectiveGroup,
+) -> PhysTensor {
     PhysTensor::from_dispatch(<burn::backend::Dispatch as ParamGatherOps>::gather_param(
         chunk.into_dispatch(),
         shape.to_vec(),
+        group.clone(),
     ))
 }

@@ -7,6 +7,7 @@
 use burn::tensor::{Device, FloatDType, Tensor};
 
 use super::attributes::Attributes;
+use crate::collective::Collectives;
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{FloatValue, Value};
@@ -28,6 +29,8 @@ pub struct OpContext<'a> {
     pub seed: u64,
     /// The low precision of the autocast list (MatMul, Gemm, Conv, ConvTranspose), if any.
     pub autocast: Option<FloatDType>,
+    /// The groups the model's collective ops run on (none outside a parallel run).
+    pub collectives: &'a Collectives,
 }
 
 impl OpContext<'_> {

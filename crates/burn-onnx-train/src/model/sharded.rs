@@ -13,6 +13,7 @@ use burn_ort_dist::Communicator;
 use burn_ort_dist::zero::layout::chunk_of;
 
 use super::{OnnxModel, Spec};
+use crate::collective::Collectives;
 use crate::collective::param_gather::gather_param;
 use crate::error::{OnnxError, OpError, Result};
 use crate::value::{FloatValue, MAX_RANK, PhysTensor, padded};
@@ -77,6 +78,16 @@ impl OnnxModel {
         Ok(self)
     }
 
+    /// This model with its collective ops running on `groups` (the parallel plan's
+    /// tensor-parallel group, and with ZeRO-3 the sharding group).
+    pub fn with_collectives(mut self, groups: Collectives) -> OnnxModel {
+        self.spec = Arc::new(Spec {
+            collectives: groups,
+            ..(*self.spec).clone()
+        });
+        self
+    }
+
     /// The sharding of a ZeRO-3 model.
     pub fn sharding(&self) -> Option<Sharding> {
         self.spec.sharding
@@ -123,13 +134,19 @@ impl OnnxModel {
     /// Parameter `i` as a node reads it: whole (gathered on a ZeRO-3 model).
     pub(super) fn read_param(&self, i: usize) -> std::result::Result<FloatValue, OpError> {
         let (p, info) = (&self.params[i], &self.spec.params[i]);
-        match self.spec.sharding {
-            None => Ok(FloatValue::new(p.val(), info.shape.len())),
-            Some(_) => Ok(FloatValue::new(
-                gather_param(p.val(), padded(&info.shape)?),
-                info.shape.len(),
-            )),
-        }
+        let Some(_) = self.spec.sharding else {
+            return Ok(FloatValue::new(p.val(), info.shape.len()));
+        };
+        let Some(group) = &self.spec.collectives.sharding else {
+            return Err(OpError(format!(
+                "'{}' is a ZeRO-3 chunk but the model has no sharding group to gather it over (OnnxModel::with_collectives)",
+                info.name
+            )));
+        };
+        Ok(FloatValue::new(
+            gather_param(p.val(), padded(&info.shape)?, group),
+            info.shape.len(),
+        ))
     }
 
     /// The logical rank of what parameter `i` stores: its own, or 1 for a chunk.

@@ -121,6 +121,7 @@ impl OnnxModel {
                 sources,
                 device: self.spec.device.clone(),
                 sharding: self.spec.sharding,
+                collectives: self.spec.collectives.clone(),
             }),
         })
     }

@@ -131,6 +131,7 @@ impl<'a> Runner<'a> {
                 num_outputs: node.outputs.len(),
                 seed: mix_seed(seed, i as u64),
                 autocast: self.ctx.autocast,
+                collectives: self.ctx.collectives,
             };
             let out = (node.op)(&ctx, Inputs(args)).map_err(err)?;
             for (slot, v) in out.state_updates {

@@ -4,8 +4,8 @@
 
 use ndarray::ArrayD;
 
+use crate::collective::CollectiveGroup;
 use crate::collective::megatron::{tp_copy, tp_reduce};
-use crate::collective::{Group, active};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::ops::{Inputs, OpContext, OpOutput, lookup};
@@ -18,28 +18,41 @@ pub const AXIS: &str = "burn.tp.axis";
 /// Attribute of an adapted Reshape: that axis's full size.
 pub const FULL: &str = "burn.tp.full";
 
-fn float_input(inputs: &mut Inputs, op: &str) -> OpResult<FloatValue> {
-    if !active(Group::TensorParallel) {
+/// The float input of a collective node and the tensor-parallel group it runs on.
+fn float_input<'a>(
+    ctx: &OpContext<'a>,
+    inputs: &mut Inputs,
+    op: &str,
+) -> OpResult<(FloatValue, &'a CollectiveGroup)> {
+    let Some(group) = &ctx.collectives.tensor_parallel else {
         op_bail!(
-            "{op} runs only inside a tensor-parallel run (no tensor-parallel group on this thread)"
+            "{op} runs only inside a tensor-parallel run (the model has no tensor-parallel group: OnnxModel::with_collectives)"
         );
-    }
+    };
     match inputs.take(0, "input")? {
-        Value::Float(f) => Ok(f),
+        Value::Float(f) => Ok((f, group)),
         other => op_bail!("{op} takes a float tensor, got {}", other.kind()),
     }
 }
 
 /// Megatron's `f`: identity forward, gradient all-reduced over the group.
-pub fn copy(_ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
-    let x = float_input(&mut inputs, "TensorParallelCopy")?;
-    Ok(vec![Value::Float(FloatValue::new(tp_copy(x.tensor), x.rank))].into())
+pub fn copy(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let (x, group) = float_input(ctx, &mut inputs, "TensorParallelCopy")?;
+    Ok(vec![Value::Float(FloatValue::new(
+        tp_copy(x.tensor, group),
+        x.rank,
+    ))]
+    .into())
 }
 
 /// Megatron's `g`: the ranks' partial sums added up.
-pub fn reduce(_ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
-    let x = float_input(&mut inputs, "TensorParallelReduce")?;
-    Ok(vec![Value::Float(FloatValue::new(tp_reduce(x.tensor), x.rank))].into())
+pub fn reduce(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let (x, group) = float_input(ctx, &mut inputs, "TensorParallelReduce")?;
+    Ok(vec![Value::Float(FloatValue::new(
+        tp_reduce(x.tensor, group),
+        x.rank,
+    ))]
+    .into())
 }
 
 /// Reshape whose target names the full size of the split axis: that entry becomes this

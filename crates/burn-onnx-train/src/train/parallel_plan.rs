@@ -28,7 +28,7 @@ use super::pipelined::Pipelined;
 use super::segmented::Segmented;
 use super::step::PassSettings;
 use super::summaries::SummaryRole;
-use crate::collective::{Group, GroupGuard, enter};
+use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::pipeline::Partition;
@@ -36,9 +36,9 @@ use crate::pipeline::wire::{recv_values, send_values};
 use crate::tensor_parallel::TensorParallel;
 use crate::value::{FloatValue, Value};
 
-/// What [`ParallelPlan::parallelize`] gives the trainer: this rank's part of the model, the
-/// passes that train it, its update strategy, and the collective groups the model's ops
-/// run on (entered on this thread while `groups` lives).
+/// What [`ParallelPlan::parallelize`] gives the trainer: this rank's part of the model
+/// (holding the collective groups its ops run on), the passes that train it, and its update
+/// strategy.
 pub struct Parallelized {
     /// This rank's part of the model (whole parameters; ZeRO-3 shards it later).
     pub model: OnnxModel,
@@ -46,8 +46,6 @@ pub struct Parallelized {
     pub passes: Box<dyn Passes>,
     /// The update after backward.
     pub strategy: Box<dyn UpdateStrategy<OnnxModel>>,
-    /// The entered groups.
-    pub groups: Vec<GroupGuard>,
 }
 
 /// This rank's coordinates, groups and pipeline partition.
@@ -105,8 +103,9 @@ impl ParallelPlan {
         train: &dyn Dataset,
         device: &Device,
     ) -> Result<Parallelized> {
-        let model = self.model_part(c, model, train)?;
-        let groups = self.enter_groups();
+        let model = self
+            .model_part(c, model, train)?
+            .with_collectives(self.collectives());
         let ddp = data_parallel(&c.parallel, self.groups.dp.clone());
         let passes = self.passes(c, &model, device, &ddp)?;
         let mut strategy = build_strategy(&c.optimizer, c.parallel.zero_stage, &model, &ddp)?;
@@ -117,7 +116,6 @@ impl ParallelPlan {
             model,
             passes,
             strategy,
-            groups,
         })
     }
 
@@ -237,24 +235,25 @@ impl ParallelPlan {
         })
     }
 
-    /// Make the groups the model's collective ops run on this thread's while the guards
-    /// live: the tensor-parallel group with tensor parallelism, the data-parallel group with
-    /// ZeRO-3.
-    fn enter_groups(&self) -> Vec<GroupGuard> {
-        let mut guards = Vec::new();
-        if self.tensor_parallel.is_some() {
-            guards.push(enter(Group::TensorParallel, self.groups.tp.clone()));
-        }
-        if self.sharded {
-            // ZeRO-3 reduce-scatters the gradients in backward through this group.
+    /// The groups the model's collective ops run on: the tensor-parallel group with tensor
+    /// parallelism, the data-parallel group with ZeRO-3 (whose gradients it reduce-scatters
+    /// in backward, as f16 on the wire with `allreduce_in_fp16`).
+    fn collectives(&self) -> Collectives {
+        let sharding = self.sharded.then(|| {
             let group: Arc<dyn Communicator> = if self.fp16_gradients {
                 Arc::new(Fp16ReduceScatter(self.groups.dp.clone()))
             } else {
                 self.groups.dp.clone()
             };
-            guards.push(enter(Group::Sharding, group));
+            CollectiveGroup(group)
+        });
+        Collectives {
+            tensor_parallel: self
+                .tensor_parallel
+                .is_some()
+                .then(|| CollectiveGroup(self.groups.tp.clone())),
+            sharding,
         }
-        guards
     }
 
     /// `model` with whole parameters to read them from (weight summaries) when `wanted`:

@@ -24,7 +24,6 @@ use super::report::{Reporter, RunSummary, UpdateReport};
 use super::resume::resume;
 use super::schedule::LrSchedule;
 use crate::atomic_file::write_atomic;
-use crate::collective::GroupGuard;
 use crate::error::{OnnxError, Result};
 use crate::export::export_onnx;
 use crate::model::OnnxModel;
@@ -36,8 +35,6 @@ pub(super) struct Trainer {
     c: TrainingConfig,
     comm: Arc<dyn Communicator>,
     plan: ParallelPlan,
-    /// The collective groups the model's ops run on, entered for the run.
-    _groups: Vec<GroupGuard>,
     passes: Box<dyn Passes>,
     strategy: Box<dyn UpdateStrategy<OnnxModel>>,
     scaler: LossScaler,
@@ -93,7 +90,6 @@ impl Trainer {
             model,
             passes,
             mut strategy,
-            groups,
         } = plan.parallelize(&c, model, train.as_ref(), device)?;
         let mut scaler = LossScaler::new(
             c.precision.dtype,
@@ -120,7 +116,6 @@ impl Trainer {
             out,
             comm,
             plan,
-            _groups: groups,
             passes,
             strategy,
             scaler,
