@@ -796,3 +796,22 @@ for case, nodes, iterations in [
                   train_y=v)
     np.savez(path, **arrays)
     print("added numpy running statistics to", case)
+
+# --- sequences (their own seeded generator): a product cut into a sequence, one piece
+# scaled by a weight and inserted in front, the last piece erased, the rest stacked; the
+# gradients of W and V flow through SplitToSequence, SequenceAt, SequenceInsert,
+# SequenceErase and ConcatFromSequence.
+rng_seq = np.random.default_rng(9009)
+xs = rng_seq.standard_normal((2, 4)).astype(np.float32)
+save("sequence_weights_18",
+     [helper.make_node("MatMul", ["x", "W"], ["h"]),
+      helper.make_node("SplitToSequence", ["h", "three"], ["pieces"], axis=1),
+      helper.make_node("SequenceAt", ["pieces", "first"], ["p0"]),
+      helper.make_node("Mul", ["p0", "V"], ["scaled"]),
+      helper.make_node("SequenceInsert", ["pieces", "scaled", "first"], ["with_scaled"]),
+      helper.make_node("SequenceErase", ["with_scaled"], ["kept"]),
+      helper.make_node("ConcatFromSequence", ["kept"], ["y"], axis=0, new_axis=1)],
+     [("x", xs)], [("y", F)], [("x", xs)], 18,
+     inits=[("W", rng_seq.standard_normal((4, 9)).astype(np.float32)),
+            ("V", rng_seq.standard_normal((2, 3)).astype(np.float32)),
+            ("three", np.array(3, np.int64)), ("first", np.array(0, np.int64))])

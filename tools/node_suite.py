@@ -84,12 +84,38 @@ def load_case(case_dir):
 
 
 def not_a_tensor(values):
-    """Why `onnx-train run` (which takes `.npy` tensors) cannot be fed these, or None."""
+    """Why `onnx-train run` (which takes `.npy` tensors, and directories of them for
+    sequences) cannot be fed these, or None."""
     for name, _, dt in values:
-        if isinstance(dt, str):
-            return f"'{name}' is a {dt}, not a tensor"
         if dt == onnx.TensorProto.STRING:
             return f"'{name}' holds strings"
+    return None
+
+
+def write_feed(tmp, i, value):
+    """A feed where `onnx-train run` reads it: `.npy` for a tensor, a directory of them for
+    a sequence; None (an empty optional, left out) for None."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        path = os.path.join(tmp, f"in{i}")
+        os.makedirs(path)
+        for k, a in enumerate(value):
+            np.save(os.path.join(path, f"{k:05}.npy"), to_npy_array(a, None))
+        return path
+    path = os.path.join(tmp, f"in{i}.npy")
+    np.save(path, to_npy_array(value, None))
+    return path
+
+
+def read_output(out, name):
+    """What `onnx-train run` wrote for output `name`: an array, a list of them (a
+    sequence's directory), or None (nothing written)."""
+    path = os.path.join(out, sanitize(name))
+    if os.path.isdir(path):
+        return [np.load(os.path.join(path, f)) for f in sorted(os.listdir(path))]
+    if os.path.exists(path + ".npy"):
+        return np.load(path + ".npy")
     return None
 
 
@@ -155,10 +181,10 @@ def run_ours(binary, case_dir):
     with tempfile.TemporaryDirectory() as tmp:
         args = [binary, "run", os.path.join(case_dir, "model.onnx"),
                 "--output-dir", os.path.join(tmp, "out")]
-        for i, (name, a, dt) in enumerate(feeds):
-            path = os.path.join(tmp, f"in{i}.npy")
-            np.save(path, to_npy_array(a, dt))
-            args += ["--input", f"{name}={path}"]
+        for i, (name, a, _) in enumerate(feeds):
+            path = write_feed(tmp, i, a)
+            if path is not None:
+                args += ["--input", f"{name}={path}"]
         try:
             p = subprocess.run(args, capture_output=True, text=True, timeout=TIME_LIMIT_S,
                                env={**os.environ, "RUST_BACKTRACE": "0"})
@@ -172,10 +198,10 @@ def run_ours(binary, case_dir):
             kind = "unsupported" if "unsupported operator" in p.stderr else "error"
             return kind, last
         for name, want, _ in expected:
-            path = os.path.join(tmp, "out", sanitize(name) + ".npy")
-            if not os.path.exists(path):
+            got = read_output(os.path.join(tmp, "out"), name)
+            if got is None and want is not None:
                 return "wrong", f"output '{name}' was not written"
-            why = compare(name, np.load(path), want)
+            why = compare_any(name, got, want)
             if why:
                 return "wrong", why
     return "pass", ""

@@ -16,13 +16,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use onnx_ir::{
-    AttributeProto, AttributeType, GraphProto, Message, ModelProto, NodeProto, ValueInfoProto,
+    AttributeProto, AttributeType, GraphProto, Message, ModelProto, NodeProto, TypeProto,
+    ValueInfoProto,
 };
 
 use crate::error::{OnnxError, Result};
 use crate::functions::inline_functions;
 use crate::graph::attributes::{Attr, Attributes, CAPTURED};
-use crate::graph::{Body, Dim, Graph, Node, TensorInfo, last_uses};
+use crate::graph::{Body, Dim, Graph, Node, TensorInfo, ValueKind, last_uses};
 use crate::host_tensor::{ExternalData, HostTensor, release_pages};
 use crate::initializer_ties::TieOptions;
 use crate::ops;
@@ -190,7 +191,18 @@ fn build_body(
 }
 
 fn tensor_info(vi: &ValueInfoProto) -> TensorInfo {
-    let tt = vi.type_.tensor_type();
+    let mut ty: &TypeProto = &vi.type_;
+    let optional = ty.has_optional_type();
+    if optional {
+        ty = &ty.optional_type().elem_type;
+    }
+    let kind = if ty.has_sequence_type() {
+        ty = &ty.sequence_type().elem_type;
+        ValueKind::Sequence
+    } else {
+        ValueKind::Tensor
+    };
+    let tt = ty.tensor_type();
     let dims = tt
         .shape
         .dim
@@ -207,6 +219,8 @@ fn tensor_info(vi: &ValueInfoProto) -> TensorInfo {
         name: vi.name.clone(),
         elem_type: tt.elem_type,
         dims,
+        kind,
+        optional,
     }
 }
 

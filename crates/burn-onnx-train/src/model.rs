@@ -20,7 +20,7 @@ use burn::tensor::{Device, FloatDType, TensorData};
 
 use crate::collective::{Collectives, grad_hooks};
 use crate::error::{OnnxError, OpError, Result};
-use crate::graph::{Dim, Graph, TensorInfo};
+use crate::graph::{Dim, Graph, TensorInfo, ValueKind};
 use crate::host_tensor::{HostTensor, dtype};
 use crate::ops::{Inputs, OpContext};
 use crate::seeds::mix_seed;
@@ -500,12 +500,17 @@ impl OnnxModel {
             check_input(info, &v)?;
             env.insert(name, v);
         }
+        // An optional input not given is the empty optional: its readers see it absent.
+        let mut absent = std::collections::HashSet::new();
         for info in &graph.inputs {
             if !env.contains_key(&info.name) {
-                return Err(OnnxError::field(
-                    format!("input '{}'", info.name),
-                    "not provided",
-                ));
+                if !info.optional {
+                    return Err(OnnxError::field(
+                        format!("input '{}'", info.name),
+                        "not provided",
+                    ));
+                }
+                absent.insert(info.name.as_str());
             }
         }
         let mut state_updates = Vec::new();
@@ -536,12 +541,13 @@ impl OnnxModel {
             }
             let mut args = Vec::with_capacity(node.inputs.len());
             for name in &node.inputs {
-                args.push(if name.is_empty() {
+                args.push(if name.is_empty() || absent.contains(name.as_str()) {
                     None
                 } else {
                     Some(self.fetch(&env, name, &device).map_err(|e| err(e.0))?)
                 });
             }
+            crate::ops::refuse_sequences(&node.op_type, &args).map_err(|e| err(e.0))?;
             let ctx = OpContext {
                 device: &device,
                 train: mode == Mode::Train,
@@ -642,12 +648,34 @@ fn input_names(infos: &[TensorInfo]) -> String {
         .join(", ")
 }
 
+/// A fed value against its declared input: a sequence for a sequence (each of its tensors
+/// checked), a tensor of the declared type and shape for a tensor.
 fn check_input(info: &TensorInfo, v: &Value) -> Result<()> {
+    let field = || format!("input '{}'", info.name);
+    match (info.kind, v) {
+        (ValueKind::Sequence, Value::Sequence(items)) => {
+            items.iter().try_for_each(|item| check_tensor(info, item))
+        }
+        (ValueKind::Sequence, v) => Err(OnnxError::field(
+            field(),
+            format!("expects a sequence, got a {} tensor", v.kind()),
+        )),
+        (ValueKind::Tensor, v) => check_tensor(info, v),
+    }
+}
+
+fn check_tensor(info: &TensorInfo, v: &Value) -> Result<()> {
     let field = || format!("input '{}'", info.name);
     let kind_ok = match v {
         Value::Float(_) => dtype::is_float(info.elem_type),
         Value::Int(_) => dtype::is_int(info.elem_type),
         Value::Bool(_) => info.elem_type == dtype::BOOL,
+        Value::Sequence(_) => {
+            return Err(OnnxError::field(
+                field(),
+                "expects a tensor, got a sequence",
+            ));
+        }
     };
     if !kind_ok && info.elem_type != 0 {
         return Err(OnnxError::field(

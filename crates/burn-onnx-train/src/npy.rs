@@ -93,6 +93,12 @@ pub fn write_npy(path: impl AsRef<Path>, value: &Value) -> Result<()> {
     let mut bytes = std::io::Cursor::new(Vec::new());
     let shape: Vec<u64> = value.shape().iter().map(|&d| d as u64).collect();
     match value {
+        Value::Sequence(_) => {
+            return Err(bad(
+                path,
+                "a sequence is not one tensor: write its elements one by one",
+            ));
+        }
         Value::Float(v) => {
             let a = v.to_array().map_err(|e| bad(path, e.0))?;
             write_iter(&mut bytes, &shape, a.iter().copied()).map_err(io)?
@@ -121,6 +127,12 @@ pub fn write_npy_as(path: impl AsRef<Path>, value: &Value, elem_type: i32) -> Re
         (Value::Float(_), dtype::FLOAT) => return write_npy(path, value),
         (_, t) if dtype::is_float(t) => {
             let a = match value {
+                Value::Sequence(_) => {
+                    return Err(bad(
+                        path,
+                        "a sequence is not one tensor: write its elements one by one",
+                    ));
+                }
                 Value::Float(v) => v.to_array().map_err(|e| bad(path, e.0))?,
                 Value::Int(a) => a.mapv(|x| x as f32),
                 Value::Bool(a) => a.mapv(|x| if x { 1.0 } else { 0.0 }),

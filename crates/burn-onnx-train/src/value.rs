@@ -160,6 +160,10 @@ pub enum Value {
     Int(ArrayD<i64>),
     /// Boolean tensor on the host.
     Bool(ArrayD<bool>),
+    /// An ONNX sequence: tensors of one element type, any shapes (`SequenceConstruct`,
+    /// `SplitToSequence`, ...). Only the sequence ops, `Identity`, `If`, `Loop` and the
+    /// optional ops take one; any other op refuses it by name (`ops::takes_sequences`).
+    Sequence(Vec<Value>),
 }
 
 impl Value {
@@ -178,25 +182,33 @@ impl Value {
             Value::Float(_) => "float",
             Value::Int(_) => "int",
             Value::Bool(_) => "bool",
+            Value::Sequence(_) => "sequence",
         }
     }
 
-    /// Logical shape.
+    /// Logical shape; a sequence has none (empty, as a scalar's).
     pub fn shape(&self) -> Vec<usize> {
         match self {
             Value::Float(f) => f.shape(),
             Value::Int(a) => a.shape().to_vec(),
             Value::Bool(a) => a.shape().to_vec(),
+            Value::Sequence(_) => Vec::new(),
         }
     }
 
-    /// Logical rank.
+    /// Logical rank; 0 for a sequence.
     pub fn rank(&self) -> usize {
         match self {
             Value::Float(f) => f.rank,
             Value::Int(a) => a.ndim(),
             Value::Bool(a) => a.ndim(),
+            Value::Sequence(_) => 0,
         }
+    }
+
+    /// The error of a tensor operation given a sequence.
+    fn not_a_tensor<T>(what: &str) -> OpResult<T> {
+        op_bail!("{what} must be a tensor, got a sequence")
     }
 
     /// Reshape to a logical shape with the same number of elements, any element family.
@@ -205,6 +217,7 @@ impl Value {
             Value::Float(f) => Value::Float(f.reshape(shape)?),
             Value::Int(a) => Value::Int(a.into_shape_with_order(IxDyn(shape))?),
             Value::Bool(a) => Value::Bool(a.into_shape_with_order(IxDyn(shape))?),
+            Value::Sequence(_) => return Self::not_a_tensor("a reshaped value"),
         })
     }
 
@@ -216,6 +229,7 @@ impl Value {
             Value::Bool(a) => {
                 FloatValue::from_array(&a.mapv(|v| if v { 1.0 } else { 0.0 }), device)
             }
+            Value::Sequence(_) => Self::not_a_tensor("a float operand"),
         }
     }
 
@@ -225,6 +239,7 @@ impl Value {
             Value::Int(a) => Ok(a),
             Value::Bool(a) => Ok(a.mapv(i64::from)),
             Value::Float(f) => Ok(f.to_array()?.mapv(|v| v as i64)),
+            Value::Sequence(_) => Self::not_a_tensor("an integer operand"),
         }
     }
 
@@ -234,6 +249,7 @@ impl Value {
             Value::Bool(a) => Ok(a),
             Value::Int(a) => Ok(a.mapv(|v| v != 0)),
             Value::Float(f) => Ok(f.to_array()?.mapv(|v| v != 0.0)),
+            Value::Sequence(_) => Self::not_a_tensor("a boolean operand"),
         }
     }
 
@@ -243,6 +259,7 @@ impl Value {
             Value::Int(a) => Ok(a.iter().copied().collect()),
             Value::Float(f) => Ok(f.to_array()?.iter().map(|&v| v as i64).collect()),
             Value::Bool(_) => op_bail!("{what} must be an integer tensor, got bool"),
+            Value::Sequence(_) => Self::not_a_tensor(what),
         }
     }
 
@@ -263,6 +280,7 @@ impl Value {
             Value::Float(f) => f.to_array()?.iter().copied().collect(),
             Value::Int(a) => a.iter().map(|&v| v as f32).collect(),
             Value::Bool(a) => a.iter().map(|&v| if v { 1.0 } else { 0.0 }).collect(),
+            Value::Sequence(_) => return Self::not_a_tensor(what),
         };
         match v.as_slice() {
             [x] => Ok(*x),

@@ -9,7 +9,7 @@
 //! activations and trigonometry of session 13, ReduceL1/Prod/LogSum, CumProd, GatherND /
 //! ScatterND / ScatterElements, TopK + Compress, LRN / LpNormalization / MVN, 3-D pooling,
 //! cubic antialiased Resize, wrap Pad, DepthToSpace, CausalConvWithState, LinearAttention, 3-D
-//! ConvTranspose, Einsum diagonals, FlexAttention with score_mod/prob_mod). Fixtures: `tools/gen_op_fixtures.py`.
+//! ConvTranspose, Einsum diagonals, FlexAttention with score_mod/prob_mod, the sequence ops). Fixtures: `tools/gen_op_fixtures.py`.
 //! Also the batch-norm running-statistics update against numpy, at the top level and inside
 //! If/Loop bodies.
 
@@ -246,6 +246,14 @@ fn batch_norm_inside_if_and_loop_updates_running_statistics_like_pytorch() {
 /// Weights read inside subgraphs: through the taken `If` branch (MatMul), a 3-iteration
 /// `Loop` body (trip count a graph constant) and a reversed `Scan` RNN cell, unrolled on
 /// the tape.
+/// Weights read through a sequence: SplitToSequence, SequenceAt, SequenceInsert,
+/// SequenceErase and ConcatFromSequence (stacking) carry the gradients of the tensors they
+/// hold.
+#[test]
+fn sequence_gradients() {
+    check("sequence_weights_18", Mode::Eval);
+}
+
 #[test]
 fn control_flow_gradients() {
     check("if_weight_branch_16", Mode::Eval);

@@ -9,7 +9,7 @@
 //! onnx-train gpt2 --output gpt2_124m.onnx [--layers 12 --heads 12 --width 768]
 //! ```
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use burn::tensor::Device;
@@ -57,7 +57,9 @@ enum Command {
         tp: Option<usize>,
     },
     /// Run the model on .npy inputs; writes DIR/<output>.npy for every graph output, in the
-    /// element type the graph declares for it (computed in f32 / i64, then cast).
+    /// element type the graph declares for it (computed in f32 / i64, then cast). A
+    /// sequence goes in as a directory of .npy files (in name order) and comes out as the
+    /// directory DIR/<output>/ of 00000.npy, ...; an optional input left out is empty.
     Run {
         /// The ONNX file.
         model: PathBuf,
@@ -375,18 +377,59 @@ fn run(
         let (name, file) = spec.split_once('=').ok_or_else(|| {
             OnnxError::field("--input", format!("expected NAME=FILE.npy, got '{spec}'"))
         })?;
-        let host = read_npy(file)?;
-        let value = Value::from_host(&host, &device)
-            .map_err(|e| OnnxError::field(format!("--input {name}"), e.0))?;
-        feeds.push((name.to_string(), value));
+        feeds.push((
+            name.to_string(),
+            read_input(name, Path::new(file), &device)?,
+        ));
     }
     let out = model.forward(feeds, Mode::Eval)?;
     std::fs::create_dir_all(&output_dir).map_err(|e| OnnxError::io(&output_dir, e))?;
     for ((name, value), info) in out.outputs.iter().zip(&model.graph().outputs) {
-        let file = output_dir.join(format!("{}.npy", sanitize(name)));
-        write_npy_as(&file, value, info.elem_type)?;
-        println!("{name}: {:?} -> {}", value.shape(), file.display());
+        write_output(&output_dir, name, value, info.elem_type)?;
     }
+    Ok(())
+}
+
+/// A `--input` value: a `.npy` tensor, or a directory of them (a sequence, its tensors in
+/// file-name order).
+fn read_input(name: &str, path: &Path, device: &Device) -> Result<Value, OnnxError> {
+    let tensor = |file: &Path| {
+        Value::from_host(&read_npy(file)?, device)
+            .map_err(|e| OnnxError::field(format!("--input {name}"), e.0))
+    };
+    if !path.is_dir() {
+        return tensor(path);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| OnnxError::io(path, e))?
+        .map(|e| e.map(|e| e.path()).map_err(|e| OnnxError::io(path, e)))
+        .collect::<Result<_, _>>()?;
+    files.retain(|f| f.extension().is_some_and(|x| x == "npy"));
+    files.sort();
+    Ok(Value::Sequence(
+        files.iter().map(|f| tensor(f)).collect::<Result<_, _>>()?,
+    ))
+}
+
+/// Graph output `name` in `dir`: `<name>.npy` for a tensor, the directory `<name>` of
+/// `00000.npy`, `00001.npy`, ... for a sequence.
+fn write_output(dir: &Path, name: &str, value: &Value, elem_type: i32) -> Result<(), OnnxError> {
+    let Value::Sequence(items) = value else {
+        let file = dir.join(format!("{}.npy", sanitize(name)));
+        write_npy_as(&file, value, elem_type)?;
+        println!("{name}: {:?} -> {}", value.shape(), file.display());
+        return Ok(());
+    };
+    let seq = dir.join(sanitize(name));
+    std::fs::create_dir_all(&seq).map_err(|e| OnnxError::io(&seq, e))?;
+    for (k, item) in items.iter().enumerate() {
+        write_npy_as(seq.join(format!("{k:05}.npy")), item, elem_type)?;
+    }
+    println!(
+        "{name}: a sequence of {} tensor(s) -> {}/",
+        items.len(),
+        seq.display()
+    );
     Ok(())
 }
 

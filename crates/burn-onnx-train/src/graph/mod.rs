@@ -29,8 +29,18 @@ pub enum Dim {
     Symbolic(String),
 }
 
+/// What a declared graph value holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ValueKind {
+    /// A tensor.
+    #[default]
+    Tensor,
+    /// A sequence of tensors (`elem_type` and `dims` are its tensors').
+    Sequence,
+}
+
 /// A declared graph input or output.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct TensorInfo {
     /// Name.
     pub name: String,
@@ -38,6 +48,10 @@ pub struct TensorInfo {
     pub elem_type: i32,
     /// Declared dims; empty if the file declares none.
     pub dims: Vec<Dim>,
+    /// A tensor or a sequence of them.
+    pub kind: ValueKind,
+    /// Declared optional: the value may be absent (the empty optional).
+    pub optional: bool,
 }
 
 /// One executable node.

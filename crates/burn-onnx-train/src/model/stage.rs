@@ -58,8 +58,7 @@ impl OnnxModel {
                 .cloned()
                 .unwrap_or_else(|| TensorInfo {
                     name: name.clone(),
-                    elem_type: 0,
-                    dims: Vec::new(),
+                    ..TensorInfo::default()
                 })
         };
         let inputs = stage

@@ -37,8 +37,7 @@ impl OnnxModel {
                 .filter(|o| graph.last_use.contains_key(*o))
                 .map(|o| TensorInfo {
                     name: o.clone(),
-                    elem_type: 0,
-                    dims: Vec::new(),
+                    ..TensorInfo::default()
                 }),
         );
         outputs.extend(graph.outputs.iter().cloned());

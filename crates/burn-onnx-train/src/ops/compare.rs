@@ -13,6 +13,7 @@ use super::broadcast::{broadcast_shapes, host_binary};
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
 use crate::kernels::{masked_fill, masked_fill_fused_here};
+use crate::op_bail;
 use crate::value::{FloatValue, Value, padded};
 
 fn compare(
@@ -38,6 +39,7 @@ fn compare(
 
 fn to_host_f32(v: Value) -> OpResult<ArrayD<f32>> {
     Ok(match v {
+        Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => f.to_array()?,
         Value::Int(a) => a.mapv(|x| x as f32),
         Value::Bool(a) => a.mapv(|x| if x { 1.0 } else { 0.0 }),

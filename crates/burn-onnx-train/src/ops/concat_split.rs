@@ -16,11 +16,17 @@ fn host_concat<T: Clone>(parts: Vec<ArrayD<T>>, axis: usize) -> OpResult<ArrayD<
 /// `Concat`
 pub fn concat(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     let values: Vec<Value> = inputs.0.into_iter().flatten().collect();
+    Ok(concat_values(ctx, values, ctx.attrs.int("axis", 0)?)?.into())
+}
+
+/// `values` joined along `axis` (negative counts from the end): floats on the device (any
+/// float among them makes the result float), booleans and integers on the host.
+pub(super) fn concat_values(ctx: &OpContext, values: Vec<Value>, axis: i64) -> OpResult<Value> {
     let Some(first) = values.first() else {
         op_bail!("Concat needs at least one input")
     };
     let rank = first.rank();
-    let axis = norm_axis(ctx.attrs.int("axis", 0)?, rank)?;
+    let axis = norm_axis(axis, rank)?;
     let shape0 = first.shape();
     for v in &values {
         let s = v.shape();
@@ -65,7 +71,7 @@ pub fn concat(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
             axis,
         )?)
     };
-    Ok(out.into())
+    Ok(out)
 }
 
 /// Sizes of the pieces of a `Split`.
@@ -108,9 +114,16 @@ pub fn split(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let shape = x.shape();
     let axis = norm_axis(ctx.attrs.int("axis", 0)?, shape.len())?;
     let sizes = split_sizes(ctx, &mut inputs, shape[axis])?;
+    Ok(split_value(x, axis, &sizes)?.into())
+}
+
+/// `x` cut along logical `axis` into consecutive pieces of `sizes`.
+pub(super) fn split_value(x: Value, axis: usize, sizes: &[usize]) -> OpResult<Vec<Value>> {
+    let sizes = sizes.iter().copied();
     let mut out = Vec::with_capacity(sizes.len());
     let mut start = 0;
     match x {
+        Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => {
             let phys = f.axis(axis as i64)?;
             for s in sizes {
@@ -133,5 +146,5 @@ pub fn split(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             }
         }
     }
-    Ok(out.into())
+    Ok(out)
 }

@@ -5,6 +5,10 @@
 
 pub use crate::graph::op_api::{Inputs, OpContext, OpFn, OpOutput};
 
+use crate::error::OpResult;
+use crate::op_bail;
+use crate::value::Value;
+
 mod arg_reduce;
 mod attention;
 mod bits_misc;
@@ -47,6 +51,7 @@ mod rounding_trig;
 mod scan;
 mod scatter;
 mod select;
+mod sequence;
 mod signal;
 mod slice;
 mod softmax;
@@ -74,6 +79,39 @@ pub fn lookup_in(domain: &str, op_type: &str) -> Option<OpFn> {
         "ai.onnx.preview.training" => find(PREVIEW_TRAINING_OPS, op_type),
         "ai.onnx.ml" => find(ONNX_ML_OPS, op_type),
         _ => None,
+    }
+}
+
+/// The ops that take sequence values: the sequence ops, the optional ops and the ones that
+/// only pass values on (`Identity`, `If`, `Loop`).
+const SEQUENCE_OPS: &[&str] = &[
+    "Identity",
+    "If",
+    "Loop",
+    "Optional",
+    "OptionalHasElement",
+    "OptionalGetElement",
+    "SequenceConstruct",
+    "SequenceInsert",
+    "SequenceAt",
+    "SequenceErase",
+    "SequenceLength",
+    "ConcatFromSequence",
+    "SequenceMap",
+];
+
+/// Refuse a sequence given to an op that takes tensors (every op outside
+/// [`SEQUENCE_OPS`]), naming the input.
+pub fn refuse_sequences(op_type: &str, args: &[Option<Value>]) -> OpResult<()> {
+    if SEQUENCE_OPS.contains(&op_type) {
+        return Ok(());
+    }
+    match args
+        .iter()
+        .position(|a| matches!(a, Some(Value::Sequence(_))))
+    {
+        Some(k) => op_bail!("input {k} is a sequence; {op_type} takes tensors"),
+        None => Ok(()),
     }
 }
 
@@ -295,6 +333,16 @@ const OPS: &[(&str, OpFn)] = &[
     ("Optional", optional::optional),
     ("OptionalHasElement", optional::optional_has_element),
     ("OptionalGetElement", optional::optional_get_element),
+    // sequences
+    ("SequenceEmpty", sequence::sequence_empty),
+    ("SequenceConstruct", sequence::sequence_construct),
+    ("SequenceInsert", sequence::sequence_insert),
+    ("SequenceAt", sequence::sequence_at),
+    ("SequenceErase", sequence::sequence_erase),
+    ("SequenceLength", sequence::sequence_length),
+    ("SplitToSequence", sequence::split_to_sequence),
+    ("ConcatFromSequence", sequence::concat_from_sequence),
+    ("SequenceMap", sequence::sequence_map),
     ("Det", misc::det),
     ("HannWindow", windows_signal::hann_window),
     ("HammingWindow", windows_signal::hamming_window),

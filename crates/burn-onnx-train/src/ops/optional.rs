@@ -1,6 +1,6 @@
-//! `Optional`, `OptionalHasElement` and `OptionalGetElement` on tensors: an optional that
-//! holds a tensor is carried as that tensor, and an absent input (an empty name, or none
-//! given) is the empty optional. An empty optional as a value (`Optional` without input)
+//! `Optional`, `OptionalHasElement` and `OptionalGetElement` on tensors and sequences: an
+//! optional that holds a value is carried as that value, and an absent input (an empty
+//! name, or an optional graph input not given) is the empty optional. An empty optional as a value (`Optional` without input)
 //! is not represented yet: it is an error naming the node.
 
 use ndarray::{ArrayD, IxDyn};

@@ -172,6 +172,7 @@ pub fn is_inf(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 
 fn float_on_host(v: Value) -> OpResult<ndarray::ArrayD<f32>> {
     match v {
+        Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => f.to_array(),
         Value::Int(a) => Ok(a.mapv(|x| x as f32)),
         Value::Bool(_) => op_bail!("expects a float tensor, got bool"),

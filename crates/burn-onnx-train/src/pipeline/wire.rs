@@ -29,6 +29,12 @@ pub fn send_values(comm: &dyn Communicator, dest: usize, values: &[&Value]) -> R
     for v in values {
         let shape = v.shape();
         let (kind, payload): (u32, Vec<f32>) = match v {
+            Value::Sequence(_) => {
+                return Err(wire_err(
+                    "sending an activation",
+                    "a sequence crosses no pipeline stage",
+                ));
+            }
             Value::Float(f) => (
                 FLOAT,
                 f.tensor
