@@ -89,6 +89,20 @@ pub struct LoopTotals {
     pub waited: Duration,
 }
 
+impl LoopTotals {
+    /// The update these micro-steps make: `grads`, with the gradient averaging `sync`
+    /// did during backward.
+    pub fn into_update(self, grads: GradientsParams, sync: SyncTimes) -> Accumulated {
+        Accumulated {
+            grads,
+            loss: self.loss,
+            items: self.items,
+            waited: self.waited,
+            sync,
+        }
+    }
+}
+
 /// The accumulation loop every pass runs: `steps` micro-steps of update `update`, each on
 /// the next batch of `prefetch` with its seed (a function of the run's `seed`, the
 /// `replica` and the micro-step count `micro`, which it advances); `step` does the
@@ -178,13 +192,7 @@ impl Passes for Sequential {
             Some(hooks) => hooks.finish(model, &mut grads)?,
             None => SyncTimes::default(),
         };
-        Ok(Accumulated {
-            grads,
-            loss: totals.loss,
-            items: totals.items,
-            waited: totals.waited,
-            sync,
-        })
+        Ok(totals.into_update(grads, sync))
     }
 
     fn eval(&self, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {

@@ -265,13 +265,7 @@ impl Passes for Segmented {
             Some((sync, _)) => sync.finish(model, &mut grads)?,
             None => SyncTimes::default(),
         };
-        Ok(Accumulated {
-            grads,
-            loss: totals.loss,
-            items: totals.items,
-            waited: totals.waited,
-            sync,
-        })
+        Ok(totals.into_update(grads, sync))
     }
 
     fn eval(&self, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {

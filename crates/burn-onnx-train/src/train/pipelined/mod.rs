@@ -18,7 +18,7 @@ use crate::model::OnnxModel;
 use crate::pipeline::{Partition, PipelineSchedule};
 use crate::seeds::mix_seed;
 use crate::train::data::{Batch, Prefetcher};
-use crate::train::passes::{Accumulated, MicroResult, Passes, accumulation_loop};
+use crate::train::passes::{Accumulated, LoopTotals, MicroResult, Passes, accumulation_loop};
 use crate::train::step::PassSettings;
 use executor::StageExec;
 
@@ -151,16 +151,15 @@ impl Passes for Pipelined {
         })?;
         let mut grads = acc.grads();
         self.sum_shared(model, &mut grads)?;
+        // The last stage computed the loss; every stage reports it.
         let mut loss = [totals.loss as f32];
         self.comm
             .broadcast(&mut loss, self.partition.stages.len() - 1)?;
-        Ok(Accumulated {
-            grads,
+        let totals = LoopTotals {
             loss: f64::from(loss[0]),
-            items: totals.items,
-            waited: totals.waited,
-            sync: burn_ort_dist::SyncTimes::default(),
-        })
+            ..totals
+        };
+        Ok(totals.into_update(grads, burn_ort_dist::SyncTimes::default()))
     }
 
     fn eval(&self, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {
