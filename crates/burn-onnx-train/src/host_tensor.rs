@@ -34,6 +34,8 @@ pub mod dtype {
     pub const INT32: i32 = 6;
     /// int64
     pub const INT64: i32 = 7;
+    /// string
+    pub const STRING: i32 = 8;
     /// bool
     pub const BOOL: i32 = 9;
     /// float16
@@ -118,6 +120,7 @@ pub mod dtype {
     pub fn name(code: i32) -> String {
         match code {
             FLOAT => "float32".into(),
+            STRING => "string".into(),
             UINT8 => "uint8".into(),
             INT8 => "int8".into(),
             UINT16 => "uint16".into(),

@@ -547,7 +547,7 @@ impl OnnxModel {
                     Some(self.fetch(&env, name, &device).map_err(|e| err(e.0))?)
                 });
             }
-            crate::ops::refuse_sequences(&node.op_type, &args).map_err(|e| err(e.0))?;
+            crate::ops::refuse_unsupported_kinds(&node.op_type, &args).map_err(|e| err(e.0))?;
             let ctx = OpContext {
                 device: &device,
                 train: mode == Mode::Train,
@@ -670,6 +670,7 @@ fn check_tensor(info: &TensorInfo, v: &Value) -> Result<()> {
         Value::Float(_) => dtype::is_float(info.elem_type),
         Value::Int(_) => dtype::is_int(info.elem_type),
         Value::Bool(_) => info.elem_type == dtype::BOOL,
+        Value::Str(_) => info.elem_type == dtype::STRING,
         Value::Sequence(_) => {
             return Err(OnnxError::field(
                 field(),

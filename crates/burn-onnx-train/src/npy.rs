@@ -69,6 +69,24 @@ pub fn read_npy(path: impl AsRef<Path>) -> Result<HostTensor> {
     read_array(npy, path)
 }
 
+/// Read one `.npy` file as a graph value: numpy's strings (`<UN`) as a string tensor, the
+/// rest as [`read_npy`] reads it, floats uploaded to `device`.
+pub fn read_npy_value(path: impl AsRef<Path>, device: &burn::tensor::Device) -> Result<Value> {
+    let path = path.as_ref();
+    let f = File::open(path).map_err(|e| OnnxError::io(path, e))?;
+    let npy = NpyFile::new(BufReader::new(f)).map_err(|e| bad(path, e))?;
+    let strings = matches!(npy.dtype(), DType::Plain(t) if t.type_char() == TypeChar::UnicodeStr);
+    if !strings {
+        let host = read_array(npy, path)?;
+        return Value::from_host(&host, device).map_err(|e| bad(path, e.0));
+    }
+    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    let values = npy.into_vec::<String>().map_err(|e| bad(path, e))?;
+    Ok(Value::Str(
+        ArrayD::from_shape_vec(IxDyn(&shape), values).map_err(|e| bad(path, e))?,
+    ))
+}
+
 /// Read every array of an `.npz` archive, by name.
 pub fn read_npz(path: impl AsRef<Path>) -> Result<HashMap<String, HostTensor>> {
     let path = path.as_ref();
@@ -105,6 +123,7 @@ pub fn write_npy(path: impl AsRef<Path>, value: &Value) -> Result<()> {
         }
         Value::Int(a) => write_iter(&mut bytes, &shape, a.iter().copied()).map_err(io)?,
         Value::Bool(a) => write_iter(&mut bytes, &shape, a.iter().copied()).map_err(io)?,
+        Value::Str(a) => write_strings(&mut bytes, &shape, a).map_err(io)?,
     }
     write_atomic(path, bytes.get_ref())
 }
@@ -124,10 +143,10 @@ pub fn write_npy_as(path: impl AsRef<Path>, value: &Value, elem_type: i32) -> Re
     let mut bytes = std::io::Cursor::new(Vec::new());
     let b = &mut bytes;
     match (value, elem_type) {
-        (Value::Float(_), dtype::FLOAT) => return write_npy(path, value),
+        (Value::Float(_), dtype::FLOAT) | (Value::Str(_), _) => return write_npy(path, value),
         (_, t) if dtype::is_float(t) => {
             let a = match value {
-                Value::Sequence(_) => {
+                Value::Sequence(_) | Value::Str(_) => {
                     return Err(bad(
                         path,
                         "a sequence is not one tensor: write its elements one by one",
@@ -193,6 +212,30 @@ pub fn write_npy_1d<T: npyz::AutoSerialize + Copy>(path: &Path, values: &[T]) ->
     write_iter(&mut bytes, &[values.len() as u64], values.iter().copied())
         .map_err(|e| OnnxError::io(path, e))?;
     write_atomic(path, bytes.get_ref())
+}
+
+/// Strings as numpy's `<UN` (UTF-32 code points, `N` the longest string's length).
+fn write_strings<W: std::io::Write + Seek>(
+    f: W,
+    shape: &[u64],
+    items: &ArrayD<String>,
+) -> std::io::Result<()> {
+    let width = items
+        .iter()
+        .map(|s| s.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let ty: npyz::TypeStr = format!("<U{width}")
+        .parse()
+        .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+    let mut w = npyz::WriteOptions::<String>::new()
+        .dtype(DType::Plain(ty))
+        .shape(shape)
+        .writer(f)
+        .begin_nd()?;
+    w.extend(items.iter().cloned())?;
+    w.finish()
 }
 
 fn write_iter<W: std::io::Write + Seek, T: npyz::AutoSerialize + Copy>(

@@ -160,6 +160,9 @@ pub enum Value {
     Int(ArrayD<i64>),
     /// Boolean tensor on the host.
     Bool(ArrayD<bool>),
+    /// A string tensor on the host (ONNX `STRING`): only `Identity`, `Equal`, the string
+    /// ops and `ai.onnx.ml`'s `LabelEncoder` take one; any other op refuses it by name.
+    Str(ArrayD<String>),
     /// An ONNX sequence: tensors of one element type, any shapes (`SequenceConstruct`,
     /// `SplitToSequence`, ...). Only the sequence ops, `Identity`, `If`, `Loop` and the
     /// optional ops take one; any other op refuses it by name (`ops::takes_sequences`).
@@ -182,6 +185,7 @@ impl Value {
             Value::Float(_) => "float",
             Value::Int(_) => "int",
             Value::Bool(_) => "bool",
+            Value::Str(_) => "string",
             Value::Sequence(_) => "sequence",
         }
     }
@@ -192,6 +196,7 @@ impl Value {
             Value::Float(f) => f.shape(),
             Value::Int(a) => a.shape().to_vec(),
             Value::Bool(a) => a.shape().to_vec(),
+            Value::Str(a) => a.shape().to_vec(),
             Value::Sequence(_) => Vec::new(),
         }
     }
@@ -202,6 +207,7 @@ impl Value {
             Value::Float(f) => f.rank,
             Value::Int(a) => a.ndim(),
             Value::Bool(a) => a.ndim(),
+            Value::Str(a) => a.ndim(),
             Value::Sequence(_) => 0,
         }
     }
@@ -211,12 +217,18 @@ impl Value {
         op_bail!("{what} must be a tensor, got a sequence")
     }
 
+    /// The error of a numeric operation given strings or a sequence.
+    fn not_numeric<T>(what: &str) -> OpResult<T> {
+        op_bail!("{what} must be a numeric tensor")
+    }
+
     /// Reshape to a logical shape with the same number of elements, any element family.
     pub fn reshape_to(self, shape: &[usize]) -> OpResult<Value> {
         Ok(match self {
             Value::Float(f) => Value::Float(f.reshape(shape)?),
             Value::Int(a) => Value::Int(a.into_shape_with_order(IxDyn(shape))?),
             Value::Bool(a) => Value::Bool(a.into_shape_with_order(IxDyn(shape))?),
+            Value::Str(a) => Value::Str(a.into_shape_with_order(IxDyn(shape))?),
             Value::Sequence(_) => return Self::not_a_tensor("a reshaped value"),
         })
     }
@@ -229,7 +241,7 @@ impl Value {
             Value::Bool(a) => {
                 FloatValue::from_array(&a.mapv(|v| if v { 1.0 } else { 0.0 }), device)
             }
-            Value::Sequence(_) => Self::not_a_tensor("a float operand"),
+            Value::Str(_) | Value::Sequence(_) => Self::not_numeric("a float operand"),
         }
     }
 
@@ -239,7 +251,7 @@ impl Value {
             Value::Int(a) => Ok(a),
             Value::Bool(a) => Ok(a.mapv(i64::from)),
             Value::Float(f) => Ok(f.to_array()?.mapv(|v| v as i64)),
-            Value::Sequence(_) => Self::not_a_tensor("an integer operand"),
+            Value::Str(_) | Value::Sequence(_) => Self::not_numeric("an integer operand"),
         }
     }
 
@@ -249,7 +261,7 @@ impl Value {
             Value::Bool(a) => Ok(a),
             Value::Int(a) => Ok(a.mapv(|v| v != 0)),
             Value::Float(f) => Ok(f.to_array()?.mapv(|v| v != 0.0)),
-            Value::Sequence(_) => Self::not_a_tensor("a boolean operand"),
+            Value::Str(_) | Value::Sequence(_) => Self::not_numeric("a boolean operand"),
         }
     }
 
@@ -259,7 +271,7 @@ impl Value {
             Value::Int(a) => Ok(a.iter().copied().collect()),
             Value::Float(f) => Ok(f.to_array()?.iter().map(|&v| v as i64).collect()),
             Value::Bool(_) => op_bail!("{what} must be an integer tensor, got bool"),
-            Value::Sequence(_) => Self::not_a_tensor(what),
+            Value::Str(_) | Value::Sequence(_) => Self::not_numeric(what),
         }
     }
 
@@ -280,7 +292,7 @@ impl Value {
             Value::Float(f) => f.to_array()?.iter().copied().collect(),
             Value::Int(a) => a.iter().map(|&v| v as f32).collect(),
             Value::Bool(a) => a.iter().map(|&v| if v { 1.0 } else { 0.0 }).collect(),
-            Value::Sequence(_) => return Self::not_a_tensor(what),
+            Value::Str(_) | Value::Sequence(_) => return Self::not_numeric(what),
         };
         match v.as_slice() {
             [x] => Ok(*x),

@@ -19,7 +19,7 @@ use burn_onnx_train::export::{ExportOptions, ExternalDataPolicy, export_onnx_wit
 use burn_onnx_train::graph::Dim;
 use burn_onnx_train::host_tensor::dtype;
 use burn_onnx_train::loss::LossKind;
-use burn_onnx_train::npy::{read_npy, write_npy_as};
+use burn_onnx_train::npy::{read_npy_value, write_npy_as};
 use burn_onnx_train::pipeline::Partition;
 use burn_onnx_train::tokenize::{TokenizeOptions, tokenize};
 use burn_onnx_train::train::TrainingConfig;
@@ -394,8 +394,8 @@ fn run(
 /// file-name order).
 fn read_input(name: &str, path: &Path, device: &Device) -> Result<Value, OnnxError> {
     let tensor = |file: &Path| {
-        Value::from_host(&read_npy(file)?, device)
-            .map_err(|e| OnnxError::field(format!("--input {name}"), e.0))
+        read_npy_value(file, device)
+            .map_err(|e| OnnxError::field(format!("--input {name}"), e.to_string()))
     };
     if !path.is_dir() {
         return tensor(path);

@@ -26,6 +26,8 @@ pub enum Attr {
     String(String),
     /// `t`
     Tensor(HostTensor),
+    /// `t` of strings (`LabelEncoder`'s `keys_tensor`).
+    StringTensor(ndarray::ArrayD<String>),
     /// `floats`
     Floats(Vec<f32>),
     /// `ints`
@@ -52,6 +54,18 @@ impl Attributes {
                 Ok(AttributeType::INT) => Attr::Int(a.i),
                 Ok(AttributeType::STRING) => {
                     Attr::String(String::from_utf8_lossy(&a.s).into_owned())
+                }
+                Ok(AttributeType::TENSOR) if a.t.data_type == crate::host_tensor::dtype::STRING => {
+                    let dims: Vec<usize> = a.t.dims.iter().map(|&d| d.max(0) as usize).collect();
+                    let values =
+                        a.t.string_data
+                            .iter()
+                            .map(|s| String::from_utf8_lossy(s).into_owned())
+                            .collect();
+                    Attr::StringTensor(
+                        ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&dims), values)
+                            .map_err(|e| OnnxError::field(field(), e.to_string()))?,
+                    )
                 }
                 Ok(AttributeType::TENSOR) => Attr::Tensor(HostTensor::from_proto(&a.t, None)?),
                 Ok(AttributeType::FLOATS) => Attr::Floats(a.floats.clone()),

@@ -15,6 +15,7 @@ fn arg(ctx: &OpContext, mut inputs: Inputs, max: bool) -> OpResult<OpOutput> {
     let keepdims = ctx.attrs.int("keepdims", 1)? != 0;
     let last = ctx.attrs.int("select_last_index", 0)? != 0;
     let a = match x {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Int(a) => a.mapv(|v| v as f64),
         Value::Bool(a) => a.mapv(|v| if v { 1.0 } else { 0.0 }),

@@ -95,6 +95,7 @@ fn mask_bias(mask: Value, scores: &[usize], ctx: &OpContext) -> OpResult<FloatVa
         op_bail!("attn_mask of shape {shape:?} does not broadcast to the scores {scores:?}");
     }
     match mask {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Bool(a) => {
             let mut bias = ArrayD::from_elem(IxDyn(&full), f32::NEG_INFINITY);

@@ -40,6 +40,7 @@ pub fn bit_cast(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     }
     let shape = x.shape();
     let bits: Vec<u64> = match x {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => {
             if bytes == 1 {
@@ -171,6 +172,7 @@ pub fn tensor_scatter(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput>
         return Ok(past.into());
     }
     Ok(match (past, update) {
+        (Value::Str(_), _) => op_bail!("expected a numeric tensor, got strings"),
         (Value::Sequence(_), _) => op_bail!("expected a tensor, got a sequence"),
         (Value::Float(p), u) => {
             let u = u.into_float(ctx.device)?;

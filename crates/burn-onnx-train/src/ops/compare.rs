@@ -39,6 +39,7 @@ fn compare(
 
 fn to_host_f32(v: Value) -> OpResult<ArrayD<f32>> {
     Ok(match v {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => f.to_array()?,
         Value::Int(a) => a.mapv(|x| x as f32),
@@ -46,8 +47,11 @@ fn to_host_f32(v: Value) -> OpResult<ArrayD<f32>> {
     })
 }
 
-/// `Equal`
+/// `Equal` (numbers, booleans or strings)
 pub fn equal(_ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
+    if let [Some(Value::Str(a)), Some(Value::Str(b)), ..] = &inputs.0[..] {
+        return Ok(Value::Bool(host_binary(a, b, |x, y| x == y)?).into());
+    }
     compare(inputs, |a, b| a == b, |a, b| a == b)
 }
 

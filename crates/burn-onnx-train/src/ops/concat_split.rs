@@ -123,6 +123,7 @@ pub(super) fn split_value(x: Value, axis: usize, sizes: &[usize]) -> OpResult<Ve
     let mut out = Vec::with_capacity(sizes.len());
     let mut start = 0;
     match x {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => {
             let phys = f.axis(axis as i64)?;

@@ -123,7 +123,7 @@ impl<'a> Runner<'a> {
                 })
                 .collect::<OpResult<Vec<_>>>()
                 .map_err(err)?;
-            super::refuse_sequences(&node.op_type, &args).map_err(err)?;
+            super::refuse_unsupported_kinds(&node.op_type, &args).map_err(err)?;
             let ctx = OpContext {
                 device: self.ctx.device,
                 train: self.ctx.train,
@@ -208,6 +208,7 @@ fn bool_scalar(v: bool) -> Value {
 /// Element `i` of `v` along logical `axis`, that axis removed.
 fn index_axis(v: &Value, axis: usize, i: usize) -> OpResult<Value> {
     Ok(match v {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => {
             let mut shape = f.shape();

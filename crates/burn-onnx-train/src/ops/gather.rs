@@ -32,6 +32,7 @@ pub fn gather(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     out_shape.extend_from_slice(indices.shape());
     out_shape.extend_from_slice(&shape[axis + 1..]);
     let out = match data {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         // An embedding lookup: rows of a `[dim, rest]` table. Burn's select (and its
         // backward, a scatter-add of rows) has a row-by-row path for rank 2 only; at the

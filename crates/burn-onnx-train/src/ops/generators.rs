@@ -107,6 +107,7 @@ pub fn cast_like(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let x = inputs.take(0, "input")?;
     let recorded = ctx.attrs.int(CAST_LIKE_TYPE, 0)? as i32;
     let to = match inputs.take(1, "target_type")? {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(_) if dtype::is_float(recorded) => recorded,
         Value::Int(_) if dtype::is_int(recorded) => recorded,

@@ -229,6 +229,7 @@ pub fn center_crop_pad(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput
         .map(|&(start, before, _)| start as i64 - before as i64)
         .collect();
     Ok(match x {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => {
             let mut t = f.tensor;
@@ -484,6 +485,7 @@ pub fn lp_pool(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 /// The elements of a numeric value on the host as f64.
 fn host_f64(v: &Value) -> OpResult<Vec<f64>> {
     Ok(match v {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => f.to_array()?.iter().map(|&x| f64::from(x)).collect(),
         Value::Int(a) => a.iter().map(|&x| x as f64).collect(),

@@ -100,6 +100,7 @@ pub fn unique(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         None => None,
     };
     let (y, firsts, inverse, counts) = match x {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => {
             let a = f.to_array()?;
@@ -177,6 +178,7 @@ pub fn reverse_sequence(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutpu
     let outer = shape[0] * shape[1];
     let inner: usize = shape[2..].iter().product();
     Ok(match x {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => {
             if outer * inner == 0 {

@@ -55,6 +55,7 @@ mod sequence;
 mod signal;
 mod slice;
 mod softmax;
+mod strings;
 mod tfidf;
 mod training_optimizers;
 mod unary_math;
@@ -100,19 +101,41 @@ const SEQUENCE_OPS: &[&str] = &[
     "SequenceMap",
 ];
 
+/// The ops that take string tensors: the string ops, `Equal`, `LabelEncoder`, and the
+/// ones that only pass values on or hold them.
+const STRING_OPS: &[&str] = &[
+    "Identity",
+    "If",
+    "Loop",
+    "Optional",
+    "OptionalGetElement",
+    "OptionalHasElement",
+    "SequenceConstruct",
+    "SequenceInsert",
+    "Equal",
+    "LabelEncoder",
+    "StringConcat",
+    "StringSplit",
+    "RegexFullMatch",
+    "StringNormalizer",
+];
+
 /// Refuse a sequence given to an op that takes tensors (every op outside
-/// [`SEQUENCE_OPS`]), naming the input.
-pub fn refuse_sequences(op_type: &str, args: &[Option<Value>]) -> OpResult<()> {
-    if SEQUENCE_OPS.contains(&op_type) {
-        return Ok(());
+/// [`SEQUENCE_OPS`]) and strings given to an op that computes on numbers (every op outside
+/// [`STRING_OPS`]), naming the input.
+pub fn refuse_unsupported_kinds(op_type: &str, args: &[Option<Value>]) -> OpResult<()> {
+    for (k, arg) in args.iter().enumerate() {
+        match arg {
+            Some(Value::Sequence(_)) if !SEQUENCE_OPS.contains(&op_type) => {
+                op_bail!("input {k} is a sequence; {op_type} takes tensors")
+            }
+            Some(Value::Str(_)) if !STRING_OPS.contains(&op_type) => {
+                op_bail!("input {k} holds strings; {op_type} takes numeric tensors")
+            }
+            _ => {}
+        }
     }
-    match args
-        .iter()
-        .position(|a| matches!(a, Some(Value::Sequence(_))))
-    {
-        Some(k) => op_bail!("input {k} is a sequence; {op_type} takes tensors"),
-        None => Ok(()),
-    }
+    Ok(())
 }
 
 fn find(table: &[(&str, OpFn)], op_type: &str) -> Option<OpFn> {
@@ -126,6 +149,7 @@ fn find(table: &[(&str, OpFn)], op_type: &str) -> Option<OpFn> {
 const ONNX_ML_OPS: &[(&str, OpFn)] = &[
     ("ArrayFeatureExtractor", onnx_ml::array_feature_extractor),
     ("Binarizer", onnx_ml::binarizer),
+    ("LabelEncoder", onnx_ml::label_encoder),
 ];
 
 /// The ops of `ai.onnx.preview.training`.
@@ -343,6 +367,11 @@ const OPS: &[(&str, OpFn)] = &[
     ("SplitToSequence", sequence::split_to_sequence),
     ("ConcatFromSequence", sequence::concat_from_sequence),
     ("SequenceMap", sequence::sequence_map),
+    // strings
+    ("StringConcat", strings::string_concat),
+    ("StringSplit", strings::string_split),
+    ("RegexFullMatch", strings::regex_full_match),
+    ("StringNormalizer", strings::string_normalizer),
     ("Det", misc::det),
     ("HannWindow", windows_signal::hann_window),
     ("HammingWindow", windows_signal::hamming_window),

@@ -54,6 +54,7 @@ pub fn pad(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         other => op_bail!("pad mode {other:?} is not supported (constant, reflect, edge, wrap)"),
     };
     let (x, int) = match data {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(x) => (x, false),
         Value::Int(_) => (data.into_float(ctx.device)?, true),
@@ -175,6 +176,7 @@ pub fn tile(_ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         );
     }
     Ok(match data {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(x) => {
             let mut sizes = vec![1; MAX_RANK - x.rank];

@@ -25,6 +25,7 @@ pub fn reshape_value(v: Value, shape: &[usize]) -> OpResult<Value> {
         );
     }
     Ok(match v {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => Value::Float(f.reshape(shape)?),
         Value::Int(a) => Value::Int(host_reshape(a, shape)?),
@@ -103,6 +104,7 @@ pub fn transpose(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         op_bail!("perm {perm:?} is not a permutation of 0..{rank}");
     }
     Ok(match data {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => {
             let offset = MAX_RANK - rank;
@@ -192,6 +194,7 @@ pub fn expand(_ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let shape = broadcast_shapes(&data.shape(), &target)?;
     let bc = |s: &[usize]| IxDyn(s);
     Ok(match data {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => Value::Float(f.broadcast_to(&shape)?),
         Value::Int(a) => match a.broadcast(bc(&shape)) {

@@ -113,6 +113,7 @@ pub fn trilu(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         }
     }
     Ok(match x {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Int(mut a) => {
             mask(&mut a, keep);

@@ -161,6 +161,7 @@ fn select_rows(
 ) -> OpResult<Value> {
     let n = rows.len();
     Ok(match data {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => {
             let table = f.reshape(&[all_rows, inner])?.into_rank::<2>()?;

@@ -15,6 +15,7 @@ use crate::value::{FloatValue, MAX_RANK, Value, int_tensor_1d, norm_axis, padded
 /// The values of `v` on the host as f64 (for ordering and tests of non-zero).
 fn host_f64(v: &Value) -> OpResult<ArrayD<f64>> {
     Ok(match v {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => f.to_array()?.mapv(f64::from),
         Value::Int(a) => a.mapv(|x| x as f64),
@@ -114,6 +115,7 @@ pub fn compress(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         .map(|(i, _)| i)
         .collect();
     Ok(match x {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => {
             let phys = f.axis(axis as i64)?;

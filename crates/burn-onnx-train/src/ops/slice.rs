@@ -74,6 +74,7 @@ pub fn slice(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         let axis = norm_axis(axes[i], shape.len())?;
         let sl = resolve(starts[i], ends[i], steps[i], shape[axis])?;
         out = match (out, sl) {
+            (Value::Str(_), _) => op_bail!("expected a numeric tensor, got strings"),
             (Value::Sequence(_), _) => op_bail!("expected a tensor, got a sequence"),
             (Value::Float(f), AxisSlice::Range(s, len)) => {
                 let phys = f.axis(axis as i64)?;

@@ -172,6 +172,7 @@ pub fn is_inf(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 
 fn float_on_host(v: Value) -> OpResult<ndarray::ArrayD<f32>> {
     match v {
+        Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => f.to_array(),
         Value::Int(a) => Ok(a.mapv(|x| x as f32)),

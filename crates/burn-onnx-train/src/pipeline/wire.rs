@@ -29,10 +29,10 @@ pub fn send_values(comm: &dyn Communicator, dest: usize, values: &[&Value]) -> R
     for v in values {
         let shape = v.shape();
         let (kind, payload): (u32, Vec<f32>) = match v {
-            Value::Sequence(_) => {
+            Value::Sequence(_) | Value::Str(_) => {
                 return Err(wire_err(
                     "sending an activation",
-                    "a sequence crosses no pipeline stage",
+                    format!("a {} value crosses no pipeline stage", v.kind()),
                 ));
             }
             Value::Float(f) => (
