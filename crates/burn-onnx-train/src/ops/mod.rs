@@ -58,6 +58,7 @@ mod softmax;
 mod strings;
 mod tfidf;
 mod training_optimizers;
+mod tree_ensemble;
 mod unary_math;
 mod window;
 mod windows_signal;
@@ -150,6 +151,7 @@ const ONNX_ML_OPS: &[(&str, OpFn)] = &[
     ("ArrayFeatureExtractor", onnx_ml::array_feature_extractor),
     ("Binarizer", onnx_ml::binarizer),
     ("LabelEncoder", onnx_ml::label_encoder),
+    ("TreeEnsemble", tree_ensemble::tree_ensemble),
 ];
 
 /// The ops of `ai.onnx.preview.training`.
