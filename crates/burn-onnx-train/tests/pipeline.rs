@@ -426,6 +426,44 @@ fn pipelined_checkpoints_hold_each_stage_and_resume_exactly() {
     }
 }
 
+/// The stage parts' `model.safetensors.index.json`, checked by reading the part files'
+/// headers in Python (Hugging Face's sharded-weights layout): every tensor of every part
+/// listed once, under its own file, and `total_size` their data bytes.
+fn index_read_with_python(dir: &Path) {
+    let Some(python) = python_for("ONNX_TRAIN_PYTHON", "checkpoint index") else {
+        return;
+    };
+    let script = r#"
+import glob, json, os, struct, sys
+d = sys.argv[1]
+index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+want, total = {}, 0
+for path in sorted(glob.glob(os.path.join(d, "model-stage-*.safetensors"))):
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    for name, t in json.loads(raw[8:8 + n]).items():
+        if name != "__metadata__":
+            assert name not in want, name
+            want[name] = os.path.basename(path)
+            total += t["data_offsets"][1] - t["data_offsets"][0]
+assert len(set(want.values())) == 2, want
+assert index["weight_map"] == want, (index["weight_map"], want)
+assert index["metadata"]["total_size"] == total
+print("ok", len(want), total)
+"#;
+    let out = std::process::Command::new(python)
+        .args(["-c", script])
+        .arg(dir)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("ok"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn a_zero_checkpoint_of_a_grid_resumes_in_one_process() {
     // 2 replicas x 2 stages at ZeRO-1 write four shards in two stage directories; one
@@ -448,7 +486,8 @@ fn a_zero_checkpoint_of_a_grid_resumes_in_one_process() {
         .iter()
         .find(|(s, _)| *s == 2)
         .expect("a checkpoint at update 2");
-    assert!(dir.join("stage-1/zero-1.bin").is_file());
+    assert!(dir.join("stage-1/zero-1.safetensors").is_file());
+    index_read_with_python(dir);
     let one = tempdir("pp-zero-ckpt-one");
     copy_tree(dir, &one.join("checkpoints").join(dir.file_name().unwrap()));
     let c = {

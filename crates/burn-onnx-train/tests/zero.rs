@@ -201,6 +201,52 @@ fn stage_3_with_recomputed_segments_matches_replicated() {
     );
 }
 
+/// The ZeRO shards of `ckpt` as a reader that is not ours sees them: numpy parses each
+/// `zero-<r>.safetensors` by the format's definition (8-byte header length, JSON header,
+/// raw data): Adam's two F32 vectors of one shard length, finite and moved from zero, and
+/// the rank, world size, ZeRO stage and step in the metadata.
+fn shards_read_with_numpy(ckpt: &Path, world: usize, stage: usize) {
+    let Some(python) = python_for("ONNX_TRAIN_PYTHON", "safetensors shard") else {
+        return;
+    };
+    let script = r#"
+import json, struct, sys
+import numpy as np
+ckpt, world, stage = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+lengths = set()
+for r in range(world):
+    raw = open(f"{ckpt}/zero-{r}.safetensors", "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__")
+    assert meta["rank"] == str(r) and meta["world_size"] == str(world), meta
+    assert meta["zero_stage"] == stage and meta["step"] == "4", meta
+    assert sorted(header) == ["state.0", "state.1"], sorted(header)
+    for name, t in header.items():
+        assert t["dtype"] == "F32" and len(t["shape"]) == 1, t
+        a, b = t["data_offsets"]
+        v = np.frombuffer(raw[8 + n + a:8 + n + b], dtype="<f4")
+        assert v.size == t["shape"][0] and np.isfinite(v).all(), name
+        assert np.abs(v).max() > 0, f"rank {r} {name}: all zero"
+        lengths.add(v.size)
+assert len(lengths) == 1, lengths
+print("ok", stage, lengths)
+"#;
+    let out = std::process::Command::new(python)
+        .args(["-c", script])
+        .arg(ckpt)
+        .arg(world.to_string())
+        .arg(stage.to_string())
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("ok"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A checkpoint written at update 4 of a 4-rank run at `stage` (its directory), resumed by
 /// `resumes` (ranks, stage, accumulation steps; the global batch of 4 windows kept): each
 /// ends where the uninterrupted run did.
@@ -220,9 +266,12 @@ fn resumes_from_a_four_rank_checkpoint(stage: usize, resumes: &[(usize, usize, u
     assert!(
         stage == 0
             || ckpt.join("zero.json").is_file()
-                && (0..4).all(|r| ckpt.join(format!("zero-{r}.bin")).is_file()),
+                && (0..4).all(|r| ckpt.join(format!("zero-{r}.safetensors")).is_file()),
         "one shard per rank and a manifest"
     );
+    if stage > 0 {
+        shards_read_with_numpy(&ckpt, 4, stage);
+    }
     for &(ranks, to, accumulation) in resumes {
         let out = tempdir(&format!("zero{stage}-ckpt-{ranks}-{to}-{accumulation}"));
         let c = {

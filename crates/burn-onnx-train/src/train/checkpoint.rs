@@ -12,8 +12,10 @@
 //!   `tp_resume`);
 //! * the update strategy's optimizer state: `optimizer.bpk` (Burn's optimizer record,
 //!   keyed by parameter ids derived from the ONNX names) for replicated runs, or one
-//!   `zero-<rank>.bin` shard per rank plus `zero.json` for ZeRO runs; in a pipeline run,
+//!   `zero-<rank>.safetensors` shard per rank plus `zero.json` for ZeRO runs; in a pipeline run,
 //!   each stage's under `stage-<k>/`, and each tp rank's under `tp-<r>/` (below the stage);
+//! * `model.safetensors.index.json` with stage part files (`checkpoint_index`): Hugging
+//!   Face's index of sharded weights;
 //! * `state.json`: update and micro-step counters, seed (data order and dropout are pure
 //!   functions of seed and step, so this is the whole RNG state), loss-scaler state, the
 //!   world size, the ZeRO stage, and the run's config;
@@ -35,6 +37,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
+use super::checkpoint_index::{INDEX_FILE, model_index};
 use super::checkpoint_manifest::{FileSum, MANIFEST_FILE, merged_manifest, write_rank_sums};
 use super::precision::ScalerState;
 use crate::error::{OnnxError, Result};
@@ -240,8 +243,12 @@ pub fn save_checkpoint(
         let json = serde_json::to_vec_pretty(state)
             .map_err(|e| OnnxError::field("checkpoint state", e.to_string()))?;
         write_synced(&tmp.join(STATE_FILE), &json)?;
-        let state_sum = BTreeMap::from([(STATE_FILE.to_string(), FileSum::of(&json))]);
-        write_synced(&tmp.join(MANIFEST_FILE), &merged_manifest(&tmp, state_sum)?)?;
+        let mut own = BTreeMap::from([(STATE_FILE.to_string(), FileSum::of(&json))]);
+        if let Some(index) = model_index(&tmp)? {
+            write_synced(&tmp.join(INDEX_FILE), &index)?;
+            own.insert(INDEX_FILE.to_string(), FileSum::of(&index));
+        }
+        write_synced(&tmp.join(MANIFEST_FILE), &merged_manifest(&tmp, own)?)?;
         File::open(&tmp)
             .and_then(|d| d.sync_all())
             .map_err(io(&tmp))?;

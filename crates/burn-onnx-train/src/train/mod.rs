@@ -2,6 +2,7 @@
 //! throughput.
 
 pub mod checkpoint;
+pub mod checkpoint_index;
 pub mod checkpoint_manifest;
 pub mod config;
 pub mod data;

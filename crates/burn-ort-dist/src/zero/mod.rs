@@ -16,7 +16,7 @@
 //! Global-norm clipping and LAMB's per-tensor trust ratios work on shards: partial sums of
 //! squares, combined across ranks. Weight decay exclusions are per parameter.
 //!
-//! Checkpoints: every rank writes `zero-<rank>.bin` (its state vectors) and rank 0 writes
+//! Checkpoints: every rank writes `zero-<rank>.safetensors` (its state vectors) and rank 0 writes
 //! `zero.json` (world size, stage, layout, step): a run on any world size and either stage
 //! reassembles the full state from all shards and takes its own slice.
 

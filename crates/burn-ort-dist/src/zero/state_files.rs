@@ -1,7 +1,11 @@
 //! ZeRO optimizer state in a checkpoint directory, resharded on load.
 //!
-//! Rank `r` writes `zero-<r>.bin`: its shard of every state vector, little-endian f32, one
-//! after another. Rank 0 writes `zero.json`: the stage, world size, step, the number of
+//! Rank `r` writes `zero-<r>.safetensors`: its shard of every state vector as the f32
+//! tensor `state.<k>` (Adam's `state.0` the first moments, `state.1` the second), with the
+//! ZeRO stage, world size, rank and step in the file's metadata, so any safetensors reader
+//! opens it (checkpoints of earlier versions hold `zero-<r>.bin`, the same vectors as raw
+//! little-endian f32, one after another; both read). Rank 0 writes `zero.json`: the stage,
+//! world size, step, the number of
 //! state vectors, and the layout (element count and id of every parameter, in order, and
 //! its partitioning), so that a run with another world size or stage can join the old
 //! shards into whole tensors, pick its parameters' state by id and cut its own shard. A checkpoint of a
@@ -22,7 +26,103 @@ use crate::zero::layout::{FlatLayout, Partitioning, Slot};
 pub const MANIFEST: &str = "zero.json";
 
 fn shard_file(rank: usize) -> String {
+    format!("zero-{rank}.safetensors")
+}
+
+/// The shard file of checkpoints written before shards were safetensors.
+fn legacy_shard_file(rank: usize) -> String {
     format!("zero-{rank}.bin")
+}
+
+/// Rank `rank`'s shard as a safetensors file: `state.<k>` per state vector.
+fn shard_bytes(rank: usize, stage: usize, world: usize, state: &ShardState) -> DistResult<Vec<u8>> {
+    let bytes: Vec<Vec<u8>> = state
+        .slots
+        .iter()
+        .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
+    let views = bytes
+        .iter()
+        .enumerate()
+        .map(|(k, b)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![b.len() / 4], b)
+                    .map_err(|e| bad(rank, format!("state vector {k}: {e}")))?;
+            Ok((format!("state.{k}"), view))
+        })
+        .collect::<DistResult<Vec<_>>>()?;
+    let metadata = HashMap::from([
+        (
+            "format".to_string(),
+            "burn-ort ZeRO optimizer-state shard".to_string(),
+        ),
+        ("zero_stage".to_string(), stage.to_string()),
+        ("world_size".to_string(), world.to_string()),
+        ("rank".to_string(), rank.to_string()),
+        ("step".to_string(), state.step.to_string()),
+    ]);
+    safetensors::serialize(views, Some(metadata))
+        .map_err(|e| bad(rank, format!("cannot encode {}: {e}", shard_file(rank))))
+}
+
+/// The `vectors` state vectors of length `len` in shard file `r` of `dir` (safetensors, or
+/// the raw f32 of earlier checkpoints).
+fn read_shard(
+    dir: &Path,
+    r: usize,
+    rank: usize,
+    vectors: usize,
+    len: usize,
+) -> DistResult<Vec<Vec<f32>>> {
+    let floats = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    let p = dir.join(shard_file(r));
+    if !p.exists() {
+        let legacy = dir.join(legacy_shard_file(r));
+        let bytes =
+            std::fs::read(&legacy).map_err(|e| bad(rank, format!("{}: {e}", p.display())))?;
+        if bytes.len() != len * vectors * 4 {
+            return Err(bad(
+                rank,
+                format!(
+                    "{}: {} bytes, expected {} ({vectors} x {len} f32)",
+                    legacy.display(),
+                    bytes.len(),
+                    len * vectors * 4
+                ),
+            ));
+        }
+        return Ok(bytes.chunks_exact(len * 4).map(floats).collect());
+    }
+    let bytes = std::fs::read(&p).map_err(|e| bad(rank, format!("{}: {e}", p.display())))?;
+    let file = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+        bad(
+            rank,
+            format!("{}: not a safetensors file: {e}", p.display()),
+        )
+    })?;
+    (0..vectors)
+        .map(|k| {
+            let t = file
+                .tensor(&format!("state.{k}"))
+                .map_err(|e| bad(rank, format!("{}: state.{k}: {e}", p.display())))?;
+            if t.dtype() != safetensors::Dtype::F32 || t.data().len() != len * 4 {
+                return Err(bad(
+                    rank,
+                    format!(
+                        "{}: state.{k} is {:?} {:?}, expected F32 [{len}]",
+                        p.display(),
+                        t.dtype(),
+                        t.shape()
+                    ),
+                ));
+            }
+            Ok(floats(t.data()))
+        })
+        .collect()
 }
 
 fn bad(rank: usize, message: String) -> DistError {
@@ -56,11 +156,10 @@ pub fn write(
     layout: &FlatLayout,
     state: &ShardState,
 ) -> DistResult<Vec<(String, Vec<u8>)>> {
-    let mut bytes = Vec::with_capacity(state.slots.iter().map(Vec::len).sum::<usize>() * 4);
-    for v in &state.slots {
-        bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
-    }
-    let mut files = vec![(shard_file(rank), bytes)];
+    let mut files = vec![(
+        shard_file(rank),
+        shard_bytes(rank, stage, layout.world, state)?,
+    )];
     if rank == 0 {
         let manifest = Manifest {
             stage,
@@ -217,26 +316,11 @@ fn read_dir(
     let old_shard = old.shard_len();
     let mut shards = vec![Vec::with_capacity(old.world); vectors];
     for r in 0..old.world {
-        let p = dir.join(shard_file(r));
-        let bytes = std::fs::read(&p).map_err(|e| bad(rank, format!("{}: {e}", p.display())))?;
-        if bytes.len() != old_shard * vectors * 4 {
-            return Err(bad(
-                rank,
-                format!(
-                    "{}: {} bytes, expected {} ({vectors} x {old_shard} f32)",
-                    p.display(),
-                    bytes.len(),
-                    old_shard * vectors * 4
-                ),
-            ));
-        }
-        for (k, v) in shards.iter_mut().enumerate() {
-            let part = &bytes[k * old_shard * 4..(k + 1) * old_shard * 4];
-            v.push(
-                part.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect::<Vec<f32>>(),
-            );
+        for (v, part) in shards
+            .iter_mut()
+            .zip(read_shard(dir, r, rank, vectors, old_shard)?)
+        {
+            v.push(part);
         }
     }
     let whole: Vec<Vec<Vec<f32>>> = shards.iter().map(|s| old.join(s)).collect();
@@ -305,4 +389,86 @@ pub fn write_whole(
         std::fs::write(&path, bytes).map_err(|e| bad(0, format!("{}: {e}", path.display())))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two parameters (3 and 2 elements) over two ranks, two state vectors each.
+    fn layout() -> FlatLayout {
+        let slot = |id: u64, len: usize| Slot {
+            id: ParamId::from(id),
+            shape: vec![len],
+            offset: 0,
+            len,
+            trainable: true,
+        };
+        FlatLayout::from_slots(vec![slot(7, 3), slot(9, 2)], 2, Partitioning::Contiguous)
+    }
+
+    /// Rank `rank`'s shard of two state vectors; the padding past the 5 elements is 0.
+    fn state(rank: usize, len: usize) -> ShardState {
+        let value = |k: usize, i: usize| match rank * len + i {
+            5.. => 0.0,
+            _ => (100 * rank + 10 * k + i) as f32 + 0.5,
+        };
+        ShardState {
+            step: 4,
+            slots: (0..2)
+                .map(|k| (0..len).map(|i| value(k, i)).collect())
+                .collect(),
+        }
+    }
+
+    fn write_all(dir: &Path, legacy: bool) {
+        let layout = layout();
+        for rank in 0..2 {
+            let s = state(rank, layout.shard_len());
+            for (name, bytes) in write(rank, 1, &layout, &s).unwrap() {
+                if legacy && name.ends_with(".safetensors") {
+                    // The raw format of earlier checkpoints: every vector's f32, in turn.
+                    let raw: Vec<u8> = s
+                        .slots
+                        .concat()
+                        .iter()
+                        .flat_map(|x| x.to_le_bytes())
+                        .collect();
+                    std::fs::write(dir.join(legacy_shard_file(rank)), raw).unwrap();
+                } else {
+                    std::fs::write(dir.join(name), bytes).unwrap();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shards_are_safetensors_and_earlier_raw_shards_still_read() {
+        let layout = layout();
+        for legacy in [false, true] {
+            let dir = std::env::temp_dir()
+                .join(format!("zero-state-files-{legacy}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            write_all(&dir, legacy);
+            if !legacy {
+                let bytes = std::fs::read(dir.join("zero-1.safetensors")).unwrap();
+                let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+                let info = meta.metadata().as_ref().unwrap();
+                assert_eq!(info["rank"], "1");
+                assert_eq!(info["world_size"], "2");
+                assert_eq!(info["step"], "4");
+            }
+            for rank in 0..2 {
+                let read = read(&[dir.clone()], rank, &layout, 2).unwrap();
+                assert_eq!(read.step, 4);
+                assert_eq!(
+                    read.slots,
+                    state(rank, layout.shard_len()).slots,
+                    "legacy {legacy}"
+                );
+            }
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
 }
