@@ -109,6 +109,7 @@ fn an_inf_gradient_on_one_rank_skips_the_update_on_every_rank() {
         let mut strategy = build_strategy(
             &c.optimizer,
             c.parallel.zero_stage,
+            None,
             &model,
             &data_parallel(&c.parallel, comm.clone()),
         )

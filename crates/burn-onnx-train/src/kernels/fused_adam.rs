@@ -11,9 +11,15 @@
 //!
 //! Parameters and moments are f32 (master weights): under `--precision f16/bf16` the
 //! interpreter casts at the autocast ops, so there is no separate low-precision copy.
+//! With the moments offloaded to disk (`offload.offload_optimizer = "disk"`, CPU update
+//! only) they live in a memory-mapped file instead (`disk_moments.rs`), the arithmetic
+//! unchanged.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 
+use super::disk_moments::DiskMoments;
 use super::host_optim::{HostRule, HostSlot, InPlace};
 use burn::backend::flex::Flex;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -48,13 +54,20 @@ impl Slot {
     }
 }
 
+/// Where the two flat moment buffers live.
+enum Moments {
+    /// Tensors on the training device.
+    Device(Tensor<1>, Tensor<1>),
+    /// A memory-mapped file (the CPU update only).
+    Disk(DiskMoments),
+}
+
 /// The flat layout and the device state of a run's optimizer.
 struct Flat {
     slots: Vec<Slot>,
     len: usize,
     device: Device,
-    moment_1: Tensor<1>,
-    moment_2: Tensor<1>,
+    moments: Moments,
     time: usize,
 }
 
@@ -65,6 +78,8 @@ pub struct FusedAdam {
     flat: Option<Flat>,
     /// A loaded record, placed into the flat buffers at the first step.
     loaded: Option<BTreeMap<u64, MomentState>>,
+    /// Keep the moments in a file under this directory instead of in memory.
+    offload_dir: Option<PathBuf>,
 }
 
 fn invalid(message: String) -> DistError {
@@ -80,7 +95,16 @@ impl FusedAdam {
             decay,
             flat: None,
             loaded: None,
+            offload_dir: None,
         })
+    }
+
+    /// The same optimizer with its moments in a memory-mapped file under `dir`.
+    pub fn with_moments_on_disk(self, dir: PathBuf) -> Self {
+        FusedAdam {
+            offload_dir: Some(dir),
+            ..self
+        }
     }
 
     /// Adam and AdamW nest their moments in a `momentum` field of Burn's record.
@@ -109,7 +133,27 @@ impl FusedAdam {
             slots.push(slot);
         }
         let len = chunk * CHUNK;
-        let (mut m1, mut m2, mut time) = (vec![0.0f32; len], vec![0.0f32; len], 0);
+        let mut moments = match &self.offload_dir {
+            Some(dir) => Moments::Disk(DiskMoments::create(dir, len).map_err(|e| {
+                invalid(format!(
+                    "optimizer moments on disk under {}: {e}",
+                    dir.display()
+                ))
+            })?),
+            None => Moments::Device(Tensor::empty([0], &device), Tensor::empty([0], &device)),
+        };
+        let (mut host_m1, mut host_m2) = (Vec::new(), Vec::new());
+        let (m1, m2): (&mut [f32], &mut [f32]) = match &mut moments {
+            Moments::Disk(d) => {
+                let (m1, m2, _) = d.moments_mut();
+                (m1, m2)
+            }
+            Moments::Device(..) => {
+                (host_m1, host_m2) = (vec![0.0f32; len], vec![0.0f32; len]);
+                (&mut host_m1, &mut host_m2)
+            }
+        };
+        let mut time = 0;
         if let Some(mut loaded) = self.loaded.take() {
             let mut times = Vec::new();
             for s in &slots {
@@ -137,13 +181,15 @@ impl FusedAdam {
                 )));
             }
         }
-        let upload = |v: Vec<f32>| {
-            let n = v.len();
-            Tensor::<1>::from_data(TensorData::new(v, [n]), &device)
-        };
+        if let Moments::Device(..) = moments {
+            let upload = |v: Vec<f32>| {
+                let n = v.len();
+                Tensor::<1>::from_data(TensorData::new(v, [n]), &device)
+            };
+            moments = Moments::Device(upload(host_m1), upload(host_m2));
+        }
         Ok(Flat {
-            moment_1: upload(m1),
-            moment_2: upload(m2),
+            moments,
             slots,
             len,
             device: device.clone(),
@@ -230,14 +276,6 @@ fn on_host<M: Module>(
     factors: &[f32],
     rule: Rule,
 ) -> DistResult<M> {
-    let host = |t: Tensor<1>| {
-        t.inner()
-            .try_into_primitive::<Flex>()
-            .map_err(|e| invalid(format!("fused optimizer: moments not on the CPU: {e:?}")))
-    };
-    let empty = || Tensor::<1>::empty([0], &flat.device);
-    let mut m1 = host(std::mem::replace(&mut flat.moment_1, empty()))?;
-    let mut m2 = host(std::mem::replace(&mut flat.moment_2, empty()))?;
     let slots = flat
         .slots
         .iter()
@@ -255,23 +293,61 @@ fn on_host<M: Module>(
             )
         })
         .collect();
-    let mut update = InPlace {
+    let update = InPlace {
         slots,
-        moment_1: m1.storage_mut(),
-        moment_2: m2.storage_mut(),
+        moment_1: &mut [],
+        moment_2: &mut [],
         step,
         rule: match rule {
             Rule::AdamW { .. } => HostRule::AdamW,
             Rule::Lamb { .. } => HostRule::Lamb,
             _ => HostRule::Adam,
         },
+        after_each: None,
         error: None,
     };
+    match &mut flat.moments {
+        Moments::Disk(disk) => {
+            let (moment_1, moment_2, releaser) = disk.moments_mut();
+            let release = move |r| releaser.release(r);
+            update_in_place(
+                module,
+                InPlace {
+                    moment_1,
+                    moment_2,
+                    after_each: Some(&release),
+                    ..update
+                },
+            )
+        }
+        Moments::Device(t1, t2) => {
+            let host = |t: Tensor<1>| {
+                t.inner()
+                    .try_into_primitive::<Flex>()
+                    .map_err(|e| invalid(format!("fused optimizer: moments not on the CPU: {e:?}")))
+            };
+            let empty = || Tensor::<1>::empty([0], &flat.device);
+            let mut m1 = host(std::mem::replace(t1, empty()))?;
+            let mut m2 = host(std::mem::replace(t2, empty()))?;
+            let module = update_in_place(
+                module,
+                InPlace {
+                    moment_1: m1.storage_mut(),
+                    moment_2: m2.storage_mut(),
+                    ..update
+                },
+            );
+            *t1 = Tensor::from_primitive::<Flex>(m1);
+            *t2 = Tensor::from_primitive::<Flex>(m2);
+            module
+        }
+    }
+}
+
+/// `update` applied to `module`'s parameters, in place.
+fn update_in_place<M: Module>(module: M, mut update: InPlace) -> DistResult<M> {
     let module = module.map(&mut update);
-    let error = update.error.take();
-    flat.moment_1 = Tensor::from_primitive::<Flex>(m1);
-    flat.moment_2 = Tensor::from_primitive::<Flex>(m2);
-    match error {
+    match update.error.take() {
         Some(e) => Err(invalid(format!("fused optimizer: {e}"))),
         None => Ok(module),
     }
@@ -314,18 +390,20 @@ fn on_device<M: Module>(
         .chain([(flat.len / CHUNK) as f32])
         .collect();
     // The moments move into the update, which writes them in place.
+    let Moments::Device(moment_1, moment_2) = &mut flat.moments else {
+        unreachable!("FusedAdam::step keeps moments on disk to the CPU update")
+    };
     let buffers = ops::Buffers {
         params,
         grads,
-        moment_1: std::mem::replace(&mut flat.moment_1, Tensor::empty([0], &device)),
-        moment_2: std::mem::replace(&mut flat.moment_2, Tensor::empty([0], &device)),
+        moment_1: std::mem::replace(moment_1, Tensor::empty([0], &device)),
+        moment_2: std::mem::replace(moment_2, Tensor::empty([0], &device)),
         chunk_starts: upload(&starts),
         factors: upload(factors),
         hyper: upload(&hyper),
     };
     let (params, m1, m2) = ops::update(buffers, rule);
-    flat.moment_1 = m1;
-    flat.moment_2 = m2;
+    flat.moments = Moments::Device(m1, m2);
     let slots = flat.slots.iter().map(|s| (s.id, s)).collect();
     module.map(&mut Scatter {
         flat: &params,
@@ -390,6 +468,11 @@ impl ReplicaOptimizer for FusedAdam {
             .collect();
         let grads: Vec<Tensor<1>> = taken.into_iter().map(|(_, g, _)| g).collect();
         if super::runs_cubecl(&flat.device) {
+            if let Moments::Disk(_) = flat.moments {
+                return Err(invalid(
+                    "fused optimizer: moments on disk are updated on the CPU; this run computes on a GPU device".into(),
+                ));
+            }
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             return Ok(on_device(flat, module, grads, step, &factors, rule));
         }
@@ -410,9 +493,16 @@ impl ReplicaOptimizer for FusedAdam {
             t.clone()
                 .into_data()
                 .try_to_vec::<f32>()
+                .map(Cow::Owned)
                 .map_err(|e| invalid(format!("cannot read the optimizer state: {e:?}")))
         };
-        let (m1, m2) = (host(&flat.moment_1)?, host(&flat.moment_2)?);
+        let (m1, m2): (Cow<[f32]>, Cow<[f32]>) = match &flat.moments {
+            Moments::Device(a, b) => (host(a)?, host(b)?),
+            Moments::Disk(d) => {
+                let (a, b) = d.moments();
+                (Cow::Borrowed(a), Cow::Borrowed(b))
+            }
+        };
         let states: Vec<(u64, MomentState)> = if flat.time == 0 {
             Vec::new()
         } else {

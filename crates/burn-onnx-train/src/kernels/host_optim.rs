@@ -54,6 +54,9 @@ pub struct InPlace<'a> {
     /// The step's scalars.
     pub step: AdamStep,
     pub rule: HostRule,
+    /// Called with each parameter's range of the moments once it is updated (moments on
+    /// disk release their pages there).
+    pub after_each: Option<&'a dyn Fn(std::ops::Range<usize>)>,
     /// The first parameter that could not be updated, and why.
     pub error: Option<String>,
 }
@@ -100,8 +103,11 @@ impl ModuleMapper for InPlace<'_> {
             };
             let g: &[f32] = g.as_slice().expect("contiguous f32");
             let r = slot.range;
-            let (m, v) = (&mut self.moment_1[r.clone()], &mut self.moment_2[r]);
+            let (m, v) = (&mut self.moment_1[r.clone()], &mut self.moment_2[r.clone()]);
             update(p.storage_mut(), g, m, v, slot.factor, self.step, self.rule);
+            if let Some(after) = self.after_each {
+                after(r);
+            }
             Tensor::from_inner(Tensor::from_primitive::<Flex>(p)).set_require_grad(require)
         })
     }

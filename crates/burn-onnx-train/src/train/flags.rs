@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use super::config::{Overlap, Resume, TrainingConfig};
+use super::config::{OffloadTarget, Overlap, Resume, TrainingConfig};
 use crate::error::{OnnxError, Result};
 
 /// Flags that override a [`TrainingConfig`].
@@ -87,6 +87,10 @@ pub struct TrainFlags {
     /// wire, f16's precision.
     #[arg(long)]
     pub allreduce_in_fp16: bool,
+    /// Keep Adam's moments in a memory-mapped file (`disk`, under `--output-dir`/offload or
+    /// the config's `offload.offload_dir`) instead of memory (`offload.offload_optimizer`).
+    #[arg(long, value_name = "none|disk")]
+    pub offload_optimizer: Option<OffloadTarget>,
     /// Activation recomputation over N segments (`recompute_segments`; 0 off).
     #[arg(long, value_name = "N")]
     pub recompute: Option<usize>,
@@ -182,6 +186,9 @@ impl TrainFlags {
         c.parallel.overlap = self.overlap.unwrap_or(c.parallel.overlap);
         c.logging.profile |= self.profile;
         c.parallel.allreduce_in_fp16 |= self.allreduce_in_fp16;
+        c.offload.offload_optimizer = self
+            .offload_optimizer
+            .unwrap_or(c.offload.offload_optimizer);
         match self.resume.as_deref() {
             None => {}
             Some("latest") => c.checkpoint.resume = Resume::Latest,

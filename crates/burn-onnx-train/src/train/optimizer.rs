@@ -6,6 +6,7 @@
 //! stage with the same rule over flat buffers).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use burn::module::{ParamGroup, ParamId};
@@ -169,6 +170,7 @@ pub fn data_parallel(p: &ParallelConfig, comm: Arc<dyn Communicator>) -> DataPar
 pub fn build_strategy(
     optimizer: &OptimizerConfig,
     zero_stage: usize,
+    offload_dir: Option<PathBuf>,
     model: &OnnxModel,
     ddp: &DataParallel,
 ) -> Result<Box<dyn UpdateStrategy<OnnxModel>>> {
@@ -176,6 +178,10 @@ pub fn build_strategy(
     if zero_stage == 0 {
         let ddp = ddp.clone();
         if let Some(fused) = crate::kernels::FusedAdam::new(flat_rule(optimizer), decay.clone()) {
+            let fused = match offload_dir {
+                Some(dir) => fused.with_moments_on_disk(dir),
+                None => fused,
+            };
             tracing::info!(optimizer = ?optimizer.kind, "fused multi-tensor update");
             return Ok(Box::new(Replicated::new(ddp, fused)));
         }

@@ -108,7 +108,13 @@ impl ParallelPlan {
             .with_collectives(self.collectives());
         let ddp = data_parallel(&c.parallel, self.groups.dp.clone());
         let passes = self.passes(c, &model, device, &ddp)?;
-        let mut strategy = build_strategy(&c.optimizer, c.parallel.zero_stage, &model, &ddp)?;
+        let mut strategy = build_strategy(
+            &c.optimizer,
+            c.parallel.zero_stage,
+            c.offload_dir(),
+            &model,
+            &ddp,
+        )?;
         if let Some(group) = self.model_parallel(&model) {
             strategy.set_model_parallel(group);
         }

@@ -98,6 +98,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "profile",
         ],
     ),
+    ("offload", &["offload_optimizer", "offload_dir"]),
     ("optimizer", &[]),
     ("lr", &[]),
 ];

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 pub use optimizer::{LrConfig, OptimizerConfig, OptimizerKind, ScheduleKind};
 pub use parallel::{DEFAULT_MPI_COLLECTIVE_TIMEOUT_S, Overlap, ParallelConfig};
 pub use sections::{
-    CheckpointConfig, DataConfig, EvalConfig, LoggingConfig, ModelConfig, PrecisionConfig, Resume,
-    TrainLoopConfig,
+    CheckpointConfig, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OffloadConfig,
+    OffloadTarget, PrecisionConfig, Resume, TrainLoopConfig,
 };
 
 use super::device::DeviceSpec;
@@ -46,6 +46,8 @@ pub struct TrainingConfig {
     pub precision: PrecisionConfig,
     /// Device, parallel layout, gradient reduction.
     pub parallel: ParallelConfig,
+    /// Optimizer state out of memory.
+    pub offload: OffloadConfig,
     /// Outputs, checkpoints, resume.
     pub checkpoint: CheckpointConfig,
     /// Console, TensorBoard, profile.
@@ -69,6 +71,19 @@ impl TrainingConfig {
                 .find(|m| self.data.batch_size % m == 0)
                 .unwrap_or(1),
             (_, m) => m,
+        }
+    }
+
+    /// The directory of the offloaded optimizer state, `None` when it stays in memory.
+    pub fn offload_dir(&self) -> Option<PathBuf> {
+        match self.offload.offload_optimizer {
+            OffloadTarget::None => None,
+            OffloadTarget::Disk => Some(
+                self.offload
+                    .offload_dir
+                    .clone()
+                    .unwrap_or_else(|| self.checkpoint.output_dir.join("offload")),
+            ),
         }
     }
 
@@ -217,6 +232,25 @@ impl TrainingConfig {
                 "model.loss",
                 "\"graph\" is not implemented with pipeline parallelism or segmented overlap: attach the loss instead",
             ));
+        }
+        if self.offload.offload_optimizer == OffloadTarget::Disk {
+            let why = if p.device != DeviceSpec::Cpu {
+                Some("updates the state on the CPU: use device \"cpu\"")
+            } else if p.zero_stage > 0 {
+                Some(
+                    "is implemented for the replicated optimizer (zero_stage 0); ZeRO shards stay in memory",
+                )
+            } else if self.optimizer.kind == OptimizerKind::Sgd {
+                Some("offloads Adam, AdamW and LAMB moments; SGD's momentum stays in memory")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(invalid(
+                    "offload.offload_optimizer",
+                    format!("\"disk\" {why}"),
+                ));
+            }
         }
         if matches!(self.model.loss, LossKind::LmCrossEntropy) && self.data.seq_len < 2 {
             return Err(invalid(

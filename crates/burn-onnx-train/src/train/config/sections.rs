@@ -367,6 +367,31 @@ impl CheckpointConfig {
     }
 }
 
+/// Where the optimizer state lives (config `offload.offload_optimizer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum OffloadTarget {
+    /// In memory, beside the parameters.
+    #[default]
+    None,
+    /// In a memory-mapped file under `offload_dir` (ZeRO-Infinity's NVMe offload): each
+    /// parameter's moments are paged in for its update and released after it, so memory
+    /// holds one parameter's state at a time. Adam, AdamW and LAMB on the CPU device.
+    Disk,
+}
+
+/// `[offload]`: optimizer state out of memory.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OffloadConfig {
+    /// Where the optimizer state lives.
+    pub offload_optimizer: OffloadTarget,
+    /// The directory of its files with `disk` (default `<output_dir>/offload`; a fast local
+    /// disk: every update reads and writes the whole state once).
+    pub offload_dir: Option<PathBuf>,
+}
+
 /// `[logging]`: the console, TensorBoard summaries and the node profile.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -1,0 +1,100 @@
+//! Adam's moments on disk (ZeRO-Infinity's NVMe offload, for the CPU update): both flat
+//! moment buffers live in one memory-mapped file under the offload directory, and the
+//! update releases each parameter's pages as soon as it is done with them, so the process
+//! keeps one parameter's moments resident at a time instead of all of them. The kernel
+//! writes the released pages back to the file and reads them again at the next update.
+//! The file is unlinked as soon as it is mapped: nothing is left behind, even after a kill.
+
+use std::fs::{self, OpenOptions};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use memmap2::MmapMut;
+
+/// Tells offload files of one process apart (ranks on threads share the process id).
+static NEXT_FILE: AtomicUsize = AtomicUsize::new(0);
+
+/// The two moment buffers of `len` values each, in a file-backed mapping.
+pub struct DiskMoments {
+    map: MmapMut,
+    len: usize,
+}
+
+impl DiskMoments {
+    /// Zeroed moments for `len` values in a new file under `dir`.
+    pub fn create(dir: &Path, len: usize) -> std::io::Result<Self> {
+        fs::create_dir_all(dir)?;
+        let path = dir.join(format!(
+            "adam-moments-{}-{}.f32",
+            std::process::id(),
+            NEXT_FILE.fetch_add(1, Ordering::Relaxed)
+        ));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        file.set_len((2 * len.max(1) * 4) as u64)?;
+        // SAFETY: the file is this process's own (created above, unlinked below), so no
+        // one else truncates or writes it while it is mapped.
+        let map = unsafe { MmapMut::map_mut(&file)? };
+        fs::remove_file(&path)?;
+        Ok(DiskMoments { map, len })
+    }
+
+    /// The first and second moments.
+    pub fn moments(&self) -> (&[f32], &[f32]) {
+        // SAFETY: the mapping is page aligned and holds 2 * len f32 values.
+        let all =
+            unsafe { std::slice::from_raw_parts(self.map.as_ptr().cast::<f32>(), 2 * self.len) };
+        all.split_at(self.len)
+    }
+
+    /// The first and second moments, to update, with what releases their pages.
+    pub fn moments_mut(&mut self) -> (&mut [f32], &mut [f32], Releaser) {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+        let releaser = Releaser {
+            base: self.map.as_ptr() as usize,
+            len: self.len,
+            page,
+        };
+        // SAFETY: as in `moments`, borrowed mutably through `self`.
+        let all = unsafe {
+            std::slice::from_raw_parts_mut(self.map.as_mut_ptr().cast::<f32>(), 2 * self.len)
+        };
+        let (m1, m2) = all.split_at_mut(self.len);
+        (m1, m2, releaser)
+    }
+}
+
+/// Drops ranges of the moments from this process's memory (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub struct Releaser {
+    base: usize,
+    len: usize,
+    page: usize,
+}
+
+impl Releaser {
+    /// Release the pages of values `range` of both moments (rounded out to whole pages:
+    /// a neighbour's page released early is only read again).
+    pub fn release(&self, range: Range<usize>) {
+        let page = self.page;
+        for half in [0, self.len] {
+            let start = (self.base + (half + range.start) * 4) / page * page;
+            let end = (self.base + (half + range.end) * 4).div_ceil(page) * page;
+            let limit = self.base + 2 * self.len * 4;
+            let end = end.min(limit.div_ceil(page) * page);
+            if end > start {
+                // SAFETY: the range lies inside the shared file mapping; MADV_DONTNEED on
+                // a shared mapping keeps the data (the page cache holds it and the file
+                // receives it), the next access reads it back.
+                unsafe {
+                    libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+                }
+            }
+        }
+    }
+}
