@@ -808,8 +808,20 @@ fn a_deepspeed_config_sets_its_fields_and_names_the_keys_it_cannot_honour() {
     assert_eq!(lr["initial_lr"].as_float(), Some(3e-4));
     assert_eq!(lr["mode"].as_str(), Some("linear"));
     assert_eq!(lr["warmup_ratio"].as_float(), Some(0.1));
+    // ZeRO-Infinity's NVMe offload of the optimizer state is the state on disk.
+    let out = print(
+        r#"{"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/nvme"}}}"#,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let c: toml::Table = toml::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert_eq!(c["offload"]["offload_optimizer"].as_str(), Some("disk"));
+    assert_eq!(c["offload"]["offload_dir"].as_str(), Some("/tmp/nvme"));
     // What it cannot honour is an error naming the key.
     for (json, key) in [
+        (
+            r#"{"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}"#,
+            "zero_optimization.offload_optimizer.device",
+        ),
         (
             r#"{"zero_optimization": {"stage": 2, "overlap_comm": true}}"#,
             "zero_optimization.overlap_comm",

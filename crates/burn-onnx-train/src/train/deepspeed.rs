@@ -12,6 +12,7 @@
 //! | `fp16.enabled`, `loss_scale` (0: dynamic), `loss_scale_window`, `initial_scale_power` (16) | `precision = "f16"`, `loss_scale`, `loss_scale_growth_interval` |
 //! | `bf16.enabled` | `precision = "bf16"` |
 //! | `zero_optimization.stage` | `zero_stage` |
+//! | `zero_optimization.offload_optimizer.device` "nvme" / "none", `nvme_path` | `offload.offload_optimizer` "disk" / "none", `offload.offload_dir` |
 //! | `optimizer.type` Adam (AdamW unless `adam_w_mode` is false), AdamW, Lamb, SGD; `params` lr, betas, eps, weight_decay, momentum | `optimizer`, `lr.initial_lr` |
 //! | `scheduler.type` WarmupLR, WarmupDecayLR, WarmupCosineLR with linear warm-up from 0 | `lr.mode` constant, linear, cosine; `lr.warmup_ratio`; `total_num_steps` sets the updates |
 //! | `steps_per_print` | `display_loss_steps` |
@@ -21,7 +22,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::config::{OptimizerKind, ScheduleKind, TrainingConfig};
+use super::config::{OffloadTarget, OptimizerKind, ScheduleKind, TrainingConfig};
 use super::precision::Precision;
 use crate::error::{OnnxError, Result};
 
@@ -70,9 +71,12 @@ impl Ds<'_> {
                 }
                 "zero_optimization" => {
                     let s = section(key, v)?;
-                    only(key, s, &["stage"])?;
+                    only(key, s, &["stage", "offload_optimizer"])?;
                     if let Some(stage) = s.get("stage") {
                         self.c.parallel.zero_stage = count("zero_optimization.stage", stage)?;
+                    }
+                    if let Some(o) = s.get("offload_optimizer") {
+                        self.offload_optimizer(section("zero_optimization.offload_optimizer", o)?)?;
                     }
                 }
                 "optimizer" => self.optimizer(section(key, v)?)?,
@@ -221,6 +225,26 @@ impl Ds<'_> {
             (self.c.train.num_train_steps / self.c.train.gradient_accumulation_steps.max(1)).max(1);
         self.c.lr.mode = mode;
         self.c.lr.warmup_ratio = warmup as f64 / updates as f64;
+        Ok(())
+    }
+
+    /// `zero_optimization.offload_optimizer`: `device` "nvme" (with `nvme_path`) is the
+    /// state on disk, "none" in memory; "cpu" (host memory while a GPU computes) is not
+    /// implemented.
+    fn offload_optimizer(&mut self, s: &Map<String, Value>) -> Step {
+        let name = "zero_optimization.offload_optimizer";
+        only(name, s, &["device", "nvme_path"])?;
+        match text(&format!("{name}.device"), s.get("device"))?.as_str() {
+            "none" => self.c.offload.offload_optimizer = OffloadTarget::None,
+            "nvme" => {
+                self.c.offload.offload_optimizer = OffloadTarget::Disk;
+                if let Some(p) = s.get("nvme_path") {
+                    let path = text(&format!("{name}.nvme_path"), Some(p))?;
+                    self.c.offload.offload_dir = Some(path.into());
+                }
+            }
+            other => return Err(unsupported(&format!("{name}.device = {other:?}"))),
+        }
         Ok(())
     }
 

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# AdamW with its moments in memory and on disk (`--offload-optimizer disk`) on a big GPT-2,
+# each run a fresh process measured with /usr/bin/time -v (peak RSS, file-system blocks
+# written) and perf.json (ms per update). Not part of CI (GB of weights); the figures go
+# to BENCHMARKS.md.
+#
+#   cargo build --release -p burn-onnx-train --bin onnx-train
+#   tools/offload_bench.sh [layers heads width updates [modes]]
+#
+# Defaults: the GPT-2 large shape (36 layers, 20 heads, width 1280: 774 M parameters),
+# 3 updates of 1 x 64 tokens, modes "none disk". The XL shape (48 25 1600, 1.56 B) with
+# mode "disk" is the run that does not fit 24 GiB in memory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LAYERS=${1:-36} HEADS=${2:-20} WIDTH=${3:-1280} UPDATES=${4:-3} MODES=${5:-"none disk"}
+DIR=${DIR:-runs/offload-bench-$LAYERS-$WIDTH}
+BIN=target/release/onnx-train
+mkdir -p "$DIR/data"
+[ -f "$DIR/model.onnx" ] || $BIN gpt2 --output "$DIR/model.onnx" --layers "$LAYERS" --heads "$HEADS" --width "$WIDTH" > /dev/null
+python3 tools/random_tokens.py "$DIR/data/tokens.npy" 50257
+cat > "$DIR/run.toml" <<TOML
+model_path = "$DIR/model.onnx"
+train_data_dir = "$DIR/data"
+seq_len = 64
+batch_size = 1
+num_train_steps = $UPDATES
+evaluation_period = 0
+checkpoint_period = 0
+progress = false
+log_dir = ""
+[optimizer]
+kind = "adamw"
+TOML
+for mode in $MODES; do
+  out="$DIR/$mode"
+  rm -rf "$out"
+  /usr/bin/time -v $BIN train --config "$DIR/run.toml" --output-dir "$out" --offload-optimizer "$mode" \
+    > "$DIR/$mode.log" 2>&1 || { echo "$mode failed:"; tail -5 "$DIR/$mode.log"; continue; }
+  python3 - "$DIR/$mode.log" "$out/perf.json" "$mode" <<'PY'
+import json, re, sys
+log, perf, mode = open(sys.argv[1]).read(), json.load(open(sys.argv[2])), sys.argv[3]
+rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", log).group(1)) / 2**20
+out = int(re.search(r"File system outputs: (\d+)", log).group(1)) * 512 / 2**30
+wall = re.search(r"Elapsed \(wall clock\) time.*: (\S+)", log).group(1)
+print(f"{mode}: peak RSS {rss:.2f} GiB, {perf['avg_update_ms'] / 1000:.1f} s/update, "
+      f"{out:.2f} GiB written to disk in all, wall {wall}")
+PY
+done
