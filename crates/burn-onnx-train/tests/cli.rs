@@ -812,7 +812,11 @@ fn a_deepspeed_config_sets_its_fields_and_names_the_keys_it_cannot_honour() {
     let out = print(
         r#"{"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/nvme"}}}"#,
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let c: toml::Table = toml::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
     assert_eq!(c["offload"]["offload_optimizer"].as_str(), Some("disk"));
     assert_eq!(c["offload"]["offload_dir"].as_str(), Some("/tmp/nvme"));
