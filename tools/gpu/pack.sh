@@ -44,7 +44,8 @@ if [ "$flavour" = cuda ]; then
   cargo --config "patch.crates-io.cubecl-llvm.path=\"$root/tools/gpu/cubecl-llvm-stub\"" \
     "${cargo_args[@]}" --features mpi,wgpu,cuda-nvrtc > "$dir/build.json"
 else
-  cargo "${cargo_args[@]}" --features mpi,wgpu > "$dir/build.json"
+  # CI's test features, so CI's wgpu pack reuses its test build.
+  cargo "${cargo_args[@]}" --features mpi,wgpu,learner > "$dir/build.json"
 fi
 tests_exe="$(python3 -c '
 import json, sys

@@ -34,6 +34,8 @@ pub mod graph;
 pub mod host_tensor;
 pub mod initializer_ties;
 pub mod kernels;
+#[cfg(feature = "learner")]
+pub mod learner;
 pub mod loader;
 pub mod loss;
 pub mod model;

@@ -73,13 +73,36 @@ pub fn forward_loss(
     mode: Mode,
     seed: u64,
 ) -> Result<StepOutput> {
+    forward_loss_and_output(model, batch, config, device, mode, seed).map(|(step, _)| step)
+}
+
+/// [`forward_loss`] with the output the loss reads (the logits), for callers that report
+/// predictions (`learner.rs`).
+pub fn forward_loss_and_output(
+    model: &OnnxModel,
+    batch: &Batch,
+    config: &PassSettings,
+    device: &Device,
+    mode: Mode,
+    seed: u64,
+) -> Result<(StepOutput, PhysTensor)> {
     let out = model.forward_with(
         feeds(batch, config, device)?,
         mode,
         seed,
         config.precision.autocast(),
     )?;
-    loss_of_outputs(out, batch, config, device, mode)
+    let Some(Value::Float(logits)) = out.get(&config.output_name) else {
+        return Err(OnnxError::field(
+            "config.model.output_name",
+            format!(
+                "'{}' is not a float output of the graph",
+                config.output_name
+            ),
+        ));
+    };
+    let logits = logits.tensor.clone();
+    Ok((loss_of_outputs(out, batch, config, device, mode)?, logits))
 }
 
 /// The graph inputs a batch feeds: the input, and with `loss = "graph"` the targets.
