@@ -115,55 +115,6 @@ impl OnnxClassifier {
     }
 }
 
-impl TrainStep for OnnxClassifier {
-    type Input = Batch;
-    type Output = ClassificationOutput;
-
-    fn step(&self, batch: Batch) -> TrainOutput<ClassificationOutput> {
-        let (out, logits) = train_forward(&self.model, &self.settings, &self.pending, &batch);
-        let grads = out.loss.backward();
-        let item = self.output(out, logits.detach(), &batch);
-        TrainOutput::new(self, grads, item)
-    }
-
-    fn optimize(
-        self,
-        optim: &mut ModuleOptimizer,
-        lr: ModuleLearningRate,
-        grads: GradientsParams,
-    ) -> Self {
-        let OnnxClassifier {
-            model,
-            settings,
-            pending,
-        } = self;
-        let model = step_and_apply_state(model, &pending, optim, lr, grads);
-        OnnxClassifier {
-            model,
-            settings,
-            pending,
-        }
-    }
-}
-
-impl InferenceStep for OnnxClassifier {
-    type Input = Batch;
-    type Output = ClassificationOutput;
-
-    fn step(&self, batch: Batch) -> ClassificationOutput {
-        let (out, logits) = forward_loss_and_output(
-            &self.model,
-            &batch,
-            &self.settings,
-            &self.model.device(),
-            Mode::Eval,
-            0,
-        )
-        .unwrap_or_else(|e| panic!("ONNX forward pass: {e}"));
-        self.output(out, logits, &batch)
-    }
-}
-
 /// An ONNX language model for burn-train: next-token cross-entropy of `output`
 /// (`[batch, seq, vocab]`) over token windows.
 #[derive(Module, Debug)]
@@ -206,54 +157,66 @@ impl OnnxLanguageModel {
     }
 }
 
-impl TrainStep for OnnxLanguageModel {
-    type Input = Batch;
-    type Output = SequenceOutput;
+/// `TrainStep` (a training-mode forward, the loss's gradients, Burn's output item; the
+/// optimizer's step followed by the batch-norm state) and `InferenceStep` (an
+/// evaluation-mode forward) of an adapter with fields `model`, `settings` and `pending`
+/// and an `output` method making `$output` from the step, the logits and the batch.
+macro_rules! learner_steps {
+    ($adapter:ident, $output:ty) => {
+        impl TrainStep for $adapter {
+            type Input = Batch;
+            type Output = $output;
 
-    fn step(&self, batch: Batch) -> TrainOutput<SequenceOutput> {
-        let (out, logits) = train_forward(&self.model, &self.settings, &self.pending, &batch);
-        let grads = out.loss.backward();
-        let item = self.output(out, logits.detach(), &batch);
-        TrainOutput::new(self, grads, item)
-    }
+            fn step(&self, batch: Batch) -> TrainOutput<$output> {
+                let (out, logits) =
+                    train_forward(&self.model, &self.settings, &self.pending, &batch);
+                let grads = out.loss.backward();
+                let item = self.output(out, logits.detach(), &batch);
+                TrainOutput::new(self, grads, item)
+            }
 
-    fn optimize(
-        self,
-        optim: &mut ModuleOptimizer,
-        lr: ModuleLearningRate,
-        grads: GradientsParams,
-    ) -> Self {
-        let OnnxLanguageModel {
-            model,
-            settings,
-            pending,
-        } = self;
-        let model = step_and_apply_state(model, &pending, optim, lr, grads);
-        OnnxLanguageModel {
-            model,
-            settings,
-            pending,
+            fn optimize(
+                self,
+                optim: &mut ModuleOptimizer,
+                lr: ModuleLearningRate,
+                grads: GradientsParams,
+            ) -> Self {
+                let $adapter {
+                    model,
+                    settings,
+                    pending,
+                } = self;
+                let model = step_and_apply_state(model, &pending, optim, lr, grads);
+                $adapter {
+                    model,
+                    settings,
+                    pending,
+                }
+            }
         }
-    }
+
+        impl InferenceStep for $adapter {
+            type Input = Batch;
+            type Output = $output;
+
+            fn step(&self, batch: Batch) -> $output {
+                let (out, logits) = forward_loss_and_output(
+                    &self.model,
+                    &batch,
+                    &self.settings,
+                    &self.model.device(),
+                    Mode::Eval,
+                    0,
+                )
+                .unwrap_or_else(|e| panic!("ONNX forward pass: {e}"));
+                self.output(out, logits, &batch)
+            }
+        }
+    };
 }
 
-impl InferenceStep for OnnxLanguageModel {
-    type Input = Batch;
-    type Output = SequenceOutput;
-
-    fn step(&self, batch: Batch) -> SequenceOutput {
-        let (out, logits) = forward_loss_and_output(
-            &self.model,
-            &batch,
-            &self.settings,
-            &self.model.device(),
-            Mode::Eval,
-            0,
-        )
-        .unwrap_or_else(|e| panic!("ONNX forward pass: {e}"));
-        self.output(out, logits, &batch)
-    }
-}
+learner_steps!(OnnxClassifier, ClassificationOutput);
+learner_steps!(OnnxLanguageModel, SequenceOutput);
 
 /// Reads one [`Batch`] of the dataset per item: the item is the batch's sample indices.
 struct IndexBatcher(Arc<dyn Dataset>);

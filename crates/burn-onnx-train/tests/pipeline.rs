@@ -451,17 +451,7 @@ assert index["weight_map"] == want, (index["weight_map"], want)
 assert index["metadata"]["total_size"] == total
 print("ok", len(want), total)
 "#;
-    let out = std::process::Command::new(python)
-        .args(["-c", script])
-        .arg(dir)
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("ok"),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python_says_ok(&python, script, &[dir.as_os_str()]);
 }
 
 #[test]

@@ -232,18 +232,11 @@ for r in range(world):
 assert len(lengths) == 1, lengths
 print("ok", stage, lengths)
 "#;
-    let out = std::process::Command::new(python)
-        .args(["-c", script])
-        .arg(ckpt)
-        .arg(world.to_string())
-        .arg(stage.to_string())
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("ok"),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (world, stage) = (world.to_string(), stage.to_string());
+    python_says_ok(
+        &python,
+        script,
+        &[ckpt.as_os_str(), world.as_ref(), stage.as_ref()],
     );
 }
 

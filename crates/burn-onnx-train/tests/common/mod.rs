@@ -248,6 +248,22 @@ pub fn python_for(var: &str, check: &str) -> Option<std::ffi::OsString> {
     }
 }
 
+/// Run the Python `script` with `args` under `python`: it must exit 0 and print a line
+/// starting with `ok` (an independent reader's check of files we wrote).
+pub fn python_says_ok(python: &std::ffi::OsStr, script: &str, args: &[&std::ffi::OsStr]) {
+    let out = std::process::Command::new(python)
+        .args(["-c", script])
+        .args(args)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("ok"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Deterministic pseudo-random stream of 4096 tokens below gpt2_tiny's vocabulary, in
 /// windows of 16.
 pub fn gpt2_tokens() -> std::sync::Arc<dyn burn_onnx_train::train::data::Dataset> {
