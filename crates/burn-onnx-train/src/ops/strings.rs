@@ -12,7 +12,7 @@ use crate::op_bail;
 use crate::value::Value;
 
 /// String input `i`, or an error naming it.
-pub(super) fn strings(inputs: &mut Inputs, i: usize, what: &str) -> OpResult<ArrayD<String>> {
+fn strings(inputs: &mut Inputs, i: usize, what: &str) -> OpResult<ArrayD<String>> {
     match inputs.take(i, what)? {
         Value::Str(a) => Ok(a),
         other => op_bail!("{what} must hold strings, got a {} tensor", other.kind()),
@@ -20,7 +20,7 @@ pub(super) fn strings(inputs: &mut Inputs, i: usize, what: &str) -> OpResult<Arr
 }
 
 /// A `strings` attribute (empty when absent).
-pub(super) fn string_list(ctx: &OpContext, name: &str) -> OpResult<Vec<String>> {
+fn string_list(ctx: &OpContext, name: &str) -> OpResult<Vec<String>> {
     match ctx.attrs.get(name) {
         None => Ok(Vec::new()),
         Some(Attr::Strings(s)) => Ok(s.clone()),
