@@ -515,12 +515,13 @@ fn tensor_parallel_checkpoints_hold_each_part_resume_exactly_and_reassemble() {
     for f in [
         "model-tp-0.safetensors",
         "model-tp-1.safetensors",
-        "tp-0/optimizer.bpk",
-        "tp-1/optimizer.bpk",
+        "tp-0/optimizer.safetensors",
+        "tp-1/optimizer.safetensors",
         "state.json",
     ] {
         assert!(five.join(f).is_file(), "{f} missing in {}", five.display());
     }
+    tp_indices_read_with_python(five);
     // The last checkpoint reassembles into the exported model.
     let (_, last) = kept.last().unwrap();
     let reassembled = read_params(
@@ -630,4 +631,38 @@ fn tensor_parallel_checkpoints_hold_each_part_resume_exactly_and_reassemble() {
         }
         assert_moved(&model, &trained(&other_dir, &model), 1e-3);
     }
+}
+
+/// Each tp rank's `model-tp-<r>.safetensors.index.json` in the checkpoint `dir`, checked
+/// by Python against the part files' headers (parsed by the safetensors layout) and
+/// `state.json`: the weight map lists exactly the rank's tensors under its file,
+/// `total_size` is their data bytes, the metadata names rank and size, and its cuts are
+/// `state.json`'s splits, each split weight present in both ranks' files with the same
+/// shape.
+fn tp_indices_read_with_python(dir: &Path) {
+    let Some(python) = common::python_for("ONNX_TRAIN_PYTHON", "tensor-parallel checkpoint index")
+    else {
+        return;
+    };
+    let script = r#"
+import json, os, struct, sys
+d = sys.argv[1]
+splits = json.load(open(os.path.join(d, "state.json")))["tensor_parallel_splits"]
+assert splits, "no split weights"
+shapes = []
+for r in range(2):
+    index = json.load(open(os.path.join(d, f"model-tp-{r}.safetensors.index.json")))
+    raw = open(os.path.join(d, f"model-tp-{r}.safetensors"), "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = {k: v for k, v in json.loads(raw[8:8 + n]).items() if k != "__metadata__"}
+    assert index["weight_map"] == {k: f"model-tp-{r}.safetensors" for k in header}, index["weight_map"]
+    meta = index["metadata"]
+    assert meta["total_size"] == sum(t["data_offsets"][1] - t["data_offsets"][0] for t in header.values())
+    assert (meta["tensor_parallel_rank"], meta["tensor_parallel_size"]) == (r, 2), meta
+    assert meta["tensor_parallel_splits"] == splits, (meta["tensor_parallel_splits"], splits)
+    shapes.append({k: header[k]["shape"] for k in splits})
+assert shapes[0] == shapes[1], shapes
+print("ok", len(splits))
+"#;
+    common::python_says_ok(&python, script, &[dir.as_os_str()]);
 }

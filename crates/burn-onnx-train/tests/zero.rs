@@ -240,6 +240,37 @@ print("ok", stage, lengths)
     );
 }
 
+/// The replicated optimizer state of `ckpt` (`optimizer.safetensors`, written at update
+/// 4 by AdamW) as numpy sees it, parsed by the format's definition: per parameter id two
+/// finite F32 moments of one shape, the second non-negative, both moved from zero, the
+/// parameter's id in the metadata and its step count `u64:4`.
+fn record_read_with_numpy(ckpt: &Path) {
+    let Some(python) = python_for("ONNX_TRAIN_PYTHON", "safetensors optimizer record") else {
+        return;
+    };
+    let script = r#"
+import json, struct, sys
+import numpy as np
+raw = open(sys.argv[1] + "/optimizer.safetensors", "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+header = json.loads(raw[8:8 + n])
+meta = header.pop("__metadata__")
+assert meta["format"] == "burn-optimizer-record", meta
+ids = {name.split(".")[0] for name in header}
+assert len(ids) >= 4, ids
+for i in ids:
+    m1, m2 = header[f"{i}.momentum.moment_1"], header[f"{i}.momentum.moment_2"]
+    assert m1["dtype"] == m2["dtype"] == "F32" and m1["shape"] == m2["shape"], (m1, m2)
+    assert meta[f"param_id.{i}.momentum.moment_1"] == i, i
+    assert meta[f"scalar.{i}.momentum.time"] == "u64:4", meta[f"scalar.{i}.momentum.time"]
+    v = [np.frombuffer(raw[8 + n + t["data_offsets"][0]:8 + n + t["data_offsets"][1]], dtype="<f4") for t in (m1, m2)]
+    assert all(np.isfinite(x).all() and np.abs(x).max() > 0 for x in v), i
+    assert (v[1] >= 0).all(), i
+print("ok", len(ids))
+"#;
+    python_says_ok(&python, script, &[ckpt.as_os_str()]);
+}
+
 /// A checkpoint written at update 4 of a 4-rank run at `stage` (its directory), resumed by
 /// `resumes` (ranks, stage, accumulation steps; the global batch of 4 windows kept): each
 /// ends where the uninterrupted run did.
@@ -264,6 +295,8 @@ fn resumes_from_a_four_rank_checkpoint(stage: usize, resumes: &[(usize, usize, u
     );
     if stage > 0 {
         shards_read_with_numpy(&ckpt, 4, stage);
+    } else {
+        record_read_with_numpy(&ckpt);
     }
     for &(ranks, to, accumulation) in resumes {
         let out = tempdir(&format!("zero{stage}-ckpt-{ranks}-{to}-{accumulation}"));

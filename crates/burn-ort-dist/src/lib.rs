@@ -32,6 +32,7 @@ mod mpi_watch;
 pub mod nccl_comm;
 pub mod overlap;
 pub mod record;
+pub mod record_safetensors;
 pub mod replica_optimizer;
 pub mod stall;
 pub mod strategy;

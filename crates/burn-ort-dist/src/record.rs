@@ -1,4 +1,5 @@
-//! Burn optimizer records on disk (`optimizer.bpk`, burn-pack): the records of several
+//! Burn optimizer records on disk (`optimizer.safetensors`, see `record_safetensors`;
+//! checkpoints of earlier versions hold burn-pack `optimizer.bpk`, still read): the records of several
 //! pipeline stages merged into one, and the records of a tensor-parallel group's ranks
 //! regrouped for another tensor-parallel size; and the Adam-family moments of a record
 //! encoded from and decoded into plain vectors (for optimizers that keep them elsewhere).
@@ -9,9 +10,13 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Bytes, DType};
 
 use crate::error::{DistError, DistResult, state_error};
+use crate::record_safetensors::{record_to_safetensors, safetensors_to_record};
 
 /// The optimizer record file of a replicated run.
-pub const REPLICATED_STATE_FILE: &str = "optimizer.bpk";
+pub const REPLICATED_STATE_FILE: &str = "optimizer.safetensors";
+
+/// The record file of checkpoints written before records were safetensors (burn-pack).
+const LEGACY_STATE_FILE: &str = "optimizer.bpk";
 
 /// One tensor of a record: its shape and values.
 pub type RecordTensor = (Vec<usize>, Vec<f32>);
@@ -25,15 +30,27 @@ fn kept(key: &str, ids: &HashSet<u64>) -> bool {
         .is_none_or(|id| ids.contains(&id))
 }
 
+/// The record in `dir` (`optimizer.safetensors`, or an earlier checkpoint's burn-pack
+/// `optimizer.bpk`).
 fn read(dir: &Path) -> DistResult<(PathBuf, burn_pack::Reader)> {
     let path = dir.join(REPLICATED_STATE_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| {
-        state_error(format!(
-            "{}: {e} (a checkpoint of a sharded run needs zero_stage >= 1)",
-            path.display()
-        ))
-    })?;
-    let reader = burn_pack::Reader::from_bytes(Bytes::from_bytes_vec(bytes)).map_err(|e| {
+    let legacy = dir.join(LEGACY_STATE_FILE);
+    let (path, bytes) = if !path.exists() && legacy.exists() {
+        let bytes = std::fs::read(&legacy)
+            .map_err(|e| state_error(format!("{}: {e}", legacy.display())))?;
+        (legacy, Bytes::from_bytes_vec(bytes))
+    } else {
+        let file = std::fs::read(&path).map_err(|e| {
+            state_error(format!(
+                "{}: {e} (a checkpoint of a sharded run needs zero_stage >= 1)",
+                path.display()
+            ))
+        })?;
+        let record = safetensors_to_record(&file)
+            .map_err(|e| state_error(format!("{}: {e}", path.display())))?;
+        (path, record)
+    };
+    let reader = burn_pack::Reader::from_bytes(bytes).map_err(|e| {
         state_error(format!(
             "{}: not a valid optimizer record: {e:?}",
             path.display()
@@ -101,7 +118,7 @@ pub(crate) fn merged_record(dirs: &[PathBuf], ids: &HashSet<u64>) -> DistResult<
 }
 
 /// One record from the records of the ranks of a tensor-parallel group (`dirs[r]` holds
-/// rank `r`'s), written to `out/optimizer.bpk`: each tensor of a parameter is `join`ed
+/// rank `r`'s), written to `out/optimizer.safetensors`: each tensor of a parameter is `join`ed
 /// from every rank's copy (`None`: the first rank's is kept, as for a weight every rank
 /// holds whole); scalars and metadata (step counts, identical on every rank) come from the
 /// first rank.
@@ -159,7 +176,7 @@ pub fn regroup_records(
             None => tensors.push(burn_pack::Tensor::new(name, dtype, shape, Some(id), data)),
         }
     }
-    let bytes = write(tensors, &scalars, &paths)?;
+    let bytes = record_to_safetensors(write(tensors, &scalars, &paths)?)?;
     std::fs::create_dir_all(out).map_err(|e| state_error(format!("{}: {e}", out.display())))?;
     let file = out.join(REPLICATED_STATE_FILE);
     std::fs::write(&file, &bytes[..]).map_err(|e| state_error(format!("{}: {e}", file.display())))
@@ -272,4 +289,46 @@ pub fn decode_moments(bytes: Bytes, nested: bool) -> DistResult<BTreeMap<u64, Mo
         );
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(time: usize) -> MomentState {
+        MomentState {
+            time,
+            shape: vec![2, 2],
+            moment_1: vec![0.5, -1.0, 2.0, 0.25],
+            moment_2: vec![0.1, 0.2, 0.3, 0.4],
+        }
+    }
+
+    /// A record written as `optimizer.safetensors`, and one an earlier version wrote as
+    /// burn-pack `optimizer.bpk`, read back to the same moments.
+    #[test]
+    fn safetensors_records_and_earlier_burn_pack_records_both_load() {
+        let states = vec![(3u64, state(7)), (9u64, state(2))];
+        let record = encode_moments(&states, true).unwrap();
+        let root = std::env::temp_dir().join(format!("record-files-{}", std::process::id()));
+        for (file, bytes) in [
+            (
+                REPLICATED_STATE_FILE,
+                crate::record_safetensors::record_to_safetensors(record.clone()).unwrap(),
+            ),
+            (LEGACY_STATE_FILE, record.to_vec()),
+        ] {
+            let dir = root.join(file);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(file), bytes).unwrap();
+            let merged = merged_record(&[dir], &HashSet::from([3, 9])).unwrap();
+            let back = decode_moments(merged, true).unwrap();
+            assert_eq!(
+                back,
+                states.iter().cloned().collect::<BTreeMap<_, _>>(),
+                "{file}"
+            );
+        }
+        std::fs::remove_dir_all(root).unwrap();
+    }
 }

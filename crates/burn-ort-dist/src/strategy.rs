@@ -17,6 +17,7 @@ use crate::communicator::{Communicator, ReduceOp};
 use crate::data_parallel::DataParallel;
 use crate::error::{DistError, DistResult, state_error};
 use crate::record::{REPLICATED_STATE_FILE, merged_record};
+use crate::record_safetensors::record_to_safetensors;
 use crate::replica_optimizer::ReplicaOptimizer;
 
 /// What an update measured.
@@ -187,8 +188,8 @@ impl<M: Module, O: ReplicaOptimizer> UpdateStrategy<M> for Replicated<O> {
         if self.ddp.comm().rank() != 0 {
             return Ok(Vec::new());
         }
-        let bytes = self.optim.record_bytes()?;
-        Ok(vec![(REPLICATED_STATE_FILE.into(), bytes.to_vec())])
+        let file = record_to_safetensors(self.optim.record_bytes()?)?;
+        Ok(vec![(REPLICATED_STATE_FILE.into(), file)])
     }
 
     fn load_state(&mut self, module: &M, dirs: &[PathBuf]) -> DistResult<()> {

@@ -10,12 +10,14 @@
 //!   records how each is split, so a load reassembles them and cuts them again for any tp
 //!   size (or none: `onnx-train export`; the optimizer records regroup the same way,
 //!   `tp_resume`);
-//! * the update strategy's optimizer state: `optimizer.bpk` (Burn's optimizer record,
-//!   keyed by parameter ids derived from the ONNX names) for replicated runs, or one
+//! * the update strategy's optimizer state: `optimizer.safetensors` (Burn's optimizer
+//!   record as safetensors, keyed by parameter ids derived from the ONNX names, step counts
+//!   in the metadata; earlier checkpoints' burn-pack `optimizer.bpk` still loads) for
+//!   replicated runs, or one
 //!   `zero-<rank>.safetensors` shard per rank plus `zero.json` for ZeRO runs; in a pipeline run,
 //!   each stage's under `stage-<k>/`, and each tp rank's under `tp-<r>/` (below the stage);
-//! * `model.safetensors.index.json` with stage part files (`checkpoint_index`): Hugging
-//!   Face's index of sharded weights;
+//! * `model.safetensors.index.json` with stage part files, `model-tp-<r>.safetensors.index.json`
+//!   per tensor-parallel rank (`checkpoint_index`): Hugging Face's index of sharded weights;
 //! * `state.json`: update and micro-step counters, seed (data order and dropout are pure
 //!   functions of seed and step, so this is the whole RNG state), loss-scaler state, the
 //!   world size, the ZeRO stage, and the run's config;
@@ -37,7 +39,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint_index::{INDEX_FILE, model_index};
+use super::checkpoint_index::{file_tp_rank, model_indices};
 use super::checkpoint_manifest::{FileSum, MANIFEST_FILE, merged_manifest, write_rank_sums};
 use super::precision::ScalerState;
 use crate::error::{OnnxError, Result};
@@ -92,15 +94,6 @@ pub fn model_file(stage: Option<usize>, tp_rank: Option<usize>) -> String {
         (None, Some(r)) => format!("model-tp-{r}.safetensors"),
         (Some(k), Some(r)) => format!("model-stage-{k}-tp-{r}.safetensors"),
     }
-}
-
-/// The tensor-parallel rank of a model file name (`None`: whole weights).
-fn file_tp_rank(name: &str) -> Option<usize> {
-    name.strip_suffix(".safetensors")?
-        .rsplit_once("-tp-")?
-        .1
-        .parse()
-        .ok()
 }
 
 /// Where a rank keeps its optimizer state inside a checkpoint: `stage-<k>/` in a pipeline,
@@ -244,9 +237,9 @@ pub fn save_checkpoint(
             .map_err(|e| OnnxError::field("checkpoint state", e.to_string()))?;
         write_synced(&tmp.join(STATE_FILE), &json)?;
         let mut own = BTreeMap::from([(STATE_FILE.to_string(), FileSum::of(&json))]);
-        if let Some(index) = model_index(&tmp)? {
-            write_synced(&tmp.join(INDEX_FILE), &index)?;
-            own.insert(INDEX_FILE.to_string(), FileSum::of(&index));
+        for (file, index) in model_indices(&tmp, &state.tensor_parallel_splits)? {
+            write_synced(&tmp.join(&file), &index)?;
+            own.insert(file, FileSum::of(&index));
         }
         write_synced(&tmp.join(MANIFEST_FILE), &merged_manifest(&tmp, own)?)?;
         File::open(&tmp)
