@@ -20,14 +20,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::npy::write_npy;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::config::{LrConfig, ScheduleKind};
-use burn_onnx_train::train::data::{Dataset, TokenDataset};
+use burn_onnx_train::train::documents::token_dataset;
 use burn_onnx_train::train::flags::TrainFlags;
 use burn_onnx_train::train::launch::launch_elastic;
 use burn_onnx_train::{OnnxError, Value};
@@ -147,14 +146,8 @@ fn run(args: Args) -> Result<(), OnnxError> {
         write_gpt2(&c, &config.model.model_path)?;
         tracing::info!(layers = c.n_layer, heads = c.n_head, width = c.n_embd, vocab = c.vocab_size, path = %config.model.model_path.display(), "built GPT-2");
     }
-    let train: Arc<dyn Dataset> = Arc::new(TokenDataset::load(
-        &config.data.train_data_dir,
-        config.data.seq_len,
-    )?);
-    let test: Arc<dyn Dataset> = Arc::new(TokenDataset::load(
-        &config.data.test_data_dir,
-        config.data.seq_len,
-    )?);
+    let train = token_dataset(&config, &config.data.train_data_dir)?;
+    let test = token_dataset(&config, &config.data.test_data_dir)?;
     tracing::info!(
         train_tokens = split,
         test_tokens = tokens.len() - split,

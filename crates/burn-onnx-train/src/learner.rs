@@ -40,6 +40,7 @@ fn settings(input: &str, output: &str, loss: LossKind) -> PassSettings {
         output_name: output.into(),
         loss,
         label_name: "labels".into(),
+        attention_mask_name: None,
         precision: Precision::F32,
         accumulation: 1,
         seed: 0,

@@ -37,6 +37,31 @@ fn loss_err(m: String) -> OnnxError {
 
 /// Mean cross-entropy with the class axis last; targets have the logits' leading shape.
 pub fn cross_entropy(logits: FloatValue, targets: &ArrayD<i64>) -> Result<Tensor<1>> {
+    let (sum, counted) = cross_entropy_sum(logits, targets)?;
+    if counted == 0 {
+        return Err(loss_err("every target is ignore_index".into()));
+    }
+    Ok(sum.div_scalar(counted as f32))
+}
+
+/// Cross-entropy summed over the positions with a label (`labels`: the logits' leading
+/// shape, [`IGNORE_INDEX`] where none) and divided by `divisor`: the documents' loss,
+/// whose divisor counts the labels of a whole update (see `train::data::Target::Tokens`).
+pub fn token_cross_entropy(
+    logits: FloatValue,
+    labels: &ArrayD<i64>,
+    divisor: f64,
+) -> Result<Tensor<1>> {
+    if !(divisor > 0.0) {
+        return Err(loss_err(format!(
+            "the loss divisor {divisor} is not positive"
+        )));
+    }
+    Ok(cross_entropy_sum(logits, labels)?.0.div_scalar(divisor))
+}
+
+/// Cross-entropy summed over the targets that are not [`IGNORE_INDEX`], and their count.
+fn cross_entropy_sum(logits: FloatValue, targets: &ArrayD<i64>) -> Result<(Tensor<1>, usize)> {
     let shape = logits.shape();
     let Some((&classes, lead)) = shape.split_last() else {
         return Err(loss_err("cross-entropy needs logits of rank >= 1".into()));
@@ -61,10 +86,7 @@ pub fn cross_entropy(logits: FloatValue, targets: &ArrayD<i64>) -> Result<Tensor
             weight.push(1.0);
         }
     }
-    let counted: f32 = weight.iter().sum();
-    if counted == 0.0 {
-        return Err(loss_err("every target is ignore_index".into()));
-    }
+    let counted = weight.iter().filter(|w| **w > 0.0).count();
     let device = logits.tensor.device();
     let flat = logits
         .reshape(&[n, classes])
@@ -73,12 +95,12 @@ pub fn cross_entropy(logits: FloatValue, targets: &ArrayD<i64>) -> Result<Tensor
         .map_err(|e| loss_err(e.0))?;
     let idx: Tensor<1, Int> = Tensor::from_data(TensorData::new(idx, vec![n]), &device);
     let nll = cross_entropy_rows(flat, idx);
-    let nll = if counted as usize == n {
+    let nll = if counted == n {
         nll
     } else {
         nll * Tensor::<1>::from_data(TensorData::new(weight, vec![n]), &device)
     };
-    Ok(nll.sum().div_scalar(counted))
+    Ok((nll.sum(), counted))
 }
 
 /// Next-token cross-entropy: `cross_entropy(logits[:, :-1], ids[:, 1:])`.

@@ -2,7 +2,9 @@
 //! documents are encoded in parallel batches, an end-of-document token is appended to each
 //! when asked (GPT-2's `<|endoftext|>`, as nanoGPT's OpenWebText preparation does), and the
 //! stream is cut into `.npy` shards of uint16 ids (uint32 when the vocabulary does not fit
-//! 16 bits) that [`crate::train::data::TokenDataset`] memory-maps.
+//! 16 bits) that [`crate::train::data::TokenDataset`] memory-maps, with
+//! `documents.idx.npy` beside them: where each document starts in the stream, then the
+//! stream's length (what `data.sequences = "documents"` and `"packed"` read).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -43,6 +45,8 @@ pub struct TokenizeSummary {
     pub shards: Vec<PathBuf>,
     /// `u16` or `u32`.
     pub dtype: &'static str,
+    /// The documents' start positions (`documents.idx.npy`).
+    pub index: PathBuf,
 }
 
 /// Encode `o.files` with `o.tokenizer` and write the token shards.
@@ -72,6 +76,7 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeSummary> {
         written: 0,
     };
     let mut documents = 0;
+    let mut starts: Vec<i64> = Vec::new();
     for file in &o.files {
         for batch in documents_of(file, o.per_line)? {
             let encoded = tokenizer
@@ -79,16 +84,21 @@ pub fn tokenize(o: &TokenizeOptions) -> Result<TokenizeSummary> {
                 .map_err(|e| OnnxError::field(file.display().to_string(), e.to_string()))?;
             for doc in encoded {
                 documents += 1;
+                starts.push((out.written + out.pending.len()) as i64);
                 out.push(doc.get_ids().iter().copied().chain(eos))?;
             }
         }
     }
     out.finish()?;
+    starts.push(out.written as i64);
+    let index = o.output.join(crate::train::documents::DOCUMENT_INDEX);
+    write_npy_1d(&index, &starts)?;
     Ok(TokenizeSummary {
         documents,
         tokens: out.written,
         shards: out.shards,
         dtype: if wide { "u32" } else { "u16" },
+        index,
     })
 }
 

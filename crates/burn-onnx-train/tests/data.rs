@@ -20,6 +20,7 @@ fn sampler(len: usize, rank: usize, world: usize) -> DistributedSampler {
         world,
         seed: 7,
         shuffle: true,
+        balance: None,
     }
 }
 
@@ -127,8 +128,9 @@ fn prefetcher_yields_the_sampler_batches_in_order() {
         world: 1,
         seed: 3,
         shuffle: true,
+        balance: None,
     };
-    let p = Prefetcher::start(data.clone(), s.clone(), 2, 2);
+    let p = Prefetcher::start(data.clone(), s.clone(), 2, 2, 1);
     for k in 2..9 {
         assert_eq!(
             p.next_batch().unwrap(),

@@ -39,6 +39,7 @@ fn runner_order(c: &TrainingConfig, data: &Arc<dyn Dataset>) -> Vec<Vec<usize>> 
         world: 1,
         seed: c.train.seed,
         shuffle: true,
+        balance: None,
     };
     (0..c.train.num_train_steps)
         .map(|k| sampler.batch_indices(k).unwrap())

@@ -13,6 +13,7 @@ use std::process::Command;
 use burn_onnx_train::host_tensor::HostTensor;
 use burn_onnx_train::npy::read_npy;
 use burn_onnx_train::train::data::{Dataset, TokenDataset};
+use burn_onnx_train::train::documents::DocumentDataset;
 use common::*;
 
 /// Writes into `dir`: `bpe.json` (a byte-level BPE trained on the texts, with
@@ -36,13 +37,17 @@ bpe.save(f"{d}/bpe.json")
 eos = bpe.token_to_id("<|endoftext|>")
 enc = lambda t: bpe.encode(t, add_special_tokens=False).ids
 per_file = enc(a) + [eos] + enc(b) + [eos]
-per_line = []
+files_idx = [0, len(enc(a)) + 1, len(per_file)]
+per_line, lines_idx = [], [0]
 for text in (a, b):
     for line in text.split("\n"):
         if line.strip():
             per_line += enc(line) + [eos]
+            lines_idx.append(len(per_line))
 np.save(f"{d}/want_files.npy", np.array(per_file, dtype=np.int64))
 np.save(f"{d}/want_lines.npy", np.array(per_line, dtype=np.int64))
+np.save(f"{d}/want_files_idx.npy", np.array(files_idx, dtype=np.int64))
+np.save(f"{d}/want_lines_idx.npy", np.array(lines_idx, dtype=np.int64))
 vocab = {f"w{i}": i for i in range(70000)}
 vocab["[UNK]"] = 70000
 wide = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
@@ -60,11 +65,13 @@ fn tokenize(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// The shards of `dir` in order, widened, and each one's dtype from its `.npy` header.
+/// The shards of `dir` in order (not the document index beside them), widened, and each
+/// one's dtype from its `.npy` header.
 fn shards(dir: &Path) -> (Vec<i64>, Vec<String>, usize) {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| !p.to_string_lossy().ends_with(".idx.npy"))
         .collect();
     files.sort();
     let (mut ids, mut dtypes) = (Vec::new(), Vec::new());
@@ -128,6 +135,16 @@ fn tokenize_writes_the_ids_of_hugging_face_tokenizers() {
         assert!(dtypes.iter().all(|t| t == "<u2"), "{out}: {dtypes:?}");
         let data = TokenDataset::load(&dir.join(out), 5).unwrap();
         assert_eq!(data.len(), want.len() / 5);
+        // The document starts, as Python counts them, load as documents.
+        let idx = reference.replace(".npy", "_idx.npy");
+        let starts = self::want(dir.join(out).join("documents.idx.npy"));
+        assert_eq!(starts, self::want(dir.join(&idx)), "{out}: document starts");
+        let docs = DocumentDataset::load(&dir.join(out), 1024, 0).unwrap();
+        assert_eq!(
+            docs.len(),
+            starts.len() - 1,
+            "{out}: one sample per document"
+        );
     }
 
     let r = tokenize(&[

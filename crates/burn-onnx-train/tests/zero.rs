@@ -452,6 +452,7 @@ fn flaky_at_micro_step(k: usize) -> Arc<dyn Dataset> {
         world: 2,
         seed: 42,
         shuffle: true,
+        balance: None,
     };
     Arc::new(Flaky {
         inner: gpt2_tokens(),

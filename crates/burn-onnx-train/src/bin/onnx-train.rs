@@ -25,7 +25,8 @@ use burn_onnx_train::tokenize::{TokenizeOptions, tokenize};
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::{read_params, read_state, weights_file_bytes};
 use burn_onnx_train::train::checkpoint_manifest::check_files;
-use burn_onnx_train::train::data::{Dataset, ImageDataset, TokenDataset};
+use burn_onnx_train::train::data::{Dataset, ImageDataset};
+use burn_onnx_train::train::documents::token_dataset;
 use burn_onnx_train::train::elastic::ElasticJob;
 use burn_onnx_train::train::flags::TrainFlags;
 use burn_onnx_train::train::launch::launch_elastic;
@@ -76,6 +77,10 @@ enum Command {
     /// Train as a TOML/JSON TrainingConfig says (token shards for `lm_cross_entropy`, image
     /// shards for `cross_entropy` and `mse`); flags override the file only when given.
     Train(TrainArgs),
+    /// Print the memory each rank of the configured layout needs (parameters, gradients,
+    /// optimizer state, and the forward/backward working set measured by a probe of one
+    /// and two samples on this machine's CPU), and whether it fits `--memory-per-rank`.
+    Plan(PlanArgs),
     /// Run `onnx-train COMMAND...` under mpirun with N ranks, and start the job again from
     /// its newest checkpoint when a rank fails (elastic restart, like torchrun).
     Launch {
@@ -172,6 +177,19 @@ enum Command {
 struct TrainArgs {
     #[command(flatten)]
     run: TrainFlags,
+}
+
+#[derive(clap::Args)]
+struct PlanArgs {
+    #[command(flatten)]
+    run: TrainFlags,
+    /// Memory of one rank (one MPI process), e.g. 80GiB, 512MiB, 2.5GB or bytes: the
+    /// plan says whether the layout fits and exits with status 3 when it does not.
+    #[arg(long, value_name = "SIZE")]
+    memory_per_rank: Option<String>,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 fn dims(d: &[Dim]) -> String {
@@ -463,13 +481,13 @@ fn datasets(c: &TrainingConfig) -> Result<(Arc<dyn Dataset>, Option<Arc<dyn Data
     c.check_files_named()?;
     let load = |dir: &std::path::Path| -> Result<Arc<dyn Dataset>, OnnxError> {
         Ok(match c.model.loss {
-            LossKind::LmCrossEntropy => Arc::new(TokenDataset::load(dir, c.data.seq_len)?),
+            LossKind::LmCrossEntropy => token_dataset(c, dir)?,
             LossKind::CrossEntropy | LossKind::Mse => Arc::new(ImageDataset::load(dir)?),
             // The graph's own loss takes image shards when there are any, else tokens.
             LossKind::Graph if dir.join("images_0.npy").exists() => {
                 Arc::new(ImageDataset::load(dir)?)
             }
-            LossKind::Graph => Arc::new(TokenDataset::load(dir, c.data.seq_len)?),
+            LossKind::Graph => token_dataset(c, dir)?,
         })
     };
     let train = load(&c.data.train_data_dir)?;
@@ -503,6 +521,77 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
         println!("exported {}", p.display());
     }
     Ok(())
+}
+
+/// A size such as `80GiB`, `512MiB`, `2.5GB`, `100k` or plain bytes.
+fn parse_size(text: &str) -> Result<u64, OnnxError> {
+    let t = text.trim();
+    let split = t
+        .find(|ch: char| !(ch.is_ascii_digit() || ch == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024f64.powi(2),
+        "gib" => 1024f64.powi(3),
+        "tib" => 1024f64.powi(4),
+        _ => f64::NAN,
+    };
+    match number.parse::<f64>() {
+        Ok(n) if scale.is_finite() && n >= 0.0 => Ok((n * scale) as u64),
+        _ => Err(OnnxError::field(
+            "--memory-per-rank",
+            format!("'{text}' is not a size (e.g. 80GiB, 512MiB, 2.5GB, or bytes)"),
+        )),
+    }
+}
+
+fn plan(args: PlanArgs) -> Result<(), OnnxError> {
+    use burn_onnx_train::train::memory_plan::{ProbeRunner, plan_memory};
+    let c = args.run.apply(cli_defaults())?;
+    let limit = args
+        .memory_per_rank
+        .as_deref()
+        .map(parse_size)
+        .transpose()?;
+    let (train, _) = datasets(&c)?;
+    let exe = std::env::current_exe().map_err(|e| OnnxError::io("onnx-train", e))?;
+    let plan = plan_memory(&c, &train, &ProbeRunner::Binary(exe))?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&plan)
+                .map_err(|e| OnnxError::field("plan", e.to_string()))?
+        );
+    } else {
+        print!("{plan}");
+    }
+    match limit {
+        Some(limit) if plan.per_process_bytes() > limit => {
+            eprintln!(
+                "does not fit: a rank needs {:.2} GiB, --memory-per-rank is {:.2} GiB",
+                gib(plan.per_process_bytes()),
+                gib(limit)
+            );
+            std::process::exit(3)
+        }
+        Some(limit) => println!(
+            "fits: a rank needs {:.2} GiB of {:.2} GiB",
+            gib(plan.per_process_bytes()),
+            gib(limit)
+        ),
+        None => {}
+    }
+    Ok(())
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / 1024f64.powi(3)
 }
 
 fn export(
@@ -609,6 +698,7 @@ fn main() -> ExitCode {
             device,
         } => run(model, inputs, output_dir, device),
         Command::Train(args) => train(args),
+        Command::Plan(args) => plan(args),
         Command::Export {
             checkpoint,
             output,

@@ -24,10 +24,8 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
 use ndarray::{ArrayD, Axis, IxDyn, concatenate};
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
-use rand_chacha::ChaCha8Rng;
 
+pub use super::sampler::{DistributedSampler, LengthBalance};
 use super::token_shards::TokenShards;
 use crate::error::{OnnxError, Result};
 use crate::host_tensor::HostTensor;
@@ -42,6 +40,21 @@ pub enum Target {
     Classes(ArrayD<i64>),
     /// Float targets, one row per sample (regression).
     Values(ArrayD<f32>),
+    /// Language modelling on documents (padded or packed, `train::documents`): the id each
+    /// position predicts (`labels[b, t]`, [`crate::loss::IGNORE_INDEX`] where there is
+    /// none: padding, a document's last token, a position before a document boundary),
+    /// the attention mask (1 real token, 0 padding) for the graph's mask input, and what
+    /// the summed loss is divided by: the number of labels of the whole update over all
+    /// ranks, per rank and micro-step (so data-parallel ranks and accumulation average
+    /// over the update's labels, whatever each batch holds).
+    Tokens {
+        /// Next-token labels `[B, L]`.
+        labels: ArrayD<i64>,
+        /// Attention mask `[B, L]`.
+        mask: ArrayD<i64>,
+        /// The summed loss's divisor.
+        divisor: f64,
+    },
 }
 
 /// One batch on the host.
@@ -89,6 +102,16 @@ impl Batch {
                         Target::Classes(t.slice_axis(Axis(0), rows(i)).to_owned())
                     }
                     Target::Values(t) => Target::Values(t.slice_axis(Axis(0), rows(i)).to_owned()),
+                    // Each micro-batch's loss is scaled by 1 / parts again by the pipeline.
+                    Target::Tokens {
+                        labels,
+                        mask,
+                        divisor,
+                    } => Target::Tokens {
+                        labels: labels.slice_axis(Axis(0), rows(i)).to_owned(),
+                        mask: mask.slice_axis(Axis(0), rows(i)).to_owned(),
+                        divisor: divisor / parts as f64,
+                    },
                 },
                 items: self.items / parts,
             })
@@ -115,6 +138,21 @@ pub trait Dataset: Send + Sync {
     fn id_range(&self) -> Option<(IdAt, IdAt)> {
         None
     }
+    /// For data sets of documents: sample `i`'s real tokens and next-token labels (the
+    /// sampler balances ranks by the first, the loss divides by the update's sum of the
+    /// second). `None`: every sample is alike and the loss is a plain mean.
+    fn sample_size(&self, _i: usize) -> Option<SampleSize> {
+        None
+    }
+}
+
+/// A document sample's size (see [`Dataset::sample_size`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleSize {
+    /// Real (not padding) tokens.
+    pub tokens: usize,
+    /// Positions with a next-token label.
+    pub labels: usize,
 }
 
 /// A token id or class label and where it is: its shard file (`memory` for data built in
@@ -195,8 +233,10 @@ fn shard_files(dir: &Path, prefix: &str, extensions: &[&str]) -> Result<Vec<Path
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.extension()
-                .is_some_and(|x| extensions.iter().any(|e| x == *e))
+            // `<name>.idx.npy` is an index beside the shards (`documents.idx.npy`), no shard.
+            !p.to_string_lossy().ends_with(".idx.npy")
+                && p.extension()
+                    .is_some_and(|x| extensions.iter().any(|e| x == *e))
                 && p.file_name()
                     .and_then(|n| n.to_str())
                     .is_some_and(|n| n.starts_with(prefix))
@@ -260,6 +300,24 @@ impl TokenDataset {
         Ok(data)
     }
 
+    /// Tokens in the stream.
+    pub fn token_count(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Append tokens `from..to` of the stream to `out`.
+    pub fn read(&self, from: usize, to: usize, out: &mut Vec<i64>) {
+        match &self.tokens {
+            Tokens::Memory(t) => out.extend_from_slice(&t[from..to]),
+            Tokens::Mapped(m) => m.read(from, to, out),
+        }
+    }
+
+    /// The window length.
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+
     /// Wrap an in-memory token stream.
     pub fn from_tokens(tokens: Vec<i64>, seq_len: usize) -> Result<Self> {
         Self::with_tokens(Tokens::Memory(tokens), seq_len)
@@ -292,10 +350,7 @@ impl Dataset for TokenDataset {
         let s = self.seq_len;
         let mut ids = Vec::with_capacity(indices.len() * s);
         for &i in indices {
-            match &self.tokens {
-                Tokens::Memory(t) => ids.extend_from_slice(&t[i * s..(i + 1) * s]),
-                Tokens::Mapped(m) => m.read(i * s, (i + 1) * s, &mut ids),
-            }
+            self.read(i * s, (i + 1) * s, &mut ids);
         }
         let input = ArrayD::from_shape_vec(IxDyn(&[indices.len(), s]), ids)
             .map_err(|e| OnnxError::field("batch", e.to_string()))?;
@@ -455,7 +510,7 @@ impl Dataset for ImageDataset {
         let targets = match &self.targets {
             Target::Classes(l) => Target::Classes(l.select(Axis(0), indices)),
             Target::Values(v) => Target::Values(v.select(Axis(0), indices)),
-            Target::NextToken => Target::NextToken,
+            other => other.clone(),
         };
         Ok(Batch {
             input: HostTensor::Float(self.images.select(Axis(0), indices)),
@@ -483,67 +538,6 @@ impl Dataset for ImageDataset {
     }
 }
 
-/// Deterministic distributed sampling (see the module docs).
-#[derive(Debug, Clone, PartialEq)]
-pub struct DistributedSampler {
-    /// Number of samples in the data set.
-    pub len: usize,
-    /// Samples per batch on this rank.
-    pub batch_size: usize,
-    /// This rank.
-    pub rank: usize,
-    /// Number of ranks.
-    pub world: usize,
-    /// Shuffle seed (epoch `e` uses `seed + e`).
-    pub seed: u64,
-    /// Shuffle at all.
-    pub shuffle: bool,
-}
-
-impl DistributedSampler {
-    /// The indices this rank sees in `epoch`, in order.
-    pub fn epoch_indices(&self, epoch: u64) -> Vec<usize> {
-        let mut all: Vec<usize> = (0..self.len).collect();
-        if self.shuffle {
-            all.shuffle(&mut ChaCha8Rng::seed_from_u64(
-                self.seed.wrapping_add(epoch),
-            ));
-        }
-        let total = self.len.div_ceil(self.world) * self.world;
-        let mut k = 0;
-        while all.len() < total {
-            all.push(all[k]);
-            k += 1;
-        }
-        all.into_iter()
-            .skip(self.rank)
-            .step_by(self.world)
-            .collect()
-    }
-
-    /// Full batches per epoch on this rank.
-    pub fn batches_per_epoch(&self) -> usize {
-        self.len.div_ceil(self.world) / self.batch_size
-    }
-
-    /// Indices of batch number `k` counted from the start of training.
-    pub fn batch_indices(&self, k: usize) -> Result<Vec<usize>> {
-        let per = self.batches_per_epoch();
-        if per == 0 {
-            return Err(OnnxError::field(
-                "config.data.batch_size",
-                format!(
-                    "{} samples over {} rank(s) cannot fill one batch of {}",
-                    self.len, self.world, self.batch_size
-                ),
-            ));
-        }
-        let epoch = (k / per) as u64;
-        let offset = (k % per) * self.batch_size;
-        Ok(self.epoch_indices(epoch)[offset..offset + self.batch_size].to_vec())
-    }
-}
-
 /// Background batch assembly: a thread computes batches `start, start + 1, ...` ahead of
 /// the training loop, `depth` at most.
 pub struct Prefetcher {
@@ -552,17 +546,22 @@ pub struct Prefetcher {
 }
 
 impl Prefetcher {
-    /// Start prefetching from batch number `start`.
+    /// Start prefetching from batch number `start`; updates take `accumulation` batches
+    /// (the documents' loss divisor counts an update's labels).
     pub fn start(
         data: Arc<dyn Dataset>,
         sampler: DistributedSampler,
         start: usize,
         depth: usize,
+        accumulation: usize,
     ) -> Self {
         let (tx, rx): (SyncSender<Result<Batch>>, _) = sync_channel(depth.max(1));
         let handle = std::thread::spawn(move || {
             for k in start.. {
-                let batch = sampler.batch_indices(k).and_then(|idx| data.batch(&idx));
+                let batch = sampler
+                    .batch_indices(k)
+                    .and_then(|idx| data.batch(&idx))
+                    .and_then(|b| with_update_divisor(b, data.as_ref(), &sampler, k, accumulation));
                 let stop = batch.is_err();
                 if tx.send(batch).is_err() || stop {
                     break;
@@ -581,6 +580,34 @@ impl Prefetcher {
             .recv()
             .map_err(|_| OnnxError::field("data", "the prefetch thread stopped"))?
     }
+}
+
+/// `batch` (micro-step `k`) with the loss divisor of documents: the labels of every
+/// rank's batches of its update, per rank and micro-step (see [`Target::Tokens`]).
+fn with_update_divisor(
+    mut batch: Batch,
+    data: &dyn Dataset,
+    sampler: &DistributedSampler,
+    k: usize,
+    accumulation: usize,
+) -> Result<Batch> {
+    let Target::Tokens { divisor, .. } = &mut batch.target else {
+        return Ok(batch);
+    };
+    let accumulation = accumulation.max(1);
+    let first = k - k % accumulation;
+    let mut labels = 0usize;
+    for m in first..first + accumulation {
+        for rank in sampler.global_batch(m)? {
+            labels += rank
+                .iter()
+                .filter_map(|&i| data.sample_size(i))
+                .map(|s| s.labels)
+                .sum::<usize>();
+        }
+    }
+    *divisor = (labels.max(1) as f64) / (sampler.world * accumulation) as f64;
+    Ok(batch)
 }
 
 impl Drop for Prefetcher {

@@ -8,7 +8,9 @@ use super::data::{Batch, Target};
 use super::precision::Precision;
 use crate::error::{OnnxError, Result};
 use crate::host_tensor::HostTensor;
-use crate::loss::{LossKind, cross_entropy, lm_cross_entropy, mse};
+use crate::loss::{
+    IGNORE_INDEX, LossKind, cross_entropy, lm_cross_entropy, mse, token_cross_entropy,
+};
 use crate::model::{ForwardOutput, Mode, OnnxModel};
 use crate::value::{FloatValue, PhysTensor, Value};
 
@@ -26,6 +28,9 @@ pub struct PassSettings {
     /// With the graph's own loss, the input fed with the targets (`model.label_name`,
     /// default `labels`).
     pub label_name: String,
+    /// The graph input fed with the attention mask (`model.attention_mask_name`): the
+    /// documents' padding mask, ones for windows.
+    pub attention_mask_name: Option<String>,
     /// Compute precision of the big products (`precision.dtype`).
     pub precision: Precision,
     /// Micro-steps per update (`train.gradient_accumulation_steps`).
@@ -46,6 +51,7 @@ impl PassSettings {
                 .label_name
                 .clone()
                 .unwrap_or_else(|| "labels".into()),
+            attention_mask_name: c.model.attention_mask_name.clone(),
             precision: c.precision.dtype,
             accumulation: c.train.gradient_accumulation_steps,
             seed: c.train.seed,
@@ -115,8 +121,25 @@ fn feeds(batch: &Batch, config: &PassSettings, device: &Device) -> Result<Vec<(S
             Target::NextToken => value(&batch.input)?,
             Target::Classes(c) => Value::Int(c.clone()),
             Target::Values(v) => value(&HostTensor::Float(v.clone()))?,
+            // Hugging Face graphs shift the labels themselves: the label of position t
+            // is the id it holds, which position t - 1 predicts.
+            Target::Tokens { labels, .. } => {
+                let mut unshifted = ndarray::ArrayD::from_elem(labels.raw_dim(), IGNORE_INDEX);
+                let l = labels.shape()[1];
+                unshifted
+                    .slice_mut(ndarray::s![.., 1..])
+                    .assign(&labels.slice(ndarray::s![.., ..l - 1]));
+                Value::Int(unshifted)
+            }
         };
         feeds.push((config.label_name.clone(), labels));
+    }
+    if let Some(name) = &config.attention_mask_name {
+        let mask = match &batch.target {
+            Target::Tokens { mask, .. } => mask.clone(),
+            _ => ndarray::ArrayD::from_elem(batch.input.shape(), 1i64),
+        };
+        feeds.push((name.clone(), Value::Int(mask)));
     }
     Ok(feeds)
 }
@@ -156,6 +179,13 @@ pub fn loss_of_outputs(
         (LossKind::LmCrossEntropy, Target::NextToken, HostTensor::Int(ids)) => {
             (lm_cross_entropy(pred, ids)?, None)
         }
+        (
+            LossKind::LmCrossEntropy,
+            Target::Tokens {
+                labels, divisor, ..
+            },
+            _,
+        ) => (token_cross_entropy(pred, labels, *divisor)?, None),
         (LossKind::CrossEntropy, Target::Classes(labels), _) => {
             let correct = if mode == Mode::Eval {
                 Some(count_correct(&pred, labels)?)

@@ -13,7 +13,9 @@ use burn_ort_dist::{Communicator, DataParallel, UpdateStrategy};
 use super::checkpoint::{CheckpointState, save_checkpoint};
 use super::config::TrainingConfig;
 use super::data::{Dataset, DistributedSampler, Prefetcher};
+use super::documents::length_balance;
 use super::evaluate::evaluate;
+use super::memory_counts::counted_memory;
 use super::parallel_plan::{ParallelPlan, Parallelized};
 use super::passes::Passes;
 use super::perf::MemoryReport;
@@ -70,6 +72,7 @@ impl Trainer {
             world: plan.topology.dp,
             seed: c.train.seed,
             shuffle: true,
+            balance: length_balance(&c, train.as_ref()),
         };
         c.train.resolve_epochs(sampler.batches_per_epoch())?;
         sampler.batch_indices(0)?;
@@ -91,6 +94,16 @@ impl Trainer {
             passes,
             mut strategy,
         } = plan.parallelize(&c, model, train.as_ref(), device)?;
+        if comm.rank() == 0 {
+            let m = counted_memory(&c, &model);
+            tracing::info!(
+                parameters_mib = m.parameter_bytes >> 20,
+                gradients_mib = m.gradient_bytes >> 20,
+                optimizer_state_mib = m.optimizer_state_bytes >> 20,
+                optimizer_on_disk_mib = m.optimizer_on_disk_bytes >> 20,
+                "memory pre-flight (rank 0, before its working set: `onnx-train plan` measures that)"
+            );
+        }
         let mut scaler = LossScaler::new(
             c.precision.dtype,
             c.precision.loss_scale,
@@ -111,7 +124,13 @@ impl Trainer {
         let out = Reporter::open(&c, &plan, comm.rank(), train.unit(), (update, total))?;
         let trainer = Trainer {
             schedule: LrSchedule::new(&c.lr, total),
-            prefetch: Prefetcher::start(train.clone(), sampler, micro, 4),
+            prefetch: Prefetcher::start(
+                train.clone(),
+                sampler,
+                micro,
+                4,
+                c.train.gradient_accumulation_steps,
+            ),
             profiler: c.logging.profile.then(NodeProfiler::start),
             out,
             comm,

@@ -23,6 +23,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "output_name",
             "loss",
             "label_name",
+            "attention_mask_name",
             "weights_to_train",
             "weights_not_to_train",
             "tie_duplicate_initializers",
@@ -31,7 +32,15 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ),
     (
         "data",
-        &["train_data_dir", "test_data_dir", "batch_size", "seq_len"],
+        &[
+            "train_data_dir",
+            "test_data_dir",
+            "batch_size",
+            "seq_len",
+            "sequences",
+            "length_bucket_batches",
+            "pad_id",
+        ],
     ),
     (
         "train",

@@ -18,7 +18,7 @@ pub use optimizer::{LrConfig, OptimizerConfig, OptimizerKind, ScheduleKind};
 pub use parallel::{DEFAULT_MPI_COLLECTIVE_TIMEOUT_S, Overlap, ParallelConfig};
 pub use sections::{
     CheckpointConfig, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OffloadConfig,
-    OffloadTarget, PrecisionConfig, Resume, TrainLoopConfig,
+    OffloadTarget, PrecisionConfig, Resume, Sequences, TrainLoopConfig,
 };
 
 use super::device::DeviceSpec;

@@ -41,6 +41,10 @@ pub struct ModelConfig {
     /// With `loss = "graph"`: the graph input fed with the batch's targets (default
     /// `labels`); an error with any other loss.
     pub label_name: Option<String>,
+    /// The graph input fed with the attention mask (Hugging Face's `attention_mask`): 1
+    /// for a real token, 0 for padding (documents padded to the longest of a batch), all
+    /// ones for windows. Unset: the graph has no such input.
+    pub attention_mask_name: Option<String>,
     /// Train only these initializers (empty: all float initializers).
     pub weights_to_train: Vec<String>,
     /// Never train these initializers.
@@ -62,6 +66,7 @@ impl Default for ModelConfig {
             output_name: "logits".into(),
             loss: LossKind::LmCrossEntropy,
             label_name: None,
+            attention_mask_name: None,
             weights_to_train: Vec::new(),
             weights_not_to_train: Vec::new(),
             tie_duplicate_initializers: true,
@@ -112,8 +117,33 @@ pub struct DataConfig {
     pub test_data_dir: PathBuf,
     /// Micro-batch size per rank.
     pub batch_size: usize,
-    /// Sequence length for token data.
+    /// Sequence length for token data: the window, or with documents the longest sample
+    /// (a longer document is cut into pieces of this length).
     pub seq_len: usize,
+    /// How token shards become samples: `"windows"` of `seq_len` cut from the stream
+    /// (nanoGPT's way); `"documents"`, each document of `documents.idx.npy` its own sample,
+    /// padded to the longest of its batch; `"packed"`, windows whose positions never
+    /// predict across a document boundary. See `train::documents`.
+    pub sequences: Sequences,
+    /// With documents: consecutive global batches sorted by length together (length
+    /// bucketing, so that a batch pads little); 1 takes them as shuffled.
+    pub length_bucket_batches: usize,
+    /// With documents: the id padding positions hold (never a label, masked from
+    /// attention).
+    pub pad_id: i64,
+}
+
+/// How token shards become samples (`data.sequences`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sequences {
+    /// Windows of `seq_len` cut from the stream.
+    #[default]
+    Windows,
+    /// Each document its own sample, batches padded to their longest.
+    Documents,
+    /// Windows that never predict across a document boundary.
+    Packed,
 }
 
 impl Default for DataConfig {
@@ -123,15 +153,27 @@ impl Default for DataConfig {
             test_data_dir: PathBuf::new(),
             batch_size: 8,
             seq_len: 64,
+            sequences: Sequences::Windows,
+            length_bucket_batches: 50,
+            pad_id: 0,
         }
     }
 }
 
 impl DataConfig {
-    /// A batch of at least one sample.
+    /// A batch of at least one sample, buckets of at least one batch.
     pub fn validate(&self) -> Result<()> {
         if self.batch_size == 0 {
             return Err(invalid("data.batch_size", "must be at least 1"));
+        }
+        if self.length_bucket_batches == 0 {
+            return Err(invalid(
+                "data.length_bucket_batches",
+                "must be at least 1 (1: no length bucketing)",
+            ));
+        }
+        if self.pad_id < 0 {
+            return Err(invalid("data.pad_id", "must be a token id (>= 0)"));
         }
         Ok(())
     }

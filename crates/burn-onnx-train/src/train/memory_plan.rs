@@ -1,0 +1,377 @@
+//! The memory a run will need, per rank, before it starts (`onnx-train plan`): parameters,
+//! gradients and optimizer state counted from the rank's part of the model (its
+//! tensor-parallel split and pipeline stage, ZeRO's shards, moments on disk), and the
+//! working set of a micro-step (the autodiff tape, gradients as backward makes them, the
+//! update's temporaries, what the allocator keeps between updates) measured by a probe:
+//! the layout itself without data parallelism (its tp x pp ranks as threads) runs
+//! [`PROBE_UPDATES`] real updates in this process, once with one sample per micro-step
+//! and once with the configured micro-batch (two samples when that is one), and the rise
+//! of the process's peak resident set (Linux `clear_refs` resets it), less the counted
+//! parameters, gradients and optimizer state, is the working set: a line through the two
+//! points gives any micro-batch. A pipeline's working set is shared among its stages by
+//! the bytes of the values each stage's nodes make (a shape probe) times the micro-batches
+//! it holds in flight (1F1B: `pp - k` on stage `k`; GPipe: all). A rank's peak is its
+//! parameters, gradients, optimizer state and working set; a process adds its own
+//! footprint from before the model was loaded.
+//!
+//! The probe runs on the configured device, so on a GPU the resident set is the host's
+//! and the plan is for the host's memory only; it needs Linux's `/proc/self/clear_refs`.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use burn::tensor::Device;
+use serde::Serialize;
+
+use super::config::TrainingConfig;
+use super::data::Dataset;
+use super::launch::launch;
+use super::memory_counts::{RankMemory, rank_memory};
+use crate::error::{OnnxError, Result};
+use crate::model::OnnxModel;
+use crate::pipeline::{Partition, PipelineSchedule};
+use crate::tensor_parallel::TensorParallel;
+use crate::value::Value;
+
+/// The plan of a layout.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryPlan {
+    /// Data-parallel replicas, tensor-parallel ranks, pipeline stages.
+    pub dp: usize,
+    /// Tensor-parallel ranks.
+    pub tp: usize,
+    /// Pipeline stages.
+    pub pp: usize,
+    /// Samples per micro-step on a rank (a pipeline's micro-batch).
+    pub micro_batch: usize,
+    /// The probe: working set of the whole (tp part of the) model for `b` samples is
+    /// `probe_fixed_bytes + b * probe_per_sample_bytes`.
+    pub probe_fixed_bytes: u64,
+    /// See `probe_fixed_bytes`.
+    pub probe_per_sample_bytes: u64,
+    /// This process's resident set before the model was loaded (runtime, data maps).
+    pub process_base_bytes: u64,
+    /// One entry per tensor-parallel rank and stage.
+    pub ranks: Vec<RankMemory>,
+}
+
+impl MemoryPlan {
+    /// The largest rank peak plus the process base: what one MPI rank needs.
+    pub fn per_process_bytes(&self) -> u64 {
+        self.process_base_bytes + self.ranks.iter().map(|r| r.peak_bytes).max().unwrap_or(0)
+    }
+
+    /// What one process running every rank as threads needs.
+    pub fn threads_process_bytes(&self) -> u64 {
+        self.process_base_bytes
+            + self.dp as u64 * self.ranks.iter().map(|r| r.peak_bytes).sum::<u64>()
+    }
+}
+
+/// Resident-set figures of this process from `/proc/self/status`, in bytes.
+fn proc_status(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// Reset the peak resident set to the current one (Linux >= 4.0).
+fn reset_peak() -> Result<()> {
+    std::fs::write("/proc/self/clear_refs", "5").map_err(|e| {
+        OnnxError::field(
+            "plan",
+            format!("cannot reset the peak resident set through /proc/self/clear_refs ({e}): the memory probe needs Linux"),
+        )
+    })
+}
+
+/// Updates each probe takes: the first allocates the optimizer state, the next ones show
+/// what the allocator keeps between updates.
+pub const PROBE_UPDATES: usize = 3;
+
+/// Where the probe runs.
+#[derive(Debug, Clone)]
+pub enum ProbeRunner {
+    /// In this process: each probe after the first sees what the allocator kept from the
+    /// one before (a library caller without the binary).
+    InProcess,
+    /// A fresh process of this `onnx-train` binary per probe (`onnx-train train --config`),
+    /// measured as a run of its own (the CLI).
+    Binary(PathBuf),
+}
+
+/// The probe run of `c`'s layout with `samples` samples per micro-step (see the module
+/// doc): the peak resident set's rise over `base` less the parameters, gradients and
+/// optimizer state every rank reported, i.e. the working set of all its ranks together.
+fn probe_working_set(
+    c: &TrainingConfig,
+    train: &Arc<dyn Dataset>,
+    samples: usize,
+    base: u64,
+    runner: &ProbeRunner,
+) -> Result<u64> {
+    let out =
+        std::env::temp_dir().join(format!("onnx-train-plan-{}-{samples}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let mut p = c.clone();
+    p.data.batch_size = samples * c.micro_batches();
+    p.parallel.data_parallel_size = 1;
+    p.parallel.zero_stage = 0;
+    p.train.gradient_accumulation_steps = 1;
+    p.train.num_train_steps = PROBE_UPDATES;
+    p.train.num_train_epochs = 0;
+    p.eval.evaluation_period = 0;
+    p.checkpoint.output_dir = out.join("run");
+    p.checkpoint.checkpoint_period = 0;
+    p.checkpoint.checkpoint_to_load_path = None;
+    p.logging.log_dir = Some(PathBuf::new());
+    let report = match runner {
+        ProbeRunner::InProcess => probe_here(p, train),
+        ProbeRunner::Binary(exe) => probe_in_child(p, &out, exe),
+    };
+    let _ = std::fs::remove_dir_all(&out);
+    let report = report?;
+    let column = |k: &str| -> Vec<u64> {
+        report[k]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_u64()).collect())
+            .unwrap_or_default()
+    };
+    let counted: u64 = ["parameter_bytes", "gradient_bytes", "optimizer_state_bytes"]
+        .iter()
+        .map(|k| column(k).iter().sum::<u64>())
+        .sum();
+    let peak = column("peak_rss_bytes").first().copied().unwrap_or(0);
+    Ok(peak.saturating_sub(base).saturating_sub(counted))
+}
+
+/// The probe run `p` in this process: its `perf.json` report.
+fn probe_here(p: TrainingConfig, train: &Arc<dyn Dataset>) -> Result<serde_json::Value> {
+    reset_peak()?;
+    let perf = launch(p, train.clone(), None)?
+        .perf
+        .ok_or_else(|| OnnxError::field("plan", "the probe run wrote no throughput report"))?;
+    serde_json::to_value(perf).map_err(|e| OnnxError::field("plan", e.to_string()))
+}
+
+/// The probe run `p` as `exe train` in a process of its own (its config in `dir`): its
+/// `perf.json`.
+fn probe_in_child(p: TrainingConfig, dir: &Path, exe: &Path) -> Result<serde_json::Value> {
+    std::fs::create_dir_all(dir).map_err(|e| OnnxError::io(dir, e))?;
+    let config = dir.join("probe.toml");
+    std::fs::write(&config, p.to_toml()?).map_err(|e| OnnxError::io(&config, e))?;
+    let run = std::process::Command::new(exe)
+        .arg("train")
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .output()
+        .map_err(|e| OnnxError::io(exe, e))?;
+    if !run.status.success() {
+        return Err(OnnxError::field(
+            "plan",
+            format!(
+                "the probe run ({} train --config {}) failed: {}",
+                exe.display(),
+                config.display(),
+                String::from_utf8_lossy(&run.stderr).trim()
+            ),
+        ));
+    }
+    let perf = p.checkpoint.output_dir.join("perf.json");
+    let text = std::fs::read(&perf).map_err(|e| OnnxError::io(&perf, e))?;
+    serde_json::from_slice(&text)
+        .map_err(|e| OnnxError::field("plan", format!("{}: {e}", perf.display())))
+}
+
+/// The bytes of the float values each of a stage's nodes makes for one sample, as a
+/// fraction of the whole graph's (`stages` of `model`).
+fn stage_shares(
+    model: &OnnxModel,
+    partition: &Partition,
+    input: (String, Value),
+) -> Result<Vec<f64>> {
+    let probe = model.probe(vec![input])?;
+    let bytes_of = |node: usize| -> f64 {
+        model.graph().nodes[node]
+            .outputs
+            .iter()
+            .filter(|o| probe.floats.contains(*o))
+            .filter_map(|o| probe.shapes.get(o))
+            .map(|s| s.iter().product::<usize>() as f64 * 4.0)
+            .sum()
+    };
+    let per_stage: Vec<f64> = partition
+        .stages
+        .iter()
+        .map(|s| s.nodes.clone().map(bytes_of).sum())
+        .collect();
+    let total: f64 = per_stage.iter().sum::<f64>().max(1.0);
+    Ok(per_stage.into_iter().map(|b| b / total).collect())
+}
+
+/// Plan `c`'s layout on `train`'s samples (see the module doc): the probe runs first,
+/// then the model is loaded on the CPU to count each rank's part.
+pub fn plan_memory(
+    c: &TrainingConfig,
+    train: &Arc<dyn Dataset>,
+    runner: &ProbeRunner,
+) -> Result<MemoryPlan> {
+    let p = &c.parallel;
+    let (dp, tp, pp) = (
+        p.data_parallel_size.max(1),
+        p.horizontal_parallel_size.max(1),
+        p.pipeline_parallel_size.max(1),
+    );
+    let micro_batch = (c.data.batch_size / c.micro_batches()).max(1);
+    let process_base_bytes = proc_status("VmRSS:").unwrap_or(0);
+    let (small, large) = (1, micro_batch.max(2));
+    // The configured micro-batch first: in this process, what the allocator keeps from
+    // one probe inflates the next.
+    let at_large = probe_working_set(c, train, large, process_base_bytes, runner)?;
+    let at_small = probe_working_set(c, train, small, process_base_bytes, runner)?;
+    let per_sample = at_large.saturating_sub(at_small) / (large - small) as u64;
+    let fixed = at_small.saturating_sub(per_sample);
+    let working = (fixed + per_sample * micro_batch as u64) as f64 / tp as f64;
+
+    let device = Device::flex();
+    let model = c.model.load(&device)?.select_trainable(
+        &c.model.weights_to_train,
+        &c.model.weights_not_to_train,
+        (
+            "config.model.weights_to_train",
+            "config.model.weights_not_to_train",
+        ),
+    )?;
+    let sample = |n: usize| -> Result<Value> {
+        let indices: Vec<usize> = (0..n).map(|i| i % train.len()).collect();
+        Value::from_host(&train.batch(&indices)?.input, &device)
+            .map_err(|e| OnnxError::field("batch", e.0))
+    };
+    let mut ranks = Vec::new();
+    for tp_rank in 0..tp {
+        let part = if tp > 1 {
+            TensorParallel::apply(
+                model.clone(),
+                vec![(c.model.input_name.clone(), sample(2)?)],
+                tp_rank,
+                tp,
+                p.tensor_parallel_allow_replicated,
+            )?
+            .0
+        } else {
+            model.clone()
+        };
+        let stages: Vec<(Option<HashSet<String>>, f64)> = if pp == 1 {
+            vec![(None, working)]
+        } else {
+            let partition = if p.pipeline_cut_after.is_empty() {
+                Partition::auto(&part, pp)?
+            } else {
+                Partition::after(&part, &p.pipeline_cut_after)?
+            };
+            let shares = stage_shares(&part, &partition, (c.model.input_name.clone(), sample(1)?))?;
+            let m = c.micro_batches();
+            let weights: Vec<f64> = partition
+                .stages
+                .iter()
+                .zip(&shares)
+                .map(|(s, share)| {
+                    let in_flight = match p.pipeline_schedule {
+                        PipelineSchedule::OneFOneB => m.min(pp - s.index),
+                        PipelineSchedule::Gpipe => m,
+                    };
+                    share * in_flight as f64
+                })
+                .collect();
+            let total: f64 = weights.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+            partition
+                .stages
+                .iter()
+                .zip(weights)
+                .map(|(s, w)| {
+                    (
+                        Some(s.params.iter().cloned().collect()),
+                        working * w / total,
+                    )
+                })
+                .collect()
+        };
+        for (stage, (names, working)) in stages.into_iter().enumerate() {
+            ranks.push(rank_memory(
+                c,
+                &part,
+                names.as_ref(),
+                dp,
+                tp_rank,
+                stage,
+                working as u64,
+            ));
+        }
+    }
+    Ok(MemoryPlan {
+        dp,
+        tp,
+        pp,
+        micro_batch,
+        probe_fixed_bytes: fixed,
+        probe_per_sample_bytes: per_sample,
+        process_base_bytes,
+        ranks,
+    })
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+impl std::fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "layout: dp {} x tp {} x pp {}, {} sample(s) per micro-step",
+            self.dp, self.tp, self.pp, self.micro_batch
+        )?;
+        writeln!(
+            f,
+            "probe ({PROBE_UPDATES} updates of the layout without replicas): working set {} + {} per sample per micro-step",
+            mib(self.probe_fixed_bytes),
+            mib(self.probe_per_sample_bytes)
+        )?;
+        writeln!(
+            f,
+            "{:>3} {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+            "tp", "stage", "parameters", "gradients", "optimizer", "on disk", "working set", "peak"
+        )?;
+        for r in &self.ranks {
+            writeln!(
+                f,
+                "{:>3} {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+                r.tp_rank,
+                r.stage,
+                mib(r.parameter_bytes),
+                mib(r.gradient_bytes),
+                mib(r.optimizer_state_bytes),
+                mib(r.optimizer_on_disk_bytes),
+                mib(r.working_set_bytes),
+                mib(r.peak_bytes)
+            )?;
+        }
+        writeln!(
+            f,
+            "process base {}; per MPI rank {}; all {} ranks as threads of one process {}",
+            mib(self.process_base_bytes),
+            mib(self.per_process_bytes()),
+            self.dp * self.tp * self.pp,
+            mib(self.threads_process_bytes())
+        )
+    }
+}

@@ -1,0 +1,154 @@
+//! Which samples each rank takes at each micro-step ([`DistributedSampler`]).
+//!
+//! Plain (windows, images; `torch.utils.data.DistributedSampler`'s semantics): every rank
+//! shuffles the sample indices with the same seed for the same epoch (`seed + epoch`),
+//! pads the list by repeating its head up to a multiple of the world size, and takes every
+//! `world`-th index starting at its rank: the ranks' sets are disjoint except for the
+//! padding. Each rank then forms batches in order and drops a final partial batch.
+//!
+//! Balanced by length (documents, [`LengthBalance`]): the shuffled epoch is cut into
+//! global batches of `batch_size x world` samples; every `bucket` consecutive global
+//! batches are sorted by length together and their order shuffled again (length
+//! bucketing: a batch holds documents of similar lengths and pads little); each global
+//! batch is dealt to the ranks longest first, each document to the rank with the fewest
+//! tokens so far among those with room (so every rank has `batch_size` samples and about
+//! the same number of tokens). A final partial global batch is dropped.
+//!
+//! Either way the batch of micro-step `k` is a pure function of `(seed, rank, world, k)`,
+//! which is what makes resumed runs bit-identical, and every rank can compute every other
+//! rank's batch (the documents' loss divisor counts them).
+
+use std::sync::Arc;
+
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use crate::error::{OnnxError, Result};
+
+/// Length-balanced batching: each sample's token count, and how many global batches are
+/// sorted together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LengthBalance {
+    /// Tokens of each sample.
+    pub lengths: Arc<Vec<u32>>,
+    /// Global batches sorted by length together (1: none).
+    pub bucket: usize,
+}
+
+/// Deterministic distributed sampling (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DistributedSampler {
+    /// Number of samples in the data set.
+    pub len: usize,
+    /// Samples per batch on this rank.
+    pub batch_size: usize,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// Shuffle seed (epoch `e` uses `seed + e`).
+    pub seed: u64,
+    /// Shuffle at all.
+    pub shuffle: bool,
+    /// Balance the ranks by sample length (documents); `None`: plain.
+    pub balance: Option<LengthBalance>,
+}
+
+impl DistributedSampler {
+    fn shuffled(&self, epoch: u64) -> Vec<usize> {
+        let mut all: Vec<usize> = (0..self.len).collect();
+        if self.shuffle {
+            all.shuffle(&mut ChaCha8Rng::seed_from_u64(
+                self.seed.wrapping_add(epoch),
+            ));
+        }
+        all
+    }
+
+    /// The indices rank `rank` sees in `epoch` with plain sampling, in order.
+    fn rank_epoch(&self, all: &[usize], rank: usize) -> Vec<usize> {
+        let total = self.len.div_ceil(self.world) * self.world;
+        (0..total)
+            .map(|i| all[i % self.len.max(1)])
+            .skip(rank)
+            .step_by(self.world)
+            .collect()
+    }
+
+    /// The indices this rank sees in `epoch`, in order (plain sampling).
+    pub fn epoch_indices(&self, epoch: u64) -> Vec<usize> {
+        self.rank_epoch(&self.shuffled(epoch), self.rank)
+    }
+
+    /// Full batches per epoch on each rank.
+    pub fn batches_per_epoch(&self) -> usize {
+        match &self.balance {
+            None => self.len.div_ceil(self.world) / self.batch_size,
+            Some(_) => self.len / (self.batch_size * self.world),
+        }
+    }
+
+    /// Indices of this rank's batch number `k` counted from the start of training.
+    pub fn batch_indices(&self, k: usize) -> Result<Vec<usize>> {
+        Ok(self.global_batch(k)?.swap_remove(self.rank))
+    }
+
+    /// Every rank's indices of batch number `k` (rank `r`'s at `r`).
+    pub fn global_batch(&self, k: usize) -> Result<Vec<Vec<usize>>> {
+        let per = self.batches_per_epoch();
+        if per == 0 {
+            return Err(OnnxError::field(
+                "config.data.batch_size",
+                format!(
+                    "{} samples over {} rank(s) cannot fill one batch of {}",
+                    self.len, self.world, self.batch_size
+                ),
+            ));
+        }
+        let epoch = (k / per) as u64;
+        let all = self.shuffled(epoch);
+        let j = k % per;
+        let Some(balance) = &self.balance else {
+            let offset = j * self.batch_size;
+            return Ok((0..self.world)
+                .map(|r| self.rank_epoch(&all, r)[offset..offset + self.batch_size].to_vec())
+                .collect());
+        };
+        let global = self.batch_size * self.world;
+        let bucket = balance.bucket.max(1);
+        let pool = j / bucket;
+        let first = pool * bucket;
+        let batches = bucket.min(per - first);
+        let mut members = all[first * global..(first + batches) * global].to_vec();
+        let length = |i: &usize| balance.lengths.get(*i).copied().unwrap_or(0);
+        members.sort_by_key(|i| (std::cmp::Reverse(length(i)), *i));
+        let mut order: Vec<usize> = (0..batches).collect();
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(
+            self.seed
+                .wrapping_add(epoch)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                ^ pool as u64,
+        ));
+        let at = order[j - first];
+        Ok(self.deal(&members[at * global..(at + 1) * global], length))
+    }
+
+    /// `members` (sorted longest first) dealt to the ranks: each to the rank with the
+    /// fewest tokens among those with fewer than `batch_size` samples (the lowest rank on
+    /// a tie).
+    fn deal(&self, members: &[usize], length: impl Fn(&usize) -> u32) -> Vec<Vec<usize>> {
+        let mut ranks: Vec<(u64, Vec<usize>)> = vec![(0, Vec::new()); self.world];
+        for i in members {
+            let (_, to) = ranks
+                .iter_mut()
+                .filter(|(_, b)| b.len() < self.batch_size)
+                .map(|r| (r.0, r))
+                .min_by_key(|(tokens, _)| *tokens)
+                .expect("room on some rank: members = batch_size x world");
+            to.0 += u64::from(length(i));
+            to.1.push(*i);
+        }
+        ranks.into_iter().map(|(_, b)| b).collect()
+    }
+}
