@@ -3,7 +3,8 @@
 //! tensor-parallel split and pipeline stage, ZeRO's shards, moments on disk), and the
 //! working set of a micro-step (the autodiff tape, gradients as backward makes them, the
 //! update's temporaries, what the allocator keeps between updates) measured by a probe:
-//! the layout itself without data parallelism (its tp x pp ranks as threads) runs
+//! the layout itself without data parallelism (its tp x pp ranks as threads, at its ZeRO
+//! stage, whose whole-sized flat buffers every replica has) runs
 //! [`PROBE_UPDATES`] real updates in this process, once with one sample per micro-step
 //! and once with the configured micro-batch (two samples when that is one), and the rise
 //! of the process's peak resident set (Linux `clear_refs` resets it), less the counted
@@ -123,8 +124,9 @@ fn probe_working_set(
     let _ = std::fs::remove_dir_all(&out);
     let mut p = c.clone();
     p.data.batch_size = samples * c.micro_batches();
+    // One replica keeps the configured ZeRO stage: its flat gradient and parameter
+    // buffers are whole-sized on every replica, whatever the data-parallel size.
     p.parallel.data_parallel_size = 1;
-    p.parallel.zero_stage = 0;
     p.train.gradient_accumulation_steps = 1;
     p.train.num_train_steps = PROBE_UPDATES;
     p.train.num_train_epochs = 0;
