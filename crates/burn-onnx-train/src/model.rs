@@ -30,6 +30,7 @@ use crate::value::{FloatValue, PhysTensor, Value, padded};
 pub use sharded::Sharding;
 pub use tensor_parallel::Probe;
 
+pub mod named_store;
 pub mod profile;
 mod sharded;
 pub mod stage;

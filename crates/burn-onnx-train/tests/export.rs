@@ -271,3 +271,82 @@ fn structural_errors_name_the_node_or_field() {
     );
     assert!(!export_bytes(&model).unwrap().is_empty());
 }
+
+/// Burn's `SafetensorsStore` with the ONNX-name adapters: `save_into` writes gpt2_tiny's
+/// parameters under their ONNX initializer names with the initializers' shapes and values
+/// (Python reads the file by the format's definition and compares each tensor with the
+/// ONNX file's initializer of that name), and `load_from` takes a file Python wrote with
+/// every value doubled back into the model.
+#[test]
+fn burn_store_saves_and_loads_by_onnx_names_with_logical_shapes() {
+    use burn::store::{ModuleSnapshot, SafetensorsStore};
+    use burn_onnx_train::model::named_store::{loading_by_onnx_names, saving_by_onnx_names};
+
+    let Some(python) = python_for("ONNX_TRAIN_PYTHON", "burn-store by ONNX names") else {
+        return;
+    };
+    let onnx = refkit("models/gpt2_tiny.onnx");
+    let dir = tempdir("named-store");
+    let (saved, doubled) = (
+        dir.join("saved.safetensors"),
+        dir.join("doubled.safetensors"),
+    );
+    let mut model = OnnxModel::load(&onnx, &burn::tensor::Device::flex()).unwrap();
+    let mut store = saving_by_onnx_names(&model, SafetensorsStore::from_file(&saved));
+    model.save_into(&mut store).unwrap();
+    let script = r#"
+import json, struct, sys
+import numpy as np, onnx
+from onnx import numpy_helper
+onnx_path, saved, doubled = sys.argv[1:4]
+inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(onnx_path).graph.initializer}
+raw = open(saved, "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+header = json.loads(raw[8:8 + n])
+header.pop("__metadata__", None)
+tensors = {}
+for name, t in header.items():
+    assert name in inits, f"{name} is no initializer"
+    a, b = t["data_offsets"]
+    v = np.frombuffer(raw[8 + n + a:8 + n + b], dtype="<f4").reshape(t["shape"])
+    assert list(v.shape) == list(inits[name].shape), (name, v.shape, inits[name].shape)
+    assert np.array_equal(v, inits[name]), name
+    tensors[name] = v
+assert len(tensors) == 28, len(tensors)
+meta, offset, blobs = {}, 0, []
+for name, v in tensors.items():
+    b = (2 * v).astype("<f4").tobytes()
+    meta[name] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [offset, offset + len(b)]}
+    offset += len(b)
+    blobs.append(b)
+h = json.dumps(meta).encode()
+h += b" " * (-len(h) % 8)
+open(doubled, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+print("ok", len(tensors))
+"#;
+    python_says_ok(
+        &python,
+        script,
+        &[onnx.as_os_str(), saved.as_os_str(), doubled.as_os_str()],
+    );
+    let before: Vec<(String, ndarray::ArrayD<f32>)> = model
+        .param_infos()
+        .iter()
+        .map(|i| {
+            (
+                i.name.clone(),
+                model.param_by_name(&i.name).unwrap().to_array().unwrap(),
+            )
+        })
+        .collect();
+    let mut back = loading_by_onnx_names(&model, SafetensorsStore::from_file(&doubled)).unwrap();
+    let result = model.load_from(&mut back).unwrap();
+    assert!(
+        result.errors.is_empty() && result.missing.is_empty(),
+        "{result:?}"
+    );
+    for (name, was) in before {
+        let now = model.param_by_name(&name).unwrap().to_array().unwrap();
+        assert_eq!(now, was.mapv(|v| 2.0 * v), "{name}");
+    }
+}
