@@ -8,11 +8,13 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use burn::tensor::Device;
 use burn_onnx_train::OnnxModel;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::collective::{CollectiveGroup, Collectives};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::train::TrainingConfig;
+use burn_onnx_train::train::checkpoint::read_params;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, DistributedSampler, ImageDataset, Target};
 use burn_onnx_train::train::launch::launch;
@@ -331,6 +333,71 @@ fn a_stage_3_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_3_and_on_one
     let ckpt = resumes_from_a_four_rank_checkpoint(3, &[(2, 3, 1), (1, 1, 1)]);
     let manifest = std::fs::read_to_string(ckpt.join("zero.json")).unwrap();
     assert!(manifest.contains("per_tensor"), "{manifest}");
+    // No rank gathered the whole model: each wrote its chunks (and the resumes above
+    // joined them).
+    assert!(!ckpt.join("model.safetensors").exists());
+    model_shards_read_with_numpy(&ckpt, 4);
+    // `export` joins them too, into the model the runner reads back.
+    let exported = ckpt.join("exported.onnx");
+    burn_onnx_train::export::export_onnx(
+        &read_params(
+            &ckpt,
+            OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex()).unwrap(),
+            None,
+        )
+        .unwrap(),
+        &exported,
+    )
+    .unwrap();
+    assert_moved(&refkit("models/gpt2_tiny.onnx"), &exported, 1e-4);
+}
+
+/// The ZeRO-3 model shards of `ckpt` as numpy sees them: every `model-zero-<r>.safetensors`
+/// holds one 1-D F32 chunk per parameter, of `ceil(n / world)` values on every rank, with
+/// the parameter's shape in the metadata; joined in rank order, the padding past `n` is
+/// zero and the whole has the shape of the ONNX initializer of that name.
+fn model_shards_read_with_numpy(ckpt: &Path, world: usize) {
+    let Some(python) = python_for("ONNX_TRAIN_PYTHON", "ZeRO-3 model shards") else {
+        return;
+    };
+    let script = r#"
+import json, math, struct, sys
+import numpy as np, onnx
+from onnx import numpy_helper
+ckpt, world, model = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(model).graph.initializer}
+chunks = {}
+for r in range(world):
+    raw = open(f"{ckpt}/model-zero-{r}.safetensors", "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__")
+    assert meta["format"] == "zero3-shard" and meta["zero_rank"] == str(r), meta
+    assert meta["zero_world"] == str(world), meta
+    for name, t in header.items():
+        a, b = t["data_offsets"]
+        chunks.setdefault(name, []).append((np.frombuffer(raw[8 + n + a:8 + n + b], dtype="<f4"), json.loads(meta["shape." + name])))
+assert len(chunks) == 28, len(chunks)
+for name, parts in chunks.items():
+    shape = parts[0][1]
+    size = int(np.prod(shape))
+    assert all(len(c) == math.ceil(size / world) for c, _ in parts), name
+    joined = np.concatenate([c for c, _ in parts])
+    assert not joined[size:].any(), f"{name}: padding is not zero"
+    assert list(inits[name].shape) == shape, (name, inits[name].shape, shape)
+    assert np.isfinite(joined).all(), name
+print("ok", len(chunks))
+"#;
+    let world = world.to_string();
+    python_says_ok(
+        &python,
+        script,
+        &[
+            ckpt.as_os_str(),
+            world.as_ref(),
+            refkit("models/gpt2_tiny.onnx").as_os_str(),
+        ],
+    );
 }
 
 #[test]

@@ -9,7 +9,9 @@
 //!   of the split weights into `model[-stage-<k>]-tp-<r>.safetensors` and `state.json`
 //!   records how each is split, so a load reassembles them and cuts them again for any tp
 //!   size (or none: `onnx-train export`; the optimizer records regroup the same way,
-//!   `tp_resume`);
+//!   `tp_resume`); a ZeRO-3 run writes no whole parameters: every data-parallel rank
+//!   writes its chunks into `<that file>-zero-<rank>.safetensors` (`zero3_shards`), joined
+//!   again when the checkpoint is read;
 //! * the update strategy's optimizer state: `optimizer.safetensors` (Burn's optimizer
 //!   record as safetensors, keyed by parameter ids derived from the ONNX names, step counts
 //!   in the metadata; earlier checkpoints' burn-pack `optimizer.bpk` still loads) for
@@ -42,6 +44,7 @@ use serde::{Deserialize, Serialize};
 use super::checkpoint_index::{file_tp_rank, model_indices};
 use super::checkpoint_manifest::{FileSum, MANIFEST_FILE, merged_manifest, write_rank_sums};
 use super::precision::ScalerState;
+use super::zero3_shards::{consolidate, shard_of};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::tensor_parallel::{AxisSplit, TensorParallel};
@@ -321,7 +324,38 @@ pub fn read_params(
         .collect();
     let mut whole: HashMap<String, ndarray::ArrayD<f32>> = HashMap::new();
     let mut parts: BTreeMap<String, BTreeMap<usize, ndarray::ArrayD<f32>>> = BTreeMap::new();
-    for model_path in &files {
+    let mut place = |tp_rank: Option<usize>, name: String, array: ndarray::ArrayD<f32>| {
+        if !wanted.contains_key(name.as_str()) {
+            return;
+        }
+        match tp_rank {
+            Some(r) => {
+                parts.entry(name).or_default().insert(r, array);
+            }
+            None => {
+                whole.insert(name, array);
+            }
+        }
+    };
+    let name_of = |p: &Path| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    // ZeRO-3 shards, joined per model part first.
+    let mut shards: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for f in &files {
+        if let Some((part, _)) = shard_of(&name_of(f)) {
+            shards.entry(part).or_default().push(f.clone());
+        }
+    }
+    for (part, group) in &shards {
+        for (name, array) in consolidate(group)? {
+            place(file_tp_rank(part), name, array);
+        }
+    }
+    for model_path in files.iter().filter(|f| shard_of(&name_of(f)).is_none()) {
         let bytes = fs::read(model_path).map_err(io(model_path))?;
         let bad = |message: String| OnnxError::Decode {
             path: model_path.clone(),
@@ -329,10 +363,7 @@ pub fn read_params(
             message,
         };
         let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
-        let tp_rank = model_path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(file_tp_rank);
+        let tp_rank = file_tp_rank(&name_of(model_path));
         for (name, view) in st.tensors() {
             if !wanted.contains_key(name.as_str()) {
                 continue;
@@ -350,14 +381,7 @@ pub fn read_params(
                 .collect();
             let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(view.shape()), data)
                 .map_err(|e| bad(format!("{name}: {e}")))?;
-            match tp_rank {
-                Some(r) => {
-                    parts.entry(name).or_default().insert(r, array);
-                }
-                None => {
-                    whole.insert(name, array);
-                }
-            }
+            place(tp_rank, name, array);
         }
     }
     if !parts.is_empty() {

@@ -66,6 +66,8 @@ pub fn model_indices(
         .map_err(|e| OnnxError::io(dir, e))?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.starts_with("model") && n.ends_with(".safetensors"))
+        // ZeRO-3 chunks are no weights a loader can take.
+        .filter(|n| !n.contains("-zero-"))
         .collect();
     parts.sort();
     let mut by_rank: BTreeMap<Option<usize>, Vec<String>> = BTreeMap::new();

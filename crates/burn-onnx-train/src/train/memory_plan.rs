@@ -3,8 +3,8 @@
 //! tensor-parallel split and pipeline stage, ZeRO's shards, moments on disk), and the
 //! working set of a micro-step (the autodiff tape, gradients as backward makes them, the
 //! update's temporaries, what the allocator keeps between updates) measured by a probe:
-//! the layout itself without data parallelism (its tp x pp ranks as threads, at its ZeRO
-//! stage, whose whole-sized flat buffers every replica has) runs
+//! the layout itself with at most two data-parallel replicas (its ranks as threads, at its
+//! ZeRO stage: the collectives' buffers are per replica whatever their count) runs
 //! [`PROBE_UPDATES`] real updates in this process, once with one sample per micro-step
 //! and once with the configured micro-batch (two samples when that is one), and the rise
 //! of the process's peak resident set (Linux `clear_refs` resets it), less the counted
@@ -98,6 +98,11 @@ fn reset_peak() -> Result<()> {
 /// what the allocator keeps between updates.
 pub const PROBE_UPDATES: usize = 3;
 
+/// Data-parallel replicas in the probe run: two when the layout has several, else one.
+fn probe_replicas(c: &TrainingConfig) -> usize {
+    c.parallel.data_parallel_size.clamp(1, 2)
+}
+
 /// Where the probe runs.
 #[derive(Debug, Clone)]
 pub enum ProbeRunner {
@@ -124,9 +129,10 @@ fn probe_working_set(
     let _ = std::fs::remove_dir_all(&out);
     let mut p = c.clone();
     p.data.batch_size = samples * c.micro_batches();
-    // One replica keeps the configured ZeRO stage: its flat gradient and parameter
-    // buffers are whole-sized on every replica, whatever the data-parallel size.
-    p.parallel.data_parallel_size = 1;
+    // Two replicas when there are several: what the gradient averaging and ZeRO's
+    // collectives hold (whole-sized flat buffers, the communicator's copies) is then in
+    // the probe too, per replica as it will be with more.
+    p.parallel.data_parallel_size = probe_replicas(c);
     p.train.gradient_accumulation_steps = 1;
     p.train.num_train_steps = PROBE_UPDATES;
     p.train.num_train_epochs = 0;
@@ -242,7 +248,8 @@ pub fn plan_memory(
     let at_small = probe_working_set(c, train, small, process_base_bytes, runner)?;
     let per_sample = at_large.saturating_sub(at_small) / (large - small) as u64;
     let fixed = at_small.saturating_sub(per_sample);
-    let working = (fixed + per_sample * micro_batch as u64) as f64 / tp as f64;
+    let working =
+        (fixed + per_sample * micro_batch as u64) as f64 / (tp * probe_replicas(c)) as f64;
 
     let device = Device::flex();
     let model = c.model.load(&device)?.select_trainable(
@@ -344,7 +351,7 @@ impl std::fmt::Display for MemoryPlan {
         )?;
         writeln!(
             f,
-            "probe ({PROBE_UPDATES} updates of the layout without replicas): working set {} + {} per sample per micro-step",
+            "probe ({PROBE_UPDATES} updates of the layout with at most 2 replicas): working set {} + {} per sample per micro-step (all its ranks)",
             mib(self.probe_fixed_bytes),
             mib(self.probe_per_sample_bytes)
         )?;

@@ -37,6 +37,7 @@ pub mod summaries;
 pub mod token_shards;
 pub mod tp_resume;
 mod trainer;
+pub mod zero3_shards;
 
 pub use config::TrainingConfig;
 pub use device::DeviceSpec;

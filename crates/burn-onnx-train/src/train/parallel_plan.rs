@@ -28,6 +28,7 @@ use super::pipelined::Pipelined;
 use super::segmented::Segmented;
 use super::step::PassSettings;
 use super::summaries::SummaryRole;
+use super::zero3_shards::{shard_bytes, shard_file};
 use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
@@ -335,15 +336,14 @@ impl ParallelPlan {
         self.tensor_parallel.as_ref().map(|_| self.groups.tp_rank)
     }
 
-    /// This rank's files in a checkpoint: its part of the model (first replica only) and
-    /// the optimizer state `state` (under `stage-<k>/` in a pipeline, `tp-<r>/` for a tp rank).
-    /// With ZeRO-3 the data-parallel group gathers the whole part first (a collective).
+    /// This rank's files in a checkpoint: its part of the model (first replica only; with
+    /// ZeRO-3 every replica its chunks of it, with no gather) and the optimizer state
+    /// `state` (under `stage-<k>/` in a pipeline, `tp-<r>/` for a tp rank).
     pub fn checkpoint_files(
         &self,
         model: &OnnxModel,
         state: Vec<(String, Vec<u8>)>,
     ) -> Result<Vec<(String, Vec<u8>)>> {
-        let model = &model.unsharded(self.groups.dp.as_ref())?;
         let stage = self.partition.as_ref().map(|_| self.groups.pp_rank);
         let mut files: Vec<(String, Vec<u8>)> = match state_dir(stage, self.tp_rank()) {
             None => state,
@@ -352,11 +352,14 @@ impl ParallelPlan {
                 .map(|(n, b)| (format!("{dir}/{n}"), b))
                 .collect(),
         };
-        if self.groups.dp_rank == 0 {
+        let part = model_file(stage, self.tp_rank());
+        if model.sharding().is_some() {
             files.push((
-                model_file(stage, self.tp_rank()),
-                model_bytes(model, |n| self.owns(n))?,
+                shard_file(&part, self.groups.dp_rank),
+                shard_bytes(model, |n| self.owns(n))?,
             ));
+        } else if self.groups.dp_rank == 0 {
+            files.push((part, model_bytes(model, |n| self.owns(n))?));
         }
         Ok(files)
     }
