@@ -58,10 +58,14 @@ pub use mpi_comm::MpiCommunicator;
 #[cfg(feature = "cuda")]
 pub use nccl_comm::NcclCommunicator;
 pub use overlap::{OverlappedSync, SyncTimes};
-pub use record::{MomentState, RecordTensor, decode_moments, encode_moments, regroup_records};
+pub use record::{
+    MomentSlices, MomentState, RecordTensor, decode_moments, encode_moments, regroup_records,
+    write_moments,
+};
 pub use replica_optimizer::ReplicaOptimizer;
 pub use strategy::{
-    MemoryUse, ModelParallel, Replicated, UpdateReport, UpdateStrategy, clip_grad_norm,
+    MemoryUse, ModelParallel, Replicated, StateContent, StateFile, UpdateReport, UpdateStrategy,
+    clip_grad_norm,
 };
 pub use threads::ThreadCommunicator;
 pub use topology::{Groups, Topology};

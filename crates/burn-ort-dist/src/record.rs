@@ -5,12 +5,13 @@
 //! encoded from and decoded into plain vectors (for optimizers that keep them elsewhere).
 
 use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Bytes, DType};
 
 use crate::error::{DistError, DistResult, state_error};
-use crate::record_safetensors::{record_to_safetensors, safetensors_to_record};
+use crate::record_safetensors::{safetensors_to_record, write_record};
 
 /// The optimizer record file of a replicated run.
 pub const REPLICATED_STATE_FILE: &str = "optimizer.safetensors";
@@ -176,10 +177,16 @@ pub fn regroup_records(
             None => tensors.push(burn_pack::Tensor::new(name, dtype, shape, Some(id), data)),
         }
     }
-    let bytes = record_to_safetensors(write(tensors, &scalars, &paths)?)?;
+    let record = write(tensors, &scalars, &paths)?;
     std::fs::create_dir_all(out).map_err(|e| state_error(format!("{}: {e}", out.display())))?;
     let file = out.join(REPLICATED_STATE_FILE);
-    std::fs::write(&file, &bytes[..]).map_err(|e| state_error(format!("{}: {e}", file.display())))
+    let mut w = std::io::BufWriter::new(
+        std::fs::File::create(&file)
+            .map_err(|e| state_error(format!("{}: {e}", file.display())))?,
+    );
+    write_record(record, &mut w)?;
+    w.flush()
+        .map_err(|e| state_error(format!("{}: {e}", file.display())))
 }
 
 fn f32_values(dtype: DType, data: &Bytes, name: &str, path: &Path) -> DistResult<Vec<f32>> {
@@ -242,6 +249,54 @@ pub fn encode_moments(states: &[(u64, MomentState)], nested: bool) -> DistResult
         }
     }
     write(tensors, &scalars, &BTreeMap::new())
+}
+
+/// One parameter's Adam-family state where it lies (host memory, a mapped file).
+pub struct MomentSlices<'a> {
+    /// The parameter's id.
+    pub id: u64,
+    /// Updates applied to it.
+    pub time: usize,
+    /// Its shape.
+    pub shape: &'a [usize],
+    /// First moment.
+    pub moment_1: &'a [f32],
+    /// Second moment.
+    pub moment_2: &'a [f32],
+}
+
+/// Write what [`encode_moments`] would record of `states` straight to `w` as the
+/// optimizer's safetensors file (`record_safetensors`): the moments are written from where
+/// they lie, never copied whole.
+pub fn write_moments(
+    states: &[MomentSlices<'_>],
+    nested: bool,
+    w: &mut dyn Write,
+) -> DistResult<()> {
+    let mut metadata = BTreeMap::from([(
+        "format".to_string(),
+        crate::record_safetensors::FORMAT.to_string(),
+    )]);
+    let mut entries = Vec::new();
+    for s in states {
+        let prefix = moment_prefix(s.id, nested);
+        metadata.insert(
+            format!("scalar.{}.__rank", s.id),
+            format!("u64:{}", s.shape.len()),
+        );
+        metadata.insert(format!("scalar.{prefix}.time"), format!("u64:{}", s.time));
+        for (leaf, values) in [("moment_1", s.moment_1), ("moment_2", s.moment_2)] {
+            let name = format!("{prefix}.{leaf}");
+            metadata.insert(format!("param_id.{name}"), s.id.to_string());
+            entries.push(crate::record_safetensors::Entry {
+                name,
+                dtype: safetensors::Dtype::F32,
+                shape: s.shape.to_vec(),
+                data: bytemuck::cast_slice(values),
+            });
+        }
+    }
+    crate::record_safetensors::write_safetensors(w, &entries, &metadata)
 }
 
 /// The per-parameter moments in a record `bytes` (see [`encode_moments`]); parameters
@@ -330,5 +385,48 @@ mod tests {
             );
         }
         std::fs::remove_dir_all(root).unwrap();
+    }
+
+    /// The moments streamed from where they lie make the file the record of the same
+    /// states does: the same tensors, ids and step counts, and they load back.
+    #[test]
+    fn moments_written_in_place_are_the_record_of_the_same_state() {
+        let states = vec![(3u64, state(7)), (9u64, state(2))];
+        for nested in [true, false] {
+            let slices: Vec<MomentSlices<'_>> = states
+                .iter()
+                .map(|(id, s)| MomentSlices {
+                    id: *id,
+                    time: s.time,
+                    shape: &s.shape,
+                    moment_1: &s.moment_1,
+                    moment_2: &s.moment_2,
+                })
+                .collect();
+            let mut streamed = Vec::new();
+            write_moments(&slices, nested, &mut streamed).unwrap();
+            let whole = crate::record_safetensors::record_to_safetensors(
+                encode_moments(&states, nested).unwrap(),
+            )
+            .unwrap();
+            let read = |b: &[u8]| {
+                let (_, h) = safetensors::SafeTensors::read_metadata(b).unwrap();
+                let st = safetensors::SafeTensors::deserialize(b).unwrap();
+                let mut t: Vec<_> = st
+                    .tensors()
+                    .into_iter()
+                    .map(|(n, v)| (n, v.shape().to_vec(), v.data().to_vec()))
+                    .collect();
+                t.sort();
+                (h.metadata().clone(), t)
+            };
+            assert_eq!(read(&streamed), read(&whole), "nested {nested}");
+            let back = decode_moments(
+                crate::record_safetensors::safetensors_to_record(&streamed).unwrap(),
+                nested,
+            )
+            .unwrap();
+            assert_eq!(back, states.iter().cloned().collect::<BTreeMap<_, _>>());
+        }
     }
 }

@@ -4,18 +4,19 @@
 //! record key (`"<param id>.momentum.moment_1"`), and in the file's metadata
 //! `format = burn-optimizer-record`, each tensor's parameter id (`param_id.<key>`), each
 //! scalar such as a step count (`scalar.<key>`, typed: `u64:12`, `i64:-1`, `f64:0.5`,
-//! `bool:true`) and each record path (`meta.<key>`).
+//! `bool:true`) and each record path (`meta.<key>`). Files are written streaming
+//! ([`write_safetensors`]), from the record's buffer or from where the moments lie.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+use std::io::Write;
 
 use burn::tensor::{Bytes, DType};
-use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{DistResult, state_error};
 
 /// The `format` metadata value of an optimizer record file.
-const FORMAT: &str = "burn-optimizer-record";
+pub(crate) const FORMAT: &str = "burn-optimizer-record";
 
 fn to_safetensors_dtype(dtype: DType, name: &str) -> DistResult<Dtype> {
     Ok(match dtype {
@@ -86,11 +87,65 @@ fn parse_scalar(key: &str, text: &str) -> DistResult<burn_pack::Scalar> {
     })
 }
 
-/// The safetensors file of the record `record` (burn-pack bytes).
-pub fn record_to_safetensors(record: Bytes) -> DistResult<Vec<u8>> {
+/// One tensor of a file [`write_safetensors`] writes: its bytes, little-endian.
+pub struct Entry<'a> {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// The data.
+    pub data: &'a [u8],
+}
+
+fn dtype_name(d: Dtype) -> String {
+    format!("{d:?}")
+}
+
+/// Write a safetensors file of `entries` (in this order) and `metadata` to `w`, streaming
+/// the data from where it lies: the file never exists whole in memory.
+pub fn write_safetensors(
+    w: &mut dyn Write,
+    entries: &[Entry<'_>],
+    metadata: &BTreeMap<String, String>,
+) -> DistResult<()> {
+    let mut header = serde_json::Map::new();
+    if !metadata.is_empty() {
+        header.insert("__metadata__".into(), serde_json::json!(metadata));
+    }
+    let mut offset = 0usize;
+    for e in entries {
+        let end = offset + e.data.len();
+        header.insert(
+            e.name.clone(),
+            serde_json::json!({
+                "dtype": dtype_name(e.dtype),
+                "shape": e.shape,
+                "data_offsets": [offset, end],
+            }),
+        );
+        offset = end;
+    }
+    let mut text = serde_json::to_vec(&header)
+        .map_err(|e| state_error(format!("cannot write a safetensors header: {e}")))?;
+    text.resize(text.len().next_multiple_of(8), b' ');
+    let io = |e: std::io::Error| state_error(format!("cannot write the optimizer state: {e}"));
+    w.write_all(&(text.len() as u64).to_le_bytes())
+        .map_err(io)?;
+    w.write_all(&text).map_err(io)?;
+    for e in entries {
+        w.write_all(e.data).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Write the record `record` (burn-pack bytes) as a safetensors file to `w`; the tensors
+/// are written from the record's own buffer.
+pub fn write_record(record: Bytes, w: &mut dyn Write) -> DistResult<()> {
     let bad = |e: burn_pack::Error| state_error(format!("not a valid optimizer record: {e:?}"));
     let reader = burn_pack::Reader::from_bytes(record).map_err(bad)?;
-    let mut metadata = HashMap::from([("format".to_string(), FORMAT.to_string())]);
+    let mut metadata = BTreeMap::from([("format".to_string(), FORMAT.to_string())]);
     for (k, v) in reader.scalars() {
         metadata.insert(format!("scalar.{k}"), scalar_text(*v));
     }
@@ -110,16 +165,23 @@ pub fn record_to_safetensors(record: Bytes) -> DistResult<Vec<u8>> {
             data,
         ));
     }
-    let views = tensors
+    let entries: Vec<Entry<'_>> = tensors
         .iter()
-        .map(|(name, dtype, shape, data)| {
-            TensorView::new(*dtype, shape.clone(), &data[..])
-                .map(|v| (name.clone(), v))
-                .map_err(|e| state_error(format!("optimizer state '{name}': {e}")))
+        .map(|(name, dtype, shape, data)| Entry {
+            name: name.clone(),
+            dtype: *dtype,
+            shape: shape.clone(),
+            data: &data[..],
         })
-        .collect::<DistResult<Vec<_>>>()?;
-    safetensors::serialize(views, Some(metadata))
-        .map_err(|e| state_error(format!("cannot write the optimizer record: {e}")))
+        .collect();
+    write_safetensors(w, &entries, &metadata)
+}
+
+/// The safetensors file of the record `record` (burn-pack bytes), in memory.
+pub fn record_to_safetensors(record: Bytes) -> DistResult<Vec<u8>> {
+    let mut out = Vec::new();
+    write_record(record, &mut out)?;
+    Ok(out)
 }
 
 /// The record (burn-pack bytes) a file of [`record_to_safetensors`] holds.
@@ -243,7 +305,11 @@ mod tests {
 
     #[test]
     fn a_safetensors_file_of_something_else_is_refused() {
-        let file = safetensors::serialize(Vec::<(String, TensorView)>::new(), None).unwrap();
+        let file = safetensors::serialize(
+            Vec::<(String, safetensors::tensor::TensorView)>::new(),
+            None,
+        )
+        .unwrap();
         let e = safetensors_to_record(&file).unwrap_err().to_string();
         assert!(e.contains("not an optimizer record"), "{e}");
     }

@@ -17,6 +17,11 @@ pub trait ReplicaOptimizer {
     fn step<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> DistResult<M>;
     /// The state as Burn's optimizer record (burn-pack bytes).
     fn record_bytes(&self) -> DistResult<Bytes>;
+    /// Write the state as the optimizer's safetensors file (`record_safetensors`) to `w`;
+    /// by default from [`Self::record_bytes`], streamed from the record's buffer.
+    fn write_state(&self, w: &mut dyn std::io::Write) -> DistResult<()> {
+        crate::record_safetensors::write_record(self.record_bytes()?, w)
+    }
     /// Replace the state with a record (from [`Self::record_bytes`] of either kind).
     fn load_record_bytes(&mut self, bytes: Bytes) -> DistResult<()>;
     /// Bytes of optimizer state held.

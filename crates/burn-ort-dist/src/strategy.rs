@@ -6,6 +6,7 @@
 //! The loop does not branch on the kind.
 
 use std::collections::HashSet;
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -17,7 +18,6 @@ use crate::communicator::{Communicator, ReduceOp};
 use crate::data_parallel::DataParallel;
 use crate::error::{DistError, DistResult, state_error};
 use crate::record::{REPLICATED_STATE_FILE, merged_record};
-use crate::record_safetensors::record_to_safetensors;
 use crate::replica_optimizer::ReplicaOptimizer;
 
 /// What an update measured.
@@ -104,6 +104,55 @@ impl ModelParallel {
     }
 }
 
+/// A file of optimizer state for a checkpoint: its name in the checkpoint directory and
+/// its contents, as bytes or as a writer that streams them (so state kept in a mapped file
+/// or a large record is never copied whole to be written).
+pub struct StateFile<'a> {
+    /// The file's name (may hold one directory level).
+    pub name: String,
+    /// What goes into it.
+    pub content: StateContent<'a>,
+}
+
+/// The contents of a [`StateFile`].
+pub enum StateContent<'a> {
+    /// The bytes.
+    Bytes(Vec<u8>),
+    /// A writer of the bytes.
+    Stream(Box<dyn FnOnce(&mut dyn Write) -> DistResult<()> + 'a>),
+}
+
+impl<'a> StateFile<'a> {
+    /// A file of `bytes`.
+    pub fn bytes(name: impl Into<String>, bytes: Vec<u8>) -> Self {
+        StateFile {
+            name: name.into(),
+            content: StateContent::Bytes(bytes),
+        }
+    }
+
+    /// A file `write` streams.
+    pub fn stream(
+        name: impl Into<String>,
+        write: impl FnOnce(&mut dyn Write) -> DistResult<()> + 'a,
+    ) -> Self {
+        StateFile {
+            name: name.into(),
+            content: StateContent::Stream(Box::new(write)),
+        }
+    }
+
+    /// Write the contents to `w`.
+    pub fn write_to(self, w: &mut dyn Write) -> DistResult<()> {
+        match self.content {
+            StateContent::Bytes(b) => w
+                .write_all(&b)
+                .map_err(|e| state_error(format!("{}: {e}", self.name))),
+            StateContent::Stream(f) => f(w),
+        }
+    }
+}
+
 /// Synchronise, clip and apply one update.
 pub trait UpdateStrategy<M: Module> {
     /// Combine `grads` across ranks, clip them to global L2 norm `max_norm` (0: no
@@ -120,7 +169,7 @@ pub trait UpdateStrategy<M: Module> {
     /// What this rank holds.
     fn memory(&self) -> MemoryUse;
     /// The files of optimizer state this rank writes into a checkpoint directory.
-    fn state_files(&self) -> DistResult<Vec<(String, Vec<u8>)>>;
+    fn state_files(&self) -> DistResult<Vec<StateFile<'_>>>;
     /// Restore the optimizer state for `module` from the state directories of a checkpoint:
     /// one, or one per pipeline stage of the run that wrote it (each parameter's state is
     /// taken from whichever holds it).
@@ -184,12 +233,13 @@ impl<M: Module, O: ReplicaOptimizer> UpdateStrategy<M> for Replicated<O> {
         }
     }
 
-    fn state_files(&self) -> DistResult<Vec<(String, Vec<u8>)>> {
+    fn state_files(&self) -> DistResult<Vec<StateFile<'_>>> {
         if self.ddp.comm().rank() != 0 {
             return Ok(Vec::new());
         }
-        let file = record_to_safetensors(self.optim.record_bytes()?)?;
-        Ok(vec![(REPLICATED_STATE_FILE.into(), file)])
+        Ok(vec![StateFile::stream(REPLICATED_STATE_FILE, |w| {
+            self.optim.write_state(w)
+        })])
     }
 
     fn load_state(&mut self, module: &M, dirs: &[PathBuf]) -> DistResult<()> {

@@ -29,7 +29,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Bytes, Device, Tensor, TensorData};
 use burn_ort_dist::zero::flat_optim::{AdamStep, Rule};
 use burn_ort_dist::{
-    DistError, DistResult, MomentState, ReplicaOptimizer, decode_moments, encode_moments,
+    DistError, DistResult, MomentSlices, MomentState, ReplicaOptimizer, decode_moments,
+    encode_moments, write_moments,
 };
 
 use super::FLAT_CHUNK as CHUNK;
@@ -87,6 +88,59 @@ fn invalid(message: String) -> DistError {
 }
 
 impl FusedAdam {
+    /// The state loaded from a checkpoint and not laid out yet, as a record.
+    fn loaded_record(&self) -> DistResult<Bytes> {
+        let loaded: Vec<_> = self
+            .loaded
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        encode_moments(&loaded, self.nested())
+    }
+
+    /// Both moments on the host (borrowed from the mapped file, read from a GPU), or
+    /// `None` before the first update laid them out.
+    fn host_moments(&self) -> DistResult<Option<(Cow<'_, [f32]>, Cow<'_, [f32]>)>> {
+        let Some(flat) = &self.flat else {
+            return Ok(None);
+        };
+        let host = |t: &Tensor<1>| {
+            t.clone()
+                .into_data()
+                .try_to_vec::<f32>()
+                .map(Cow::Owned)
+                .map_err(|e| invalid(format!("cannot read the optimizer state: {e:?}")))
+        };
+        Ok(Some(match &flat.moments {
+            Moments::Device(a, b) => (host(a)?, host(b)?),
+            Moments::Disk(d) => {
+                let (a, b) = d.moments();
+                (Cow::Borrowed(a), Cow::Borrowed(b))
+            }
+        }))
+    }
+
+    /// Each parameter's slices of the flat moments `m1`, `m2` (none before an update).
+    fn moment_slices<'a>(&'a self, m1: &'a [f32], m2: &'a [f32]) -> Vec<MomentSlices<'a>> {
+        let Some(flat) = self.flat.as_ref().filter(|f| f.time > 0) else {
+            return Vec::new();
+        };
+        flat.slots
+            .iter()
+            .map(|s| {
+                let r = s.offset()..s.offset() + s.len;
+                MomentSlices {
+                    id: s.id.val(),
+                    time: flat.time,
+                    shape: &s.shape,
+                    moment_1: &m1[r.clone()],
+                    moment_2: &m2[r],
+                }
+            })
+            .collect()
+    }
+
     /// The fused form of `rule` (Adam, AdamW or LAMB; `None` for SGD); `decay` holds each
     /// parameter's weight decay (absent: none).
     pub fn new(rule: Rule, decay: HashMap<ParamId, f32>) -> Option<Self> {
@@ -480,49 +534,34 @@ impl ReplicaOptimizer for FusedAdam {
     }
 
     fn record_bytes(&self) -> DistResult<Bytes> {
-        let Some(flat) = &self.flat else {
-            let loaded: Vec<_> = self
-                .loaded
-                .clone()
-                .unwrap_or_default()
-                .into_iter()
-                .collect();
-            return encode_moments(&loaded, self.nested());
+        let Some((m1, m2)) = self.host_moments()? else {
+            return self.loaded_record();
         };
-        let host = |t: &Tensor<1>| {
-            t.clone()
-                .into_data()
-                .try_to_vec::<f32>()
-                .map(Cow::Owned)
-                .map_err(|e| invalid(format!("cannot read the optimizer state: {e:?}")))
-        };
-        let (m1, m2): (Cow<[f32]>, Cow<[f32]>) = match &flat.moments {
-            Moments::Device(a, b) => (host(a)?, host(b)?),
-            Moments::Disk(d) => {
-                let (a, b) = d.moments();
-                (Cow::Borrowed(a), Cow::Borrowed(b))
-            }
-        };
-        let states: Vec<(u64, MomentState)> = if flat.time == 0 {
-            Vec::new()
-        } else {
-            flat.slots
-                .iter()
-                .map(|s| {
-                    let r = s.offset()..s.offset() + s.len;
-                    (
-                        s.id.val(),
-                        MomentState {
-                            time: flat.time,
-                            shape: s.shape.clone(),
-                            moment_1: m1[r.clone()].to_vec(),
-                            moment_2: m2[r].to_vec(),
-                        },
-                    )
-                })
-                .collect()
-        };
+        let states: Vec<(u64, MomentState)> = self
+            .moment_slices(&m1, &m2)
+            .into_iter()
+            .map(|s| {
+                (
+                    s.id,
+                    MomentState {
+                        time: s.time,
+                        shape: s.shape.to_vec(),
+                        moment_1: s.moment_1.to_vec(),
+                        moment_2: s.moment_2.to_vec(),
+                    },
+                )
+            })
+            .collect();
         encode_moments(&states, self.nested())
+    }
+
+    /// Streams the moments from where they lie (host memory, the mapped file): a
+    /// checkpoint never holds a copy of them (a GPU's are read to the host once).
+    fn write_state(&self, w: &mut dyn std::io::Write) -> DistResult<()> {
+        let Some((m1, m2)) = self.host_moments()? else {
+            return burn_ort_dist::record_safetensors::write_record(self.loaded_record()?, w);
+        };
+        write_moments(&self.moment_slices(&m1, &m2), self.nested(), w)
     }
 
     fn load_record_bytes(&mut self, bytes: Bytes) -> DistResult<()> {

@@ -36,13 +36,15 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use burn_ort_dist::Communicator;
+use burn_ort_dist::{Communicator, StateFile};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
 use super::checkpoint_index::{file_tp_rank, model_indices};
-use super::checkpoint_manifest::{FileSum, MANIFEST_FILE, merged_manifest, write_rank_sums};
+use super::checkpoint_manifest::{
+    FileSum, HashingWriter, MANIFEST_FILE, merged_manifest, write_rank_sums,
+};
 use super::precision::ScalerState;
 use super::zero3_shards::{consolidate, shard_of};
 use crate::error::{OnnxError, Result};
@@ -130,6 +132,20 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> OnnxError + '_ {
     move |e| OnnxError::io(path, e)
 }
 
+/// Write `file` to `path` through a buffer, hashing it on the way (its manifest entry),
+/// and fsync it.
+fn write_streamed(path: &Path, file: StateFile<'_>) -> Result<FileSum> {
+    let mut w = HashingWriter::new(std::io::BufWriter::new(
+        File::create(path).map_err(io(path))?,
+    ));
+    file.write_to(&mut w)
+        .map_err(|e| OnnxError::field(path.display().to_string(), e.to_string()))?;
+    let (inner, sum) = w.finish();
+    let f = inner.into_inner().map_err(|e| io(path)(e.into_error()))?;
+    f.sync_all().map_err(io(path))?;
+    Ok(sum)
+}
+
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = File::create(path).map_err(io(path))?;
     f.write_all(bytes).map_err(io(path))?;
@@ -209,7 +225,7 @@ fn serialize_params(
 /// state; names may hold one directory level).
 pub fn save_checkpoint(
     dir: &Path,
-    files: Vec<(String, Vec<u8>)>,
+    files: Vec<StateFile<'_>>,
     state: &CheckpointState,
     keep: usize,
     comm: &dyn Communicator,
@@ -224,13 +240,13 @@ pub fn save_checkpoint(
     }
     comm.barrier()?;
     let mut sums = BTreeMap::new();
-    for (file, bytes) in files {
-        let path = tmp.join(&file);
+    for file in files {
+        let path = tmp.join(&file.name);
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(io(parent))?;
         }
-        write_synced(&path, &bytes)?;
-        sums.insert(file, FileSum::of(&bytes));
+        let name = file.name.clone();
+        sums.insert(name, write_streamed(&path, file)?);
     }
     write_rank_sums(&tmp, comm.rank(), sums)?;
     comm.barrier()?;

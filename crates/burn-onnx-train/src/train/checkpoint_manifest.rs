@@ -30,6 +30,47 @@ pub struct FileSum {
     pub sha256: String,
 }
 
+/// A writer that counts and hashes what passes through it (a file's [`FileSum`] while it
+/// is written).
+pub struct HashingWriter<W> {
+    inner: W,
+    hasher: Sha256,
+    bytes: u64,
+}
+
+impl<W: std::io::Write> HashingWriter<W> {
+    /// Hash what goes to `inner`.
+    pub fn new(inner: W) -> Self {
+        HashingWriter {
+            inner,
+            hasher: Sha256::new(),
+            bytes: 0,
+        }
+    }
+
+    /// The inner writer and the sum of everything written.
+    pub fn finish(self) -> (W, FileSum) {
+        let sum = FileSum {
+            bytes: self.bytes,
+            sha256: hex(&self.hasher.finalize()),
+        };
+        (self.inner, sum)
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 impl FileSum {
     /// The sum of `bytes`.
     pub fn of(bytes: &[u8]) -> FileSum {

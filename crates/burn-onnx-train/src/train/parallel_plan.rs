@@ -17,7 +17,9 @@ use std::sync::Arc;
 use burn::module::ParamId;
 use burn::tensor::Device;
 use burn_ort_dist::fp16_wire::Fp16ReduceScatter;
-use burn_ort_dist::{Communicator, DataParallel, Groups, ModelParallel, Topology, UpdateStrategy};
+use burn_ort_dist::{
+    Communicator, DataParallel, Groups, ModelParallel, StateFile, Topology, UpdateStrategy,
+};
 
 use super::checkpoint::{model_bytes, model_file, state_dir};
 use super::config::{Overlap, TrainingConfig};
@@ -339,27 +341,33 @@ impl ParallelPlan {
     /// This rank's files in a checkpoint: its part of the model (first replica only; with
     /// ZeRO-3 every replica its chunks of it, with no gather) and the optimizer state
     /// `state` (under `stage-<k>/` in a pipeline, `tp-<r>/` for a tp rank).
-    pub fn checkpoint_files(
+    pub fn checkpoint_files<'a>(
         &self,
         model: &OnnxModel,
-        state: Vec<(String, Vec<u8>)>,
-    ) -> Result<Vec<(String, Vec<u8>)>> {
+        state: Vec<StateFile<'a>>,
+    ) -> Result<Vec<StateFile<'a>>> {
         let stage = self.partition.as_ref().map(|_| self.groups.pp_rank);
-        let mut files: Vec<(String, Vec<u8>)> = match state_dir(stage, self.tp_rank()) {
+        let mut files: Vec<StateFile<'a>> = match state_dir(stage, self.tp_rank()) {
             None => state,
             Some(dir) => state
                 .into_iter()
-                .map(|(n, b)| (format!("{dir}/{n}"), b))
+                .map(|f| StateFile {
+                    name: format!("{dir}/{}", f.name),
+                    ..f
+                })
                 .collect(),
         };
         let part = model_file(stage, self.tp_rank());
         if model.sharding().is_some() {
-            files.push((
+            files.push(StateFile::bytes(
                 shard_file(&part, self.groups.dp_rank),
                 shard_bytes(model, |n| self.owns(n))?,
             ));
         } else if self.groups.dp_rank == 0 {
-            files.push((part, model_bytes(model, |n| self.owns(n))?));
+            files.push(StateFile::bytes(
+                part,
+                model_bytes(model, |n| self.owns(n))?,
+            ));
         }
         Ok(files)
     }

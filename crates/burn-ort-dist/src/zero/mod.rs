@@ -34,7 +34,7 @@ use crate::communicator::{Communicator, ReduceOp};
 use crate::error::{DistError, DistResult};
 use crate::grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, reduce_gradients};
 use crate::strategy::{
-    MemoryUse, ModelParallel, UpdateReport, UpdateStrategy, clip_scale, sum_squares,
+    MemoryUse, ModelParallel, StateFile, UpdateReport, UpdateStrategy, clip_scale, sum_squares,
 };
 use flat_optim::{Rule, ShardState, apply};
 use layout::{FlatLayout, Partitioning, Piece};
@@ -225,8 +225,13 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         self.memory
     }
 
-    fn state_files(&self) -> DistResult<Vec<(String, Vec<u8>)>> {
-        state_files::write(self.comm.rank(), self.stage, &self.layout, &self.state)
+    fn state_files(&self) -> DistResult<Vec<StateFile<'_>>> {
+        Ok(
+            state_files::write(self.comm.rank(), self.stage, &self.layout, &self.state)?
+                .into_iter()
+                .map(|(name, bytes)| StateFile::bytes(name, bytes))
+                .collect(),
+        )
     }
 
     fn load_state(&mut self, _module: &M, dirs: &[PathBuf]) -> DistResult<()> {
