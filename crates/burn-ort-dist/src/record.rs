@@ -267,17 +267,19 @@ pub struct MomentSlices<'a> {
 
 /// Write what [`encode_moments`] would record of `states` straight to `w` as the
 /// optimizer's safetensors file (`record_safetensors`): the moments are written from where
-/// they lie, never copied whole.
+/// they lie, never copied whole; `written(k)` is called once state `k` is in the file (to
+/// drop a mapped file's pages, say).
 pub fn write_moments(
     states: &[MomentSlices<'_>],
     nested: bool,
     w: &mut dyn Write,
+    mut written: impl FnMut(usize),
 ) -> DistResult<()> {
     let mut metadata = BTreeMap::from([(
         "format".to_string(),
         crate::record_safetensors::FORMAT.to_string(),
     )]);
-    let mut entries = Vec::new();
+    let mut heads = Vec::new();
     for s in states {
         let prefix = moment_prefix(s.id, nested);
         metadata.insert(
@@ -288,15 +290,24 @@ pub fn write_moments(
         for (leaf, values) in [("moment_1", s.moment_1), ("moment_2", s.moment_2)] {
             let name = format!("{prefix}.{leaf}");
             metadata.insert(format!("param_id.{name}"), s.id.to_string());
-            entries.push(crate::record_safetensors::Entry {
+            heads.push(crate::record_safetensors::Head {
                 name,
                 dtype: safetensors::Dtype::F32,
                 shape: s.shape.to_vec(),
-                data: bytemuck::cast_slice(values),
+                bytes: 4 * values.len(),
             });
         }
     }
-    crate::record_safetensors::write_safetensors(w, &entries, &metadata)
+    crate::record_safetensors::write_safetensors_with(w, &heads, &metadata, |i, w| {
+        let s = &states[i / 2];
+        let values = if i % 2 == 0 { s.moment_1 } else { s.moment_2 };
+        w.write_all(bytemuck::cast_slice(values))
+            .map_err(|e| state_error(format!("cannot write the optimizer state: {e}")))?;
+        if i % 2 == 1 {
+            written(i / 2);
+        }
+        Ok(())
+    })
 }
 
 /// The per-parameter moments in a record `bytes` (see [`encode_moments`]); parameters
@@ -404,7 +415,7 @@ mod tests {
                 })
                 .collect();
             let mut streamed = Vec::new();
-            write_moments(&slices, nested, &mut streamed).unwrap();
+            write_moments(&slices, nested, &mut streamed, |_| {}).unwrap();
             let whole = crate::record_safetensors::record_to_safetensors(
                 encode_moments(&states, nested).unwrap(),
             )

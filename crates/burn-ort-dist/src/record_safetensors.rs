@@ -110,18 +110,54 @@ pub fn write_safetensors(
     entries: &[Entry<'_>],
     metadata: &BTreeMap<String, String>,
 ) -> DistResult<()> {
+    let heads: Vec<Head> = entries
+        .iter()
+        .map(|e| Head {
+            name: e.name.clone(),
+            dtype: e.dtype,
+            shape: e.shape.clone(),
+            bytes: e.data.len(),
+        })
+        .collect();
+    write_safetensors_with(w, &heads, metadata, |i, w| {
+        w.write_all(entries[i].data)
+            .map_err(|e| state_error(format!("cannot write the optimizer state: {e}")))
+    })
+}
+
+/// A tensor's description in a safetensors header: name, type, shape, data bytes.
+pub struct Head {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Bytes of its data.
+    pub bytes: usize,
+}
+
+/// Write a safetensors file of the tensors `heads` describe (in this order) and
+/// `metadata` to `w`; `data(i, w)` writes tensor `i`'s bytes when its turn comes (so each
+/// can be produced, written and dropped in turn).
+pub fn write_safetensors_with(
+    w: &mut dyn Write,
+    heads: &[Head],
+    metadata: &BTreeMap<String, String>,
+    mut data: impl FnMut(usize, &mut dyn Write) -> DistResult<()>,
+) -> DistResult<()> {
     let mut header = serde_json::Map::new();
     if !metadata.is_empty() {
         header.insert("__metadata__".into(), serde_json::json!(metadata));
     }
     let mut offset = 0usize;
-    for e in entries {
-        let end = offset + e.data.len();
+    for h in heads {
+        let end = offset + h.bytes;
         header.insert(
-            e.name.clone(),
+            h.name.clone(),
             serde_json::json!({
-                "dtype": dtype_name(e.dtype),
-                "shape": e.shape,
+                "dtype": dtype_name(h.dtype),
+                "shape": h.shape,
                 "data_offsets": [offset, end],
             }),
         );
@@ -130,12 +166,12 @@ pub fn write_safetensors(
     let mut text = serde_json::to_vec(&header)
         .map_err(|e| state_error(format!("cannot write a safetensors header: {e}")))?;
     text.resize(text.len().next_multiple_of(8), b' ');
-    let io = |e: std::io::Error| state_error(format!("cannot write the optimizer state: {e}"));
+    let io = |e: std::io::Error| state_error(format!("cannot write a safetensors file: {e}"));
     w.write_all(&(text.len() as u64).to_le_bytes())
         .map_err(io)?;
     w.write_all(&text).map_err(io)?;
-    for e in entries {
-        w.write_all(e.data).map_err(io)?;
+    for i in 0..heads.len() {
+        data(i, w)?;
     }
     Ok(())
 }

@@ -51,15 +51,20 @@ impl DiskMoments {
         all.split_at(self.len)
     }
 
-    /// The first and second moments, to update, with what releases their pages.
-    pub fn moments_mut(&mut self) -> (&mut [f32], &mut [f32], Releaser) {
+    /// What drops ranges of the moments' pages from this process's memory.
+    pub fn releaser(&self) -> Releaser {
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
-        let releaser = Releaser {
+        Releaser {
             base: self.map.as_ptr() as usize,
             len: self.len,
             page,
-        };
+        }
+    }
+
+    /// The first and second moments, to update, with what releases their pages.
+    pub fn moments_mut(&mut self) -> (&mut [f32], &mut [f32], Releaser) {
+        let releaser = self.releaser();
         // SAFETY: as in `moments`, borrowed mutably through `self`.
         let all = unsafe {
             std::slice::from_raw_parts_mut(self.map.as_mut_ptr().cast::<f32>(), 2 * self.len)

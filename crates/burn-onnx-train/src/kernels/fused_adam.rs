@@ -561,7 +561,18 @@ impl ReplicaOptimizer for FusedAdam {
         let Some((m1, m2)) = self.host_moments()? else {
             return burn_ort_dist::record_safetensors::write_record(self.loaded_record()?, w);
         };
-        write_moments(&self.moment_slices(&m1, &m2), self.nested(), w)
+        let slices = self.moment_slices(&m1, &m2);
+        // Moments on disk: each parameter's pages are dropped again once written.
+        let release = self.flat.as_ref().and_then(|f| match &f.moments {
+            Moments::Disk(d) => Some((d.releaser(), f)),
+            Moments::Device(..) => None,
+        });
+        write_moments(&slices, self.nested(), w, |k| {
+            if let Some((r, flat)) = &release {
+                let s = &flat.slots[k];
+                r.release(s.offset()..s.offset() + s.len);
+            }
+        })
     }
 
     fn load_record_bytes(&mut self, bytes: Bytes) -> DistResult<()> {

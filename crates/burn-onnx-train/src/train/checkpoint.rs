@@ -36,8 +36,8 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use burn_ort_dist::{Communicator, StateFile};
-use safetensors::tensor::TensorView;
+use burn_ort_dist::record_safetensors::{Head, write_safetensors_with};
+use burn_ort_dist::{Communicator, DistError, StateFile};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
@@ -178,46 +178,74 @@ pub fn list_checkpoints(dir: &Path) -> Vec<(usize, PathBuf)> {
     out
 }
 
-/// Serialise the parameters `keep` selects by ONNX name.
-pub fn model_bytes(model: &OnnxModel, keep: impl Fn(&str) -> bool) -> Result<Vec<u8>> {
-    serialize_params(model, keep, None)
+fn state_err(message: String) -> DistError {
+    DistError::State { message }
+}
+
+/// The model file of the parameters `keep` selects by ONNX name, written streaming: one
+/// parameter's bytes at a time.
+pub fn model_file_writer<'a>(
+    name: String,
+    model: &'a OnnxModel,
+    keep: impl Fn(&str) -> bool + 'a,
+) -> StateFile<'a> {
+    StateFile::stream(name, move |w| {
+        write_params(model, keep, BTreeMap::new(), w).map_err(|e| state_err(e.to_string()))
+    })
 }
 
 /// Every parameter as one safetensors file a Hugging Face loader takes (`format: pt` in
 /// its metadata): ONNX initializer names, logical shapes, f32.
 pub fn weights_file_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
     let metadata = [("format".to_string(), "pt".to_string())].into();
-    serialize_params(model, |_| true, Some(metadata))
+    let mut out = Vec::new();
+    write_params(model, |_| true, metadata, &mut out)?;
+    Ok(out)
 }
 
-fn serialize_params(
+/// Write the parameters `keep` selects as a safetensors file to `w`, each converted to
+/// f32 bytes only when its turn comes.
+fn write_params(
     model: &OnnxModel,
     keep: impl Fn(&str) -> bool,
-    metadata: Option<std::collections::HashMap<String, String>>,
-) -> Result<Vec<u8>> {
-    let mut buffers = Vec::new();
-    for (i, info) in model
+    metadata: BTreeMap<String, String>,
+    w: &mut dyn Write,
+) -> Result<()> {
+    let kept: Vec<(usize, &crate::model::ParamInfo)> = model
         .param_infos()
         .iter()
         .enumerate()
         .filter(|(_, info)| keep(&info.name))
-    {
-        let v = model
-            .param_value(i)
-            .ok_or_else(|| OnnxError::field(&info.name, "missing parameter"))?;
-        let a = v
-            .to_array()
-            .map_err(|e| OnnxError::field(&info.name, e.0))?;
-        let bytes: Vec<u8> = a.iter().flat_map(|x| x.to_le_bytes()).collect();
-        buffers.push((info.name.clone(), info.shape.clone(), bytes));
-    }
-    let views = buffers
+        .collect();
+    let heads: Vec<Head> = kept
         .iter()
-        .map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| OnnxError::field("checkpoint", e.to_string()))?;
-    safetensors::serialize(views, metadata)
-        .map_err(|e| OnnxError::field("checkpoint", e.to_string()))
+        .map(|(_, info)| Head {
+            name: info.name.clone(),
+            dtype: Dtype::F32,
+            shape: info.shape.clone(),
+            bytes: 4 * info.shape.iter().product::<usize>(),
+        })
+        .collect();
+    write_safetensors_with(w, &heads, &metadata, |k, w| {
+        let (i, info) = kept[k];
+        let a = model
+            .param_value(i)
+            .ok_or_else(|| state_err(format!("{}: missing parameter", info.name)))?
+            .to_array()
+            .map_err(|e| state_err(format!("{}: {}", info.name, e.0)))?;
+        let bytes: Vec<u8> = a.iter().flat_map(|x| x.to_le_bytes()).collect();
+        if bytes.len() != heads[k].bytes {
+            return Err(state_err(format!(
+                "{}: {} bytes, its shape says {}",
+                info.name,
+                bytes.len(),
+                heads[k].bytes
+            )));
+        }
+        w.write_all(&bytes)
+            .map_err(|e| state_err(format!("{}: {e}", info.name)))
+    })
+    .map_err(|e| OnnxError::field("checkpoint", e.to_string()))
 }
 
 /// Write a checkpoint atomically into `dir`, then delete all but the newest `keep`. A

@@ -21,7 +21,7 @@ use burn_ort_dist::{
     Communicator, DataParallel, Groups, ModelParallel, StateFile, Topology, UpdateStrategy,
 };
 
-use super::checkpoint::{model_bytes, model_file, state_dir};
+use super::checkpoint::{model_file, model_file_writer, state_dir};
 use super::config::{Overlap, TrainingConfig};
 use super::data::Dataset;
 use super::optimizer::{build_strategy, data_parallel};
@@ -342,8 +342,8 @@ impl ParallelPlan {
     /// ZeRO-3 every replica its chunks of it, with no gather) and the optimizer state
     /// `state` (under `stage-<k>/` in a pipeline, `tp-<r>/` for a tp rank).
     pub fn checkpoint_files<'a>(
-        &self,
-        model: &OnnxModel,
+        &'a self,
+        model: &'a OnnxModel,
         state: Vec<StateFile<'a>>,
     ) -> Result<Vec<StateFile<'a>>> {
         let stage = self.partition.as_ref().map(|_| self.groups.pp_rank);
@@ -364,10 +364,7 @@ impl ParallelPlan {
                 shard_bytes(model, |n| self.owns(n))?,
             ));
         } else if self.groups.dp_rank == 0 {
-            files.push(StateFile::bytes(
-                part,
-                model_bytes(model, |n| self.owns(n))?,
-            ));
+            files.push(model_file_writer(part, model, |n| self.owns(n)));
         }
         Ok(files)
     }
