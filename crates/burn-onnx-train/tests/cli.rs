@@ -82,13 +82,17 @@ fn bad_file_fails_with_its_name() {
 }
 
 /// Token shards and a 4-update config for gpt2_tiny under `dir`, checkpointing every 2.
-fn train_setup(dir: &std::path::Path) -> std::path::PathBuf {
+/// `ids` as the token shard `dir/data/tokens.npy` and, in `dir/run.toml`, the quiet
+/// gpt2_tiny config of `gpt2_config` reading it, as `edit` changes it.
+fn token_run(
+    dir: &std::path::Path,
+    ids: Vec<i64>,
+    edit: impl FnOnce(&mut burn_onnx_train::train::TrainingConfig),
+) -> std::path::PathBuf {
     use burn_onnx_train::npy::write_npy;
 
     let data = dir.join("data");
     std::fs::create_dir_all(&data).unwrap();
-    let mut next = lcg(7);
-    let ids: Vec<i64> = (0..16 * 32).map(|_| (next() % 1024) as i64).collect();
     write_npy(
         data.join("tokens.npy"),
         &burn_onnx_train::Value::Int(
@@ -96,17 +100,22 @@ fn train_setup(dir: &std::path::Path) -> std::path::PathBuf {
         ),
     )
     .unwrap();
-    let c = {
-        let mut c = gpt2_config(&dir.join("out"));
-        c.data.train_data_dir = data;
-        c.train.num_train_steps = 4;
-        c.checkpoint.checkpoint_period = 2;
-        c.logging.display_loss_steps = 2;
-        c
-    };
+    let mut c = gpt2_config(&dir.join("out"));
+    c.data.train_data_dir = data;
+    edit(&mut c);
     let path = dir.join("run.toml");
     std::fs::write(&path, c.to_toml().unwrap()).unwrap();
     path
+}
+
+fn train_setup(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut next = lcg(7);
+    let ids: Vec<i64> = (0..16 * 32).map(|_| (next() % 1024) as i64).collect();
+    token_run(dir, ids, |c| {
+        c.train.num_train_steps = 4;
+        c.checkpoint.checkpoint_period = 2;
+        c.logging.display_loss_steps = 2;
+    })
 }
 
 #[test]
@@ -854,7 +863,6 @@ fn a_deepspeed_config_sets_its_fields_and_names_the_keys_it_cannot_honour() {
 /// that parameters, moments and the tape, not the runtime, make a run's peak memory.
 fn plan_setup(dir: &std::path::Path) -> std::path::PathBuf {
     use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
-    use burn_onnx_train::npy::write_npy;
 
     let model = dir.join("gpt2.onnx");
     write_gpt2(
@@ -869,30 +877,15 @@ fn plan_setup(dir: &std::path::Path) -> std::path::PathBuf {
         &model,
     )
     .unwrap();
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data).unwrap();
     let mut next = lcg(11);
     let ids: Vec<i64> = (0..64 * 128).map(|_| (next() % 8192) as i64).collect();
-    write_npy(
-        data.join("tokens.npy"),
-        &burn_onnx_train::Value::Int(
-            ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[ids.len()]), ids).unwrap(),
-        ),
-    )
-    .unwrap();
-    let c = {
-        let mut c = gpt2_config(&dir.join("out"));
+    token_run(dir, ids, |c| {
         c.model.model_path = model;
-        c.data.train_data_dir = data;
         c.data.batch_size = 8;
         c.data.seq_len = 128;
         c.train.num_train_steps = 6;
         c.checkpoint.checkpoint_period = 0;
-        c
-    };
-    let path = dir.join("run.toml");
-    std::fs::write(&path, c.to_toml().unwrap()).unwrap();
-    path
+    })
 }
 
 /// `onnx-train plan` against real runs of the same layouts (one process, ranks as
