@@ -18,6 +18,7 @@
 //! which is what makes resumed runs bit-identical, and every rank can compute every other
 //! rank's batch (the documents' loss divisor counts them).
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use rand::SeedableRng;
@@ -55,14 +56,35 @@ pub struct DistributedSampler {
     pub balance: Option<LengthBalance>,
 }
 
+/// What identifies an epoch's order: length, seed, shuffle, epoch.
+type OrderKey = (usize, u64, bool, u64);
+
+thread_local! {
+    /// The last epoch order this thread computed: the prefetch thread asks for the same
+    /// epoch at every micro-step (and for every rank's batch, to count an update's labels),
+    /// and shuffling millions of indices each time would cost more than the step.
+    static LAST_ORDER: RefCell<Option<(OrderKey, Arc<Vec<usize>>)>> = const { RefCell::new(None) };
+}
+
 impl DistributedSampler {
-    fn shuffled(&self, epoch: u64) -> Vec<usize> {
+    fn shuffled(&self, epoch: u64) -> Arc<Vec<usize>> {
+        let key = (self.len, self.seed, self.shuffle, epoch);
+        if let Some(order) = LAST_ORDER.with(|l| {
+            l.borrow()
+                .as_ref()
+                .filter(|(k, _)| *k == key)
+                .map(|(_, o)| o.clone())
+        }) {
+            return order;
+        }
         let mut all: Vec<usize> = (0..self.len).collect();
         if self.shuffle {
             all.shuffle(&mut ChaCha8Rng::seed_from_u64(
                 self.seed.wrapping_add(epoch),
             ));
         }
+        let all = Arc::new(all);
+        LAST_ORDER.with(|l| *l.borrow_mut() = Some((key, all.clone())));
         all
     }
 
@@ -110,9 +132,14 @@ impl DistributedSampler {
         let all = self.shuffled(epoch);
         let j = k % per;
         let Some(balance) = &self.balance else {
+            // Rank r's m-th index of the epoch is the padded order's (r + m * world)-th.
             let offset = j * self.batch_size;
             return Ok((0..self.world)
-                .map(|r| self.rank_epoch(&all, r)[offset..offset + self.batch_size].to_vec())
+                .map(|r| {
+                    (offset..offset + self.batch_size)
+                        .map(|m| all[(r + m * self.world) % self.len])
+                        .collect()
+                })
                 .collect());
         };
         let global = self.batch_size * self.world;
