@@ -832,7 +832,7 @@ fn a_deepspeed_config_sets_its_fields_and_names_the_keys_it_cannot_honour() {
     // What it cannot honour is an error naming the key.
     for (json, key) in [
         (
-            r#"{"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}"#,
+            r#"{"zero_optimization": {"offload_optimizer": {"device": "gpu"}}}"#,
             "zero_optimization.offload_optimizer.device",
         ),
         (

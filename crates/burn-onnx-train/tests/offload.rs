@@ -94,8 +94,16 @@ fn unsupported_offload_combinations_are_config_errors() {
         },
         "zero_stage 0",
     );
+    // "cpu" moves the state off a GPU: on the CPU device there is nothing to move.
     refused(
-        &|b| b.parallel.device = DeviceSpec::Wgpu(None),
-        "device \"cpu\"",
+        &|b| b.offload.offload_optimizer = OffloadTarget::Cpu,
+        "host memory already",
     );
+    // On a GPU device both are accepted (the update then runs on the CPU: tests/gpu.rs).
+    for target in [OffloadTarget::Cpu, OffloadTarget::Disk] {
+        let mut gpu = c.clone();
+        gpu.parallel.device = DeviceSpec::Wgpu(None);
+        gpu.offload.offload_optimizer = target;
+        gpu.validate(1).unwrap();
+    }
 }

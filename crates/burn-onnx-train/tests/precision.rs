@@ -16,7 +16,7 @@ use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::{list_checkpoints, read_state};
-use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
+use burn_onnx_train::train::config::{LrConfig, MomentPlace, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::optimizer::{build_strategy, data_parallel};
@@ -109,7 +109,7 @@ fn an_inf_gradient_on_one_rank_skips_the_update_on_every_rank() {
         let mut strategy = build_strategy(
             &c.optimizer,
             c.parallel.zero_stage,
-            None,
+            MomentPlace::Device,
             &model,
             &data_parallel(&c.parallel, comm.clone()),
         )

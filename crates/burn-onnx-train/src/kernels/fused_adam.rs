@@ -81,6 +81,8 @@ pub struct FusedAdam {
     loaded: Option<BTreeMap<u64, MomentState>>,
     /// Keep the moments in a file under this directory instead of in memory.
     offload_dir: Option<PathBuf>,
+    /// Keep the moments in host memory and update on the CPU while the model is on a GPU.
+    host_update: bool,
 }
 
 fn invalid(message: String) -> DistError {
@@ -150,13 +152,26 @@ impl FusedAdam {
             flat: None,
             loaded: None,
             offload_dir: None,
+            host_update: false,
         })
     }
 
-    /// The same optimizer with its moments in a memory-mapped file under `dir`.
+    /// The same optimizer with its moments in host memory: on a GPU device each update
+    /// moves the parameters and gradients to the CPU, updates them there and moves the
+    /// parameters back (ZeRO-Offload's CPU update, not overlapped).
+    pub fn on_host(self) -> Self {
+        FusedAdam {
+            host_update: true,
+            ..self
+        }
+    }
+
+    /// The same optimizer with its moments in a memory-mapped file under `dir` (updated
+    /// on the CPU, as [`Self::on_host`], when the model is on a GPU).
     pub fn with_moments_on_disk(self, dir: PathBuf) -> Self {
         FusedAdam {
             offload_dir: Some(dir),
+            host_update: true,
             ..self
         }
     }
@@ -465,8 +480,44 @@ fn on_device<M: Module>(
     })
 }
 
-impl ReplicaOptimizer for FusedAdam {
-    fn step<M: Module>(&mut self, lr: f64, module: M, mut grads: GradientsParams) -> DistResult<M> {
+/// The device of `module`'s first float parameter.
+struct FirstDevice(Option<Device>);
+
+impl ModuleVisitor for FirstDevice {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if self.0.is_none() {
+            self.0 = Some(param.val().device());
+        }
+    }
+}
+
+impl FusedAdam {
+    /// With a host update on a GPU run: `module` moved to the CPU, updated there against
+    /// host moments, and moved back to its device.
+    fn step_on_host<M: Module>(
+        &mut self,
+        lr: f64,
+        module: M,
+        grads: GradientsParams,
+        device: Device,
+    ) -> DistResult<M> {
+        let cpu = if device.is_autodiff() {
+            Device::flex().autodiff()
+        } else {
+            Device::flex()
+        };
+        let grads = grads.to_device(&cpu.clone().inner(), &module);
+        let updated = self.step_here(lr, module.fork(&cpu), grads)?;
+        Ok(updated.fork(&device))
+    }
+
+    /// One update on the device the module is on.
+    fn step_here<M: Module>(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut grads: GradientsParams,
+    ) -> DistResult<M> {
         let mut c = Collect {
             grads: &mut grads,
             taken: Vec::new(),
@@ -522,15 +573,23 @@ impl ReplicaOptimizer for FusedAdam {
             .collect();
         let grads: Vec<Tensor<1>> = taken.into_iter().map(|(_, g, _)| g).collect();
         if super::runs_cubecl(&flat.device) {
-            if let Moments::Disk(_) = flat.moments {
-                return Err(invalid(
-                    "fused optimizer: moments on disk are updated on the CPU; this run computes on a GPU device".into(),
-                ));
-            }
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             return Ok(on_device(flat, module, grads, step, &factors, rule));
         }
         on_host(flat, module, grads, step, &factors, rule)
+    }
+}
+
+impl ReplicaOptimizer for FusedAdam {
+    fn step<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> DistResult<M> {
+        let mut first = FirstDevice(None);
+        module.visit(&mut first);
+        match first.0 {
+            Some(device) if self.host_update && super::runs_cubecl(&device) => {
+                self.step_on_host(lr, module, grads, device)
+            }
+            _ => self.step_here(lr, module, grads),
+        }
     }
 
     fn record_bytes(&self) -> DistResult<Bytes> {

@@ -12,7 +12,7 @@
 //! | `fp16.enabled`, `loss_scale` (0: dynamic), `loss_scale_window`, `initial_scale_power` (16) | `precision = "f16"`, `loss_scale`, `loss_scale_growth_interval` |
 //! | `bf16.enabled` | `precision = "bf16"` |
 //! | `zero_optimization.stage` | `zero_stage` |
-//! | `zero_optimization.offload_optimizer.device` "nvme" / "none", `nvme_path` | `offload.offload_optimizer` "disk" / "none", `offload.offload_dir` |
+//! | `zero_optimization.offload_optimizer.device` "nvme" / "cpu" / "none", `nvme_path` | `offload.offload_optimizer` "disk" / "cpu" / "none", `offload.offload_dir` |
 //! | `optimizer.type` Adam (AdamW unless `adam_w_mode` is false), AdamW, Lamb, SGD; `params` lr, betas, eps, weight_decay, momentum | `optimizer`, `lr.initial_lr` |
 //! | `scheduler.type` WarmupLR, WarmupDecayLR, WarmupCosineLR with linear warm-up from 0 | `lr.mode` constant, linear, cosine; `lr.warmup_ratio`; `total_num_steps` sets the updates |
 //! | `steps_per_print` | `display_loss_steps` |
@@ -229,13 +229,13 @@ impl Ds<'_> {
     }
 
     /// `zero_optimization.offload_optimizer`: `device` "nvme" (with `nvme_path`) is the
-    /// state on disk, "none" in memory; "cpu" (host memory while a GPU computes) is not
-    /// implemented.
+    /// state on disk, "cpu" in host memory while a GPU computes, "none" on the device.
     fn offload_optimizer(&mut self, s: &Map<String, Value>) -> Step {
         let name = "zero_optimization.offload_optimizer";
         only(name, s, &["device", "nvme_path"])?;
         match text(&format!("{name}.device"), s.get("device"))?.as_str() {
             "none" => self.c.offload.offload_optimizer = OffloadTarget::None,
+            "cpu" => self.c.offload.offload_optimizer = OffloadTarget::Cpu,
             "nvme" => {
                 self.c.offload.offload_optimizer = OffloadTarget::Disk;
                 if let Some(p) = s.get("nvme_path") {

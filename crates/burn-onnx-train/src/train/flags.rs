@@ -89,7 +89,7 @@ pub struct TrainFlags {
     pub allreduce_in_fp16: bool,
     /// Keep Adam's moments in a memory-mapped file (`disk`, under `--output-dir`/offload or
     /// the config's `offload.offload_dir`) instead of memory (`offload.offload_optimizer`).
-    #[arg(long, value_name = "none|disk")]
+    #[arg(long, value_name = "none|cpu|disk")]
     pub offload_optimizer: Option<OffloadTarget>,
     /// Activation recomputation over N segments (`recompute_segments`; 0 off).
     #[arg(long, value_name = "N")]

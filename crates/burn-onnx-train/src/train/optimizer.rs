@@ -6,7 +6,6 @@
 //! stage with the same rule over flat buffers).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use burn::module::{ParamGroup, ParamId};
@@ -18,7 +17,7 @@ use burn::optim::{
 use burn_ort_dist::zero::flat_optim::Rule;
 use burn_ort_dist::{Communicator, DataParallel, Reduction, Replicated, UpdateStrategy, Zero};
 
-use super::config::{OptimizerConfig, OptimizerKind, ParallelConfig};
+use super::config::{MomentPlace, OptimizerConfig, OptimizerKind, ParallelConfig};
 use crate::error::Result;
 use crate::model::{OnnxModel, ParamRole};
 
@@ -170,7 +169,7 @@ pub fn data_parallel(p: &ParallelConfig, comm: Arc<dyn Communicator>) -> DataPar
 pub fn build_strategy(
     optimizer: &OptimizerConfig,
     zero_stage: usize,
-    offload_dir: Option<PathBuf>,
+    moments: MomentPlace,
     model: &OnnxModel,
     ddp: &DataParallel,
 ) -> Result<Box<dyn UpdateStrategy<OnnxModel>>> {
@@ -178,9 +177,10 @@ pub fn build_strategy(
     if zero_stage == 0 {
         let ddp = ddp.clone();
         if let Some(fused) = crate::kernels::FusedAdam::new(flat_rule(optimizer), decay.clone()) {
-            let fused = match offload_dir {
-                Some(dir) => fused.with_moments_on_disk(dir),
-                None => fused,
+            let fused = match moments {
+                MomentPlace::Device => fused,
+                MomentPlace::Host => fused.on_host(),
+                MomentPlace::Disk(dir) => fused.with_moments_on_disk(dir),
             };
             tracing::info!(optimizer = ?optimizer.kind, "fused multi-tensor update");
             return Ok(Box::new(Replicated::new(ddp, fused)));

@@ -114,7 +114,7 @@ impl ParallelPlan {
         let mut strategy = build_strategy(
             &c.optimizer,
             c.parallel.zero_stage,
-            c.offload_dir(),
+            c.moment_place(),
             &model,
             &ddp,
         )?;

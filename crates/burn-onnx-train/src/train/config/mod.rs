@@ -22,6 +22,17 @@ pub use sections::{
 };
 
 use super::device::DeviceSpec;
+
+/// Where the fused Adam-family optimizer keeps its moments ([`TrainingConfig::moment_place`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MomentPlace {
+    /// On the training device, updated there.
+    Device,
+    /// In host memory; with a GPU device the update runs on the CPU.
+    Host,
+    /// In a memory-mapped file under this directory; the update runs on the CPU.
+    Disk(PathBuf),
+}
 use super::precision::Precision;
 use crate::error::{OnnxError, Result};
 use crate::loss::LossKind;
@@ -74,11 +85,12 @@ impl TrainingConfig {
         }
     }
 
-    /// The directory of the offloaded optimizer state, `None` when it stays in memory.
-    pub fn offload_dir(&self) -> Option<PathBuf> {
+    /// Where the fused optimizer keeps its moments (`[offload]`).
+    pub fn moment_place(&self) -> MomentPlace {
         match self.offload.offload_optimizer {
-            OffloadTarget::None => None,
-            OffloadTarget::Disk => Some(
+            OffloadTarget::None => MomentPlace::Device,
+            OffloadTarget::Cpu => MomentPlace::Host,
+            OffloadTarget::Disk => MomentPlace::Disk(
                 self.offload
                     .offload_dir
                     .clone()
@@ -233,9 +245,17 @@ impl TrainingConfig {
                 "\"graph\" is not implemented with pipeline parallelism or segmented overlap: attach the loss instead",
             ));
         }
-        if self.offload.offload_optimizer == OffloadTarget::Disk {
-            let why = if p.device != DeviceSpec::Cpu {
-                Some("updates the state on the CPU: use device \"cpu\"")
+        let offload = self.offload.offload_optimizer;
+        if offload != OffloadTarget::None {
+            let name = if offload == OffloadTarget::Cpu {
+                "cpu"
+            } else {
+                "disk"
+            };
+            let why = if offload == OffloadTarget::Cpu && p.device == DeviceSpec::Cpu {
+                Some(
+                    "moves the state off a GPU; on the CPU device it is in host memory already (use \"none\")",
+                )
             } else if p.zero_stage > 0 {
                 Some(
                     "is implemented for the replicated optimizer (zero_stage 0); ZeRO shards stay in memory",
@@ -248,7 +268,7 @@ impl TrainingConfig {
             if let Some(why) = why {
                 return Err(invalid(
                     "offload.offload_optimizer",
-                    format!("\"disk\" {why}"),
+                    format!("\"{name}\" {why}"),
                 ));
             }
         }

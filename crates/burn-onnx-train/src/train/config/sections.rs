@@ -417,9 +417,14 @@ pub enum OffloadTarget {
     /// In memory, beside the parameters.
     #[default]
     None,
+    /// In host memory while the model computes on a GPU (ZeRO-Offload): each update
+    /// moves the parameters and gradients to the CPU, updates them there with the fused
+    /// CPU update, and moves the parameters back. Adam, AdamW and LAMB on a GPU device.
+    Cpu,
     /// In a memory-mapped file under `offload_dir` (ZeRO-Infinity's NVMe offload): each
     /// parameter's moments are paged in for its update and released after it, so memory
-    /// holds one parameter's state at a time. Adam, AdamW and LAMB on the CPU device.
+    /// holds one parameter's state at a time (on a GPU device, the update runs on the CPU
+    /// as with `cpu`). Adam, AdamW and LAMB.
     Disk,
 }
 
