@@ -585,7 +585,9 @@ fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
 /// to the CPU and back. One update of the MLP through `FusedAdam::on_host` leaves every
 /// parameter on the GPU, within 1e-6 of the update on the device; and whole AdamW runs of
 /// gpt2_tiny with the moments in host memory and in a file end where the on-device run
-/// ends, the two offloaded runs bit for bit (the same host arithmetic).
+/// ends, the two offloaded runs within 1e-6 of each other (the same host arithmetic; not
+/// bit for bit, because the GPU's backward is not bit-reproducible from run to run: one
+/// element one ulp apart was seen on lavapipe).
 #[test]
 fn moments_offloaded_from_the_gpu_update_on_the_host_and_the_model_stays_on_the_gpu() {
     use burn::optim::GradientsParams;
@@ -662,5 +664,5 @@ fn moments_offloaded_from_the_gpu_update_on_the_host_and_the_model_stays_on_the_
         &plain,
         on_tf32(1e-4, ADAM_NOISE_BOUND),
     );
-    assert_same_params("moments in a file vs on the host", &disk, &host, 0.0);
+    assert_same_params("moments in a file vs on the host", &disk, &host, 1e-6);
 }
