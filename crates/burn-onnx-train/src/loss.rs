@@ -52,7 +52,7 @@ pub fn token_cross_entropy(
     labels: &ArrayD<i64>,
     divisor: f64,
 ) -> Result<Tensor<1>> {
-    if !(divisor > 0.0) {
+    if divisor.is_nan() || divisor <= 0.0 {
         return Err(loss_err(format!(
             "the loss divisor {divisor} is not positive"
         )));
