@@ -158,6 +158,14 @@ fn run(args: Args) -> Result<(), OnnxError> {
     let Some(perf) = &summary.perf else {
         return Ok(());
     }; // not rank 0
+    if summary.losses.is_empty() {
+        println!(
+            "nothing to train: the run in {} had finished (it resumed at its last update, {}); --resume never or another --output-dir starts anew",
+            model_path.parent().unwrap_or(Path::new(".")).display(),
+            summary.start_step
+        );
+        return Ok(());
+    }
     let first = summary.losses.first().map_or(f64::NAN, |l| l.1);
     let last = summary.losses.last().map_or(f64::NAN, |l| l.1);
     println!(
