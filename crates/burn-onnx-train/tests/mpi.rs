@@ -497,6 +497,36 @@ fn a_stopped_rank_ends_the_job_with_an_error_naming_it() {
     );
 }
 
+/// The same on two GPUs with NCCL carrying the gradients (`--device cuda`): the waiting
+/// rank polls the NCCL operation's completion and ends the job with a timeout naming it.
+/// Needs a machine with two GPUs (NCCL takes one per rank), so it is not run by default:
+/// `cargo test --release --features mpi,cuda --test mpi -- --ignored nccl`.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs two GPUs: cargo test --release --features mpi,cuda --test mpi -- --ignored nccl"]
+fn a_stopped_rank_ends_an_nccl_job_with_a_timeout_naming_the_operation() {
+    let _serial = one_job_at_a_time();
+    let flags = [
+        "--dp",
+        "2",
+        "--batch-size",
+        "1",
+        "--device",
+        "cuda",
+        "--set",
+        "collective_timeout=3",
+    ];
+    let (status, _, stderr) = signal_one_of_two("nccl-stop", &flags, "-STOP");
+    assert!(
+        !status.success(),
+        "a job with a stopped rank must fail:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("collective timed out: ncclAllReduce"),
+        "{stderr}"
+    );
+}
+
 /// Start a long 2-rank training job, send `signal` to one rank once both train, and wait
 /// (at most 30 seconds) for the job to end. Returns mpirun's status, the signalled rank's
 /// world rank, and the job's stderr.

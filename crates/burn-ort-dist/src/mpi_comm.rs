@@ -102,6 +102,16 @@ impl MpiCommunicator {
         self
     }
 
+    /// How long one operation may wait (`None`: no limit).
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// The members' world ranks, in group-rank order.
+    pub fn world_ranks(&self) -> &[usize] {
+        &self.world_ranks
+    }
+
     fn wrap(
         comm: SimpleCommunicator,
         world_ranks: Vec<usize>,

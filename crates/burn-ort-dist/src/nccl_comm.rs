@@ -12,8 +12,13 @@
 //! the CubeCL buffer through its device address, after the kernels that wrote it finish.
 //! Both sides retain the device's primary CUDA context, so the address is valid for both.
 //! A group of one ([`NcclCommunicator::single`]) needs no MPI: its id never travels.
+//! With the MPI group's `collective_timeout`, a rank waits for an NCCL operation by polling
+//! an event recorded after it rather than blocking in the stream: past the limit the wait
+//! is a timeout naming the operation, its bytes and the group (NCCL cannot say which ranks
+//! never arrived), and the failing rank ends the job through MPI instead of hanging.
 
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use burn::backend::{BackendTensor, DispatchDevice, DispatchTensor, DispatchTensorKind};
 use burn::tensor::{Device, Tensor};
@@ -26,6 +31,7 @@ use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
 use crate::communicator::{Communicator, DeviceReduce, ReduceOp, check_reduce_scatter};
 use crate::error::{DistError, DistResult};
 use crate::mpi_comm::MpiCommunicator;
+use crate::stall::{OpInfo, Stall};
 
 /// One rank of an NCCL group.
 pub struct NcclCommunicator {
@@ -127,8 +133,11 @@ impl NcclCommunicator {
             .map_err(|e| self.err("host to device", e))
     }
 
-    /// `dev` copied back into `host` once the stream's work (the collective) is done.
-    fn to_host(&self, dev: &CudaSlice<f32>, host: &mut [f32]) -> DistResult<()> {
+    /// `dev` copied back into `host` once the stream's work (the collective `op`) is done.
+    fn to_host(&self, op: &str, dev: &CudaSlice<f32>, host: &mut [f32]) -> DistResult<()> {
+        // A copy to pageable memory blocks until the stream reaches it: wait first, with
+        // the timeout.
+        self.finish(op, 4 * host.len())?;
         self.stream
             .memcpy_dtoh(dev, host)
             .map_err(|e| self.err("device to host", e))?;
@@ -136,9 +145,45 @@ impl NcclCommunicator {
             .synchronize()
             .map_err(|e| self.err("synchronize", e))
     }
+
+    /// Wait until the stream has done its work (the NCCL operation `op` of `bytes`): with
+    /// the MPI group's timeout by polling an event (see the module doc), else blocking.
+    fn finish(&self, op: &str, bytes: usize) -> DistResult<()> {
+        let Some(mpi) = self.mpi.as_ref().filter(|m| m.timeout().is_some()) else {
+            return self
+                .stream
+                .synchronize()
+                .map_err(|e| self.err("synchronize", e));
+        };
+        let limit = mpi.timeout().unwrap_or_default();
+        let done = self
+            .stream
+            .record_event(None)
+            .map_err(|e| self.err("record an event", e))?;
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(20);
+        while !done.is_complete() {
+            if started.elapsed() > limit {
+                let op = format!("{op} (NCCL: which ranks never arrived is not known)");
+                let stall = Stall {
+                    info: OpInfo {
+                        op: &op,
+                        bytes,
+                        group: mpi.world_ranks(),
+                    },
+                    waited: started.elapsed(),
+                    absent: Vec::new(),
+                    elsewhere: Vec::new(),
+                };
+                return Err(stall.into_error(mpi.world_ranks()[self.rank]));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+        Ok(())
+    }
 }
 
-/// NCCL's reduction for ours: the mean is NCCL's `Avg`.
 fn nccl_op(op: ReduceOp) -> NcclOp {
     if op == ReduceOp::Mean {
         NcclOp::Avg
@@ -161,7 +206,7 @@ impl Communicator for NcclCommunicator {
         self.nccl("ncclAllReduce", |c| {
             c.all_reduce_in_place(&mut dev, &nccl_op(op))
         })?;
-        self.to_host(&dev, buf)
+        self.to_host("ncclAllReduce", &dev, buf)
     }
 
     fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
@@ -174,7 +219,7 @@ impl Communicator for NcclCommunicator {
         self.nccl("ncclReduceScatter", |c| {
             c.reduce_scatter(&src, &mut dst, &nccl_op(op))
         })?;
-        self.to_host(&dst, recv)
+        self.to_host("ncclReduceScatter", &dst, recv)
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
@@ -182,7 +227,7 @@ impl Communicator for NcclCommunicator {
         self.nccl("ncclBroadcast", |c| {
             c.broadcast_in_place(&mut dev, root as i32)
         })?;
-        self.to_host(&dev, buf)
+        self.to_host("ncclBroadcast", &dev, buf)
     }
 
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
@@ -200,7 +245,7 @@ impl Communicator for NcclCommunicator {
         let src = self.to_device(send)?;
         let mut dst = self.to_device(recv)?;
         self.nccl("ncclAllGather", |c| c.all_gather(&src, &mut dst))?;
-        self.to_host(&dst, recv)
+        self.to_host("ncclAllGather", &dst, recv)
     }
 
     fn barrier(&self) -> DistResult<()> {
@@ -211,15 +256,13 @@ impl Communicator for NcclCommunicator {
     fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
         let dev = self.to_device(buf)?;
         self.nccl("ncclSend", |c| c.send(&dev, dest as i32))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.err("synchronize", e))
+        self.finish(&format!("ncclSend to rank {dest}"), 4 * buf.len())
     }
 
     fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
         let mut dev = self.to_device(buf)?;
         self.nccl("ncclRecv", |c| c.recv(&mut dev, src as i32))?;
-        self.to_host(&dev, buf)
+        self.to_host(&format!("ncclRecv from rank {src}"), &dev, buf)
     }
 
     fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
@@ -304,9 +347,7 @@ impl DeviceReduce for NcclCommunicator {
         self.nccl("ncclAllReduce", |c| {
             c.all_reduce_in_place(&mut buffer, &NcclOp::Avg)
         })?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.err("synchronize", e))?;
+        self.finish("ncclAllReduce of a gradient bucket", 4 * len)?;
         drop(resource);
         Ok(Tensor::from_dispatch(DispatchTensor {
             kind: DispatchTensorKind::Cube(BackendTensor::Float(t)),
