@@ -213,8 +213,9 @@ pub fn write_record(record: Bytes, w: &mut dyn Write) -> DistResult<()> {
     write_safetensors(w, &entries, &metadata)
 }
 
-/// The safetensors file of the record `record` (burn-pack bytes), in memory.
-pub fn record_to_safetensors(record: Bytes) -> DistResult<Vec<u8>> {
+/// The safetensors file of the record `record` (burn-pack bytes), in memory (tests).
+#[cfg(test)]
+pub(crate) fn record_to_safetensors(record: Bytes) -> DistResult<Vec<u8>> {
     let mut out = Vec::new();
     write_record(record, &mut out)?;
     Ok(out)

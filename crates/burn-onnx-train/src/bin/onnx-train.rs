@@ -552,7 +552,7 @@ fn parse_size(text: &str) -> Result<u64, OnnxError> {
 }
 
 fn plan(args: PlanArgs) -> Result<(), OnnxError> {
-    use burn_onnx_train::train::memory_plan::{ProbeRunner, plan_memory};
+    use burn_onnx_train::train::memory_plan::plan_memory;
     let c = args.run.apply(cli_defaults())?;
     let limit = args
         .memory_per_rank
@@ -561,7 +561,7 @@ fn plan(args: PlanArgs) -> Result<(), OnnxError> {
         .transpose()?;
     let (train, _) = datasets(&c)?;
     let exe = std::env::current_exe().map_err(|e| OnnxError::io("onnx-train", e))?;
-    let plan = plan_memory(&c, &train, &ProbeRunner::Binary(exe))?;
+    let plan = plan_memory(&c, &train, &exe)?;
     if args.json {
         println!(
             "{}",

@@ -5,18 +5,18 @@
 //! update's temporaries, what the allocator keeps between updates) measured by a probe:
 //! the layout itself with at most two data-parallel replicas (its ranks as threads, at its
 //! ZeRO stage: the collectives' buffers are per replica whatever their count) runs
-//! [`PROBE_UPDATES`] real updates in this process, once with one sample per micro-step
-//! and once with the configured micro-batch (two samples when that is one), and the rise
-//! of the process's peak resident set (Linux `clear_refs` resets it), less the counted
-//! parameters, gradients and optimizer state, is the working set: a line through the two
-//! points gives any micro-batch. A pipeline's working set is shared among its stages by
+//! [`PROBE_UPDATES`] real updates as `onnx-train train` in a fresh process, once with one
+//! sample per micro-step and once with the configured micro-batch (two samples when that
+//! is one); its peak resident set (`perf.json`) above this process's own footprint, less
+//! the parameters, gradients and optimizer state it reports, is the working set: a line
+//! through the two points gives any micro-batch. A pipeline's working set is shared among its stages by
 //! the bytes of the values each stage's nodes make (a shape probe) times the micro-batches
 //! it holds in flight (1F1B: `pp - k` on stage `k`; GPipe: all). A rank's peak is its
 //! parameters, gradients, optimizer state and working set; a process adds its own
 //! footprint from before the model was loaded.
 //!
 //! The probe runs on the configured device, so on a GPU the resident set is the host's
-//! and the plan is for the host's memory only; it needs Linux's `/proc/self/clear_refs`.
+//! and the plan is for the host's memory only; the resident sets come from Linux's `/proc`.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -27,7 +27,6 @@ use serde::Serialize;
 
 use super::config::TrainingConfig;
 use super::data::Dataset;
-use super::launch::launch;
 use super::memory_counts::{RankMemory, rank_memory};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
@@ -84,16 +83,6 @@ fn proc_status(field: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Reset the peak resident set to the current one (Linux >= 4.0).
-fn reset_peak() -> Result<()> {
-    std::fs::write("/proc/self/clear_refs", "5").map_err(|e| {
-        OnnxError::field(
-            "plan",
-            format!("cannot reset the peak resident set through /proc/self/clear_refs ({e}): the memory probe needs Linux"),
-        )
-    })
-}
-
 /// Updates each probe takes: the first allocates the optimizer state, the next ones show
 /// what the allocator keeps between updates.
 pub const PROBE_UPDATES: usize = 3;
@@ -103,27 +92,10 @@ fn probe_replicas(c: &TrainingConfig) -> usize {
     c.parallel.data_parallel_size.clamp(1, 2)
 }
 
-/// Where the probe runs.
-#[derive(Debug, Clone)]
-pub enum ProbeRunner {
-    /// In this process: each probe after the first sees what the allocator kept from the
-    /// one before (a library caller without the binary).
-    InProcess,
-    /// A fresh process of this `onnx-train` binary per probe (`onnx-train train --config`),
-    /// measured as a run of its own (the CLI).
-    Binary(PathBuf),
-}
-
 /// The probe run of `c`'s layout with `samples` samples per micro-step (see the module
 /// doc): the peak resident set's rise over `base` less the parameters, gradients and
 /// optimizer state every rank reported, i.e. the working set of all its ranks together.
-fn probe_working_set(
-    c: &TrainingConfig,
-    train: &Arc<dyn Dataset>,
-    samples: usize,
-    base: u64,
-    runner: &ProbeRunner,
-) -> Result<u64> {
+fn probe_working_set(c: &TrainingConfig, samples: usize, base: u64, exe: &Path) -> Result<u64> {
     let out =
         std::env::temp_dir().join(format!("onnx-train-plan-{}-{samples}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
@@ -141,10 +113,7 @@ fn probe_working_set(
     p.checkpoint.checkpoint_period = 0;
     p.checkpoint.checkpoint_to_load_path = None;
     p.logging.log_dir = Some(PathBuf::new());
-    let report = match runner {
-        ProbeRunner::InProcess => probe_here(p, train),
-        ProbeRunner::Binary(exe) => probe_in_child(p, &out, exe),
-    };
+    let report = probe_in_child(p, &out, exe);
     let _ = std::fs::remove_dir_all(&out);
     let report = report?;
     let column = |k: &str| -> Vec<u64> {
@@ -159,15 +128,6 @@ fn probe_working_set(
         .sum();
     let peak = column("peak_rss_bytes").first().copied().unwrap_or(0);
     Ok(peak.saturating_sub(base).saturating_sub(counted))
-}
-
-/// The probe run `p` in this process: its `perf.json` report.
-fn probe_here(p: TrainingConfig, train: &Arc<dyn Dataset>) -> Result<serde_json::Value> {
-    reset_peak()?;
-    let perf = launch(p, train.clone(), None)?
-        .perf
-        .ok_or_else(|| OnnxError::field("plan", "the probe run wrote no throughput report"))?;
-    serde_json::to_value(perf).map_err(|e| OnnxError::field("plan", e.to_string()))
 }
 
 /// The probe run `p` as `exe train` in a process of its own (its config in `dir`): its
@@ -228,11 +188,7 @@ fn stage_shares(
 
 /// Plan `c`'s layout on `train`'s samples (see the module doc): the probe runs first,
 /// then the model is loaded on the CPU to count each rank's part.
-pub fn plan_memory(
-    c: &TrainingConfig,
-    train: &Arc<dyn Dataset>,
-    runner: &ProbeRunner,
-) -> Result<MemoryPlan> {
+pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> Result<MemoryPlan> {
     let p = &c.parallel;
     let (dp, tp, pp) = (
         p.data_parallel_size.max(1),
@@ -242,10 +198,8 @@ pub fn plan_memory(
     let micro_batch = (c.data.batch_size / c.micro_batches()).max(1);
     let process_base_bytes = proc_status("VmRSS:").unwrap_or(0);
     let (small, large) = (1, micro_batch.max(2));
-    // The configured micro-batch first: in this process, what the allocator keeps from
-    // one probe inflates the next.
-    let at_large = probe_working_set(c, train, large, process_base_bytes, runner)?;
-    let at_small = probe_working_set(c, train, small, process_base_bytes, runner)?;
+    let at_large = probe_working_set(c, large, process_base_bytes, exe)?;
+    let at_small = probe_working_set(c, small, process_base_bytes, exe)?;
     let per_sample = at_large.saturating_sub(at_small) / (large - small) as u64;
     let fixed = at_small.saturating_sub(per_sample);
     let working =
