@@ -404,3 +404,32 @@ fn two_ranks_or_two_stages_on_documents_end_where_one_process_does() {
     }
     assert_moved(&refkit("models/gpt2_tiny.onnx"), &one.join(file), 1e-3);
 }
+
+/// With accumulation the divisor counts the labels of both micro-steps of an update: two
+/// ranks of 3 documents accumulating 2 micro-steps end where one process taking the
+/// update's 12 documents at once does (without length buckets both draw the same 12
+/// documents an update; a divisor of one micro-step's labels would weigh the micro-steps
+/// differently and fail).
+#[test]
+fn accumulated_micro_steps_on_documents_divide_by_the_whole_updates_labels() {
+    let data: Arc<dyn Dataset> =
+        Arc::new(DocumentDataset::from_documents(&documents(), 32, 0).unwrap());
+    let (one, two) = (tempdir("documents-acc-dp1"), tempdir("documents-acc-dp2"));
+    for (out, ranks, batch, accumulation) in [(&one, 1, 12, 1), (&two, 2, 3, 2)] {
+        let mut c = gpt2_documents(out);
+        c.data.length_bucket_batches = 1;
+        c.data.batch_size = batch;
+        c.parallel.data_parallel_size = ranks;
+        c.train.gradient_accumulation_steps = accumulation;
+        c.train.num_train_steps = 6 * accumulation;
+        launch(c, data.clone(), None).unwrap();
+    }
+    let file = "gpt2_tiny_trained.onnx";
+    for ((name, a), (_, b)) in onnx_params(one.join(file))
+        .iter()
+        .zip(onnx_params(two.join(file)))
+    {
+        assert_close(&format!("accumulated: {name}"), &b, a, 1e-5, 0.0);
+    }
+    assert_moved(&refkit("models/gpt2_tiny.onnx"), &one.join(file), 1e-3);
+}

@@ -557,11 +557,22 @@ impl Prefetcher {
     ) -> Self {
         let (tx, rx): (SyncSender<Result<Batch>>, _) = sync_channel(depth.max(1));
         let handle = std::thread::spawn(move || {
+            // The labels of the update in progress: (its first micro-step, their count).
+            let mut update: Option<(usize, usize)> = None;
             for k in start.. {
                 let batch = sampler
                     .batch_indices(k)
                     .and_then(|idx| data.batch(&idx))
-                    .and_then(|b| with_update_divisor(b, data.as_ref(), &sampler, k, accumulation));
+                    .and_then(|b| {
+                        with_update_divisor(
+                            b,
+                            data.as_ref(),
+                            &sampler,
+                            k,
+                            accumulation,
+                            &mut update,
+                        )
+                    });
                 let stop = batch.is_err();
                 if tx.send(batch).is_err() || stop {
                     break;
@@ -583,29 +594,38 @@ impl Prefetcher {
 }
 
 /// `batch` (micro-step `k`) with the loss divisor of documents: the labels of every
-/// rank's batches of its update, per rank and micro-step (see [`Target::Tokens`]).
+/// rank's batches of its update, per rank and micro-step (see [`Target::Tokens`]);
+/// `update` keeps the count of the update in progress for its other micro-steps.
 fn with_update_divisor(
     mut batch: Batch,
     data: &dyn Dataset,
     sampler: &DistributedSampler,
     k: usize,
     accumulation: usize,
+    update: &mut Option<(usize, usize)>,
 ) -> Result<Batch> {
     let Target::Tokens { divisor, .. } = &mut batch.target else {
         return Ok(batch);
     };
     let accumulation = accumulation.max(1);
     let first = k - k % accumulation;
-    let mut labels = 0usize;
-    for m in first..first + accumulation {
-        for rank in sampler.global_batch(m)? {
-            labels += rank
-                .iter()
-                .filter_map(|&i| data.sample_size(i))
-                .map(|s| s.labels)
-                .sum::<usize>();
+    let labels = match *update {
+        Some((f, labels)) if f == first => labels,
+        _ => {
+            let mut labels = 0usize;
+            for m in first..first + accumulation {
+                for rank in sampler.global_batch(m)? {
+                    labels += rank
+                        .iter()
+                        .filter_map(|&i| data.sample_size(i))
+                        .map(|s| s.labels)
+                        .sum::<usize>();
+                }
+            }
+            *update = Some((first, labels));
+            labels
         }
-    }
+    };
     *divisor = (labels.max(1) as f64) / (sampler.world * accumulation) as f64;
     Ok(batch)
 }
