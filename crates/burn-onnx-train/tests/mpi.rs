@@ -468,25 +468,35 @@ fn kill_one_of_two(tag: &str, flags: &[&str]) {
     assert!(!status.success(), "a job with a killed rank must fail");
 }
 
-/// Stop one rank of a running 2-rank job for good (SIGSTOP: alive, silent): with a
-/// 3-second `collective_timeout` the other rank must end the job within 30 seconds with
-/// an error naming the operation and the stopped rank.
-#[test]
-fn a_stopped_rank_ends_the_job_with_an_error_naming_it() {
-    let _serial = one_job_at_a_time();
+/// Stop one rank of a running 2-rank job for good (SIGSTOP: alive, silent) with a
+/// 3-second `collective_timeout` and `extra` flags: the other rank must end the job within
+/// 30 seconds. The stopped rank's world rank and the job's stderr.
+fn stop_one_of_two(tag: &str, extra: &[&str]) -> (usize, String) {
     let flags = [
-        "--dp",
-        "2",
-        "--batch-size",
-        "1",
-        "--set",
-        "collective_timeout=3",
-    ];
-    let (status, stopped, stderr) = signal_one_of_two("mpi-stop", &flags, "-STOP");
+        &[
+            "--dp",
+            "2",
+            "--batch-size",
+            "1",
+            "--set",
+            "collective_timeout=3",
+        ][..],
+        extra,
+    ]
+    .concat();
+    let (status, stopped, stderr) = signal_one_of_two(tag, &flags, "-STOP");
     assert!(
         !status.success(),
         "a job with a stopped rank must fail:\n{stderr}"
     );
+    (stopped, stderr)
+}
+
+/// A stopped rank ends the job with an error naming the operation and the stopped rank.
+#[test]
+fn a_stopped_rank_ends_the_job_with_an_error_naming_it() {
+    let _serial = one_job_at_a_time();
+    let (stopped, stderr) = stop_one_of_two("mpi-stop", &[]);
     assert!(
         stderr.contains("collective timed out: all_reduce of "),
         "{stderr}"
@@ -506,21 +516,7 @@ fn a_stopped_rank_ends_the_job_with_an_error_naming_it() {
 #[ignore = "needs two GPUs: cargo test --release --features mpi,cuda --test mpi -- --ignored nccl"]
 fn a_stopped_rank_ends_an_nccl_job_with_a_timeout_naming_the_operation() {
     let _serial = one_job_at_a_time();
-    let flags = [
-        "--dp",
-        "2",
-        "--batch-size",
-        "1",
-        "--device",
-        "cuda",
-        "--set",
-        "collective_timeout=3",
-    ];
-    let (status, _, stderr) = signal_one_of_two("nccl-stop", &flags, "-STOP");
-    assert!(
-        !status.success(),
-        "a job with a stopped rank must fail:\n{stderr}"
-    );
+    let (_, stderr) = stop_one_of_two("nccl-stop", &["--device", "cuda"]);
     assert!(
         stderr.contains("collective timed out: ncclAllReduce"),
         "{stderr}"

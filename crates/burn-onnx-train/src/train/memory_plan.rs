@@ -28,6 +28,7 @@ use serde::Serialize;
 use super::config::TrainingConfig;
 use super::data::Dataset;
 use super::memory_counts::{RankMemory, rank_memory};
+use super::perf::proc_status_bytes;
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::pipeline::{Partition, PipelineSchedule};
@@ -67,20 +68,6 @@ impl MemoryPlan {
         self.process_base_bytes
             + self.dp as u64 * self.ranks.iter().map(|r| r.peak_bytes).sum::<u64>()
     }
-}
-
-/// Resident-set figures of this process from `/proc/self/status`, in bytes.
-fn proc_status(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse::<u64>()
-        .ok()?;
-    Some(kb * 1024)
 }
 
 /// Updates each probe takes: the first allocates the optimizer state, the next ones show
@@ -196,7 +183,7 @@ pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> 
         p.pipeline_parallel_size.max(1),
     );
     let micro_batch = (c.data.batch_size / c.micro_batches()).max(1);
-    let process_base_bytes = proc_status("VmRSS:").unwrap_or(0);
+    let process_base_bytes = proc_status_bytes("VmRSS:").unwrap_or(0);
     let (small, large) = (1, micro_batch.max(2));
     let at_large = probe_working_set(c, large, process_base_bytes, exe)?;
     let at_small = probe_working_set(c, small, process_base_bytes, exe)?;

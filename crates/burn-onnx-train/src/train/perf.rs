@@ -112,12 +112,22 @@ impl MemoryReport {
 
 /// This process's peak resident set size (Linux `VmHWM`; 0 where unavailable).
 pub fn peak_rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
+    proc_status_bytes("VmHWM:").unwrap_or(0)
+}
+
+/// A figure of this process's `/proc/self/status` given in kB (`VmRSS:`, `VmHWM:`), in
+/// bytes; `None` where unavailable.
+pub fn proc_status_bytes(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+        .find_map(|l| l.strip_prefix(field))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kb * 1024)
 }
 
 impl PerfMeter {
