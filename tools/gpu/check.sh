@@ -15,7 +15,9 @@
 #   - `onnx-train train --dp 1 --device <backend>` on gpt2_tiny (the CLI's runner path);
 #   - with CUDA and without --no-bench: throughput and peak GPU memory of the GPT-2
 #     example's model (f32) and of a GPT-2 124M shape (bf16), onnx-train against PyTorch on
-#     the same model (tools/gpu/torch_gpt2.py) in the same run.
+#     the same model (tools/gpu/torch_gpt2.py) in the same run; and ZeRO-Offload's cost:
+#     the 124M and GPT-2 large (774M) shapes with AdamW's moments on the GPU and in host
+#     memory (`--offload-optimizer cpu`), update time, peak GPU memory and peak host RSS.
 # Exits non-zero when any check fails. Needs python3 (with torch, for the benchmark).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -121,6 +123,35 @@ print(json.dumps({"shape": sys.argv[3], "ours_tokens_per_sec": ours.get("through
       "$ours" "$torch" "$layers layers, $heads heads, width $width, batch $batch x $seq, $precision" "$ours_peak" "$peak_mib")"
 }
 
+# offload NAME LAYERS HEADS WIDTH BATCH SEQ PRECISION STEPS: the same run with AdamW's
+# moments on the GPU and in host memory (the update on the CPU), one process each.
+offload() {
+  local name="$1" layers="$2" heads="$3" width="$4" batch="$5" seq="$6" precision="$7" steps="$8"
+  local dir="$work/offload-$name" start status=0 runs="" mode
+  mkdir -p "$dir"
+  "$bin/onnx-train" gpt2 --output "$dir/model.onnx" --layers "$layers" --heads "$heads" --width "$width" >> "$log" 2>&1
+  write_run "$dir" "$dir/model.onnx" 50257 "$seq" "$batch" "$steps" adamw
+  start="$(now)"
+  for mode in none cpu; do
+    with_peak_memory timeout 600 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/$mode" \
+      --device cuda --precision "$precision" --offload-optimizer "$mode" > "$dir/$mode.log" 2>&1 || status=1
+    cat "$dir/$mode.log" >> "$log"
+    runs="$runs $mode=$peak_mib"
+  done
+  record "offload $name" cuda "$([ $status -eq 0 ] && echo pass || echo fail)" "$(since "$start")" \
+    "$(python3 -c '
+import json, os, sys
+out = {"shape": sys.argv[2]}
+for run in sys.argv[3:]:
+    mode, peak = run.split("=")
+    perf = os.path.join(sys.argv[1], mode, "perf.json")
+    p = json.load(open(perf)) if os.path.exists(perf) else {}
+    out[mode] = {"update_ms": p.get("avg_update_ms"), "peak_gpu_mib": float(peak or 0),
+                 "peak_rss_mib": max(p.get("peak_rss_bytes") or [0]) / 2**20,
+                 "optimizer_state_mib": sum(p.get("optimizer_state_bytes") or [0]) / 2**20}
+print(json.dumps(out))' "$dir" "$layers layers, $heads heads, width $width, batch $batch x $seq, $precision" $runs)"
+}
+
 for backend in ${backends//,/ }; do
   run_tests "$backend"
   run_cli "$backend"
@@ -128,6 +159,8 @@ done
 if [ $bench -eq 1 ] && [[ ",$backends," == *,cuda,* ]]; then
   bench example 2 4 128 8 64 f32 30
   bench gpt2-124m 12 12 768 8 256 bf16 20
+  offload gpt2-124m 12 12 768 8 256 bf16 10
+  offload gpt2-large 36 20 1280 4 256 bf16 6
 fi
 
 python3 - "$records" "$out/gpu_check.json" <<'PY'
