@@ -581,13 +581,15 @@ fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
     );
 }
 
-/// `offload_optimizer = "cpu"` (and `"disk"`) on a GPU device: the update moves the model
-/// to the CPU and back. One update of the MLP through `FusedAdam::on_host` leaves every
-/// parameter on the GPU, within 1e-6 of the update on the device; and whole AdamW runs of
-/// gpt2_tiny with the moments in host memory and in a file end where the on-device run
-/// ends, the two offloaded runs within 1e-6 of each other (the same host arithmetic; not
-/// bit for bit, because the GPU's backward is not bit-reproducible from run to run: one
-/// element one ulp apart was seen on lavapipe).
+/// `offload_optimizer = "cpu"` (and `"disk"`) on a GPU device: the update runs on the CPU
+/// against master parameters kept on the host. One update of the MLP through
+/// `FusedAdam::on_host` leaves every parameter on the GPU, within 1e-6 of the update on the
+/// device; and whole AdamW runs of gpt2_tiny with the moments in host memory and in a file
+/// end where the on-device run ends, the two offloaded runs within 1e-6 of each other (the
+/// same host arithmetic; not bit for bit, because the GPU's backward is not
+/// bit-reproducible from run to run: one element one ulp apart was seen on lavapipe), as
+/// does the offloaded run resumed from its checkpoint at update 3 (the master copy read
+/// again from the loaded model).
 #[test]
 fn moments_offloaded_from_the_gpu_update_on_the_host_and_the_model_stays_on_the_gpu() {
     use burn::optim::GradientsParams;
@@ -645,18 +647,28 @@ fn moments_offloaded_from_the_gpu_update_on_the_host_and_the_model_stays_on_the_
     }
     assert!(moved > 1e-3, "the update moved nothing ({moved})");
 
-    let run = |tag: &str, offload: OffloadTarget| {
+    let run = |tag: &str, offload: OffloadTarget, resume: Option<&Path>| {
         let out = tempdir(tag);
         let mut c = gpt2_config(&out);
         c.parallel.device = gpu_spec();
         c.train.num_train_steps = 6;
+        c.checkpoint.checkpoint_period = 3;
+        c.checkpoint.checkpoint_to_load_path = resume.map(|r| r.join("checkpoints/ckpt-000000003"));
         c.offload.offload_optimizer = offload;
         launch(c, gpt2_tokens(), None).unwrap();
-        out.join("gpt2_tiny_trained.onnx")
+        out
     };
-    let plain = run("gpu-offload-none", OffloadTarget::None);
-    let host = run("gpu-offload-cpu", OffloadTarget::Cpu);
-    let disk = run("gpu-offload-disk", OffloadTarget::Disk);
+    let model = |out: &Path| out.join("gpt2_tiny_trained.onnx");
+    let plain = model(&run("gpu-offload-none", OffloadTarget::None, None));
+    let host_run = run("gpu-offload-cpu", OffloadTarget::Cpu, None);
+    let host = model(&host_run);
+    let disk = model(&run("gpu-offload-disk", OffloadTarget::Disk, None));
+    // The master parameters on the host are read again from the resumed model.
+    let resumed = model(&run(
+        "gpu-offload-cpu-resumed",
+        OffloadTarget::Cpu,
+        Some(&host_run),
+    ));
     assert_moved(&refkit("models/gpt2_tiny.onnx"), &host, 1e-3);
     assert_same_params(
         "moments on the host vs on the GPU",
@@ -665,4 +677,5 @@ fn moments_offloaded_from_the_gpu_update_on_the_host_and_the_model_stays_on_the_
         on_tf32(1e-4, ADAM_NOISE_BOUND),
     );
     assert_same_params("moments in a file vs on the host", &disk, &host, 1e-6);
+    assert_same_params("resumed at update 3 vs not stopped", &resumed, &host, 1e-6);
 }

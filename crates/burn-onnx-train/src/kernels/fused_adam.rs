@@ -17,10 +17,13 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::path::PathBuf;
 
 use super::disk_moments::DiskMoments;
 use super::host_optim::{HostRule, HostSlot, InPlace};
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use super::offload_step;
 use burn::backend::flex::Flex;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use burn::module::ModuleMapper;
@@ -70,6 +73,10 @@ struct Flat {
     device: Device,
     moments: Moments,
     time: usize,
+    /// The f32 master parameters in host memory, laid out as the moments (the offloaded
+    /// update of a model on a GPU; read from the device at its first step).
+    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+    master: Option<Vec<f32>>,
 }
 
 /// Adam, AdamW or LAMB over flat device buffers; Burn's optimizer record as its state.
@@ -81,7 +88,9 @@ pub struct FusedAdam {
     loaded: Option<BTreeMap<u64, MomentState>>,
     /// Keep the moments in a file under this directory instead of in memory.
     offload_dir: Option<PathBuf>,
-    /// Keep the moments in host memory and update on the CPU while the model is on a GPU.
+    /// Keep the moments in host memory and update on the CPU while the model is on a GPU
+    /// (without a GPU backend built in, the update is on the CPU already).
+    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
     host_update: bool,
 }
 
@@ -156,9 +165,9 @@ impl FusedAdam {
         })
     }
 
-    /// The same optimizer with its moments in host memory: on a GPU device each update
-    /// moves the parameters and gradients to the CPU, updates them there and moves the
-    /// parameters back (ZeRO-Offload's CPU update, not overlapped).
+    /// The same optimizer with its moments in host memory: on a GPU device the update runs
+    /// on the CPU against master parameters kept on the host, each gradient read and each
+    /// new parameter written while others are updated (ZeRO-Offload, `offload_step.rs`).
     pub fn on_host(self) -> Self {
         FusedAdam {
             host_update: true,
@@ -182,12 +191,17 @@ impl FusedAdam {
     }
 
     /// The flat layout of the parameters with a gradient, in visiting order, with the
-    /// state of a loaded record (or zeros) in place.
-    fn lay_out(&mut self, grads: &[(ParamId, Tensor<1>, Vec<usize>)]) -> DistResult<Flat> {
-        let device = grads
-            .first()
-            .map(|(_, g, _)| g.device())
-            .ok_or_else(|| invalid("fused optimizer: no parameter has a gradient".into()))?;
+    /// state of a loaded record (or zeros) in place on `device`.
+    fn lay_out(
+        &mut self,
+        grads: &[(ParamId, Tensor<1>, Vec<usize>)],
+        device: Device,
+    ) -> DistResult<Flat> {
+        if grads.is_empty() {
+            return Err(invalid(
+                "fused optimizer: no parameter has a gradient".into(),
+            ));
+        }
         let mut slots = Vec::with_capacity(grads.len());
         let mut chunk = 0;
         for (id, g, shape) in grads {
@@ -261,10 +275,24 @@ impl FusedAdam {
             moments,
             slots,
             len,
-            device: device.clone(),
+            device,
             time,
+            master: None,
         })
     }
+}
+
+/// Every parameter's gradient (flattened) taken from `grads`, in visiting order.
+fn collect<M: Module>(
+    module: &M,
+    grads: &mut GradientsParams,
+) -> Vec<(ParamId, Tensor<1>, Vec<usize>)> {
+    let mut c = Collect {
+        grads,
+        taken: Vec::new(),
+    };
+    module.visit(&mut c);
+    c.taken
 }
 
 /// Takes every parameter's gradient (flattened), in visiting order.
@@ -362,32 +390,47 @@ fn on_host<M: Module>(
             )
         })
         .collect();
-    let update = InPlace {
-        slots,
-        moment_1: &mut [],
-        moment_2: &mut [],
-        step,
-        rule: match rule {
-            Rule::AdamW { .. } => HostRule::AdamW,
-            Rule::Lamb { .. } => HostRule::Lamb,
-            _ => HostRule::Adam,
-        },
-        after_each: None,
-        error: None,
-    };
-    match &mut flat.moments {
-        Moments::Disk(disk) => {
-            let (moment_1, moment_2, releaser) = disk.moments_mut();
-            let release = move |r| releaser.release(r);
+    with_host_moments(
+        &mut flat.moments,
+        &flat.device,
+        |moment_1, moment_2, after_each| {
             update_in_place(
                 module,
                 InPlace {
+                    slots,
                     moment_1,
                     moment_2,
-                    after_each: Some(&release),
-                    ..update
+                    step,
+                    rule: host_rule(rule),
+                    after_each,
+                    error: None,
                 },
             )
+        },
+    )?
+}
+
+/// The CPU update's form of `rule`.
+fn host_rule(rule: Rule) -> HostRule {
+    match rule {
+        Rule::AdamW { .. } => HostRule::AdamW,
+        Rule::Lamb { .. } => HostRule::Lamb,
+        _ => HostRule::Adam,
+    }
+}
+
+/// `f` run on both moments as host slices, with what releases a parameter's range of them
+/// once it is written (the pages of moments on disk), the moments put back afterwards.
+fn with_host_moments<R>(
+    moments: &mut Moments,
+    device: &Device,
+    f: impl FnOnce(&mut [f32], &mut [f32], Option<&dyn Fn(Range<usize>)>) -> R,
+) -> DistResult<R> {
+    match moments {
+        Moments::Disk(disk) => {
+            let (moment_1, moment_2, releaser) = disk.moments_mut();
+            let release = move |r| releaser.release(r);
+            Ok(f(moment_1, moment_2, Some(&release)))
         }
         Moments::Device(t1, t2) => {
             let host = |t: Tensor<1>| {
@@ -395,20 +438,13 @@ fn on_host<M: Module>(
                     .try_into_primitive::<Flex>()
                     .map_err(|e| invalid(format!("fused optimizer: moments not on the CPU: {e:?}")))
             };
-            let empty = || Tensor::<1>::empty([0], &flat.device);
+            let empty = || Tensor::<1>::empty([0], device);
             let mut m1 = host(std::mem::replace(t1, empty()))?;
             let mut m2 = host(std::mem::replace(t2, empty()))?;
-            let module = update_in_place(
-                module,
-                InPlace {
-                    moment_1: m1.storage_mut(),
-                    moment_2: m2.storage_mut(),
-                    ..update
-                },
-            );
+            let out = f(m1.storage_mut(), m2.storage_mut(), None);
             *t1 = Tensor::from_primitive::<Flex>(m1);
             *t2 = Tensor::from_primitive::<Flex>(m2);
-            module
+            Ok(out)
         }
     }
 }
@@ -481,8 +517,10 @@ fn on_device<M: Module>(
 }
 
 /// The device of `module`'s first float parameter.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 struct FirstDevice(Option<Device>);
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 impl ModuleVisitor for FirstDevice {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         if self.0.is_none() {
@@ -492,43 +530,64 @@ impl ModuleVisitor for FirstDevice {
 }
 
 impl FusedAdam {
-    /// With a host update on a GPU run: `module` moved to the CPU, updated there against
-    /// host moments, and moved back to its device.
-    fn step_on_host<M: Module>(
-        &mut self,
-        lr: f64,
-        module: M,
-        grads: GradientsParams,
-        device: Device,
-    ) -> DistResult<M> {
-        let cpu = if device.is_autodiff() {
-            Device::flex().autodiff()
-        } else {
-            Device::flex()
-        };
-        let grads = grads.to_device(&cpu.clone().inner(), &module);
-        let updated = self.step_here(lr, module.fork(&cpu), grads)?;
-        Ok(updated.fork(&device))
-    }
-
-    /// One update on the device the module is on.
-    fn step_here<M: Module>(
+    /// With the state offloaded on a GPU run: the update on the CPU against the master
+    /// parameters in host memory, streamed ([`offload_step`]).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn step_offloaded<M: Module>(
         &mut self,
         lr: f64,
         module: M,
         mut grads: GradientsParams,
     ) -> DistResult<M> {
-        let mut c = Collect {
-            grads: &mut grads,
-            taken: Vec::new(),
-        };
-        module.visit(&mut c);
-        let taken = c.taken;
+        let taken = collect(&module, &mut grads);
         if self.flat.is_none() {
-            self.flat = Some(self.lay_out(&taken)?);
+            self.flat = Some(self.lay_out(&taken, Device::flex())?);
         }
+        let (step, factors) = self.begin_step(lr, &taken)?;
+        let rule = host_rule(self.rule);
+        let Flat {
+            slots,
+            len,
+            device,
+            moments,
+            master,
+            ..
+        } = self.flat.as_mut().expect("laid out above");
+        let placed: Vec<offload_step::Placed> = slots
+            .iter()
+            .zip(factors)
+            .map(|(s, factor)| offload_step::Placed {
+                id: s.id,
+                shape: &s.shape,
+                range: s.offset()..s.offset() + s.len,
+                factor,
+            })
+            .collect();
+        if master.is_none() {
+            *master = Some(offload_step::read_master(&module, &placed, *len)?);
+        }
+        let master = master.as_mut().expect("read above");
+        let grads = taken.into_iter().map(|(_, g, _)| g).collect();
+        with_host_moments(moments, device, |moment_1, moment_2, after_each| {
+            let host = offload_step::HostState {
+                master,
+                moment_1,
+                moment_2,
+                after_each,
+            };
+            offload_step::step(module, &placed, grads, host, step, rule)
+        })?
+    }
+
+    /// Checks that `taken` are the laid-out parameters, counts the step, and returns its
+    /// scalars and each parameter's decay factor.
+    fn begin_step(
+        &mut self,
+        lr: f64,
+        taken: &[(ParamId, Tensor<1>, Vec<usize>)],
+    ) -> DistResult<(AdamStep, Vec<f32>)> {
         let rule = self.rule;
-        let flat = self.flat.as_mut().expect("laid out above");
+        let flat = self.flat.as_mut().expect("laid out before the step");
         if taken.len() != flat.slots.len()
             || taken
                 .iter()
@@ -563,7 +622,7 @@ impl FusedAdam {
         let step = AdamStep::new(beta_1, beta_2, epsilon, lr, flat.time as i32);
         // AdamW multiplies the parameter by 1 - lr * decay (in f64, as Burn); Adam and
         // LAMB take the decay itself.
-        let factors: Vec<f32> = flat
+        let factors = flat
             .slots
             .iter()
             .map(|s| match rule {
@@ -571,6 +630,27 @@ impl FusedAdam {
                 _ => s.decay,
             })
             .collect();
+        Ok((step, factors))
+    }
+
+    /// One update on the device the module is on.
+    fn step_here<M: Module>(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut grads: GradientsParams,
+    ) -> DistResult<M> {
+        let taken = collect(&module, &mut grads);
+        if self.flat.is_none() {
+            let device = taken
+                .first()
+                .map(|(_, g, _)| g.device())
+                .ok_or_else(|| invalid("fused optimizer: no parameter has a gradient".into()))?;
+            self.flat = Some(self.lay_out(&taken, device)?);
+        }
+        let (step, factors) = self.begin_step(lr, &taken)?;
+        let rule = self.rule;
+        let flat = self.flat.as_mut().expect("laid out above");
         let grads: Vec<Tensor<1>> = taken.into_iter().map(|(_, g, _)| g).collect();
         if super::runs_cubecl(&flat.device) {
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -582,14 +662,15 @@ impl FusedAdam {
 
 impl ReplicaOptimizer for FusedAdam {
     fn step<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> DistResult<M> {
-        let mut first = FirstDevice(None);
-        module.visit(&mut first);
-        match first.0 {
-            Some(device) if self.host_update && super::runs_cubecl(&device) => {
-                self.step_on_host(lr, module, grads, device)
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if self.host_update {
+            let mut first = FirstDevice(None);
+            module.visit(&mut first);
+            if first.0.as_ref().is_some_and(super::runs_cubecl) {
+                return self.step_offloaded(lr, module, grads);
             }
-            _ => self.step_here(lr, module, grads),
         }
+        self.step_here(lr, module, grads)
     }
 
     fn record_bytes(&self) -> DistResult<Bytes> {

@@ -114,7 +114,7 @@ impl ModuleMapper for InPlace<'_> {
 }
 
 /// One parameter's update: `p`, `g`, `m`, `v` of the same length.
-fn update(
+pub(super) fn update(
     p: &mut [f32],
     g: &[f32],
     m: &mut [f32],

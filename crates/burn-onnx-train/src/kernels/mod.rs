@@ -38,6 +38,8 @@ mod host_optim;
 mod layer_norm;
 mod masked_fill;
 mod matmul;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod offload_step;
 mod pool;
 mod simd;
 mod transpose;
