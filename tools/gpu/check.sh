@@ -133,7 +133,8 @@ offload() {
   write_run "$dir" "$dir/model.onnx" 50257 "$seq" "$batch" "$steps" adamw
   start="$(now)"
   for mode in none cpu; do
-    with_peak_memory timeout 600 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/$mode" \
+    RUST_LOG=info,burn_onnx_train::kernels::offload_step=debug \
+      with_peak_memory timeout 600 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/$mode" \
       --device cuda --precision "$precision" --offload-optimizer "$mode" > "$dir/$mode.log" 2>&1 || status=1
     cat "$dir/$mode.log" >> "$log"
     runs="$runs $mode=$peak_mib"

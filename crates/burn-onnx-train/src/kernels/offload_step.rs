@@ -14,6 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::mpsc::sync_channel;
+use std::time::{Duration, Instant};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Tensor, TensorData};
@@ -117,10 +118,14 @@ pub fn step<M: Module>(
                 })
                 .collect()
         });
+        let (mut waiting, mut updating, start) = (Duration::ZERO, Duration::ZERO, Instant::now());
         for s in slots {
+            let t = Instant::now();
             let g = grad_rx
                 .recv()
                 .map_err(|_| invalid("offloaded update: the gradient reader stopped".into()))??;
+            waiting += t.elapsed();
+            let t = Instant::now();
             let r = s.range.clone();
             let p = &mut master[r.clone()];
             update(
@@ -132,6 +137,7 @@ pub fn step<M: Module>(
                 step,
                 rule,
             );
+            updating += t.elapsed();
             if let Some(after) = after_each {
                 after(r);
             }
@@ -140,9 +146,16 @@ pub fn step<M: Module>(
             }
         }
         drop(value_tx);
-        writer
+        let written = writer
             .join()
-            .map_err(|_| invalid("offloaded update: the parameter writer panicked".into()))
+            .map_err(|_| invalid("offloaded update: the parameter writer panicked".into()));
+        tracing::debug!(
+            total_ms = start.elapsed().as_secs_f64() * 1e3,
+            waiting_for_gradients_ms = waiting.as_secs_f64() * 1e3,
+            updating_ms = updating.as_secs_f64() * 1e3,
+            "offloaded update"
+        );
+        written
     })?;
     if uploaded.len() != slots.len() {
         return Err(invalid(format!(
