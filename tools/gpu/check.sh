@@ -18,15 +18,18 @@
 #     the same model (tools/gpu/torch_gpt2.py) in the same run; and ZeRO-Offload's cost:
 #     the 124M and GPT-2 large (774M) shapes with AdamW's moments on the GPU and in host
 #     memory (`--offload-optimizer cpu`), update time, peak GPU memory and peak host RSS.
+# `--only offload` runs just the offload test of gpu-tests and the offload comparison (a
+# short call to measure a change of the offloaded update).
 # Exits non-zero when any check fails. Needs python3 (with torch, for the benchmark).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-backends=cuda,wgpu pack="" bench=1
+backends=cuda,wgpu pack="" bench=1 only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --pack) pack="$2"; shift 2 ;;
     --backends) backends="$2"; shift 2 ;;
     --no-bench) bench=0; shift ;;
+    --only) only="$2"; shift 2 ;;
     *) echo "check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -53,10 +56,11 @@ record machine none info - "$(python3 -c 'import json, sys, platform; print(json
 
 # The test binary, one run per backend; each test's result becomes an entry.
 run_tests() {
-  local backend="$1" skip=() start status
-  [ "$backend" = cuda ] || skip=(--skip nccl::)
+  local backend="$1" args=() start status
+  [ "$backend" = cuda ] || args=(--skip nccl::)
+  [ -z "$only" ] || args+=("$only")  # a name filter: the tests whose names hold it
   start="$(now)"
-  ONNX_TRAIN_TEST_GPU="$backend" timeout 1500 "$bin/gpu-tests" --test-threads=1 "${skip[@]}" > "$work/tests-$backend.log" 2>&1
+  ONNX_TRAIN_TEST_GPU="$backend" timeout 1500 "$bin/gpu-tests" --test-threads=1 "${args[@]}" > "$work/tests-$backend.log" 2>&1
   status=$?
   cat "$work/tests-$backend.log" >> "$log"
   grep -E '^test .* \.\.\. (ok|FAILED|ignored)$' "$work/tests-$backend.log" | while read -r _ name _ result; do
@@ -155,11 +159,13 @@ print(json.dumps(out))' "$dir" "$layers layers, $heads heads, width $width, batc
 
 for backend in ${backends//,/ }; do
   run_tests "$backend"
-  run_cli "$backend"
+  [ -n "$only" ] || run_cli "$backend"
 done
 if [ $bench -eq 1 ] && [[ ",$backends," == *,cuda,* ]]; then
-  bench example 2 4 128 8 64 f32 30
-  bench gpt2-124m 12 12 768 8 256 bf16 20
+  if [ -z "$only" ]; then
+    bench example 2 4 128 8 64 f32 30
+    bench gpt2-124m 12 12 768 8 256 bf16 20
+  fi
   offload gpt2-124m 12 12 768 8 256 bf16 10
   offload gpt2-large 36 20 1280 4 256 bf16 6
 fi

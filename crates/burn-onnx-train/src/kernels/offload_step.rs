@@ -1,9 +1,10 @@
 //! ZeRO-Offload's step for a model on a GPU whose optimizer state is on the host
 //! (`offload_optimizer = "cpu"`, or `"disk"` for the moments): the f32 master parameters live
 //! in host memory, laid out as the flat moments are, and a step streams through three stages
-//! at once, a parameter at a time: a thread reads each gradient off the device, this thread
+//! at once, a parameter at a time: this thread reads each gradient off the device, a thread
 //! updates that parameter's master copy and moments on the CPU (`host_optim`'s arithmetic,
-//! the one the CPU device runs), and a thread writes the new values to the device. Only
+//! the one the CPU device runs), and this thread writes the new values to the device
+//! between its reads. Only
 //! gradients come down and parameters go up (the master copy is read from the device once,
 //! at the first step), and the host holds a few parameters' gradients in flight, not a copy
 //! of the model.
@@ -13,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
-use std::sync::mpsc::sync_channel;
+use std::sync::mpsc::{channel, sync_channel};
 use std::time::{Duration, Instant};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
@@ -41,7 +42,7 @@ pub struct HostState<'a> {
     pub master: &'a mut [f32],
     pub moment_1: &'a mut [f32],
     pub moment_2: &'a mut [f32],
-    pub after_each: Option<&'a dyn Fn(Range<usize>)>,
+    pub after_each: Option<&'a (dyn Fn(Range<usize>) + Sync)>,
 }
 
 fn invalid(message: String) -> DistError {
@@ -99,63 +100,64 @@ pub fn step<M: Module>(
         moment_2,
         after_each,
     } = host;
+    // Every device operation stays on this thread (a CubeCL stream per thread: a read or
+    // a write from another would wait on this one's work and allocate from its own pool).
     let uploaded = std::thread::scope(|scope| -> DistResult<Vec<Tensor<1>>> {
-        let (grad_tx, grad_rx) = sync_channel::<DistResult<Vec<f32>>>(IN_FLIGHT);
-        let (value_tx, value_rx) = sync_channel::<Vec<f32>>(IN_FLIGHT);
-        scope.spawn(move || {
-            for g in grads {
-                if grad_tx.send(read(g, "a gradient")).is_err() {
+        let (grad_tx, grad_rx) = sync_channel::<Vec<f32>>(IN_FLIGHT);
+        let (value_tx, value_rx) = channel::<Vec<f32>>();
+        let updater = scope.spawn(move || {
+            let mut updating = Duration::ZERO;
+            for (s, g) in slots.iter().zip(grad_rx) {
+                let t = Instant::now();
+                let r = s.range.clone();
+                let p = &mut master[r.clone()];
+                update(
+                    p,
+                    &g,
+                    &mut moment_1[r.clone()],
+                    &mut moment_2[r.clone()],
+                    s.factor,
+                    step,
+                    rule,
+                );
+                if let Some(after) = after_each {
+                    after(r);
+                }
+                updating += t.elapsed();
+                if value_tx.send(p.to_vec()).is_err() {
                     break;
                 }
             }
+            updating
         });
-        let writer = scope.spawn(move || -> Vec<Tensor<1>> {
-            value_rx
-                .into_iter()
-                .map(|v| {
-                    let n = v.len();
-                    Tensor::<1>::from_data(TensorData::new(v, [n]), &device)
-                })
-                .collect()
-        });
-        let (mut waiting, mut updating, start) = (Duration::ZERO, Duration::ZERO, Instant::now());
-        for s in slots {
-            let t = Instant::now();
-            let g = grad_rx
-                .recv()
-                .map_err(|_| invalid("offloaded update: the gradient reader stopped".into()))??;
-            waiting += t.elapsed();
-            let t = Instant::now();
-            let r = s.range.clone();
-            let p = &mut master[r.clone()];
-            update(
-                p,
-                &g,
-                &mut moment_1[r.clone()],
-                &mut moment_2[r.clone()],
-                s.factor,
-                step,
-                rule,
-            );
-            updating += t.elapsed();
-            if let Some(after) = after_each {
-                after(r);
-            }
-            if value_tx.send(p.to_vec()).is_err() {
-                break;
+        let start = Instant::now();
+        let mut uploaded = Vec::with_capacity(slots.len());
+        let mut write = |v: Vec<f32>| {
+            let n = v.len();
+            uploaded.push(Tensor::<1>::from_data(TensorData::new(v, [n]), &device));
+        };
+        for g in grads {
+            let values = read(g, "a gradient")?;
+            grad_tx
+                .send(values)
+                .map_err(|_| invalid("offloaded update: the CPU update stopped".into()))?;
+            while let Ok(v) = value_rx.try_recv() {
+                write(v);
             }
         }
-        drop(value_tx);
-        let written = writer
+        drop(grad_tx);
+        let read_all = start.elapsed();
+        value_rx.into_iter().for_each(write);
+        let updating = updater
             .join()
-            .map_err(|_| invalid("offloaded update: the parameter writer panicked".into()));
+            .map_err(|_| invalid("offloaded update: the CPU update panicked".into()))?;
         tracing::debug!(
             total_ms = start.elapsed().as_secs_f64() * 1e3,
-            waiting_for_gradients_ms = waiting.as_secs_f64() * 1e3,
+            reading_and_writing_ms = read_all.as_secs_f64() * 1e3,
             updating_ms = updating.as_secs_f64() * 1e3,
             "offloaded update"
         );
-        written
+        Ok(uploaded)
     })?;
     if uploaded.len() != slots.len() {
         return Err(invalid(format!(
