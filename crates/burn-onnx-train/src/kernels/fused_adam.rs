@@ -402,7 +402,7 @@ fn on_host<M: Module>(
                     moment_2,
                     step,
                     rule: host_rule(rule),
-                    after_each: after_each.map(|f| f as &dyn Fn(Range<usize>)),
+                    after_each,
                     error: None,
                 },
             )
@@ -424,7 +424,7 @@ fn host_rule(rule: Rule) -> HostRule {
 fn with_host_moments<R>(
     moments: &mut Moments,
     device: &Device,
-    f: impl FnOnce(&mut [f32], &mut [f32], Option<&(dyn Fn(Range<usize>) + Sync)>) -> R,
+    f: impl FnOnce(&mut [f32], &mut [f32], Option<&dyn Fn(Range<usize>)>) -> R,
 ) -> DistResult<R> {
     match moments {
         Moments::Disk(disk) => {

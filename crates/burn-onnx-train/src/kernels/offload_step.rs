@@ -1,21 +1,21 @@
 //! ZeRO-Offload's step for a model on a GPU whose optimizer state is on the host
 //! (`offload_optimizer = "cpu"`, or `"disk"` for the moments): the f32 master parameters live
-//! in host memory, laid out as the flat moments are, and a step streams through three stages
-//! at once, a parameter at a time: this thread reads each gradient off the device, a thread
-//! updates that parameter's master copy and moments on the CPU (`host_optim`'s arithmetic,
-//! the one the CPU device runs), and this thread writes the new values to the device
-//! between its reads. Only
-//! gradients come down and parameters go up (the master copy is read from the device once,
-//! at the first step), and the host holds a few parameters' gradients in flight, not a copy
-//! of the model.
+//! in host memory, laid out as the flat moments are, so that a step reads only the
+//! gradients off the device and writes only the new parameters back (the master copy is
+//! read from the device once, at the first step). In between the CPU updates the master
+//! copy and the moments (`host_optim`'s arithmetic, the one the CPU device runs).
+//!
+//! The three phases run one after the other, every device operation on the calling
+//! thread. Streamed versions measured slower on an H100 (BENCHMARKS.md, session 20): reads
+//! from a second thread go through another CubeCL stream and memory pool, and reads
+//! interleaved with a CPU update on every core waited on the busy cores.
 //!
 //! Between steps the master copy is the truth: each step must get the module the last one
 //! returned (as the runner does; loading optimizer state lays everything out again).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
-use std::sync::mpsc::{channel, sync_channel};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Tensor, TensorData};
@@ -23,9 +23,6 @@ use burn_ort_dist::zero::flat_optim::AdamStep;
 use burn_ort_dist::{DistError, DistResult};
 
 use super::host_optim::{HostRule, update};
-
-/// Parameters and gradients in flight between two stages.
-const IN_FLIGHT: usize = 2;
 
 /// One parameter of the flat layout: its id, shape and place.
 pub struct Placed<'a> {
@@ -42,7 +39,7 @@ pub struct HostState<'a> {
     pub master: &'a mut [f32],
     pub moment_1: &'a mut [f32],
     pub moment_2: &'a mut [f32],
-    pub after_each: Option<&'a (dyn Fn(Range<usize>) + Sync)>,
+    pub after_each: Option<&'a dyn Fn(Range<usize>)>,
 }
 
 fn invalid(message: String) -> DistError {
@@ -100,72 +97,41 @@ pub fn step<M: Module>(
         moment_2,
         after_each,
     } = host;
-    // Every device operation stays on this thread (a CubeCL stream per thread: a read or
-    // a write from another would wait on this one's work and allocate from its own pool).
-    let uploaded = std::thread::scope(|scope| -> DistResult<Vec<Tensor<1>>> {
-        let (grad_tx, grad_rx) = sync_channel::<Vec<f32>>(IN_FLIGHT);
-        let (value_tx, value_rx) = channel::<Vec<f32>>();
-        let updater = scope.spawn(move || {
-            let mut updating = Duration::ZERO;
-            for (s, g) in slots.iter().zip(grad_rx) {
-                let t = Instant::now();
-                let r = s.range.clone();
-                let p = &mut master[r.clone()];
-                update(
-                    p,
-                    &g,
-                    &mut moment_1[r.clone()],
-                    &mut moment_2[r.clone()],
-                    s.factor,
-                    step,
-                    rule,
-                );
-                if let Some(after) = after_each {
-                    after(r);
-                }
-                updating += t.elapsed();
-                if value_tx.send(p.to_vec()).is_err() {
-                    break;
-                }
-            }
-            updating
-        });
-        let start = Instant::now();
-        let mut uploaded = Vec::with_capacity(slots.len());
-        let mut write = |v: Vec<f32>| {
-            let n = v.len();
-            uploaded.push(Tensor::<1>::from_data(TensorData::new(v, [n]), &device));
-        };
-        for g in grads {
-            let values = read(g, "a gradient")?;
-            grad_tx
-                .send(values)
-                .map_err(|_| invalid("offloaded update: the CPU update stopped".into()))?;
-            while let Ok(v) = value_rx.try_recv() {
-                write(v);
-            }
-        }
-        drop(grad_tx);
-        let read_all = start.elapsed();
-        value_rx.into_iter().for_each(write);
-        let updating = updater
-            .join()
-            .map_err(|_| invalid("offloaded update: the CPU update panicked".into()))?;
-        tracing::debug!(
-            total_ms = start.elapsed().as_secs_f64() * 1e3,
-            reading_and_writing_ms = read_all.as_secs_f64() * 1e3,
-            updating_ms = updating.as_secs_f64() * 1e3,
-            "offloaded update"
+    let start = Instant::now();
+    let grads = grads
+        .into_iter()
+        .map(|g| read(g, "a gradient"))
+        .collect::<DistResult<Vec<_>>>()?;
+    let read_ms = start.elapsed().as_secs_f64() * 1e3;
+    for (s, g) in slots.iter().zip(grads) {
+        let r = s.range.clone();
+        update(
+            &mut master[r.clone()],
+            &g,
+            &mut moment_1[r.clone()],
+            &mut moment_2[r.clone()],
+            s.factor,
+            step,
+            rule,
         );
-        Ok(uploaded)
-    })?;
-    if uploaded.len() != slots.len() {
-        return Err(invalid(format!(
-            "offloaded update: {} of {} parameters reached the device",
-            uploaded.len(),
-            slots.len()
-        )));
+        if let Some(after) = after_each {
+            after(r);
+        }
     }
+    let update_ms = start.elapsed().as_secs_f64() * 1e3 - read_ms;
+    let uploaded: Vec<Tensor<1>> = slots
+        .iter()
+        .map(|s| {
+            let values = &master[s.range.clone()];
+            Tensor::<1>::from_data(TensorData::new(values.to_vec(), [values.len()]), &device)
+        })
+        .collect();
+    tracing::debug!(
+        read_ms,
+        update_ms,
+        total_ms = start.elapsed().as_secs_f64() * 1e3,
+        "offloaded update"
+    );
     let values = slots
         .iter()
         .zip(uploaded)
