@@ -713,19 +713,17 @@ fn sigusr1_preempts_an_mpi_job_and_the_rerun_ends_bit_identical() {
 
 /// `onnx-train launch`: a rank killed mid-run ends the MPI job; the wrapper starts it again,
 /// it resumes from the newest checkpoint and ends exactly where an uninterrupted job does.
-#[test]
-fn launch_restarts_a_job_whose_rank_was_killed() {
-    let _serial = one_job_at_a_time();
-    let dir = tempdir("mpi-elastic");
-    let cfg = setup(&dir, "gpt2", 300);
+/// A 300-update gpt2_tiny config with a checkpoint every 20 updates under `dir`, and the
+/// model of a clean two-rank run of it (`dir/clean`).
+fn checkpointed_two_rank_run(dir: &Path) -> (PathBuf, PathBuf) {
+    let cfg = setup(dir, "gpt2", 300);
     let text = std::fs::read_to_string(&cfg)
         .unwrap()
         .replace("checkpoint_period = 0", "checkpoint_period = 20");
     std::fs::write(&cfg, text).unwrap();
-    let train_args = |out: &str| two_rank_train(&cfg, &dir.join(out));
     let clean = mpirun(2)
         .arg(onnx_train())
-        .args(train_args("clean"))
+        .args(two_rank_train(&cfg, &dir.join("clean")))
         .output()
         .unwrap();
     assert!(
@@ -733,22 +731,23 @@ fn launch_restarts_a_job_whose_rank_was_killed() {
         "{}",
         String::from_utf8_lossy(&clean.stderr)
     );
+    (cfg, dir.join("clean/gpt2_tiny_trained.onnx"))
+}
 
+/// `onnx-train launch --np 2 LAUNCH_ARGS -- train` (two ranks) into `dir/elastic`; once its
+/// first checkpoint exists, `lose()` runs and one rank is killed. The launcher's status and
+/// standard output.
+fn launch_and_kill_a_rank(
+    dir: &Path,
+    cfg: &Path,
+    launch_args: &[&str],
+    lose: impl FnOnce(),
+) -> (ExitStatus, String) {
     let mut job = Command::new("timeout")
-        .args([
-            "-k",
-            "10",
-            "600",
-            onnx_train(),
-            "launch",
-            "--np",
-            "2",
-            "--max-restarts",
-            "1",
-            "--mpirun-arg=--oversubscribe",
-            "--",
-        ])
-        .args(train_args("elastic"))
+        .args(["-k", "10", "600", onnx_train(), "launch", "--np", "2"])
+        .args(launch_args)
+        .args(["--mpirun-arg=--oversubscribe", "--"])
+        .args(two_rank_train(cfg, &dir.join("elastic")))
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("RAYON_NUM_THREADS", "1")
@@ -756,7 +755,6 @@ fn launch_restarts_a_job_whose_rank_was_killed() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Once the first checkpoint exists, kill one rank.
     let deadline = Instant::now() + Duration::from_secs(120);
     while !dir
         .join("elastic/checkpoints/ckpt-000000020/state.json")
@@ -765,6 +763,7 @@ fn launch_restarts_a_job_whose_rank_was_killed() {
         assert!(Instant::now() < deadline, "no checkpoint appeared");
         std::thread::sleep(Duration::from_millis(20));
     }
+    lose();
     // timeout -> onnx-train launch -> mpirun -> the two ranks.
     let launcher = descendants_named(job.id(), "onnx-train")[0];
     let ranks = descendants_named(launcher, "onnx-train");
@@ -776,21 +775,71 @@ fn launch_restarts_a_job_whose_rank_was_killed() {
     let status = job.wait().unwrap();
     let mut stdout = String::new();
     std::io::Read::read_to_string(job.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    (status, stdout)
+}
+
+#[test]
+fn launch_restarts_a_job_whose_rank_was_killed() {
+    let _serial = one_job_at_a_time();
+    let dir = tempdir("mpi-elastic");
+    let (cfg, clean) = checkpointed_two_rank_run(&dir);
+    let (status, stdout) = launch_and_kill_a_rank(&dir, &cfg, &["--max-restarts", "1"], || {});
     assert!(status.success(), "the restarted job must finish: {stdout}");
     assert!(stdout.contains("after 1 restart(s)"), "{stdout}");
-    let file = "gpt2_tiny_trained.onnx";
-    for ((name, a), (_, b)) in onnx_params(dir.join("clean").join(file))
-        .iter()
-        .zip(onnx_params(dir.join("elastic").join(file)))
-    {
+    let elastic = dir.join("elastic/gpt2_tiny_trained.onnx");
+    for ((name, a), (_, b)) in onnx_params(clean).iter().zip(onnx_params(elastic.clone())) {
         assert_eq!(
             a, &b,
             "{name}: the restarted job differs from the uninterrupted one"
         );
     }
-    assert_moved(
-        &refkit("models/gpt2_tiny.onnx"),
-        &dir.join("elastic").join(file),
-        1e-3,
+    assert_moved(&refkit("models/gpt2_tiny.onnx"), &elastic, 1e-3);
+}
+
+/// `--min-np 1`: the killed rank's host is lost for good (an `mpirun` that can no longer
+/// place two ranks, as OpenMPI fails when a hostfile's host is down), so the restart at
+/// two ranks fails too, and the job shrinks to one rank accumulating two micro-steps per
+/// update: it finishes the 300 updates on the same samples, ending where the clean
+/// two-rank run ends (up to the order of the gradient sums).
+#[test]
+fn launch_shrinks_a_job_that_lost_a_rank_for_good_and_keeps_the_global_batch() {
+    let _serial = one_job_at_a_time();
+    let dir = tempdir("mpi-elastic-shrink");
+    let (cfg, clean) = checkpointed_two_rank_run(&dir);
+    let lost = dir.join("host-lost");
+    let cluster = dir.join("mpirun-on-a-cluster");
+    std::fs::write(
+        &cluster,
+        format!(
+            "#!/bin/sh\n# mpirun -np N ...: more than one rank cannot be placed once a host is lost\nif [ -e '{}' ] && [ \"$2\" != 1 ]; then echo \"no slots for $2 ranks: a host is lost\" >&2; exit 1; fi\nexec mpirun \"$@\"\n",
+            lost.display()
+        ),
+    )
+    .unwrap();
+    let mut perms = std::fs::metadata(&cluster).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&cluster, perms).unwrap();
+    let mpirun_arg = format!("--mpirun={}", cluster.display());
+    let (status, stdout) = launch_and_kill_a_rank(
+        &dir,
+        &cfg,
+        &["--max-restarts", "2", "--min-np", "1", &mpirun_arg],
+        || std::fs::write(&lost, "").unwrap(),
     );
+    assert!(status.success(), "the shrunk job must finish: {stdout}");
+    assert!(stdout.contains("after 2 restart(s)"), "{stdout}");
+    // The last attempt ran on one rank, accumulating the global batch's two micro-steps.
+    let perf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("elastic/perf.json")).unwrap()).unwrap();
+    assert_eq!(perf["world_size"], 1, "{perf}");
+    assert_eq!(perf["gradient_accumulation_steps"], 2, "{perf}");
+    let elastic = dir.join("elastic/gpt2_tiny_trained.onnx");
+    for ((name, a), (_, b)) in onnx_params(clean).iter().zip(onnx_params(elastic.clone())) {
+        let diff = max_abs_diff(a, &b);
+        assert!(
+            diff < 1e-4,
+            "{name}: the shrunk job is {diff} from the uninterrupted one"
+        );
+    }
+    assert_moved(&refkit("models/gpt2_tiny.onnx"), &elastic, 1e-3);
 }

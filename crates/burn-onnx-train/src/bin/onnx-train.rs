@@ -90,6 +90,11 @@ enum Command {
         /// Restarts after a failure (0, as torchrun's default: restarts are asked for).
         #[arg(long, default_value_t = 0)]
         max_restarts: usize,
+        /// The fewest ranks the job may shrink to when a rank is lost for good (a size that
+        /// fails twice in a row), as torchrun's `--nnodes MIN:MAX`; the ranks keep the
+        /// global batch by raising gradient accumulation (default: --np, no shrinking).
+        #[arg(long)]
+        min_np: Option<usize>,
         /// The mpirun program.
         #[arg(long, default_value = "mpirun")]
         mpirun: PathBuf,
@@ -758,6 +763,7 @@ fn main() -> ExitCode {
         Command::Launch {
             np,
             max_restarts,
+            min_np,
             mpirun,
             mpirun_args,
             command,
@@ -774,6 +780,7 @@ fn main() -> ExitCode {
                     mpirun_args,
                     command,
                     max_restarts,
+                    min_ranks: min_np.unwrap_or(np),
                 }
                 .run()
             })

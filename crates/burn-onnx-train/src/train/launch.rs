@@ -19,6 +19,7 @@ use burn_ort_dist::{Communicator, LocalCommunicator, run_threads};
 use super::config::TrainingConfig;
 use super::data::Dataset;
 use super::device::local_rank;
+use super::elastic::{elastic_world, fit_world};
 use super::preemption::is_preemption;
 use super::runner::{RunSummary, TrainingRunner};
 use crate::error::{OnnxError, Result};
@@ -174,6 +175,12 @@ pub fn launch_elastic(
                 "under mpirun a failed rank ends the job: restart it with `onnx-train launch --max-restarts K -- train ...`",
             ));
         }
+        // A rank of a job that may shrink fits the layout to the world it finds.
+        let config = if elastic_world() {
+            fit_world(config, comm.world_size()).map_err(OnnxError::before_first_update)?
+        } else {
+            config
+        };
         return on_own_pool(|| run_rank(config, comm, train, test));
     }
     let mut attempt = 0;
