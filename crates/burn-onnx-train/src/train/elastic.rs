@@ -44,7 +44,7 @@ pub fn fit_world(mut c: TrainingConfig, world: usize) -> Result<TrainingConfig> 
     let (dp, accumulation) = (p.data_parallel_size, c.train.gradient_accumulation_steps);
     let model_ranks = p.horizontal_parallel_size * p.pipeline_parallel_size;
     let micro_steps = dp * accumulation;
-    if world % model_ranks != 0 || micro_steps % (world / model_ranks) != 0 {
+    if !world.is_multiple_of(model_ranks) || !micro_steps.is_multiple_of(world / model_ranks) {
         return Err(OnnxError::field(
             "parallel.data_parallel_size",
             format!(
