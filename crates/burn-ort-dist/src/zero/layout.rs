@@ -255,6 +255,49 @@ impl FlatLayout {
         }
     }
 
+    /// Take the gradients out of `grads`, keeping rank `rank`'s shard of them (zeros where
+    /// a parameter has none): the whole flat gradient is never formed.
+    pub fn take_shard_grads<M: Module>(
+        &self,
+        module: &M,
+        grads: &mut GradientsParams,
+        rank: usize,
+    ) -> DistResult<Vec<f32>> {
+        let shard = self.shard(rank);
+        let mut v = TakeShard {
+            grads,
+            shard: ShardOf {
+                out: vec![0.0; shard.len()],
+                shard,
+                offset: 0,
+                error: None,
+            },
+        };
+        module.visit(&mut v);
+        match v.shard.error {
+            Some(e) => Err(DistError::Invalid {
+                rank,
+                message: format!("cannot read a gradient: {e}"),
+            }),
+            None => Ok(v.shard.out),
+        }
+    }
+
+    /// Take the gradients out of `grads` as flat tensors, one per slot (`None` where a
+    /// parameter has none), without reading them.
+    pub fn take_grad_tensors<M: Module>(
+        &self,
+        module: &M,
+        grads: &mut GradientsParams,
+    ) -> Vec<Option<Tensor<1>>> {
+        let mut v = TakeTensors {
+            grads,
+            out: Vec::with_capacity(self.slots.len()),
+        };
+        module.visit(&mut v);
+        v.out
+    }
+
     /// Take the gradients out of `grads` into one flat padded buffer (zeros where a
     /// parameter has none).
     pub fn take_grads<M: Module>(
@@ -288,7 +331,8 @@ fn finish(mut out: Vec<f32>, error: Option<String>, padded: usize) -> DistResult
     Ok(out)
 }
 
-fn host<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, String> {
+/// A tensor's values as f32 on the host.
+pub(crate) fn host<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, String> {
     t.into_data()
         .convert::<f32>()
         .try_to_vec::<f32>()
@@ -302,15 +346,15 @@ struct ShardOf {
     error: Option<String>,
 }
 
-impl ModuleVisitor for ShardOf {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let t = param.val();
-        let n: usize = t.dims().iter().product();
+impl ShardOf {
+    /// The next tensor in layout order, of `n` values: its part inside the shard (read
+    /// only when it has one; `None`: no tensor, zeros) copied out.
+    fn next<const D: usize>(&mut self, n: usize, t: Option<Tensor<D>>) {
         let (start, end) = (
             self.offset.max(self.shard.start),
             (self.offset + n).min(self.shard.end),
         );
-        if start < end {
+        if let Some(t) = t.filter(|_| start < end) {
             match host(t) {
                 Ok(v) => self.out[start - self.shard.start..end - self.shard.start]
                     .copy_from_slice(&v[start - self.offset..end - self.offset]),
@@ -318,6 +362,27 @@ impl ModuleVisitor for ShardOf {
             }
         }
         self.offset += n;
+    }
+}
+
+impl ModuleVisitor for ShardOf {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let t = param.val();
+        self.next(t.dims().iter().product(), Some(t));
+    }
+}
+
+/// [`ShardOf`] over the gradients, each taken out of `grads` (and dropped) as it is read.
+struct TakeShard<'a> {
+    grads: &'a mut GradientsParams,
+    shard: ShardOf,
+}
+
+impl ModuleVisitor for TakeShard<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let n = param.val().dims().iter().product();
+        let g = self.grads.remove::<D>(param.id);
+        self.shard.next(n, g);
     }
 }
 
@@ -335,6 +400,19 @@ impl ModuleVisitor for TakeGrads<'_> {
             Some(Err(e)) => self.error = Some(e),
             None => self.out.extend(std::iter::repeat_n(0.0, n)),
         }
+    }
+}
+
+struct TakeTensors<'a> {
+    grads: &'a mut GradientsParams,
+    out: Vec<Option<Tensor<1>>>,
+}
+
+impl ModuleVisitor for TakeTensors<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let n: usize = param.val().dims().iter().product();
+        self.out
+            .push(self.grads.remove::<D>(param.id).map(|g| g.reshape([n])));
     }
 }
 

@@ -20,6 +20,7 @@
 //! `zero.json` (world size, stage, layout, step): a run on any world size and either stage
 //! reassembles the full state from all shards and takes its own slice.
 
+mod buckets;
 pub mod flat_optim;
 pub mod layout;
 pub mod state_files;
@@ -30,7 +31,7 @@ use std::sync::Arc;
 use burn::module::Module;
 use burn::optim::GradientsParams;
 
-use crate::communicator::{Communicator, ReduceOp};
+use crate::communicator::Communicator;
 use crate::error::{DistError, DistResult};
 use crate::grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, reduce_gradients};
 use crate::strategy::{
@@ -119,10 +120,10 @@ impl Zero {
         local: Option<&FlatLayout>,
     ) -> DistResult<Vec<f32>> {
         let layout = &self.layout;
-        let shard = layout.shard(self.comm.rank());
         if let Some(local) = local {
             return local.take_grads(module, &mut grads);
         }
+        let rank = self.comm.rank();
         if self.stage == 1 {
             reduce_gradients(
                 self.comm.as_ref(),
@@ -131,16 +132,19 @@ impl Zero {
                 DEFAULT_BUCKET_BYTES,
                 self.reduction,
             )?;
-            let full = layout.take_grads(module, &mut grads)?;
-            return Ok(full[shard].to_vec());
+            return layout.take_shard_grads(module, &mut grads, rank);
         }
-        let full = layout.take_grads(module, &mut grads)?;
+        let tensors = layout.take_grad_tensors(module, &mut grads);
         let mut mine = vec![0.0; layout.shard_len()];
-        if self.reduction == Reduction::MeanFp16 {
-            crate::fp16_wire::reduce_scatter(self.comm.as_ref(), &full, &mut mine, ReduceOp::Mean)?;
-        } else {
-            self.comm.reduce_scatter(&full, &mut mine, ReduceOp::Mean)?;
-        }
+        let fp16 = self.reduction == Reduction::MeanFp16;
+        buckets::reduce_scatter(
+            self.comm.as_ref(),
+            layout,
+            tensors,
+            &mut mine,
+            fp16,
+            buckets::BUCKET,
+        )?;
         Ok(mine)
     }
 }
@@ -201,9 +205,7 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         let module = match &local {
             Some(l) => l.scatter_params(module, &mine),
             None => {
-                let mut all = vec![0.0; layout.padded];
-                self.comm.all_gather(&mine, &mut all)?;
-                layout.scatter_params(module, &all)
+                buckets::gather_params(self.comm.as_ref(), layout, module, &mine, buckets::BUCKET)?
             }
         };
         self.memory = MemoryUse {
