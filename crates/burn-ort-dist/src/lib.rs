@@ -31,6 +31,7 @@ mod mpi_watch;
 #[cfg(feature = "cuda")]
 pub mod nccl_comm;
 pub mod overlap;
+pub mod param_swap;
 pub mod record;
 pub mod record_safetensors;
 pub mod replica_optimizer;

@@ -531,7 +531,7 @@ impl ModuleVisitor for FirstDevice {
 
 impl FusedAdam {
     /// With the state offloaded on a GPU run: the update on the CPU against the master
-    /// parameters in host memory, streamed ([`offload_step`]).
+    /// parameters in host memory ([`offload_step`]).
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     fn step_offloaded<M: Module>(
         &mut self,
@@ -539,11 +539,8 @@ impl FusedAdam {
         module: M,
         mut grads: GradientsParams,
     ) -> DistResult<M> {
-        let taken = collect(&module, &mut grads);
-        if self.flat.is_none() {
-            self.flat = Some(self.lay_out(&taken, Device::flex())?);
-        }
-        let (step, factors) = self.begin_step(lr, &taken)?;
+        let (grads, step, factors) =
+            self.begin_step(lr, &module, &mut grads, Some(Device::flex()))?;
         let rule = host_rule(self.rule);
         let Flat {
             slots,
@@ -567,7 +564,6 @@ impl FusedAdam {
             *master = Some(offload_step::read_master(&module, &placed, *len)?);
         }
         let master = master.as_mut().expect("read above");
-        let grads = taken.into_iter().map(|(_, g, _)| g).collect();
         with_host_moments(moments, device, |moment_1, moment_2, after_each| {
             let host = offload_step::HostState {
                 master,
@@ -579,15 +575,29 @@ impl FusedAdam {
         })?
     }
 
-    /// Checks that `taken` are the laid-out parameters, counts the step, and returns its
-    /// scalars and each parameter's decay factor.
-    fn begin_step(
+    /// The step's gradients taken from `grads` (flat, in layout order; the layout made at
+    /// the first step, its moments on `moments_on` or else where the gradients are), after
+    /// checking that they are the laid-out parameters; counts the step and returns its
+    /// scalars and each parameter's decay factor too.
+    fn begin_step<M: Module>(
         &mut self,
         lr: f64,
-        taken: &[(ParamId, Tensor<1>, Vec<usize>)],
-    ) -> DistResult<(AdamStep, Vec<f32>)> {
+        module: &M,
+        grads: &mut GradientsParams,
+        moments_on: Option<Device>,
+    ) -> DistResult<(Vec<Tensor<1>>, AdamStep, Vec<f32>)> {
+        let taken = collect(module, grads);
+        if self.flat.is_none() {
+            let device = match moments_on {
+                Some(d) => d,
+                None => taken.first().map(|(_, g, _)| g.device()).ok_or_else(|| {
+                    invalid("fused optimizer: no parameter has a gradient".into())
+                })?,
+            };
+            self.flat = Some(self.lay_out(&taken, device)?);
+        }
         let rule = self.rule;
-        let flat = self.flat.as_mut().expect("laid out before the step");
+        let flat = self.flat.as_mut().expect("laid out above");
         if taken.len() != flat.slots.len()
             || taken
                 .iter()
@@ -630,7 +640,8 @@ impl FusedAdam {
                 _ => s.decay,
             })
             .collect();
-        Ok((step, factors))
+        let grads = taken.into_iter().map(|(_, g, _)| g).collect();
+        Ok((grads, step, factors))
     }
 
     /// One update on the device the module is on.
@@ -640,18 +651,9 @@ impl FusedAdam {
         module: M,
         mut grads: GradientsParams,
     ) -> DistResult<M> {
-        let taken = collect(&module, &mut grads);
-        if self.flat.is_none() {
-            let device = taken
-                .first()
-                .map(|(_, g, _)| g.device())
-                .ok_or_else(|| invalid("fused optimizer: no parameter has a gradient".into()))?;
-            self.flat = Some(self.lay_out(&taken, device)?);
-        }
-        let (step, factors) = self.begin_step(lr, &taken)?;
+        let (grads, step, factors) = self.begin_step(lr, &module, &mut grads, None)?;
         let rule = self.rule;
-        let flat = self.flat.as_mut().expect("laid out above");
-        let grads: Vec<Tensor<1>> = taken.into_iter().map(|(_, g, _)| g).collect();
+        let flat = self.flat.as_mut().expect("laid out by begin_step");
         if super::runs_cubecl(&flat.device) {
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             return Ok(on_device(flat, module, grads, step, &factors, rule));

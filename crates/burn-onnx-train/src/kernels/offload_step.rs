@@ -17,8 +17,9 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::time::Instant;
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Tensor, TensorData};
+use burn_ort_dist::param_swap::{Place, Release};
 use burn_ort_dist::zero::flat_optim::AdamStep;
 use burn_ort_dist::{DistError, DistResult};
 
@@ -46,6 +47,12 @@ fn invalid(message: String) -> DistError {
     DistError::Invalid { rank: 0, message }
 }
 
+fn not_in_model(id: ParamId) -> DistError {
+    invalid(format!(
+        "offloaded update: parameter {id} is not in the model"
+    ))
+}
+
 /// A device tensor's values as f32 on the host.
 fn read(t: Tensor<1>, what: &str) -> DistResult<Vec<f32>> {
     t.into_data()
@@ -64,12 +71,10 @@ pub fn read_master<M: Module>(module: &M, slots: &[Placed], len: usize) -> DistR
     module.visit(&mut values);
     let mut master = vec![0.0f32; len];
     for s in slots {
-        let t = values.found.remove(&s.id).ok_or_else(|| {
-            invalid(format!(
-                "offloaded update: parameter {} is not in the model",
-                s.id
-            ))
-        })?;
+        let t = values
+            .found
+            .remove(&s.id)
+            .ok_or_else(|| not_in_model(s.id))?;
         master[s.range.clone()].copy_from_slice(&read(t, "a parameter")?);
     }
     Ok(master)
@@ -86,11 +91,9 @@ pub fn step<M: Module>(
     step: AdamStep,
     rule: HostRule,
 ) -> DistResult<M> {
-    let Some(device) = grads.first().map(|g| g.device()) else {
-        return Ok(module);
-    };
     // The old values go first, so that the device holds one copy of the parameters.
-    let module = module.map(&mut Release(slots.iter().map(|s| s.id).collect()));
+    let mut release = Release::only(slots.iter().map(|s| s.id));
+    let module = module.map(&mut release);
     let HostState {
         master,
         moment_1,
@@ -119,25 +122,23 @@ pub fn step<M: Module>(
         }
     }
     let update_ms = start.elapsed().as_secs_f64() * 1e3 - read_ms;
-    let uploaded: Vec<Tensor<1>> = slots
-        .iter()
-        .map(|s| {
-            let values = &master[s.range.clone()];
-            Tensor::<1>::from_data(TensorData::new(values.to_vec(), [values.len()]), &device)
-        })
-        .collect();
+    let mut uploaded = HashMap::new();
+    for s in slots {
+        let device = release
+            .devices
+            .get(&s.id)
+            .ok_or_else(|| not_in_model(s.id))?;
+        let values = master[s.range.clone()].to_vec();
+        let t = Tensor::<1>::from_data(TensorData::new(values, [s.range.len()]), device);
+        uploaded.insert(s.id, (t, s.shape.to_vec()));
+    }
     tracing::debug!(
         read_ms,
         update_ms,
         total_ms = start.elapsed().as_secs_f64() * 1e3,
         "offloaded update"
     );
-    let values = slots
-        .iter()
-        .zip(uploaded)
-        .map(|(s, t)| (s.id, (t, s.shape)))
-        .collect();
-    Ok(module.map(&mut Place(values)))
+    Ok(module.map(&mut Place(uploaded)))
 }
 
 /// The values of the parameters in `wanted`, flattened.
@@ -153,38 +154,5 @@ impl ModuleVisitor for Values {
             self.found
                 .insert(param.id, param.val().inner().reshape([n]));
         }
-    }
-}
-
-/// Replaces the parameters in its list with empty tensors, dropping their device buffers.
-struct Release(HashSet<ParamId>);
-
-impl ModuleMapper for Release {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        if !self.0.contains(&param.id) {
-            return param;
-        }
-        param.map(|t| {
-            let require = t.is_require_grad();
-            let device = t.device();
-            drop(t);
-            Tensor::<D>::empty([0; D], &device).set_require_grad(require)
-        })
-    }
-}
-
-/// Puts the new values (flat, with their shapes) in place.
-struct Place<'a>(HashMap<ParamId, (Tensor<1>, &'a [usize])>);
-
-impl ModuleMapper for Place<'_> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let Some((value, shape)) = self.0.remove(&param.id) else {
-            return param;
-        };
-        param.map(|t| {
-            let require = t.is_require_grad();
-            let shape: [usize; D] = shape.try_into().expect("rank D");
-            Tensor::from_inner(value.reshape(shape)).set_require_grad(require)
-        })
     }
 }

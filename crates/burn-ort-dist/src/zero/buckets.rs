@@ -8,13 +8,14 @@
 
 use std::collections::HashMap;
 
-use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::module::{Module, ParamId};
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::layout::FlatLayout;
 use crate::communicator::{Communicator, ReduceOp};
 use crate::error::{DistError, DistResult};
 use crate::grad_sync::DEFAULT_BUCKET_BYTES;
+use crate::param_swap::{Place, Release};
 
 /// Values per rank in one bucket.
 pub const BUCKET: usize = DEFAULT_BUCKET_BYTES / std::mem::size_of::<f32>();
@@ -123,14 +124,14 @@ pub fn gather_params<M: Module>(
     mine: &[f32],
     bucket: usize,
 ) -> DistResult<M> {
-    let mut release = Release(HashMap::new());
+    let mut release = Release::all();
     let module = module.map(&mut release);
     let mut building = Building {
         layout,
         parts: vec![Vec::new(); layout.slots.len()],
         filled: vec![0; layout.slots.len()],
         done: HashMap::new(),
-        places: release.0,
+        places: release.devices,
     };
     let shard = mine.len();
     let mut got = Vec::new();
@@ -143,23 +144,6 @@ pub fn gather_params<M: Module>(
     }
     building.finish(comm.rank())?;
     Ok(module.map(&mut Place(building.done)))
-}
-
-/// Replaces every parameter with an empty tensor (that takes gradients if it did),
-/// keeping its device.
-struct Release(HashMap<ParamId, Device>);
-
-impl ModuleMapper for Release {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let id = param.id;
-        param.map(|t| {
-            let (device, require) = (t.device(), t.is_require_grad());
-            drop(t);
-            let empty = Tensor::<D>::empty([0; D], &device).set_require_grad(require);
-            self.0.insert(id, device);
-            empty
-        })
-    }
 }
 
 /// The parameters being filled from gathered windows.
@@ -233,22 +217,6 @@ impl Building<'_> {
             }
         }
         Ok(())
-    }
-}
-
-/// Puts the finished parameters in place.
-struct Place(HashMap<ParamId, (Tensor<1>, Vec<usize>)>);
-
-impl ModuleMapper for Place {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let Some((flat, shape)) = self.0.remove(&param.id) else {
-            return param;
-        };
-        param.map(|t| {
-            let require = t.is_require_grad();
-            let shape: [usize; D] = shape.try_into().expect("the layout's rank");
-            flat.reshape(shape).set_require_grad(require)
-        })
     }
 }
 
