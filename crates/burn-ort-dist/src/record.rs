@@ -196,10 +196,7 @@ fn f32_values(dtype: DType, data: &Bytes, name: &str, path: &Path) -> DistResult
             path.display()
         )));
     }
-    Ok(data[..]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    Ok(crate::record_safetensors::le_f32s(&data[..]))
 }
 
 /// One parameter's Adam-family state (Adam, AdamW, LAMB) as Burn records it.

@@ -103,6 +103,14 @@ fn dtype_name(d: Dtype) -> String {
     format!("{d:?}")
 }
 
+/// Little-endian f32 values (a safetensors F32 tensor's data, a raw state file), in order.
+pub fn le_f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
 /// Write a safetensors file of `entries` (in this order) and `metadata` to `w`, streaming
 /// the data from where it lies: the file never exists whole in memory.
 pub fn write_safetensors(

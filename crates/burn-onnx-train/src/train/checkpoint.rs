@@ -418,11 +418,7 @@ pub fn read_params(
                     view.dtype()
                 )));
             }
-            let data: Vec<f32> = view
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
+            let data = burn_ort_dist::record_safetensors::le_f32s(view.data());
             let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(view.shape()), data)
                 .map_err(|e| bad(format!("{name}: {e}")))?;
             place(tp_rank, name, array);

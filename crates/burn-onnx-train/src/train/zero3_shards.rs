@@ -107,11 +107,7 @@ fn read_shard(path: &Path) -> Result<Shard> {
             .get(&format!("shape.{name}"))
             .and_then(|s| serde_json::from_str(s).ok())
             .ok_or_else(|| bad(format!("no metadata shape.{name}")))?;
-        let values = view
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let values = burn_ort_dist::record_safetensors::le_f32s(view.data());
         shapes.insert(name.clone(), shape);
         chunks.insert(name, values);
     }

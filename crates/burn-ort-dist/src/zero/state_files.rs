@@ -74,11 +74,7 @@ fn read_shard(
     vectors: usize,
     len: usize,
 ) -> DistResult<Vec<Vec<f32>>> {
-    let floats = |b: &[u8]| -> Vec<f32> {
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
+    let floats = crate::record_safetensors::le_f32s;
     let p = dir.join(shard_file(r));
     if !p.exists() {
         let legacy = dir.join(legacy_shard_file(r));
