@@ -862,27 +862,41 @@ fn a_deepspeed_config_sets_its_fields_and_names_the_keys_it_cannot_honour() {
 /// 128 random tokens in `dir`, with a config of 8 x 128 tokens per micro-step: big enough
 /// that parameters, moments and the tape, not the runtime, make a run's peak memory.
 fn plan_setup(dir: &std::path::Path) -> std::path::PathBuf {
+    gpt2_run(dir, 4, 256, 8192, 128)
+}
+
+/// A GPT-2 of `layers` x `width` (4 heads), `vocab` words and `seq` positions on random
+/// tokens, 8 samples a micro-batch, 6 updates: its run config under `dir`.
+fn gpt2_run(
+    dir: &std::path::Path,
+    layers: usize,
+    width: usize,
+    vocab: usize,
+    seq: usize,
+) -> std::path::PathBuf {
     use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 
     let model = dir.join("gpt2.onnx");
     write_gpt2(
         &Gpt2Config {
-            n_layer: 4,
+            n_layer: layers,
             n_head: 4,
-            n_embd: 256,
-            vocab_size: 8192,
-            n_positions: 128,
+            n_embd: width,
+            vocab_size: vocab,
+            n_positions: seq,
             ..Default::default()
         },
         &model,
     )
     .unwrap();
     let mut next = lcg(11);
-    let ids: Vec<i64> = (0..64 * 128).map(|_| (next() % 8192) as i64).collect();
+    let ids: Vec<i64> = (0..64 * seq)
+        .map(|_| (next() % vocab as u64) as i64)
+        .collect();
     token_run(dir, ids, |c| {
         c.model.model_path = model;
         c.data.batch_size = 8;
-        c.data.seq_len = 128;
+        c.data.seq_len = seq;
         c.train.num_train_steps = 6;
         c.checkpoint.checkpoint_period = 0;
     })
@@ -1004,5 +1018,131 @@ fn plan_predicts_each_layouts_memory_against_its_measured_run() {
     assert!(
         !bad.status.success() && err.contains("--memory-per-rank") && err.contains("'lots'"),
         "{err}"
+    );
+}
+
+/// `plan --auto --np 2` tries every layout of two processes on a small GPT-2 (2 x 64, 8
+/// samples a micro-batch, one process): dp 2 at ZeRO 0-3 (4 samples a replica: the
+/// global batch kept), tp 2 and pp 2, each planned and timed; the ones that fit 1 GiB a
+/// rank come first, fastest first. A limit below every layout's need fits none (exit
+/// status 3). `train --auto` on two thread ranks runs the layout it chooses: its
+/// perf.json has that layout and the same global batch.
+#[test]
+fn auto_ranks_every_layout_of_the_world_and_train_runs_the_chosen_one() {
+    let dir = tempdir("cli-auto");
+    let cfg = gpt2_run(&dir, 2, 64, 512, 32);
+    let cfg = cfg.to_str().unwrap();
+    let plan = onnx_train(&[
+        "plan",
+        "--config",
+        cfg,
+        "--auto",
+        "--np",
+        "2",
+        "--memory-per-rank",
+        "1GiB",
+        "--json",
+    ]);
+    assert!(
+        plan.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
+    let trials: Vec<serde_json::Value> = serde_json::from_slice(&plan.stdout).unwrap();
+    let layout = |t: &serde_json::Value| {
+        ["dp", "tp", "pp", "zero_stage", "batch_size", "accumulation"]
+            .map(|k| t[k].as_u64().unwrap())
+    };
+    let mut got: Vec<[u64; 6]> = trials.iter().map(layout).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            [1, 1, 2, 0, 8, 1],
+            [1, 2, 1, 0, 8, 1],
+            [2, 1, 1, 0, 4, 1],
+            [2, 1, 1, 1, 4, 1],
+            [2, 1, 1, 2, 4, 1],
+            [2, 1, 1, 3, 4, 1],
+        ]
+    );
+    let speeds: Vec<f64> = trials
+        .iter()
+        .map(|t| {
+            assert!(t["refused"].is_null() && t["fits"] == true, "{t}");
+            assert!(t["per_rank_bytes"].as_u64().unwrap() < 1 << 30, "{t}");
+            t["throughput_per_sec"].as_f64().unwrap()
+        })
+        .collect();
+    assert!(speeds.iter().all(|s| *s > 0.0), "{speeds:?}");
+    assert!(
+        speeds.windows(2).all(|w| w[0] >= w[1]),
+        "fastest first: {speeds:?}"
+    );
+    let chosen = String::from_utf8_lossy(&plan.stderr).to_string();
+    assert!(chosen.contains("chosen: --dp"), "{chosen}");
+
+    let tight = onnx_train(&[
+        "plan",
+        "--config",
+        cfg,
+        "--auto",
+        "--np",
+        "2",
+        "--memory-per-rank",
+        "1MiB",
+    ]);
+    assert_eq!(
+        tight.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&tight.stderr)
+    );
+
+    let out = dir.join("out");
+    let run = onnx_train(&[
+        "train",
+        "--config",
+        cfg,
+        "--dp",
+        "2",
+        "--batch-size",
+        "4",
+        "--auto",
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr).to_string();
+    let flags = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("--auto: "))
+        .unwrap_or_else(|| panic!("no choice printed: {stderr}"));
+    let perf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("perf.json")).unwrap()).unwrap();
+    let value = |flag: &str| -> u64 {
+        let words: Vec<&str> = flags.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == flag).unwrap();
+        words[at + 1].parse().unwrap()
+    };
+    assert_eq!(perf["world_size"], 2, "{flags} {perf}");
+    for (key, flag) in [
+        ("zero_stage", "--zero"),
+        ("pipeline_stages", "--pp"),
+        ("batch_size", "--batch-size"),
+        ("gradient_accumulation_steps", "--accumulation"),
+    ] {
+        assert_eq!(
+            perf[key].as_u64().unwrap(),
+            value(flag),
+            "{key}: {flags} {perf}"
+        );
+    }
+    assert_eq!(
+        value("--batch-size") * value("--dp") * value("--accumulation"),
+        8,
+        "the global batch of --dp 2 --batch-size 4: {flags} {perf}"
     );
 }

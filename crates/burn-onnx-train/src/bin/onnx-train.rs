@@ -182,6 +182,15 @@ enum Command {
 struct TrainArgs {
     #[command(flatten)]
     run: TrainFlags,
+    /// Choose the layout of the configured world (dp x tp x pp processes) for you: every
+    /// layout is planned and timed by probe steps (`onnx-train plan --auto`), and the
+    /// fastest that fits `--memory-per-rank` runs, the global batch kept. Thread ranks of
+    /// one process only (under mpirun, run `plan --auto` and pass the flags it prints).
+    #[arg(long)]
+    auto: bool,
+    /// With --auto: memory of one rank, e.g. 80GiB, 512MiB or bytes.
+    #[arg(long, value_name = "SIZE", requires = "auto")]
+    memory_per_rank: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -195,6 +204,13 @@ struct PlanArgs {
     /// Print the plan as JSON.
     #[arg(long)]
     json: bool,
+    /// Plan and time every layout of the world (`--np`, default the configured one's
+    /// processes) and rank them: the fitting layouts fastest first (see `train --auto`).
+    #[arg(long)]
+    auto: bool,
+    /// With --auto: the processes to lay out.
+    #[arg(long, requires = "auto")]
+    np: Option<usize>,
 }
 
 fn dims(d: &[Dim]) -> String {
@@ -515,6 +531,12 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
         return Ok(());
     }
     let (train, test) = datasets(&c).map_err(OnnxError::before_first_update)?;
+    let c = if args.auto {
+        auto_layout(c, &train, args.memory_per_rank.as_deref())
+            .map_err(OnnxError::before_first_update)?
+    } else {
+        c
+    };
     let summary = launch_elastic(c, train, test, args.run.max_restarts)?;
     if let (Some(first), Some(last)) = (summary.losses.first(), summary.losses.last()) {
         println!(
@@ -556,6 +578,37 @@ fn parse_size(text: &str) -> Result<u64, OnnxError> {
     }
 }
 
+/// `c` laid out by `train --auto`: the fastest layout of its world that fits `limit`.
+fn auto_layout(
+    c: TrainingConfig,
+    train: &Arc<dyn Dataset>,
+    limit: Option<&str>,
+) -> Result<TrainingConfig, OnnxError> {
+    use burn_onnx_train::train::auto_layout::{configure, rank_layouts, table};
+    if burn_ort_dist::launched_by_mpi() {
+        return Err(OnnxError::field(
+            "--auto",
+            "chooses among thread layouts of one process: under mpirun run `onnx-train plan --auto --np N` first and start the job with the flags it prints",
+        ));
+    }
+    let limit = limit.map(parse_size).transpose()?;
+    let exe = std::env::current_exe().map_err(|e| OnnxError::io("onnx-train", e))?;
+    let world = c.parallel.world_size();
+    let trials = rank_layouts(&c, world, limit, train, &exe);
+    eprint!("{}", table(&trials));
+    let best = trials
+        .first()
+        .filter(|t| t.fits && t.refused.is_none())
+        .ok_or_else(|| {
+            OnnxError::field(
+                "--auto",
+                format!("no layout of {world} process(es) fits (see the table above)"),
+            )
+        })?;
+    eprintln!("--auto: {}", best.flags());
+    configure(&c, world, (best.dp, best.tp, best.pp, best.zero_stage))
+}
+
 fn plan(args: PlanArgs) -> Result<(), OnnxError> {
     use burn_onnx_train::train::memory_plan::plan_memory;
     let c = args.run.apply(cli_defaults())?;
@@ -566,6 +619,30 @@ fn plan(args: PlanArgs) -> Result<(), OnnxError> {
         .transpose()?;
     let (train, _) = datasets(&c)?;
     let exe = std::env::current_exe().map_err(|e| OnnxError::io("onnx-train", e))?;
+    if args.auto {
+        use burn_onnx_train::train::auto_layout::{rank_layouts, table};
+        let world = args.np.unwrap_or_else(|| c.parallel.world_size());
+        let trials = rank_layouts(&c, world, limit, &train, &exe);
+        if args.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&trials)
+                    .map_err(|e| OnnxError::field("plan", e.to_string()))?
+            );
+        } else {
+            print!("{}", table(&trials));
+        }
+        return match trials.first().filter(|t| t.fits && t.refused.is_none()) {
+            Some(best) => {
+                eprintln!("chosen: {}", best.flags());
+                Ok(())
+            }
+            None => {
+                eprintln!("no layout of {world} process(es) fits");
+                std::process::exit(3)
+            }
+        };
+    }
     let plan = plan_memory(&c, &train, &exe)?;
     if args.json {
         println!(

@@ -33,37 +33,64 @@ pub fn elastic_world() -> bool {
 }
 
 /// `c` fitted to a world of `world` processes: tensor and pipeline sizes kept, the
-/// data-parallel size the rest, and gradient accumulation scaled so that the global batch
-/// (`batch_size` x replicas x accumulation) and the number of updates are unchanged. An error names the field when
-/// the world cannot hold the layout.
-pub fn fit_world(mut c: TrainingConfig, world: usize) -> Result<TrainingConfig> {
+/// data-parallel size the rest ([`with_replicas`]). An error names the field when the
+/// world cannot hold the layout.
+pub fn fit_world(c: TrainingConfig, world: usize) -> Result<TrainingConfig> {
     let p = &c.parallel;
     if p.world_size() == world {
         return Ok(c);
     }
-    let (dp, accumulation) = (p.data_parallel_size, c.train.gradient_accumulation_steps);
     let model_ranks = p.horizontal_parallel_size * p.pipeline_parallel_size;
-    let micro_steps = dp * accumulation;
-    if !world.is_multiple_of(model_ranks) || !micro_steps.is_multiple_of(world / model_ranks) {
+    if !world.is_multiple_of(model_ranks) {
         return Err(OnnxError::field(
             "parallel.data_parallel_size",
             format!(
-                "an elastic world of {world} process(es) cannot hold the layout: tensor x pipeline parallel sizes are {model_ranks} per replica, and the replicas must divide the global batch's {micro_steps} micro-steps ({dp} replica(s) x {accumulation} accumulation step(s))"
+                "an elastic world of {world} process(es) cannot hold the layout: tensor x pipeline parallel sizes are {model_ranks} per replica"
             ),
         ));
     }
-    let new_dp = world / model_ranks;
-    let updates = c.train.num_updates();
-    c.parallel.data_parallel_size = new_dp;
-    c.train.gradient_accumulation_steps = micro_steps / new_dp;
-    // `num_train_steps` counts a rank's micro-steps: the same updates at the new accumulation.
-    c.train.num_train_steps = updates * c.train.gradient_accumulation_steps;
+    let c = with_replicas(c, world / model_ranks)?;
     tracing::warn!(
         world,
-        data_parallel_size = new_dp,
-        gradient_accumulation_steps = micro_steps / new_dp,
+        data_parallel_size = c.parallel.data_parallel_size,
+        gradient_accumulation_steps = c.train.gradient_accumulation_steps,
         "elastic: the layout is fitted to the world found, the global batch kept"
     );
+    Ok(c)
+}
+
+/// `c` with `dp` data-parallel replicas and the same global batch (`batch_size` x
+/// replicas x accumulation) and number of updates: each replica's share of the global
+/// batch is taken in micro-batches of `batch_size` (accumulating more or fewer of them) when
+/// they divide it, else in one micro-batch of the share. An error names the field when
+/// `dp` does not divide the global batch.
+pub fn with_replicas(mut c: TrainingConfig, dp: usize) -> Result<TrainingConfig> {
+    let (batch, was, accumulation) = (
+        c.data.batch_size,
+        c.parallel.data_parallel_size,
+        c.train.gradient_accumulation_steps,
+    );
+    let global = batch * was * accumulation;
+    if dp == 0 || !global.is_multiple_of(dp) {
+        return Err(OnnxError::field(
+            "parallel.data_parallel_size",
+            format!(
+                "{dp} replica(s) do not divide the global batch of {global} samples ({batch} per micro-batch x {was} replica(s) x {accumulation} accumulation step(s))"
+            ),
+        ));
+    }
+    let share = global / dp;
+    let updates = c.train.num_updates();
+    let (batch, accumulation) = if share.is_multiple_of(batch) {
+        (batch, share / batch)
+    } else {
+        (share, 1)
+    };
+    c.parallel.data_parallel_size = dp;
+    c.data.batch_size = batch;
+    c.train.gradient_accumulation_steps = accumulation;
+    // `num_train_steps` counts a rank's micro-steps: the same updates at the new accumulation.
+    c.train.num_train_steps = updates * accumulation;
     Ok(c)
 }
 
@@ -187,6 +214,30 @@ mod tests {
     }
 
     #[test]
+    fn more_replicas_split_the_micro_batch_when_accumulation_cannot_shrink() {
+        // 8 samples x 1 replica x 1 step -> 2 replicas of 4 samples, 4 of 2.
+        let mut c = layout(1, 1, 1, 1);
+        c.data.batch_size = 8;
+        for (dp, batch) in [(2, 4), (4, 2), (8, 1)] {
+            let f = with_replicas(c.clone(), dp).unwrap();
+            assert_eq!(
+                (
+                    f.data.batch_size,
+                    f.train.gradient_accumulation_steps,
+                    f.train.num_train_steps
+                ),
+                (batch, 1, 10),
+                "{dp} replicas"
+            );
+        }
+        let err = with_replicas(c, 3).unwrap_err().to_string();
+        assert!(
+            err.contains("parallel.data_parallel_size") && err.contains("8 samples"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn a_smaller_world_keeps_the_global_batch_and_the_updates() {
         // 4 replicas x 1 step -> 2 x 2 and 1 x 4; 10 updates each time.
         assert_eq!(fitted(layout(4, 1, 1, 1), 2).unwrap(), (2, 2, 20));
@@ -200,7 +251,7 @@ mod tests {
     #[test]
     fn a_world_that_cannot_hold_the_layout_is_an_error_naming_the_field() {
         for (c, world) in [
-            (layout(4, 1, 1, 1), 3), // 3 replicas do not divide 4 micro-steps
+            (layout(4, 1, 1, 1), 3), // 3 replicas do not divide 4 samples
             (layout(2, 2, 1, 1), 3), // 3 processes are no whole tp-2 replica
             (layout(1, 4, 1, 1), 2), // fewer processes than one replica needs
         ] {

@@ -119,7 +119,11 @@ fn probe_working_set(c: &TrainingConfig, samples: usize, base: u64, exe: &Path) 
 
 /// The probe run `p` as `exe train` in a process of its own (its config in `dir`): its
 /// `perf.json`.
-fn probe_in_child(p: TrainingConfig, dir: &Path, exe: &Path) -> Result<serde_json::Value> {
+pub(crate) fn probe_in_child(
+    p: TrainingConfig,
+    dir: &Path,
+    exe: &Path,
+) -> Result<serde_json::Value> {
     std::fs::create_dir_all(dir).map_err(|e| OnnxError::io(dir, e))?;
     let config = dir.join("probe.toml");
     std::fs::write(&config, p.to_toml()?).map_err(|e| OnnxError::io(&config, e))?;

@@ -1,6 +1,7 @@
 //! The training runner and its parts: config, data, schedules, optimizers, checkpoints,
 //! throughput.
 
+pub mod auto_layout;
 pub mod checkpoint;
 pub mod checkpoint_index;
 pub mod checkpoint_manifest;
