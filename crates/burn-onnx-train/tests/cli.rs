@@ -925,6 +925,7 @@ fn plan_predicts_each_layouts_memory_against_its_measured_run() {
         (&["--zero", "1", "--dp", "2"][..], 0.50),
         (&["--tp", "2"][..], 0.50),
         (&["--pp", "2"][..], 0.50),
+        (&["--tp", "2", "--pp", "2"][..], 0.50),
     ] {
         let _ = std::fs::remove_dir_all(&out);
         let run = onnx_train(&[&["train", "--config", cfg][..], layout].concat());

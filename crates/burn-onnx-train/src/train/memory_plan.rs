@@ -29,6 +29,7 @@ use super::config::TrainingConfig;
 use super::data::Dataset;
 use super::memory_counts::{RankMemory, rank_memory};
 use super::perf::proc_status_bytes;
+use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::pipeline::{Partition, PipelineSchedule};
@@ -232,7 +233,18 @@ pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> 
             } else {
                 Partition::after(&part, &p.pipeline_cut_after)?
             };
-            let shares = stage_shares(&part, &partition, (c.model.input_name.clone(), sample(1)?))?;
+            // The part's Megatron operators run in a group of one here (identities), so the
+            // probe sees this rank's shapes.
+            let probed = part.clone().with_collectives(Collectives {
+                tensor_parallel: (tp > 1)
+                    .then(|| CollectiveGroup(Arc::new(burn_ort_dist::LocalCommunicator))),
+                sharding: None,
+            });
+            let shares = stage_shares(
+                &probed,
+                &partition,
+                (c.model.input_name.clone(), sample(1)?),
+            )?;
             let m = c.micro_batches();
             let weights: Vec<f64> = partition
                 .stages
