@@ -584,7 +584,7 @@ fn auto_layout(
     train: &Arc<dyn Dataset>,
     limit: Option<&str>,
 ) -> Result<TrainingConfig, OnnxError> {
-    use burn_onnx_train::train::auto_layout::{configure, rank_layouts, table};
+    use burn_onnx_train::train::auto_layout::{configure, measure, rank_layouts, table};
     if burn_ort_dist::launched_by_mpi() {
         return Err(OnnxError::field(
             "--auto",
@@ -594,7 +594,7 @@ fn auto_layout(
     let limit = limit.map(parse_size).transpose()?;
     let exe = std::env::current_exe().map_err(|e| OnnxError::io("onnx-train", e))?;
     let world = c.parallel.world_size();
-    let trials = rank_layouts(&c, world, limit, train, &exe);
+    let trials = rank_layouts(&c, world, limit, |t| measure(t, train, &exe));
     eprint!("{}", table(&trials));
     let best = trials
         .first()
@@ -606,7 +606,7 @@ fn auto_layout(
             )
         })?;
     eprintln!("--auto: {}", best.flags());
-    configure(&c, world, (best.dp, best.tp, best.pp, best.zero_stage))
+    configure(&c, world, best.layout())
 }
 
 fn plan(args: PlanArgs) -> Result<(), OnnxError> {
@@ -620,9 +620,9 @@ fn plan(args: PlanArgs) -> Result<(), OnnxError> {
     let (train, _) = datasets(&c)?;
     let exe = std::env::current_exe().map_err(|e| OnnxError::io("onnx-train", e))?;
     if args.auto {
-        use burn_onnx_train::train::auto_layout::{rank_layouts, table};
+        use burn_onnx_train::train::auto_layout::{measure, rank_layouts, table};
         let world = args.np.unwrap_or_else(|| c.parallel.world_size());
-        let trials = rank_layouts(&c, world, limit, &train, &exe);
+        let trials = rank_layouts(&c, world, limit, |t| measure(t, &train, &exe));
         if args.json {
             println!(
                 "{}",

@@ -4,8 +4,11 @@
 //! keeping the global batch ([`super::elastic::fit_world`]), its memory planned
 //! ([`plan_memory`]: a rank's peak from counted bytes and a probed working set), and its
 //! speed measured by probe steps: the layout itself, run for [`SPEED_UPDATES`] updates in
-//! a process of its own, its throughput over the last half. The layouts that fit the
-//! memory of a rank are ranked by that throughput; the others follow, with why.
+//! a process of its own, its throughput over the last half. A layout that does not fit the
+//! memory of a rank is tried again with activation recomputation ([`RECOMPUTE_SEGMENTS`]
+//! segments), then also with the optimizer's moments on disk (replicated Adam-family
+//! state), as a user short of memory would. The layouts that fit are ranked by throughput;
+//! the others follow, with why.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,6 +24,10 @@ use crate::error::Result;
 /// Updates of a speed probe (the first half warms up).
 pub const SPEED_UPDATES: usize = 4;
 
+/// Segments of the recomputation tried for a layout without a pipeline that does not fit
+/// (a pipeline recomputes one segment per stage).
+pub const RECOMPUTE_SEGMENTS: usize = 4;
+
 /// One layout tried.
 #[derive(Debug, Clone, Serialize)]
 pub struct Trial {
@@ -32,6 +39,10 @@ pub struct Trial {
     pub pp: usize,
     /// ZeRO stage.
     pub zero_stage: usize,
+    /// Activation recomputation segments (0: none).
+    pub recompute: usize,
+    /// Adam's moments in a memory-mapped file (`offload_optimizer = "disk"`).
+    pub offload: bool,
     /// Samples per micro-batch and gradient accumulation that keep the global batch.
     pub batch_size: usize,
     /// See `batch_size`.
@@ -51,11 +62,42 @@ pub struct Trial {
 impl Trial {
     /// The flags that run this layout.
     pub fn flags(&self) -> String {
-        format!(
+        let mut flags = format!(
             "--dp {} --tp {} --pp {} --zero {} --batch-size {} --accumulation {}",
             self.dp, self.tp, self.pp, self.zero_stage, self.batch_size, self.accumulation
-        )
+        );
+        if self.recompute > 0 {
+            flags += &format!(" --recompute {}", self.recompute);
+        }
+        if self.offload {
+            flags += " --offload-optimizer disk";
+        }
+        flags
     }
+
+    /// The layout tried.
+    pub fn layout(&self) -> Layout {
+        Layout {
+            dp: self.dp,
+            tp: self.tp,
+            pp: self.pp,
+            zero: self.zero_stage,
+            recompute: self.recompute,
+            offload: self.offload,
+        }
+    }
+}
+
+/// What `--auto` varies: data x tensor x pipeline parallel sizes, ZeRO stage,
+/// recomputation segments and moments on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub dp: usize,
+    pub tp: usize,
+    pub pp: usize,
+    pub zero: usize,
+    pub recompute: usize,
+    pub offload: bool,
 }
 
 /// `n`'s divisors, ascending.
@@ -64,32 +106,82 @@ fn divisors(n: usize) -> Vec<usize> {
 }
 
 /// Every layout of `world` processes: tensor and pipeline sizes dividing it, the rest
-/// data-parallel, at every ZeRO stage when there are replicas.
-pub fn layouts(world: usize) -> Vec<(usize, usize, usize, usize)> {
+/// data-parallel, at every ZeRO stage when there are replicas (no recomputation, moments
+/// in memory).
+pub fn layouts(world: usize) -> Vec<Layout> {
     let mut out = Vec::new();
     for tp in divisors(world) {
         for pp in divisors(world / tp) {
             let dp = world / (tp * pp);
             let stages = if dp > 1 { 0..=3 } else { 0..=0 };
-            out.extend(stages.map(|zero| (dp, tp, pp, zero)));
+            out.extend(stages.map(|zero| Layout {
+                dp,
+                tp,
+                pp,
+                zero,
+                recompute: 0,
+                offload: false,
+            }));
         }
     }
     out
 }
 
-/// `c` laid out as `(dp, tp, pp, zero)` on `world` processes, the global batch of its
-/// configured layout kept ([`with_replicas`]), checked as a run would check it.
-pub fn configure(
-    c: &TrainingConfig,
-    world: usize,
-    (dp, tp, pp, zero): (usize, usize, usize, usize),
-) -> Result<TrainingConfig> {
-    let mut t = with_replicas(c.clone(), dp)?;
-    t.parallel.horizontal_parallel_size = tp;
-    t.parallel.pipeline_parallel_size = pp;
-    t.parallel.zero_stage = zero;
+/// The layouts a user short of memory would try after `base`: recomputation, then that
+/// and the moments on disk (the replicated optimizer's: ZeRO keeps its shards in memory).
+fn lighter(base: Layout) -> Vec<Layout> {
+    // A pipeline recomputes stage by stage: one segment per stage.
+    let segments = if base.pp > 1 {
+        base.pp
+    } else {
+        RECOMPUTE_SEGMENTS
+    };
+    let recompute = Layout {
+        recompute: segments,
+        ..base
+    };
+    let mut out = vec![recompute];
+    if base.zero == 0 {
+        out.push(Layout {
+            offload: true,
+            ..recompute
+        });
+    }
+    out
+}
+
+/// `c` laid out as `layout` on `world` processes, the global batch of its configured
+/// layout kept ([`with_replicas`]), checked as a run would check it.
+pub fn configure(c: &TrainingConfig, world: usize, layout: Layout) -> Result<TrainingConfig> {
+    let mut t = with_replicas(c.clone(), layout.dp)?;
+    t.parallel.horizontal_parallel_size = layout.tp;
+    t.parallel.pipeline_parallel_size = layout.pp;
+    t.parallel.zero_stage = layout.zero;
+    t.parallel.recompute_segments = layout.recompute;
+    if layout.offload {
+        t.offload.offload_optimizer = super::config::OffloadTarget::Disk;
+    }
     t.validate(world)?;
     Ok(t)
+}
+
+/// What trying a layout found: the plan's peak of one process running all its ranks and
+/// of one rank, and the probe's throughput.
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    pub threads_process_bytes: u64,
+    pub per_rank_bytes: u64,
+    pub throughput_per_sec: f64,
+}
+
+/// Plan and time `t` (see the module doc).
+pub fn measure(t: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> Result<Measured> {
+    let plan = plan_memory(t, train, exe)?;
+    Ok(Measured {
+        threads_process_bytes: plan.threads_process_bytes(),
+        per_rank_bytes: plan.per_process_bytes(),
+        throughput_per_sec: probe_speed(t, exe)?,
+    })
 }
 
 /// The speed probe of `c`: its throughput over the last half of [`SPEED_UPDATES`] updates,
@@ -110,51 +202,63 @@ fn probe_speed(c: &TrainingConfig, exe: &Path) -> Result<f64> {
     Ok(report?["throughput_per_sec"].as_f64().unwrap_or(0.0))
 }
 
-/// Try every layout of `c` on `world` processes (see the module doc); `limit` is the
-/// memory of a rank (an MPI process) when there is one. Ranked: the fitting layouts,
-/// fastest first, then the others.
+/// Try every layout of `c` on `world` processes (see the module doc), each measured by
+/// `measure`; `limit` is the memory of a rank (an MPI process) when there is one. Ranked:
+/// the fitting layouts, fastest first, then the others.
 pub fn rank_layouts(
     c: &TrainingConfig,
     world: usize,
     limit: Option<u64>,
-    train: &Arc<dyn Dataset>,
-    exe: &Path,
+    measure: impl Fn(&TrainingConfig) -> Result<Measured>,
 ) -> Vec<Trial> {
-    let mut trials: Vec<Trial> = layouts(world)
-        .into_iter()
-        .map(|layout| {
-            let (dp, tp, pp, zero_stage) = layout;
-            let mut trial = Trial {
-                dp,
-                tp,
-                pp,
-                zero_stage,
-                batch_size: 0,
-                accumulation: 0,
-                predicted_peak_bytes: None,
-                per_rank_bytes: None,
-                throughput_per_sec: None,
-                fits: false,
-                refused: None,
-            };
-            let measured = configure(c, world, layout).and_then(|t| {
-                trial.batch_size = t.data.batch_size;
-                trial.accumulation = t.train.gradient_accumulation_steps;
-                let plan = plan_memory(&t, train, exe)?;
-                Ok((plan, probe_speed(&t, exe)?))
-            });
-            match measured {
-                Ok((plan, speed)) => {
-                    trial.predicted_peak_bytes = Some(plan.threads_process_bytes());
-                    trial.per_rank_bytes = Some(plan.per_process_bytes());
-                    trial.throughput_per_sec = Some(speed);
-                    trial.fits = limit.is_none_or(|l| plan.per_process_bytes() <= l);
-                }
-                Err(e) => trial.refused = Some(e.to_string()),
+    let try_one = |layout: Layout| -> Trial {
+        let mut trial = Trial {
+            dp: layout.dp,
+            tp: layout.tp,
+            pp: layout.pp,
+            zero_stage: layout.zero,
+            recompute: layout.recompute,
+            offload: layout.offload,
+            batch_size: 0,
+            accumulation: 0,
+            predicted_peak_bytes: None,
+            per_rank_bytes: None,
+            throughput_per_sec: None,
+            fits: false,
+            refused: None,
+        };
+        let measured = configure(c, world, layout).and_then(|t| {
+            trial.batch_size = t.data.batch_size;
+            trial.accumulation = t.train.gradient_accumulation_steps;
+            measure(&t)
+        });
+        match measured {
+            Ok(m) => {
+                trial.predicted_peak_bytes = Some(m.threads_process_bytes);
+                trial.per_rank_bytes = Some(m.per_rank_bytes);
+                trial.throughput_per_sec = Some(m.throughput_per_sec);
+                trial.fits = limit.is_none_or(|l| m.per_rank_bytes <= l);
             }
-            trial
-        })
-        .collect();
+            Err(e) => trial.refused = Some(e.to_string()),
+        }
+        trial
+    };
+    let mut trials = Vec::new();
+    for base in layouts(world) {
+        let trial = try_one(base);
+        let short_of_memory = trial.refused.is_none() && !trial.fits;
+        trials.push(trial);
+        if short_of_memory {
+            for layout in lighter(base) {
+                let trial = try_one(layout);
+                let fits = trial.fits;
+                trials.push(trial);
+                if fits {
+                    break;
+                }
+            }
+        }
+    }
     trials.sort_by(|a, b| {
         b.fits.cmp(&a.fits).then(
             b.throughput_per_sec
@@ -169,13 +273,15 @@ pub fn rank_layouts(
 pub fn table(trials: &[Trial]) -> String {
     let mib = |b: Option<u64>| b.map_or("-".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
     let mut s = format!(
-        "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>14} {:>14} {:>12}  {}\n",
+        "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>7} {:>14} {:>14} {:>12}  {}\n",
         "dp",
         "tp",
         "pp",
         "zero",
         "batch",
         "accum",
+        "recmp",
+        "offload",
         "per rank",
         "all as threads",
         "throughput/s",
@@ -189,13 +295,15 @@ pub fn table(trials: &[Trial]) -> String {
             _ => String::new(),
         };
         s += &format!(
-            "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>14} {:>14} {:>12}  {note}\n",
+            "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>7} {:>14} {:>14} {:>12}  {note}\n",
             t.dp,
             t.tp,
             t.pp,
             t.zero_stage,
             t.batch_size,
             t.accumulation,
+            t.recompute,
+            if t.offload { "disk" } else { "-" },
             mib(t.per_rank_bytes),
             mib(t.predicted_peak_bytes),
             t.throughput_per_sec
@@ -203,4 +311,88 @@ pub fn table(trials: &[Trial]) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::config::OffloadTarget;
+
+    /// A stand-in for the probes: 1000 bytes a rank, 600 with recomputation, 300 with the
+    /// moments on disk too; speed 100 per replica, less 20 for recomputation and 20 for disk.
+    fn fake(t: &TrainingConfig) -> Result<Measured> {
+        let recompute = t.parallel.recompute_segments > 0;
+        let disk = t.offload.offload_optimizer == OffloadTarget::Disk;
+        let bytes = match (recompute, disk) {
+            (false, _) => 1000,
+            (true, false) => 600,
+            (true, true) => 300,
+        };
+        let speed = 100.0 * t.parallel.data_parallel_size as f64
+            - 20.0 * f64::from(u8::from(recompute))
+            - 20.0 * f64::from(u8::from(disk));
+        Ok(Measured {
+            threads_process_bytes: 2 * bytes,
+            per_rank_bytes: bytes,
+            throughput_per_sec: speed,
+        })
+    }
+
+    fn config() -> TrainingConfig {
+        let mut c = TrainingConfig::default();
+        c.data.batch_size = 8;
+        c.model.model_path = "model.onnx".into();
+        c.data.train_data_dir = "data".into();
+        c
+    }
+
+    #[test]
+    fn every_layout_of_the_world_is_tried_and_the_fastest_comes_first() {
+        let trials = rank_layouts(&config(), 2, None, fake);
+        let got: Vec<Layout> = trials.iter().map(Trial::layout).collect();
+        assert_eq!(got.len(), 6, "{got:?}");
+        assert!(trials.iter().all(|t| t.fits && t.refused.is_none()));
+        // dp 2 (speed 200) before tp 2 and pp 2 (100); 4 samples a replica.
+        assert_eq!((trials[0].dp, trials[0].batch_size), (2, 4));
+        assert!(got.iter().all(|l| l.recompute == 0 && !l.offload));
+    }
+
+    #[test]
+    fn a_layout_short_of_memory_is_tried_with_recomputation_then_moments_on_disk() {
+        // 700 bytes a rank: every layout fits with recomputation, which is tried once each.
+        let trials = rank_layouts(&config(), 2, Some(700), fake);
+        let fitting: Vec<Layout> = trials
+            .iter()
+            .filter(|t| t.fits)
+            .map(Trial::layout)
+            .collect();
+        assert_eq!(fitting.len(), 6, "{trials:?}");
+        for l in &fitting {
+            let segments = if l.pp > 1 { l.pp } else { RECOMPUTE_SEGMENTS };
+            assert!(l.recompute == segments && !l.offload, "{l:?}");
+        }
+        assert_eq!(
+            trials.iter().filter(|t| !t.fits).count(),
+            6,
+            "the bases, not fitting"
+        );
+        assert!(trials[0].fits && trials[0].flags().contains("--recompute 4"));
+
+        // 400 bytes: only the moments on disk fit, and only without ZeRO (which keeps its
+        // shards in memory): dp 2 at stage 0, tp 2 and pp 2.
+        let trials = rank_layouts(&config(), 2, Some(400), fake);
+        let fitting: Vec<Layout> = trials
+            .iter()
+            .filter(|t| t.fits)
+            .map(Trial::layout)
+            .collect();
+        assert_eq!(fitting.len(), 3, "{trials:?}");
+        assert!(fitting.iter().all(|l| l.offload && l.zero == 0));
+        assert!(
+            trials[0]
+                .flags()
+                .ends_with("--recompute 4 --offload-optimizer disk")
+        );
+        assert_eq!(trials[0].dp, 2);
+    }
 }
