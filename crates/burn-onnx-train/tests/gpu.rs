@@ -585,11 +585,11 @@ fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
 /// against master parameters kept on the host. One update of the MLP through
 /// `FusedAdam::on_host` leaves every parameter on the GPU, within 1e-6 of the update on the
 /// device; and whole AdamW runs of gpt2_tiny with the moments in host memory and in a file
-/// end where the on-device run ends, the two offloaded runs within 1e-6 of each other on
+/// end where the on-device run ends, the two offloaded runs within 1e-4 of each other on
 /// wgpu (the same host arithmetic; not bit for bit, because the GPU's backward is not
-/// bit-reproducible from run to run: one element one ulp apart was seen on lavapipe; on
-/// CUDA within Adam's noise bound), as does the offloaded run resumed from its checkpoint
-/// at update 3 (the master copy read again from the loaded model).
+/// bit-reproducible from run to run and Adam amplifies its rounding noise; on CUDA within
+/// Adam's noise bound), as does the offloaded run resumed from its checkpoint at update 3
+/// (the master copy read again from the loaded model).
 #[test]
 fn moments_offloaded_from_the_gpu_update_on_the_host_and_the_model_stays_on_the_gpu() {
     use burn::optim::GradientsParams;
@@ -676,10 +676,12 @@ fn moments_offloaded_from_the_gpu_update_on_the_host_and_the_model_stays_on_the_
         &plain,
         on_tf32(1e-4, ADAM_NOISE_BOUND),
     );
-    // Separate GPU runs: on CUDA the backward is not reproducible (TF32, atomics), and a
-    // gradient that is rounding noise moves Adam's update by up to lr (seen: one wte
-    // element 9.5e-6 apart on an H100); on wgpu within 1e-6.
-    let same_arithmetic = on_tf32(1e-6, ADAM_NOISE_BOUND);
+    // Separate GPU runs: the backward is not reproducible from run to run (on CUDA TF32
+    // and atomics), and Adam turns a gradient's rounding noise into up to lr of update
+    // (seen: one wte element 9.5e-6 apart on an H100, one bias element 1.6e-6 apart on
+    // lavapipe under the whole suite's load). 1e-4 still catches moments that are lost
+    // or stale (an update off by ~lr = 1e-3 in every element).
+    let same_arithmetic = on_tf32(1e-4, ADAM_NOISE_BOUND);
     assert_same_params(
         "moments in a file vs on the host",
         &disk,
