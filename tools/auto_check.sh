@@ -14,23 +14,8 @@ LAYERS=${1:-4} HEADS=${2:-4} WIDTH=${3:-256} VOCAB=${4:-8192} SEQ=${5:-128} BATC
 NP=${7:-2} UPDATES=${8:-12}
 DIR=${DIR:-runs/auto-check-$LAYERS-$WIDTH}
 BIN=$PWD/target/release/onnx-train
-mkdir -p "$DIR/data"
-[ -f "$DIR/model.onnx" ] || $BIN gpt2 --output "$DIR/model.onnx" --layers "$LAYERS" --heads "$HEADS" \
-  --width "$WIDTH" --vocab "$VOCAB" --positions "$SEQ" > /dev/null
-python3 tools/random_tokens.py "$DIR/data/tokens.npy" "$VOCAB"
-cat > "$DIR/run.toml" <<TOML
-model_path = "$DIR/model.onnx"
-train_data_dir = "$DIR/data"
-seq_len = $SEQ
-batch_size = $BATCH
-num_train_steps = $UPDATES
-evaluation_period = 0
-checkpoint_period = 0
-progress = false
-log_dir = ""
-[optimizer]
-kind = "adamw"
-TOML
+source tools/bench_lib.sh
+gpt2_run "$DIR" "$LAYERS" "$HEADS" "$WIDTH" "$VOCAB" "$SEQ" "$BATCH" "$UPDATES"
 $BIN plan --config "$DIR/run.toml" --output-dir "$DIR/out" --auto --np "$NP" --json > "$DIR/auto.json" 2> "$DIR/auto.log"
 python3 - "$DIR" "$BIN" "$DIR/run.toml" <<'PY'
 import json, subprocess, sys

@@ -30,6 +30,16 @@ kind = "$optimizer"
 TOML
 }
 
+# gpt2_run DIR LAYERS HEADS WIDTH VOCAB SEQ BATCH STEPS: the `onnx-train gpt2` model of that
+# shape in DIR/model.onnx (made once), and write_run's tokens and AdamW run.toml for it.
+gpt2_run() {
+  local dir="$1" layers="$2" heads="$3" width="$4" vocab="$5" seq="$6" batch="$7" steps="$8"
+  mkdir -p "$dir"
+  [ -f "$dir/model.onnx" ] || "$bench_bin" gpt2 --output "$dir/model.onnx" --layers "$layers" \
+    --heads "$heads" --width "$width" --vocab "$vocab" --positions "$seq" > /dev/null
+  write_run "$dir" "$dir/model.onnx" "$vocab" "$seq" "$batch" "$steps" adamw
+}
+
 # mpi_train DIR NAME NP FLAGS...: train DIR/run.toml on NP ranks into DIR/NAME, every
 # rank on one thread (RAYON_NUM_THREADS=1), one rank per core.
 mpi_train() {

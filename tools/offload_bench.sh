@@ -15,22 +15,8 @@ cd "$(dirname "$0")/.."
 LAYERS=${1:-36} HEADS=${2:-20} WIDTH=${3:-1280} UPDATES=${4:-3} MODES=${5:-"none disk"}
 DIR=${DIR:-runs/offload-bench-$LAYERS-$WIDTH}
 BIN=target/release/onnx-train
-mkdir -p "$DIR/data"
-[ -f "$DIR/model.onnx" ] || $BIN gpt2 --output "$DIR/model.onnx" --layers "$LAYERS" --heads "$HEADS" --width "$WIDTH" > /dev/null
-python3 tools/random_tokens.py "$DIR/data/tokens.npy" 50257
-cat > "$DIR/run.toml" <<TOML
-model_path = "$DIR/model.onnx"
-train_data_dir = "$DIR/data"
-seq_len = 64
-batch_size = 1
-num_train_steps = $UPDATES
-evaluation_period = 0
-checkpoint_period = 0
-progress = false
-log_dir = ""
-[optimizer]
-kind = "adamw"
-TOML
+source tools/bench_lib.sh
+gpt2_run "$DIR" "$LAYERS" "$HEADS" "$WIDTH" 50257 64 1 "$UPDATES"
 for mode in $MODES; do
   out="$DIR/$mode"
   rm -rf "$out"

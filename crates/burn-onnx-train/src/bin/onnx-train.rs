@@ -584,7 +584,7 @@ fn auto_layout(
     train: &Arc<dyn Dataset>,
     limit: Option<&str>,
 ) -> Result<TrainingConfig, OnnxError> {
-    use burn_onnx_train::train::auto_layout::{configure, measure, rank_layouts, table};
+    use burn_onnx_train::train::auto_layout::{chosen, configure, measure, rank_layouts, table};
     if burn_ort_dist::launched_by_mpi() {
         return Err(OnnxError::field(
             "--auto",
@@ -596,15 +596,12 @@ fn auto_layout(
     let world = c.parallel.world_size();
     let trials = rank_layouts(&c, world, limit, |t| measure(t, train, &exe));
     eprint!("{}", table(&trials));
-    let best = trials
-        .first()
-        .filter(|t| t.fits && t.refused.is_none())
-        .ok_or_else(|| {
-            OnnxError::field(
-                "--auto",
-                format!("no layout of {world} process(es) fits (see the table above)"),
-            )
-        })?;
+    let best = chosen(&trials).ok_or_else(|| {
+        OnnxError::field(
+            "--auto",
+            format!("no layout of {world} process(es) fits (see the table above)"),
+        )
+    })?;
     eprintln!("--auto: {}", best.flags());
     configure(&c, world, best.layout())
 }
@@ -620,19 +617,15 @@ fn plan(args: PlanArgs) -> Result<(), OnnxError> {
     let (train, _) = datasets(&c)?;
     let exe = std::env::current_exe().map_err(|e| OnnxError::io("onnx-train", e))?;
     if args.auto {
-        use burn_onnx_train::train::auto_layout::{measure, rank_layouts, table};
+        use burn_onnx_train::train::auto_layout::{chosen, measure, rank_layouts, table};
         let world = args.np.unwrap_or_else(|| c.parallel.world_size());
         let trials = rank_layouts(&c, world, limit, |t| measure(t, &train, &exe));
         if args.json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&trials)
-                    .map_err(|e| OnnxError::field("plan", e.to_string()))?
-            );
+            print_json(&trials)?;
         } else {
             print!("{}", table(&trials));
         }
-        return match trials.first().filter(|t| t.fits && t.refused.is_none()) {
+        return match chosen(&trials) {
             Some(best) => {
                 eprintln!("chosen: {}", best.flags());
                 Ok(())
@@ -645,11 +638,7 @@ fn plan(args: PlanArgs) -> Result<(), OnnxError> {
     }
     let plan = plan_memory(&c, &train, &exe)?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&plan)
-                .map_err(|e| OnnxError::field("plan", e.to_string()))?
-        );
+        print_json(&plan)?;
     } else {
         print!("{plan}");
     }
@@ -669,6 +658,14 @@ fn plan(args: PlanArgs) -> Result<(), OnnxError> {
         ),
         None => {}
     }
+    Ok(())
+}
+
+/// `value` as pretty JSON on standard output.
+fn print_json(value: &impl serde::Serialize) -> Result<(), OnnxError> {
+    let text =
+        serde_json::to_string_pretty(value).map_err(|e| OnnxError::field("plan", e.to_string()))?;
+    println!("{text}");
     Ok(())
 }
 

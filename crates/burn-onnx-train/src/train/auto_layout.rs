@@ -269,6 +269,11 @@ pub fn rank_layouts(
     trials
 }
 
+/// The layout `--auto` runs: the first of the ranking, when it fits and can run.
+pub fn chosen(trials: &[Trial]) -> Option<&Trial> {
+    trials.first().filter(|t| t.fits && t.refused.is_none())
+}
+
 /// The ranking as a table, the chosen layout first.
 pub fn table(trials: &[Trial]) -> String {
     let mib = |b: Option<u64>| b.map_or("-".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
