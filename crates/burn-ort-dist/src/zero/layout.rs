@@ -238,21 +238,9 @@ impl FlatLayout {
     /// The module's parameter values in rank `rank`'s shard (zeros in the padding), read
     /// tensor by tensor without forming the whole flat buffer.
     pub fn shard_params<M: Module>(&self, module: &M, rank: usize) -> DistResult<Vec<f32>> {
-        let shard = self.shard(rank);
-        let mut v = ShardOf {
-            shard: shard.clone(),
-            offset: 0,
-            out: vec![0.0; shard.len()],
-            error: None,
-        };
+        let mut v = ShardOf::new(self.shard(rank));
         module.visit(&mut v);
-        match v.error {
-            Some(e) => Err(DistError::Invalid {
-                rank,
-                message: format!("cannot read a parameter: {e}"),
-            }),
-            None => Ok(v.out),
-        }
+        v.finish(rank, "a parameter")
     }
 
     /// Take the gradients out of `grads`, keeping rank `rank`'s shard of them (zeros where
@@ -263,24 +251,12 @@ impl FlatLayout {
         grads: &mut GradientsParams,
         rank: usize,
     ) -> DistResult<Vec<f32>> {
-        let shard = self.shard(rank);
         let mut v = TakeShard {
             grads,
-            shard: ShardOf {
-                out: vec![0.0; shard.len()],
-                shard,
-                offset: 0,
-                error: None,
-            },
+            shard: ShardOf::new(self.shard(rank)),
         };
         module.visit(&mut v);
-        match v.shard.error {
-            Some(e) => Err(DistError::Invalid {
-                rank,
-                message: format!("cannot read a gradient: {e}"),
-            }),
-            None => Ok(v.shard.out),
-        }
+        v.shard.finish(rank, "a gradient")
     }
 
     /// Take the gradients out of `grads` as flat tensors, one per slot (`None` where a
@@ -347,6 +323,27 @@ struct ShardOf {
 }
 
 impl ShardOf {
+    /// Zeros for `shard`, before the first tensor.
+    fn new(shard: Range<usize>) -> Self {
+        ShardOf {
+            out: vec![0.0; shard.len()],
+            shard,
+            offset: 0,
+            error: None,
+        }
+    }
+
+    /// The shard read, or why `what` could not be read.
+    fn finish(self, rank: usize, what: &str) -> DistResult<Vec<f32>> {
+        match self.error {
+            Some(e) => Err(DistError::Invalid {
+                rank,
+                message: format!("cannot read {what}: {e}"),
+            }),
+            None => Ok(self.out),
+        }
+    }
+
     /// The next tensor in layout order, of `n` values: its part inside the shard (read
     /// only when it has one; `None`: no tensor, zeros) copied out.
     fn next<const D: usize>(&mut self, n: usize, t: Option<Tensor<D>>) {
