@@ -6,6 +6,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use ndarray::ArrayD;
 use serde::{Deserialize, Serialize};
 
+use crate::collective::vocab::ShardedLogits;
 use crate::error::{OnnxError, Result};
 use crate::kernels::cross_entropy_rows;
 use crate::value::FloatValue;
@@ -35,8 +36,27 @@ fn loss_err(m: String) -> OnnxError {
     OnnxError::field("loss", m)
 }
 
+/// The logits a cross-entropy reads: the whole class axis, or a tensor-parallel rank's
+/// slice of the vocabulary (the head split along it).
+#[derive(Debug, Clone)]
+pub struct Logits {
+    /// The values, class axis last.
+    pub value: FloatValue,
+    /// Which slice of the classes they hold, with the group holding the rest.
+    pub sharded: Option<ShardedLogits>,
+}
+
+impl From<FloatValue> for Logits {
+    fn from(value: FloatValue) -> Self {
+        Logits {
+            value,
+            sharded: None,
+        }
+    }
+}
+
 /// Mean cross-entropy with the class axis last; targets have the logits' leading shape.
-pub fn cross_entropy(logits: FloatValue, targets: &ArrayD<i64>) -> Result<Tensor<1>> {
+pub fn cross_entropy(logits: impl Into<Logits>, targets: &ArrayD<i64>) -> Result<Tensor<1>> {
     let (sum, counted) = cross_entropy_sum(logits, targets)?;
     if counted == 0 {
         return Err(loss_err("every target is ignore_index".into()));
@@ -48,7 +68,7 @@ pub fn cross_entropy(logits: FloatValue, targets: &ArrayD<i64>) -> Result<Tensor
 /// shape, [`IGNORE_INDEX`] where none) and divided by `divisor`: the documents' loss,
 /// whose divisor counts the labels of a whole update (see `train::data::Target::Tokens`).
 pub fn token_cross_entropy(
-    logits: FloatValue,
+    logits: impl Into<Logits>,
     labels: &ArrayD<i64>,
     divisor: f64,
 ) -> Result<Tensor<1>> {
@@ -61,9 +81,16 @@ pub fn token_cross_entropy(
 }
 
 /// Cross-entropy summed over the targets that are not [`IGNORE_INDEX`], and their count.
-fn cross_entropy_sum(logits: FloatValue, targets: &ArrayD<i64>) -> Result<(Tensor<1>, usize)> {
+fn cross_entropy_sum(
+    logits: impl Into<Logits>,
+    targets: &ArrayD<i64>,
+) -> Result<(Tensor<1>, usize)> {
+    let Logits {
+        value: logits,
+        sharded,
+    } = logits.into();
     let shape = logits.shape();
-    let Some((&classes, lead)) = shape.split_last() else {
+    let Some((&width, lead)) = shape.split_last() else {
         return Err(loss_err("cross-entropy needs logits of rank >= 1".into()));
     };
     if lead != targets.shape() {
@@ -72,6 +99,7 @@ fn cross_entropy_sum(logits: FloatValue, targets: &ArrayD<i64>) -> Result<(Tenso
             targets.shape()
         )));
     }
+    let classes = sharded.as_ref().map_or(width, |s| s.shard.vocab);
     let n: usize = lead.iter().product();
     let mut idx = Vec::with_capacity(n);
     let mut weight = Vec::with_capacity(n);
@@ -89,12 +117,17 @@ fn cross_entropy_sum(logits: FloatValue, targets: &ArrayD<i64>) -> Result<(Tenso
     let counted = weight.iter().filter(|w| **w > 0.0).count();
     let device = logits.tensor.device();
     let flat = logits
-        .reshape(&[n, classes])
+        .reshape(&[n, width])
         .map_err(|e| loss_err(e.0))?
         .into_rank::<2>()
         .map_err(|e| loss_err(e.0))?;
-    let idx: Tensor<1, Int> = Tensor::from_data(TensorData::new(idx, vec![n]), &device);
-    let nll = cross_entropy_rows(flat, idx);
+    let nll = match sharded {
+        Some(s) => s.nll_rows(flat, &idx).map_err(|e| loss_err(e.0))?,
+        None => cross_entropy_rows(
+            flat,
+            Tensor::<1, Int>::from_data(TensorData::new(idx, vec![n]), &device),
+        ),
+    };
     let nll = if counted == n {
         nll
     } else {
@@ -104,7 +137,11 @@ fn cross_entropy_sum(logits: FloatValue, targets: &ArrayD<i64>) -> Result<(Tenso
 }
 
 /// Next-token cross-entropy: `cross_entropy(logits[:, :-1], ids[:, 1:])`.
-pub fn lm_cross_entropy(logits: FloatValue, ids: &ArrayD<i64>) -> Result<Tensor<1>> {
+pub fn lm_cross_entropy(logits: impl Into<Logits>, ids: &ArrayD<i64>) -> Result<Tensor<1>> {
+    let Logits {
+        value: logits,
+        sharded,
+    } = logits.into();
     let shape = logits.shape();
     let [b, s, v] = shape[..] else {
         return Err(loss_err(format!(
@@ -121,7 +158,13 @@ pub fn lm_cross_entropy(logits: FloatValue, ids: &ArrayD<i64>) -> Result<Tensor<
     let shifted = FloatValue::from_rank(t.narrow(1, 0, s - 1)).map_err(|e| loss_err(e.0))?;
     let targets = ids.slice(ndarray::s![.., 1..]).to_owned().into_dyn();
     let _ = v;
-    cross_entropy(shifted, &targets)
+    cross_entropy(
+        Logits {
+            value: shifted,
+            sharded,
+        },
+        &targets,
+    )
 }
 
 /// Mean squared error.

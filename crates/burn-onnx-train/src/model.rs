@@ -18,6 +18,7 @@ use burn::module::{Module, Param, ParamId};
 use burn::tensor::Gradients;
 use burn::tensor::{Device, FloatDType, TensorData};
 
+use crate::collective::vocab::{ShardedLogits, VocabShard};
 use crate::collective::{Collectives, grad_hooks};
 use crate::error::{OnnxError, OpError, Result};
 use crate::graph::{Dim, Graph, TensorInfo, ValueKind};
@@ -107,6 +108,9 @@ struct Spec {
     sharding: Option<Sharding>,
     /// The groups its collective ops run on ([`OnnxModel::with_collectives`]).
     collectives: Collectives,
+    /// A tensor-parallel rank's slice of the logits, when the head is split along the
+    /// vocabulary ([`OnnxModel::with_vocab_shard`]).
+    vocab_shard: Option<VocabShard>,
 }
 
 /// Forward mode.
@@ -125,6 +129,9 @@ pub struct ForwardOutput {
     /// New values for state parameters (by parameter index), to apply with
     /// [`OnnxModel::apply_state`] after the optimizer step.
     pub state_updates: Vec<(usize, PhysTensor)>,
+    /// The output holding this rank's slice of the logits, when the head is split along
+    /// the vocabulary: a loss reads it with [`ShardedLogits`].
+    pub sharded_logits: Option<ShardedLogits>,
 }
 
 impl ForwardOutput {
@@ -232,6 +239,7 @@ impl OnnxModel {
                 device: device.clone(),
                 sharding: None,
                 collectives: Collectives::default(),
+                vocab_shard: None,
             }),
         })
     }
@@ -605,9 +613,26 @@ impl OnnxModel {
                 .map_err(|e| OnnxError::field(format!("graph output '{}'", o.name), e.0))?;
             outputs.push((o.name.clone(), v));
         }
+        let sharded_logits = match (
+            &self.spec.vocab_shard,
+            &self.spec.collectives.tensor_parallel,
+        ) {
+            (None, _) => None,
+            (Some(shard), Some(group)) => Some(ShardedLogits {
+                shard: shard.clone(),
+                group: group.clone(),
+            }),
+            (Some(shard), None) => {
+                return Err(OnnxError::field(
+                    format!("graph output '{}'", shard.output),
+                    "it holds one tensor-parallel rank's slice of the vocabulary, but the model has no tensor-parallel group (OnnxModel::with_collectives)",
+                ));
+            }
+        };
         Ok(ForwardOutput {
             outputs,
             state_updates,
+            sharded_logits,
         })
     }
 

@@ -19,7 +19,7 @@ use burn::tensor::Device;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::collective::{CollectiveGroup, Collectives};
 use burn_onnx_train::loss::LossKind;
-use burn_onnx_train::tensor_parallel::{AxisSplit, TensorParallel};
+use burn_onnx_train::tensor_parallel::{AxisSplit, SplitOptions, TensorParallel};
 use burn_onnx_train::train::checkpoint::{list_checkpoints, read_params};
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, TokenDataset};
@@ -49,8 +49,12 @@ fn sample(ids: &ArrayD<i64>) -> Vec<(String, Value)> {
 }
 
 fn splits_of(path: &Path, tp: usize, ids: &ArrayD<i64>) -> TensorParallel {
+    splits_with(path, tp, ids, &options(false))
+}
+
+fn splits_with(path: &Path, tp: usize, ids: &ArrayD<i64>, o: &SplitOptions) -> TensorParallel {
     let model = OnnxModel::load(path, &Device::flex()).unwrap();
-    TensorParallel::apply(model, sample(ids), 0, tp, false)
+    TensorParallel::apply(model, sample(ids), 0, tp, o)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .1
 }
@@ -68,39 +72,24 @@ fn finds_the_blocks_of_three_exporters() {
     );
     assert_eq!(
         t.params["m.transformer.h.0.attn.c_attn.weight"],
-        AxisSplit {
-            axis: 1,
-            period: 128
-        },
+        AxisSplit::new(1, 128),
         "q, k, v each split by heads"
     );
     assert_eq!(
         t.params["m.transformer.h.0.attn.c_attn.bias"],
-        AxisSplit {
-            axis: 0,
-            period: 128
-        }
+        AxisSplit::new(0, 128)
     );
     assert_eq!(
         t.params["m.transformer.h.1.mlp.c_fc.weight"],
-        AxisSplit {
-            axis: 1,
-            period: 512
-        }
+        AxisSplit::new(1, 512)
     );
     assert_eq!(
         t.params["m.transformer.h.1.mlp.c_proj.weight"],
-        AxisSplit {
-            axis: 0,
-            period: 512
-        }
+        AxisSplit::new(0, 512)
     );
     assert_eq!(
         t.params["m.transformer.h.0.attn.c_proj.weight"],
-        AxisSplit {
-            axis: 0,
-            period: 128
-        }
+        AxisSplit::new(0, 128)
     );
     assert!(
         !t.params.contains_key("m.transformer.h.0.attn.c_proj.bias"),
@@ -137,7 +126,7 @@ fn a_graph_without_blocks_is_an_error() {
     )
     .unwrap();
     let name = model.graph().inputs[0].name.clone();
-    let err = TensorParallel::apply(model, vec![(name, x)], 0, 2, false)
+    let err = TensorParallel::apply(model, vec![(name, x)], 0, 2, &Default::default())
         .err()
         .expect("no block in a CNN")
         .to_string();
@@ -147,19 +136,31 @@ fn a_graph_without_blocks_is_an_error() {
     );
 }
 
-/// On `tp` thread ranks: logits equal the whole model's, every gradient equals the whole
-/// model's (for split parameters, this rank's part of it), and the forward and backward
-/// passes all-reduced `[batch, seq, width]` activations 4 times per layer (Megatron: 2 in
-/// forward, 2 in backward).
-fn check_equivalence(path: &Path, tp: usize, vocab: u64) {
+/// Megatron's blocks only, or with the embedding and head split along the vocabulary.
+fn options(vocab: bool) -> SplitOptions {
+    SplitOptions {
+        allow_replicated: false,
+        vocab_parallel: vocab,
+        vocab_head: vocab.then(|| "logits".to_string()),
+    }
+}
+
+/// On `tp` thread ranks: logits equal the whole model's (with `vocab`, this rank's slice of
+/// them, padding zero), every gradient equals the whole model's (for split parameters,
+/// this rank's part of it, padding zero), and the forward and backward passes all-reduced
+/// `[batch, seq, width]` activations 4 times per layer (Megatron: 2 in forward, 2 in
+/// backward), with `vocab` twice more (the embedding's rows forward, the head input's
+/// gradient backward) plus the loss's two `[rows]` sums: never a vocabulary-wide tensor.
+fn check_equivalence(path: &Path, tp: usize, vocab: u64, split_vocab: bool) {
     let x = ids(vocab);
     let whole = OnnxModel::load(path, &Device::flex().autodiff()).unwrap();
     let (want_logits, want_grads) = logits_and_grads(&whole, &x);
     let results = run_threads(tp, Duration::from_secs(120), |comm| -> Result<(), String> {
         let rank = comm.rank();
         let model = OnnxModel::load(path, &Device::flex().autodiff()).map_err(|e| e.to_string())?;
-        let (model, t) =
-            TensorParallel::apply(model, sample(&x), rank, tp, false).map_err(|e| e.to_string())?;
+        let (model, t) = TensorParallel::apply(model, sample(&x), rank, tp, &options(split_vocab))
+            .map_err(|e| e.to_string())?;
+        assert_eq!(t.vocab.is_some(), split_vocab, "{:?}", t.vocab);
         let counting = Arc::new(Counting::new(comm.clone()));
         let model = model.with_collectives(Collectives {
             tensor_parallel: Some(CollectiveGroup(counting.clone())),
@@ -167,17 +168,47 @@ fn check_equivalence(path: &Path, tp: usize, vocab: u64) {
         });
         let (logits, grads) = logits_and_grads(&model, &x);
         let calls = counting.all_reduces.lock().unwrap().clone();
-        let tokens = want_logits.len() / want_logits.shape()[2];
+        let (tokens, classes) = (
+            want_logits.len() / want_logits.shape()[2],
+            want_logits.shape()[2],
+        );
         let layers = t.blocks.len() / 2;
+        let (activations, rows): (Vec<usize>, Vec<usize>) = calls
+            .iter()
+            .partition(|&&n| n != x.shape()[0] * (x.shape()[1] - 1));
         assert_eq!(
-            calls.len(),
-            4 * layers,
+            (activations.len(), rows.len()),
+            if split_vocab {
+                (4 * layers + 2, 2)
+            } else {
+                (4 * layers, 0)
+            },
             "all-reduces of one forward and backward: {calls:?}"
         );
         assert!(
-            calls.iter().all(|&n| n == calls[0] && n % tokens == 0),
+            activations
+                .iter()
+                .all(|&n| n == activations[0] && n % tokens == 0 && n < tokens * classes),
             "every all-reduce carries one [batch, seq, width] activation: {calls:?}"
         );
+        let want_logits = match &t.vocab {
+            Some(v) => {
+                let mine = want_logits.slice_axis(
+                    ndarray::Axis(2),
+                    ndarray::Slice::from(v.start..v.start + v.valid),
+                );
+                let padding = logits.slice_axis(ndarray::Axis(2), ndarray::Slice::from(v.valid..));
+                assert!(
+                    padding.iter().all(|&p| p == 0.0),
+                    "rank {rank}: padding logits"
+                );
+                let mut full = logits.clone();
+                full.slice_axis_mut(ndarray::Axis(2), ndarray::Slice::from(..v.valid))
+                    .assign(&mine);
+                full
+            }
+            None => want_logits.clone(),
+        };
         assert_close(
             &format!("rank {rank} logits"),
             &logits,
@@ -214,7 +245,7 @@ fn a_split_model_without_its_group_is_an_error_naming_the_node() {
     let path = refkit("models/gpt2_tiny.onnx");
     let x = ids(1024);
     let model = OnnxModel::load(&path, &Device::flex()).unwrap();
-    let (model, _) = TensorParallel::apply(model, sample(&x), 0, 2, false).unwrap();
+    let (model, _) = TensorParallel::apply(model, sample(&x), 0, 2, &Default::default()).unwrap();
     let Err(err) = model.forward(sample(&x), burn_onnx_train::Mode::Eval) else {
         panic!("a split model ran without its tensor-parallel group");
     };
@@ -227,15 +258,53 @@ fn a_split_model_without_its_group_is_an_error_naming_the_node() {
 
 #[test]
 fn gpt2_tiny_two_and_four_ranks_match_one_process() {
-    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 2, 1024);
-    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 4, 1024);
+    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 2, 1024, false);
+    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 4, 1024, false);
 }
 
 #[test]
 fn builder_and_dynamo_gpt2_two_ranks_match_one_process() {
-    check_equivalence(&builder_gpt2("tp-eq-builder"), 2, 97);
-    check_equivalence(&builder_gpt2("tp-eq-builder4"), 4, 97);
-    check_equivalence(&data("dynamo_gpt2/gpt2_tied.onnx"), 2, 97);
+    check_equivalence(&builder_gpt2("tp-eq-builder"), 2, 97, false);
+    check_equivalence(&builder_gpt2("tp-eq-builder4"), 4, 97, false);
+    check_equivalence(&data("dynamo_gpt2/gpt2_tied.onnx"), 2, 97, false);
+}
+
+/// The vocabulary split on three exporters' GPT-2s: TorchScript's folded head copy tied
+/// back to the embedding (1024 ids over 2 ranks, and over 3: padded by 2), our builder's
+/// `Transpose` (97 ids over 2 and 4 ranks: padded by 1 and 3) and dynamo's.
+#[test]
+fn vocab_parallel_embedding_head_and_loss_match_one_process() {
+    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 2, 1024, true);
+    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 3, 1024, true);
+    check_equivalence(&builder_gpt2("tp-vocab-builder"), 2, 97, true);
+    check_equivalence(&builder_gpt2("tp-vocab-builder4"), 4, 97, true);
+    check_equivalence(&data("dynamo_gpt2/gpt2_tied.onnx"), 2, 97, true);
+    let t = TensorParallel::apply(
+        OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex()).unwrap(),
+        sample(&ids(1024)),
+        2,
+        3,
+        &options(true),
+    )
+    .unwrap()
+    .1;
+    assert_eq!(
+        t.params["m.transformer.wte.weight"],
+        AxisSplit {
+            axis: 0,
+            period: 1026,
+            pad: 2
+        }
+    );
+    assert!(
+        !t.params.keys().any(|k| k.contains("wpe")),
+        "position tables stay whole: {:?}",
+        t.params.keys()
+    );
+    assert_eq!(
+        t.vocab.as_ref().map(|v| (v.start, v.valid)),
+        Some((684, 340))
+    );
 }
 
 fn tokens(vocab: u64) -> Arc<dyn Dataset> {
@@ -329,7 +398,14 @@ fn same_run(
     assert_eq!(pa.len(), pb.len());
     let initial: std::collections::HashMap<String, ArrayD<f32>> =
         onnx_params(model.to_path_buf()).into_iter().collect();
-    let split = splits_of(model, 2, &ids(64)).params;
+    let split = splits_with(model, 2, &ids(64), &options(true)).params;
+    assert!(
+        split
+            .keys()
+            .any(|k| k.contains("wte") || k.contains("lm_head")),
+        "the vocabulary is split: {:?}",
+        split.keys()
+    );
     for ((name, x), (name_b, y)) in pa.iter().zip(&pb) {
         assert_eq!(name, name_b);
         assert_close(&format!("{}: {name}", got.display()), y, x, atol, 0.0);
@@ -486,10 +562,18 @@ fn zero_and_mixed_precision_compose_with_tensor_parallel() {
         },
         &data,
     );
+    // The rounding differs from the first update (measured: within 6e-5 relative over
+    // updates 1-5), and AdamW turns tiny gradient differences into whole steps, so the
+    // trajectories part as updates accumulate (measured at update 10: 0.13% with
+    // Megatron's blocks split, 0.6% with the vocabulary too). A wrong sum or slice is
+    // off by far more at update 1.
     for ((s, p), (_, q)) in x.losses.iter().zip(&y.losses) {
+        let within = if *s <= 5 { 1e-3 } else { 1e-2 };
         assert!(
-            (p - q).abs() < 2e-3 * p.abs(),
-            "bf16 loss at update {s}: {p} vs {q}"
+            (p - q).abs() < within * p.abs(),
+            "bf16 loss at update {s}: {p} vs {q}: {:?} vs {:?}",
+            x.losses,
+            y.losses
         );
     }
     assert_moved(&model, &trained(&two, &model), 1e-4);

@@ -305,8 +305,9 @@ fn inspect(path: PathBuf, stages: Option<usize>, tp: Option<usize>) -> Result<()
     Ok(())
 }
 
-/// The tensor-parallel split of `model` over `n` ranks: blocks, split weights, and the
-/// parameter elements each rank holds.
+/// The tensor-parallel split of `model` over `n` ranks: blocks, split weights (the
+/// vocabulary split taking the first graph output as the logits a cross-entropy reads),
+/// and the parameter elements each rank holds.
 fn print_tensor_parallel(model: OnnxModel, n: usize) -> Result<(), OnnxError> {
     let shapes: std::collections::HashMap<String, Vec<usize>> = model
         .param_infos()
@@ -344,8 +345,13 @@ fn print_tensor_parallel(model: OnnxModel, n: usize) -> Result<(), OnnxError> {
             Ok((i.name.clone(), value))
         })
         .collect::<Result<Vec<_>, OnnxError>>()?;
+    let options = burn_onnx_train::tensor_parallel::SplitOptions {
+        allow_replicated: true,
+        vocab_parallel: true,
+        vocab_head: model.graph().outputs.first().map(|o| o.name.clone()),
+    };
     let (part, t) =
-        burn_onnx_train::tensor_parallel::TensorParallel::apply(model, sample, 0, n, true)?;
+        burn_onnx_train::tensor_parallel::TensorParallel::apply(model, sample, 0, n, &options)?;
     println!(
         "tensor parallel: {n} ranks, {} column-parallel projection(s)",
         t.blocks.len()
@@ -353,10 +359,20 @@ fn print_tensor_parallel(model: OnnxModel, n: usize) -> Result<(), OnnxError> {
     for b in &t.blocks {
         println!("  block from {b}");
     }
+    if let Some(v) = &t.vocab {
+        println!("  head of {} split along its {} classes", v.output, v.vocab);
+    }
     for (name, split) in &t.params {
         println!(
-            "  split {name} {:?}: axis {}, period {}",
-            shapes[name], split.axis, split.period
+            "  split {name} {:?}: axis {}, period {}{}",
+            shapes[name],
+            split.axis,
+            split.period,
+            if split.pad > 0 {
+                format!(", padded by {}", split.pad)
+            } else {
+                String::new()
+            }
         );
     }
     let whole: usize = shapes.values().map(|s| s.iter().product::<usize>()).sum();

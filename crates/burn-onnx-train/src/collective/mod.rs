@@ -1,6 +1,7 @@
 //! Collectives inside the model's forward and backward passes, as differentiable ops:
 //! [`megatron`]'s `f`/`g` on the tensor-parallel group and [`param_gather`]'s ZeRO-3
-//! parameter gather on the data-parallel (sharding) group; and [`grad_hooks`], which hands
+//! parameter gather on the data-parallel (sharding) group; [`vocab`]'s cross-entropy on
+//! logits split along the vocabulary; and [`grad_hooks`], which hands
 //! each parameter's final gradient to a data-parallel averaging thread during backward.
 //!
 //! The ops are Burn backend extensions (Flex, Cube, Autodiff) with their own backward. They
@@ -15,6 +16,7 @@
 pub mod grad_hooks;
 pub mod megatron;
 pub mod param_gather;
+pub mod vocab;
 
 use std::sync::Arc;
 

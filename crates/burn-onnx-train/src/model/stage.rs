@@ -111,6 +111,11 @@ impl OnnxModel {
             }
         }
         let constants = self.spec.constants.clone();
+        let vocab_shard = self
+            .spec
+            .vocab_shard
+            .clone()
+            .filter(|v| graph.outputs.iter().any(|o| o.name == v.output));
         Ok(OnnxModel {
             params,
             spec: Arc::new(Spec {
@@ -121,6 +126,7 @@ impl OnnxModel {
                 device: self.spec.device.clone(),
                 sharding: self.spec.sharding,
                 collectives: self.spec.collectives.clone(),
+                vocab_shard,
             }),
         })
     }

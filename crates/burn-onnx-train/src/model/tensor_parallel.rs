@@ -61,6 +61,19 @@ impl OnnxModel {
         Ok(p)
     }
 
+    /// The model whose logits output holds `shard` of the vocabulary (a tensor-parallel
+    /// rank with its head split; `None`: whole logits).
+    pub fn with_vocab_shard(
+        mut self,
+        shard: Option<crate::collective::vocab::VocabShard>,
+    ) -> OnnxModel {
+        self.spec = Arc::new(Spec {
+            vocab_shard: shard,
+            ..(*self.spec).clone()
+        });
+        self
+    }
+
     /// `graph` (a rewrite of this model's) with each parameter named in `parts` replaced
     /// by the part `parts` cuts from its full value (a tensor-parallel rank's slice).
     pub fn into_tensor_parallel<F>(

@@ -1,7 +1,8 @@
 //! Tensor (horizontal) parallelism on ONNX graphs, as Megatron-LM splits transformer
 //! layers and ORT's `horizontal_parallel_size` did by rewriting the training graph:
 //! [`plan`] finds the column- and row-parallel projections by following splits through
-//! the graph, [`rewrite`] inserts Megatron's `f`/`g` operators ([`crate::collective::megatron`],
+//! the graph, [`vocab`] the token embedding and LM head to split along the vocabulary,
+//! [`rewrite`] inserts Megatron's `f`/`g` operators ([`crate::collective::megatron`],
 //! with their own backward) and adapts reshapes and splits to local sizes, and each rank keeps its
 //! part of the split weights ([`AxisSplit`]). [`TensorParallel`] does all of it for a run.
 
@@ -9,6 +10,7 @@ pub mod ops;
 pub mod plan;
 pub mod rewrite;
 pub mod split;
+pub mod vocab;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -17,6 +19,7 @@ use burn_ort_dist::Communicator;
 pub use crate::model::Probe;
 pub use plan::Plan;
 pub use split::AxisSplit;
+pub use vocab::VocabShard;
 
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
@@ -33,31 +36,64 @@ pub struct TensorParallel {
     pub params: BTreeMap<String, AxisSplit>,
     /// Column-parallel projections found (node names), for the log and `inspect`.
     pub blocks: Vec<String>,
+    /// The slice of the vocabulary this rank's logits hold, when the head is split.
+    pub vocab: Option<VocabShard>,
+}
+
+/// What a tensor-parallel split may cut besides Megatron's blocks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SplitOptions {
+    /// Run a graph in which nothing splits replicated instead of failing.
+    pub allow_replicated: bool,
+    /// Split token embeddings along the vocabulary (Megatron's `VocabParallelEmbedding`),
+    /// and the head of `vocab_head`.
+    pub vocab_parallel: bool,
+    /// With `vocab_parallel`, the graph output a cross-entropy reads: the head producing
+    /// it is split along the vocabulary too, and the output then holds this rank's slice
+    /// of the logits only (the loss must be [`crate::collective::vocab`]'s).
+    pub vocab_head: Option<String>,
 }
 
 impl TensorParallel {
     /// Plan `model` (the whole model) for `size` ranks from a probe on `sample` inputs,
     /// and return rank `rank`'s model. A graph with nothing to split is an error unless
-    /// `allow_replicated`.
+    /// `options.allow_replicated`.
     pub fn apply(
         model: OnnxModel,
         sample: Vec<(String, Value)>,
         rank: usize,
         size: usize,
-        allow_replicated: bool,
+        options: &SplitOptions,
     ) -> Result<(OnnxModel, TensorParallel)> {
         let probe = model.probe(sample)?;
-        let plan = plan::plan(&model, &probe, size);
+        let mut plan = plan::plan(&model, &probe, size);
+        if options.vocab_parallel {
+            let in_block = |i: usize| plan.region.contains(&i) || plan.starts.contains(&i);
+            let blocks = vocab::Blocks {
+                params: &plan.params,
+                contains: &in_block,
+            };
+            plan.vocab = vocab::plan(&model, size, &blocks, options.vocab_head.as_deref());
+            if let Some((head, _)) = plan.vocab.head {
+                plan.copies
+                    .insert(model.graph().nodes[head].inputs[0].clone());
+            }
+        }
         let source = model
             .graph()
             .source
             .as_ref()
             .map_or_else(|| "the model".to_string(), |p| p.display().to_string());
-        if plan.starts.is_empty() && !allow_replicated {
+        if plan.is_empty() && !options.allow_replicated {
             return Err(OnnxError::field(
                 "horizontal_parallel_size",
                 format!(
-                    "no Megatron block (MatMul/Gemm on a 2-D weight -> ... -> MatMul/Gemm contracting its split axis) splits over {size} ranks in {source}: nothing to split (set tensor_parallel_allow_replicated to run it replicated)"
+                    "no Megatron block (MatMul/Gemm on a 2-D weight -> ... -> MatMul/Gemm contracting its split axis){} splits over {size} ranks in {source}: nothing to split (set tensor_parallel_allow_replicated to run it replicated)",
+                    if options.vocab_parallel {
+                        " and no token embedding or LM head"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
@@ -67,19 +103,23 @@ impl TensorParallel {
             .map(|&i| model.graph().nodes[i].name.clone())
             .collect();
         let graph = rewrite::rewrite(model.graph(), &plan)?;
-        let parts: BTreeMap<_, _> = plan
-            .params
+        let vocab = plan.vocab.shard(model.graph(), rank, size);
+        let params = plan.all_params();
+        let parts: BTreeMap<_, _> = params
             .iter()
             .map(|(name, split)| (name.clone(), move |full: &_| split.slice(full, rank, size)))
             .collect();
-        let model = model.into_tensor_parallel(graph, &parts)?;
+        let model = model
+            .into_tensor_parallel(graph, &parts)?
+            .with_vocab_shard(vocab.clone());
         Ok((
             model,
             TensorParallel {
                 rank,
                 size,
-                params: plan.params,
+                params,
                 blocks,
+                vocab,
             },
         ))
     }

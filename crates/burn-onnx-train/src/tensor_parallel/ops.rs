@@ -1,7 +1,9 @@
 //! The interpreter ops a tensor-parallel rewrite adds or adapts: `f` and `g` (see
-//! [`crate::collective::megatron`]), and Reshape and Split on a split axis, whose sizes in the file
-//! are the full model's and shrink by the rank count here.
+//! [`crate::collective::megatron`]), Reshape and Split on a split axis, whose sizes in the
+//! file are the full model's and shrink by the rank count here, and the embedding lookup
+//! in a table split along the vocabulary.
 
+use burn::tensor::{Tensor, TensorData};
 use ndarray::ArrayD;
 
 use crate::collective::CollectiveGroup;
@@ -9,7 +11,7 @@ use crate::collective::megatron::{tp_copy, tp_reduce};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::ops::{Inputs, OpContext, OpOutput, lookup};
-use crate::value::{FloatValue, Value};
+use crate::value::{FloatValue, Value, int_tensor_1d};
 
 /// Attribute of an adapted node: the rank count.
 pub const PARTS: &str = "burn.tp.parts";
@@ -52,6 +54,48 @@ pub fn reduce(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         tp_reduce(x.tensor, group),
         x.rank,
     ))]
+    .into())
+}
+
+/// Gather (axis 0) from this rank's rows of a table split along the vocabulary (`FULL`:
+/// the whole table's rows): the ids another rank holds give zero rows, which Megatron's
+/// `g` after this node fills in.
+pub fn vocab_gather(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let Some(group) = &ctx.collectives.tensor_parallel else {
+        op_bail!("a vocabulary-parallel Gather runs only inside a tensor-parallel run");
+    };
+    let full = ctx.attrs.int(FULL, 0)?;
+    let Value::Float(table) = inputs.take(0, "data")? else {
+        op_bail!("a vocabulary-parallel Gather reads a float table");
+    };
+    let ids = inputs.take(1, "indices")?.into_int()?;
+    let shape = table.shape();
+    let local = shape[0] as i64;
+    let start = group.0.rank() as i64 * local;
+    let mut rows = Vec::with_capacity(ids.len());
+    let mut held = Vec::with_capacity(ids.len());
+    for &i in &ids {
+        let id = if i < 0 { i + full } else { i };
+        if !(0..full).contains(&id) {
+            op_bail!("index {i} is out of bounds for axis 0 of size {full}");
+        }
+        let at = id - start;
+        let mine = (0..local).contains(&at);
+        rows.push(if mine { at } else { 0 });
+        held.push(if mine { 1f32 } else { 0.0 });
+    }
+    let width: usize = shape[1..].iter().product();
+    let n = ids.len();
+    let picked = table
+        .reshape(&[shape[0], width])?
+        .into_rank::<2>()?
+        .select(0, int_tensor_1d(rows, ctx.device));
+    let held: Tensor<2> = Tensor::from_data(TensorData::new(held, vec![n, 1]), ctx.device);
+    let mut out_shape = ids.shape().to_vec();
+    out_shape.extend_from_slice(&shape[1..]);
+    Ok(vec![Value::Float(
+        FloatValue::from_rank(picked * held)?.reshape(&out_shape)?,
+    )]
     .into())
 }
 

@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::split::AxisSplit;
+use super::vocab::VocabPlan;
 use crate::graph::{Graph, Node};
 use crate::model::{OnnxModel, ParamRole, Probe};
 use crate::value::norm_axis;
@@ -41,6 +42,22 @@ pub struct Plan {
     pub splits: BTreeSet<usize>,
     /// Nodes reading a split value.
     pub region: BTreeSet<usize>,
+    /// The embedding and head split along the vocabulary ([`super::vocab::plan`]).
+    pub vocab: VocabPlan,
+}
+
+impl Plan {
+    /// Every split parameter: the blocks' and the vocabulary's.
+    pub fn all_params(&self) -> BTreeMap<String, AxisSplit> {
+        let mut all = self.params.clone();
+        all.extend(self.vocab.params.clone());
+        all
+    }
+
+    /// Whether nothing is split.
+    pub fn is_empty(&self) -> bool {
+        self.starts.is_empty() && self.vocab.params.is_empty()
+    }
 }
 
 /// The periods tried for a candidate, as divisors of its output width: plain, fused
@@ -286,7 +303,7 @@ impl Walk<'_> {
             return Err(fail());
         }
         let period = width / grouping;
-        self.slice_param(w, AxisSplit { axis, period }, &me)?;
+        self.slice_param(w, AxisSplit::new(axis, period), &me)?;
         if node.op_type == "Gemm"
             && let Some(c) = node.inputs.get(2).filter(|c| !c.is_empty())
         {
@@ -295,30 +312,15 @@ impl Walk<'_> {
                 if self.model.param_index(c).is_none() {
                     return Err(fail());
                 }
-                self.slice_param(
-                    c,
-                    AxisSplit {
-                        axis: shape.len() - 1,
-                        period,
-                    },
-                    &me,
-                )?;
+                self.slice_param(c, AxisSplit::new(shape.len() - 1, period), &me)?;
             }
         }
         self.plan.copies.insert(node.inputs[0].clone());
         self.plan.starts.insert(i);
         let out = &node.outputs[0];
         let rank = self.shape(out).ok_or_else(fail)?.len();
-        self.values.insert(
-            out.clone(),
-            (
-                AxisSplit {
-                    axis: rank - 1,
-                    period,
-                },
-                me,
-            ),
-        );
+        self.values
+            .insert(out.clone(), (AxisSplit::new(rank - 1, period), me));
         Ok(())
     }
 

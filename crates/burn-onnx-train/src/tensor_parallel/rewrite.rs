@@ -1,7 +1,9 @@
 //! The graph of one tensor-parallel rank, from a [`Plan`]: `f` on every value entering a
-//! block, `g` after every row-parallel projection (a Gemm's bias moves after it, so it is
-//! added once), Reshape and Split nodes on the split axis adapted to local sizes. Every
-//! rank gets the same graph; only the parameters differ (see `OnnxModel::into_tensor_parallel`).
+//! block or the vocabulary-parallel head, `g` after every row-parallel projection (a
+//! Gemm's bias moves after it, so it is added once) and every vocabulary-parallel
+//! embedding lookup, Reshape and Split nodes on the split axis adapted to local sizes.
+//! Every rank gets the same graph; only the parameters differ (see
+//! `OnnxModel::into_tensor_parallel`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -22,7 +24,8 @@ pub fn rewrite(graph: &Graph, plan: &Plan) -> Result<Graph> {
     let mut emitted: HashSet<&str> = HashSet::new();
     for (i, node) in graph.nodes.iter().enumerate() {
         let mut node = node.clone();
-        let in_block = plan.region.contains(&i) || plan.starts.contains(&i);
+        let head = plan.vocab.head.is_some_and(|(h, _)| h == i);
+        let in_block = plan.region.contains(&i) || plan.starts.contains(&i) || head;
         if in_block {
             for input in node
                 .inputs
@@ -64,7 +67,14 @@ pub fn rewrite(graph: &Graph, plan: &Plan) -> Result<Graph> {
             node.attrs.set(ops::PARTS, Attr::Int(tp));
             node.op = ops::split;
         }
-        if !plan.ends.contains(&i) {
+        let lookup = plan.vocab.embeddings.contains(&i);
+        if lookup {
+            let rows =
+                plan.vocab.params[&node.inputs[0]].period - plan.vocab.params[&node.inputs[0]].pad;
+            node.attrs.set(ops::FULL, Attr::Int(rows as i64));
+            node.op = ops::vocab_gather;
+        }
+        if !plan.ends.contains(&i) && !lookup {
             nodes.push(node);
             continue;
         }

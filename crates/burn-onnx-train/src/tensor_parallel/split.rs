@@ -5,6 +5,9 @@
 //! rank count): rank `r` holds the indices whose position within each period block falls
 //! in its `r`-th chunk of `P / tp`. A plain column split has `P = F`; the output of a fused
 //! Q/K/V projection has `P = F / 3`, so every rank holds its heads of Q, of K and of V.
+//! A vocabulary split (see [`super::vocab`]) may pad: `pad` zero rows are appended to
+//! the axis so that `F + pad` divides by the rank count (Megatron pads its vocabulary
+//! too), and every rank holds an equal part; reassembling drops them again.
 
 use ndarray::{ArrayD, Axis, IxDyn};
 
@@ -15,6 +18,14 @@ pub struct AxisSplit {
     pub axis: usize,
     /// Block length `P`: rank `r` holds positions `r*P/tp .. (r+1)*P/tp` of every block.
     pub period: usize,
+    /// Zero entries appended to the axis before it is split (the last rank holds them);
+    /// only with `period` = the padded size (one block).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pad: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Group the axes of a reshape `input -> output` into runs with equal products:
@@ -61,6 +72,9 @@ impl AxisSplit {
         output: &[usize],
         tp: usize,
     ) -> Option<AxisSplit> {
+        if self.pad > 0 {
+            return None;
+        }
         let groups = reshape_groups(input, output)?;
         let (ins, outs) = groups
             .into_iter()
@@ -76,25 +90,38 @@ impl AxisSplit {
         for j in outs.clone() {
             let stride: usize = output[j + 1..outs.end].iter().product();
             if unit % stride == 0 && (stride * output[j]) % cycle == 0 {
-                return Some(AxisSplit {
-                    axis: j,
-                    period: cycle / stride,
-                });
+                return Some(AxisSplit::new(j, cycle / stride));
             }
         }
         None
     }
 
-    /// The same split on another axis.
-    pub fn on(self, axis: usize) -> AxisSplit {
+    /// A split without padding.
+    pub fn new(axis: usize, period: usize) -> AxisSplit {
         AxisSplit {
             axis,
-            period: self.period,
+            period,
+            pad: 0,
         }
+    }
+
+    /// The same split on another axis.
+    pub fn on(self, axis: usize) -> AxisSplit {
+        AxisSplit { axis, ..self }
     }
 
     /// Rank `rank`'s part of `full` (of `tp` ranks).
     pub fn slice(self, full: &ArrayD<f32>, rank: usize, tp: usize) -> ArrayD<f32> {
+        if self.pad > 0 {
+            let mut zeros = full.shape().to_vec();
+            zeros[self.axis] = self.pad;
+            let padded = ndarray::concatenate(
+                Axis(self.axis),
+                &[full.view(), ArrayD::zeros(IxDyn(&zeros)).view()],
+            )
+            .expect("padding of the same rank");
+            return AxisSplit { pad: 0, ..self }.slice(&padded, rank, tp);
+        }
         let shape = full.shape();
         let mut blocked: Vec<usize> = shape[..self.axis].to_vec();
         blocked.extend([shape[self.axis] / self.period, tp, self.period / tp]);
@@ -112,8 +139,15 @@ impl AxisSplit {
             .expect("same element count")
     }
 
-    /// The full array from every rank's part, in rank order.
+    /// The full array from every rank's part, in rank order (padding dropped).
     pub fn assemble(self, parts: &[ArrayD<f32>]) -> ArrayD<f32> {
+        if self.pad > 0 {
+            let padded = AxisSplit { pad: 0, ..self }.assemble(parts);
+            let keep = padded.shape()[self.axis] - self.pad;
+            return padded
+                .slice_axis(Axis(self.axis), ndarray::Slice::from(..keep))
+                .to_owned();
+        }
         let tp = parts.len();
         let local = parts[0].shape();
         let mut blocked: Vec<usize> = local[..self.axis].to_vec();
@@ -145,32 +179,32 @@ mod tests {
     #[test]
     fn head_split_and_merge() {
         // [B, T, d=8] -> [B, T, H=4, hd=2]: column split of d lands on the heads.
-        let s = AxisSplit { axis: 2, period: 8 };
+        let s = AxisSplit::new(2, 8);
         assert_eq!(
             s.through_reshape(&[2, 3, 8], &[2, 3, 4, 2], 2),
-            Some(AxisSplit { axis: 2, period: 4 })
+            Some(AxisSplit::new(2, 4))
         );
         // 3 heads cannot be split in 2.
         assert_eq!(
-            AxisSplit { axis: 2, period: 6 }.through_reshape(&[2, 3, 6], &[2, 3, 3, 2], 2),
+            AxisSplit::new(2, 6).through_reshape(&[2, 3, 6], &[2, 3, 3, 2], 2),
             None
         );
         // Merge back.
-        let h = AxisSplit { axis: 2, period: 4 };
+        let h = AxisSplit::new(2, 4);
         assert_eq!(
             h.through_reshape(&[2, 3, 4, 2], &[2, 3, 8], 2),
-            Some(AxisSplit { axis: 2, period: 8 })
+            Some(AxisSplit::new(2, 8))
         );
         // Fused q/k/v, [B, T, 3d] -> [B, T, 3, H, hd]: the heads, in every one of the three.
-        let qkv = AxisSplit { axis: 2, period: 8 };
+        let qkv = AxisSplit::new(2, 8);
         assert_eq!(
             qkv.through_reshape(&[2, 3, 24], &[2, 3, 3, 4, 2], 2),
-            Some(AxisSplit { axis: 3, period: 4 })
+            Some(AxisSplit::new(3, 4))
         );
         // Flattening the batch keeps the column axis.
         assert_eq!(
-            AxisSplit { axis: 2, period: 8 }.through_reshape(&[2, 3, 8], &[6, 8], 2),
-            Some(AxisSplit { axis: 1, period: 8 })
+            AxisSplit::new(2, 8).through_reshape(&[2, 3, 8], &[6, 8], 2),
+            Some(AxisSplit::new(1, 8))
         );
     }
 
@@ -179,16 +213,39 @@ mod tests {
         // 2 x 6 with period 3 (q|k of width 3 each... here two blocks), over 3 ranks? use tp 3.
         let full =
             ArrayD::from_shape_vec(IxDyn(&[2, 6]), (0..12).map(|x| x as f32).collect()).unwrap();
-        let s = AxisSplit { axis: 1, period: 3 };
+        let s = AxisSplit::new(1, 3);
         let parts: Vec<_> = (0..3).map(|r| s.slice(&full, r, 3)).collect();
         assert_eq!(parts[1].as_slice().unwrap(), &[1.0, 4.0, 7.0, 10.0]);
         assert_eq!(s.assemble(&parts), full);
-        let rows = AxisSplit { axis: 0, period: 2 };
+        let rows = AxisSplit::new(0, 2);
         let parts: Vec<_> = (0..2).map(|r| rows.slice(&full, r, 2)).collect();
         assert_eq!(
             parts[1].as_slice().unwrap(),
             &[6.0, 7.0, 8.0, 9.0, 10.0, 11.0]
         );
         assert_eq!(rows.assemble(&parts), full);
+    }
+
+    #[test]
+    fn a_padded_split_appends_zero_rows_to_the_last_rank_and_drops_them_again() {
+        // 5 rows over 2 ranks: 3 each, the last rank's third row is padding.
+        let full =
+            ArrayD::from_shape_vec(IxDyn(&[5, 2]), (0..10).map(|x| x as f32).collect()).unwrap();
+        let s = AxisSplit {
+            axis: 0,
+            period: 6,
+            pad: 1,
+        };
+        let parts: Vec<_> = (0..2).map(|r| s.slice(&full, r, 2)).collect();
+        assert_eq!(
+            parts[0].as_slice().unwrap(),
+            &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        );
+        assert_eq!(
+            parts[1].as_slice().unwrap(),
+            &[6.0, 7.0, 8.0, 9.0, 0.0, 0.0]
+        );
+        assert_eq!(s.assemble(&parts), full);
+        assert_eq!(s.through_reshape(&[5, 2], &[10], 2), None);
     }
 }

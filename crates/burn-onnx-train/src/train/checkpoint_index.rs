@@ -5,8 +5,8 @@
 //! Tensor-parallel parts hold pieces of one weight in several files, which one index cannot
 //! say: there each tp rank `r` gets `model-tp-<r>.safetensors.index.json` over its own
 //! files (Megatron's one-directory-per-model-parallel-rank view), whose metadata names the
-//! rank, the tp size and how each split weight is cut (`tensor_parallel_splits`: axis and
-//! period, as `state.json` records them).
+//! rank, the tp size and how each split weight is cut (`tensor_parallel_splits`: axis,
+//! period and any vocabulary padding, as `state.json` records them).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -86,12 +86,7 @@ pub fn model_indices(
                 metadata.insert("tensor_parallel_size".into(), tp_size.into());
                 let cuts: serde_json::Map<_, _> = splits
                     .iter()
-                    .map(|(n, s)| {
-                        (
-                            n.clone(),
-                            serde_json::json!({"axis": s.axis, "period": s.period}),
-                        )
-                    })
+                    .map(|(n, s)| (n.clone(), serde_json::json!(s)))
                     .collect();
                 metadata.insert("tensor_parallel_splits".into(), cuts.into());
                 format!("model-tp-{r}.safetensors.index.json")

@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use serde::Serialize;
 
 use super::config::{OffloadTarget, OptimizerKind, TrainingConfig};
+use crate::kernels::FLAT_CHUNK;
 use crate::model::{OnnxModel, ParamRole};
 
 /// What one rank of a layout holds at its peak, in bytes (every data-parallel replica of
@@ -61,6 +62,15 @@ pub(super) fn state_slots(c: &TrainingConfig) -> u64 {
     }
 }
 
+/// Elements of the fused update's flat buffers (Adam, AdamW and LAMB at ZeRO stage 0)
+/// for parameters of `trainable` elements: each padded to whole chunks.
+fn fused_elements(trainable: &[usize]) -> u64 {
+    trainable
+        .iter()
+        .map(|&n| (n.div_ceil(FLAT_CHUNK).max(1) * FLAT_CHUNK) as u64)
+        .sum()
+}
+
 /// What a rank holding `part` (its part of the model, whole parameters) keeps besides its
 /// working set, at `c`'s ZeRO stage and data-parallel size: the pre-flight line of a run.
 pub fn counted_memory(c: &TrainingConfig, part: &OnnxModel) -> RankMemory {
@@ -95,7 +105,14 @@ pub(super) fn rank_memory(
         1 => shard * dp as u64,
         _ => shard,
     };
-    let state = 4 * state_slots(c) * if zero > 0 { shard } else { train_n };
+    let slots = state_slots(c);
+    let state = 4
+        * slots
+        * match zero {
+            0 if slots == 2 => fused_elements(&trainable),
+            0 => train_n,
+            _ => shard,
+        };
     let on_disk = c.offload.offload_optimizer == OffloadTarget::Disk;
     let optimizer_state_bytes = if on_disk { 0 } else { state };
     let accumulated = if c.train.gradient_accumulation_steps > 1 {

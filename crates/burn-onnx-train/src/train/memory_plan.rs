@@ -219,7 +219,7 @@ pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> 
                 vec![(c.model.input_name.clone(), sample(2)?)],
                 tp_rank,
                 tp,
-                p.tensor_parallel_allow_replicated,
+                &c.tensor_parallel_split(),
             )?
             .0
         } else {

@@ -145,7 +145,7 @@ impl ParallelPlan {
                 vec![(c.model.input_name.clone(), input)],
                 self.groups.tp_rank,
                 self.topology.tp,
-                c.parallel.tensor_parallel_allow_replicated,
+                &c.tensor_parallel_split(),
             )?;
             if self.groups.tp_rank == 0 && self.groups.dp_rank == 0 && self.groups.pp_rank == 0 {
                 tracing::info!(

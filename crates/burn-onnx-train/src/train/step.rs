@@ -6,10 +6,11 @@ use burn::tensor::{Device, Tensor};
 use super::config::TrainingConfig;
 use super::data::{Batch, Target};
 use super::precision::Precision;
+use crate::collective::vocab::ShardedLogits;
 use crate::error::{OnnxError, Result};
 use crate::host_tensor::HostTensor;
 use crate::loss::{
-    IGNORE_INDEX, LossKind, cross_entropy, lm_cross_entropy, mse, token_cross_entropy,
+    IGNORE_INDEX, Logits, LossKind, cross_entropy, lm_cross_entropy, mse, token_cross_entropy,
 };
 use crate::model::{ForwardOutput, Mode, OnnxModel};
 use crate::value::{FloatValue, PhysTensor, Value};
@@ -162,6 +163,28 @@ pub fn loss_of_outputs(
             ),
         ));
     };
+    let sharded = out
+        .sharded_logits
+        .clone()
+        .filter(|s| s.shard.output == config.output_name);
+    if sharded.is_some()
+        && !matches!(
+            config.loss,
+            LossKind::CrossEntropy | LossKind::LmCrossEntropy
+        )
+    {
+        return Err(OnnxError::field(
+            "config.model.loss",
+            format!(
+                "'{}' holds one tensor-parallel rank's slice of the vocabulary; only the cross-entropy losses read it",
+                config.output_name
+            ),
+        ));
+    }
+    let logits = |value| Logits {
+        value,
+        sharded: sharded.clone(),
+    };
     let (loss, correct) = match (config.loss, &batch.target, &batch.input) {
         (LossKind::Graph, _, _) => {
             if pred.numel() != 1 {
@@ -177,7 +200,7 @@ pub fn loss_of_outputs(
             (pred.tensor.reshape([1]), None)
         }
         (LossKind::LmCrossEntropy, Target::NextToken, HostTensor::Int(ids)) => {
-            (lm_cross_entropy(pred, ids)?, None)
+            (lm_cross_entropy(logits(pred), ids)?, None)
         }
         (
             LossKind::LmCrossEntropy,
@@ -185,14 +208,14 @@ pub fn loss_of_outputs(
                 labels, divisor, ..
             },
             _,
-        ) => (token_cross_entropy(pred, labels, *divisor)?, None),
+        ) => (token_cross_entropy(logits(pred), labels, *divisor)?, None),
         (LossKind::CrossEntropy, Target::Classes(labels), _) => {
             let correct = if mode == Mode::Eval {
-                Some(count_correct(&pred, labels)?)
+                Some(count_correct(&pred, labels, sharded.as_ref())?)
             } else {
                 None
             };
-            (cross_entropy(pred, labels)?, correct)
+            (cross_entropy(logits(pred), labels)?, correct)
         }
         (LossKind::Mse, Target::Values(t), _) => {
             let t = FloatValue::from_array(t, device)
@@ -213,9 +236,11 @@ pub fn loss_of_outputs(
     })
 }
 
+/// Rows whose top-1 class (over every rank's slice, for sharded logits) is the label.
 fn count_correct(
-    logits: &crate::value::FloatValue,
+    logits: &FloatValue,
     labels: &ndarray::ArrayD<i64>,
+    sharded: Option<&ShardedLogits>,
 ) -> Result<usize> {
     let a = logits
         .to_array()
@@ -226,17 +251,27 @@ fn count_correct(
         .into_owned()
         .into_shape_with_order((labels.len(), classes))
         .map_err(|e| OnnxError::field("logits", e.to_string()))?;
-    Ok(rows
-        .outer_iter()
+    let best: Vec<usize> = match sharded {
+        Some(s) => s
+            .argmax_rows(&rows)
+            .map_err(|e| OnnxError::field("logits", e.0))?,
+        None => rows
+            .outer_iter()
+            .map(|row| {
+                row.iter()
+                    .enumerate()
+                    .fold(
+                        (0, f32::MIN),
+                        |acc, (i, &v)| if v > acc.1 { (i, v) } else { acc },
+                    )
+                    .0
+            })
+            .collect(),
+    };
+    Ok(best
+        .iter()
         .zip(labels.iter())
-        .filter(|(row, l)| {
-            let best =
-                row.iter().enumerate().fold(
-                    (0, f32::MIN),
-                    |acc, (i, &v)| if v > acc.1 { (i, v) } else { acc },
-                );
-            best.0 as i64 == **l
-        })
+        .filter(|(b, l)| **b as i64 == **l)
         .count())
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use burn_onnx_train::loss::lm_cross_entropy;
+use burn_onnx_train::loss::{Logits, lm_cross_entropy};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use burn_ort_dist::{Communicator, DistResult, ReduceOp};
 use ndarray::ArrayD;
@@ -65,7 +65,8 @@ impl Communicator for Counting {
 }
 
 /// Logits of a training-mode forward pass on token `ids` and `(name, gradient)` of every
-/// trainable parameter under the LM loss.
+/// trainable parameter under the LM loss (a tensor-parallel rank's slice of the logits,
+/// and the parallel loss, when its head is split along the vocabulary).
 pub fn logits_and_grads(
     model: &OnnxModel,
     ids: &ArrayD<i64>,
@@ -79,7 +80,15 @@ pub fn logits_and_grads(
     let Some(Value::Float(logits)) = out.get("logits").cloned() else {
         panic!("no logits")
     };
-    let loss = lm_cross_entropy(logits.clone(), ids).unwrap();
+    let sharded = out.sharded_logits.clone();
+    let loss = lm_cross_entropy(
+        Logits {
+            value: logits.clone(),
+            sharded,
+        },
+        ids,
+    )
+    .unwrap();
     let grads = loss.backward();
     let named = model
         .param_grads(&grads)

@@ -72,6 +72,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "data_parallel_size",
             "horizontal_parallel_size",
             "tensor_parallel_allow_replicated",
+            "tensor_parallel_vocab",
             "pipeline_parallel_size",
             "num_pipeline_micro_batches",
             "pipeline_schedule",

@@ -36,6 +36,7 @@ pub enum MomentPlace {
 use super::precision::Precision;
 use crate::error::{OnnxError, Result};
 use crate::loss::LossKind;
+use crate::tensor_parallel::SplitOptions;
 
 /// Everything a training run needs, section by section.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -82,6 +83,23 @@ impl TrainingConfig {
                 .find(|m| self.data.batch_size % m == 0)
                 .unwrap_or(1),
             (_, m) => m,
+        }
+    }
+
+    /// What a tensor-parallel split cuts besides Megatron's blocks: with
+    /// `tensor_parallel_vocab`, the token embeddings, and the head of `model.output_name`
+    /// when a cross-entropy reads it (another loss needs whole outputs).
+    pub fn tensor_parallel_split(&self) -> SplitOptions {
+        let p = &self.parallel;
+        let vocab_loss = matches!(
+            self.model.loss,
+            LossKind::CrossEntropy | LossKind::LmCrossEntropy
+        );
+        SplitOptions {
+            allow_replicated: p.tensor_parallel_allow_replicated,
+            vocab_parallel: p.tensor_parallel_vocab,
+            vocab_head: (p.tensor_parallel_vocab && vocab_loss)
+                .then(|| self.model.output_name.clone()),
         }
     }
 

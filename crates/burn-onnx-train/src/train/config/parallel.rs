@@ -120,6 +120,11 @@ pub struct ParallelConfig {
     /// With `horizontal_parallel_size` > 1, run a graph in which no block splits
     /// replicated on every tensor-parallel rank instead of stopping with an error.
     pub tensor_parallel_allow_replicated: bool,
+    /// With `horizontal_parallel_size` > 1, also split the token embeddings and the LM
+    /// head along the vocabulary (Megatron's vocabulary parallelism): each rank holds its
+    /// slice of the table and of the logits, and with a cross-entropy loss the loss is
+    /// computed from the slices (the logits are never whole on one rank). Default on.
+    pub tensor_parallel_vocab: bool,
     /// Pipeline-parallel size: the graph is cut into this many stages, one per rank of a
     /// replica.
     pub pipeline_parallel_size: usize,
@@ -169,6 +174,7 @@ impl Default for ParallelConfig {
             data_parallel_size: 1,
             horizontal_parallel_size: 1,
             tensor_parallel_allow_replicated: false,
+            tensor_parallel_vocab: true,
             pipeline_parallel_size: 1,
             num_pipeline_micro_batches: 0,
             pipeline_schedule: PipelineSchedule::OneFOneB,
