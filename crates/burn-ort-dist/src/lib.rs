@@ -18,6 +18,7 @@ pub mod communicator;
 pub mod cuda_probe;
 pub mod data_parallel;
 pub mod device_buckets;
+pub mod disk_vectors;
 pub mod error;
 pub mod fp16_wire;
 pub mod grad_sync;

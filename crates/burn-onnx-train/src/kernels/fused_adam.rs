@@ -12,7 +12,7 @@
 //! Parameters and moments are f32 (master weights): under `--precision f16/bf16` the
 //! interpreter casts at the autocast ops, so there is no separate low-precision copy.
 //! With the moments offloaded to disk (`offload.offload_optimizer = "disk"`, CPU update
-//! only) they live in a memory-mapped file instead (`disk_moments.rs`), the arithmetic
+//! only) they live in a memory-mapped file instead (`burn_ort_dist::disk_vectors`), the arithmetic
 //! unchanged.
 
 use std::borrow::Cow;
@@ -20,7 +20,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::PathBuf;
 
-use super::disk_moments::DiskMoments;
 use super::host_optim::{HostRule, HostSlot, InPlace};
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use super::offload_step;
@@ -30,6 +29,7 @@ use burn::module::ModuleMapper;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Bytes, Device, Tensor, TensorData};
+use burn_ort_dist::disk_vectors::DiskVectors;
 use burn_ort_dist::zero::flat_optim::{AdamStep, Rule};
 use burn_ort_dist::{
     DistError, DistResult, MomentSlices, MomentState, ReplicaOptimizer, decode_moments,
@@ -63,7 +63,7 @@ enum Moments {
     /// Tensors on the training device.
     Device(Tensor<1>, Tensor<1>),
     /// A memory-mapped file (the CPU update only).
-    Disk(DiskMoments),
+    Disk(DiskVectors),
 }
 
 /// The flat layout and the device state of a run's optimizer.
@@ -126,8 +126,8 @@ impl FusedAdam {
         Ok(Some(match &flat.moments {
             Moments::Device(a, b) => (host(a)?, host(b)?),
             Moments::Disk(d) => {
-                let (a, b) = d.moments();
-                (Cow::Borrowed(a), Cow::Borrowed(b))
+                let v = d.vectors();
+                (Cow::Borrowed(v[0]), Cow::Borrowed(v[1]))
             }
         }))
     }
@@ -217,7 +217,7 @@ impl FusedAdam {
         }
         let len = chunk * CHUNK;
         let mut moments = match &self.offload_dir {
-            Some(dir) => Moments::Disk(DiskMoments::create(dir, len).map_err(|e| {
+            Some(dir) => Moments::Disk(DiskVectors::create(dir, 2, len).map_err(|e| {
                 invalid(format!(
                     "optimizer moments on disk under {}: {e}",
                     dir.display()
@@ -228,7 +228,8 @@ impl FusedAdam {
         let (mut host_m1, mut host_m2) = (Vec::new(), Vec::new());
         let (m1, m2): (&mut [f32], &mut [f32]) = match &mut moments {
             Moments::Disk(d) => {
-                let (m1, m2, _) = d.moments_mut();
+                let (v, _) = d.vectors_mut();
+                let [m1, m2]: [&mut [f32]; 2] = v.try_into().expect("two moments");
                 (m1, m2)
             }
             Moments::Device(..) => {
@@ -428,7 +429,8 @@ fn with_host_moments<R>(
 ) -> DistResult<R> {
     match moments {
         Moments::Disk(disk) => {
-            let (moment_1, moment_2, releaser) = disk.moments_mut();
+            let (v, releaser) = disk.vectors_mut();
+            let [moment_1, moment_2]: [&mut [f32]; 2] = v.try_into().expect("two moments");
             let release = move |r| releaser.release(r);
             Ok(f(moment_1, moment_2, Some(&release)))
         }

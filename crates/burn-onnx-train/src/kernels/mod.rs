@@ -30,7 +30,6 @@ mod cross_entropy;
 mod cube;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_optim;
-mod disk_moments;
 mod fast_math;
 mod fused_adam;
 mod host;

@@ -128,7 +128,7 @@ pub fn layouts(world: usize) -> Vec<Layout> {
 }
 
 /// The layouts a user short of memory would try after `base`: recomputation, then that
-/// and the moments on disk (the replicated optimizer's: ZeRO keeps its shards in memory).
+/// and the optimizer state on disk (the replicated moments, or ZeRO's shards).
 fn lighter(base: Layout) -> Vec<Layout> {
     // A pipeline recomputes stage by stage: one segment per stage.
     let segments = if base.pp > 1 {
@@ -140,14 +140,13 @@ fn lighter(base: Layout) -> Vec<Layout> {
         recompute: segments,
         ..base
     };
-    let mut out = vec![recompute];
-    if base.zero == 0 {
-        out.push(Layout {
+    vec![
+        recompute,
+        Layout {
             offload: true,
             ..recompute
-        });
-    }
-    out
+        },
+    ]
 }
 
 /// `c` laid out as `layout` on `world` processes, the global batch of its configured
@@ -383,16 +382,16 @@ mod tests {
         );
         assert!(trials[0].fits && trials[0].flags().contains("--recompute 4"));
 
-        // 400 bytes: only the moments on disk fit, and only without ZeRO (which keeps its
-        // shards in memory): dp 2 at stage 0, tp 2 and pp 2.
+        // 400 bytes: only the optimizer state on disk fits: dp 2 at every ZeRO stage, tp 2
+        // and pp 2.
         let trials = rank_layouts(&config(), 2, Some(400), fake);
         let fitting: Vec<Layout> = trials
             .iter()
             .filter(|t| t.fits)
             .map(Trial::layout)
             .collect();
-        assert_eq!(fitting.len(), 3, "{trials:?}");
-        assert!(fitting.iter().all(|l| l.offload && l.zero == 0));
+        assert_eq!(fitting.len(), 6, "{trials:?}");
+        assert!(fitting.iter().all(|l| l.offload));
         assert!(
             trials[0]
                 .flags()

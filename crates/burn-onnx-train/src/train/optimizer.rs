@@ -164,7 +164,8 @@ pub fn data_parallel(p: &ParallelConfig, comm: Arc<dyn Communicator>) -> DataPar
 
 /// The update strategy of a run: ZeRO stage 0 (replicated: Adam/AdamW/LAMB fused over
 /// flat buffers ([`crate::kernels::FusedAdam`]), SGD with Burn's optimizer from
-/// [`build_optimizer`]) or stages 1-3 (sharded flat buffers), over
+/// [`build_optimizer`]) or stages 1-3 (sharded flat buffers, their state in host memory
+/// or with `moments` on disk in a mapped file), over
 /// `ddp`'s group; `model` is this rank's whole part of the model (before stage 3 shards it).
 pub fn build_strategy(
     optimizer: &OptimizerConfig,
@@ -191,12 +192,16 @@ pub fn build_strategy(
         )));
     }
     let decay_of = |id: ParamId| decay.get(&id).copied().unwrap_or(0.0);
-    Ok(Box::new(Zero::new(
+    let zero = Zero::new(
         zero_stage,
         ddp.comm().clone(),
         flat_rule(optimizer),
         ddp.reduction(),
         decay_of,
         model,
-    )?))
+    )?;
+    Ok(Box::new(match moments {
+        MomentPlace::Disk(dir) => zero.with_state_on_disk(dir)?,
+        MomentPlace::Device | MomentPlace::Host => zero,
+    }))
 }

@@ -7,6 +7,7 @@
 use crate::communicator::{Communicator, ReduceOp};
 use crate::error::DistResult;
 use crate::zero::layout::{FlatLayout, Piece};
+use crate::zero::state_vectors::StateVectors;
 
 /// An update rule and its hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,8 +62,8 @@ impl Rule {
 pub struct ShardState {
     /// Updates applied so far.
     pub step: usize,
-    /// Velocity, or first and second moments.
-    pub slots: Vec<Vec<f32>>,
+    /// Velocity, or first and second moments (in memory or on disk).
+    pub slots: StateVectors,
 }
 
 /// Update `params` (this rank's shard) with `grads` (the reduced gradient of the same
@@ -84,6 +85,13 @@ pub fn apply(
     let t = state.step as i32;
     let lr32 = lr as f32;
     let trained = |p: &&Piece| layout.slots[p.slot].trainable;
+    // State on disk: each piece's pages are released once it is updated.
+    let (mut vectors, releaser) = state.slots.get_mut();
+    let done = |p: &Piece| {
+        if let Some(r) = &releaser {
+            r.release(p.local.clone());
+        }
+    };
     match rule {
         Rule::Sgd { momentum } => {
             for p in pieces.iter().filter(trained) {
@@ -97,7 +105,7 @@ pub fn apply(
                     let step = if momentum == 0.0 {
                         g
                     } else {
-                        let v = &mut state.slots[0][i];
+                        let v = &mut vectors[0][i];
                         *v = if t == 1 {
                             g
                         } else {
@@ -107,6 +115,7 @@ pub fn apply(
                     };
                     params[i] -= step * lr32;
                 }
+                done(p);
             }
         }
         Rule::Adam {
@@ -130,7 +139,7 @@ pub fn apply(
                     } else {
                         grads[i]
                     };
-                    let [m, v] = &mut state.slots[..] else {
+                    let [m, v] = &mut vectors[..] else {
                         unreachable!("Adam keeps two moments")
                     };
                     let delta = step.direction(g, &mut m[i], &mut v[i]);
@@ -141,6 +150,7 @@ pub fn apply(
                     };
                     params[i] = p0 - delta * lr32;
                 }
+                done(p);
             }
         }
         Rule::Lamb {
@@ -156,7 +166,7 @@ pub fn apply(
                 let wd = decay[p.slot];
                 let (mut pp, mut uu) = (0.0f64, 0.0f64);
                 for i in p.local.clone() {
-                    let [m, v] = &mut state.slots[..] else {
+                    let [m, v] = &mut vectors[..] else {
                         unreachable!("LAMB keeps two moments")
                     };
                     let mut u = step.direction(grads[i], &mut m[i], &mut v[i]);
@@ -169,6 +179,7 @@ pub fn apply(
                 }
                 norms[2 * p.slot] = pp as f32;
                 norms[2 * p.slot + 1] = uu as f32;
+                done(p);
             }
             if comm.world_size() > 1 {
                 comm.all_reduce(&mut norms, ReduceOp::Sum)?;

@@ -14,7 +14,9 @@
 //!   updates them in place and all-gathers nothing.
 //!
 //! Global-norm clipping and LAMB's per-tensor trust ratios work on shards: partial sums of
-//! squares, combined across ranks. Weight decay exclusions are per parameter.
+//! squares, combined across ranks. Weight decay exclusions are per parameter. A rank's
+//! state vectors may live in a memory-mapped file ([`Zero::with_state_on_disk`],
+//! ZeRO-Infinity's optimizer offload), updated with the same arithmetic.
 //!
 //! Checkpoints: every rank writes `zero-<rank>.safetensors` (its state vectors) and rank 0 writes
 //! `zero.json` (world size, stage, layout, step): a run on any world size and either stage
@@ -24,6 +26,7 @@ mod buckets;
 pub mod flat_optim;
 pub mod layout;
 pub mod state_files;
+pub mod state_vectors;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,6 +42,7 @@ use crate::strategy::{
 };
 use flat_optim::{Rule, ShardState, apply};
 use layout::{FlatLayout, Partitioning, Piece};
+use state_vectors::StateVectors;
 
 /// ZeRO stages 1, 2 and 3 over a communicator.
 pub struct Zero {
@@ -53,6 +57,8 @@ pub struct Zero {
     /// Each slot's weight decay.
     decay: Vec<f32>,
     state: ShardState,
+    /// Where the state vectors live on disk (`None`: in memory).
+    state_dir: Option<PathBuf>,
     memory: MemoryUse,
     model_parallel: Option<ModelParallel>,
 }
@@ -94,7 +100,7 @@ impl Zero {
         let decay = layout.slots.iter().map(|s| decay_of(s.id)).collect();
         let state = ShardState {
             step: 0,
-            slots: vec![vec![0.0; layout.shard_len()]; rule.state_slots()],
+            slots: vec![vec![0.0; layout.shard_len()]; rule.state_slots()].into(),
         };
         Ok(Zero {
             stage,
@@ -105,9 +111,25 @@ impl Zero {
             pieces,
             decay,
             state,
+            state_dir: None,
             memory: MemoryUse::default(),
             model_parallel: None,
         })
+    }
+
+    /// The same, with this rank's optimizer state in a memory-mapped file under `dir`
+    /// (ZeRO-Infinity's optimizer offload): the update reads and releases it parameter by
+    /// parameter, checkpoints and resumes read and write it there.
+    pub fn with_state_on_disk(mut self, dir: PathBuf) -> DistResult<Self> {
+        let rank = self.comm.rank();
+        let (count, len) = (self.rule.state_slots(), self.layout.shard_len());
+        self.state.slots =
+            StateVectors::zeros(count, len, Some(&dir)).map_err(|e| DistError::Invalid {
+                rank,
+                message: format!("optimizer state on disk under {}: {e}", dir.display()),
+            })?;
+        self.state_dir = Some(dir);
+        Ok(self)
     }
 
     /// This rank's shard of the reduced gradient: stage 1 all-reduces (or Adasum-combines)
@@ -209,7 +231,7 @@ impl<M: Module> UpdateStrategy<M> for Zero {
             }
         };
         self.memory = MemoryUse {
-            optimizer_state_bytes: self.state.slots.iter().map(Vec::len).sum::<usize>() * 4,
+            optimizer_state_bytes: self.state.slots.memory_bytes(),
             gradient_bytes: if self.stage == 1 {
                 layout.padded * 4
             } else {
@@ -237,12 +259,16 @@ impl<M: Module> UpdateStrategy<M> for Zero {
     }
 
     fn load_state(&mut self, _module: &M, dirs: &[PathBuf]) -> DistResult<()> {
-        self.state = state_files::read(
-            dirs,
-            self.comm.rank(),
-            &self.layout,
-            self.rule.state_slots(),
-        )?;
+        let rank = self.comm.rank();
+        let read = state_files::read(dirs, rank, &self.layout, self.rule.state_slots())?;
+        let dir = self.state_dir.as_deref();
+        self.state = ShardState {
+            step: read.step,
+            slots: read.slots.placed(dir).map_err(|e| DistError::Invalid {
+                rank,
+                message: format!("optimizer state on disk: {e}"),
+            })?,
+        };
         Ok(())
     }
 

@@ -38,6 +38,7 @@ fn legacy_shard_file(rank: usize) -> String {
 fn shard_bytes(rank: usize, stage: usize, world: usize, state: &ShardState) -> DistResult<Vec<u8>> {
     let bytes: Vec<Vec<u8>> = state
         .slots
+        .get()
         .iter()
         .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
         .collect();
@@ -161,7 +162,7 @@ pub fn write(
             stage,
             world_size: layout.world,
             step: state.step,
-            state_vectors: state.slots.len(),
+            state_vectors: state.slots.count(),
             elements: layout.len,
             parameter_elements: layout.slots.iter().map(|s| s.len).collect(),
             parameter_ids: layout.slots.iter().map(|s| s.id.val()).collect(),
@@ -244,7 +245,8 @@ pub fn read(
                 &per_slot.iter().map(|s| s[v].as_slice()).collect::<Vec<_>>(),
             )
         })
-        .collect();
+        .collect::<Vec<_>>()
+        .into();
     Ok(ShardState {
         step: step.unwrap_or(0),
         slots,
@@ -377,7 +379,8 @@ pub fn write_whole(
                     .flat_map(|(_, v)| v[k].iter().copied())
                     .collect()
             })
-            .collect(),
+            .collect::<Vec<_>>()
+            .into(),
     };
     std::fs::create_dir_all(dir).map_err(|e| bad(0, format!("{}: {e}", dir.display())))?;
     for (name, bytes) in write(0, stage, &layout, &state)? {
@@ -413,7 +416,8 @@ mod tests {
             step: 4,
             slots: (0..2)
                 .map(|k| (0..len).map(|i| value(k, i)).collect())
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
         }
     }
 
@@ -426,6 +430,7 @@ mod tests {
                     // The raw format of earlier checkpoints: every vector's f32, in turn.
                     let raw: Vec<u8> = s
                         .slots
+                        .get()
                         .concat()
                         .iter()
                         .flat_map(|x| x.to_le_bytes())

@@ -278,10 +278,6 @@ impl TrainingConfig {
                 Some(
                     "is what ZeRO does already: its shards of the optimizer state live in host memory and are updated on the CPU on every device (use \"none\")",
                 )
-            } else if p.zero_stage > 0 {
-                Some(
-                    "is implemented for the replicated optimizer (zero_stage 0); ZeRO keeps its shards of the optimizer state in host memory",
-                )
             } else if self.optimizer.kind == OptimizerKind::Sgd {
                 Some("offloads Adam, AdamW and LAMB moments; SGD's momentum stays in memory")
             } else {

@@ -424,7 +424,7 @@ pub enum OffloadTarget {
     /// In a memory-mapped file under `offload_dir` (ZeRO-Infinity's NVMe offload): each
     /// parameter's moments are paged in for its update and released after it, so memory
     /// holds one parameter's state at a time (on a GPU device, the update runs on the CPU
-    /// as with `cpu`). Adam, AdamW and LAMB.
+    /// as with `cpu`). Adam, AdamW and LAMB; with ZeRO each rank's shard of the state.
     Disk,
 }
 
