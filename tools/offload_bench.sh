@@ -9,7 +9,8 @@
 #
 # Defaults: the GPT-2 large shape (36 layers, 20 heads, width 1280: 774 M parameters),
 # 3 updates of 1 x 64 tokens, modes "none disk". The XL shape (48 25 1600, 1.56 B) with
-# mode "disk" is the run that does not fit 24 GiB in memory.
+# mode "disk" is the run that does not fit 24 GiB in memory. EXTRA adds training flags,
+# e.g. EXTRA="--dp 2 --zero 2" for ZeRO's shards on disk (thread ranks, 1 sample each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LAYERS=${1:-36} HEADS=${2:-20} WIDTH=${3:-1280} UPDATES=${4:-3} MODES=${5:-"none disk"}
@@ -20,7 +21,7 @@ gpt2_run "$DIR" "$LAYERS" "$HEADS" "$WIDTH" 50257 64 1 "$UPDATES"
 for mode in $MODES; do
   out="$DIR/$mode"
   rm -rf "$out"
-  /usr/bin/time -v $BIN train --config "$DIR/run.toml" --output-dir "$out" --offload-optimizer "$mode" \
+  /usr/bin/time -v $BIN train --config "$DIR/run.toml" --output-dir "$out" --offload-optimizer "$mode" ${EXTRA:-} \
     > "$DIR/$mode.log" 2>&1 || { echo "$mode failed:"; tail -5 "$DIR/$mode.log"; continue; }
   python3 - "$DIR/$mode.log" "$out/perf.json" "$mode" <<'PY'
 import json, re, sys

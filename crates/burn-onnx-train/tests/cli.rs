@@ -1051,20 +1051,31 @@ fn auto_ranks_every_layout_of_the_world_and_train_runs_the_chosen_one() {
     );
     let trials: Vec<serde_json::Value> = serde_json::from_slice(&plan.stdout).unwrap();
     let layout = |t: &serde_json::Value| {
-        ["dp", "tp", "pp", "zero_stage", "batch_size", "accumulation"]
-            .map(|k| t[k].as_u64().unwrap())
+        [
+            "dp",
+            "tp",
+            "pp",
+            "zero_stage",
+            "batch_size",
+            "accumulation",
+            "micro_batches",
+        ]
+        .map(|k| t[k].as_u64().unwrap())
     };
-    let mut got: Vec<[u64; 6]> = trials.iter().map(layout).collect();
+    let mut got: Vec<[u64; 7]> = trials.iter().map(layout).collect();
     got.sort();
+    // The pipeline with 2, 4 and 8 micro-batches of its 8 samples.
     assert_eq!(
         got,
         vec![
-            [1, 1, 2, 0, 8, 1],
-            [1, 2, 1, 0, 8, 1],
-            [2, 1, 1, 0, 4, 1],
-            [2, 1, 1, 1, 4, 1],
-            [2, 1, 1, 2, 4, 1],
-            [2, 1, 1, 3, 4, 1],
+            [1, 1, 2, 0, 8, 1, 2],
+            [1, 1, 2, 0, 8, 1, 4],
+            [1, 1, 2, 0, 8, 1, 8],
+            [1, 2, 1, 0, 8, 1, 0],
+            [2, 1, 1, 0, 4, 1, 0],
+            [2, 1, 1, 1, 4, 1, 0],
+            [2, 1, 1, 2, 4, 1, 0],
+            [2, 1, 1, 3, 4, 1, 0],
         ]
     );
     let speeds: Vec<f64> = trials

@@ -843,3 +843,59 @@ fn launch_shrinks_a_job_that_lost_a_rank_for_good_and_keeps_the_global_batch() {
     }
     assert_moved(&refkit("models/gpt2_tiny.onnx"), &elastic, 1e-3);
 }
+
+/// `train --auto` under mpirun: rank 0 tries the layouts of the job's 2 processes (its
+/// probes run as processes of their own, outside the job) while rank 1 waits, both run the
+/// layout rank 0 printed, and the run keeps the configured global batch of 4.
+#[test]
+fn auto_under_mpirun_runs_the_layout_rank_0_chose_on_every_rank() {
+    let _serial = one_job_at_a_time();
+    let dir = tempdir("mpi-auto");
+    let cfg = setup(&dir, "gpt2", 4);
+    let out = dir.join("auto");
+    let run = mpirun(2)
+        .arg(onnx_train())
+        .args(["train", "--config", cfg.to_str().unwrap()])
+        .args(["--output-dir", out.to_str().unwrap()])
+        .args(["--batch-size", "4", "--auto"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr).to_string();
+    assert!(run.status.success(), "{stderr}");
+    let choices: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("--auto: "))
+        .collect();
+    assert_eq!(choices.len(), 1, "rank 0 alone chooses: {stderr}");
+    let words: Vec<&str> = choices[0].split_whitespace().collect();
+    let value = |flag: &str| -> u64 {
+        let at = words.iter().position(|w| *w == flag).unwrap();
+        words[at + 1].parse().unwrap()
+    };
+    let perf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("perf.json")).unwrap()).unwrap();
+    assert_eq!(perf["world_size"], 2, "{perf}");
+    for (key, flag) in [
+        ("zero_stage", "--zero"),
+        ("pipeline_stages", "--pp"),
+        ("batch_size", "--batch-size"),
+        ("gradient_accumulation_steps", "--accumulation"),
+    ] {
+        assert_eq!(
+            perf[key].as_u64().unwrap(),
+            value(flag),
+            "{key}: {choices:?} {perf}"
+        );
+    }
+    assert_eq!(
+        value("--dp") * value("--tp") * value("--pp"),
+        2,
+        "{choices:?}"
+    );
+    assert_eq!(
+        value("--batch-size") * value("--dp") * value("--accumulation"),
+        4,
+        "the configured global batch: {choices:?}"
+    );
+    assert!(out.join("gpt2_tiny_trained.onnx").exists());
+}

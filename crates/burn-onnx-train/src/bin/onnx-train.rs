@@ -23,13 +23,14 @@ use burn_onnx_train::npy::{read_npy_value, write_npy_as};
 use burn_onnx_train::pipeline::Partition;
 use burn_onnx_train::tokenize::{TokenizeOptions, tokenize};
 use burn_onnx_train::train::TrainingConfig;
+use burn_onnx_train::train::auto_layout::Layout;
 use burn_onnx_train::train::checkpoint::{read_params, read_state, weights_file_bytes};
 use burn_onnx_train::train::checkpoint_manifest::check_files;
 use burn_onnx_train::train::data::{Dataset, ImageDataset};
 use burn_onnx_train::train::documents::token_dataset;
 use burn_onnx_train::train::elastic::ElasticJob;
 use burn_onnx_train::train::flags::TrainFlags;
-use burn_onnx_train::train::launch::launch_elastic;
+use burn_onnx_train::train::launch::{launch_auto, launch_elastic};
 use burn_onnx_train::{Graph, Mode, OnnxError, OnnxModel, ParamRole, Value};
 use clap::{Parser, Subcommand};
 use std::sync::Arc;
@@ -182,10 +183,10 @@ enum Command {
 struct TrainArgs {
     #[command(flatten)]
     run: TrainFlags,
-    /// Choose the layout of the configured world (dp x tp x pp processes) for you: every
-    /// layout is planned and timed by probe steps (`onnx-train plan --auto`), and the
-    /// fastest that fits `--memory-per-rank` runs, the global batch kept. Thread ranks of
-    /// one process only (under mpirun, run `plan --auto` and pass the flags it prints).
+    /// Choose the layout of the world for you: every layout is planned and timed by probe
+    /// steps (`onnx-train plan --auto`), and the fastest that fits `--memory-per-rank`
+    /// runs, the global batch kept. The world is the configured dp x tp x pp thread ranks,
+    /// or under mpirun the job's processes (rank 0 chooses and tells the others).
     #[arg(long)]
     auto: bool,
     /// With --auto: memory of one rank, e.g. 80GiB, 512MiB or bytes.
@@ -547,13 +548,17 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
         return Ok(());
     }
     let (train, test) = datasets(&c).map_err(OnnxError::before_first_update)?;
-    let c = if args.auto {
-        auto_layout(c, &train, args.memory_per_rank.as_deref())
-            .map_err(OnnxError::before_first_update)?
+    let summary = if args.auto {
+        let limit = args
+            .memory_per_rank
+            .as_deref()
+            .map(parse_size)
+            .transpose()?;
+        let choose = |c: &TrainingConfig, world: usize| auto_layout(c, world, &train, limit);
+        launch_auto(c, train.clone(), test, args.run.max_restarts, &choose)?
     } else {
-        c
+        launch_elastic(c, train, test, args.run.max_restarts)?
     };
-    let summary = launch_elastic(c, train, test, args.run.max_restarts)?;
     if let (Some(first), Some(last)) = (summary.losses.first(), summary.losses.last()) {
         println!(
             "loss {:.6} (update {}) -> {:.6} (update {})",
@@ -594,23 +599,17 @@ fn parse_size(text: &str) -> Result<u64, OnnxError> {
     }
 }
 
-/// `c` laid out by `train --auto`: the fastest layout of its world that fits `limit`.
+/// The layout `train --auto` runs for `c` on `world` processes: the fastest that fits
+/// `limit` (the memory of a rank).
 fn auto_layout(
-    c: TrainingConfig,
+    c: &TrainingConfig,
+    world: usize,
     train: &Arc<dyn Dataset>,
-    limit: Option<&str>,
-) -> Result<TrainingConfig, OnnxError> {
-    use burn_onnx_train::train::auto_layout::{chosen, configure, measure, rank_layouts, table};
-    if burn_ort_dist::launched_by_mpi() {
-        return Err(OnnxError::field(
-            "--auto",
-            "chooses among thread layouts of one process: under mpirun run `onnx-train plan --auto --np N` first and start the job with the flags it prints",
-        ));
-    }
-    let limit = limit.map(parse_size).transpose()?;
+    limit: Option<u64>,
+) -> Result<Layout, OnnxError> {
+    use burn_onnx_train::train::auto_layout::{chosen, measure, rank_layouts, table};
     let exe = std::env::current_exe().map_err(|e| OnnxError::io("onnx-train", e))?;
-    let world = c.parallel.world_size();
-    let trials = rank_layouts(&c, world, limit, |t| measure(t, train, &exe));
+    let trials = rank_layouts(c, world, limit, |t| measure(t, train, &exe));
     eprint!("{}", table(&trials));
     let best = chosen(&trials).ok_or_else(|| {
         OnnxError::field(
@@ -619,7 +618,7 @@ fn auto_layout(
         )
     })?;
     eprintln!("--auto: {}", best.flags());
-    configure(&c, world, best.layout())
+    Ok(best.layout())
 }
 
 fn plan(args: PlanArgs) -> Result<(), OnnxError> {

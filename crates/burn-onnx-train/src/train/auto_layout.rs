@@ -1,13 +1,13 @@
 //! `--auto`: the layout chosen for you, as DeepSpeed's autotuner chooses by short
 //! experiments. Every way to lay a run out on its world (data x tensor x pipeline
-//! parallel sizes, and ZeRO stages 0 to 3 where there are replicas) is fitted to that world
+//! parallel sizes, ZeRO stages 0 to 3 where there are replicas, and for a pipeline 1, 2
+//! and 4 micro-batches per stage where the batch divides) is fitted to that world
 //! keeping the global batch ([`super::elastic::fit_world`]), its memory planned
 //! ([`plan_memory`]: a rank's peak from counted bytes and a probed working set), and its
 //! speed measured by probe steps: the layout itself, run for [`SPEED_UPDATES`] updates in
 //! a process of its own, its throughput over the last half. A layout that does not fit the
 //! memory of a rank is tried again with activation recomputation ([`RECOMPUTE_SEGMENTS`]
-//! segments), then also with the optimizer's moments on disk (replicated Adam-family
-//! state), as a user short of memory would. The layouts that fit are ranked by throughput;
+//! segments), then also with the optimizer state on disk, as a user short of memory would. The layouts that fit are ranked by throughput;
 //! the others follow, with why.
 
 use std::path::Path;
@@ -43,6 +43,8 @@ pub struct Trial {
     pub recompute: usize,
     /// Adam's moments in a memory-mapped file (`offload_optimizer = "disk"`).
     pub offload: bool,
+    /// Pipeline micro-batches per batch (0: no pipeline).
+    pub micro_batches: usize,
     /// Samples per micro-batch and gradient accumulation that keep the global batch.
     pub batch_size: usize,
     /// See `batch_size`.
@@ -66,6 +68,9 @@ impl Trial {
             "--dp {} --tp {} --pp {} --zero {} --batch-size {} --accumulation {}",
             self.dp, self.tp, self.pp, self.zero_stage, self.batch_size, self.accumulation
         );
+        if self.micro_batches > 0 {
+            flags += &format!(" --micro-batches {}", self.micro_batches);
+        }
         if self.recompute > 0 {
             flags += &format!(" --recompute {}", self.recompute);
         }
@@ -84,12 +89,13 @@ impl Trial {
             zero: self.zero_stage,
             recompute: self.recompute,
             offload: self.offload,
+            micro: self.micro_batches,
         }
     }
 }
 
 /// What `--auto` varies: data x tensor x pipeline parallel sizes, ZeRO stage,
-/// recomputation segments and moments on disk.
+/// recomputation segments, the optimizer state on disk and pipeline micro-batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     pub dp: usize,
@@ -98,7 +104,13 @@ pub struct Layout {
     pub zero: usize,
     pub recompute: usize,
     pub offload: bool,
+    /// Pipeline micro-batches per batch (0: no pipeline, or the configured rule).
+    pub micro: usize,
 }
+
+/// Micro-batches per stage tried for a pipeline: the bubble is `(p - 1) / (m + p - 1)` of
+/// the time, so more micro-batches shrink it, and smaller ones compute less efficiently.
+const MICRO_PER_STAGE: [usize; 3] = [1, 2, 4];
 
 /// `n`'s divisors, ascending.
 fn divisors(n: usize) -> Vec<usize> {
@@ -121,6 +133,7 @@ pub fn layouts(world: usize) -> Vec<Layout> {
                 zero,
                 recompute: 0,
                 offload: false,
+                micro: 0,
             }));
         }
     }
@@ -149,6 +162,30 @@ fn lighter(base: Layout) -> Vec<Layout> {
     ]
 }
 
+/// `base` with each micro-batch count of [`MICRO_PER_STAGE`] that divides the batch `c`
+/// gets laid out as `base` (`base` itself without a pipeline, or when none divides).
+fn with_micro_batches(c: &TrainingConfig, world: usize, base: Layout) -> Vec<Layout> {
+    let Some(batch) = (base.pp > 1)
+        .then(|| configure(c, world, base).ok())
+        .flatten()
+        .map(|t| t.data.batch_size)
+    else {
+        return vec![base];
+    };
+    let counts: Vec<usize> = MICRO_PER_STAGE
+        .iter()
+        .map(|k| k * base.pp)
+        .filter(|m| batch.is_multiple_of(*m))
+        .collect();
+    if counts.is_empty() {
+        return vec![base];
+    }
+    counts
+        .into_iter()
+        .map(|micro| Layout { micro, ..base })
+        .collect()
+}
+
 /// `c` laid out as `layout` on `world` processes, the global batch of its configured
 /// layout kept ([`with_replicas`]), checked as a run would check it.
 pub fn configure(c: &TrainingConfig, world: usize, layout: Layout) -> Result<TrainingConfig> {
@@ -157,6 +194,9 @@ pub fn configure(c: &TrainingConfig, world: usize, layout: Layout) -> Result<Tra
     t.parallel.pipeline_parallel_size = layout.pp;
     t.parallel.zero_stage = layout.zero;
     t.parallel.recompute_segments = layout.recompute;
+    if layout.micro > 0 {
+        t.parallel.num_pipeline_micro_batches = layout.micro;
+    }
     if layout.offload {
         t.offload.offload_optimizer = super::config::OffloadTarget::Disk;
     }
@@ -218,6 +258,7 @@ pub fn rank_layouts(
             zero_stage: layout.zero,
             recompute: layout.recompute,
             offload: layout.offload,
+            micro_batches: 0,
             batch_size: 0,
             accumulation: 0,
             predicted_peak_bytes: None,
@@ -229,6 +270,11 @@ pub fn rank_layouts(
         let measured = configure(c, world, layout).and_then(|t| {
             trial.batch_size = t.data.batch_size;
             trial.accumulation = t.train.gradient_accumulation_steps;
+            trial.micro_batches = if t.parallel.pipeline_parallel_size > 1 {
+                t.micro_batches()
+            } else {
+                0
+            };
             measure(&t)
         });
         match measured {
@@ -243,7 +289,10 @@ pub fn rank_layouts(
         trial
     };
     let mut trials = Vec::new();
-    for base in layouts(world) {
+    let bases = layouts(world)
+        .into_iter()
+        .flat_map(|base| with_micro_batches(c, world, base));
+    for base in bases {
         let trial = try_one(base);
         let short_of_memory = trial.refused.is_none() && !trial.fits;
         trials.push(trial);
@@ -277,13 +326,14 @@ pub fn chosen(trials: &[Trial]) -> Option<&Trial> {
 pub fn table(trials: &[Trial]) -> String {
     let mib = |b: Option<u64>| b.map_or("-".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
     let mut s = format!(
-        "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>7} {:>14} {:>14} {:>12}  {}\n",
+        "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>5} {:>7} {:>14} {:>14} {:>12}  {}\n",
         "dp",
         "tp",
         "pp",
         "zero",
         "batch",
         "accum",
+        "micro",
         "recmp",
         "offload",
         "per rank",
@@ -299,13 +349,18 @@ pub fn table(trials: &[Trial]) -> String {
             _ => String::new(),
         };
         s += &format!(
-            "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>7} {:>14} {:>14} {:>12}  {note}\n",
+            "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>5} {:>7} {:>14} {:>14} {:>12}  {note}\n",
             t.dp,
             t.tp,
             t.pp,
             t.zero_stage,
             t.batch_size,
             t.accumulation,
+            if t.micro_batches > 0 {
+                t.micro_batches.to_string()
+            } else {
+                "-".into()
+            },
             t.recompute,
             if t.offload { "disk" } else { "-" },
             mib(t.per_rank_bytes),
@@ -354,11 +409,32 @@ mod tests {
     fn every_layout_of_the_world_is_tried_and_the_fastest_comes_first() {
         let trials = rank_layouts(&config(), 2, None, fake);
         let got: Vec<Layout> = trials.iter().map(Trial::layout).collect();
-        assert_eq!(got.len(), 6, "{got:?}");
+        // dp 2 at 4 ZeRO stages, tp 2, and pp 2 with 2, 4 and 8 micro-batches of the 8.
+        assert_eq!(got.len(), 8, "{got:?}");
         assert!(trials.iter().all(|t| t.fits && t.refused.is_none()));
         // dp 2 (speed 200) before tp 2 and pp 2 (100); 4 samples a replica.
         assert_eq!((trials[0].dp, trials[0].batch_size), (2, 4));
         assert!(got.iter().all(|l| l.recompute == 0 && !l.offload));
+        let mut micro: Vec<usize> = trials
+            .iter()
+            .filter(|t| t.pp == 2)
+            .map(|t| t.micro_batches)
+            .collect();
+        micro.sort();
+        assert_eq!(micro, [2, 4, 8]);
+        let pp = trials.iter().find(|t| t.micro_batches == 8).unwrap();
+        assert!(
+            pp.flags()
+                .contains("--pp 2 --zero 0 --batch-size 8 --accumulation 1 --micro-batches 8"),
+            "{}",
+            pp.flags()
+        );
+        assert!(
+            trials
+                .iter()
+                .filter(|t| t.pp == 1)
+                .all(|t| t.micro_batches == 0)
+        );
     }
 
     #[test]
@@ -370,27 +446,27 @@ mod tests {
             .filter(|t| t.fits)
             .map(Trial::layout)
             .collect();
-        assert_eq!(fitting.len(), 6, "{trials:?}");
+        assert_eq!(fitting.len(), 8, "{trials:?}");
         for l in &fitting {
             let segments = if l.pp > 1 { l.pp } else { RECOMPUTE_SEGMENTS };
             assert!(l.recompute == segments && !l.offload, "{l:?}");
         }
         assert_eq!(
             trials.iter().filter(|t| !t.fits).count(),
-            6,
+            8,
             "the bases, not fitting"
         );
         assert!(trials[0].fits && trials[0].flags().contains("--recompute 4"));
 
         // 400 bytes: only the optimizer state on disk fits: dp 2 at every ZeRO stage, tp 2
-        // and pp 2.
+        // and pp 2 (its 3 micro-batch counts).
         let trials = rank_layouts(&config(), 2, Some(400), fake);
         let fitting: Vec<Layout> = trials
             .iter()
             .filter(|t| t.fits)
             .map(Trial::layout)
             .collect();
-        assert_eq!(fitting.len(), 6, "{trials:?}");
+        assert_eq!(fitting.len(), 8, "{trials:?}");
         assert!(fitting.iter().all(|l| l.offload));
         assert!(
             trials[0]

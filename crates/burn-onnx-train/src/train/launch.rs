@@ -2,7 +2,9 @@
 //! started by `mpirun` (feature `mpi`), one worker thread per rank of the configured topology
 //! otherwise, or a plain single-process run. Thread runs restart after a failure (elastic
 //! restart, like torchrun's `--max-restarts`): every rank stops, and the run starts again
-//! from the newest checkpoint. MPI jobs restart through `onnx-train launch`.
+//! from the newest checkpoint. MPI jobs restart through `onnx-train launch`. With a layout
+//! chooser (`train --auto`, [`launch_auto`]) the layout is chosen for the world the job
+//! has: under mpirun by rank 0, which tells the others.
 //!
 //! A rank that has the process to itself (an MPI rank, or a one-rank run) runs on a compute
 //! pool of its own, on one of the pool's threads: each parallel op then starts on the
@@ -16,6 +18,7 @@ use std::time::Duration;
 
 use burn_ort_dist::{Communicator, LocalCommunicator, run_threads};
 
+use super::auto_layout::{Layout, configure};
 use super::config::TrainingConfig;
 use super::data::Dataset;
 use super::device::local_rank;
@@ -167,6 +170,32 @@ pub fn launch_elastic(
     test: Option<Arc<dyn Dataset>>,
     max_restarts: usize,
 ) -> Result<RunSummary> {
+    launch_laid_out(config, train, test, max_restarts, None)
+}
+
+/// Chooses the layout of a run for a world of the given size (`train --auto`).
+pub type ChooseLayout<'a> = &'a dyn Fn(&TrainingConfig, usize) -> Result<Layout>;
+
+/// [`launch_elastic`] with the layout `choose` picks for the world the job has. Under
+/// mpirun, rank 0 chooses (its probes run in processes of their own) while the others wait,
+/// and every rank runs the layout it broadcast; thread ranks are laid out before they start.
+pub fn launch_auto(
+    config: TrainingConfig,
+    train: Arc<dyn Dataset>,
+    test: Option<Arc<dyn Dataset>>,
+    max_restarts: usize,
+    choose: ChooseLayout,
+) -> Result<RunSummary> {
+    launch_laid_out(config, train, test, max_restarts, Some(choose))
+}
+
+fn launch_laid_out(
+    config: TrainingConfig,
+    train: Arc<dyn Dataset>,
+    test: Option<Arc<dyn Dataset>>,
+    max_restarts: usize,
+    choose: Option<ChooseLayout>,
+) -> Result<RunSummary> {
     refuse_foreign_launcher()?;
     if let Some(comm) = mpi_comm(&config)? {
         if max_restarts > 0 {
@@ -176,13 +205,22 @@ pub fn launch_elastic(
             ));
         }
         // A rank of a job that may shrink fits the layout to the world it finds.
-        let config = if elastic_world() {
-            fit_world(config, comm.world_size()).map_err(OnnxError::before_first_update)?
-        } else {
-            config
+        let config = match choose {
+            Some(choose) => agreed_layout(config, comm.as_ref(), choose)?,
+            None if elastic_world() => {
+                fit_world(config, comm.world_size()).map_err(OnnxError::before_first_update)?
+            }
+            None => config,
         };
         return on_own_pool(|| run_rank(config, comm, train, test));
     }
+    let config = match choose {
+        Some(choose) => {
+            let world = config.parallel.world_size();
+            configure(&config, world, choose(&config, world)?)?
+        }
+        None => config,
+    };
     let mut attempt = 0;
     loop {
         match launch_threads(config.clone(), train.clone(), test.clone()) {
@@ -202,6 +240,55 @@ pub fn launch_elastic(
             result => return result,
         }
     }
+}
+
+/// `config` laid out as rank 0 of `comm` chooses with `choose`: it broadcasts the layout
+/// (or that it found none) to every rank.
+fn agreed_layout(
+    config: TrainingConfig,
+    comm: &dyn Communicator,
+    choose: ChooseLayout,
+) -> Result<TrainingConfig> {
+    let world = comm.world_size();
+    let mut chosen = None;
+    let mut wire = [0f32; 8];
+    if comm.rank() == 0 {
+        let layout = choose(&config, world).map_err(OnnxError::before_first_update);
+        if let Ok(l) = &layout {
+            wire = [
+                1.0,
+                l.dp as f32,
+                l.tp as f32,
+                l.pp as f32,
+                l.zero as f32,
+                l.recompute as f32,
+                f32::from(u8::from(l.offload)),
+                l.micro as f32,
+            ];
+        }
+        chosen = Some(layout);
+    }
+    comm.broadcast(&mut wire, 0)?;
+    if let Some(Err(e)) = chosen {
+        return Err(e);
+    }
+    if wire[0] != 1.0 {
+        return Err(OnnxError::before_first_update(OnnxError::field(
+            "--auto",
+            "rank 0 found no layout to run (its log says why)",
+        )));
+    }
+    let n = |k: usize| wire[k] as usize;
+    let layout = Layout {
+        dp: n(1),
+        tp: n(2),
+        pp: n(3),
+        zero: n(4),
+        recompute: n(5),
+        offload: wire[6] == 1.0,
+        micro: n(7),
+    };
+    configure(&config, world, layout).map_err(OnnxError::before_first_update)
 }
 
 /// One attempt on this process: a thread per rank of the topology (data x tensor x

@@ -128,13 +128,24 @@ pub(crate) fn probe_in_child(
     std::fs::create_dir_all(dir).map_err(|e| OnnxError::io(dir, e))?;
     let config = dir.join("probe.toml");
     std::fs::write(&config, p.to_toml()?).map_err(|e| OnnxError::io(&config, e))?;
-    let run = std::process::Command::new(exe)
+    let mut command = std::process::Command::new(exe);
+    command
         .arg("train")
         .arg("--config")
         .arg(&config)
-        .env("RUST_LOG", "warn")
-        .output()
-        .map_err(|e| OnnxError::io(exe, e))?;
+        .env("RUST_LOG", "warn");
+    // A probe started by a rank of an MPI job (`train --auto` under mpirun) is a process of
+    // its own, not another rank: it must not find the job's launcher in its environment.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if ["OMPI_", "PMIX_", "PMI_", "ONNX_TRAIN_ELASTIC"]
+            .iter()
+            .any(|p| key.starts_with(p))
+        {
+            command.env_remove(key.as_ref());
+        }
+    }
+    let run = command.output().map_err(|e| OnnxError::io(exe, e))?;
     if !run.status.success() {
         return Err(OnnxError::field(
             "plan",
