@@ -1127,34 +1127,6 @@ fn auto_ranks_every_layout_of_the_world_and_train_runs_the_chosen_one() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let stderr = String::from_utf8_lossy(&run.stderr).to_string();
-    let flags = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("--auto: "))
-        .unwrap_or_else(|| panic!("no choice printed: {stderr}"));
-    let perf: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("perf.json")).unwrap()).unwrap();
-    let value = |flag: &str| -> u64 {
-        let words: Vec<&str> = flags.split_whitespace().collect();
-        let at = words.iter().position(|w| *w == flag).unwrap();
-        words[at + 1].parse().unwrap()
-    };
-    assert_eq!(perf["world_size"], 2, "{flags} {perf}");
-    for (key, flag) in [
-        ("zero_stage", "--zero"),
-        ("pipeline_stages", "--pp"),
-        ("batch_size", "--batch-size"),
-        ("gradient_accumulation_steps", "--accumulation"),
-    ] {
-        assert_eq!(
-            perf[key].as_u64().unwrap(),
-            value(flag),
-            "{key}: {flags} {perf}"
-        );
-    }
-    assert_eq!(
-        value("--batch-size") * value("--dp") * value("--accumulation"),
-        8,
-        "the global batch of --dp 2 --batch-size 4: {flags} {perf}"
-    );
+    // The global batch of --dp 2 --batch-size 4.
+    auto_choice_ran(&String::from_utf8_lossy(&run.stderr), &out, 2, 8);
 }

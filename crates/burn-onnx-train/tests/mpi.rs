@@ -862,40 +862,6 @@ fn auto_under_mpirun_runs_the_layout_rank_0_chose_on_every_rank() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&run.stderr).to_string();
     assert!(run.status.success(), "{stderr}");
-    let choices: Vec<&str> = stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix("--auto: "))
-        .collect();
-    assert_eq!(choices.len(), 1, "rank 0 alone chooses: {stderr}");
-    let words: Vec<&str> = choices[0].split_whitespace().collect();
-    let value = |flag: &str| -> u64 {
-        let at = words.iter().position(|w| *w == flag).unwrap();
-        words[at + 1].parse().unwrap()
-    };
-    let perf: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("perf.json")).unwrap()).unwrap();
-    assert_eq!(perf["world_size"], 2, "{perf}");
-    for (key, flag) in [
-        ("zero_stage", "--zero"),
-        ("pipeline_stages", "--pp"),
-        ("batch_size", "--batch-size"),
-        ("gradient_accumulation_steps", "--accumulation"),
-    ] {
-        assert_eq!(
-            perf[key].as_u64().unwrap(),
-            value(flag),
-            "{key}: {choices:?} {perf}"
-        );
-    }
-    assert_eq!(
-        value("--dp") * value("--tp") * value("--pp"),
-        2,
-        "{choices:?}"
-    );
-    assert_eq!(
-        value("--batch-size") * value("--dp") * value("--accumulation"),
-        4,
-        "the configured global batch: {choices:?}"
-    );
+    auto_choice_ran(&stderr, &out, 2, 4);
     assert!(out.join("gpt2_tiny_trained.onnx").exists());
 }

@@ -56,20 +56,26 @@ fn moments_on_disk_train_bit_identically_to_moments_in_memory() {
     }
 }
 
-#[test]
-fn a_checkpoint_of_moments_on_disk_resumes_bit_identically() {
-    let whole = tempdir("offload-ckpt-whole");
-    let mut c = gpt2_config(&whole);
+/// `c` with its state on disk and a checkpoint every 3 updates, run whole and then resumed
+/// from update 3 by `run`: the same losses from there, bit-identical parameters.
+fn resumes_bit_identically(tag: &str, c: TrainingConfig, run: fn(TrainingConfig) -> RunSummary) {
+    let whole = tempdir(&format!("{tag}-whole"));
+    let mut c = offloaded(&c, &whole);
     c.checkpoint.checkpoint_period = 3;
-    let c = offloaded(&c, &whole);
-    let want = run_local(c.clone());
-    let resumed = tempdir("offload-ckpt-resumed");
+    let want = run(c.clone());
+    let resumed = tempdir(&format!("{tag}-resumed"));
     let mut r = offloaded(&c, &resumed);
     r.checkpoint.checkpoint_to_load_path = Some(whole.join("checkpoints/ckpt-000000003"));
-    let got = run_local(r);
+    let got = run(r);
     assert_eq!(got.start_step, 3);
     assert_eq!(got.losses, want.losses[3..].to_vec());
     params_equal_exactly(&whole, &resumed);
+}
+
+#[test]
+fn a_checkpoint_of_moments_on_disk_resumes_bit_identically() {
+    let c = gpt2_config(&tempdir("offload-ckpt"));
+    resumes_bit_identically("offload-ckpt", c, run_local);
 }
 
 /// `c` on 2 thread ranks at ZeRO stage `zero`, one sample per rank.
@@ -116,18 +122,8 @@ fn zero_shards_on_disk_train_bit_identically_to_shards_in_memory() {
 
 #[test]
 fn a_zero_checkpoint_of_shards_on_disk_resumes_bit_identically() {
-    let whole = tempdir("offload-zero-ckpt-whole");
-    let mut c = zero_dp2(&gpt2_config(&whole), 2);
-    c.checkpoint.checkpoint_period = 3;
-    let c = offloaded(&c, &whole);
-    let want = run_threads(c.clone());
-    let resumed = tempdir("offload-zero-ckpt-resumed");
-    let mut r = offloaded(&c, &resumed);
-    r.checkpoint.checkpoint_to_load_path = Some(whole.join("checkpoints/ckpt-000000003"));
-    let got = run_threads(r);
-    assert_eq!(got.start_step, 3);
-    assert_eq!(got.losses, want.losses[3..].to_vec());
-    params_equal_exactly(&whole, &resumed);
+    let c = zero_dp2(&gpt2_config(&tempdir("offload-zero-ckpt")), 2);
+    resumes_bit_identically("offload-zero-ckpt", c, run_threads);
 }
 
 #[test]

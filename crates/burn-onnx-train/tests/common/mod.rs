@@ -438,3 +438,51 @@ pub fn signal_after_first_update(
     assert!(target.is_none(), "no update was logged:\n{log}");
     (child.wait().unwrap(), log)
 }
+
+/// What `train --auto` printed it chose (`--auto: FLAGS`, one line: only rank 0 chooses),
+/// checked against the run's `perf.json` under `out`: a world of `world` processes and
+/// the flags' ZeRO stage, pipeline stages, batch and accumulation, whose product with the
+/// replicas is `global_batch`. Returns each flag's value.
+pub fn auto_choice_ran(
+    stderr: &str,
+    out: &std::path::Path,
+    world: u64,
+    global_batch: u64,
+) -> std::collections::HashMap<String, u64> {
+    let choices: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("--auto: "))
+        .collect();
+    assert_eq!(choices.len(), 1, "one choice printed: {stderr}");
+    let words: Vec<&str> = choices[0].split_whitespace().collect();
+    let value: std::collections::HashMap<String, u64> = words
+        .chunks(2)
+        .filter_map(|w| Some((w[0].to_string(), w.get(1)?.parse().ok()?)))
+        .collect();
+    let perf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("perf.json")).unwrap()).unwrap();
+    assert_eq!(perf["world_size"], world, "{choices:?} {perf}");
+    for (key, flag) in [
+        ("zero_stage", "--zero"),
+        ("pipeline_stages", "--pp"),
+        ("batch_size", "--batch-size"),
+        ("gradient_accumulation_steps", "--accumulation"),
+    ] {
+        assert_eq!(
+            perf[key].as_u64(),
+            value.get(flag).copied(),
+            "{key}: {choices:?} {perf}"
+        );
+    }
+    assert_eq!(
+        value["--dp"] * value["--tp"] * value["--pp"],
+        world,
+        "{choices:?}"
+    );
+    assert_eq!(
+        value["--batch-size"] * value["--dp"] * value["--accumulation"],
+        global_batch,
+        "the global batch: {choices:?}"
+    );
+    value
+}
