@@ -19,6 +19,7 @@ use burn::tensor::Gradients;
 use burn::tensor::{Device, FloatDType, TensorData};
 
 use crate::collective::vocab::{ShardedLogits, VocabShard};
+use crate::collective::prefetch::prefetched;
 use crate::collective::{Collectives, grad_hooks};
 use crate::error::{OnnxError, OpError, Result};
 use crate::graph::{Dim, Graph, TensorInfo, ValueKind};
@@ -111,6 +112,8 @@ struct Spec {
     /// A tensor-parallel rank's slice of the logits, when the head is split along the
     /// vocabulary ([`OnnxModel::with_vocab_shard`]).
     vocab_shard: Option<VocabShard>,
+    /// ZeRO-3: parameters gathered ahead of their first reader ([`OnnxModel::with_prefetch`]).
+    prefetch: usize,
 }
 
 /// Forward mode.
@@ -240,6 +243,7 @@ impl OnnxModel {
                 sharding: None,
                 collectives: Collectives::default(),
                 vocab_shard: None,
+                prefetch: 0,
             }),
         })
     }
@@ -522,6 +526,61 @@ impl OnnxModel {
                 absent.insert(info.name.as_str());
             }
         }
+        let mut run = |collectives: &Collectives| {
+            self.run_nodes(&mut env, &absent, mode, seed, autocast, collectives)
+        };
+        let state_updates = match self.prefetch_plan() {
+            Some((group, chunks)) => prefetched(&group, chunks, self.spec.prefetch, |g| {
+                run(&Collectives {
+                    sharding: Some(g.clone()),
+                    ..self.spec.collectives.clone()
+                })
+            }),
+            None => run(&self.spec.collectives),
+        }?;
+        let mut outputs = Vec::with_capacity(graph.outputs.len());
+        for o in &graph.outputs {
+            let v = self
+                .fetch(&env, &o.name, &device)
+                .map_err(|e| OnnxError::field(format!("graph output '{}'", o.name), e.0))?;
+            outputs.push((o.name.clone(), v));
+        }
+        let sharded_logits = match (
+            &self.spec.vocab_shard,
+            &self.spec.collectives.tensor_parallel,
+        ) {
+            (None, _) => None,
+            (Some(shard), Some(group)) => Some(ShardedLogits {
+                shard: shard.clone(),
+                group: group.clone(),
+            }),
+            (Some(shard), None) => {
+                return Err(OnnxError::field(
+                    format!("graph output '{}'", shard.output),
+                    "it holds one tensor-parallel rank's slice of the vocabulary, but the model has no tensor-parallel group (OnnxModel::with_collectives)",
+                ));
+            }
+        };
+        Ok(ForwardOutput {
+            outputs,
+            state_updates,
+            sharded_logits,
+        })
+    }
+
+    /// Run the graph's nodes on `env` (the inputs; the computed values are left in it),
+    /// collective ops on `collectives`: the state updates of a training pass.
+    fn run_nodes(
+        &self,
+        env: &mut HashMap<String, Value>,
+        absent: &std::collections::HashSet<&str>,
+        mode: Mode,
+        seed: u64,
+        autocast: Option<FloatDType>,
+        collectives: &Collectives,
+    ) -> Result<Vec<(usize, PhysTensor)>> {
+        let graph = &self.spec.graph;
+        let device = self.device();
         let mut state_updates = Vec::new();
         let profiling = mode == Mode::Train && profile::active();
         let hooking = mode == Mode::Train && grad_hooks::active();
@@ -540,7 +599,9 @@ impl OnnxModel {
                     if let (false, Some(Source::Param(p))) =
                         (env.contains_key(name), self.spec.sources.get(name))
                     {
-                        let mut whole = self.read_param(*p).map_err(|e| err(e.0))?;
+                        let mut whole = self
+                            .read_param_on(*p, collectives)
+                            .map_err(|e| err(e.0))?;
                         if hooking {
                             whole = FloatValue::new(grad_hooks::hook(whole.tensor, *p), whole.rank);
                         }
@@ -553,7 +614,7 @@ impl OnnxModel {
                 args.push(if name.is_empty() || absent.contains(name.as_str()) {
                     None
                 } else {
-                    Some(self.fetch(&env, name, &device).map_err(|e| err(e.0))?)
+                    Some(self.fetch(env, name, &device).map_err(|e| err(e.0))?)
                 });
             }
             crate::ops::refuse_unsupported_kinds(&node.op_type, &args).map_err(|e| err(e.0))?;
@@ -565,7 +626,7 @@ impl OnnxModel {
                 num_outputs: node.outputs.len(),
                 seed: mix_seed(seed, (graph.node_offset + i) as u64),
                 autocast,
-                collectives: &self.spec.collectives,
+                collectives,
             };
             let started = profiling.then(std::time::Instant::now);
             let result = catch_unwind(AssertUnwindSafe(|| (node.op)(&ctx, Inputs(args))))
@@ -606,34 +667,7 @@ impl OnnxModel {
                 }
             }
         }
-        let mut outputs = Vec::with_capacity(graph.outputs.len());
-        for o in &graph.outputs {
-            let v = self
-                .fetch(&env, &o.name, &device)
-                .map_err(|e| OnnxError::field(format!("graph output '{}'", o.name), e.0))?;
-            outputs.push((o.name.clone(), v));
-        }
-        let sharded_logits = match (
-            &self.spec.vocab_shard,
-            &self.spec.collectives.tensor_parallel,
-        ) {
-            (None, _) => None,
-            (Some(shard), Some(group)) => Some(ShardedLogits {
-                shard: shard.clone(),
-                group: group.clone(),
-            }),
-            (Some(shard), None) => {
-                return Err(OnnxError::field(
-                    format!("graph output '{}'", shard.output),
-                    "it holds one tensor-parallel rank's slice of the vocabulary, but the model has no tensor-parallel group (OnnxModel::with_collectives)",
-                ));
-            }
-        };
-        Ok(ForwardOutput {
-            outputs,
-            state_updates,
-            sharded_logits,
-        })
+        Ok(state_updates)
     }
 
     fn fetch(

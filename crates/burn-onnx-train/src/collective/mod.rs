@@ -1,6 +1,7 @@
 //! Collectives inside the model's forward and backward passes, as differentiable ops:
 //! [`megatron`]'s `f`/`g` on the tensor-parallel group and [`param_gather`]'s ZeRO-3
-//! parameter gather on the data-parallel (sharding) group; [`vocab`]'s cross-entropy on
+//! parameter gather on the data-parallel (sharding) group, run ahead of the pass by
+//! [`prefetch`]; [`vocab`]'s cross-entropy on
 //! logits split along the vocabulary; and [`grad_hooks`], which hands
 //! each parameter's final gradient to a data-parallel averaging thread during backward.
 //!
@@ -16,6 +17,7 @@
 pub mod grad_hooks;
 pub mod megatron;
 pub mod param_gather;
+pub mod prefetch;
 pub mod vocab;
 
 use std::sync::Arc;

@@ -12,8 +12,8 @@ use burn::tensor::TensorData;
 use burn_ort_dist::Communicator;
 use burn_ort_dist::zero::layout::chunk_of;
 
-use super::{OnnxModel, Spec};
-use crate::collective::Collectives;
+use super::{OnnxModel, Source, Spec};
+use crate::collective::{CollectiveGroup, Collectives};
 use crate::collective::param_gather::gather_param;
 use crate::error::{OnnxError, OpError, Result};
 use crate::value::{FloatValue, MAX_RANK, PhysTensor, padded};
@@ -88,6 +88,45 @@ impl OnnxModel {
         self
     }
 
+    /// The same model with its ZeRO-3 gathers run up to `depth` parameters ahead of the
+    /// pass on a communication thread ([`crate::collective::prefetch`]; 0: inline).
+    pub fn with_prefetch(mut self, depth: usize) -> OnnxModel {
+        self.spec = Arc::new(Spec {
+            prefetch: depth,
+            ..(*self.spec).clone()
+        });
+        self
+    }
+
+    /// What a pass prefetches: the sharding group and this rank's chunks in the order the
+    /// pass gathers them (first readers, graph order); `None` when it gathers inline (not
+    /// sharded, prefetch off, a tensor-parallel group whose collectives would run beside
+    /// the gathers, or control flow whose bodies read parameters in their own order).
+    pub(super) fn prefetch_plan(&self) -> Option<(CollectiveGroup, Vec<PhysTensor>)> {
+        const BODIES: [&str; 4] = ["If", "Loop", "Scan", "SequenceMap"];
+        let spec = &self.spec;
+        let group = spec.collectives.sharding.clone()?;
+        let graph = &spec.graph;
+        if spec.sharding.is_none()
+            || spec.prefetch == 0
+            || spec.collectives.tensor_parallel.is_some()
+            || graph.nodes.iter().any(|n| BODIES.contains(&n.op_type.as_str()))
+        {
+            return None;
+        }
+        let mut seen = std::collections::HashSet::new();
+        let chunks = graph
+            .nodes
+            .iter()
+            .flat_map(|n| &n.inputs)
+            .filter_map(|name| match spec.sources.get(name) {
+                Some(Source::Param(p)) if seen.insert(*p) => Some(self.params[*p].val()),
+                _ => None,
+            })
+            .collect();
+        Some((group, chunks))
+    }
+
     /// The sharding of a ZeRO-3 model.
     pub fn sharding(&self) -> Option<Sharding> {
         self.spec.sharding
@@ -133,11 +172,20 @@ impl OnnxModel {
 
     /// Parameter `i` as a node reads it: whole (gathered on a ZeRO-3 model).
     pub(super) fn read_param(&self, i: usize) -> std::result::Result<FloatValue, OpError> {
+        self.read_param_on(i, &self.spec.collectives)
+    }
+
+    /// [`Self::read_param`], a ZeRO-3 chunk gathered over `collectives`' sharding group.
+    pub(super) fn read_param_on(
+        &self,
+        i: usize,
+        collectives: &Collectives,
+    ) -> std::result::Result<FloatValue, OpError> {
         let (p, info) = (&self.params[i], &self.spec.params[i]);
         let Some(_) = self.spec.sharding else {
             return Ok(FloatValue::new(p.val(), info.shape.len()));
         };
-        let Some(group) = &self.spec.collectives.sharding else {
+        let Some(group) = &collectives.sharding else {
             return Err(OpError(format!(
                 "'{}' is a ZeRO-3 chunk but the model has no sharding group to gather it over (OnnxModel::with_collectives)",
                 info.name

@@ -127,6 +127,7 @@ impl OnnxModel {
                 sharding: self.spec.sharding,
                 collectives: self.spec.collectives.clone(),
                 vocab_shard,
+                prefetch: self.spec.prefetch,
             }),
         })
     }

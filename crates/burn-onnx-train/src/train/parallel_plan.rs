@@ -108,7 +108,8 @@ impl ParallelPlan {
     ) -> Result<Parallelized> {
         let model = self
             .model_part(c, model, train)?
-            .with_collectives(self.collectives());
+            .with_collectives(self.collectives())
+            .with_prefetch(c.parallel.zero3_prefetch);
         let ddp = data_parallel(&c.parallel, self.groups.dp.clone());
         let passes = self.passes(c, &model, device, &ddp)?;
         let mut strategy = build_strategy(

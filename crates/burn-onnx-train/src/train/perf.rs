@@ -19,6 +19,7 @@ pub struct PerfMeter {
     sync: Vec<Duration>,
     waited: Vec<Duration>,
     overlapped: Vec<SyncTimes>,
+    prefetched: Vec<SyncTimes>,
 }
 
 /// The throughput report written to `perf.json`.
@@ -39,6 +40,15 @@ pub struct PerfReport {
     /// Of it, the time the update waited for it after backward ended: the part not
     /// hidden behind backward, in milliseconds.
     pub avg_exposed_sync_ms: f64,
+    /// ZeRO-3 with `parallel.zero3_prefetch`: time per update the communication thread
+    /// spent gathering parameters ahead of the passes, in milliseconds (0 otherwise).
+    pub avg_prefetch_gather_ms: f64,
+    /// Of it, the time the passes waited for a gather: the part not hidden behind the
+    /// computation, in milliseconds.
+    pub avg_prefetch_exposed_ms: f64,
+    /// `1 - exposed / gather`: the fraction of the parameter gathers hidden behind the
+    /// computation (absent without prefetched gathers).
+    pub prefetch_hidden_fraction: Option<f64>,
     /// Updates measured (the last half).
     pub updates_measured: usize,
     /// Updates in the run.
@@ -139,24 +149,26 @@ impl PerfMeter {
             sync: Vec::new(),
             waited: Vec::new(),
             overlapped: Vec::new(),
+            prefetched: Vec::new(),
         }
     }
 
     /// Record one update of `items` items that took `elapsed`, `sync` of it in the update
-    /// strategy, `waited` blocked on other pipeline stages, and the gradient averaging
-    /// `overlapped` with backward.
+    /// strategy, `waited` blocked on other pipeline stages, the gradient averaging
+    /// `overlapped` with backward, and the ZeRO-3 gathers `prefetched` ahead of the passes.
     pub fn record(
         &mut self,
         items: usize,
         elapsed: Duration,
         sync: Duration,
         waited: Duration,
-        overlapped: SyncTimes,
+        [overlapped, prefetched]: [SyncTimes; 2],
     ) {
         self.steps.push((items, elapsed));
         self.sync.push(sync);
         self.waited.push(waited);
         self.overlapped.push(overlapped);
+        self.prefetched.push(prefetched);
     }
 
     /// Every rank's idle fraction over its measured updates (a collective over `comm`).
@@ -200,6 +212,9 @@ impl PerfMeter {
             d.map(|d| d.as_secs_f64()).sum::<f64>() * 1000.0 / measured.len().max(1) as f64
         };
         let overlapped = &self.overlapped[half..];
+        let prefetched = &self.prefetched[half..];
+        let gather: f64 = prefetched.iter().map(|p| p.busy.as_secs_f64()).sum();
+        let exposed: f64 = prefetched.iter().map(|p| p.exposed.as_secs_f64()).sum();
         PerfReport {
             unit: self.unit.to_string(),
             throughput_per_sec: Self::rate(measured),
@@ -207,6 +222,9 @@ impl PerfMeter {
             avg_sync_and_update_ms: mean_ms(&mut sync.iter().copied()),
             avg_overlapped_sync_ms: mean_ms(&mut overlapped.iter().map(|o| o.busy)),
             avg_exposed_sync_ms: mean_ms(&mut overlapped.iter().map(|o| o.exposed)),
+            avg_prefetch_gather_ms: mean_ms(&mut prefetched.iter().map(|o| o.busy)),
+            avg_prefetch_exposed_ms: mean_ms(&mut prefetched.iter().map(|o| o.exposed)),
+            prefetch_hidden_fraction: (gather > 0.0).then(|| (1.0 - exposed / gather).max(0.0)),
             updates_measured: measured.len(),
             updates_total: self.steps.len(),
             batch_size: c.data.batch_size,

@@ -150,6 +150,8 @@ impl Trainer {
     /// One optimizer update: the micro-steps' forward and backward passes, the strategy's
     /// update at the scheduled learning rate, then the reports (loss, rate, norms).
     pub fn train_update(&mut self, mut model: OnnxModel) -> Result<OnnxModel> {
+        // Gathers prefetched outside the update (an evaluation's) are not its own.
+        crate::collective::prefetch::take_times();
         let started = Instant::now();
         let acc = self.passes.train(
             &mut model,
@@ -188,7 +190,13 @@ impl Trainer {
         let elapsed = started.elapsed();
         self.out
             .perf
-            .record(items, elapsed, sync_time, acc.waited, acc.sync);
+            .record(
+                items,
+                elapsed,
+                sync_time,
+                acc.waited,
+                [acc.sync, crate::collective::prefetch::take_times()],
+            );
         self.out.update(&UpdateReport {
             step: self.update,
             loss: acc.loss,

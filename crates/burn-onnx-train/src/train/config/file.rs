@@ -78,6 +78,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "pipeline_schedule",
             "pipeline_cut_after",
             "zero_stage",
+            "zero3_prefetch",
             "enable_adasum",
             "allreduce_in_fp16",
             "overlap",

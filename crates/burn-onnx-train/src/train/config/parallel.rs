@@ -144,6 +144,11 @@ pub struct ParallelConfig {
     /// `recompute_segments`, stage 3 holds one segment's gathered parameters at a time.
     #[serde(alias = "deepspeed_zero_stage")]
     pub zero_stage: usize,
+    /// ZeRO-3: gather up to this many parameters ahead of the nodes that read them, on a
+    /// communication thread (DeepSpeed's stage-3 prefetch); 0 gathers each where it is
+    /// read. Taken where nothing else communicates during the pass: not with tensor
+    /// parallelism, nor in graphs with control flow, which gather inline. Default 2.
+    pub zero3_prefetch: usize,
     /// Combine data-parallel gradients with Adasum instead of averaging them.
     pub enable_adasum: bool,
     /// Send data-parallel gradients as f16 (ORT's `allreduce_in_fp16`): half the bytes of
@@ -180,6 +185,7 @@ impl Default for ParallelConfig {
             pipeline_schedule: PipelineSchedule::OneFOneB,
             pipeline_cut_after: Vec::new(),
             zero_stage: 0,
+            zero3_prefetch: 2,
             enable_adasum: false,
             allreduce_in_fp16: false,
             overlap: Overlap::Off,
