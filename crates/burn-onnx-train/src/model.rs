@@ -18,8 +18,8 @@ use burn::module::{Module, Param, ParamId};
 use burn::tensor::Gradients;
 use burn::tensor::{Device, FloatDType, TensorData};
 
-use crate::collective::vocab::{ShardedLogits, VocabShard};
 use crate::collective::prefetch::prefetched;
+use crate::collective::vocab::{ShardedLogits, VocabShard};
 use crate::collective::{Collectives, grad_hooks};
 use crate::error::{OnnxError, OpError, Result};
 use crate::graph::{Dim, Graph, TensorInfo, ValueKind};
@@ -599,9 +599,8 @@ impl OnnxModel {
                     if let (false, Some(Source::Param(p))) =
                         (env.contains_key(name), self.spec.sources.get(name))
                     {
-                        let mut whole = self
-                            .read_param_on(*p, collectives)
-                            .map_err(|e| err(e.0))?;
+                        let mut whole =
+                            self.read_param_on(*p, collectives).map_err(|e| err(e.0))?;
                         if hooking {
                             whole = FloatValue::new(grad_hooks::hook(whole.tensor, *p), whole.rank);
                         }

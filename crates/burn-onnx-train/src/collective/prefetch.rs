@@ -14,6 +14,7 @@
 //! for it are this rank's [`SyncTimes`] ([`take_times`]).
 
 use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -102,7 +103,8 @@ pub fn prefetched<R>(
             }
             busy
         });
-        let out = pass(&stands_in);
+        // A pass that panics (a failed gather does) must still let the thread go.
+        let out = catch_unwind(AssertUnwindSafe(|| pass(&stands_in)));
         // Whatever the pass did not take is dropped: the thread hands nothing more over.
         prefetching
             .ahead
@@ -116,7 +118,7 @@ pub fn prefetched<R>(
         let (b, w) = t.get();
         t.set((b + busy, w + waited));
     });
-    out
+    out.unwrap_or_else(|panic| resume_unwind(panic))
 }
 
 /// A chunk's values on the host.

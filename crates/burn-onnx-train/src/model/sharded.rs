@@ -13,8 +13,8 @@ use burn_ort_dist::Communicator;
 use burn_ort_dist::zero::layout::chunk_of;
 
 use super::{OnnxModel, Source, Spec};
-use crate::collective::{CollectiveGroup, Collectives};
 use crate::collective::param_gather::gather_param;
+use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, OpError, Result};
 use crate::value::{FloatValue, MAX_RANK, PhysTensor, padded};
 
@@ -110,7 +110,10 @@ impl OnnxModel {
         if spec.sharding.is_none()
             || spec.prefetch == 0
             || spec.collectives.tensor_parallel.is_some()
-            || graph.nodes.iter().any(|n| BODIES.contains(&n.op_type.as_str()))
+            || graph
+                .nodes
+                .iter()
+                .any(|n| BODIES.contains(&n.op_type.as_str()))
         {
             return None;
         }

@@ -188,15 +188,13 @@ impl Trainer {
         }
         let items = acc.items * self.plan.topology.dp;
         let elapsed = started.elapsed();
-        self.out
-            .perf
-            .record(
-                items,
-                elapsed,
-                sync_time,
-                acc.waited,
-                [acc.sync, crate::collective::prefetch::take_times()],
-            );
+        self.out.perf.record(
+            items,
+            elapsed,
+            sync_time,
+            acc.waited,
+            [acc.sync, crate::collective::prefetch::take_times()],
+        );
         self.out.update(&UpdateReport {
             step: self.update,
             loss: acc.loss,
