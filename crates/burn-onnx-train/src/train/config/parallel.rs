@@ -145,9 +145,11 @@ pub struct ParallelConfig {
     #[serde(alias = "deepspeed_zero_stage")]
     pub zero_stage: usize,
     /// ZeRO-3: gather up to this many parameters ahead of the nodes that read them, on a
-    /// communication thread (DeepSpeed's stage-3 prefetch); 0 gathers each where it is
-    /// read. Taken where nothing else communicates during the pass: not with tensor
-    /// parallelism, nor in graphs with control flow, which gather inline. Default 2.
+    /// communication thread (DeepSpeed's stage-3 prefetch); 0 (the default) gathers each
+    /// where it is read. Taken where nothing else communicates during the pass: not with
+    /// tensor parallelism, nor in graphs with control flow, which gather inline. On the
+    /// CPU device the thread competes with the computation for the same cores (measured
+    /// 8-21% slower on 2 cores, BENCHMARKS.md); it is meant for computation on a GPU.
     pub zero3_prefetch: usize,
     /// Combine data-parallel gradients with Adasum instead of averaging them.
     pub enable_adasum: bool,
@@ -185,7 +187,7 @@ impl Default for ParallelConfig {
             pipeline_schedule: PipelineSchedule::OneFOneB,
             pipeline_cut_after: Vec::new(),
             zero_stage: 0,
-            zero3_prefetch: 2,
+            zero3_prefetch: 0,
             enable_adasum: false,
             allreduce_in_fp16: false,
             overlap: Overlap::Off,
