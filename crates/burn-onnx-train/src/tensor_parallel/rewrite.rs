@@ -69,8 +69,8 @@ pub fn rewrite(graph: &Graph, plan: &Plan) -> Result<Graph> {
         }
         let lookup = plan.vocab.embeddings.contains(&i);
         if lookup {
-            let rows =
-                plan.vocab.params[&node.inputs[0]].period - plan.vocab.params[&node.inputs[0]].pad;
+            let split = plan.vocab.params[&node.inputs[0]];
+            let rows = split.period - split.pad;
             node.attrs.set(ops::FULL, Attr::Int(rows as i64));
             node.op = ops::vocab_gather;
         }
