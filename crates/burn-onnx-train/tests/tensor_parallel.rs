@@ -142,6 +142,15 @@ fn options(vocab: bool) -> SplitOptions {
         allow_replicated: false,
         vocab_parallel: vocab,
         vocab_head: vocab.then(|| "logits".to_string()),
+        sequence_parallel: false,
+    }
+}
+
+/// [`options`] with Megatron's sequence parallelism.
+fn sequence(vocab: bool) -> SplitOptions {
+    SplitOptions {
+        sequence_parallel: true,
+        ..options(vocab)
     }
 }
 
@@ -151,15 +160,16 @@ fn options(vocab: bool) -> SplitOptions {
 /// `[batch, seq, width]` activations 4 times per layer (Megatron: 2 in forward, 2 in
 /// backward), with `vocab` twice more (the embedding's rows forward, the head input's
 /// gradient backward) plus the loss's two `[rows]` sums: never a vocabulary-wide tensor.
-fn check_equivalence(path: &Path, tp: usize, vocab: u64, split_vocab: bool) {
+fn check_equivalence(path: &Path, tp: usize, vocab: u64, o: &SplitOptions) {
+    let split_vocab = o.vocab_parallel;
     let x = ids(vocab);
     let whole = OnnxModel::load(path, &Device::flex().autodiff()).unwrap();
     let (want_logits, want_grads) = logits_and_grads(&whole, &x);
     let results = run_threads(tp, Duration::from_secs(120), |comm| -> Result<(), String> {
         let rank = comm.rank();
         let model = OnnxModel::load(path, &Device::flex().autodiff()).map_err(|e| e.to_string())?;
-        let (model, t) = TensorParallel::apply(model, sample(&x), rank, tp, &options(split_vocab))
-            .map_err(|e| e.to_string())?;
+        let (model, t) =
+            TensorParallel::apply(model, sample(&x), rank, tp, o).map_err(|e| e.to_string())?;
         assert_eq!(t.vocab.is_some(), split_vocab, "{:?}", t.vocab);
         let counting = Arc::new(Counting::new(comm.clone()));
         let model = model.with_collectives(Collectives {
@@ -167,30 +177,14 @@ fn check_equivalence(path: &Path, tp: usize, vocab: u64, split_vocab: bool) {
             sharding: None,
         });
         let (logits, grads) = logits_and_grads(&model, &x);
-        let calls = counting.all_reduces.lock().unwrap().clone();
         let (tokens, classes) = (
             want_logits.len() / want_logits.shape()[2],
             want_logits.shape()[2],
         );
-        let layers = t.blocks.len() / 2;
-        let (activations, rows): (Vec<usize>, Vec<usize>) = calls
-            .iter()
-            .partition(|&&n| n != x.shape()[0] * (x.shape()[1] - 1));
-        assert_eq!(
-            (activations.len(), rows.len()),
-            if split_vocab {
-                (4 * layers + 2, 2)
-            } else {
-                (4 * layers, 0)
-            },
-            "all-reduces of one forward and backward: {calls:?}"
-        );
-        assert!(
-            activations
-                .iter()
-                .all(|&n| n == activations[0] && n % tokens == 0 && n < tokens * classes),
-            "every all-reduce carries one [batch, seq, width] activation: {calls:?}"
-        );
+        match &t.sequence {
+            None => megatron_traffic(&counting, &t, tokens, classes, &x, split_vocab),
+            Some(_) => sequence_traffic(&counting, &t, tokens, classes, split_vocab),
+        }
         let want_logits = match &t.vocab {
             Some(v) => {
                 let mine = want_logits.slice_axis(
@@ -237,6 +231,95 @@ fn check_equivalence(path: &Path, tp: usize, vocab: u64, split_vocab: bool) {
     }
 }
 
+/// Megatron's traffic of one forward and backward: `[batch, seq, width]` activations
+/// all-reduced 4 times per layer, with `vocab` twice more (the embedding's rows forward,
+/// the head input's gradient backward) plus the loss's two `[rows]` sums.
+fn megatron_traffic(
+    counting: &Counting,
+    t: &TensorParallel,
+    tokens: usize,
+    classes: usize,
+    x: &ArrayD<i64>,
+    split_vocab: bool,
+) {
+    let calls = counting.all_reduces.lock().unwrap().clone();
+    let layers = t.blocks.len() / 2;
+    let (activations, rows): (Vec<usize>, Vec<usize>) = calls
+        .iter()
+        .partition(|&&n| n != x.shape()[0] * (x.shape()[1] - 1));
+    assert_eq!(
+        (activations.len(), rows.len()),
+        if split_vocab {
+            (4 * layers + 2, 2)
+        } else {
+            (4 * layers, 0)
+        },
+        "all-reduces of one forward and backward: {calls:?}"
+    );
+    assert!(
+        activations
+            .iter()
+            .all(|&n| n == activations[0] && n % tokens == 0 && n < tokens * classes),
+        "every all-reduce carries one [batch, seq, width] activation: {calls:?}"
+    );
+}
+
+/// Sequence parallelism's traffic of one forward and backward: every `g` is a
+/// reduce-scatter forward and an all-gather backward, every block input an all-gather
+/// forward and a reduce-scatter backward, each of this rank's `[batch, seq / tp, width]`
+/// slice (4 of each per layer, with `vocab` 2 more: the embedding's `g`, the head's input;
+/// without it 1 fewer: the first block reads the whole embedding);
+/// no other all-reduce carries an activation (only replicated weights' gradients, and the
+/// loss's `[rows]` sums with `vocab`); without `vocab` the head reads whole sequences.
+fn sequence_traffic(
+    counting: &Counting,
+    t: &TensorParallel,
+    tokens: usize,
+    classes: usize,
+    split_vocab: bool,
+) {
+    let seq = t.sequence.as_ref().unwrap();
+    let layers = t.blocks.len() / 2;
+    let blocks = 2 * layers + usize::from(split_vocab);
+    // Without the vocabulary split the embedding's output is whole: the first block reads
+    // it as Megatron's `f` does (the residual add after that block slices it).
+    let sliced_inputs = blocks - usize::from(!split_vocab);
+    assert_eq!(
+        (seq.scatters, seq.into_blocks, seq.gathers),
+        (blocks, sliced_inputs, usize::from(!split_vocab)),
+        "{seq:?}"
+    );
+    let scatters = counting.reduce_scatters.lock().unwrap().clone();
+    let gathers = counting.all_gathers.lock().unwrap().clone();
+    let reduces = counting.all_reduces.lock().unwrap().clone();
+    let slice = scatters[0];
+    assert!(
+        slice % (tokens / t.size) == 0 && slice < tokens * classes / t.size,
+        "a [batch, seq / tp, width] slice: {scatters:?}"
+    );
+    assert_eq!(
+        scatters,
+        vec![slice; blocks + sliced_inputs],
+        "reduce-scatters"
+    );
+    // Without the vocabulary split two more: the whole head reads the last LayerNorm's
+    // slices gathered, and backward the residual add's slice of the whole embedding
+    // gathers its gradient.
+    assert_eq!(
+        gathers.iter().filter(|&&n| n == slice).count(),
+        blocks + sliced_inputs + 2 * usize::from(!split_vocab),
+        "all-gathers of slices: {gathers:?}"
+    );
+    // Without the vocabulary split the first block's input is the whole embedding, read
+    // through Megatron's `f`: its gradient is all-reduced once.
+    let whole = reduces.iter().filter(|&&n| n == slice * t.size).count();
+    assert_eq!(whole, usize::from(!split_vocab), "{reduces:?}");
+    assert!(
+        reduces.iter().all(|&n| n < slice || n == slice * t.size),
+        "no other all-reduce of an activation: {reduces:?} (slices of {slice})"
+    );
+}
+
 /// The groups are the model's: a split model that was never given its tensor-parallel
 /// group stops at its first collective node with an error naming it, instead of reaching
 /// for some other group.
@@ -258,15 +341,15 @@ fn a_split_model_without_its_group_is_an_error_naming_the_node() {
 
 #[test]
 fn gpt2_tiny_two_and_four_ranks_match_one_process() {
-    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 2, 1024, false);
-    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 4, 1024, false);
+    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 2, 1024, &options(false));
+    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 4, 1024, &options(false));
 }
 
 #[test]
 fn builder_and_dynamo_gpt2_two_ranks_match_one_process() {
-    check_equivalence(&builder_gpt2("tp-eq-builder"), 2, 97, false);
-    check_equivalence(&builder_gpt2("tp-eq-builder4"), 4, 97, false);
-    check_equivalence(&data("dynamo_gpt2/gpt2_tied.onnx"), 2, 97, false);
+    check_equivalence(&builder_gpt2("tp-eq-builder"), 2, 97, &options(false));
+    check_equivalence(&builder_gpt2("tp-eq-builder4"), 4, 97, &options(false));
+    check_equivalence(&data("dynamo_gpt2/gpt2_tied.onnx"), 2, 97, &options(false));
 }
 
 /// The vocabulary split on three exporters' GPT-2s: TorchScript's folded head copy tied
@@ -274,11 +357,11 @@ fn builder_and_dynamo_gpt2_two_ranks_match_one_process() {
 /// `Transpose` (97 ids over 2 and 4 ranks: padded by 1 and 3) and dynamo's.
 #[test]
 fn vocab_parallel_embedding_head_and_loss_match_one_process() {
-    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 2, 1024, true);
-    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 3, 1024, true);
-    check_equivalence(&builder_gpt2("tp-vocab-builder"), 2, 97, true);
-    check_equivalence(&builder_gpt2("tp-vocab-builder4"), 4, 97, true);
-    check_equivalence(&data("dynamo_gpt2/gpt2_tied.onnx"), 2, 97, true);
+    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 2, 1024, &options(true));
+    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 3, 1024, &options(true));
+    check_equivalence(&builder_gpt2("tp-vocab-builder"), 2, 97, &options(true));
+    check_equivalence(&builder_gpt2("tp-vocab-builder4"), 4, 97, &options(true));
+    check_equivalence(&data("dynamo_gpt2/gpt2_tied.onnx"), 2, 97, &options(true));
     let t = TensorParallel::apply(
         OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex()).unwrap(),
         sample(&ids(1024)),
@@ -305,6 +388,19 @@ fn vocab_parallel_embedding_head_and_loss_match_one_process() {
         t.vocab.as_ref().map(|v| (v.start, v.valid)),
         Some((684, 340))
     );
+}
+
+/// Sequence parallelism on the three exporters' GPT-2s, with the blocks only and with the
+/// vocabulary split too: the same logits and gradients as one process (the LayerNorms'
+/// scales and biases, read by every rank's slice, get whole gradients), each rank's
+/// activations between the blocks a slice of the sequence.
+#[test]
+fn sequence_parallel_matches_one_process() {
+    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 2, 1024, &sequence(false));
+    check_equivalence(&refkit("models/gpt2_tiny.onnx"), 4, 1024, &sequence(true));
+    check_equivalence(&builder_gpt2("tp-seq-builder"), 2, 97, &sequence(false));
+    check_equivalence(&builder_gpt2("tp-seq-builder4"), 4, 97, &sequence(true));
+    check_equivalence(&data("dynamo_gpt2/gpt2_tied.onnx"), 2, 97, &sequence(true));
 }
 
 fn tokens(vocab: u64) -> Arc<dyn Dataset> {

@@ -350,6 +350,7 @@ fn print_tensor_parallel(model: OnnxModel, n: usize) -> Result<(), OnnxError> {
         allow_replicated: true,
         vocab_parallel: true,
         vocab_head: model.graph().outputs.first().map(|o| o.name.clone()),
+        sequence_parallel: false,
     };
     let (part, t) =
         burn_onnx_train::tensor_parallel::TensorParallel::apply(model, sample, 0, n, &options)?;

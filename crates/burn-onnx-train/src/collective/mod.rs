@@ -1,9 +1,12 @@
 //! Collectives inside the model's forward and backward passes, as differentiable ops:
 //! [`megatron`]'s `f`/`g` on the tensor-parallel group and [`param_gather`]'s ZeRO-3
 //! parameter gather on the data-parallel (sharding) group, run ahead of the pass by
-//! [`prefetch`]; [`vocab`]'s cross-entropy on
-//! logits split along the vocabulary; and [`grad_hooks`], which hands
+//! [`prefetch`]; [`sequence`]'s moves between sequence slices and whole sequences
+//! (Megatron's sequence parallelism); [`vocab`]'s cross-entropy on logits split along the
+//! vocabulary; and [`grad_hooks`], which hands
 //! each parameter's final gradient to a data-parallel averaging thread during backward.
+//!
+//! [`axis_split`] says how an axis is divided among a group's ranks.
 //!
 //! The ops are Burn backend extensions (Flex, Cube, Autodiff) with their own backward. They
 //! move data through the group's [`Communicator`] on host buffers, so they run on every
@@ -14,10 +17,12 @@
 //! panics: the interpreter turns a panic in forward into an error naming the node, and a
 //! panic in backward ends the rank, which ends every rank.
 
+pub mod axis_split;
 pub mod grad_hooks;
 pub mod megatron;
 pub mod param_gather;
 pub mod prefetch;
+pub mod sequence;
 pub mod vocab;
 
 use std::sync::Arc;

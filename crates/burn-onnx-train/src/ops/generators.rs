@@ -12,7 +12,11 @@ use crate::value::{FloatValue, Value};
 
 /// `Shape` (with opset-15 `start`/`end`)
 pub fn shape(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
-    let shape = inputs.take(0, "data")?.shape();
+    shape_of(ctx, &inputs.take(0, "data")?.shape())
+}
+
+/// `Shape`'s output for an input of `shape` (the node's `start`/`end` applied).
+pub fn shape_of(ctx: &OpContext, shape: &[usize]) -> OpResult<OpOutput> {
     let r = shape.len() as i64;
     let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
     let start = clamp(ctx.attrs.int("start", 0)?);

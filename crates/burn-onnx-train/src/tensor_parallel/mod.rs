@@ -4,21 +4,24 @@
 //! the graph, [`vocab`] the token embedding and LM head to split along the vocabulary,
 //! [`rewrite`] inserts Megatron's `f`/`g` operators ([`crate::collective::megatron`],
 //! with their own backward) and adapts reshapes and splits to local sizes, and each rank keeps its
-//! part of the split weights ([`AxisSplit`]). [`TensorParallel`] does all of it for a run.
+//! part of the split weights ([`AxisSplit`]); with [`sequence`] parallelism the parts
+//! between the blocks run on each rank's slice of the tokens. [`TensorParallel`] does all
+//! of it for a run.
 
 pub mod ops;
 pub mod plan;
 pub mod rewrite;
-pub mod split;
+pub mod sequence;
 pub mod vocab;
 
 use std::collections::{BTreeMap, HashMap};
 
 use burn_ort_dist::Communicator;
 
+pub use crate::collective::axis_split::AxisSplit;
 pub use crate::model::Probe;
 pub use plan::Plan;
-pub use split::AxisSplit;
+pub use sequence::SequenceParallel;
 pub use vocab::VocabShard;
 
 use crate::error::{OnnxError, Result};
@@ -38,6 +41,8 @@ pub struct TensorParallel {
     pub blocks: Vec<String>,
     /// The slice of the vocabulary this rank's logits hold, when the head is split.
     pub vocab: Option<VocabShard>,
+    /// What runs on sequence slices, with sequence parallelism.
+    pub sequence: Option<SequenceParallel>,
 }
 
 /// What a tensor-parallel split may cut besides Megatron's blocks.
@@ -52,6 +57,9 @@ pub struct SplitOptions {
     /// it is split along the vocabulary too, and the output then holds this rank's slice
     /// of the logits only (the loss must be [`crate::collective::vocab`]'s).
     pub vocab_head: Option<String>,
+    /// Megatron's sequence parallelism: between the blocks each rank holds its slice of
+    /// the tokens ([`sequence`]).
+    pub sequence_parallel: bool,
 }
 
 impl TensorParallel {
@@ -102,7 +110,26 @@ impl TensorParallel {
             .iter()
             .map(|&i| model.graph().nodes[i].name.clone())
             .collect();
-        let graph = rewrite::rewrite(model.graph(), &plan)?;
+        let mut graph = rewrite::rewrite(model.graph(), &plan)?;
+        let sequence = if options.sequence_parallel {
+            let known = plan::Known {
+                model: &model,
+                probe: &probe,
+            };
+            let (g, seq) = sequence::rewrite(&graph, &known, size)?;
+            if seq.scatters == 0 {
+                return Err(OnnxError::field(
+                    "tensor_parallel_sequence",
+                    format!(
+                        "no block output of {source} splits along a sequence axis over {size} ranks"
+                    ),
+                ));
+            }
+            graph = g;
+            Some(seq)
+        } else {
+            None
+        };
         let vocab = plan.vocab.shard(model.graph(), rank, size);
         let params = plan.all_params();
         let parts: BTreeMap<_, _> = params
@@ -120,6 +147,7 @@ impl TensorParallel {
                 params,
                 blocks,
                 vocab,
+                sequence,
             },
         ))
     }

@@ -1,17 +1,21 @@
 //! The interpreter ops a tensor-parallel rewrite adds or adapts: `f` and `g` (see
 //! [`crate::collective::megatron`]), Reshape and Split on a split axis, whose sizes in the
 //! file are the full model's and shrink by the rank count here, and the embedding lookup
-//! in a table split along the vocabulary.
+//! in a table split along the vocabulary; and sequence parallelism's transfers between
+//! token slices and whole sequences, with `Shape` of a slice reporting the whole shape.
 
 use burn::tensor::{Tensor, TensorData};
 use ndarray::ArrayD;
 
 use crate::collective::CollectiveGroup;
+use crate::collective::axis_split::AxisSplit;
 use crate::collective::megatron::{tp_copy, tp_reduce};
+use crate::collective::sequence::{Move, SequenceStep, sequence_transfer};
 use crate::error::OpResult;
 use crate::op_bail;
+use crate::ops::sequence_marks::marked;
 use crate::ops::{Inputs, OpContext, OpOutput, lookup};
-use crate::value::{FloatValue, Value, int_tensor_1d};
+use crate::value::{FloatValue, MAX_RANK, Value, int_tensor_1d};
 
 /// Attribute of an adapted node: the rank count.
 pub const PARTS: &str = "burn.tp.parts";
@@ -19,6 +23,53 @@ pub const PARTS: &str = "burn.tp.parts";
 pub const AXIS: &str = "burn.tp.axis";
 /// Attribute of an adapted Reshape: that axis's full size.
 pub const FULL: &str = "burn.tp.full";
+/// Attribute of a sequence-parallel transfer: which one ([`Transfer`] as an integer).
+pub const TRANSFER: &str = "burn.sp.transfer";
+
+/// The four sequence-parallel transfers, as a node names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transfer {
+    /// After a row-parallel projection: reduce-scatter (Megatron's `g` with sequence
+    /// parallelism).
+    Scatter = 0,
+    /// Into a block: all-gather, its gradient reduce-scattered (`g`'s conjugate).
+    IntoBlock = 1,
+    /// Into an op that needs whole sequences: all-gather, its gradient sliced.
+    Gather = 2,
+    /// A replicated value read with sliced ones: slice, its gradient all-gathered.
+    Slice = 3,
+}
+
+impl Transfer {
+    /// The forward and backward moves.
+    fn moves(self) -> (Move, Move) {
+        match self {
+            Transfer::Scatter => (Move::ReduceScatter, Move::AllGather),
+            Transfer::IntoBlock => (Move::AllGather, Move::ReduceScatter),
+            Transfer::Gather => (Move::AllGather, Move::Slice),
+            Transfer::Slice => (Move::Slice, Move::AllGather),
+        }
+    }
+
+    fn from_attr(n: i64) -> Option<Transfer> {
+        [
+            Transfer::Scatter,
+            Transfer::IntoBlock,
+            Transfer::Gather,
+            Transfer::Slice,
+        ]
+        .into_iter()
+        .find(|t| *t as i64 == n)
+    }
+}
+
+/// The split a sequence-parallel node carries ([`marked`]) and its rank count.
+fn sequence_split(ctx: &OpContext, op: &str) -> OpResult<(AxisSplit, usize)> {
+    match marked(&ctx.attrs)? {
+        Some(s) => Ok(s),
+        None => op_bail!("{op}: a sequence-parallel node without its split"),
+    }
+}
 
 /// The float input of a collective node and the tensor-parallel group it runs on.
 fn float_input<'a>(
@@ -55,6 +106,52 @@ pub fn reduce(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         x.rank,
     ))]
     .into())
+}
+
+/// A sequence-parallel transfer (`TRANSFER`) of the input along `AXIS`.
+pub fn sequence(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let (x, group) = float_input(ctx, &mut inputs, "SequenceParallel")?;
+    let Some(transfer) = Transfer::from_attr(ctx.attrs.int(TRANSFER, -1)?) else {
+        op_bail!(
+            "SequenceParallel: unknown transfer {:?}",
+            ctx.attrs.get(TRANSFER)
+        );
+    };
+    let (split, parts) = sequence_split(ctx, "SequenceParallel")?;
+    if split.axis >= x.rank {
+        op_bail!(
+            "SequenceParallel: axis {} of a rank-{} tensor",
+            split.axis,
+            x.rank
+        );
+    }
+    let (forward, backward) = transfer.moves();
+    let step = SequenceStep {
+        split: split.on(split.axis + MAX_RANK - x.rank),
+        parts,
+        forward,
+        backward,
+        group: group.clone(),
+    };
+    Ok(vec![Value::Float(FloatValue::new(
+        sequence_transfer(x.tensor, step),
+        x.rank,
+    ))]
+    .into())
+}
+
+/// `Shape` of a sequence slice: the whole tensor's shape (the split axis times `PARTS`).
+pub fn sequence_shape(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let (split, parts) = sequence_split(ctx, "Shape")?;
+    let mut shape = inputs.take(0, "data")?.shape();
+    if split.axis >= shape.len() {
+        op_bail!(
+            "Shape of a sequence slice: axis {} of {shape:?}",
+            split.axis
+        );
+    }
+    shape[split.axis] *= parts;
+    crate::ops::generators::shape_of(ctx, &shape)
 }
 
 /// Gather (axis 0) from this rank's rows of a table split along the vocabulary (`FULL`:

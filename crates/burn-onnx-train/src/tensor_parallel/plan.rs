@@ -17,8 +17,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::split::AxisSplit;
 use super::vocab::VocabPlan;
+use crate::collective::axis_split::AxisSplit;
 use crate::graph::{Graph, Node};
 use crate::model::{OnnxModel, ParamRole, Probe};
 use crate::value::norm_axis;
@@ -64,7 +64,8 @@ impl Plan {
 /// q/k/v, fused pairs.
 const GROUPINGS: [usize; 3] = [1, 3, 2];
 
-const ELEMENTWISE: &[&str] = &[
+/// Ops applied element by element (with broadcasting).
+pub(super) const ELEMENTWISE: &[&str] = &[
     "Add",
     "Sub",
     "Mul",
@@ -196,6 +197,43 @@ fn column_weight(model: &OnnxModel, node: &Node) -> Option<(usize, usize)> {
     }
 }
 
+/// What the model and a probe pass know of a value of the model's graph.
+pub struct Known<'a> {
+    pub model: &'a OnnxModel,
+    pub probe: &'a Probe,
+}
+
+impl Known<'_> {
+    /// The full shape of a parameter, constant or probed value.
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        if let Some(i) = self.model.param_index(name) {
+            return Some(self.model.param_infos()[i].shape.clone());
+        }
+        if let Some(shape) = self.probe.shapes.get(name) {
+            return Some(shape.clone());
+        }
+        if let Some(t) = self.model.graph().constants.get(name) {
+            return Some(t.shape().to_vec());
+        }
+        self.model
+            .constant_infos()
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.shape.clone())
+    }
+
+    /// Whether the value is a float tensor.
+    pub fn is_float(&self, name: &str) -> bool {
+        self.model.param_index(name).is_some() || self.probe.floats.contains(name)
+    }
+
+    /// Whether the value is a constant of the graph (never carries a gradient).
+    pub fn is_constant(&self, name: &str) -> bool {
+        self.model.graph().constants.contains_key(name)
+            || self.model.constant_infos().iter().any(|c| c.name == name)
+    }
+}
+
 struct Walk<'a> {
     model: &'a OnnxModel,
     graph: &'a Graph,
@@ -209,24 +247,18 @@ struct Walk<'a> {
 
 impl Walk<'_> {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        if let Some(i) = self.model.param_index(name) {
-            return Some(self.model.param_infos()[i].shape.clone());
-        }
-        if let Some(shape) = self.probe.shapes.get(name) {
-            return Some(shape.clone());
-        }
-        if let Some(t) = self.graph.constants.get(name) {
-            return Some(t.shape().to_vec());
-        }
-        self.model
-            .constant_infos()
-            .iter()
-            .find(|c| c.name == name)
-            .map(|c| c.shape.clone())
+        self.known().shape(name)
     }
 
     fn is_float(&self, name: &str) -> bool {
-        self.model.param_index(name).is_some() || self.probe.floats.contains(name)
+        self.known().is_float(name)
+    }
+
+    fn known(&self) -> Known<'_> {
+        Known {
+            model: self.model,
+            probe: self.probe,
+        }
     }
 
     fn run(&mut self, choice: &BTreeMap<usize, usize>) -> Step {

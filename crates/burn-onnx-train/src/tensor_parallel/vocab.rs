@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::split::AxisSplit;
+use crate::collective::axis_split::AxisSplit;
 pub use crate::collective::vocab::VocabShard;
 use crate::graph::{Graph, Node};
 use crate::model::{OnnxModel, ParamRole};

@@ -73,6 +73,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "horizontal_parallel_size",
             "tensor_parallel_allow_replicated",
             "tensor_parallel_vocab",
+            "tensor_parallel_sequence",
             "pipeline_parallel_size",
             "num_pipeline_micro_batches",
             "pipeline_schedule",

@@ -88,7 +88,8 @@ impl TrainingConfig {
 
     /// What a tensor-parallel split cuts besides Megatron's blocks: with
     /// `tensor_parallel_vocab`, the token embeddings, and the head of `model.output_name`
-    /// when a cross-entropy reads it (another loss needs whole outputs).
+    /// when a cross-entropy reads it (another loss needs whole outputs); with
+    /// `tensor_parallel_sequence`, the sequence between the blocks.
     pub fn tensor_parallel_split(&self) -> SplitOptions {
         let p = &self.parallel;
         let vocab_loss = matches!(
@@ -100,6 +101,7 @@ impl TrainingConfig {
             vocab_parallel: p.tensor_parallel_vocab,
             vocab_head: (p.tensor_parallel_vocab && vocab_loss)
                 .then(|| self.model.output_name.clone()),
+            sequence_parallel: p.tensor_parallel_sequence,
         }
     }
 

@@ -125,6 +125,12 @@ pub struct ParallelConfig {
     /// slice of the table and of the logits, and with a cross-entropy loss the loss is
     /// computed from the slices (the logits are never whole on one rank). Default on.
     pub tensor_parallel_vocab: bool,
+    /// With `horizontal_parallel_size` > 1, Megatron's sequence parallelism (its
+    /// `sequence_parallel`): between the blocks (LayerNorms, residual adds, dropout) each
+    /// rank holds only its slice of the sequence, and the blocks' all-reduces become
+    /// all-gathers and reduce-scatters. The sequence length must divide by the tp size.
+    #[serde(alias = "sequence_parallel")]
+    pub tensor_parallel_sequence: bool,
     /// Pipeline-parallel size: the graph is cut into this many stages, one per rank of a
     /// replica.
     pub pipeline_parallel_size: usize,
@@ -182,6 +188,7 @@ impl Default for ParallelConfig {
             horizontal_parallel_size: 1,
             tensor_parallel_allow_replicated: false,
             tensor_parallel_vocab: true,
+            tensor_parallel_sequence: false,
             pipeline_parallel_size: 1,
             num_pipeline_micro_batches: 0,
             pipeline_schedule: PipelineSchedule::OneFOneB,

@@ -1,11 +1,13 @@
 //! [`AxisSplit`]: how one axis of a tensor is divided among the tensor-parallel ranks, how
 //! that division travels through a reshape, and slicing and reassembling host arrays by it.
+//! The blocks of Megatron split weights and activations by it, sequence parallelism the
+//! token axis.
 //!
 //! An axis of full size `F` is split with a `period` `P` (dividing `F`, a multiple of the
 //! rank count): rank `r` holds the indices whose position within each period block falls
 //! in its `r`-th chunk of `P / tp`. A plain column split has `P = F`; the output of a fused
 //! Q/K/V projection has `P = F / 3`, so every rank holds its heads of Q, of K and of V.
-//! A vocabulary split (see [`super::vocab`]) may pad: `pad` zero rows are appended to
+//! A vocabulary split (see `crate::tensor_parallel::vocab`) may pad: `pad` zero rows are appended to
 //! the axis so that `F + pad` divides by the rank count (Megatron pads its vocabulary
 //! too), and every rank holds an equal part; reassembling drops them again.
 

@@ -1,0 +1,162 @@
+//! Megatron's sequence parallelism as differentiable ops on the tensor-parallel group:
+//! outside the blocks each rank holds its slice of the tokens ([`AxisSplit`] of the
+//! sequence axis), so the `f`/`g` all-reduces of [`super::megatron`] become
+//! - a reduce-scatter after a row-parallel projection (backward: all-gather),
+//! - an all-gather where a block reads the sequence slices (backward: reduce-scatter),
+//! and two more moves join the slices to the replicated rest of the graph:
+//! - an all-gather where an op that needs whole sequences reads them (backward: this
+//!   rank's slice of the gradient, which every rank holds whole),
+//! - a slice of a replicated value a sliced op reads whole (a position table's rows;
+//!   backward: all-gather, so the replicated side gets the whole gradient again).
+//!
+//! Each is one [`Move`] forward and another backward; the data goes through host memory as
+//! the other collectives do. A group of one with a split planned for more ranks (the
+//! memory plan's probe of one rank) only reproduces the shapes: gathers repeat this rank's
+//! slice and reduce-scatters keep it.
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use burn::backend::Cube;
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::flex::Flex;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, backend_extension};
+use burn_ort_dist::ReduceOp;
+use ndarray::{ArrayD, IxDyn};
+
+use super::axis_split::AxisSplit;
+use super::{CollectiveGroup, HostCopy};
+use crate::unary_op::unary;
+use crate::value::PhysTensor;
+
+/// One direction of a sequence-parallel transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Move {
+    /// Sum the ranks' whole tensors and keep this rank's slice.
+    ReduceScatter,
+    /// Join the ranks' slices into the whole tensor.
+    AllGather,
+    /// Keep this rank's slice of a tensor every rank holds whole.
+    Slice,
+}
+
+/// A sequence-parallel op: its split (on the physical axis), its forward and backward
+/// moves and the group it runs on.
+#[derive(Debug, Clone)]
+pub struct SequenceStep {
+    /// The split of the sequence axis, on the physical (padded) tensor.
+    pub split: AxisSplit,
+    /// The rank count the split was planned for.
+    pub parts: usize,
+    /// The move of the forward pass.
+    pub forward: Move,
+    /// The move of the backward pass (on the output's gradient).
+    pub backward: Move,
+    /// The tensor-parallel group.
+    pub group: CollectiveGroup,
+}
+
+impl SequenceStep {
+    /// `x` moved by `m` on the host.
+    fn host<B: Backend>(&self, x: FloatTensor<B>, m: Move) -> FloatTensor<B> {
+        let host = HostCopy::<B>::of(x, "sequence-parallel transfer");
+        let a = ArrayD::from_shape_vec(IxDyn(&host.shape), host.values.clone())
+            .expect("a host copy of its own shape");
+        let out = self
+            .moved(a, m)
+            .unwrap_or_else(|e| panic!("sequence-parallel {m:?} failed: {e}"));
+        let shape = out.shape().to_vec();
+        host.make(out.into_iter().collect(), shape)
+    }
+
+    fn moved(&self, a: ArrayD<f32>, m: Move) -> Result<ArrayD<f32>, String> {
+        let (g, tp, s) = (&self.group.0, self.parts, self.split);
+        let alone = g.world_size() == 1 && tp > 1;
+        if !alone && g.world_size() != tp {
+            return Err(format!(
+                "planned for {tp} ranks, the group has {}",
+                g.world_size()
+            ));
+        }
+        let rank = if alone { 0 } else { g.rank() };
+        let axis_len = a.shape()[s.axis];
+        let whole = match m {
+            Move::AllGather => axis_len * tp,
+            Move::ReduceScatter | Move::Slice => axis_len,
+        };
+        if whole % s.period != 0 || s.period % tp != 0 {
+            return Err(format!(
+                "an axis of {whole} does not split in blocks of {} over {tp} ranks (sequence parallelism needs the sequence length it was planned for, or a multiple of it)",
+                s.period
+            ));
+        }
+        Ok(match m {
+            Move::Slice => s.slice(&a, rank, tp),
+            Move::AllGather if alone => s.assemble(&vec![a; tp]),
+            Move::AllGather => {
+                let send: Vec<f32> = a.iter().copied().collect();
+                let mut recv = vec![0f32; send.len() * tp];
+                g.all_gather(&send, &mut recv).map_err(|e| e.to_string())?;
+                let parts: Vec<_> = recv
+                    .chunks(send.len())
+                    .map(|c| ArrayD::from_shape_vec(a.raw_dim(), c.to_vec()).expect("equal parts"))
+                    .collect();
+                s.assemble(&parts)
+            }
+            Move::ReduceScatter if alone => s.slice(&a, 0, tp),
+            Move::ReduceScatter => {
+                let send: Vec<f32> = (0..tp).flat_map(|r| s.slice(&a, r, tp)).collect();
+                let mut recv = vec![0f32; send.len() / tp];
+                g.reduce_scatter(&send, &mut recv, ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?;
+                let mut local = a.shape().to_vec();
+                local[s.axis] /= tp;
+                ArrayD::from_shape_vec(IxDyn(&local), recv).expect("this rank's slice")
+            }
+        })
+    }
+}
+
+/// The transfer as a backend extension.
+#[backend_extension(Cube: cfg(any(feature = "wgpu", feature = "cuda")), Flex, Autodiff)]
+pub trait SequenceParallelOps: Backend {
+    /// `step.forward` on `x` (its gradient: `step.backward` on the output's).
+    fn sequence_transfer(x: FloatTensor<Self>, step: SequenceStep) -> FloatTensor<Self>;
+}
+
+impl SequenceParallelOps for Flex {
+    fn sequence_transfer(x: FloatTensor<Self>, step: SequenceStep) -> FloatTensor<Self> {
+        step.host::<Self>(x, step.forward)
+    }
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl SequenceParallelOps for Cube {
+    fn sequence_transfer(x: FloatTensor<Self>, step: SequenceStep) -> FloatTensor<Self> {
+        step.host::<Self>(x, step.forward)
+    }
+}
+
+impl<B: Backend + SequenceParallelOps, C: CheckpointStrategy> SequenceParallelOps
+    for Autodiff<B, C>
+{
+    fn sequence_transfer(x: FloatTensor<Self>, step: SequenceStep) -> FloatTensor<Self> {
+        let kept = step.clone();
+        unary::<B, C, SequenceStep>(
+            x,
+            |x| B::sequence_transfer(x, step),
+            |_, _| kept,
+            |step, g| step.host::<B>(g, step.backward),
+        )
+    }
+}
+
+/// `step` on a tensor.
+pub fn sequence_transfer(x: PhysTensor, step: SequenceStep) -> PhysTensor {
+    PhysTensor::from_dispatch(
+        <burn::backend::Dispatch as SequenceParallelOps>::sequence_transfer(
+            x.into_dispatch(),
+            step,
+        ),
+    )
+}
