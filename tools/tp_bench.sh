@@ -3,7 +3,8 @@
 # vocab 512): one process against 2 MPI tensor-parallel ranks, and dp 2 for comparison.
 # Then the GPT-2 example's model (2 layers, width 128, 4 heads, the GPT-2 vocabulary of
 # 50257, 94% of it in the tied embedding): one process against tp 2 with and without the
-# vocabulary split (`tensor_parallel_vocab`).
+# vocabulary split (`tensor_parallel_vocab`). Both with Megatron's sequence parallelism
+# (`--sequence-parallel`) as well.
 #   cargo build --release --features mpi -p burn-onnx-train --bin onnx-train
 #   tools/tp_bench.sh [updates] [batch] [seq]
 # Prints one row per run: time per update, and per rank the parameter, gradient and
@@ -12,7 +13,7 @@ set -euo pipefail
 source "$(dirname "$0")/bench_lib.sh"
 steps="${1:-12}"; batch="${2:-16}"; seq="${3:-64}"
 dir="$(mktemp -d /tmp/tp-bench.XXXX)"
-"$bench_bin" gpt2 --output "$dir/gpt2_8x512.onnx" --layers 8 --heads 8 --width 512 --vocab 512 --positions 128 > /dev/null
+"$bench_bin" gpt2 --output "$dir/gpt2_8x512.onnx" --layers 8 --heads 8 --width 512 --vocab 512 --positions "$seq" > /dev/null
 write_run "$dir" "$dir/gpt2_8x512.onnx" 512 "$seq" "$batch" "$steps" adamw
 run() { # name np flags...
   mpi_train "$dir" "$@"
@@ -27,6 +28,7 @@ echo "| run | ranks | ms/update | parameters MiB per rank | gradients MiB | opti
 echo "|---|---|---|---|---|---|---|"
 run single 1
 run tp2 2 --tp 2
+run tp2-seq 2 --tp 2 --sequence-parallel
 run dp2 2 --dp 2 --batch-size $((batch / 2))
 
 # The example's model: batch 8 of 64 tokens, as `cargo run --release --example gpt2`.
@@ -39,5 +41,6 @@ echo "| run | ranks | ms/update | parameters MiB per rank | gradients MiB | opti
 echo "|---|---|---|---|---|---|---|"
 run single 1
 run tp2-vocab 2 --tp 2
+run tp2-vocab-seq 2 --tp 2 --sequence-parallel
 cp "$dir/whole_vocab.toml" "$dir/run.toml"
 run tp2-whole-vocab 2 --tp 2

@@ -1,7 +1,8 @@
 //! Data parallelism across processes under OpenMPI (feature `mpi`): `mpirun -np N
 //! onnx-train train` with per-rank batch B ends with the same parameters as one process
 //! with batch N*B (10 SGD updates, gpt2_tiny and the MLP), and so do pipelines (`--pp`) and
-//! tensor parallelism (`--tp`), alone and as data-parallel replicas; a killed rank or
+//! tensor parallelism (`--tp`), alone, as data-parallel replicas and with sequence
+//! parallelism; a killed rank or
 //! pipeline stage ends the job; gradients as f16 on the wire (`--allreduce-in-fp16`) follow
 //! the f32 run on an odd ring.
 #![cfg(feature = "mpi")]
@@ -356,6 +357,14 @@ fn mpi_four_tensor_parallel_ranks_equal_one_process_gpt2_tiny() {
 fn mpi_two_replicas_of_two_tensor_parallel_ranks_equal_one_process_gpt2_tiny() {
     let _serial = one_job_at_a_time();
     grid_equivalence("gpt2", 2, 2, 1, 2);
+}
+
+/// Megatron's sequence parallelism under mpirun: 2 replicas of 2 tp ranks whose LayerNorms
+/// and residual adds run on half the sequence each.
+#[test]
+fn mpi_two_replicas_of_two_sequence_parallel_ranks_equal_one_process_gpt2_tiny() {
+    let _serial = one_job_at_a_time();
+    grid_equivalence_with("gpt2", 2, 2, 1, 2, &["--sequence-parallel"]);
 }
 
 #[test]

@@ -401,6 +401,17 @@ fn sequence_parallel_matches_one_process() {
     check_equivalence(&builder_gpt2("tp-seq-builder"), 2, 97, &sequence(false));
     check_equivalence(&builder_gpt2("tp-seq-builder4"), 4, 97, &sequence(true));
     check_equivalence(&data("dynamo_gpt2/gpt2_tied.onnx"), 2, 97, &sequence(true));
+    // A sequence of 15 tokens does not split over 2 ranks: a planning error saying so.
+    let odd = ArrayD::from_shape_vec(IxDyn(&[2, 15]), vec![1i64; 30]).unwrap();
+    let model = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex()).unwrap();
+    let err = TensorParallel::apply(model, sample(&odd), 0, 2, &sequence(false))
+        .err()
+        .expect("15 tokens over 2 ranks")
+        .to_string();
+    assert!(
+        err.contains("tensor_parallel_sequence") && err.contains("sequence length 15"),
+        "{err}"
+    );
 }
 
 fn tokens(vocab: u64) -> Arc<dyn Dataset> {
@@ -617,6 +628,48 @@ fn data_and_pipeline_parallel_compose_with_tensor_parallel() {
     );
     assert_eq!(s.perf.as_ref().unwrap().world_size, 8);
     same_run(&model, (&one, &base), (&dir, &s), 1e-5, false);
+}
+
+/// Sequence parallelism through the runner: 10 SGD updates at tp 2, and composed with a
+/// pipeline (tp 2 x pp 2), with ZeRO-3 and recomputation (dp 2 x tp 2), end where one
+/// process does; AdamW on the GPT-2 example's model (vocabulary split) too.
+#[test]
+fn sequence_parallel_runs_end_where_one_process_does() {
+    let model = refkit("models/gpt2_tiny.onnx");
+    let data = tokens(1024);
+    let one = tempdir("tp-seq-one");
+    let base = run(config(&model, &one, OptimizerKind::Sgd), &data);
+    let layouts: [(&str, usize, usize, usize, usize); 3] = [
+        ("tp2", 1, 2, 1, 0),
+        ("tp2pp2", 1, 2, 2, 0),
+        ("dp2tp2-zero3-recompute", 2, 2, 1, 3),
+    ];
+    for (tag, dp, tp, pp, zero) in layouts {
+        let dir = tempdir(&format!("tp-seq-{tag}"));
+        let mut c = config(&model, &dir, OptimizerKind::Sgd);
+        c.parallel.tensor_parallel_sequence = true;
+        c.parallel.data_parallel_size = dp;
+        c.parallel.horizontal_parallel_size = tp;
+        c.parallel.pipeline_parallel_size = pp;
+        if zero > 0 {
+            c.parallel.zero_stage = zero;
+            c.parallel.recompute_segments = 3;
+        }
+        c.data.batch_size = 4 / dp;
+        let s = run(c, &data);
+        assert_eq!(s.perf.as_ref().unwrap().world_size, dp * tp * pp);
+        same_run(&model, (&one, &base), (&dir, &s), 1e-5, dp == 1);
+    }
+    let example = tempdir("tp-seq-example").join("gpt2.onnx");
+    write_gpt2(&Gpt2Config::default(), &example).unwrap();
+    let data = tokens(50257);
+    let (one, dir) = (tempdir("tp-seq-example-one"), tempdir("tp-seq-example-tp2"));
+    let base = run(adamw(&example, &one), &data);
+    let mut c = adamw(&example, &dir);
+    c.parallel.horizontal_parallel_size = 2;
+    c.parallel.tensor_parallel_sequence = true;
+    let s = run(c, &data);
+    same_run(&example, (&one, &base), (&dir, &s), 5e-5, true);
 }
 
 #[test]

@@ -124,21 +124,12 @@ impl AxisSplit {
             .expect("padding of the same rank");
             return AxisSplit { pad: 0, ..self }.slice(&padded, rank, tp);
         }
-        let shape = full.shape();
-        let mut blocked: Vec<usize> = shape[..self.axis].to_vec();
-        blocked.extend([shape[self.axis] / self.period, tp, self.period / tp]);
-        blocked.extend_from_slice(&shape[self.axis + 1..]);
-        let view = full
-            .view()
-            .into_shape_with_order(IxDyn(&blocked))
-            .expect("a split divides its axis");
-        let mut local = shape.to_vec();
+        let full = full.as_standard_layout();
+        let values = full.as_slice().expect("a standard-layout array");
+        let mut local = full.shape().to_vec();
         local[self.axis] /= tp;
-        let part = view.index_axis(Axis(self.axis + 1), rank).to_owned();
-        part.as_standard_layout()
-            .into_owned()
-            .into_shape_with_order(IxDyn(&local))
-            .expect("same element count")
+        let part = self.slice_flat(values, full.shape(), rank, tp);
+        ArrayD::from_shape_vec(IxDyn(&local), part).expect("this rank's part")
     }
 
     /// The full array from every rank's part, in rank order (padding dropped).
@@ -150,27 +141,54 @@ impl AxisSplit {
                 .slice_axis(Axis(self.axis), ndarray::Slice::from(..keep))
                 .to_owned();
         }
-        let tp = parts.len();
-        let local = parts[0].shape();
-        let mut blocked: Vec<usize> = local[..self.axis].to_vec();
-        blocked.extend([local[self.axis] * tp / self.period, self.period / tp]);
-        blocked.extend_from_slice(&local[self.axis + 1..]);
-        let views: Vec<_> = parts
+        let standard: Vec<_> = parts.iter().map(|p| p.as_standard_layout()).collect();
+        let flat: Vec<&[f32]> = standard
             .iter()
-            .map(|p| {
-                p.view()
-                    .into_shape_with_order(IxDyn(&blocked))
-                    .expect("a part of the split")
-            })
+            .map(|p| p.as_slice().expect("a standard-layout array"))
             .collect();
-        let stacked = ndarray::stack(Axis(self.axis + 1), &views).expect("parts of equal shape");
-        let mut full = local.to_vec();
-        full[self.axis] *= tp;
-        stacked
-            .as_standard_layout()
-            .into_owned()
-            .into_shape_with_order(IxDyn(&full))
-            .expect("same element count")
+        let mut full = parts[0].shape().to_vec();
+        let values = self.assemble_flat(&flat, &full);
+        full[self.axis] *= parts.len();
+        ArrayD::from_shape_vec(IxDyn(&full), values).expect("the whole array")
+    }
+
+    /// The runs of one rank's part in the whole row-major tensor of `shape` (no padding):
+    /// `(count, run length, stride between runs, offset of rank r's first run per rank)`.
+    /// Rank `r`'s part is runs `k` at `k * stride + r * step`, each `len` values long.
+    fn runs(self, shape: &[usize], tp: usize) -> (usize, usize, usize, usize) {
+        let inner: usize = shape[self.axis + 1..].iter().product();
+        let outer: usize = shape[..self.axis].iter().product();
+        let blocks = shape[self.axis] / self.period;
+        let len = self.period / tp * inner;
+        (outer * blocks, len, self.period * inner, len)
+    }
+
+    /// Rank `rank`'s part of the row-major `full` of `shape` (of `tp` ranks; no padding).
+    pub fn slice_flat(self, full: &[f32], shape: &[usize], rank: usize, tp: usize) -> Vec<f32> {
+        let (count, len, stride, step) = self.runs(shape, tp);
+        let mut out = Vec::with_capacity(count * len);
+        for k in 0..count {
+            let at = k * stride + rank * step;
+            out.extend_from_slice(&full[at..at + len]);
+        }
+        out
+    }
+
+    /// The whole row-major tensor from every rank's part (row-major, of `local` shape), in
+    /// rank order (no padding).
+    pub fn assemble_flat(self, parts: &[&[f32]], local: &[usize]) -> Vec<f32> {
+        let tp = parts.len();
+        let mut shape = local.to_vec();
+        shape[self.axis] *= tp;
+        let (count, len, stride, step) = self.runs(&shape, tp);
+        let mut full = vec![0f32; count * stride];
+        for (r, part) in parts.iter().enumerate() {
+            for k in 0..count {
+                let at = k * stride + r * step;
+                full[at..at + len].copy_from_slice(&part[k * len..(k + 1) * len]);
+            }
+        }
+        full
     }
 }
 

@@ -22,7 +22,6 @@ use burn::backend::flex::Flex;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, backend_extension};
 use burn_ort_dist::ReduceOp;
-use ndarray::{ArrayD, IxDyn};
 
 use super::axis_split::AxisSplit;
 use super::{CollectiveGroup, HostCopy};
@@ -59,17 +58,16 @@ pub struct SequenceStep {
 impl SequenceStep {
     /// `x` moved by `m` on the host.
     fn host<B: Backend>(&self, x: FloatTensor<B>, m: Move) -> FloatTensor<B> {
-        let host = HostCopy::<B>::of(x, "sequence-parallel transfer");
-        let a = ArrayD::from_shape_vec(IxDyn(&host.shape), host.values.clone())
-            .expect("a host copy of its own shape");
-        let out = self
-            .moved(a, m)
+        let mut host = HostCopy::<B>::of(x, "sequence-parallel transfer");
+        let mut shape = host.shape.clone();
+        let values = self
+            .moved(std::mem::take(&mut host.values), &mut shape, m)
             .unwrap_or_else(|e| panic!("sequence-parallel {m:?} failed: {e}"));
-        let shape = out.shape().to_vec();
-        host.make(out.into_iter().collect(), shape)
+        host.make(values, shape)
     }
 
-    fn moved(&self, a: ArrayD<f32>, m: Move) -> Result<ArrayD<f32>, String> {
+    /// The values of a tensor of `shape` moved by `m`; `shape` becomes the result's.
+    fn moved(&self, values: Vec<f32>, shape: &mut [usize], m: Move) -> Result<Vec<f32>, String> {
         let (g, tp, s) = (&self.group.0, self.parts, self.split);
         let alone = g.world_size() == 1 && tp > 1;
         if !alone && g.world_size() != tp {
@@ -79,10 +77,9 @@ impl SequenceStep {
             ));
         }
         let rank = if alone { 0 } else { g.rank() };
-        let axis_len = a.shape()[s.axis];
         let whole = match m {
-            Move::AllGather => axis_len * tp,
-            Move::ReduceScatter | Move::Slice => axis_len,
+            Move::AllGather => shape[s.axis] * tp,
+            Move::ReduceScatter | Move::Slice => shape[s.axis],
         };
         if whole % s.period != 0 || s.period % tp != 0 {
             return Err(format!(
@@ -90,30 +87,33 @@ impl SequenceStep {
                 s.period
             ));
         }
-        Ok(match m {
-            Move::Slice => s.slice(&a, rank, tp),
-            Move::AllGather if alone => s.assemble(&vec![a; tp]),
+        let local = shape.to_vec();
+        let out = match m {
+            Move::Slice => s.slice_flat(&values, shape, rank, tp),
+            Move::AllGather if alone => s.assemble_flat(&vec![&values[..]; tp], &local),
             Move::AllGather => {
-                let send: Vec<f32> = a.iter().copied().collect();
-                let mut recv = vec![0f32; send.len() * tp];
-                g.all_gather(&send, &mut recv).map_err(|e| e.to_string())?;
-                let parts: Vec<_> = recv
-                    .chunks(send.len())
-                    .map(|c| ArrayD::from_shape_vec(a.raw_dim(), c.to_vec()).expect("equal parts"))
-                    .collect();
-                s.assemble(&parts)
+                let mut recv = vec![0f32; values.len() * tp];
+                g.all_gather(&values, &mut recv)
+                    .map_err(|e| e.to_string())?;
+                let parts: Vec<&[f32]> = recv.chunks(values.len()).collect();
+                s.assemble_flat(&parts, &local)
             }
-            Move::ReduceScatter if alone => s.slice(&a, 0, tp),
+            Move::ReduceScatter if alone => s.slice_flat(&values, shape, 0, tp),
             Move::ReduceScatter => {
-                let send: Vec<f32> = (0..tp).flat_map(|r| s.slice(&a, r, tp)).collect();
+                let send: Vec<f32> = (0..tp)
+                    .flat_map(|r| s.slice_flat(&values, shape, r, tp))
+                    .collect();
                 let mut recv = vec![0f32; send.len() / tp];
                 g.reduce_scatter(&send, &mut recv, ReduceOp::Sum)
                     .map_err(|e| e.to_string())?;
-                let mut local = a.shape().to_vec();
-                local[s.axis] /= tp;
-                ArrayD::from_shape_vec(IxDyn(&local), recv).expect("this rank's slice")
+                recv
             }
-        })
+        };
+        match m {
+            Move::AllGather => shape[s.axis] *= tp,
+            Move::ReduceScatter | Move::Slice => shape[s.axis] /= tp,
+        }
+        Ok(out)
     }
 }
 

@@ -19,8 +19,9 @@
 //!
 //! The sequence axis of a `[.., S, H]` output is the one before the last; a `[N, H]` one
 //! (tokens flattened, as the TorchScript exporter's Gemms see them) is split on its rows
-//! with a period of the sequence length `S` the other outputs name (each sequence's
-//! positions are cut the same way), or whole rows when no output names one.
+//! with a period of the sequence length `S` the other outputs or a `[batch, S]` token
+//! input name (each sequence's positions are cut the same way), or in contiguous rows
+//! when nothing names one.
 
 use std::collections::{HashMap, HashSet};
 
@@ -114,7 +115,8 @@ fn is_reduce(node: &Node) -> bool {
 }
 
 /// The sequence length the `g` outputs of rank 3 or more name (the axis before the last),
-/// if any; an error when they disagree or it does not divide over `tp`.
+/// or else a `[batch, seq]` integer graph input, if any; an error when they disagree or it
+/// does not divide over `tp`.
 fn sequence_length(graph: &Graph, known: &Known, tp: usize) -> Result<Option<usize>> {
     let mut seq: Option<(usize, &str)> = None;
     for node in graph.nodes.iter().filter(|n| is_reduce(n)) {
@@ -135,11 +137,23 @@ fn sequence_length(graph: &Graph, known: &Known, tp: usize) -> Result<Option<usi
             _ => seq = Some((s, name)),
         }
     }
+    if seq.is_none() {
+        // Only flattened `[N, H]` outputs: the sequence is the last axis of a `[batch, seq]`
+        // token input (the TorchScript exporter's GPT-2 feeds its Gemms so).
+        seq = graph
+            .inputs
+            .iter()
+            .filter(|i| !known.is_float(&i.name))
+            .find_map(|i| {
+                let shape = known.shape(&i.name).filter(|s| s.len() == 2)?;
+                Some((shape[1], i.name.as_str()))
+            });
+    }
     match seq {
         Some((s, name)) if s % tp != 0 => Err(OnnxError::field(
             "tensor_parallel_sequence",
             format!(
-                "the sequence length {s} (axis -2 of {name}) does not divide over {tp} tensor-parallel ranks"
+                "the sequence length {s} (of {name}) does not divide over {tp} tensor-parallel ranks"
             ),
         )),
         other => Ok(other.map(|(s, _)| s)),
@@ -174,7 +188,10 @@ impl Pass<'_> {
         let shape = self.shape(out)?;
         let split = match shape.len() {
             0 | 1 => return None,
-            2 => AxisSplit::new(0, self.seq.unwrap_or(shape[0])),
+            2 => AxisSplit::new(
+                0,
+                self.seq.filter(|s| shape[0] % s == 0).unwrap_or(shape[0]),
+            ),
             r => AxisSplit::new(r - 2, shape[r - 2]),
         };
         (shape[split.axis] % split.period == 0 && split.period % self.tp == 0).then_some(split)

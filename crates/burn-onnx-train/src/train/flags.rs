@@ -64,6 +64,10 @@ pub struct TrainFlags {
     /// attention blocks found in the graph; the world holds dp x tp x pp ranks.
     #[arg(long, value_name = "N")]
     pub tp: Option<usize>,
+    /// With --tp: Megatron's sequence parallelism (`tensor_parallel_sequence`): between
+    /// the blocks each tensor-parallel rank holds its slice of the sequence.
+    #[arg(long)]
+    pub sequence_parallel: bool,
     /// Micro-batches each batch is cut into for the pipeline
     /// (`num_pipeline_micro_batches`; default: the largest divisor of the batch up to twice the stage count).
     #[arg(long, value_name = "M")]
@@ -186,6 +190,7 @@ impl TrainFlags {
         c.parallel.overlap = self.overlap.unwrap_or(c.parallel.overlap);
         c.logging.profile |= self.profile;
         c.parallel.allreduce_in_fp16 |= self.allreduce_in_fp16;
+        c.parallel.tensor_parallel_sequence |= self.sequence_parallel;
         c.offload.offload_optimizer = self
             .offload_optimizer
             .unwrap_or(c.offload.offload_optimizer);

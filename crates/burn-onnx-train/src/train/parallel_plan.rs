@@ -153,6 +153,7 @@ impl ParallelPlan {
                     ranks = t.size,
                     blocks = t.blocks.len(),
                     split_weights = t.params.len(),
+                    sequence_parallel = ?t.sequence,
                     "tensor parallelism"
                 );
             }
