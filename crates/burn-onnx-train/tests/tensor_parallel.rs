@@ -265,12 +265,13 @@ fn megatron_traffic(
 }
 
 /// Sequence parallelism's traffic of one forward and backward: every `g` is a
-/// reduce-scatter forward and an all-gather backward, every block input an all-gather
-/// forward and a reduce-scatter backward, each of this rank's `[batch, seq / tp, width]`
-/// slice (4 of each per layer, with `vocab` 2 more: the embedding's `g`, the head's input;
-/// without it 1 fewer: the first block reads the whole embedding);
-/// no other all-reduce carries an activation (only replicated weights' gradients, and the
-/// loss's `[rows]` sums with `vocab`); without `vocab` the head reads whole sequences.
+/// reduce-scatter forward and an all-gather backward; every block input an all-gather
+/// forward and a reduce-scatter backward, or, where only projections read it, an
+/// all-gather per projection forward and backward (the input gathered again for the
+/// weight's gradient) and a reduce-scatter of its input's gradient; each of this rank's
+/// `[batch, seq / tp, width]` slice. The `g`s: 2 per layer, with `vocab` the embedding's
+/// too. No other all-reduce carries an activation (only replicated weights' gradients, and
+/// the loss's `[rows]` sums with `vocab`); without `vocab` the head reads whole sequences.
 fn sequence_traffic(
     counting: &Counting,
     t: &TensorParallel,
@@ -284,9 +285,10 @@ fn sequence_traffic(
     // Without the vocabulary split the embedding's output is whole: the first block reads
     // it as Megatron's `f` does (the residual add after that block slices it).
     let sliced_inputs = blocks - usize::from(!split_vocab);
-    assert_eq!(
-        (seq.scatters, seq.into_blocks, seq.gathers),
-        (blocks, sliced_inputs, usize::from(!split_vocab)),
+    assert_eq!(seq.scatters, blocks, "{seq:?}");
+    assert_eq!(seq.gathers, usize::from(!split_vocab), "{seq:?}");
+    assert!(
+        seq.gathered_products > 0 && seq.into_blocks + seq.gathered_products >= sliced_inputs,
         "{seq:?}"
     );
     let scatters = counting.reduce_scatters.lock().unwrap().clone();
@@ -299,7 +301,7 @@ fn sequence_traffic(
     );
     assert_eq!(
         scatters,
-        vec![slice; blocks + sliced_inputs],
+        vec![slice; blocks + seq.into_blocks + seq.gathered_products],
         "reduce-scatters"
     );
     // Without the vocabulary split two more: the whole head reads the last LayerNorm's
@@ -307,7 +309,7 @@ fn sequence_traffic(
     // gathers its gradient.
     assert_eq!(
         gathers.iter().filter(|&&n| n == slice).count(),
-        blocks + sliced_inputs + 2 * usize::from(!split_vocab),
+        blocks + seq.into_blocks + 2 * seq.gathered_products + 2 * usize::from(!split_vocab),
         "all-gathers of slices: {gathers:?}"
     );
     // Without the vocabulary split the first block's input is the whole embedding, read

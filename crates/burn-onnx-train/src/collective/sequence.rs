@@ -10,17 +10,24 @@
 //!   backward: all-gather, so the replicated side gets the whole gradient again).
 //!
 //! Each is one [`Move`] forward and another backward; the data goes through host memory as
-//! the other collectives do. A group of one with a split planned for more ranks (the
+//! the other collectives do. A block's projection of the gathered sequence is one op
+//! ([`sequence_matmul`], Megatron's way): the gathered input is not kept for the weight's
+//! gradient but gathered again in backward, so no rank holds a whole sequence's activation
+//! between the passes. A group of one with a split planned for more ranks (the
 //! memory plan's probe of one rank) only reproduces the shapes: gathers repeat this rank's
 //! slice and reduce-scatters keep it.
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use burn::backend::Cube;
 use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::Flex;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, backend_extension};
+use burn::backend::{Backend, TensorMetadata, backend_extension};
+use burn::tensor::Shape;
 use burn_ort_dist::ReduceOp;
 
 use super::axis_split::AxisSplit;
@@ -117,16 +124,80 @@ impl SequenceStep {
     }
 }
 
+/// `gathered [.., K] x w [K, N]` (`w` padded with leading ones) as one GEMM over the rows.
+fn product<B: Backend>(gathered: FloatTensor<B>, w: FloatTensor<B>) -> FloatTensor<B> {
+    let dims = gathered.shape().to_vec();
+    let (wd, r) = (w.shape().to_vec(), dims.len());
+    let (k, n) = (wd[wd.len() - 2], wd[wd.len() - 1]);
+    let rows = dims[..r - 1].iter().product::<usize>();
+    let y = B::float_matmul(
+        B::float_reshape(gathered, Shape::from(vec![rows, k])),
+        B::float_reshape(w, Shape::from(vec![k, n])),
+    );
+    let mut out = dims;
+    out[r - 1] = n;
+    B::float_reshape(y, Shape::from(out))
+}
+
+/// The product of the gathered sequence by a replicated weight: `dW = x^T g` with the
+/// input gathered again, `dx` the reduce-scatter of `g W^T`.
+#[derive(Debug)]
+struct GatheredProductBackward;
+
+impl<B: Backend + SequenceParallelOps> Backward<B, 2> for GatheredProductBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>, SequenceStep);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [x_node, w_node] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        let (x, w, step) = ops.state;
+        let (gd, wd) = (g.shape().to_vec(), w.shape().to_vec());
+        let (k, n) = (wd[wd.len() - 2], wd[wd.len() - 1]);
+        let rows = gd[..gd.len() - 1].iter().product::<usize>();
+        let g2 = B::float_reshape(g, Shape::from(vec![rows, n]));
+        if let Some(node) = w_node {
+            let gathered = step.host::<B>(x, Move::AllGather);
+            let x2 = B::float_reshape(gathered, Shape::from(vec![rows, k]));
+            let dw = B::float_matmul(B::float_transpose(x2), g2.clone());
+            grads.register::<B>(node.id, B::float_reshape(dw, Shape::from(wd.clone())));
+        }
+        if let Some(node) = x_node {
+            let w2 = B::float_reshape(w, Shape::from(vec![k, n]));
+            let dx = B::float_matmul(g2, B::float_transpose(w2));
+            let mut whole = gd;
+            let last = whole.len() - 1;
+            whole[last] = k;
+            let dx = B::float_reshape(dx, Shape::from(whole));
+            grads.register::<B>(node.id, step.host::<B>(dx, Move::ReduceScatter));
+        }
+    }
+}
+
 /// The transfer as a backend extension.
 #[backend_extension(Cube: cfg(any(feature = "wgpu", feature = "cuda")), Flex, Autodiff)]
 pub trait SequenceParallelOps: Backend {
     /// `step.forward` on `x` (its gradient: `step.backward` on the output's).
     fn sequence_transfer(x: FloatTensor<Self>, step: SequenceStep) -> FloatTensor<Self>;
+    /// The all-gather of `x` (slices, split by `step`) times `w` (`[K, N]` padded with
+    /// leading ones); the gathered input is not kept for backward.
+    fn sequence_matmul(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        step: SequenceStep,
+    ) -> FloatTensor<Self>;
 }
 
 impl SequenceParallelOps for Flex {
     fn sequence_transfer(x: FloatTensor<Self>, step: SequenceStep) -> FloatTensor<Self> {
         step.host::<Self>(x, step.forward)
+    }
+
+    fn sequence_matmul(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        step: SequenceStep,
+    ) -> FloatTensor<Self> {
+        product::<Self>(step.host::<Self>(x, Move::AllGather), w)
     }
 }
 
@@ -134,6 +205,14 @@ impl SequenceParallelOps for Flex {
 impl SequenceParallelOps for Cube {
     fn sequence_transfer(x: FloatTensor<Self>, step: SequenceStep) -> FloatTensor<Self> {
         step.host::<Self>(x, step.forward)
+    }
+
+    fn sequence_matmul(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        step: SequenceStep,
+    ) -> FloatTensor<Self> {
+        product::<Self>(step.host::<Self>(x, Move::AllGather), w)
     }
 }
 
@@ -149,6 +228,29 @@ impl<B: Backend + SequenceParallelOps, C: CheckpointStrategy> SequenceParallelOp
             |step, g| step.host::<B>(g, step.backward),
         )
     }
+
+    fn sequence_matmul(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        step: SequenceStep,
+    ) -> FloatTensor<Self> {
+        match GatheredProductBackward
+            .prepare::<C>([x.node(), w.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (x, w) = (x.into_primitive(), w.into_primitive());
+                let out = B::sequence_matmul(x.clone(), w.clone(), step.clone());
+                prep.finish((x, w, step), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::sequence_matmul(
+                x.into_primitive(),
+                w.into_primitive(),
+                step,
+            )),
+        }
+    }
 }
 
 /// `step` on a tensor.
@@ -156,6 +258,18 @@ pub fn sequence_transfer(x: PhysTensor, step: SequenceStep) -> PhysTensor {
     PhysTensor::from_dispatch(
         <burn::backend::Dispatch as SequenceParallelOps>::sequence_transfer(
             x.into_dispatch(),
+            step,
+        ),
+    )
+}
+
+/// The all-gather of the slices `x` (split by `step`) times the weight `w` (`[K, N]`),
+/// without keeping the gathered input for backward.
+pub fn sequence_matmul(x: PhysTensor, w: PhysTensor, step: SequenceStep) -> PhysTensor {
+    PhysTensor::from_dispatch(
+        <burn::backend::Dispatch as SequenceParallelOps>::sequence_matmul(
+            x.into_dispatch(),
+            w.into_dispatch(),
             step,
         ),
     )

@@ -10,7 +10,7 @@ use ndarray::ArrayD;
 use crate::collective::CollectiveGroup;
 use crate::collective::axis_split::AxisSplit;
 use crate::collective::megatron::{tp_copy, tp_reduce};
-use crate::collective::sequence::{Move, SequenceStep, sequence_transfer};
+use crate::collective::sequence::{Move, SequenceStep, sequence_matmul, sequence_transfer};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::ops::sequence_marks::marked;
@@ -138,6 +138,43 @@ pub fn sequence(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         x.rank,
     ))]
     .into())
+}
+
+/// A block's first projection of sequence slices (`A`, split along `AXIS`): the all-gather
+/// of `A` times the weight `B` (a MatMul's, or a Gemm's with its `transB`; the bias is
+/// another node), the gathered `A` not kept for backward (gathered again there).
+pub fn sequence_product(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let (x, group) = float_input(ctx, &mut inputs, "SequenceParallelMatMul")?;
+    let w = inputs.float(1, "B", ctx.device)?;
+    let (split, parts) = sequence_split(ctx, "SequenceParallelMatMul")?;
+    if w.rank != 2 || x.rank < 2 || split.axis + 1 >= x.rank {
+        op_bail!(
+            "SequenceParallelMatMul: A {:?} split on axis {} by a 2-D B, got B {:?}",
+            x.shape(),
+            split.axis,
+            w.shape()
+        );
+    }
+    let w = if ctx.attrs.int("transB", 0)? != 0 {
+        FloatValue::from_rank(w.into_rank::<2>()?.transpose())?
+    } else {
+        w
+    };
+    let step = SequenceStep {
+        split: split.on(split.axis + MAX_RANK - x.rank),
+        parts,
+        forward: Move::AllGather,
+        backward: Move::ReduceScatter,
+        group: group.clone(),
+    };
+    let rank = x.rank;
+    let y = ctx.autocast([x, w], |[x, w]| {
+        Ok(FloatValue::new(
+            sequence_matmul(x.tensor, w.tensor, step),
+            rank,
+        ))
+    })?;
+    Ok(vec![Value::Float(y)].into())
 }
 
 /// `Shape` of a sequence slice: the whole tensor's shape (the split axis times `PARTS`).

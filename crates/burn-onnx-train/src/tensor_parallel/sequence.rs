@@ -11,7 +11,10 @@
 //! a [`Transfer::Slice`] (a position table's rows) or, when they broadcast over the tokens,
 //! Megatron's `f` so that their gradient (a LayerNorm's scale, a bias) is summed over the
 //! ranks. Where a block reads slices, its `f` becomes an all-gather
-//! ([`Transfer::IntoBlock`]); any other reader (an op that mixes tokens, a graph output)
+//! ([`Transfer::IntoBlock`]); where only the block's first projections read them, each
+//! projection gathers them itself and gathers them again in backward for its weight's
+//! gradient (Megatron's way: no whole-sequence input is kept between the passes); any
+//! other reader (an op that mixes tokens, a graph output)
 //! gets the whole sequence back by [`Transfer::Gather`], so every graph runs, the part
 //! between blocks on slices as far as its ops allow. `Shape` of a slice reports the whole
 //! shape and Reshapes of slices take local sizes, so shape arithmetic stays the whole
@@ -39,8 +42,11 @@ use crate::value::norm_axis;
 pub struct SequenceParallel {
     /// `g`s turned into reduce-scatters.
     pub scatters: usize,
-    /// Block inputs all-gathered.
+    /// Block inputs all-gathered (those only projections read are gathered by each
+    /// projection instead: `gathered_products`).
     pub into_blocks: usize,
+    /// Block projections of gathered slices, the gathered input not kept for backward.
+    pub gathered_products: usize,
     /// Slices gathered for a reader that needs whole sequences (graph outputs included).
     pub gathers: usize,
     /// Replicated values sliced.
@@ -77,6 +83,7 @@ pub fn rewrite(graph: &Graph, known: &Known, tp: usize) -> Result<(Graph, Sequen
         tp,
         seq: sequence_length(graph, known, tp)?,
         split: HashMap::new(),
+        fused: HashMap::new(),
         nodes: Vec::with_capacity(graph.nodes.len() * 5 / 4),
         emitted: HashSet::new(),
         count: SequenceParallel::default(),
@@ -168,6 +175,8 @@ struct Pass<'a> {
     seq: Option<usize>,
     /// The slices: values each rank holds its tokens of.
     split: HashMap<String, AxisSplit>,
+    /// Block inputs only projections read: the slices their projections gather.
+    fused: HashMap<String, (String, AxisSplit)>,
     nodes: Vec<Node>,
     /// Transfer nodes already placed (by output name).
     emitted: HashSet<String>,
@@ -207,6 +216,10 @@ impl Pass<'_> {
             self.nodes.push(node);
             return;
         }
+        if let Some((slice, s)) = node.inputs.first().and_then(|i| self.fused.get(i)).cloned() {
+            self.gathered_product(node, slice, s);
+            return;
+        }
         let sliced: Vec<usize> = (0..node.inputs.len())
             .filter(|&k| self.split.contains_key(&node.inputs[k]))
             .collect();
@@ -216,6 +229,11 @@ impl Pass<'_> {
         }
         if node.op_type == "TensorParallelCopy" {
             let s = self.split[&node.inputs[0]];
+            if self.only_projected(&node.outputs[0]) {
+                self.fused
+                    .insert(node.outputs[0].clone(), (node.inputs[0].clone(), s));
+                return;
+            }
             self.transfer_node(&mut node, Transfer::IntoBlock, s);
             self.count.into_blocks += 1;
             self.nodes.push(node);
@@ -237,6 +255,78 @@ impl Pass<'_> {
                 self.nodes.push(node);
             }
         }
+    }
+
+    /// Whether every reader of the block input `name` is a projection of it by a 2-D
+    /// weight (MatMul, or Gemm with `alpha` 1, no `transA` and a bias at `beta` 1).
+    fn only_projected(&self, name: &str) -> bool {
+        let readers: Vec<&Node> = self
+            .graph
+            .nodes
+            .iter()
+            .filter(|n| n.inputs.iter().any(|i| i == name))
+            .collect();
+        let projection = |n: &Node| {
+            let reads_a_only = n.inputs.iter().skip(1).all(|i| i != name);
+            let weight_2d = self.shape(&n.inputs[1]).is_some_and(|s| s.len() == 2);
+            let gemm_ok = || {
+                let (alpha, beta) = (
+                    n.attrs.float("alpha", 1.0).unwrap_or(0.0),
+                    n.attrs.float("beta", 1.0).unwrap_or(0.0),
+                );
+                n.attrs.int("transA", 0).unwrap_or(1) == 0 && alpha == 1.0 && beta == 1.0
+            };
+            n.inputs[0] == name
+                && reads_a_only
+                && weight_2d
+                && match n.op_type.as_str() {
+                    "MatMul" => true,
+                    "Gemm" => gemm_ok(),
+                    _ => false,
+                }
+        };
+        !readers.is_empty()
+            && readers.iter().all(|n| projection(n))
+            && !self.graph.outputs.iter().any(|o| o.name == name)
+    }
+
+    /// A block's projection of a gathered block input: one node gathering the `slice`
+    /// (split `s`) itself, the Gemm's bias added after it.
+    fn gathered_product(&mut self, node: Node, slice: String, s: AxisSplit) {
+        let out = node.outputs[0].clone();
+        let bias = (node.op_type == "Gemm")
+            .then(|| node.inputs.get(2).cloned())
+            .flatten()
+            .filter(|c| !c.is_empty());
+        let product = match bias {
+            Some(_) => format!("{out}::sp_product"),
+            None => out.clone(),
+        };
+        let mut attrs = Attributes::default();
+        mark(&mut attrs, s, self.tp);
+        attrs.set(
+            "transB",
+            Attr::Int(node.attrs.int("transB", 0).unwrap_or(0)),
+        );
+        self.nodes.push(Node {
+            name: node.name.clone(),
+            op_type: "SequenceParallelMatMul".into(),
+            inputs: vec![slice, node.inputs[1].clone()],
+            outputs: vec![product.clone()],
+            attrs,
+            op: ops::sequence_product,
+        });
+        if let Some(c) = bias {
+            self.nodes.push(Node {
+                name: format!("{}::bias", node.name),
+                op_type: "Add".into(),
+                inputs: vec![product, c],
+                outputs: vec![out],
+                attrs: Attributes::default(),
+                op: crate::ops::lookup("Add").expect("Add is an op"),
+            });
+        }
+        self.count.gathered_products += 1;
     }
 
     /// Make `node` (one input, one output) the transfer `t` of split `s`.
