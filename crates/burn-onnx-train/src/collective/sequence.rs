@@ -187,34 +187,28 @@ pub trait SequenceParallelOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
-impl SequenceParallelOps for Flex {
-    fn sequence_transfer(x: FloatTensor<Self>, step: SequenceStep) -> FloatTensor<Self> {
-        step.host::<Self>(x, step.forward)
-    }
+/// The inner backends' ops: every move goes through the host.
+macro_rules! through_the_host {
+    ($backend:ty) => {
+        impl SequenceParallelOps for $backend {
+            fn sequence_transfer(x: FloatTensor<Self>, step: SequenceStep) -> FloatTensor<Self> {
+                step.host::<Self>(x, step.forward)
+            }
 
-    fn sequence_matmul(
-        x: FloatTensor<Self>,
-        w: FloatTensor<Self>,
-        step: SequenceStep,
-    ) -> FloatTensor<Self> {
-        product::<Self>(step.host::<Self>(x, Move::AllGather), w)
-    }
+            fn sequence_matmul(
+                x: FloatTensor<Self>,
+                w: FloatTensor<Self>,
+                step: SequenceStep,
+            ) -> FloatTensor<Self> {
+                product::<Self>(step.host::<Self>(x, Move::AllGather), w)
+            }
+        }
+    };
 }
 
+through_the_host!(Flex);
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-impl SequenceParallelOps for Cube {
-    fn sequence_transfer(x: FloatTensor<Self>, step: SequenceStep) -> FloatTensor<Self> {
-        step.host::<Self>(x, step.forward)
-    }
-
-    fn sequence_matmul(
-        x: FloatTensor<Self>,
-        w: FloatTensor<Self>,
-        step: SequenceStep,
-    ) -> FloatTensor<Self> {
-        product::<Self>(step.host::<Self>(x, Move::AllGather), w)
-    }
-}
+through_the_host!(Cube);
 
 impl<B: Backend + SequenceParallelOps, C: CheckpointStrategy> SequenceParallelOps
     for Autodiff<B, C>
