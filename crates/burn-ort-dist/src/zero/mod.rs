@@ -250,12 +250,7 @@ impl<M: Module> UpdateStrategy<M> for Zero {
     }
 
     fn state_files(&self) -> DistResult<Vec<StateFile<'_>>> {
-        Ok(
-            state_files::write(self.comm.rank(), self.stage, &self.layout, &self.state)?
-                .into_iter()
-                .map(|(name, bytes)| StateFile::bytes(name, bytes))
-                .collect(),
-        )
+        state_files::write(self.comm.rank(), self.stage, &self.layout, &self.state)
     }
 
     fn load_state(&mut self, _module: &M, dirs: &[PathBuf]) -> DistResult<()> {

@@ -7,16 +7,23 @@
 //! little-endian f32, one after another; both read). Rank 0 writes `zero.json`: the stage,
 //! world size, step, the number of
 //! state vectors, and the layout (element count and id of every parameter, in order, and
-//! its partitioning), so that a run with another world size or stage can join the old
-//! shards into whole tensors, pick its parameters' state by id and cut its own shard. A checkpoint of a
+//! its partitioning), so that a run with another world size or stage can pick its
+//! parameters' state by id and read the part its own shard holds. A checkpoint of a
 //! pipeline holds one such directory per stage; a run with another stage count reads them
 //! all and takes the parameters it holds from each.
+//!
+//! Neither direction copies the state whole: a shard is streamed into its file a chunk at
+//! a time from where it lies (memory, or its mapped file with `offload_optimizer =
+//! "disk"`), and a resuming rank maps the old shard files and reads only its new shard's
+//! ranges from them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use crate::error::{DistError, DistResult};
 use crate::record::REPLICATED_STATE_FILE;
+use crate::record_safetensors::{Head, write_safetensors_with};
+use crate::strategy::StateFile;
 use crate::zero::flat_optim::ShardState;
 use burn::module::ParamId;
 
@@ -34,25 +41,31 @@ fn legacy_shard_file(rank: usize) -> String {
     format!("zero-{rank}.bin")
 }
 
-/// Rank `rank`'s shard as a safetensors file: `state.<k>` per state vector.
-fn shard_bytes(rank: usize, stage: usize, world: usize, state: &ShardState) -> DistResult<Vec<u8>> {
-    let bytes: Vec<Vec<u8>> = state
-        .slots
-        .get()
-        .iter()
-        .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
-        .collect();
-    let views = bytes
+/// Values converted to bytes per write of a shard's vector.
+const WRITE_CHUNK: usize = 1 << 16;
+
+/// Write rank `rank`'s shard as a safetensors file to `w`: `state.<k>` per state vector,
+/// streamed from where the vectors lie (memory or their mapped file) a chunk at a time, so
+/// the shard is never copied whole.
+fn write_shard(
+    w: &mut dyn std::io::Write,
+    rank: usize,
+    stage: usize,
+    world: usize,
+    state: &ShardState,
+) -> DistResult<()> {
+    let vectors = state.slots.get();
+    let heads: Vec<Head> = vectors
         .iter()
         .enumerate()
-        .map(|(k, b)| {
-            let view =
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![b.len() / 4], b)
-                    .map_err(|e| bad(rank, format!("state vector {k}: {e}")))?;
-            Ok((format!("state.{k}"), view))
+        .map(|(k, v)| Head {
+            name: format!("state.{k}"),
+            dtype: safetensors::Dtype::F32,
+            shape: vec![v.len()],
+            bytes: v.len() * 4,
         })
-        .collect::<DistResult<Vec<_>>>()?;
-    let metadata = HashMap::from([
+        .collect();
+    let metadata = BTreeMap::from([
         (
             "format".to_string(),
             "burn-ort ZeRO optimizer-state shard".to_string(),
@@ -62,64 +75,16 @@ fn shard_bytes(rank: usize, stage: usize, world: usize, state: &ShardState) -> D
         ("rank".to_string(), rank.to_string()),
         ("step".to_string(), state.step.to_string()),
     ]);
-    safetensors::serialize(views, Some(metadata))
-        .map_err(|e| bad(rank, format!("cannot encode {}: {e}", shard_file(rank))))
-}
-
-/// The `vectors` state vectors of length `len` in shard file `r` of `dir` (safetensors, or
-/// the raw f32 of earlier checkpoints).
-fn read_shard(
-    dir: &Path,
-    r: usize,
-    rank: usize,
-    vectors: usize,
-    len: usize,
-) -> DistResult<Vec<Vec<f32>>> {
-    let floats = crate::record_safetensors::le_f32s;
-    let p = dir.join(shard_file(r));
-    if !p.exists() {
-        let legacy = dir.join(legacy_shard_file(r));
-        let bytes =
-            std::fs::read(&legacy).map_err(|e| bad(rank, format!("{}: {e}", p.display())))?;
-        if bytes.len() != len * vectors * 4 {
-            return Err(bad(
-                rank,
-                format!(
-                    "{}: {} bytes, expected {} ({vectors} x {len} f32)",
-                    legacy.display(),
-                    bytes.len(),
-                    len * vectors * 4
-                ),
-            ));
+    let mut bytes = Vec::with_capacity(WRITE_CHUNK * 4);
+    write_safetensors_with(w, &heads, &metadata, |k, w| {
+        for chunk in vectors[k].chunks(WRITE_CHUNK) {
+            bytes.clear();
+            bytes.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
+            w.write_all(&bytes)
+                .map_err(|e| bad(rank, format!("cannot write {}: {e}", shard_file(rank))))?;
         }
-        return Ok(bytes.chunks_exact(len * 4).map(floats).collect());
-    }
-    let bytes = std::fs::read(&p).map_err(|e| bad(rank, format!("{}: {e}", p.display())))?;
-    let file = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
-        bad(
-            rank,
-            format!("{}: not a safetensors file: {e}", p.display()),
-        )
-    })?;
-    (0..vectors)
-        .map(|k| {
-            let t = file
-                .tensor(&format!("state.{k}"))
-                .map_err(|e| bad(rank, format!("{}: state.{k}: {e}", p.display())))?;
-            if t.dtype() != safetensors::Dtype::F32 || t.data().len() != len * 4 {
-                return Err(bad(
-                    rank,
-                    format!(
-                        "{}: state.{k} is {:?} {:?}, expected F32 [{len}]",
-                        p.display(),
-                        t.dtype(),
-                        t.shape()
-                    ),
-                ));
-            }
-            Ok(floats(t.data()))
-        })
-        .collect()
+        Ok(())
+    })
 }
 
 fn bad(rank: usize, message: String) -> DistError {
@@ -146,17 +111,18 @@ struct Manifest {
     partitioning: Partitioning,
 }
 
-/// The files rank `rank` contributes to a checkpoint.
-pub fn write(
+/// The files rank `rank` contributes to a checkpoint: its shard, streamed when written,
+/// and on rank 0 the manifest.
+pub fn write<'a>(
     rank: usize,
     stage: usize,
     layout: &FlatLayout,
-    state: &ShardState,
-) -> DistResult<Vec<(String, Vec<u8>)>> {
-    let mut files = vec![(
-        shard_file(rank),
-        shard_bytes(rank, stage, layout.world, state)?,
-    )];
+    state: &'a ShardState,
+) -> DistResult<Vec<StateFile<'a>>> {
+    let world = layout.world;
+    let mut files = vec![StateFile::stream(shard_file(rank), move |w| {
+        write_shard(w, rank, stage, world, state)
+    })];
     if rank == 0 {
         let manifest = Manifest {
             stage,
@@ -170,14 +136,156 @@ pub fn write(
         };
         let json = serde_json::to_vec_pretty(&manifest)
             .map_err(|e| bad(rank, format!("cannot encode {MANIFEST}: {e}")))?;
-        files.push((MANIFEST.into(), json));
+        files.push(StateFile::bytes(MANIFEST, json));
     }
     Ok(files)
 }
 
+/// One checkpoint directory's shards, mapped: the layout that wrote them and each rank's
+/// file, read where a parameter's state is asked for (no shard is copied whole).
+struct Shards {
+    manifest: Manifest,
+    /// The writing run's layout (parameters by position).
+    layout: FlatLayout,
+    /// Per writing rank: its mapped file and where each state vector's data starts in it.
+    files: Vec<(memmap2::Mmap, Vec<usize>)>,
+    /// Per-tensor partitioning: where each parameter's chunk starts in a shard.
+    starts: Vec<usize>,
+}
+
+impl Shards {
+    /// The manifest and shard files of `dir`, for an optimizer keeping `vectors` state
+    /// vectors per element (`None`: as many as the manifest says).
+    fn open(dir: &Path, rank: usize, vectors: Option<usize>) -> DistResult<Shards> {
+        let (manifest, layout) = read_manifest(dir, rank, vectors)?;
+        let files = (0..layout.world)
+            .map(|r| map_shard(dir, r, rank, manifest.state_vectors, layout.shard_len()))
+            .collect::<DistResult<Vec<_>>>()?;
+        let starts = (0..layout.slots.len())
+            .scan(0, |at, i| {
+                let start = *at;
+                *at += layout.chunk(i);
+                Some(start)
+            })
+            .collect();
+        Ok(Shards {
+            manifest,
+            layout,
+            files,
+            starts,
+        })
+    }
+
+    /// Elements `p..p + dst.len()` of state vector `v` of parameter `slot` (by position).
+    fn copy(&self, slot: usize, v: usize, mut p: usize, dst: &mut [f32]) {
+        let mut done = 0;
+        while done < dst.len() {
+            let (r, local, room) = match self.layout.partitioning {
+                Partitioning::Contiguous => {
+                    let (n, flat) = (self.layout.shard_len(), self.layout.slots[slot].offset + p);
+                    (flat / n, flat % n, n - flat % n)
+                }
+                Partitioning::PerTensor => {
+                    let c = self.layout.chunk(slot);
+                    (p / c, self.starts[slot] + p % c, c - p % c)
+                }
+            };
+            let take = room.min(dst.len() - done);
+            let (file, offsets) = &self.files[r];
+            let at = offsets[v] + local * 4;
+            for (d, b) in dst[done..done + take]
+                .iter_mut()
+                .zip(file[at..at + take * 4].chunks_exact(4))
+            {
+                *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+            done += take;
+            p += take;
+        }
+    }
+
+    /// The whole state vectors of parameter `slot`.
+    fn whole(&self, slot: usize) -> Vec<Vec<f32>> {
+        (0..self.manifest.state_vectors)
+            .map(|v| {
+                let mut out = vec![0.0; self.layout.slots[slot].len];
+                self.copy(slot, v, 0, &mut out);
+                out
+            })
+            .collect()
+    }
+}
+
+/// Shard file `r` of `dir` mapped, with the byte offset of each of its `vectors` state
+/// vectors of `len` values (safetensors, or the raw f32 of earlier checkpoints).
+fn map_shard(
+    dir: &Path,
+    r: usize,
+    rank: usize,
+    vectors: usize,
+    len: usize,
+) -> DistResult<(memmap2::Mmap, Vec<usize>)> {
+    let p = dir.join(shard_file(r));
+    let legacy = !p.exists();
+    let path = if legacy {
+        dir.join(legacy_shard_file(r))
+    } else {
+        p.clone()
+    };
+    let file =
+        std::fs::File::open(&path).map_err(|e| bad(rank, format!("{}: {e}", p.display())))?;
+    // SAFETY: checkpoint files are written once, whole, and renamed into place; nothing
+    // writes them while a run reads them.
+    let map = unsafe { memmap2::Mmap::map(&file) }
+        .map_err(|e| bad(rank, format!("{}: {e}", path.display())))?;
+    if legacy {
+        if map.len() != len * vectors * 4 {
+            return Err(bad(
+                rank,
+                format!(
+                    "{}: {} bytes, expected {} ({vectors} x {len} f32)",
+                    path.display(),
+                    map.len(),
+                    len * vectors * 4
+                ),
+            ));
+        }
+        return Ok((map, (0..vectors).map(|k| k * len * 4).collect()));
+    }
+    let offsets = {
+        let file = safetensors::SafeTensors::deserialize(&map).map_err(|e| {
+            bad(
+                rank,
+                format!("{}: not a safetensors file: {e}", path.display()),
+            )
+        })?;
+        (0..vectors)
+            .map(|k| {
+                let t = file
+                    .tensor(&format!("state.{k}"))
+                    .map_err(|e| bad(rank, format!("{}: state.{k}: {e}", path.display())))?;
+                if t.dtype() != safetensors::Dtype::F32 || t.data().len() != len * 4 {
+                    return Err(bad(
+                        rank,
+                        format!(
+                            "{}: state.{k} is {:?} {:?}, expected F32 [{len}]",
+                            path.display(),
+                            t.dtype(),
+                            t.shape()
+                        ),
+                    ));
+                }
+                Ok(t.data().as_ptr() as usize - map.as_ptr() as usize)
+            })
+            .collect::<DistResult<Vec<_>>>()?
+    };
+    Ok((map, offsets))
+}
+
 /// Rank `rank`'s state for `layout`, from the shards of whatever world size and
 /// partitioning wrote `dirs` (one directory, or one per pipeline stage of the run that
-/// wrote them).
+/// wrote them). Only this rank's part of each parameter's state is read, from the mapped
+/// shard files: memory holds this rank's shard, never the whole state.
 pub fn read(
     dirs: &[PathBuf],
     rank: usize,
@@ -185,13 +293,16 @@ pub fn read(
     vectors: usize,
 ) -> DistResult<ShardState> {
     let want: Vec<usize> = layout.slots.iter().map(|s| s.len).collect();
+    let shards = dirs
+        .iter()
+        .map(|d| Shards::open(d, rank, Some(vectors)))
+        .collect::<DistResult<Vec<_>>>()?;
     let mut step = None;
-    // Per parameter (by id, or by position in a single legacy directory): its state vectors.
-    let mut by_id: HashMap<u64, Vec<Vec<f32>>> = HashMap::new();
-    let mut by_position: Option<Vec<Vec<Vec<f32>>>> = None;
-    for dir in dirs {
-        let (m, params) = read_dir(dir, rank, Some(vectors))?;
-        let path = dir.join(MANIFEST);
+    // Where each parameter's state is: by id, or by position in a single legacy directory.
+    let mut by_id: HashMap<u64, (usize, usize)> = HashMap::new();
+    let mut by_position = false;
+    for (d, (dir, old)) in dirs.iter().zip(&shards).enumerate() {
+        let (m, path) = (&old.manifest, dir.join(MANIFEST));
         if *step.get_or_insert(m.step) != m.step {
             return Err(bad(
                 rank,
@@ -203,10 +314,15 @@ pub fn read(
                 ),
             ));
         }
-        if m.parameter_ids.len() == params.len() {
-            by_id.extend(m.parameter_ids.iter().copied().zip(params));
+        if m.parameter_ids.len() == m.parameter_elements.len() {
+            by_id.extend(
+                m.parameter_ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &id)| (id, (d, i))),
+            );
         } else if dirs.len() == 1 && m.parameter_elements == want {
-            by_position = Some(params);
+            by_position = true;
         } else {
             return Err(bad(
                 rank,
@@ -219,47 +335,50 @@ pub fn read(
             ));
         }
     }
-    let mut per_slot = Vec::with_capacity(layout.slots.len());
+    let mut sources = Vec::with_capacity(layout.slots.len());
     for (k, slot) in layout.slots.iter().enumerate() {
-        let state = match &by_position {
-            Some(p) => &p[k],
-            None => by_id.get(&slot.id.val()).ok_or_else(|| bad(rank, format!("the checkpoint holds no optimizer state for parameter {} of the model ({} elements)", slot.id, slot.len)))?,
+        let (d, i) = if by_position {
+            (0, k)
+        } else {
+            *by_id.get(&slot.id.val()).ok_or_else(|| bad(rank, format!("the checkpoint holds no optimizer state for parameter {} of the model ({} elements)", slot.id, slot.len)))?
         };
-        if state.iter().any(|v| v.len() != slot.len) {
+        let len = shards[d].layout.slots[i].len;
+        if len != slot.len {
             return Err(bad(
                 rank,
                 format!(
-                    "parameter {}: {} elements of optimizer state, the model's has {}",
-                    slot.id,
-                    state[0].len(),
-                    slot.len
+                    "parameter {}: {len} elements of optimizer state, the model's has {}",
+                    slot.id, slot.len
                 ),
             ));
         }
-        per_slot.push(state);
+        sources.push((d, i));
     }
-    let slots = (0..vectors)
-        .map(|v| {
-            layout.cut(
-                rank,
-                &per_slot.iter().map(|s| s[v].as_slice()).collect::<Vec<_>>(),
-            )
-        })
-        .collect::<Vec<_>>()
-        .into();
+    let mut slots = vec![vec![0f32; layout.shard_len()]; vectors];
+    for piece in layout.pieces(rank) {
+        let slot = &layout.slots[piece.slot];
+        let first = match layout.partitioning {
+            Partitioning::Contiguous => layout.shard(rank).start + piece.local.start - slot.offset,
+            Partitioning::PerTensor => rank * layout.chunk(piece.slot),
+        };
+        let (d, i) = sources[piece.slot];
+        for (v, out) in slots.iter_mut().enumerate() {
+            shards[d].copy(i, v, first, &mut out[piece.local.clone()]);
+        }
+    }
     Ok(ShardState {
         step: step.unwrap_or(0),
-        slots,
+        slots: slots.into(),
     })
 }
 
-/// One directory's manifest and, per parameter in its order, its whole state vectors
-/// (the shards joined, the padding dropped).
-fn read_dir(
+/// `dir`'s manifest, checked against an optimizer keeping `vectors` state vectors per
+/// element (`None`: any), and the layout of the run that wrote it.
+fn read_manifest(
     dir: &Path,
     rank: usize,
     vectors: Option<usize>,
-) -> DistResult<(Manifest, Vec<Vec<Vec<f32>>>)> {
+) -> DistResult<(Manifest, FlatLayout)> {
     let path = dir.join(MANIFEST);
     let text = std::fs::read(&path).map_err(|e| {
         let why = if dir.join(REPLICATED_STATE_FILE).exists() {
@@ -310,29 +429,16 @@ fn read_dir(
             trainable: true,
         })
         .collect();
-    let old = FlatLayout::from_slots(slots, m.world_size, m.partitioning);
-    let old_shard = old.shard_len();
-    let mut shards = vec![Vec::with_capacity(old.world); vectors];
-    for r in 0..old.world {
-        for (v, part) in shards
-            .iter_mut()
-            .zip(read_shard(dir, r, rank, vectors, old_shard)?)
-        {
-            v.push(part);
-        }
-    }
-    let whole: Vec<Vec<Vec<f32>>> = shards.iter().map(|s| old.join(s)).collect();
-    let params = (0..old.slots.len())
-        .map(|i| whole.iter().map(|v| v[i].clone()).collect())
-        .collect();
-    Ok((m, params))
+    let layout = FlatLayout::from_slots(slots, m.world_size, m.partitioning);
+    Ok((m, layout))
 }
 
 /// The optimizer state of one checkpoint directory, whole: its step and, per parameter id,
 /// its state vectors (the shards joined, the padding dropped).
 pub fn read_whole(dir: &Path) -> DistResult<(usize, Vec<(u64, Vec<Vec<f32>>)>)> {
-    let (m, params) = read_dir(dir, 0, None)?;
-    if m.parameter_ids.len() != params.len() {
+    let shards = Shards::open(dir, 0, None)?;
+    let m = &shards.manifest;
+    if m.parameter_ids.len() != m.parameter_elements.len() {
         return Err(bad(
             0,
             format!(
@@ -343,7 +449,11 @@ pub fn read_whole(dir: &Path) -> DistResult<(usize, Vec<(u64, Vec<Vec<f32>>)>)> 
     }
     Ok((
         m.step,
-        m.parameter_ids.iter().copied().zip(params).collect(),
+        m.parameter_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| (id, shards.whole(i)))
+            .collect(),
     ))
 }
 
@@ -383,9 +493,13 @@ pub fn write_whole(
             .into(),
     };
     std::fs::create_dir_all(dir).map_err(|e| bad(0, format!("{}: {e}", dir.display())))?;
-    for (name, bytes) in write(0, stage, &layout, &state)? {
-        let path = dir.join(name);
-        std::fs::write(&path, bytes).map_err(|e| bad(0, format!("{}: {e}", path.display())))?;
+    for file in write(0, stage, &layout, &state)? {
+        let path = dir.join(&file.name);
+        let mut out = std::fs::File::create(&path)
+            .map(std::io::BufWriter::new)
+            .map_err(|e| bad(0, format!("{}: {e}", path.display())))?;
+        file.write_to(&mut out)?;
+        std::io::Write::flush(&mut out).map_err(|e| bad(0, format!("{}: {e}", path.display())))?;
     }
     Ok(())
 }
@@ -425,8 +539,8 @@ mod tests {
         let layout = layout();
         for rank in 0..2 {
             let s = state(rank, layout.shard_len());
-            for (name, bytes) in write(rank, 1, &layout, &s).unwrap() {
-                if legacy && name.ends_with(".safetensors") {
+            for file in write(rank, 1, &layout, &s).unwrap() {
+                if legacy && file.name.ends_with(".safetensors") {
                     // The raw format of earlier checkpoints: every vector's f32, in turn.
                     let raw: Vec<u8> = s
                         .slots
@@ -437,6 +551,9 @@ mod tests {
                         .collect();
                     std::fs::write(dir.join(legacy_shard_file(rank)), raw).unwrap();
                 } else {
+                    let mut bytes = Vec::new();
+                    let name = file.name.clone();
+                    file.write_to(&mut bytes).unwrap();
                     std::fs::write(dir.join(name), bytes).unwrap();
                 }
             }
@@ -470,6 +587,88 @@ mod tests {
                 );
             }
             std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+
+    /// Shards written by every world size (1-4) and partitioning read back into every
+    /// other: each rank gets its cut of the whole state (chunk boundaries that do not line
+    /// up included: 4 ranks' chunks read by 3).
+    #[test]
+    fn any_layout_reshards_into_any_other() {
+        let params = [(1u64, 5usize), (2, 7), (3, 1)];
+        let slots = || {
+            params
+                .iter()
+                .map(|&(id, len)| Slot {
+                    id: ParamId::from(id),
+                    shape: vec![len],
+                    offset: 0,
+                    len,
+                    trainable: true,
+                })
+                .collect::<Vec<_>>()
+        };
+        let whole: Vec<Vec<Vec<f32>>> = (0..2)
+            .map(|k| {
+                params
+                    .iter()
+                    .map(|&(id, len)| {
+                        (0..len)
+                            .map(|i| (100 * k + 10 * id as usize + i) as f32)
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let cut = |layout: &FlatLayout, rank: usize, k: usize| {
+            let parts: Vec<&[f32]> = whole[k].iter().map(Vec::as_slice).collect();
+            layout.cut(rank, &parts)
+        };
+        let layouts = |world: usize| {
+            [Partitioning::Contiguous, Partitioning::PerTensor]
+                .map(|p| FlatLayout::from_slots(slots(), world, p))
+        };
+        for from in (1..=4).flat_map(layouts) {
+            let dir = std::env::temp_dir().join(format!(
+                "zero-reshard-{}-{:?}-{}",
+                from.world,
+                from.partitioning,
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            for rank in 0..from.world {
+                let state = ShardState {
+                    step: 7,
+                    slots: (0..2)
+                        .map(|k| cut(&from, rank, k))
+                        .collect::<Vec<_>>()
+                        .into(),
+                };
+                for file in write(rank, 1, &from, &state).unwrap() {
+                    let mut bytes = Vec::new();
+                    let name = file.name.clone();
+                    file.write_to(&mut bytes).unwrap();
+                    std::fs::write(dir.join(name), bytes).unwrap();
+                }
+            }
+            for to in (1..=4).flat_map(layouts) {
+                for rank in 0..to.world {
+                    let got = read(&[dir.clone()], rank, &to, 2).unwrap();
+                    assert_eq!(got.step, 7);
+                    let want: Vec<Vec<f32>> = (0..2).map(|k| cut(&to, rank, k)).collect();
+                    assert_eq!(
+                        got.slots.get(),
+                        want.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+                        "{} {:?} ranks -> rank {rank} of {} {:?}",
+                        from.world,
+                        from.partitioning,
+                        to.world,
+                        to.partitioning
+                    );
+                }
+            }
+            let _ = std::fs::remove_dir_all(&dir);
         }
     }
 }
