@@ -255,15 +255,13 @@ impl<M: Module> UpdateStrategy<M> for Zero {
 
     fn load_state(&mut self, _module: &M, dirs: &[PathBuf]) -> DistResult<()> {
         let rank = self.comm.rank();
-        let read = state_files::read(dirs, rank, &self.layout, self.rule.state_slots())?;
-        let dir = self.state_dir.as_deref();
-        self.state = ShardState {
-            step: read.step,
-            slots: read.slots.placed(dir).map_err(|e| DistError::Invalid {
-                rank,
-                message: format!("optimizer state on disk: {e}"),
-            })?,
-        };
+        self.state = state_files::read(
+            dirs,
+            rank,
+            &self.layout,
+            self.rule.state_slots(),
+            self.state_dir.as_deref(),
+        )?;
         Ok(())
     }
 

@@ -25,6 +25,7 @@ use crate::record::REPLICATED_STATE_FILE;
 use crate::record_safetensors::{Head, write_safetensors_with};
 use crate::strategy::StateFile;
 use crate::zero::flat_optim::ShardState;
+use crate::zero::state_vectors::StateVectors;
 use burn::module::ParamId;
 
 use crate::zero::layout::{FlatLayout, Partitioning, Slot};
@@ -284,13 +285,16 @@ fn map_shard(
 
 /// Rank `rank`'s state for `layout`, from the shards of whatever world size and
 /// partitioning wrote `dirs` (one directory, or one per pipeline stage of the run that
-/// wrote them). Only this rank's part of each parameter's state is read, from the mapped
-/// shard files: memory holds this rank's shard, never the whole state.
+/// wrote them), placed in a file under `place` when given (in memory otherwise). Only this
+/// rank's part of each parameter's state is read, from the mapped shard files, straight
+/// into where it will live: memory never holds the whole state, and with `place` not even
+/// this rank's shard (each piece's pages are released once written).
 pub fn read(
     dirs: &[PathBuf],
     rank: usize,
     layout: &FlatLayout,
     vectors: usize,
+    place: Option<&Path>,
 ) -> DistResult<ShardState> {
     let want: Vec<usize> = layout.slots.iter().map(|s| s.len).collect();
     let shards = dirs
@@ -354,7 +358,9 @@ pub fn read(
         }
         sources.push((d, i));
     }
-    let mut slots = vec![vec![0f32; layout.shard_len()]; vectors];
+    let mut slots = StateVectors::zeros(vectors, layout.shard_len(), place)
+        .map_err(|e| bad(rank, format!("optimizer state on disk: {e}")))?;
+    let (mut out, releaser) = slots.get_mut();
     for piece in layout.pieces(rank) {
         let slot = &layout.slots[piece.slot];
         let first = match layout.partitioning {
@@ -362,13 +368,17 @@ pub fn read(
             Partitioning::PerTensor => rank * layout.chunk(piece.slot),
         };
         let (d, i) = sources[piece.slot];
-        for (v, out) in slots.iter_mut().enumerate() {
+        for (v, out) in out.iter_mut().enumerate() {
             shards[d].copy(i, v, first, &mut out[piece.local.clone()]);
         }
+        if let Some(r) = &releaser {
+            r.release(piece.local.clone());
+        }
     }
+    drop(out);
     Ok(ShardState {
         step: step.unwrap_or(0),
-        slots: slots.into(),
+        slots,
     })
 }
 
@@ -578,7 +588,7 @@ mod tests {
                 assert_eq!(info["step"], "4");
             }
             for rank in 0..2 {
-                let read = read(&[dir.clone()], rank, &layout, 2).unwrap();
+                let read = read(&[dir.clone()], rank, &layout, 2, None).unwrap();
                 assert_eq!(read.step, 4);
                 assert_eq!(
                     read.slots,
@@ -654,7 +664,7 @@ mod tests {
             }
             for to in (1..=4).flat_map(layouts) {
                 for rank in 0..to.world {
-                    let got = read(&[dir.clone()], rank, &to, 2).unwrap();
+                    let got = read(&[dir.clone()], rank, &to, 2, None).unwrap();
                     assert_eq!(got.step, 7);
                     let want: Vec<Vec<f32>> = (0..2).map(|k| cut(&to, rank, k)).collect();
                     assert_eq!(

@@ -24,23 +24,6 @@ impl StateVectors {
         })
     }
 
-    /// The same values, in a file under `dir` when given (in memory otherwise).
-    pub fn placed(self, dir: Option<&Path>) -> std::io::Result<Self> {
-        let Some(dir) = dir else {
-            return Ok(match self {
-                StateVectors::Memory(v) => StateVectors::Memory(v),
-                disk => disk.clone(),
-            });
-        };
-        let values = self.get();
-        let len = values.first().map_or(0, |v| v.len());
-        let mut disk = DiskVectors::create(dir, values.len(), len)?;
-        for (to, from) in disk.vectors_mut().0.into_iter().zip(values) {
-            to.copy_from_slice(from);
-        }
-        Ok(StateVectors::Disk(disk))
-    }
-
     /// How many vectors.
     pub fn count(&self) -> usize {
         match self {
