@@ -203,8 +203,11 @@ pub fn weights_file_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Write the parameters `keep` selects as a safetensors file to `w`, each converted to
-/// f32 bytes only when its turn comes.
+/// Values converted to bytes per write of a parameter.
+const WRITE_CHUNK: usize = 1 << 16;
+
+/// Write the parameters `keep` selects as a safetensors file to `w`, each read from the
+/// device only when its turn comes and converted to bytes a chunk at a time.
 fn write_params(
     model: &OnnxModel,
     keep: impl Fn(&str) -> bool,
@@ -233,17 +236,24 @@ fn write_params(
             .ok_or_else(|| state_err(format!("{}: missing parameter", info.name)))?
             .to_array()
             .map_err(|e| state_err(format!("{}: {}", info.name, e.0)))?;
-        let bytes: Vec<u8> = a.iter().flat_map(|x| x.to_le_bytes()).collect();
-        if bytes.len() != heads[k].bytes {
+        if a.len() * 4 != heads[k].bytes {
             return Err(state_err(format!(
                 "{}: {} bytes, its shape says {}",
                 info.name,
-                bytes.len(),
+                a.len() * 4,
                 heads[k].bytes
             )));
         }
-        w.write_all(&bytes)
-            .map_err(|e| state_err(format!("{}: {e}", info.name)))
+        let a = a.as_standard_layout();
+        let values = a.as_slice().expect("a standard-layout array");
+        let mut bytes = Vec::with_capacity(WRITE_CHUNK * 4);
+        for chunk in values.chunks(WRITE_CHUNK) {
+            bytes.clear();
+            bytes.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
+            w.write_all(&bytes)
+                .map_err(|e| state_err(format!("{}: {e}", info.name)))?;
+        }
+        Ok(())
     })
     .map_err(|e| OnnxError::field("checkpoint", e.to_string()))
 }

@@ -46,8 +46,8 @@ fn legacy_shard_file(rank: usize) -> String {
 const WRITE_CHUNK: usize = 1 << 16;
 
 /// Write rank `rank`'s shard as a safetensors file to `w`: `state.<k>` per state vector,
-/// streamed from where the vectors lie (memory or their mapped file) a chunk at a time, so
-/// the shard is never copied whole.
+/// streamed from where the vectors lie (memory or their mapped file, whose pages are
+/// released as they are written) a chunk at a time, so the shard is never copied whole.
 fn write_shard(
     w: &mut dyn std::io::Write,
     rank: usize,
@@ -76,13 +76,17 @@ fn write_shard(
         ("rank".to_string(), rank.to_string()),
         ("step".to_string(), state.step.to_string()),
     ]);
+    let releaser = state.slots.releaser();
     let mut bytes = Vec::with_capacity(WRITE_CHUNK * 4);
     write_safetensors_with(w, &heads, &metadata, |k, w| {
-        for chunk in vectors[k].chunks(WRITE_CHUNK) {
+        for (i, chunk) in vectors[k].chunks(WRITE_CHUNK).enumerate() {
             bytes.clear();
             bytes.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
             w.write_all(&bytes)
                 .map_err(|e| bad(rank, format!("cannot write {}: {e}", shard_file(rank))))?;
+            if let Some(r) = &releaser {
+                r.release(i * WRITE_CHUNK..i * WRITE_CHUNK + chunk.len());
+            }
         }
         Ok(())
     })

@@ -48,6 +48,14 @@ impl StateVectors {
         }
     }
 
+    /// What releases a file's pages (none in memory).
+    pub fn releaser(&self) -> Option<Releaser> {
+        match self {
+            StateVectors::Memory(_) => None,
+            StateVectors::Disk(d) => Some(d.releaser()),
+        }
+    }
+
     /// The vectors to update, with what releases a file's pages.
     pub fn get_mut(&mut self) -> (Vec<&mut [f32]>, Option<Releaser>) {
         match self {
