@@ -181,7 +181,8 @@ impl Shards {
         })
     }
 
-    /// Elements `p..p + dst.len()` of state vector `v` of parameter `slot` (by position).
+    /// Elements `p..p + dst.len()` of state vector `v` of parameter `slot` (by position),
+    /// the file pages they came from released again.
     fn copy(&self, slot: usize, v: usize, mut p: usize, dst: &mut [f32]) {
         let mut done = 0;
         while done < dst.len() {
@@ -204,6 +205,11 @@ impl Shards {
             {
                 *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
+            // SAFETY: MADV_DONTNEED on a read-only file mapping only drops the pages from
+            // this process (the page cache keeps them; a later read maps them again).
+            let _ = unsafe {
+                file.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at, take * 4)
+            };
             done += take;
             p += take;
         }
