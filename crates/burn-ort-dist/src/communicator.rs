@@ -1,5 +1,6 @@
 //! The [`Communicator`] trait: the collectives data-parallel training needs, on flat `f32`
-//! buffers, plus the trivial single-process implementation.
+//! buffers, plus the trivial single-process implementation and [`Forwarding`], for groups
+//! that wrap another.
 
 use crate::error::{DistError, DistResult};
 
@@ -59,6 +60,103 @@ pub trait Communicator: Send + Sync {
     /// The group's reduction of device buffers, when it has one (NCCL).
     fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
         None
+    }
+}
+
+/// A group that wraps another and changes some of its collectives (counts them, carries
+/// them in f16, serves gathers prefetched ahead): implement [`Forwarding::inner`] and the
+/// methods that differ; every other one goes to the wrapped group, and the wrapper is a
+/// [`Communicator`]. A wrapper reduces device buffers on the host
+/// ([`Forwarding::device_reduce`] is `None`) unless it says otherwise.
+pub trait Forwarding: Send + Sync {
+    /// The wrapped group.
+    fn inner(&self) -> &dyn Communicator;
+    /// See [`Communicator::rank`].
+    fn rank(&self) -> usize {
+        self.inner().rank()
+    }
+    /// See [`Communicator::world_size`].
+    fn world_size(&self) -> usize {
+        self.inner().world_size()
+    }
+    /// See [`Communicator::all_reduce`].
+    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        self.inner().all_reduce(buf, op)
+    }
+    /// See [`Communicator::broadcast`].
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
+        self.inner().broadcast(buf, root)
+    }
+    /// See [`Communicator::all_gather`].
+    fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
+        self.inner().all_gather(send, recv)
+    }
+    /// See [`Communicator::reduce_scatter`].
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        self.inner().reduce_scatter(send, recv, op)
+    }
+    /// See [`Communicator::barrier`].
+    fn barrier(&self) -> DistResult<()> {
+        self.inner().barrier()
+    }
+    /// See [`Communicator::send`].
+    fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
+        self.inner().send(buf, dest)
+    }
+    /// See [`Communicator::recv`].
+    fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
+        self.inner().recv(buf, src)
+    }
+    /// See [`Communicator::split`].
+    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
+        self.inner().split(color, key)
+    }
+    /// See [`Communicator::abort`].
+    fn abort(&self, code: i32) {
+        self.inner().abort(code)
+    }
+    /// See [`Communicator::device_reduce`].
+    fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
+        None
+    }
+}
+
+impl<T: Forwarding> Communicator for T {
+    fn rank(&self) -> usize {
+        Forwarding::rank(self)
+    }
+    fn world_size(&self) -> usize {
+        Forwarding::world_size(self)
+    }
+    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        Forwarding::all_reduce(self, buf, op)
+    }
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
+        Forwarding::broadcast(self, buf, root)
+    }
+    fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
+        Forwarding::all_gather(self, send, recv)
+    }
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        Forwarding::reduce_scatter(self, send, recv, op)
+    }
+    fn barrier(&self) -> DistResult<()> {
+        Forwarding::barrier(self)
+    }
+    fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
+        Forwarding::send(self, buf, dest)
+    }
+    fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
+        Forwarding::recv(self, buf, src)
+    }
+    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
+        Forwarding::split(self, color, key)
+    }
+    fn abort(&self, code: i32) {
+        Forwarding::abort(self, code)
+    }
+    fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
+        Forwarding::device_reduce(self)
     }
 }
 

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
-use crate::communicator::{Communicator, ReduceOp, check_reduce_scatter};
+use crate::communicator::{Communicator, Forwarding, ReduceOp, check_reduce_scatter};
 use crate::error::DistResult;
 
 /// Largest partial sum the ring may form: below f16's maximum (65504) with margin.
@@ -214,38 +214,12 @@ pub fn reduce_scatter(
 /// the backward pass runs through the group); every other collective is the group's own.
 pub struct Fp16ReduceScatter(pub Arc<dyn Communicator>);
 
-impl Communicator for Fp16ReduceScatter {
-    fn rank(&self) -> usize {
-        self.0.rank()
+impl Forwarding for Fp16ReduceScatter {
+    fn inner(&self) -> &dyn Communicator {
+        self.0.as_ref()
     }
-    fn world_size(&self) -> usize {
-        self.0.world_size()
-    }
-    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        self.0.all_reduce(buf, op)
-    }
-    fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
-        self.0.broadcast(buf, root)
-    }
-    fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
-        self.0.all_gather(send, recv)
-    }
+
     fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
         reduce_scatter(self.0.as_ref(), send, recv, op)
-    }
-    fn barrier(&self) -> DistResult<()> {
-        self.0.barrier()
-    }
-    fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
-        self.0.send(buf, dest)
-    }
-    fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
-        self.0.recv(buf, src)
-    }
-    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
-        self.0.split(color, key)
-    }
-    fn abort(&self, code: i32) {
-        self.0.abort(code)
     }
 }

@@ -43,7 +43,7 @@ pub mod topology;
 pub mod zero;
 
 pub use collective_check::check_collectives;
-pub use communicator::{Communicator, DeviceReduce, LocalCommunicator, ReduceOp};
+pub use communicator::{Communicator, DeviceReduce, Forwarding, LocalCommunicator, ReduceOp};
 #[cfg(feature = "cuda")]
 pub use cuda_probe::check_cuda_device;
 pub use data_parallel::{DataParallel, DistributedOptimizer};

@@ -9,7 +9,9 @@ use std::time::Duration;
 use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_ort_dist::{Communicator, DataParallel, DeviceReduce, DistResult, ReduceOp, run_threads};
+use burn_ort_dist::{
+    Communicator, DataParallel, DeviceReduce, DistResult, Forwarding, ReduceOp, run_threads,
+};
 
 /// A thread rank that also "reduces on the device", recording each bucket's length.
 struct StandIn(Arc<dyn Communicator>, Mutex<Vec<usize>>);
@@ -32,37 +34,11 @@ impl DeviceReduce for StandIn {
     }
 }
 
-impl Communicator for StandIn {
-    fn rank(&self) -> usize {
-        self.0.rank()
+impl Forwarding for StandIn {
+    fn inner(&self) -> &dyn Communicator {
+        self.0.as_ref()
     }
-    fn world_size(&self) -> usize {
-        self.0.world_size()
-    }
-    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        self.0.all_reduce(buf, op)
-    }
-    fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
-        self.0.broadcast(buf, root)
-    }
-    fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
-        self.0.all_gather(send, recv)
-    }
-    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        self.0.reduce_scatter(send, recv, op)
-    }
-    fn barrier(&self) -> DistResult<()> {
-        self.0.barrier()
-    }
-    fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
-        self.0.send(buf, dest)
-    }
-    fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
-        self.0.recv(buf, src)
-    }
-    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
-        self.0.split(color, key)
-    }
+
     fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
         Some(self)
     }

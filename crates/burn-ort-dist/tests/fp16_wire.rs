@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use burn_ort_dist::fp16_wire::{self, Fp16ReduceScatter};
-use burn_ort_dist::{Communicator, DistResult, ReduceOp, run_threads};
+use burn_ort_dist::{Communicator, DistResult, Forwarding, ReduceOp, run_threads};
 
 fn on_threads<T: Send>(
     world: usize,
@@ -108,8 +108,8 @@ fn reduce_scatter_leaves_each_rank_its_chunk_of_the_mean() {
         let got = on_threads(world, |comm| {
             let send = values(comm.rank(), c * world);
             let mut recv = vec![0.0; c];
-            Fp16ReduceScatter(comm.clone())
-                .reduce_scatter(&send, &mut recv, ReduceOp::Mean)
+            let wire: &dyn Communicator = &Fp16ReduceScatter(comm.clone());
+            wire.reduce_scatter(&send, &mut recv, ReduceOp::Mean)
                 .map_err(|e| e.to_string())?;
             Ok(recv)
         });
@@ -150,37 +150,14 @@ fn inf_and_nan_reach_the_result_as_in_f32() {
 /// Counts the values a rank sends point to point.
 struct Counting(Arc<dyn Communicator>, Arc<AtomicUsize>);
 
-impl Communicator for Counting {
-    fn rank(&self) -> usize {
-        self.0.rank()
+impl Forwarding for Counting {
+    fn inner(&self) -> &dyn Communicator {
+        self.0.as_ref()
     }
-    fn world_size(&self) -> usize {
-        self.0.world_size()
-    }
-    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        self.0.all_reduce(buf, op)
-    }
-    fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
-        self.0.broadcast(buf, root)
-    }
-    fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
-        self.0.all_gather(send, recv)
-    }
-    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        self.0.reduce_scatter(send, recv, op)
-    }
-    fn barrier(&self) -> DistResult<()> {
-        self.0.barrier()
-    }
+
     fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
         self.1.fetch_add(buf.len(), Ordering::SeqCst);
         self.0.send(buf, dest)
-    }
-    fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
-        self.0.recv(buf, src)
-    }
-    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
-        self.0.split(color, key)
     }
 }
 

@@ -19,7 +19,7 @@ use std::sync::mpsc::{Receiver, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burn_ort_dist::{Communicator, DistError, DistResult, ReduceOp, SyncTimes};
+use burn_ort_dist::{Communicator, DistError, DistResult, Forwarding, SyncTimes};
 
 use super::CollectiveGroup;
 use crate::value::PhysTensor;
@@ -134,13 +134,9 @@ fn host_values(chunk: PhysTensor) -> DistResult<Vec<f32>> {
         })
 }
 
-impl Communicator for Prefetching {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
+impl Forwarding for Prefetching {
+    fn inner(&self) -> &dyn Communicator {
+        self.inner.as_ref()
     }
 
     /// The next parameter gathered ahead.
@@ -168,37 +164,5 @@ impl Communicator for Prefetching {
         }
         recv.copy_from_slice(&whole);
         Ok(())
-    }
-
-    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        self.inner.all_reduce(buf, op)
-    }
-
-    fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
-        self.inner.broadcast(buf, root)
-    }
-
-    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        self.inner.reduce_scatter(send, recv, op)
-    }
-
-    fn barrier(&self) -> DistResult<()> {
-        self.inner.barrier()
-    }
-
-    fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
-        self.inner.send(buf, dest)
-    }
-
-    fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
-        self.inner.recv(buf, src)
-    }
-
-    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
-        self.inner.split(color, key)
-    }
-
-    fn abort(&self, code: i32) {
-        self.inner.abort(code)
     }
 }

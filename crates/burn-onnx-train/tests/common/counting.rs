@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use burn_onnx_train::loss::{Logits, lm_cross_entropy};
 use burn_onnx_train::{Mode, OnnxModel, Value};
-use burn_ort_dist::{Communicator, DistResult, ReduceOp};
+use burn_ort_dist::{Communicator, DistResult, Forwarding, ReduceOp};
 use ndarray::ArrayD;
 
 /// Wraps a group and records the length of every all-reduce, all-gather (send side) and
@@ -28,39 +28,24 @@ impl Counting {
     }
 }
 
-impl Communicator for Counting {
-    fn rank(&self) -> usize {
-        self.inner.rank()
+impl Forwarding for Counting {
+    fn inner(&self) -> &dyn Communicator {
+        self.inner.as_ref()
     }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
+
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
         self.all_reduces.lock().unwrap().push(buf.len());
         self.inner.all_reduce(buf, op)
     }
-    fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
-        self.inner.broadcast(buf, root)
-    }
+
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
         self.all_gathers.lock().unwrap().push(send.len());
         self.inner.all_gather(send, recv)
     }
+
     fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
         self.reduce_scatters.lock().unwrap().push(recv.len());
         self.inner.reduce_scatter(send, recv, op)
-    }
-    fn barrier(&self) -> DistResult<()> {
-        self.inner.barrier()
-    }
-    fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
-        self.inner.send(buf, dest)
-    }
-    fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
-        self.inner.recv(buf, src)
-    }
-    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
-        self.inner.split(color, key)
     }
 }
 
