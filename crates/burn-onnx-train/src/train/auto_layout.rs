@@ -6,9 +6,10 @@
 //! ([`plan_memory`]: a rank's peak from counted bytes and a probed working set), and its
 //! speed measured by probe steps: the layout itself, run for [`SPEED_UPDATES`] updates in
 //! a process of its own, its throughput over the last half. A layout that does not fit the
-//! memory of a rank is tried again with activation recomputation ([`RECOMPUTE_SEGMENTS`]
-//! segments), then also with the optimizer state on disk, as a user short of memory would. The layouts that fit are ranked by throughput;
-//! the others follow, with why.
+//! memory of a rank is tried again, as a user short of memory would: with tensor
+//! parallelism first with sequence parallelism, then with activation recomputation
+//! ([`RECOMPUTE_SEGMENTS`] segments), then also with the optimizer state on disk. The
+//! layouts that fit are ranked by throughput; the others follow, with why.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -41,6 +42,8 @@ pub struct Trial {
     pub zero_stage: usize,
     /// Activation recomputation segments (0: none).
     pub recompute: usize,
+    /// Sequence parallelism (`tensor_parallel_sequence`).
+    pub sequence: bool,
     /// Adam's moments in a memory-mapped file (`offload_optimizer = "disk"`).
     pub offload: bool,
     /// Pipeline micro-batches per batch (0: no pipeline).
@@ -71,6 +74,9 @@ impl Trial {
         if self.micro_batches > 0 {
             flags += &format!(" --micro-batches {}", self.micro_batches);
         }
+        if self.sequence {
+            flags += " --sequence-parallel";
+        }
         if self.recompute > 0 {
             flags += &format!(" --recompute {}", self.recompute);
         }
@@ -88,6 +94,7 @@ impl Trial {
             pp: self.pp,
             zero: self.zero_stage,
             recompute: self.recompute,
+            sequence: self.sequence,
             offload: self.offload,
             micro: self.micro_batches,
         }
@@ -95,7 +102,8 @@ impl Trial {
 }
 
 /// What `--auto` varies: data x tensor x pipeline parallel sizes, ZeRO stage,
-/// recomputation segments, the optimizer state on disk and pipeline micro-batches.
+/// recomputation segments, sequence parallelism, the optimizer state on disk and pipeline
+/// micro-batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     pub dp: usize,
@@ -103,6 +111,7 @@ pub struct Layout {
     pub pp: usize,
     pub zero: usize,
     pub recompute: usize,
+    pub sequence: bool,
     pub offload: bool,
     /// Pipeline micro-batches per batch (0: no pipeline, or the configured rule).
     pub micro: usize,
@@ -132,6 +141,7 @@ pub fn layouts(world: usize) -> Vec<Layout> {
                 pp,
                 zero,
                 recompute: 0,
+                sequence: false,
                 offload: false,
                 micro: 0,
             }));
@@ -140,8 +150,9 @@ pub fn layouts(world: usize) -> Vec<Layout> {
     out
 }
 
-/// The layouts a user short of memory would try after `base`: recomputation, then that
-/// and the optimizer state on disk (the replicated moments, or ZeRO's shards).
+/// The layouts a user short of memory would try after `base`: with tensor parallelism
+/// first sequence parallelism (the cheapest in time), then recomputation, then that and
+/// the optimizer state on disk (the replicated moments, or ZeRO's shards).
 fn lighter(base: Layout) -> Vec<Layout> {
     // A pipeline recomputes stage by stage: one segment per stage.
     let segments = if base.pp > 1 {
@@ -153,13 +164,20 @@ fn lighter(base: Layout) -> Vec<Layout> {
         recompute: segments,
         ..base
     };
-    vec![
-        recompute,
-        Layout {
-            offload: true,
-            ..recompute
-        },
-    ]
+    let sequence = (base.tp > 1).then_some(Layout {
+        sequence: true,
+        ..base
+    });
+    sequence
+        .into_iter()
+        .chain([
+            recompute,
+            Layout {
+                offload: true,
+                ..recompute
+            },
+        ])
+        .collect()
 }
 
 /// `base` with each micro-batch count of [`MICRO_PER_STAGE`] that divides the batch `c`
@@ -194,6 +212,7 @@ pub fn configure(c: &TrainingConfig, world: usize, layout: Layout) -> Result<Tra
     t.parallel.pipeline_parallel_size = layout.pp;
     t.parallel.zero_stage = layout.zero;
     t.parallel.recompute_segments = layout.recompute;
+    t.parallel.tensor_parallel_sequence = layout.sequence;
     if layout.micro > 0 {
         t.parallel.num_pipeline_micro_batches = layout.micro;
     }
@@ -257,6 +276,7 @@ pub fn rank_layouts(
             pp: layout.pp,
             zero_stage: layout.zero,
             recompute: layout.recompute,
+            sequence: layout.sequence,
             offload: layout.offload,
             micro_batches: 0,
             batch_size: 0,
@@ -326,7 +346,7 @@ pub fn chosen(trials: &[Trial]) -> Option<&Trial> {
 pub fn table(trials: &[Trial]) -> String {
     let mib = |b: Option<u64>| b.map_or("-".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
     let mut s = format!(
-        "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>5} {:>7} {:>14} {:>14} {:>12}  {}\n",
+        "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>5} {:>3} {:>7} {:>14} {:>14} {:>12}  {}\n",
         "dp",
         "tp",
         "pp",
@@ -335,6 +355,7 @@ pub fn table(trials: &[Trial]) -> String {
         "accum",
         "micro",
         "recmp",
+        "seq",
         "offload",
         "per rank",
         "all as threads",
@@ -349,7 +370,7 @@ pub fn table(trials: &[Trial]) -> String {
             _ => String::new(),
         };
         s += &format!(
-            "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>5} {:>7} {:>14} {:>14} {:>12}  {note}\n",
+            "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>5} {:>3} {:>7} {:>14} {:>14} {:>12}  {note}\n",
             t.dp,
             t.tp,
             t.pp,
@@ -362,6 +383,7 @@ pub fn table(trials: &[Trial]) -> String {
                 "-".into()
             },
             t.recompute,
+            if t.sequence { "on" } else { "-" },
             if t.offload { "disk" } else { "-" },
             mib(t.per_rank_bytes),
             mib(t.predicted_peak_bytes),
@@ -377,17 +399,21 @@ mod tests {
     use super::*;
     use crate::train::config::OffloadTarget;
 
-    /// A stand-in for the probes: 1000 bytes a rank, 600 with recomputation, 300 with the
-    /// moments on disk too; speed 100 per replica, less 20 for recomputation and 20 for disk.
+    /// A stand-in for the probes: 1000 bytes a rank, 800 with sequence parallelism, 600 with
+    /// recomputation, 300 with the moments on disk too; speed 100 per replica, less 10 for
+    /// sequence parallelism, 20 for recomputation and 20 for disk.
     fn fake(t: &TrainingConfig) -> Result<Measured> {
         let recompute = t.parallel.recompute_segments > 0;
         let disk = t.offload.offload_optimizer == OffloadTarget::Disk;
-        let bytes = match (recompute, disk) {
-            (false, _) => 1000,
-            (true, false) => 600,
-            (true, true) => 300,
+        let sequence = t.parallel.tensor_parallel_sequence;
+        let bytes = match (recompute, disk, sequence) {
+            (false, _, false) => 1000,
+            (false, _, true) => 800,
+            (true, false, _) => 600,
+            (true, true, _) => 300,
         };
         let speed = 100.0 * t.parallel.data_parallel_size as f64
+            - 10.0 * f64::from(u8::from(sequence))
             - 20.0 * f64::from(u8::from(recompute))
             - 20.0 * f64::from(u8::from(disk));
         Ok(Measured {
@@ -438,6 +464,24 @@ mod tests {
     }
 
     #[test]
+    fn a_tensor_parallel_layout_short_of_memory_is_tried_with_sequence_parallelism_first() {
+        // 900 bytes a rank: tp 2 fits with sequence parallelism (800); the others need
+        // recomputation.
+        let trials = rank_layouts(&config(), 2, Some(900), fake);
+        let tp: Vec<&Trial> = trials.iter().filter(|t| t.tp == 2).collect();
+        assert_eq!(tp.len(), 2, "the base, then sequence parallelism: {tp:?}");
+        let fitting = tp.iter().find(|t| t.fits).unwrap();
+        assert!(fitting.sequence && fitting.recompute == 0, "{fitting:?}");
+        assert!(fitting.flags().ends_with("--sequence-parallel"));
+        assert!(
+            trials
+                .iter()
+                .filter(|t| t.tp == 1 && t.fits)
+                .all(|t| !t.sequence && t.recompute > 0)
+        );
+    }
+
+    #[test]
     fn a_layout_short_of_memory_is_tried_with_recomputation_then_moments_on_disk() {
         // 700 bytes a rank: every layout fits with recomputation, which is tried once each.
         let trials = rank_layouts(&config(), 2, Some(700), fake);
@@ -453,8 +497,8 @@ mod tests {
         }
         assert_eq!(
             trials.iter().filter(|t| !t.fits).count(),
-            8,
-            "the bases, not fitting"
+            9,
+            "the bases and tp 2 with sequence parallelism, not fitting"
         );
         assert!(trials[0].fits && trials[0].flags().contains("--recompute 4"));
 

@@ -251,7 +251,7 @@ fn agreed_layout(
 ) -> Result<TrainingConfig> {
     let world = comm.world_size();
     let mut chosen = None;
-    let mut wire = [0f32; 8];
+    let mut wire = [0f32; 9];
     if comm.rank() == 0 {
         let layout = choose(&config, world).map_err(OnnxError::before_first_update);
         if let Ok(l) = &layout {
@@ -264,6 +264,7 @@ fn agreed_layout(
                 l.recompute as f32,
                 f32::from(u8::from(l.offload)),
                 l.micro as f32,
+                f32::from(u8::from(l.sequence)),
             ];
         }
         chosen = Some(layout);
@@ -287,6 +288,7 @@ fn agreed_layout(
         recompute: n(5),
         offload: wire[6] == 1.0,
         micro: n(7),
+        sequence: wire[8] == 1.0,
     };
     configure(&config, world, layout).map_err(OnnxError::before_first_update)
 }
