@@ -7,7 +7,8 @@
 //! resuming across the two; f16 with dynamic loss scaling (and bf16 where the GPU computes
 //! in it: CUDA) against the same precision on the CPU; the fused CubeCL kernels (softmax
 //! cross-entropy, unscale with the inf/NaN flag, multi-tensor Adam/AdamW/LAMB) against
-//! their plain references; with CUDA, NCCL through the real library. Without the GPU's driver these tests fail; they never pass silently.
+//! their plain references; tensor parallelism with sequence parallelism on 2 thread ranks
+//! against one CPU process; with CUDA, NCCL through the real library. Without the GPU's driver these tests fail; they never pass silently.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 mod common;
@@ -282,6 +283,53 @@ fn zero_3_on_gpu_matches_the_replicated_cpu_run() {
     {
         assert_close(
             &format!("{} ZeRO-3 vs CPU: {name}", gpu_spec()),
+            g,
+            &c,
+            on_tf32(1e-4, ADAM_NOISE_BOUND),
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn tensor_and_sequence_parallel_on_gpu_match_the_cpu_run() {
+    // Megatron's f/g, the vocabulary-parallel loss and sequence parallelism's transfers and
+    // gathered projections as CubeCL-backend ops: 2 thread ranks on the one GPU against one
+    // process on the CPU.
+    let spec = match gpu_spec() {
+        DeviceSpec::Cuda(None) => DeviceSpec::Cuda(Some(0)),
+        spec => spec,
+    };
+    let run = |device: DeviceSpec, tp: usize, out: &Path| {
+        let c = {
+            let mut c = gpt2_config(out);
+            c.parallel.device = device;
+            c.parallel.horizontal_parallel_size = tp;
+            c.parallel.tensor_parallel_sequence = tp > 1;
+            c.train.num_train_steps = 10;
+            c
+        };
+        launch(c, gpt2_tokens(), None).unwrap()
+    };
+    let (gpu_out, cpu_out) = (tempdir("gpu-tp-seq"), tempdir("gpu-tp-seq-cpu"));
+    let gpu = run(spec, 2, &gpu_out);
+    let cpu = run(DeviceSpec::Cpu, 1, &cpu_out);
+    assert_eq!(gpu.perf.as_ref().unwrap().world_size, 2);
+    for ((step, g), (_, c)) in gpu.losses.iter().zip(&cpu.losses) {
+        assert!(
+            (g - c).abs() < on_tf32(1e-4, 1e-3) as f64,
+            "update {step}: loss {g} on {} at tp 2 with sequence parallelism, {c} on the CPU",
+            gpu_spec()
+        );
+    }
+    let file = "gpt2_tiny_trained.onnx";
+    assert_moved(&refkit("models/gpt2_tiny.onnx"), &gpu_out.join(file), 1e-3);
+    for ((name, g), (_, c)) in onnx_params(gpu_out.join(file))
+        .iter()
+        .zip(onnx_params(cpu_out.join(file)))
+    {
+        assert_close(
+            &format!("{} tp 2 + sequence parallel vs CPU: {name}", gpu_spec()),
             g,
             &c,
             on_tf32(1e-4, ADAM_NOISE_BOUND),
