@@ -634,11 +634,23 @@ fn data_and_pipeline_parallel_compose_with_tensor_parallel() {
 
 /// Sequence parallelism through the runner: 10 SGD updates at tp 2, and composed with a
 /// pipeline (tp 2 x pp 2), with ZeRO-3 and recomputation (dp 2 x tp 2), end where one
-/// process does; AdamW on the GPT-2 example's model (vocabulary split) too.
+/// process does; AdamW on the GPT-2 example's model (vocabulary split) too. Without tp it
+/// is a config error.
 #[test]
 fn sequence_parallel_runs_end_where_one_process_does() {
     let model = refkit("models/gpt2_tiny.onnx");
     let data = tokens(1024);
+    // Without tensor-parallel ranks there is nothing to split the sequence among.
+    let mut alone = config(&model, &tempdir("tp-seq-alone"), OptimizerKind::Sgd);
+    alone.parallel.tensor_parallel_sequence = true;
+    let err = launch(alone, data.clone(), None)
+        .err()
+        .expect("sequence parallelism without tp")
+        .to_string();
+    assert!(
+        err.contains("tensor_parallel_sequence") && err.contains("horizontal_parallel_size"),
+        "{err}"
+    );
     let one = tempdir("tp-seq-one");
     let base = run(config(&model, &one, OptimizerKind::Sgd), &data);
     let layouts: [(&str, usize, usize, usize, usize); 3] = [

@@ -241,6 +241,12 @@ impl ParallelConfig {
                 ),
             );
         }
+        if self.tensor_parallel_sequence && self.horizontal_parallel_size < 2 {
+            return refuse(
+                "tensor_parallel_sequence",
+                "sequence parallelism splits the sequence among the tensor-parallel ranks: set horizontal_parallel_size > 1 (--tp N) or drop it",
+            );
+        }
         self.check_reduction()?;
         self.check_recompute()?;
         self.check_overlap()
