@@ -171,7 +171,7 @@ struct Pass<'a> {
     known: &'a Known<'a>,
     graph: &'a Graph,
     tp: usize,
-    /// The sequence length, when an output of rank 3 or more names it.
+    /// The sequence length, when a `g` output of rank 3 or more or a token input names it.
     seq: Option<usize>,
     /// The slices: values each rank holds its tokens of.
     split: HashMap<String, AxisSplit>,
@@ -206,6 +206,8 @@ impl Pass<'_> {
         (shape[split.axis] % split.period == 0 && split.period % self.tp == 0).then_some(split)
     }
 
+    /// Place `node` (of the tensor-parallel graph, in order), rewritten for the slices it
+    /// reads, with the transfers it needs before it.
     fn node(&mut self, mut node: Node) {
         if is_reduce(&node) {
             if let Some(s) = self.seed_split(&node.outputs[0]) {
