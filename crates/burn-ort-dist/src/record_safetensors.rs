@@ -103,6 +103,21 @@ fn dtype_name(d: Dtype) -> String {
     format!("{d:?}")
 }
 
+/// Values converted to bytes per write by [`write_le_f32s`].
+const WRITE_CHUNK: usize = 1 << 16;
+
+/// Write `values` to `w` as little-endian f32 bytes, converted 64 Ki values at a time (a
+/// tensor's data is never copied whole to be written).
+pub fn write_le_f32s(w: &mut dyn Write, values: &[f32]) -> std::io::Result<()> {
+    let mut bytes = Vec::with_capacity(WRITE_CHUNK.min(values.len()) * 4);
+    for chunk in values.chunks(WRITE_CHUNK) {
+        bytes.clear();
+        bytes.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
+        w.write_all(&bytes)?;
+    }
+    Ok(())
+}
+
 /// Little-endian f32 values (a safetensors F32 tensor's data, a raw state file), in order.
 pub fn le_f32s(bytes: &[u8]) -> Vec<f32> {
     bytes

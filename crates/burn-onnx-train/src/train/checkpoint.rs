@@ -36,7 +36,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use burn_ort_dist::record_safetensors::{Head, write_safetensors_with};
+use burn_ort_dist::record_safetensors::{Head, write_le_f32s, write_safetensors_with};
 use burn_ort_dist::{Communicator, DistError, StateFile};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -203,9 +203,6 @@ pub fn weights_file_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Values converted to bytes per write of a parameter.
-const WRITE_CHUNK: usize = 1 << 16;
-
 /// Write the parameters `keep` selects as a safetensors file to `w`, each read from the
 /// device only when its turn comes and converted to bytes a chunk at a time.
 fn write_params(
@@ -245,15 +242,8 @@ fn write_params(
             )));
         }
         let a = a.as_standard_layout();
-        let values = a.as_slice().expect("a standard-layout array");
-        let mut bytes = Vec::with_capacity(WRITE_CHUNK * 4);
-        for chunk in values.chunks(WRITE_CHUNK) {
-            bytes.clear();
-            bytes.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
-            w.write_all(&bytes)
-                .map_err(|e| state_err(format!("{}: {e}", info.name)))?;
-        }
-        Ok(())
+        write_le_f32s(w, a.as_slice().expect("a standard-layout array"))
+            .map_err(|e| state_err(format!("{}: {e}", info.name)))
     })
     .map_err(|e| OnnxError::field("checkpoint", e.to_string()))
 }

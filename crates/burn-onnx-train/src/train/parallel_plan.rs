@@ -30,7 +30,7 @@ use super::pipelined::Pipelined;
 use super::segmented::Segmented;
 use super::step::PassSettings;
 use super::summaries::SummaryRole;
-use super::zero3_shards::{shard_bytes, shard_file};
+use super::zero3_shards::{shard_file, shard_writer};
 use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
@@ -361,10 +361,11 @@ impl ParallelPlan {
         };
         let part = model_file(stage, self.tp_rank());
         if model.sharding().is_some() {
-            files.push(StateFile::bytes(
+            files.push(shard_writer(
                 shard_file(&part, self.groups.dp_rank),
-                shard_bytes(model, |n| self.owns(n))?,
-            ));
+                model,
+                |n| self.owns(n),
+            )?);
         } else if self.groups.dp_rank == 0 {
             files.push(model_file_writer(part, model, |n| self.owns(n)));
         }

@@ -10,7 +10,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use safetensors::tensor::TensorView;
+use burn_ort_dist::DistError;
+use burn_ort_dist::record_safetensors::{Head, write_le_f32s, write_safetensors_with};
+use burn_ort_dist::strategy::StateFile;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{OnnxError, Result};
@@ -33,41 +35,51 @@ pub fn shard_of(name: &str) -> Option<(String, usize)> {
 }
 
 /// The chunks `model` (sharded: ZeRO-3) holds of the parameters `keep` selects, as this
-/// rank's shard file.
-pub fn shard_bytes(model: &OnnxModel, keep: impl Fn(&str) -> bool) -> Result<Vec<u8>> {
+/// rank's shard file `name`, written streaming: one chunk read and converted at a time.
+pub fn shard_writer<'a>(
+    name: String,
+    model: &'a OnnxModel,
+    keep: impl Fn(&str) -> bool + 'a,
+) -> Result<StateFile<'a>> {
     let s = model
         .sharding()
         .ok_or_else(|| OnnxError::field("checkpoint", "a shard file of a model not sharded"))?;
-    let mut metadata = HashMap::from([
+    let mut metadata = BTreeMap::from([
         ("format".to_string(), FORMAT.to_string()),
         ("zero_rank".to_string(), s.rank.to_string()),
         ("zero_world".to_string(), s.world.to_string()),
     ]);
-    let mut buffers = Vec::new();
-    for (p, info) in model.params().iter().zip(model.param_infos()) {
-        if !keep(&info.name) {
-            continue;
-        }
-        let chunk: Vec<f32> = p
-            .val()
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec::<f32>()
-            .map_err(|e| OnnxError::field(&info.name, format!("{e:?}")))?;
+    let params = model.params();
+    let kept: Vec<usize> = (0..params.len())
+        .filter(|&i| keep(&model.param_infos()[i].name))
+        .collect();
+    let mut heads = Vec::with_capacity(kept.len());
+    for &i in &kept {
+        let info = &model.param_infos()[i];
         metadata.insert(
             format!("shape.{}", info.name),
             serde_json::to_string(&info.shape).unwrap_or_default(),
         );
-        let bytes: Vec<u8> = chunk.iter().flat_map(|v| v.to_le_bytes()).collect();
-        buffers.push((info.name.clone(), chunk.len(), bytes));
+        let len: usize = params[i].val().dims().iter().product();
+        heads.push(Head {
+            name: info.name.clone(),
+            dtype: Dtype::F32,
+            shape: vec![len],
+            bytes: len * 4,
+        });
     }
-    let views = buffers
-        .iter()
-        .map(|(n, len, b)| TensorView::new(Dtype::F32, vec![*len], b).map(|v| (n.clone(), v)))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| OnnxError::field("checkpoint", e.to_string()))?;
-    safetensors::serialize(views, Some(metadata))
-        .map_err(|e| OnnxError::field("checkpoint", e.to_string()))
+    Ok(StateFile::stream(name, move |w| {
+        write_safetensors_with(w, &heads, &metadata, |k, w| {
+            let (i, name) = (kept[k], &heads[k].name);
+            let chunk: Vec<f32> = params[i]
+                .val()
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .map_err(|e| state_error(format!("{name}: {e:?}")))?;
+            write_le_f32s(w, &chunk).map_err(|e| state_error(format!("{name}: {e}")))
+        })
+    }))
 }
 
 /// One shard file read: its rank, chunk count, tensors and shapes.
@@ -161,4 +173,8 @@ pub fn consolidate(files: &[PathBuf]) -> Result<Vec<(String, ndarray::ArrayD<f32
         out.push((name, array));
     }
     Ok(out)
+}
+
+fn state_error(message: String) -> DistError {
+    DistError::State { message }
 }

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{DistError, DistResult};
 use crate::record::REPLICATED_STATE_FILE;
-use crate::record_safetensors::{Head, write_safetensors_with};
+use crate::record_safetensors::{Head, write_le_f32s, write_safetensors_with};
 use crate::strategy::StateFile;
 use crate::zero::flat_optim::ShardState;
 use crate::zero::state_vectors::StateVectors;
@@ -42,7 +42,7 @@ fn legacy_shard_file(rank: usize) -> String {
     format!("zero-{rank}.bin")
 }
 
-/// Values converted to bytes per write of a shard's vector.
+/// Values of a shard's vector written (and their file pages released) at a time.
 const WRITE_CHUNK: usize = 1 << 16;
 
 /// Write rank `rank`'s shard as a safetensors file to `w`: `state.<k>` per state vector,
@@ -77,12 +77,9 @@ fn write_shard(
         ("step".to_string(), state.step.to_string()),
     ]);
     let releaser = state.slots.releaser();
-    let mut bytes = Vec::with_capacity(WRITE_CHUNK * 4);
     write_safetensors_with(w, &heads, &metadata, |k, w| {
         for (i, chunk) in vectors[k].chunks(WRITE_CHUNK).enumerate() {
-            bytes.clear();
-            bytes.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
-            w.write_all(&bytes)
+            write_le_f32s(w, chunk)
                 .map_err(|e| bad(rank, format!("cannot write {}: {e}", shard_file(rank))))?;
             if let Some(r) = &releaser {
                 r.release(i * WRITE_CHUNK..i * WRITE_CHUNK + chunk.len());
