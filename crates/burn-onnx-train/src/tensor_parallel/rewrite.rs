@@ -45,10 +45,7 @@ pub fn rewrite(graph: &Graph, plan: &Plan) -> Result<Graph> {
             }
         }
         if let Some(&(axis, full)) = plan.reshapes.get(&i) {
-            node.attrs.set(ops::PARTS, Attr::Int(tp));
-            node.attrs.set(ops::AXIS, Attr::Int(axis as i64));
-            node.attrs.set(ops::FULL, Attr::Int(full as i64));
-            node.op = ops::reshape;
+            local_reshape(&mut node, plan.tp, axis, full);
         }
         if plan.splits.contains(&i) {
             if let Some(Attr::Ints(sizes)) = node.attrs.get("split").cloned() {
@@ -132,7 +129,17 @@ pub fn rewrite(graph: &Graph, plan: &Plan) -> Result<Graph> {
     })
 }
 
-fn new_node(
+/// Make the Reshape `node` take this rank's size where its target names `full`, the
+/// whole size of output axis `axis` split over `parts` ranks ([`ops::reshape`]).
+pub(super) fn local_reshape(node: &mut Node, parts: usize, axis: usize, full: usize) {
+    node.attrs.set(ops::PARTS, Attr::Int(parts as i64));
+    node.attrs.set(ops::AXIS, Attr::Int(axis as i64));
+    node.attrs.set(ops::FULL, Attr::Int(full as i64));
+    node.op = ops::reshape;
+}
+
+/// A node the rewrite adds, without attributes.
+pub(super) fn new_node(
     name: String,
     op_type: &str,
     inputs: Vec<String>,

@@ -30,6 +30,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::ops::{self, TRANSFER, Transfer};
 use super::plan::{ELEMENTWISE, Known};
+use super::rewrite::{local_reshape, new_node};
 use crate::collective::axis_split::AxisSplit;
 use crate::error::{OnnxError, Result};
 use crate::graph::attributes::{Attr, Attributes};
@@ -319,14 +320,13 @@ impl Pass<'_> {
             op: ops::sequence_product,
         });
         if let Some(c) = bias {
-            self.nodes.push(Node {
-                name: format!("{}::bias", node.name),
-                op_type: "Add".into(),
-                inputs: vec![product, c],
-                outputs: vec![out],
-                attrs: Attributes::default(),
-                op: crate::ops::lookup("Add").expect("Add is an op"),
-            });
+            self.nodes.push(new_node(
+                format!("{}::bias", node.name),
+                "Add",
+                vec![product, c],
+                vec![out],
+                crate::ops::lookup("Add").expect("Add is an op"),
+            ));
         }
         self.count.gathered_products += 1;
     }
@@ -348,14 +348,13 @@ impl Pass<'_> {
             _ => (format!("{input}::sp_gather"), self.split[input]),
         };
         if self.emitted.insert(name.clone()) {
-            let mut node = Node {
-                name: name.clone(),
-                op_type: String::new(),
-                inputs: vec![input.to_string()],
-                outputs: vec![name.clone()],
-                attrs: Attributes::default(),
-                op: ops::sequence,
-            };
+            let mut node = new_node(
+                name.clone(),
+                "",
+                vec![input.to_string()],
+                vec![name.clone()],
+                ops::sequence,
+            );
             self.transfer_node(&mut node, t, s);
             self.nodes.push(node);
             match t {
@@ -370,14 +369,13 @@ impl Pass<'_> {
     fn copy(&mut self, input: &str) -> String {
         let name = format!("{input}::sp_copy");
         if self.emitted.insert(name.clone()) {
-            self.nodes.push(Node {
-                name: name.clone(),
-                op_type: "TensorParallelCopy".into(),
-                inputs: vec![input.to_string()],
-                outputs: vec![name.clone()],
-                attrs: Attributes::default(),
-                op: ops::copy,
-            });
+            self.nodes.push(new_node(
+                name.clone(),
+                "TensorParallelCopy",
+                vec![input.to_string()],
+                vec![name.clone()],
+                ops::copy,
+            ));
         }
         name
     }
@@ -391,10 +389,7 @@ impl Pass<'_> {
             };
         }
         if let Some((axis, full)) = local.reshape {
-            node.attrs.set(ops::PARTS, Attr::Int(self.tp as i64));
-            node.attrs.set(ops::AXIS, Attr::Int(axis as i64));
-            node.attrs.set(ops::FULL, Attr::Int(full as i64));
-            node.op = ops::reshape;
+            local_reshape(&mut node, self.tp, axis, full);
         }
         if node.op_type == "Dropout" {
             mark(&mut node.attrs, local.out, self.tp);
@@ -426,14 +421,13 @@ impl Pass<'_> {
                     }
                 }
             }
-            let mut node = Node {
-                name: format!("{}::sp_gather", out.name),
-                op_type: String::new(),
-                inputs: vec![local],
-                outputs: vec![out.name.clone()],
-                attrs: Attributes::default(),
-                op: ops::sequence,
-            };
+            let mut node = new_node(
+                format!("{}::sp_gather", out.name),
+                "",
+                vec![local],
+                vec![out.name.clone()],
+                ops::sequence,
+            );
             self.transfer_node(&mut node, Transfer::Gather, s);
             self.nodes.push(node);
             self.count.gathers += 1;

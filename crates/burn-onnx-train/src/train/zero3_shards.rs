@@ -39,7 +39,7 @@ pub fn shard_of(name: &str) -> Option<(String, usize)> {
 pub fn shard_writer<'a>(
     name: String,
     model: &'a OnnxModel,
-    keep: impl Fn(&str) -> bool + 'a,
+    keep: impl Fn(&str) -> bool,
 ) -> Result<StateFile<'a>> {
     let s = model
         .sharding()
