@@ -18,8 +18,12 @@
 #     the same model (tools/gpu/torch_gpt2.py) in the same run; and ZeRO-Offload's cost:
 #     the 124M and GPT-2 large (774M) shapes with AdamW's moments on the GPU and in host
 #     memory (`--offload-optimizer cpu`), update time, peak GPU memory and peak host RSS.
+#   - with CUDA and without --no-bench: the 124M shape under several layouts on the one GPU
+#     (thread ranks sharing it): one rank, tp 2 without and with sequence parallelism,
+#     ZeRO-3 without and with prefetch.
 # `--only offload` runs just the offload test of gpu-tests and the offload comparison (a
-# short call to measure a change of the offloaded update).
+# short call to measure a change of the offloaded update); `--only layouts` the parallel
+# GPU tests and the layouts comparison.
 # Exits non-zero when any check fails. Needs python3 (with torch, for the benchmark).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -58,7 +62,11 @@ record machine none info - "$(python3 -c 'import json, sys, platform; print(json
 run_tests() {
   local backend="$1" args=() start status
   [ "$backend" = cuda ] || args=(--skip nccl::)
-  [ -z "$only" ] || args+=("$only")  # a name filter: the tests whose names hold it
+  case "$only" in  # a name filter: the tests whose names hold it
+    "") ;;
+    layouts) args+=(parallel) ;;
+    *) args+=("$only") ;;
+  esac
   start="$(now)"
   ONNX_TRAIN_TEST_GPU="$backend" timeout 1500 "$bin/gpu-tests" --test-threads=1 "${args[@]}" > "$work/tests-$backend.log" 2>&1
   status=$?
@@ -157,6 +165,41 @@ for run in sys.argv[3:]:
 print(json.dumps(out))' "$dir" "$layers layers, $heads heads, width $width, batch $batch x $seq, $precision" $runs)"
 }
 
+# layouts NAME LAYERS HEADS WIDTH BATCH SEQ PRECISION STEPS: one model under several layouts,
+# every rank a thread on the one GPU (so peak memory is all ranks' together): one rank,
+# tensor parallel without and with sequence parallelism, ZeRO-3 without and with prefetch.
+# (`--auto` is not among them: its probes of 8 layouts, each a process compiling its
+# kernels, ran past 2 minutes on an H200.)
+layouts() {
+  local name="$1" layers="$2" heads="$3" width="$4" batch="$5" seq="$6" precision="$7" steps="$8"
+  local dir="$work/layouts-$name" start status=0 runs="" run flags
+  mkdir -p "$dir"
+  "$bin/onnx-train" gpt2 --output "$dir/model.onnx" --layers "$layers" --heads "$heads" --width "$width" \
+    --positions "$seq" >> "$log" 2>&1
+  write_run "$dir" "$dir/model.onnx" 50257 "$seq" "$batch" "$steps" adamw
+  start="$(now)"
+  for run in "one:--dp 1" "tp2:--tp 2" "tp2-seq:--tp 2 --sequence-parallel" "zero3:--dp 2 --zero 3" \
+    "zero3-prefetch2:--dp 2 --zero 3 --set parallel.zero3_prefetch=2"; do
+    flags="${run#*:}"; run="${run%%:*}"
+    # shellcheck disable=SC2086
+    with_peak_memory timeout 300 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/$run" \
+      --device cuda:0 --precision "$precision" $flags > "$dir/$run.log" 2>&1 || status=1
+    cat "$dir/$run.log" >> "$log"
+    runs="$runs $run=$peak_mib"
+  done
+  record "layouts $name" cuda "$([ $status -eq 0 ] && echo pass || echo fail)" "$(since "$start")" \
+    "$(python3 -c '
+import json, os, sys
+out = {"shape": sys.argv[2]}
+for run in sys.argv[3:]:
+    name, peak = run.split("=")
+    perf = os.path.join(sys.argv[1], name, "perf.json")
+    p = json.load(open(perf)) if os.path.exists(perf) else {}
+    out[name] = {"update_ms": p.get("avg_update_ms"), "peak_gpu_mib": float(peak or 0),
+                 "tokens_per_sec": p.get("throughput_per_sec")}
+print(json.dumps(out))' "$dir" "$layers layers, $heads heads, width $width, batch $batch x $seq, $precision" $runs)"
+}
+
 for backend in ${backends//,/ }; do
   run_tests "$backend"
   [ -n "$only" ] || run_cli "$backend"
@@ -166,8 +209,9 @@ if [ $bench -eq 1 ] && [[ ",$backends," == *,cuda,* ]]; then
     bench example 2 4 128 8 64 f32 30
     bench gpt2-124m 12 12 768 8 256 bf16 20
   fi
-  offload gpt2-124m 12 12 768 8 256 bf16 10
-  offload gpt2-large 36 20 1280 4 256 bf16 6
+  [ -n "$only" ] && [ "$only" != offload ] || offload gpt2-124m 12 12 768 8 256 bf16 10
+  [ -n "$only" ] && [ "$only" != offload ] || offload gpt2-large 36 20 1280 4 256 bf16 6
+  [ -n "$only" ] && [ "$only" != layouts ] || layouts gpt2-124m 12 12 768 8 256 bf16 10
 fi
 
 python3 - "$records" "$out/gpu_check.json" <<'PY'
