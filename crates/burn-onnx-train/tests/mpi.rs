@@ -335,6 +335,14 @@ fn mpi_four_pipeline_stages_equal_one_process_gpt2_tiny() {
     grid_equivalence("gpt2", 1, 1, 4, 4);
 }
 
+/// Interleaved 1F1B across processes: 2 ranks of 2 model chunks each (4 stages, the
+/// messages of both chunks sharing each pair's channel).
+#[test]
+fn mpi_two_ranks_of_two_virtual_stages_equal_one_process_gpt2_tiny() {
+    let _serial = one_job_at_a_time();
+    grid_equivalence_with("gpt2", 1, 1, 2, 4, &["--virtual-stages", "2"]);
+}
+
 #[test]
 fn mpi_two_replicas_of_two_stages_equal_one_process_gpt2_tiny() {
     let _serial = one_job_at_a_time();

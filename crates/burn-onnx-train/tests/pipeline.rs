@@ -2,7 +2,8 @@
 //! cut into stages ends with the parameters of the plain single-process run on the same
 //! batches (the micro-batches' mean gradient is the batch's), on gpt2_tiny, a GPT-2 with a
 //! tied embedding held by the first and last stage, SqueezeNet and the MLP (manual cut);
-//! GPipe and 1F1B are bit-identical; dp x pp composes; a pipelined run resumes exactly;
+//! GPipe and 1F1B are bit-identical; virtual stages (interleaved 1F1B) train alike; dp x pp
+//! composes; a pipelined run resumes exactly;
 //! every stage's weights reach TensorBoard.
 
 mod common;
@@ -178,6 +179,112 @@ fn gpt2_tiny_four_stages_1f1b_and_gpipe_are_identical_and_equal_one_process() {
     {
         assert_eq!(a, &b, "{name}: GPipe and 1F1B differ");
     }
+}
+
+/// Interleaved 1F1B (virtual stages, Megatron's `virtual_pipeline_model_parallel_size`):
+/// 2 ranks holding 2 model chunks each, with 1F1B and with GPipe, and 2 ranks of 3 chunks
+/// recomputing their forwards, end where one process does; the interleaved 1F1B and GPipe
+/// runs are bit-identical. Virtual stages without a pipeline, or with a micro-batch count
+/// the interleaving cannot group, are errors naming the field.
+#[test]
+fn virtual_stages_interleave_and_equal_one_process() {
+    let data = tokens(1024);
+    let one = tempdir("pp-virtual-one");
+    let single = run(gpt2_tiny(&one), &data);
+    let mut outs = Vec::new();
+    for (chunks, schedule, recompute) in [
+        (2, PipelineSchedule::OneFOneB, 0),
+        (2, PipelineSchedule::Gpipe, 0),
+        (3, PipelineSchedule::OneFOneB, 2),
+    ] {
+        let out = tempdir(&format!("pp-virtual-{chunks}-{schedule:?}-{recompute}"));
+        let mut c = gpt2_tiny(&out);
+        c.parallel.pipeline_parallel_size = 2;
+        c.parallel.pipeline_virtual_stages = chunks;
+        c.parallel.num_pipeline_micro_batches = 4;
+        c.parallel.pipeline_schedule = schedule;
+        c.parallel.recompute_segments = recompute;
+        c.checkpoint.checkpoint_period = 10;
+        let piped = run(c, &data);
+        // Each rank holds its chunks' weights, a layer apart: rank 0 the embeddings and a
+        // later block, rank 1 an earlier block and the head.
+        let (_, ckpt) = list_checkpoints(&out.join("checkpoints")).pop().unwrap();
+        let held =
+            |rank: usize| tensor_names(&ckpt.join(format!("model-stage-{rank}.safetensors")));
+        let (first, second) = (held(0), held(1));
+        assert!(first.iter().any(|n| n.ends_with("wte.weight")), "{first:?}");
+        assert!(
+            second.iter().any(|n| n.ends_with("ln_f.weight")),
+            "{second:?}"
+        );
+        let block = |names: &[String]| -> Vec<usize> {
+            let mut b: Vec<usize> = names
+                .iter()
+                .filter_map(|n| n.split(".h.").nth(1)?.split('.').next()?.parse().ok())
+                .collect();
+            b.dedup();
+            b
+        };
+        assert!(
+            block(&first)
+                .iter()
+                .any(|b| block(&second).iter().any(|e| e < b)),
+            "rank 0 holds blocks {:?}, rank 1 {:?}: no interleaving",
+            block(&first),
+            block(&second)
+        );
+        assert_eq!(piped.perf.as_ref().unwrap().world_size, 2);
+        for ((s, a), (t, b)) in single.losses.iter().zip(&piped.losses) {
+            assert_eq!(s, t);
+            assert!(
+                (a - b).abs() < 1e-5,
+                "{chunks} chunks: loss at update {s}: {a} vs {b}"
+            );
+        }
+        let (ea, eb) = (single.evals.last().unwrap(), piped.evals.last().unwrap());
+        assert!(
+            (ea.loss - eb.loss).abs() < 1e-5,
+            "evaluation loss {} vs {}",
+            ea.loss,
+            eb.loss
+        );
+        let trained = out.join("gpt2_tiny_trained.onnx");
+        compare(
+            &refkit("models/gpt2_tiny.onnx"),
+            &one.join("gpt2_tiny_trained.onnx"),
+            &trained,
+            1e-5,
+        );
+        outs.push(trained);
+    }
+    for ((name, a), (_, b)) in onnx_params(outs[0].clone())
+        .iter()
+        .zip(onnx_params(outs[1].clone()))
+    {
+        assert_eq!(a, &b, "{name}: interleaved 1F1B and GPipe differ");
+    }
+    let refused = |edit: &dyn Fn(&mut TrainingConfig), field: &str| {
+        let out = tempdir("pp-virtual-refused");
+        let mut c = gpt2_tiny(&out);
+        edit(&mut c);
+        let e = launch(c, data.clone(), None)
+            .err()
+            .expect("a config error")
+            .to_string();
+        assert!(e.contains(field), "{e}");
+    };
+    refused(
+        &|c| c.parallel.pipeline_virtual_stages = 2,
+        "pipeline_virtual_stages",
+    );
+    refused(
+        &|c| {
+            c.parallel.pipeline_parallel_size = 2;
+            c.parallel.pipeline_virtual_stages = 2;
+            c.parallel.num_pipeline_micro_batches = 1;
+        },
+        "num_pipeline_micro_batches",
+    );
 }
 
 #[test]
@@ -400,11 +507,12 @@ fn pipelined_checkpoints_hold_each_stage_and_resume_exactly() {
     {
         assert_eq!(a, &b, "{name} differs after resume");
     }
-    // Another stage count continues it: each stage takes its parameters' optimizer state
-    // (SGD momentum, which moves the weights by ~1e-3 per update) from the stage that held
-    // them, and ends where the uninterrupted run does.
-    for stages in [1, 4] {
-        let other = tempdir(&format!("pp-ckpt-to-{stages}"));
+    // Another stage count, or the same ranks holding two chunks each, continues it: each
+    // rank takes its parameters' optimizer state (SGD momentum, which moves the weights by
+    // ~1e-3 per update) from the stage that held them, and ends where the uninterrupted
+    // run does.
+    for (stages, chunks) in [(1, 1), (4, 1), (2, 2)] {
+        let other = tempdir(&format!("pp-ckpt-to-{stages}x{chunks}"));
         copy_tree(
             dir,
             &other.join("checkpoints").join(dir.file_name().unwrap()),
@@ -413,6 +521,7 @@ fn pipelined_checkpoints_hold_each_stage_and_resume_exactly() {
             let mut cfg = c.clone();
             cfg.checkpoint.output_dir = other.clone();
             cfg.parallel.pipeline_parallel_size = stages;
+            cfg.parallel.pipeline_virtual_stages = chunks;
             cfg.parallel.num_pipeline_micro_batches = 0;
             cfg
         };
@@ -495,6 +604,19 @@ fn a_zero_checkpoint_of_a_grid_resumes_in_one_process() {
         &one.join("gpt2_tiny_trained.onnx"),
         1e-5,
     );
+}
+
+/// The tensor names in a safetensors file's header.
+fn tensor_names(path: &Path) -> Vec<String> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    header
+        .keys()
+        .filter(|k| *k != "__metadata__")
+        .cloned()
+        .collect()
 }
 
 fn copy_tree(from: &Path, to: &Path) {

@@ -7,7 +7,7 @@
 //! exactly the weights the whole model would. Random streams are keyed by the node's index
 //! in the whole graph, so a stage's dropout masks are the whole model's.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -31,6 +31,41 @@ pub struct StagePart<'a> {
 }
 
 impl OnnxModel {
+    /// Keep what a pipeline rank runs: one stage's part ([`Self::into_stage`]), or with
+    /// several stages (virtual stages) the whole graph with only the parameters their nodes
+    /// read; each pass then runs its stage's part of that.
+    pub fn into_stages(mut self, stages: &[StagePart]) -> Result<OnnxModel> {
+        if let [one] = stages {
+            return self.into_stage(*one);
+        }
+        let keep: HashSet<&String> = stages.iter().flat_map(|s| s.params.iter()).collect();
+        let mut params = Vec::new();
+        let mut infos = Vec::new();
+        let mut sources = HashMap::new();
+        let old = std::mem::take(&mut self.params);
+        for (p, info) in old.into_iter().zip(&self.spec.params) {
+            if keep.contains(&info.name) {
+                sources.insert(info.name.clone(), Source::Param(params.len()));
+                params.push(p);
+                infos.push(info.clone());
+            }
+        }
+        for (name, source) in &self.spec.sources {
+            if let Source::Constant(_) = source {
+                sources.insert(name.clone(), source.clone());
+            }
+        }
+        let spec = Spec {
+            params: infos,
+            sources,
+            ..(*self.spec).clone()
+        };
+        Ok(OnnxModel {
+            params,
+            spec: Arc::new(spec),
+        })
+    }
+
     /// Keep only `stage`'s part of the model (see the module doc); the other parameters
     /// are dropped.
     pub fn into_stage(mut self, stage: StagePart) -> Result<OnnxModel> {

@@ -69,13 +69,17 @@ pub struct SharedParam {
     pub trainable: bool,
 }
 
-/// A graph cut into stages.
+/// A graph cut into stages, laid out on pipeline ranks: stage `s` runs on rank
+/// `s % ranks`, so with more stages than ranks each rank holds `stages / ranks` model
+/// chunks (virtual stages), `ranks` apart.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Partition {
     /// The stages, first to last.
     pub stages: Vec<Stage>,
     /// Parameters held by more than one stage, in the model's order.
     pub shared: Vec<SharedParam>,
+    /// The pipeline ranks the stages run on (the stage count unless [`Self::on_ranks`]).
+    pub ranks: usize,
 }
 
 /// Ops whose weight elements each cost a multiply-add per position.
@@ -234,7 +238,62 @@ impl Partition {
             })
             .filter(|s| s.stages.len() > 1)
             .collect();
-        Ok(Partition { stages, shared })
+        let ranks = stages.len();
+        Ok(Partition {
+            stages,
+            shared,
+            ranks,
+        })
+    }
+
+    /// The same stages on `ranks` pipeline ranks, each holding `stages / ranks` of them.
+    pub fn on_ranks(self, ranks: usize) -> Result<Self> {
+        if ranks == 0 || self.stages.len() % ranks != 0 {
+            return Err(OnnxError::field(
+                "config.parallel.pipeline_virtual_stages",
+                format!(
+                    "{} stages do not lay out evenly on {ranks} pipeline ranks",
+                    self.stages.len()
+                ),
+            ));
+        }
+        Ok(Partition { ranks, ..self })
+    }
+
+    /// Model chunks per rank.
+    pub fn chunks(&self) -> usize {
+        self.stages.len() / self.ranks
+    }
+
+    /// The rank stage `stage` runs on.
+    pub fn rank_of(&self, stage: usize) -> usize {
+        stage % self.ranks
+    }
+
+    /// The stages rank `rank` runs, in pipeline order.
+    pub fn stages_of(&self, rank: usize) -> Vec<&Stage> {
+        self.stages.iter().skip(rank).step_by(self.ranks).collect()
+    }
+
+    /// The parameters rank `rank` holds (those its stages read), in stage order.
+    pub fn params_of(&self, rank: usize) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for s in self.stages_of(rank) {
+            for p in &s.params {
+                if !out.contains(p) {
+                    out.push(p.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// The rank that writes parameter `name` (the rank of the first stage reading it).
+    pub fn owner(&self, name: &str) -> Option<usize> {
+        self.stages
+            .iter()
+            .find(|s| s.params.iter().any(|p| p == name))
+            .map(|s| self.rank_of(s.index))
     }
 }
 

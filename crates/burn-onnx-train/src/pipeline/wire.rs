@@ -1,8 +1,16 @@
 //! Values between pipeline stages over a [`Communicator`]'s `f32` point-to-point messages.
 //!
-//! Each value goes as two messages: a fixed header (kind, rank, dims) and its payload.
-//! Words are carried bit for bit (`f32::from_bits`), so integer values (token ids, masks
-//! computed from the input) cross exactly: an `i64` takes two words.
+//! Each value goes as two messages: a fixed header (kind, rank, [`Tag`], dims) and its
+//! payload. Words are carried bit for bit (`f32::from_bits`), so integer values (token
+//! ids, masks computed from the input) cross exactly: an `i64` takes two words.
+//!
+//! Between two ranks the messages arrive in the order they were sent, but with virtual
+//! stages one channel carries activations and gradients of several stages, in an order
+//! the receiver does not run in; a [`Mailbox`] keeps what arrives before it is asked for,
+//! by tag.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
 
 use burn::tensor::Device;
 use burn_ort_dist::Communicator;
@@ -11,10 +19,62 @@ use ndarray::{ArrayD, IxDyn};
 use crate::error::{OnnxError, Result};
 use crate::value::{FloatValue, MAX_RANK, Value};
 
-const HEADER: usize = 2 + MAX_RANK;
+const HEADER: usize = 5 + MAX_RANK;
 const FLOAT: u32 = 1;
 const INT: u32 = 2;
 const BOOL: u32 = 3;
+
+/// What a group of values is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Flow {
+    /// A training forward's activations.
+    Activation = 1,
+    /// A backward's gradients of those activations.
+    Gradient = 2,
+    /// An evaluation forward's activations.
+    Eval = 3,
+    /// Trained parameters gathered for export.
+    Parameter = 4,
+}
+
+/// Which group of values a message belongs to: its flow, the stage that receives it, the
+/// micro-batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tag {
+    pub flow: Flow,
+    pub stage: usize,
+    pub micro: usize,
+}
+
+impl Tag {
+    fn words(self) -> [f32; 3] {
+        [
+            word(self.flow as u32),
+            word(self.stage as u32),
+            word(self.micro as u32),
+        ]
+    }
+
+    fn read(bits: &[u32]) -> Result<Tag> {
+        let flow = match bits[0] {
+            1 => Flow::Activation,
+            2 => Flow::Gradient,
+            3 => Flow::Eval,
+            4 => Flow::Parameter,
+            f => {
+                return Err(wire_err(
+                    "receiving a header",
+                    format!("unknown flow {f}: the peer is not speaking this protocol"),
+                ));
+            }
+        };
+        Ok(Tag {
+            flow,
+            stage: bits[1] as usize,
+            micro: bits[2] as usize,
+        })
+    }
+}
 
 fn word(x: u32) -> f32 {
     f32::from_bits(x)
@@ -24,8 +84,13 @@ fn wire_err(what: &str, e: impl std::fmt::Display) -> OnnxError {
     OnnxError::field("pipeline", format!("{what}: {e}"))
 }
 
-/// Send `values` to rank `dest`, in order.
-pub fn send_values(comm: &dyn Communicator, dest: usize, values: &[&Value]) -> Result<()> {
+/// Send `values` to rank `dest`, in order, tagged `tag`.
+pub fn send_values(
+    comm: &dyn Communicator,
+    dest: usize,
+    tag: Tag,
+    values: &[&Value],
+) -> Result<()> {
     for v in values {
         let shape = v.shape();
         let (kind, payload): (u32, Vec<f32>) = match v {
@@ -53,6 +118,7 @@ pub fn send_values(comm: &dyn Communicator, dest: usize, values: &[&Value]) -> R
             Value::Bool(a) => (BOOL, a.iter().map(|&b| word(u32::from(b))).collect()),
         };
         let mut header = vec![word(kind), word(shape.len() as u32)];
+        header.extend(tag.words());
         header.extend((0..MAX_RANK).map(|i| word(shape.get(i).copied().unwrap_or(0) as u32)));
         comm.send(&header, dest)
             .map_err(|e| wire_err("sending a header", e))?;
@@ -62,72 +128,145 @@ pub fn send_values(comm: &dyn Communicator, dest: usize, values: &[&Value]) -> R
     Ok(())
 }
 
-/// Receive `count` values sent by rank `src` with [`send_values`]; float values land on
-/// `device`.
+/// Receive `count` values tagged `tag` from rank `src` (sent with [`send_values`]); float
+/// values land on `device`. Anything else arriving first is an error: where messages of
+/// several tags share the channel, use a [`Mailbox`].
 pub fn recv_values(
     comm: &dyn Communicator,
     src: usize,
+    tag: Tag,
     count: usize,
     device: &Device,
 ) -> Result<Vec<Value>> {
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
-        let mut header = [0.0f32; HEADER];
-        comm.recv(&mut header, src)
-            .map_err(|e| wire_err("receiving a header", e))?;
-        let bits: Vec<u32> = header.iter().map(|x| x.to_bits()).collect();
-        let rank = bits[1] as usize;
-        if rank > MAX_RANK {
+        let (got, value) = recv_one(comm, src, device)?;
+        if got != tag {
             return Err(wire_err(
-                "receiving a header",
-                format!("rank {rank}: the peer is not speaking this protocol"),
+                "receiving",
+                format!("expected {tag:?} from rank {src}, got {got:?}"),
             ));
         }
-        let shape: Vec<usize> = bits[2..2 + rank].iter().map(|&d| d as usize).collect();
-        let n: usize = shape.iter().product();
-        let value = match bits[0] {
-            FLOAT => {
-                let mut buf = vec![0.0f32; n];
-                comm.recv(&mut buf, src)
-                    .map_err(|e| wire_err("receiving a value", e))?;
-                let a = ArrayD::from_shape_vec(IxDyn(&shape), buf)
-                    .map_err(|e| wire_err("shaping a value", e))?;
-                Value::Float(
-                    FloatValue::from_array(&a, device)
-                        .map_err(|e| wire_err("uploading a value", e.0))?,
-                )
-            }
-            INT => {
-                let mut buf = vec![0.0f32; 2 * n];
-                comm.recv(&mut buf, src)
-                    .map_err(|e| wire_err("receiving a value", e))?;
-                let v = buf
-                    .chunks(2)
-                    .map(|p| (u64::from(p[0].to_bits()) | (u64::from(p[1].to_bits()) << 32)) as i64)
-                    .collect();
-                Value::Int(
-                    ArrayD::from_shape_vec(IxDyn(&shape), v)
-                        .map_err(|e| wire_err("shaping a value", e))?,
-                )
-            }
-            BOOL => {
-                let mut buf = vec![0.0f32; n];
-                comm.recv(&mut buf, src)
-                    .map_err(|e| wire_err("receiving a value", e))?;
-                let v = buf.iter().map(|x| x.to_bits() != 0).collect();
-                Value::Bool(
-                    ArrayD::from_shape_vec(IxDyn(&shape), v)
-                        .map_err(|e| wire_err("shaping a value", e))?,
-                )
-            }
-            k => {
-                return Err(wire_err(
-                    "receiving a header",
-                    format!("unknown value kind {k}"),
-                ));
-            }
-        };
         out.push(value);
     }
     Ok(out)
+}
+
+/// Values that arrived before their receive asked for them, by sender and tag.
+#[derive(Default)]
+pub struct Mailbox {
+    early: RefCell<HashMap<(usize, Tag), VecDeque<Value>>>,
+}
+
+impl Mailbox {
+    /// Receive `count` values tagged `tag` from rank `src`: those kept from earlier
+    /// receives first, then from the channel, keeping the values of other tags.
+    pub fn recv(
+        &self,
+        comm: &dyn Communicator,
+        src: usize,
+        tag: Tag,
+        count: usize,
+        device: &Device,
+    ) -> Result<Vec<Value>> {
+        let mut out = Vec::with_capacity(count);
+        while out.len() < count {
+            let kept = self
+                .early
+                .borrow_mut()
+                .get_mut(&(src, tag))
+                .and_then(VecDeque::pop_front);
+            if let Some(v) = kept {
+                out.push(v);
+                continue;
+            }
+            let (got, value) = recv_one(comm, src, device)?;
+            if got == tag {
+                out.push(value);
+            } else {
+                self.early
+                    .borrow_mut()
+                    .entry((src, got))
+                    .or_default()
+                    .push_back(value);
+            }
+        }
+        Ok(out)
+    }
+
+    /// An error naming what arrived and was never asked for, if anything did.
+    pub fn check_empty(&self) -> Result<()> {
+        let early = self.early.borrow();
+        match early.iter().find(|(_, q)| !q.is_empty()) {
+            None => Ok(()),
+            Some(((src, tag), q)) => Err(wire_err(
+                "end of a batch",
+                format!(
+                    "{} value(s) {tag:?} from rank {src} were never received",
+                    q.len()
+                ),
+            )),
+        }
+    }
+}
+
+/// One value from rank `src`, and its tag.
+fn recv_one(comm: &dyn Communicator, src: usize, device: &Device) -> Result<(Tag, Value)> {
+    let mut header = [0.0f32; HEADER];
+    comm.recv(&mut header, src)
+        .map_err(|e| wire_err("receiving a header", e))?;
+    let bits: Vec<u32> = header.iter().map(|x| x.to_bits()).collect();
+    let rank = bits[1] as usize;
+    if rank > MAX_RANK {
+        return Err(wire_err(
+            "receiving a header",
+            format!("rank {rank}: the peer is not speaking this protocol"),
+        ));
+    }
+    let tag = Tag::read(&bits[2..5])?;
+    let shape: Vec<usize> = bits[5..5 + rank].iter().map(|&d| d as usize).collect();
+    let n: usize = shape.iter().product();
+    let value = match bits[0] {
+        FLOAT => {
+            let mut buf = vec![0.0f32; n];
+            comm.recv(&mut buf, src)
+                .map_err(|e| wire_err("receiving a value", e))?;
+            let a = ArrayD::from_shape_vec(IxDyn(&shape), buf)
+                .map_err(|e| wire_err("shaping a value", e))?;
+            Value::Float(
+                FloatValue::from_array(&a, device)
+                    .map_err(|e| wire_err("uploading a value", e.0))?,
+            )
+        }
+        INT => {
+            let mut buf = vec![0.0f32; 2 * n];
+            comm.recv(&mut buf, src)
+                .map_err(|e| wire_err("receiving a value", e))?;
+            let v = buf
+                .chunks(2)
+                .map(|p| (u64::from(p[0].to_bits()) | (u64::from(p[1].to_bits()) << 32)) as i64)
+                .collect();
+            Value::Int(
+                ArrayD::from_shape_vec(IxDyn(&shape), v)
+                    .map_err(|e| wire_err("shaping a value", e))?,
+            )
+        }
+        BOOL => {
+            let mut buf = vec![0.0f32; n];
+            comm.recv(&mut buf, src)
+                .map_err(|e| wire_err("receiving a value", e))?;
+            let v = buf.iter().map(|x| x.to_bits() != 0).collect();
+            Value::Bool(
+                ArrayD::from_shape_vec(IxDyn(&shape), v)
+                    .map_err(|e| wire_err("shaping a value", e))?,
+            )
+        }
+        k => {
+            return Err(wire_err(
+                "receiving a header",
+                format!("unknown value kind {k}"),
+            ));
+        }
+    };
+    Ok((tag, value))
 }

@@ -60,6 +60,10 @@ pub struct TrainFlags {
     /// stages, one rank each; the world holds dp x pp ranks.
     #[arg(long, value_name = "N")]
     pub pp: Option<usize>,
+    /// With --pp: model chunks per pipeline rank (`pipeline_virtual_stages`, Megatron's
+    /// interleaved 1F1B): the graph is cut into pp x V stages, rank r runs r, r + pp, ...
+    #[arg(long, value_name = "V")]
+    pub virtual_stages: Option<usize>,
     /// Tensor-parallel ranks (`horizontal_parallel_size`): Megatron's split of the MLP and
     /// attention blocks found in the graph; the world holds dp x tp x pp ranks.
     #[arg(long, value_name = "N")]
@@ -175,6 +179,7 @@ impl TrainFlags {
         set(&mut c.parallel.data_parallel_size, self.dp);
         set(&mut c.parallel.zero_stage, self.zero);
         set(&mut c.parallel.pipeline_parallel_size, self.pp);
+        set(&mut c.parallel.pipeline_virtual_stages, self.virtual_stages);
         set(&mut c.parallel.horizontal_parallel_size, self.tp);
         set(
             &mut c.parallel.num_pipeline_micro_batches,

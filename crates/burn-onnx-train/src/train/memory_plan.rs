@@ -9,9 +9,11 @@
 //! sample per micro-step and once with the configured micro-batch (two samples when that
 //! is one); its peak resident set (`perf.json`) above this process's own footprint, less
 //! the parameters, gradients and optimizer state it reports, is the working set: a line
-//! through the two points gives any micro-batch. A pipeline's working set is shared among its stages by
-//! the bytes of the values each stage's nodes make (a shape probe) times the micro-batches
-//! it holds in flight (1F1B: `pp - k` on stage `k`; GPipe: all). A rank's peak is its
+//! through the two points gives any micro-batch. A pipeline's working set is shared among
+//! its ranks by the bytes of the values each stage's nodes make (a shape probe) times the
+//! micro-batches its rank holds in flight through it, at the worst point of the rank's
+//! schedule (1F1B: `pp - k` on rank `k`; GPipe: all; with virtual stages the interleaved
+//! schedule's warm-up holds more). A rank's peak is its
 //! parameters, gradients, optimizer state and working set; a process adds its own
 //! footprint from before the model was loaded.
 //!
@@ -32,7 +34,8 @@ use super::perf::proc_status_bytes;
 use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
-use crate::pipeline::{Partition, PipelineSchedule};
+use crate::pipeline::schedule::Shape;
+use crate::pipeline::{Partition, Pass};
 use crate::tensor_parallel::TensorParallel;
 use crate::value::Value;
 
@@ -189,6 +192,21 @@ fn stage_shares(
     Ok(per_stage.into_iter().map(|b| b / total).collect())
 }
 
+/// The most activation a pipeline rank holds at once under `passes`: the sum of the
+/// shares (`shares[chunk]`, a fraction of the whole graph's per micro-batch) of the
+/// (chunk, micro-batch) forwards whose backward has not run yet.
+fn peak_live_share(passes: &[Pass], shares: &[f64]) -> f64 {
+    let (mut live, mut peak) = (0.0f64, 0.0f64);
+    for pass in passes {
+        match *pass {
+            Pass::Forward { chunk, .. } => live += shares[chunk],
+            Pass::Backward { chunk, .. } => live -= shares[chunk],
+        }
+        peak = peak.max(live);
+    }
+    peak
+}
+
 /// Plan `c`'s layout on `train`'s samples (see the module doc): the probe runs first,
 /// then the model is loaded on the CPU to count each rank's part.
 pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> Result<MemoryPlan> {
@@ -236,14 +254,15 @@ pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> 
         } else {
             model.clone()
         };
-        let stages: Vec<(Option<HashSet<String>>, f64)> = if pp == 1 {
+        let per_rank: Vec<(Option<HashSet<String>>, f64)> = if pp == 1 {
             vec![(None, working)]
         } else {
             let partition = if p.pipeline_cut_after.is_empty() {
-                Partition::auto(&part, pp)?
+                Partition::auto(&part, p.pipeline_stages())?
             } else {
                 Partition::after(&part, &p.pipeline_cut_after)?
-            };
+            }
+            .on_ranks(pp)?;
             // The part's Megatron operators run in a group of one here (identities), so the
             // probe sees this rank's shapes.
             let probed = part.clone().with_collectives(Collectives {
@@ -256,40 +275,41 @@ pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> 
                 &partition,
                 (c.model.input_name.clone(), sample(1)?),
             )?;
-            let m = c.micro_batches();
-            let weights: Vec<f64> = partition
-                .stages
-                .iter()
-                .zip(&shares)
-                .map(|(s, share)| {
-                    let in_flight = match p.pipeline_schedule {
-                        PipelineSchedule::OneFOneB => m.min(pp - s.index),
-                        PipelineSchedule::Gpipe => m,
-                    };
-                    share * in_flight as f64
+            let shape = Shape {
+                ranks: pp,
+                chunks: partition.chunks(),
+                micro: c.micro_batches(),
+            };
+            let weights: Vec<f64> = (0..pp)
+                .map(|rank| {
+                    let passes = p.pipeline_schedule.passes(shape, rank);
+                    let mine: Vec<f64> = partition
+                        .stages_of(rank)
+                        .iter()
+                        .map(|s| shares[s.index])
+                        .collect();
+                    peak_live_share(&passes, &mine)
                 })
                 .collect();
             let total: f64 = weights.iter().sum::<f64>().max(f64::MIN_POSITIVE);
-            partition
-                .stages
-                .iter()
+            (0..pp)
                 .zip(weights)
-                .map(|(s, w)| {
+                .map(|(rank, w)| {
                     (
-                        Some(s.params.iter().cloned().collect()),
+                        Some(partition.params_of(rank).into_iter().collect()),
                         working * w / total,
                     )
                 })
                 .collect()
         };
-        for (stage, (names, working)) in stages.into_iter().enumerate() {
+        for (pp_rank, (names, working)) in per_rank.into_iter().enumerate() {
             ranks.push(rank_memory(
                 c,
                 &part,
                 names.as_ref(),
                 dp,
                 tp_rank,
-                stage,
+                pp_rank,
                 working as u64,
             ));
         }

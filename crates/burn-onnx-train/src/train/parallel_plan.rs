@@ -35,7 +35,7 @@ use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::pipeline::Partition;
-use crate::pipeline::wire::{recv_values, send_values};
+use crate::pipeline::wire::{Flow, Tag, recv_values, send_values};
 use crate::tensor_parallel::TensorParallel;
 use crate::value::{FloatValue, Value};
 
@@ -165,23 +165,28 @@ impl ParallelPlan {
         if self.topology.pp == 1 {
             return Ok(model);
         }
-        let partition = if c.parallel.pipeline_cut_after.is_empty() {
-            Partition::auto(&model, self.topology.pp)?
+        let stages = c.parallel.pipeline_stages();
+        let cuts = &c.parallel.pipeline_cut_after;
+        let partition = if cuts.is_empty() {
+            Partition::auto(&model, stages)?
         } else {
-            if c.parallel.pipeline_cut_after.len() + 1 != self.topology.pp {
+            if cuts.len() + 1 != stages {
                 return Err(OnnxError::field(
                     "config.parallel.pipeline_cut_after",
                     format!(
-                        "{} cut(s) make {} stages, but pipeline_parallel_size is {}",
-                        c.parallel.pipeline_cut_after.len(),
-                        c.parallel.pipeline_cut_after.len() + 1,
-                        self.topology.pp
+                        "{} cut(s) make {} stages, but pipeline_parallel_size ({}) x pipeline_virtual_stages ({}) is {stages}",
+                        cuts.len(),
+                        cuts.len() + 1,
+                        self.topology.pp,
+                        c.parallel.pipeline_virtual_stages
                     ),
                 ));
             }
-            Partition::after(&model, &c.parallel.pipeline_cut_after)?
-        };
-        let part = model.into_stage(partition.stages[self.groups.pp_rank].part())?;
+            Partition::after(&model, cuts)?
+        }
+        .on_ranks(self.topology.pp)?;
+        let mine = partition.stages_of(self.groups.pp_rank);
+        let part = model.into_stages(&mine.iter().map(|s| s.part()).collect::<Vec<_>>())?;
         self.partition = Some(Arc::new(partition));
         Ok(part)
     }
@@ -297,7 +302,7 @@ impl ParallelPlan {
             elsewhere.extend(
                 p.shared
                     .iter()
-                    .filter(|s| s.stages.first() != Some(&me))
+                    .filter(|s| p.rank_of(s.stages[0]) != me)
                     .filter_map(|s| id(&s.name)),
             );
         }
@@ -323,7 +328,7 @@ impl ParallelPlan {
         Some(ModelParallel::new(group, elsewhere))
     }
 
-    /// Does this stage write parameter `name` (the first stage holding it does)?
+    /// Does this rank write parameter `name` (the rank of the first stage holding it does)?
     fn owns(&self, name: &str) -> bool {
         match &self.partition {
             None => true,
@@ -331,7 +336,7 @@ impl ParallelPlan {
                 .shared
                 .iter()
                 .find(|s| s.name == name)
-                .is_none_or(|s| s.stages.first() == Some(&self.groups.pp_rank)),
+                .is_none_or(|s| p.rank_of(s.stages[0]) == self.groups.pp_rank),
         }
     }
 
@@ -428,8 +433,8 @@ impl ParallelPlan {
         Ok(whole)
     }
 
-    /// The first replica's part of [`Self::whole_model`]: `values` are this stage's
-    /// whole parameters.
+    /// The first replica's part of [`Self::whole_model`]: `values` are this rank's
+    /// whole parameters; each rank sends those it writes to rank 0.
     fn gather_stages(
         &self,
         c: &TrainingConfig,
@@ -439,36 +444,40 @@ impl ParallelPlan {
     ) -> Result<Option<OnnxModel>> {
         let me = self.groups.pp_rank;
         let comm = self.groups.pp.as_ref();
-        let owned = |k: usize| -> Vec<&String> {
-            p.stages[k]
-                .params
-                .iter()
-                .filter(|n| (0..k).all(|e| !p.stages[e].params.contains(n)))
+        let owned = |k: usize| -> Vec<String> {
+            p.params_of(k)
+                .into_iter()
+                .filter(|n| p.owner(n) == Some(k))
                 .collect()
+        };
+        let tag = |k: usize| Tag {
+            flow: Flow::Parameter,
+            stage: k,
+            micro: 0,
         };
         if me != 0 {
             let values: Vec<Value> = owned(me)
                 .into_iter()
                 .map(|n| {
-                    values.get(n).cloned().map(Value::Float).ok_or_else(|| {
-                        OnnxError::field("pipeline", format!("stage {me} lacks '{n}'"))
+                    values.get(&n).cloned().map(Value::Float).ok_or_else(|| {
+                        OnnxError::field("pipeline", format!("pipeline rank {me} lacks '{n}'"))
                     })
                 })
                 .collect::<Result<_>>()?;
-            send_values(comm, 0, &values.iter().collect::<Vec<_>>())?;
+            send_values(comm, 0, tag(me), &values.iter().collect::<Vec<_>>())?;
             return Ok(None);
         }
         let device = device.clone();
-        let mut values: HashMap<String, FloatValue> = p.stages[0]
-            .params
-            .iter()
-            .filter_map(|n| values.get(n).map(|v| (n.clone(), v.clone())))
+        let mut values: HashMap<String, FloatValue> = p
+            .params_of(0)
+            .into_iter()
+            .filter_map(|n| values.get(&n).map(|v| (n, v.clone())))
             .collect();
-        for k in 1..p.stages.len() {
+        for k in 1..p.ranks {
             let names = owned(k);
             for (n, v) in names
                 .iter()
-                .zip(recv_values(comm, k, names.len(), &device)?)
+                .zip(recv_values(comm, k, tag(k), names.len(), &device)?)
             {
                 let Value::Float(f) = v else {
                     return Err(OnnxError::field(
@@ -476,7 +485,7 @@ impl ParallelPlan {
                         format!("parameter '{n}' arrived as a non-float value"),
                     ));
                 };
-                values.insert((*n).clone(), f);
+                values.insert(n.clone(), f);
             }
         }
         let whole = c.model.load(&device)?;

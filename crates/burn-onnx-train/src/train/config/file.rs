@@ -4,7 +4,8 @@
 //! Training's way (`batch_size = 8`): every field keeps its ORT name inside its section, so
 //! a flat key moves into the section that holds it before serde reads the table. ORT's
 //! aliases are honoured too: `use_mixed_precision` / `use_bfloat16` (the precision),
-//! `deepspeed_zero_stage`, `overlap_segments = 0 | 1 | N`, and a flat `precision = "bf16"`.
+//! `deepspeed_zero_stage`, `overlap_segments = 0 | 1 | N`, and a flat `precision = "bf16"`;
+//! and Megatron's `sequence_parallel` and `virtual_pipeline_model_parallel_size`.
 //! A field set both flat and in its section is an error naming it; a key no section has is
 //! serde's error naming it.
 
@@ -75,6 +76,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "tensor_parallel_vocab",
             "tensor_parallel_sequence",
             "pipeline_parallel_size",
+            "pipeline_virtual_stages",
             "num_pipeline_micro_batches",
             "pipeline_schedule",
             "pipeline_cut_after",
@@ -120,6 +122,12 @@ const ALIASES: &[(&str, &str, &str)] = &[
     ("precision", "precision", "dtype"),
     ("deepspeed_zero_stage", "parallel", "zero_stage"),
     ("overlap_segments", "parallel", "overlap"),
+    ("sequence_parallel", "parallel", "tensor_parallel_sequence"),
+    (
+        "virtual_pipeline_model_parallel_size",
+        "parallel",
+        "pipeline_virtual_stages",
+    ),
 ];
 
 /// The (section, field) a flat key sets, if any.

@@ -73,14 +73,20 @@ fn invalid(field: &str, message: impl Into<String>) -> OnnxError {
 
 impl TrainingConfig {
     /// Pipeline micro-batches per batch (`num_pipeline_micro_batches`; by default the
-    /// largest divisor of `batch_size` up to twice the stage count; 1 without a pipeline).
+    /// largest divisor of `batch_size` up to twice the pipeline ranks, with virtual stages
+    /// the largest such multiple of the ranks; 1 without a pipeline).
     pub fn micro_batches(&self) -> usize {
         let p = &self.parallel;
+        let step = if p.pipeline_virtual_stages > 1 {
+            p.pipeline_parallel_size
+        } else {
+            1
+        };
         match (p.pipeline_parallel_size, p.num_pipeline_micro_batches) {
             (1, _) => 1,
-            (stages, 0) => (1..=2 * stages)
+            (ranks, 0) => (1..=2 * ranks)
                 .rev()
-                .find(|m| self.data.batch_size % m == 0)
+                .find(|m| self.data.batch_size % m == 0 && m % step == 0)
                 .unwrap_or(1),
             (_, m) => m,
         }
@@ -253,6 +259,18 @@ impl TrainingConfig {
                 format!(
                     "{} micro-batches do not divide batch_size {}",
                     self.micro_batches(),
+                    self.data.batch_size
+                ),
+            ));
+        }
+        if p.pipeline_virtual_stages > 1 && self.micro_batches() % p.pipeline_parallel_size != 0 {
+            return Err(invalid(
+                "parallel.num_pipeline_micro_batches",
+                format!(
+                    "{} micro-batches with pipeline_virtual_stages {}: the interleaved schedule takes micro-batches in groups of pipeline_parallel_size ({}), so the count must be a multiple of it (and divide batch_size {})",
+                    self.micro_batches(),
+                    p.pipeline_virtual_stages,
+                    p.pipeline_parallel_size,
                     self.data.batch_size
                 ),
             ));

@@ -134,6 +134,14 @@ pub struct ParallelConfig {
     /// Pipeline-parallel size: the graph is cut into this many stages, one per rank of a
     /// replica.
     pub pipeline_parallel_size: usize,
+    /// Model chunks per pipeline rank (Megatron's `virtual_pipeline_model_parallel_size`):
+    /// the graph is cut into `pipeline_parallel_size x` this many stages, rank `r` runs
+    /// stages `r`, `r + pp`, `r + 2 pp`, ..., and the interleaved 1F1B schedule shrinks the
+    /// bubble to `(pp - 1) / (chunks x micro-batches + pp - 1)` for as many times the
+    /// messages. 1 (the default): one stage per rank. The micro-batch count must be a
+    /// multiple of `pipeline_parallel_size`.
+    #[serde(alias = "virtual_pipeline_model_parallel_size")]
+    pub pipeline_virtual_stages: usize,
     /// Micro-batches each batch is cut into for the pipeline; must divide `batch_size`.
     /// 0: the largest divisor of `batch_size` up to twice the stage count (the bubble is
     /// `(stages - 1) / (micro-batches + stages - 1)` of the time).
@@ -190,6 +198,7 @@ impl Default for ParallelConfig {
             tensor_parallel_vocab: true,
             tensor_parallel_sequence: false,
             pipeline_parallel_size: 1,
+            pipeline_virtual_stages: 1,
             num_pipeline_micro_batches: 0,
             pipeline_schedule: PipelineSchedule::OneFOneB,
             pipeline_cut_after: Vec::new(),
@@ -224,6 +233,7 @@ impl ParallelConfig {
             ("data_parallel_size", self.data_parallel_size),
             ("horizontal_parallel_size", self.horizontal_parallel_size),
             ("pipeline_parallel_size", self.pipeline_parallel_size),
+            ("pipeline_virtual_stages", self.pipeline_virtual_stages),
         ] {
             if v == 0 {
                 return refuse(field, "must be at least 1");
@@ -247,9 +257,20 @@ impl ParallelConfig {
                 "sequence parallelism splits the sequence among the tensor-parallel ranks: set horizontal_parallel_size > 1 (--tp N) or drop it",
             );
         }
+        if self.pipeline_virtual_stages > 1 && self.pipeline_parallel_size < 2 {
+            return refuse(
+                "pipeline_virtual_stages",
+                "virtual stages interleave the chunks of several pipeline ranks: set pipeline_parallel_size > 1 (--pp N) or drop it",
+            );
+        }
         self.check_reduction()?;
         self.check_recompute()?;
         self.check_overlap()
+    }
+
+    /// Pipeline stages the graph is cut into: ranks x virtual stages.
+    pub fn pipeline_stages(&self) -> usize {
+        self.pipeline_parallel_size * self.pipeline_virtual_stages
     }
 
     /// Processes the layout needs: data x tensor x pipeline parallel sizes.

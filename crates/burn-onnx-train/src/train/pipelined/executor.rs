@@ -1,12 +1,14 @@
-//! One stage running its schedule over the micro-batches of a batch.
+//! One pipeline rank running its schedule over the micro-batches of a batch, through its
+//! stage (or, with virtual stages, its model chunks: one stage each).
 //!
-//! Forward of micro-batch `j`: receive the activations from the previous stage (as leaves
-//! that collect gradients), run the stage's nodes, send what crosses the next cut (the
-//! last stage instead computes the loss). Backward of `j`: receive the gradients of what
-//! it sent, back-propagate their vector-Jacobian product `sum(output * gradient)` through
-//! Burn's autodiff (the last stage: the loss, scaled by `1 / (micro-batches x accumulation
-//! steps)`), accumulate the parameters' gradients, send the received activations'
-//! gradients back.
+//! Forward of micro-batch `j` through stage `s`: receive the activations from stage `s - 1`
+//! (as leaves that collect gradients), run the stage's nodes, send what crosses the next
+//! cut to stage `s + 1` (the last stage instead computes the loss). Backward: receive the
+//! gradients of what it sent, back-propagate their vector-Jacobian product
+//! `sum(output * gradient)` through Burn's autodiff (the last stage: the loss, scaled by
+//! `1 / (micro-batches x accumulation steps)`), accumulate the parameters' gradients, send
+//! the received activations' gradients back. Every message is tagged with its flow, stage
+//! and micro-batch, and received through a [`Mailbox`].
 //!
 //! With `recompute` (Megatron's full activation recomputation, one segment per stage) the
 //! forward keeps only the stage's inputs: its outputs and their autodiff graph are dropped
@@ -24,20 +26,20 @@ use burn_ort_dist::Communicator;
 use crate::error::{OnnxError, Result};
 use crate::model::{ForwardOutput, Mode, OnnxModel, vjp};
 use crate::pipeline::Stage;
-use crate::pipeline::schedule::{Pass, PipelineSchedule};
-use crate::pipeline::wire::{recv_values, send_values};
+use crate::pipeline::schedule::{Pass, PipelineSchedule, Shape};
+use crate::pipeline::wire::{Flow, Mailbox, Tag, send_values};
 use crate::train::data::Batch;
 use crate::train::segmented::track_received;
 use crate::train::step::{PassSettings, loss_of_outputs, scalar};
-use crate::value::{FloatValue, Value};
+use crate::value::{FloatValue, PhysTensor, Value};
 
-/// A stage of a pipeline and the group of its stages.
+/// A rank of a pipeline: its stages and the group of its ranks.
 pub struct StageExec<'a> {
-    /// This stage's plan.
-    pub stage: &'a Stage,
+    /// This rank's stages (model chunks), in pipeline order: stages `rank`, `rank + ranks`, ...
+    pub chunks: Vec<&'a Stage>,
     /// Number of stages.
     pub stages: usize,
-    /// The pipeline group: rank `k` runs stage `k`.
+    /// The pipeline group: stage `s` runs on rank `s % ranks`.
     pub comm: &'a dyn Communicator,
     /// Where float values live.
     pub device: &'a Device,
@@ -45,6 +47,8 @@ pub struct StageExec<'a> {
     pub waited: Cell<Duration>,
     /// Recompute the stage's forward in backward instead of keeping its activations.
     pub recompute: bool,
+    /// Values that arrived before they were asked for.
+    pub mailbox: Mailbox,
 }
 
 /// What a forward pass leaves for its backward.
@@ -67,35 +71,84 @@ struct Tracked {
     loss: Option<Tensor<1>>,
 }
 
-/// The gradients a stage accumulated over one batch, and the batch loss on the last stage.
+/// The gradients a rank accumulated over one batch, and the batch loss on the last stage's.
 pub struct StageResult {
     /// Accumulated parameter gradients (already scaled).
     pub grads: GradientsParams,
-    /// Sum of the micro-batch losses (last stage; 0 elsewhere).
+    /// Sum of the micro-batch losses (last stage's rank; 0 elsewhere).
     pub loss_sum: f64,
     /// Time spent blocked receiving from the neighbouring stages.
     pub waited: Duration,
 }
 
+/// One micro-batch of a batch: its index, samples and dropout seed.
+#[derive(Clone, Copy)]
+struct Micro<'b> {
+    index: usize,
+    batch: &'b Batch,
+    seed: u64,
+}
+
+/// A stage and this rank's model of it for one batch.
+struct Chunk<'s> {
+    stage: &'s Stage,
+    model: OnnxModel,
+}
+
 impl StageExec<'_> {
-    fn first(&self) -> bool {
-        self.stage.index == 0
+    fn last(&self, stage: &Stage) -> bool {
+        stage.index + 1 == self.stages
     }
 
-    fn last(&self) -> bool {
-        self.stage.index + 1 == self.stages
+    /// The rank running stage `stage`.
+    fn rank_of(&self, stage: usize) -> usize {
+        stage % self.comm.world_size()
     }
 
-    /// Receive `count` values from stage `src`, counting the time blocked.
-    fn recv(&self, src: usize, count: usize) -> Result<Vec<Value>> {
+    /// Receive `count` values tagged `tag` from stage `stage`'s rank, counting the time
+    /// blocked.
+    fn recv(&self, stage: usize, tag: Tag, count: usize) -> Result<Vec<Value>> {
         let started = Instant::now();
-        let values = recv_values(self.comm, src, count, self.device);
+        let values = self
+            .mailbox
+            .recv(self.comm, self.rank_of(stage), tag, count, self.device);
         self.waited.set(self.waited.get() + started.elapsed());
         values
     }
 
-    /// Run `schedule` over `micro` (the micro-batches) on `model` (this stage). `seeds[j]`
-    /// drives micro-batch `j`'s dropout; `scale` multiplies the loss before backward.
+    /// Send `values` tagged `tag` to stage `tag.stage`'s rank.
+    fn send(&self, tag: Tag, values: &[Value]) -> Result<()> {
+        send_values(
+            self.comm,
+            self.rank_of(tag.stage),
+            tag,
+            &values.iter().collect::<Vec<_>>(),
+        )
+    }
+
+    /// This rank's model of each of its stages for a batch: the rank's model itself with
+    /// one stage, each stage's part of it with several.
+    fn chunks(&self, model: &OnnxModel) -> Result<Vec<Chunk<'_>>> {
+        if let [stage] = self.chunks[..] {
+            return Ok(vec![Chunk {
+                stage,
+                model: model.clone(),
+            }]);
+        }
+        self.chunks
+            .iter()
+            .map(|&stage| {
+                Ok(Chunk {
+                    stage,
+                    model: model.clone().into_stage(stage.part())?,
+                })
+            })
+            .collect()
+    }
+
+    /// Run `schedule` over `micro` (the micro-batches) on `model` (this rank's part).
+    /// `seeds[j]` drives micro-batch `j`'s dropout; `scale` multiplies the loss before
+    /// backward.
     pub fn run(
         &self,
         model: &mut OnnxModel,
@@ -105,34 +158,58 @@ impl StageExec<'_> {
         seeds: &[u64],
         scale: f64,
     ) -> Result<StageResult> {
-        let mut flights: Vec<Option<InFlight>> = (0..micro.len()).map(|_| None).collect();
+        let mut chunks = self.chunks(model)?;
+        let mut flights: Vec<Vec<Option<InFlight>>> = chunks
+            .iter()
+            .map(|_| (0..micro.len()).map(|_| None).collect())
+            .collect();
         let mut acc = GradientsAccumulator::<OnnxModel>::new();
+        let mut state = Vec::new();
         let mut loss_sum = 0.0;
-        for pass in schedule.passes(self.stages, self.stage.index, micro.len()) {
+        let shape = Shape {
+            ranks: self.comm.world_size(),
+            chunks: chunks.len(),
+            micro: micro.len(),
+        };
+        for pass in schedule.passes(shape, self.comm.rank()) {
             match pass {
-                Pass::Forward(j) => {
-                    let (flight, loss) = self.forward(model, &micro[j], c, seeds[j], scale)?;
+                Pass::Forward { chunk, micro: j } => {
+                    let m = Micro {
+                        index: j,
+                        batch: &micro[j],
+                        seed: seeds[j],
+                    };
+                    let (flight, loss, updates) = self.forward(&mut chunks[chunk], m, c, scale)?;
                     loss_sum += loss;
-                    flights[j] = Some(flight);
+                    state.extend(updates);
+                    flights[chunk][j] = Some(flight);
                 }
-                Pass::Backward(j) => {
-                    let flight = flights[j].take().ok_or_else(|| {
+                Pass::Backward { chunk, micro: j } => {
+                    let flight = flights[chunk][j].take().ok_or_else(|| {
                         OnnxError::field(
                             "pipeline",
                             format!("backward of micro-batch {j} before its forward"),
                         )
                     })?;
+                    let part = &chunks[chunk];
                     let tracked = match flight {
                         InFlight::Kept(t) => t,
                         InFlight::Replay { inputs, seed } => {
-                            self.replay(model, inputs, &micro[j], c, seed, scale)?
+                            let m = Micro {
+                                index: j,
+                                batch: &micro[j],
+                                seed,
+                            };
+                            self.replay(part, m, inputs, c, scale)?
                         }
                     };
-                    let grads = self.backward(model, tracked)?;
+                    let grads = self.backward(part, j, tracked)?;
                     acc.accumulate(model, grads);
                 }
             }
         }
+        self.mailbox.check_empty()?;
+        *model = model.clone().apply_named_state(state)?;
         Ok(StageResult {
             grads: acc.grads(),
             loss_sum,
@@ -140,41 +217,55 @@ impl StageExec<'_> {
         })
     }
 
-    /// Evaluation forward of `batch` through this stage: the last stage returns the loss
-    /// and correct predictions.
+    /// Evaluation forward of `batch` through this rank's stages: the last stage's rank
+    /// returns the loss and correct predictions.
     pub fn eval(
         &self,
         model: &OnnxModel,
         batch: &Batch,
         c: &PassSettings,
     ) -> Result<Option<(f32, usize)>> {
-        let (inputs, _) = self.inputs(batch, c, false)?;
-        let out = model.forward_with(inputs, Mode::Eval, 0, c.precision.autocast())?;
-        if self.last() {
-            let step = loss_of_outputs(out, batch, c, self.device, Mode::Eval)?;
-            return Ok(Some((scalar(step.loss), step.correct.unwrap_or(0))));
+        for chunk in self.chunks(model)? {
+            let stage = chunk.stage;
+            let (inputs, _) = self.inputs(stage, Flow::Eval, 0, batch, c, false)?;
+            let out = chunk
+                .model
+                .forward_with(inputs, Mode::Eval, 0, c.precision.autocast())?;
+            if self.last(stage) {
+                let step = loss_of_outputs(out, batch, c, self.device, Mode::Eval)?;
+                return Ok(Some((scalar(step.loss), step.correct.unwrap_or(0))));
+            }
+            let sent: Vec<Value> = out.outputs.into_iter().map(|(_, v)| v).collect();
+            self.send(Self::tag(Flow::Eval, stage.index + 1, 0), &sent)?;
         }
-        let sent: Vec<&Value> = out.outputs.iter().map(|(_, v)| v).collect();
-        send_values(self.comm, self.stage.index + 1, &sent)?;
+        self.mailbox.check_empty()?;
         Ok(None)
     }
 
-    /// The stage's inputs for `batch`: graph inputs from the batch, activations from the
-    /// previous stage (as gradient leaves when `track`, returned apart too).
+    fn tag(flow: Flow, stage: usize, micro: usize) -> Tag {
+        Tag { flow, stage, micro }
+    }
+
+    /// Stage `stage`'s inputs for `batch` (micro-batch `micro`): graph inputs from the
+    /// batch, activations from the previous stage (as gradient leaves when `track`,
+    /// returned apart too).
     fn inputs(
         &self,
+        stage: &Stage,
+        flow: Flow,
+        micro: usize,
         batch: &Batch,
         c: &PassSettings,
         track: bool,
     ) -> Result<(Vec<(String, Value)>, Vec<FloatValue>)> {
         let mut inputs = Vec::new();
-        for name in &self.stage.graph_inputs {
+        for name in &stage.graph_inputs {
             if name != &c.input_name {
                 return Err(OnnxError::field(
                     "config.model.input_name",
                     format!(
                         "stage {} reads graph input '{name}', but batches feed only '{}'",
-                        self.stage.index, c.input_name
+                        stage.index, c.input_name
                     ),
                 ));
             }
@@ -185,26 +276,37 @@ impl StageExec<'_> {
             ));
         }
         let mut received = Vec::new();
-        if !self.first() {
-            let mut values = self.recv(self.stage.index - 1, self.stage.receives.len())?;
+        if stage.index > 0 {
+            let tag = Self::tag(flow, stage.index, micro);
+            let mut values = self.recv(stage.index - 1, tag, stage.receives.len())?;
             if track {
                 (values, received) = vjp::track(values);
             }
-            inputs.extend(self.stage.receives.iter().cloned().zip(values));
+            inputs.extend(stage.receives.iter().cloned().zip(values));
         }
         Ok((inputs, received))
     }
 
+    /// Forward of micro-batch `micro` through `chunk`: what its backward needs, the loss
+    /// (last stage), and the state updates by name (the chunk's model takes them at once).
     fn forward(
         &self,
-        model: &mut OnnxModel,
-        batch: &Batch,
+        chunk: &mut Chunk,
+        m: Micro,
         c: &PassSettings,
-        seed: u64,
         scale: f64,
-    ) -> Result<(InFlight, f64)> {
-        let (inputs, received) = self.inputs(batch, c, !self.recompute)?;
+    ) -> Result<(InFlight, f64, Vec<(String, PhysTensor)>)> {
+        let (stage, seed) = (chunk.stage, m.seed);
+        let (inputs, received) = self.inputs(
+            stage,
+            Flow::Activation,
+            m.index,
+            m.batch,
+            c,
+            !self.recompute,
+        )?;
         let replay = self.recompute.then(|| inputs.clone());
+        let model = &chunk.model;
         let out = if self.recompute {
             // No tape: the backward makes its own from the kept inputs.
             model
@@ -213,46 +315,55 @@ impl StageExec<'_> {
         } else {
             model.forward_with(inputs, Mode::Train, seed, c.precision.autocast())?
         };
-        let state = out.state_updates.clone();
-        let (tracked, loss) = self.finish_forward(out, received, batch, c, scale, true)?;
-        *model = model.clone().apply_state(state);
+        let updates = out.state_updates.clone();
+        let named = updates
+            .iter()
+            .map(|(i, t)| (model.param_infos()[*i].name.clone(), t.clone()))
+            .collect();
+        let (tracked, loss) = self.finish_forward(stage, m, out, received, c, scale)?;
+        if !self.last(stage) {
+            let tag = Self::tag(Flow::Activation, stage.index + 1, m.index);
+            self.send(tag, &tracked.sent)?;
+        }
+        chunk.model = chunk.model.clone().apply_state(updates);
         let flight = match replay {
             Some(inputs) => InFlight::Replay { inputs, seed },
             None => InFlight::Kept(tracked),
         };
-        Ok((flight, loss))
+        Ok((flight, loss, named))
     }
 
     /// The forward of a recomputing stage run again for its backward: the kept inputs with
     /// the received activations as fresh gradient leaves; nothing is sent.
     fn replay(
         &self,
-        model: &OnnxModel,
+        chunk: &Chunk,
+        m: Micro,
         inputs: Vec<(String, Value)>,
-        batch: &Batch,
         c: &PassSettings,
-        seed: u64,
         scale: f64,
     ) -> Result<Tracked> {
-        let (inputs, received) = track_received(inputs, self.stage.graph_inputs.len());
-        let out = model.forward_with(inputs, Mode::Train, seed, c.precision.autocast())?;
+        let (inputs, received) = track_received(inputs, chunk.stage.graph_inputs.len());
+        let out = chunk
+            .model
+            .forward_with(inputs, Mode::Train, m.seed, c.precision.autocast())?;
         Ok(self
-            .finish_forward(out, received, batch, c, scale, false)?
+            .finish_forward(chunk.stage, m, out, received, c, scale)?
             .0)
     }
 
-    /// The loss (last stage) or the outputs, sent on to the next stage when `send`.
+    /// The scaled loss (last stage) or the outputs to send on.
     fn finish_forward(
         &self,
+        stage: &Stage,
+        m: Micro,
         out: ForwardOutput,
         received: Vec<FloatValue>,
-        batch: &Batch,
         c: &PassSettings,
         scale: f64,
-        send: bool,
     ) -> Result<(Tracked, f64)> {
-        if self.last() {
-            let step = loss_of_outputs(out, batch, c, self.device, Mode::Train)?;
+        if self.last(stage) {
+            let step = loss_of_outputs(out, m.batch, c, self.device, Mode::Train)?;
             let loss = f64::from(scalar(step.loss.clone()));
             let tracked = Tracked {
                 received,
@@ -262,13 +373,6 @@ impl StageExec<'_> {
             return Ok((tracked, loss));
         }
         let sent: Vec<Value> = out.outputs.into_iter().map(|(_, v)| v).collect();
-        if send {
-            send_values(
-                self.comm,
-                self.stage.index + 1,
-                &sent.iter().collect::<Vec<_>>(),
-            )?;
-        }
         let tracked = Tracked {
             received,
             sent,
@@ -277,12 +381,14 @@ impl StageExec<'_> {
         Ok((tracked, 0.0))
     }
 
-    fn backward(&self, model: &OnnxModel, flight: Tracked) -> Result<GradientsParams> {
+    fn backward(&self, chunk: &Chunk, micro: usize, flight: Tracked) -> Result<GradientsParams> {
+        let stage = chunk.stage;
         let surrogate = match flight.loss {
             Some(loss) => Some(loss),
             None => {
                 let outputs = vjp::floats(&flight.sent);
-                let grads = self.recv(self.stage.index + 1, outputs.len())?;
+                let tag = Self::tag(Flow::Gradient, stage.index, micro);
+                let grads = self.recv(stage.index + 1, tag, outputs.len())?;
                 let grads = grads.into_iter().map(|g| match g {
                     Value::Float(g) => Ok(g),
                     _ => Err(OnnxError::field(
@@ -296,19 +402,15 @@ impl StageExec<'_> {
         // Untracked surrogates (outputs that depend on no parameter or received value)
         // back-propagate to nothing.
         let grads = surrogate.map(|s| s.backward());
-        if !self.first() {
+        if stage.index > 0 {
             let back: Vec<Value> = vjp::leaf_grads(&flight.received, grads.as_ref())
                 .into_iter()
                 .map(Value::Float)
                 .collect();
-            send_values(
-                self.comm,
-                self.stage.index - 1,
-                &back.iter().collect::<Vec<_>>(),
-            )?;
+            self.send(Self::tag(Flow::Gradient, stage.index - 1, micro), &back)?;
         }
         Ok(match grads {
-            Some(g) => GradientsParams::from_grads(g, model),
+            Some(g) => GradientsParams::from_grads(g, &chunk.model),
             None => GradientsParams::new(),
         })
     }

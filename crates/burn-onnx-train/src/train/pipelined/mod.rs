@@ -1,4 +1,5 @@
-//! [`Pipelined`]: the runner's passes when this rank is one stage of a pipeline.
+//! [`Pipelined`]: the runner's passes when this rank is one rank of a pipeline, running one
+//! stage or (virtual stages) several model chunks.
 //!
 //! Every stage of a replica reads the same batches (they share the data-parallel rank); each
 //! accumulation micro-step's batch is cut into `num_pipeline_micro_batches` micro-batches
@@ -29,7 +30,7 @@ use crate::value::{MAX_RANK, PhysTensor};
 pub struct Pipelined {
     /// The partition of the whole model.
     pub partition: Arc<Partition>,
-    /// The pipeline group (rank = stage).
+    /// The pipeline group (stage `s` runs on rank `s % ranks`).
     pub comm: Arc<dyn Communicator>,
     /// The replica (data-parallel rank) this stage belongs to.
     pub replica: usize,
@@ -47,14 +48,14 @@ pub struct Pipelined {
 
 impl Pipelined {
     fn exec<'a>(&'a self, device: &'a Device) -> StageExec<'a> {
-        let stage = self.comm.rank();
         StageExec {
-            stage: &self.partition.stages[stage],
+            chunks: self.partition.stages_of(self.comm.rank()),
             stages: self.partition.stages.len(),
             comm: self.comm.as_ref(),
             device,
             waited: Default::default(),
             recompute: self.recompute,
+            mailbox: Default::default(),
         }
     }
 
@@ -141,7 +142,7 @@ impl Passes for Pipelined {
             // Each pipeline micro-batch mixes its index into the micro-step's seed.
             let parts = s.batch.split(m)?;
             let seeds: Vec<u64> = (0..m).map(|j| mix_seed(s.seed, j as u64)).collect();
-            tracing::debug!(stage = exec.stage.index, "pipeline batch");
+            tracing::debug!(rank = self.comm.rank(), "pipeline batch");
             let out = exec.run(model, &parts, c, self.schedule, &seeds, scale)?;
             acc.accumulate(model, out.grads);
             Ok(MicroResult {
@@ -151,10 +152,10 @@ impl Passes for Pipelined {
         })?;
         let mut grads = acc.grads();
         self.sum_shared(model, &mut grads)?;
-        // The last stage computed the loss; every stage reports it.
+        // The last stage computed the loss; every rank reports it.
         let mut loss = [totals.loss as f32];
-        self.comm
-            .broadcast(&mut loss, self.partition.stages.len() - 1)?;
+        let last = self.partition.rank_of(self.partition.stages.len() - 1);
+        self.comm.broadcast(&mut loss, last)?;
         let totals = LoopTotals {
             loss: f64::from(loss[0]),
             ..totals
