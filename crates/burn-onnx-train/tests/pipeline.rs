@@ -267,10 +267,10 @@ fn virtual_stages_interleave_and_equal_one_process() {
         let out = tempdir("pp-virtual-refused");
         let mut c = gpt2_tiny(&out);
         edit(&mut c);
-        let e = launch(c, data.clone(), None)
-            .err()
-            .expect("a config error")
-            .to_string();
+        let e = match launch(c, data.clone(), None) {
+            Ok(_) => panic!("{field}: the run started"),
+            Err(e) => e.to_string(),
+        };
         assert!(e.contains(field), "{e}");
     };
     refused(

@@ -248,7 +248,7 @@ impl Partition {
 
     /// The same stages on `ranks` pipeline ranks, each holding `stages / ranks` of them.
     pub fn on_ranks(self, ranks: usize) -> Result<Self> {
-        if ranks == 0 || self.stages.len() % ranks != 0 {
+        if ranks == 0 || !self.stages.len().is_multiple_of(ranks) {
             return Err(OnnxError::field(
                 "config.parallel.pipeline_virtual_stages",
                 format!(

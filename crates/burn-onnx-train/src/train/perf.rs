@@ -66,8 +66,10 @@ pub struct PerfReport {
     pub threads: usize,
     /// ZeRO stage.
     pub zero_stage: usize,
-    /// Pipeline stages.
+    /// Pipeline ranks of a replica (`pipeline_parallel_size`).
     pub pipeline_stages: usize,
+    /// Model chunks per pipeline rank (`pipeline_virtual_stages`).
+    pub pipeline_virtual_stages: usize,
     /// Pipeline micro-batches per batch.
     pub pipeline_micro_batches: usize,
     /// Per rank, the fraction of the measured update time it spent blocked waiting for
@@ -234,6 +236,7 @@ impl PerfMeter {
             threads: rayon::current_num_threads(),
             zero_stage: c.parallel.zero_stage,
             pipeline_stages: c.parallel.pipeline_parallel_size,
+            pipeline_virtual_stages: c.parallel.pipeline_virtual_stages,
             pipeline_micro_batches: c.micro_batches(),
             pipeline_idle_fraction: idle,
             memory,

@@ -86,7 +86,7 @@ impl TrainingConfig {
             (1, _) => 1,
             (ranks, 0) => (1..=2 * ranks)
                 .rev()
-                .find(|m| self.data.batch_size % m == 0 && m % step == 0)
+                .find(|m| self.data.batch_size.is_multiple_of(*m) && m.is_multiple_of(step))
                 .unwrap_or(1),
             (_, m) => m,
         }
@@ -263,7 +263,11 @@ impl TrainingConfig {
                 ),
             ));
         }
-        if p.pipeline_virtual_stages > 1 && self.micro_batches() % p.pipeline_parallel_size != 0 {
+        if p.pipeline_virtual_stages > 1
+            && !self
+                .micro_batches()
+                .is_multiple_of(p.pipeline_parallel_size)
+        {
             return Err(invalid(
                 "parallel.num_pipeline_micro_batches",
                 format!(

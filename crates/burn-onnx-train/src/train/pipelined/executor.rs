@@ -89,6 +89,14 @@ struct Micro<'b> {
     seed: u64,
 }
 
+/// What a forward pass gives: what its backward needs, the loss (last stage; 0 elsewhere)
+/// and the state updates by parameter name.
+struct Forwarded {
+    flight: InFlight,
+    loss: f64,
+    state: Vec<(String, PhysTensor)>,
+}
+
 /// A stage and this rank's model of it for one batch.
 struct Chunk<'s> {
     stage: &'s Stage,
@@ -179,10 +187,10 @@ impl StageExec<'_> {
                         batch: &micro[j],
                         seed: seeds[j],
                     };
-                    let (flight, loss, updates) = self.forward(&mut chunks[chunk], m, c, scale)?;
-                    loss_sum += loss;
-                    state.extend(updates);
-                    flights[chunk][j] = Some(flight);
+                    let f = self.forward(&mut chunks[chunk], m, c, scale)?;
+                    loss_sum += f.loss;
+                    state.extend(f.state);
+                    flights[chunk][j] = Some(f.flight);
                 }
                 Pass::Backward { chunk, micro: j } => {
                     let flight = flights[chunk][j].take().ok_or_else(|| {
@@ -287,15 +295,15 @@ impl StageExec<'_> {
         Ok((inputs, received))
     }
 
-    /// Forward of micro-batch `micro` through `chunk`: what its backward needs, the loss
-    /// (last stage), and the state updates by name (the chunk's model takes them at once).
+    /// Forward of micro-batch `m` through `chunk` (whose model takes the state updates at
+    /// once).
     fn forward(
         &self,
         chunk: &mut Chunk,
         m: Micro,
         c: &PassSettings,
         scale: f64,
-    ) -> Result<(InFlight, f64, Vec<(String, PhysTensor)>)> {
+    ) -> Result<Forwarded> {
         let (stage, seed) = (chunk.stage, m.seed);
         let (inputs, received) = self.inputs(
             stage,
@@ -316,7 +324,7 @@ impl StageExec<'_> {
             model.forward_with(inputs, Mode::Train, seed, c.precision.autocast())?
         };
         let updates = out.state_updates.clone();
-        let named = updates
+        let state = updates
             .iter()
             .map(|(i, t)| (model.param_infos()[*i].name.clone(), t.clone()))
             .collect();
@@ -330,7 +338,11 @@ impl StageExec<'_> {
             Some(inputs) => InFlight::Replay { inputs, seed },
             None => InFlight::Kept(tracked),
         };
-        Ok((flight, loss, named))
+        Ok(Forwarded {
+            flight,
+            loss,
+            state,
+        })
     }
 
     /// The forward of a recomputing stage run again for its backward: the kept inputs with
