@@ -615,6 +615,19 @@ fn data_and_pipeline_parallel_compose_with_tensor_parallel() {
         &data,
     );
     same_run(&model, (&one, &base), (&dir, &s), 1e-5, true);
+    // Each pipeline rank holding two model chunks of the split model (interleaved 1F1B).
+    let dir = tempdir("tp-grid-tp2pp2v2");
+    let s = run(
+        {
+            let mut c = config(&model, &dir, kind);
+            c.parallel.horizontal_parallel_size = 2;
+            c.parallel.pipeline_parallel_size = 2;
+            c.parallel.pipeline_virtual_stages = 2;
+            c
+        },
+        &data,
+    );
+    same_run(&model, (&one, &base), (&dir, &s), 1e-5, false);
     // The full 3D grid: 2 replicas x 2 tp ranks x 2 stages on 8 threads.
     let dir = tempdir("tp-grid-3d");
     let s = run(
