@@ -31,6 +31,7 @@ fn tiny() -> Gpt2Config {
         n_positions: 16,
         layer_norm_epsilon: 1e-5,
         seed: 7,
+        separate_qkv: false,
     }
 }
 
@@ -44,6 +45,7 @@ fn small() -> Gpt2Config {
         n_positions: 12,
         layer_norm_epsilon: 1e-5,
         seed: 3,
+        separate_qkv: false,
     }
 }
 

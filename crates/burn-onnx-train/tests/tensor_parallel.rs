@@ -1,6 +1,8 @@
 //! Tensor parallelism: the planner finds Megatron's blocks in gpt2_tiny (TorchScript
 //! export, Gemm with fused Q/K/V), our builder's GPT-2 (MatMul + Add) and a dynamo export
-//! (opset 18); on 2 and 4 thread ranks the logits and the gradients of every parameter
+//! (opset 18), and the builder's GPT-2 with separate Q/K/V projections (sequence
+//! parallelism gathers their input once); on 2 and 4 thread ranks the logits and the
+//! gradients of every parameter
 //! (each rank's part of the split ones) equal the single-process model's, with Megatron's
 //! communication (2 all-reduces per layer forward, 2 backward); a graph without a block
 //! is an error that says so. Through the runner, 10 updates (SGD, AdamW; clipped)
@@ -160,7 +162,17 @@ fn sequence(vocab: bool) -> SplitOptions {
 /// `[batch, seq, width]` activations 4 times per layer (Megatron: 2 in forward, 2 in
 /// backward), with `vocab` twice more (the embedding's rows forward, the head input's
 /// gradient backward) plus the loss's two `[rows]` sums: never a vocabulary-wide tensor.
+/// Layers of the GPT-2s the tests split (gpt2_tiny, the builder's, the dynamo export).
+const LAYERS: usize = 2;
+
 fn check_equivalence(path: &Path, tp: usize, vocab: u64, o: &SplitOptions) {
+    check_equivalence_with(path, tp, vocab, o, 2);
+}
+
+/// [`check_equivalence`] of a model whose layers have `per_layer` column-parallel
+/// projections (2: a fused Q/K/V and the MLP's; 4 with separate Q, K and V): the traffic
+/// expected is per split layer.
+fn check_equivalence_with(path: &Path, tp: usize, vocab: u64, o: &SplitOptions, per_layer: usize) {
     let split_vocab = o.vocab_parallel;
     let x = ids(vocab);
     let whole = OnnxModel::load(path, &Device::flex().autodiff()).unwrap();
@@ -221,8 +233,8 @@ fn check_equivalence(path: &Path, tp: usize, vocab: u64, o: &SplitOptions) {
             );
         }
         match &t.sequence {
-            None => megatron_traffic(&counting, &t, tokens, classes, &x, split_vocab),
-            Some(_) => sequence_traffic(&counting, &t, tokens, classes, split_vocab),
+            None => megatron_traffic(&counting, &t, per_layer, tokens, classes, &x, split_vocab),
+            Some(_) => sequence_traffic(&counting, &t, per_layer, tokens, classes, split_vocab),
         }
         Ok(())
     });
@@ -237,13 +249,14 @@ fn check_equivalence(path: &Path, tp: usize, vocab: u64, o: &SplitOptions) {
 fn megatron_traffic(
     counting: &Counting,
     t: &TensorParallel,
+    per_layer: usize,
     tokens: usize,
     classes: usize,
     x: &ArrayD<i64>,
     split_vocab: bool,
 ) {
     let calls = counting.all_reduces.lock().unwrap().clone();
-    let layers = t.blocks.len() / 2;
+    let layers = t.blocks.len() / per_layer;
     let (activations, rows): (Vec<usize>, Vec<usize>) = calls
         .iter()
         .partition(|&&n| n != x.shape()[0] * (x.shape()[1] - 1));
@@ -275,12 +288,13 @@ fn megatron_traffic(
 fn sequence_traffic(
     counting: &Counting,
     t: &TensorParallel,
+    per_layer: usize,
     tokens: usize,
     classes: usize,
     split_vocab: bool,
 ) {
     let seq = t.sequence.as_ref().unwrap();
-    let layers = t.blocks.len() / 2;
+    let layers = t.blocks.len() / per_layer;
     let blocks = 2 * layers + usize::from(split_vocab);
     // Without the vocabulary split the embedding's output is whole: the first block reads
     // it as Megatron's `f` does (the residual add after that block slices it).
@@ -414,6 +428,43 @@ fn sequence_parallel_matches_one_process() {
         err.contains("tensor_parallel_sequence") && err.contains("sequence length 15"),
         "{err}"
     );
+}
+
+/// Separate Q, K and V projections (as LLaMA- and BERT-style exports have them): each
+/// rank gathers the attention's input slices once for the three, and trains as one process.
+#[test]
+fn separate_projections_of_one_input_share_one_gather() {
+    let path = tempdir("tp-seq-separate-qkv").join("gpt2_qkv.onnx");
+    write_gpt2(
+        &Gpt2Config {
+            n_layer: 2,
+            n_head: 4,
+            n_embd: 32,
+            vocab_size: 97,
+            n_positions: 32,
+            separate_qkv: true,
+            ..Default::default()
+        },
+        &path,
+    )
+    .unwrap();
+    for vocab in [false, true] {
+        let t = splits_with(&path, 2, &ids(97), &sequence(vocab));
+        let seq = t.sequence.as_ref().unwrap();
+        // Per layer: Q, K and V share the attention input's gather, the MLP's projection
+        // has its own; without the vocabulary split the first layer's input is whole (no
+        // gather).
+        let sliced_layers = LAYERS - usize::from(!vocab);
+        assert_eq!(seq.shared_gathers, 2 * sliced_layers, "{seq:?}");
+        // One gather per layer's attention and MLP input (the first attention's without
+        // the vocabulary split reads the whole input), and with it one for the head.
+        assert_eq!(
+            seq.gathered_products,
+            2 * LAYERS + usize::from(vocab) - usize::from(!vocab),
+            "{seq:?}"
+        );
+        check_equivalence_with(&path, 2, 97, &sequence(vocab), 4);
+    }
 }
 
 fn tokens(vocab: u64) -> Arc<dyn Dataset> {

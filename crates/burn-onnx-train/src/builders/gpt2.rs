@@ -6,7 +6,8 @@
 //!
 //! * input `input_ids` (int64 `[batch, seq]`), output `logits` (float `[batch, seq, vocab]`);
 //! * token plus position embeddings, positions from `Range(0, seq, 1)`;
-//! * `n_layer` pre-LayerNorm blocks: causal self-attention (`c_attn`, `Split`, heads by
+//! * `n_layer` pre-LayerNorm blocks: causal self-attention (`c_attn` and `Split`, or
+//!   separate `q_proj`/`k_proj`/`v_proj` with `separate_qkv`, heads by
 //!   `Reshape`/`Transpose`, a `Where` mask, `Softmax`, `c_proj`) and an MLP (`c_fc`, tanh
 //!   GELU written with primitive ops, `c_proj`), each with a residual `Add`;
 //! * a final `ln_f` and an LM head tied to `transformer.wte.weight` through a `Transpose`
@@ -62,6 +63,11 @@ pub struct Gpt2Config {
     pub layer_norm_epsilon: f32,
     /// Seed of the weight initialization.
     pub seed: u64,
+    /// Separate `attn.q_proj` / `k_proj` / `v_proj` projections of the block input (as
+    /// LLaMA- and BERT-style exports have them) instead of GPT-2's fused `c_attn` and its
+    /// `Split`: the same function, another graph.
+    #[serde(default)]
+    pub separate_qkv: bool,
 }
 
 impl Default for Gpt2Config {
@@ -75,6 +81,7 @@ impl Default for Gpt2Config {
             n_positions: 256,
             layer_norm_epsilon: 1e-5,
             seed: 42,
+            separate_qkv: false,
         }
     }
 }
@@ -493,11 +500,15 @@ impl Gpt2Builder<'_> {
     /// Causal multi-head self-attention of `[batch, seq, n_embd]` input.
     fn attention(&mut self, x: &str, prefix: &str, mask: &str) -> String {
         let e = self.cfg.n_embd;
-        let qkv = self.conv1d(x, &format!("{prefix}.attn.c_attn"), e, 3 * e, INIT_STD);
-        let sizes = self.graph.ints(&[e as i64; 3]);
-        let [q, k, v] = self
-            .graph
-            .op_n("Split", &[&qkv, &sizes], vec![attr_int("axis", -1)]);
+        let [q, k, v] = if self.cfg.separate_qkv {
+            ["q_proj", "k_proj", "v_proj"]
+                .map(|p| self.conv1d(x, &format!("{prefix}.attn.{p}"), e, e, INIT_STD))
+        } else {
+            let qkv = self.conv1d(x, &format!("{prefix}.attn.c_attn"), e, 3 * e, INIT_STD);
+            let sizes = self.graph.ints(&[e as i64; 3]);
+            self.graph
+                .op_n("Split", &[&qkv, &sizes], vec![attr_int("axis", -1)])
+        };
         let q = self.split_heads(&q, &[0, 2, 1, 3]);
         let k = self.split_heads(&k, &[0, 2, 3, 1]);
         let v = self.split_heads(&v, &[0, 2, 1, 3]);

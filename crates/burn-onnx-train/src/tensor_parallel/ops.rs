@@ -140,25 +140,34 @@ pub fn sequence(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     .into())
 }
 
-/// A block's first projection of sequence slices (`A`, split along `AXIS`): the all-gather
-/// of `A` times the weight `B` (a MatMul's, or a Gemm's with its `transB`; the bias is
-/// another node), the gathered `A` not kept for backward (gathered again there).
+/// A block's first projections of sequence slices (`A`, split along `AXIS`): the
+/// all-gather of `A` times each weight `B_k` (a MatMul's, or a Gemm's with its `transB`;
+/// the bias is another node), one output each. The gather runs once for all of them (the
+/// weights side by side in one product), and the gathered `A` is not kept for backward
+/// (gathered again there).
 pub fn sequence_product(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let (x, group) = float_input(ctx, &mut inputs, "SequenceParallelMatMul")?;
-    let w = inputs.float(1, "B", ctx.device)?;
     let (split, parts) = sequence_split(ctx, "SequenceParallelMatMul")?;
-    if w.rank != 2 || x.rank < 2 || split.axis + 1 >= x.rank {
-        op_bail!(
-            "SequenceParallelMatMul: A {:?} split on axis {} by a 2-D B, got B {:?}",
-            x.shape(),
-            split.axis,
-            w.shape()
-        );
+    let trans = ctx.attrs.int("transB", 0)? != 0;
+    let mut weights = Vec::new();
+    for k in 1..inputs.0.len() {
+        let w = inputs.float(k, "B", ctx.device)?;
+        if w.rank != 2 || x.rank < 2 || split.axis + 1 >= x.rank {
+            op_bail!(
+                "SequenceParallelMatMul: A {:?} split on axis {} by 2-D weights, got B {:?}",
+                x.shape(),
+                split.axis,
+                w.shape()
+            );
+        }
+        let w = w.into_rank::<2>()?;
+        weights.push(if trans { w.transpose() } else { w });
     }
-    let w = if ctx.attrs.int("transB", 0)? != 0 {
-        FloatValue::from_rank(w.into_rank::<2>()?.transpose())?
-    } else {
-        w
+    let widths: Vec<usize> = weights.iter().map(|w| w.dims()[1]).collect();
+    let w = match weights.len() {
+        0 => op_bail!("SequenceParallelMatMul: no weight"),
+        1 => weights.pop().expect("one weight"),
+        _ => Tensor::cat(weights, 1),
     };
     let step = SequenceStep {
         split: split.on(split.axis + MAX_RANK - x.rank),
@@ -168,13 +177,22 @@ pub fn sequence_product(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutpu
         group: group.clone(),
     };
     let rank = x.rank;
-    let y = ctx.autocast([x, w], |[x, w]| {
+    let y = ctx.autocast([x, FloatValue::from_rank(w)?], |[x, w]| {
         Ok(FloatValue::new(
             sequence_matmul(x.tensor, w.tensor, step),
             rank,
         ))
     })?;
-    Ok(vec![Value::Float(y)].into())
+    if widths.len() == 1 {
+        return Ok(vec![Value::Float(y)].into());
+    }
+    let mut start = 0;
+    let mut outputs = Vec::with_capacity(widths.len());
+    for n in widths {
+        outputs.push(Value::Float(y.clone().narrow(MAX_RANK - 1, start, n)));
+        start += n;
+    }
+    Ok(outputs.into())
 }
 
 /// `Shape` of a sequence slice: the whole tensor's shape (the split axis times `PARTS`).

@@ -11,9 +11,10 @@
 //! a [`Transfer::Slice`] (a position table's rows) or, when they broadcast over the tokens,
 //! Megatron's `f` so that their gradient (a LayerNorm's scale, a bias) is summed over the
 //! ranks. Where a block reads slices, its `f` becomes an all-gather
-//! ([`Transfer::IntoBlock`]); where only the block's first projections read them, each
-//! projection gathers them itself and gathers them again in backward for its weight's
-//! gradient (Megatron's way: no whole-sequence input is kept between the passes); any
+//! ([`Transfer::IntoBlock`]); where only the block's first projections read them, the
+//! projections gather them themselves, once for all the projections of one input (the
+//! weights side by side in one product), and again in backward for the weights'
+//! gradients (Megatron's way: no whole-sequence input is kept between the passes); any
 //! other reader (an op that mixes tokens, a graph output)
 //! gets the whole sequence back by [`Transfer::Gather`], so every graph runs, the part
 //! between blocks on slices as far as its ops allow. `Shape` of a slice reports the whole
@@ -46,8 +47,12 @@ pub struct SequenceParallel {
     /// Block inputs all-gathered (those only projections read are gathered by each
     /// projection instead: `gathered_products`).
     pub into_blocks: usize,
-    /// Block projections of gathered slices, the gathered input not kept for backward.
+    /// Block projections of gathered slices, the gathered input not kept for backward: one
+    /// gather each, shared by the projections of one input (`shared_gathers`).
     pub gathered_products: usize,
+    /// Projections that take another projection's gather of the same input (separate
+    /// Q, K and V projections: one gather for the three).
+    pub shared_gathers: usize,
     /// Slices gathered for a reader that needs whole sequences (graph outputs included).
     pub gathers: usize,
     /// Replicated values sliced.
@@ -85,6 +90,8 @@ pub fn rewrite(graph: &Graph, known: &Known, tp: usize) -> Result<(Graph, Sequen
         seq: sequence_length(graph, known, tp)?,
         split: HashMap::new(),
         fused: HashMap::new(),
+        groups: HashMap::new(),
+        gathered: HashSet::new(),
         nodes: Vec::with_capacity(graph.nodes.len() * 5 / 4),
         emitted: HashSet::new(),
         count: SequenceParallel::default(),
@@ -178,6 +185,11 @@ struct Pass<'a> {
     split: HashMap<String, AxisSplit>,
     /// Block inputs only projections read: the slices their projections gather.
     fused: HashMap<String, (String, AxisSplit)>,
+    /// Block inputs several projections read, and those projections (in order): one
+    /// product of the gathered slices for all of them, placed at the first.
+    groups: HashMap<String, Vec<Node>>,
+    /// Block inputs whose group's product is placed.
+    gathered: HashSet<String>,
     nodes: Vec<Node>,
     /// Transfer nodes already placed (by output name).
     emitted: HashSet<String>,
@@ -220,7 +232,14 @@ impl Pass<'_> {
             return;
         }
         if let Some((slice, s)) = node.inputs.first().and_then(|i| self.fused.get(i)).cloned() {
-            self.gathered_product(node, slice, s);
+            let input = node.inputs[0].clone();
+            if let Some(readers) = self.groups.remove(&input) {
+                self.gathered_product(&readers, slice, s);
+                self.gathered.insert(input);
+            } else if !self.gathered.contains(&input) {
+                self.gathered_product(std::slice::from_ref(&node), slice, s);
+            }
+            self.add_bias(&node);
             return;
         }
         let sliced: Vec<usize> = (0..node.inputs.len())
@@ -232,7 +251,10 @@ impl Pass<'_> {
         }
         if node.op_type == "TensorParallelCopy" {
             let s = self.split[&node.inputs[0]];
-            if self.only_projected(&node.outputs[0]) {
+            if let Some(readers) = self.projections(&node.outputs[0]) {
+                if self.shareable(&readers) {
+                    self.groups.insert(node.outputs[0].clone(), readers);
+                }
                 self.fused
                     .insert(node.outputs[0].clone(), (node.inputs[0].clone(), s));
                 return;
@@ -260,9 +282,9 @@ impl Pass<'_> {
         }
     }
 
-    /// Whether every reader of the block input `name` is a projection of it by a 2-D
-    /// weight (MatMul, or Gemm with `alpha` 1, no `transA` and a bias at `beta` 1).
-    fn only_projected(&self, name: &str) -> bool {
+    /// The readers of the block input `name`, when every one is a projection of it by a
+    /// 2-D weight (MatMul, or Gemm with `alpha` 1, no `transA` and a bias at `beta` 1).
+    fn projections(&self, name: &str) -> Option<Vec<Node>> {
         let readers: Vec<&Node> = self
             .graph
             .nodes
@@ -288,47 +310,88 @@ impl Pass<'_> {
                     _ => false,
                 }
         };
-        !readers.is_empty()
+        let only = !readers.is_empty()
             && readers.iter().all(|n| projection(n))
-            && !self.graph.outputs.iter().any(|o| o.name == name)
+            && !self.graph.outputs.iter().any(|o| o.name == name);
+        only.then(|| readers.into_iter().cloned().collect())
     }
 
-    /// A block's projection of a gathered block input: one node gathering the `slice`
-    /// (split `s`) itself, the Gemm's bias added after it.
-    fn gathered_product(&mut self, node: Node, slice: String, s: AxisSplit) {
-        let out = node.outputs[0].clone();
-        let bias = (node.op_type == "Gemm")
+    /// Whether the projections `readers` can share one gather: more than one, the same
+    /// `transB`, and every weight known where the first of them runs (an initializer, or
+    /// made by an earlier node).
+    fn shareable(&self, readers: &[Node]) -> bool {
+        let trans = |n: &Node| n.attrs.int("transB", 0).unwrap_or(-1);
+        let Some(first) = readers.first() else {
+            return false;
+        };
+        let at = self
+            .graph
+            .nodes
+            .iter()
+            .position(|n| n.outputs == first.outputs);
+        let made_later = |w: &String| {
+            self.graph
+                .nodes
+                .iter()
+                .enumerate()
+                .any(|(i, n)| at.is_none_or(|at| i >= at) && n.outputs.iter().any(|o| o == w))
+        };
+        readers.len() > 1
+            && readers.iter().all(|n| trans(n) == trans(first))
+            && readers.iter().all(|n| !made_later(&n.inputs[1]))
+    }
+
+    /// What a projection's product is called: its output, or with a Gemm's bias the value
+    /// the bias is then added to.
+    fn product_name(node: &Node) -> String {
+        match Self::bias(node) {
+            Some(_) => format!("{}::sp_product", node.outputs[0]),
+            None => node.outputs[0].clone(),
+        }
+    }
+
+    fn bias(node: &Node) -> Option<String> {
+        (node.op_type == "Gemm")
             .then(|| node.inputs.get(2).cloned())
             .flatten()
-            .filter(|c| !c.is_empty());
-        let product = match bias {
-            Some(_) => format!("{out}::sp_product"),
-            None => out.clone(),
-        };
+            .filter(|c| !c.is_empty())
+    }
+
+    /// The block's projections `readers` of one gathered block input: one node gathering
+    /// the `slice` (split `s`) itself and multiplying it by every reader's weight.
+    fn gathered_product(&mut self, readers: &[Node], slice: String, s: AxisSplit) {
+        let first = &readers[0];
         let mut attrs = Attributes::default();
         mark(&mut attrs, s, self.tp);
         attrs.set(
             "transB",
-            Attr::Int(node.attrs.int("transB", 0).unwrap_or(0)),
+            Attr::Int(first.attrs.int("transB", 0).unwrap_or(0)),
         );
+        let mut inputs = vec![slice];
+        inputs.extend(readers.iter().map(|n| n.inputs[1].clone()));
         self.nodes.push(Node {
-            name: node.name.clone(),
+            name: first.name.clone(),
             op_type: "SequenceParallelMatMul".into(),
-            inputs: vec![slice, node.inputs[1].clone()],
-            outputs: vec![product.clone()],
+            inputs,
+            outputs: readers.iter().map(Self::product_name).collect(),
             attrs,
             op: ops::sequence_product,
         });
-        if let Some(c) = bias {
+        self.count.gathered_products += 1;
+        self.count.shared_gathers += readers.len() - 1;
+    }
+
+    /// A Gemm projection's bias, added to its product.
+    fn add_bias(&mut self, node: &Node) {
+        if let Some(c) = Self::bias(node) {
             self.nodes.push(new_node(
                 format!("{}::bias", node.name),
                 "Add",
-                vec![product, c],
-                vec![out],
+                vec![Self::product_name(node), c],
+                vec![node.outputs[0].clone()],
                 crate::ops::lookup("Add").expect("Add is an op"),
             ));
         }
-        self.count.gathered_products += 1;
     }
 
     /// Make `node` (one input, one output) the transfer `t` of split `s`.

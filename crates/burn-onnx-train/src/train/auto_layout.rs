@@ -6,9 +6,10 @@
 //! ([`plan_memory`]: a rank's peak from counted bytes and a probed working set), and its
 //! speed measured by probe steps: the layout itself, run for [`SPEED_UPDATES`] updates in
 //! a process of its own, its throughput over the last half. A layout that does not fit the
-//! memory of a rank is tried again, as a user short of memory would: with tensor
-//! parallelism first with sequence parallelism, then with activation recomputation
-//! ([`RECOMPUTE_SEGMENTS`] segments), then also with the optimizer state on disk. The
+//! memory of a rank is tried again, as a user short of memory would: with activation
+//! recomputation ([`RECOMPUTE_SEGMENTS`] segments), then also with the optimizer state on
+//! disk; with tensor parallelism each of these (the base first) also with sequence
+//! parallelism, before the next. The
 //! layouts that fit are ranked by throughput; the others follow, with why.
 
 use std::path::Path;
@@ -150,9 +151,10 @@ pub fn layouts(world: usize) -> Vec<Layout> {
     out
 }
 
-/// The layouts a user short of memory would try after `base`: with tensor parallelism
-/// first sequence parallelism (the cheapest in time), then recomputation, then that and
-/// the optimizer state on disk (the replicated moments, or ZeRO's shards).
+/// The layouts a user short of memory would try after `base`, cheapest in time first:
+/// recomputation, then that and the optimizer state on disk (the replicated moments, or
+/// ZeRO's shards); with tensor parallelism sequence parallelism first, and each step
+/// again with it before the next.
 fn lighter(base: Layout) -> Vec<Layout> {
     // A pipeline recomputes stage by stage: one segment per stage.
     let segments = if base.pp > 1 {
@@ -164,20 +166,27 @@ fn lighter(base: Layout) -> Vec<Layout> {
         recompute: segments,
         ..base
     };
-    let sequence = (base.tp > 1).then_some(Layout {
-        sequence: true,
-        ..base
-    });
-    sequence
-        .into_iter()
-        .chain([
-            recompute,
-            Layout {
-                offload: true,
-                ..recompute
-            },
-        ])
-        .collect()
+    let steps = [
+        base,
+        recompute,
+        Layout {
+            offload: true,
+            ..recompute
+        },
+    ];
+    let mut out = Vec::new();
+    for (i, step) in steps.into_iter().enumerate() {
+        if i > 0 {
+            out.push(step);
+        }
+        if base.tp > 1 {
+            out.push(Layout {
+                sequence: true,
+                ..step
+            });
+        }
+    }
+    out
 }
 
 /// `base` with each micro-batch count of [`MICRO_PER_STAGE`] that divides the batch `c`
@@ -400,8 +409,9 @@ mod tests {
     use crate::train::config::OffloadTarget;
 
     /// A stand-in for the probes: 1000 bytes a rank, 800 with sequence parallelism, 600 with
-    /// recomputation, 300 with the moments on disk too; speed 100 per replica, less 10 for
-    /// sequence parallelism, 20 for recomputation and 20 for disk.
+    /// recomputation (450 with sequence parallelism too), 300 with the moments on disk too
+    /// (250); speed 100 per replica, less 10 for sequence parallelism, 20 for recomputation
+    /// and 20 for disk.
     fn fake(t: &TrainingConfig) -> Result<Measured> {
         let recompute = t.parallel.recompute_segments > 0;
         let disk = t.offload.offload_optimizer == OffloadTarget::Disk;
@@ -409,8 +419,10 @@ mod tests {
         let bytes = match (recompute, disk, sequence) {
             (false, _, false) => 1000,
             (false, _, true) => 800,
-            (true, false, _) => 600,
-            (true, true, _) => 300,
+            (true, false, false) => 600,
+            (true, false, true) => 450,
+            (true, true, false) => 300,
+            (true, true, true) => 250,
         };
         let speed = 100.0 * t.parallel.data_parallel_size as f64
             - 10.0 * f64::from(u8::from(sequence))
@@ -518,5 +530,39 @@ mod tests {
                 .ends_with("--recompute 4 --offload-optimizer disk")
         );
         assert_eq!(trials[0].dp, 2);
+    }
+
+    #[test]
+    fn sequence_parallelism_stays_on_as_recomputation_joins_it() {
+        // 500 bytes: tp 2 fits with sequence parallelism and recomputation (450), tried
+        // after each alone (800, 600); the layouts without tensor parallelism need the
+        // moments on disk (300).
+        let trials = rank_layouts(&config(), 2, Some(500), fake);
+        let tp: Vec<Layout> = trials
+            .iter()
+            .filter(|t| t.tp == 2)
+            .map(Trial::layout)
+            .collect();
+        let mut tried: Vec<(bool, usize, bool)> = tp
+            .iter()
+            .map(|l| (l.sequence, l.recompute, l.offload))
+            .collect();
+        tried.sort();
+        let r = RECOMPUTE_SEGMENTS;
+        let want = [
+            (false, 0, false),
+            (false, r, false),
+            (true, 0, false),
+            (true, r, false),
+        ];
+        assert_eq!(tried, want, "{trials:?}");
+        let fitting = trials.iter().find(|t| t.tp == 2 && t.fits).unwrap();
+        assert!(fitting.sequence && fitting.recompute > 0 && !fitting.offload);
+        assert!(
+            trials
+                .iter()
+                .filter(|t| t.tp == 1 && t.fits)
+                .all(|t| t.offload && !t.sequence)
+        );
     }
 }
