@@ -444,11 +444,18 @@ impl OnnxModel {
         }
     }
 
-    /// The device of the parameters (for a model with none, the device it was loaded onto).
+    /// The device the model computes on: its parameters' (for a model with none, or with
+    /// ZeRO-3's chunks in host memory, the device it was loaded onto, tracked as the
+    /// parameters are).
     pub fn device(&self) -> Device {
-        self.params
-            .first()
-            .map_or_else(|| self.spec.device.clone(), |p| p.val().device())
+        let Some(first) = self.params.first().map(|p| p.val().device()) else {
+            return self.spec.device.clone();
+        };
+        match self.spec.sharding {
+            Some(s) if s.on_host && first.is_autodiff() => self.spec.device.clone(),
+            Some(s) if s.on_host => self.spec.device.clone().inner(),
+            _ => first,
+        }
     }
 
     /// The mode Burn's module state implies, for code that gives none (burn-train's

@@ -829,8 +829,16 @@ fn a_deepspeed_config_sets_its_fields_and_names_the_keys_it_cannot_honour() {
     let c: toml::Table = toml::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
     assert_eq!(c["offload"]["offload_optimizer"].as_str(), Some("disk"));
     assert_eq!(c["offload"]["offload_dir"].as_str(), Some("/tmp/nvme"));
+    // ZeRO-Infinity's CPU offload of ZeRO-3's parameters.
+    let out = print(r#"{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}"#);
+    let c: toml::Table = toml::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert_eq!(c["offload"]["offload_params"].as_str(), Some("cpu"));
     // What it cannot honour is an error naming the key.
     for (json, key) in [
+        (
+            r#"{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}"#,
+            "zero_optimization.offload_param.device",
+        ),
         (
             r#"{"zero_optimization": {"offload_optimizer": {"device": "gpu"}}}"#,
             "zero_optimization.offload_optimizer.device",

@@ -7,8 +7,8 @@
 //! resuming across the two; f16 with dynamic loss scaling (and bf16 where the GPU computes
 //! in it: CUDA) against the same precision on the CPU; the fused CubeCL kernels (softmax
 //! cross-entropy, unscale with the inf/NaN flag, multi-tensor Adam/AdamW/LAMB) against
-//! their plain references; tensor parallelism with sequence parallelism on 2 thread ranks
-//! against one CPU process; with CUDA, NCCL through the real library. Without the GPU's driver these tests fail; they never pass silently.
+//! their plain references; tensor parallelism with sequence parallelism, and ZeRO-3 with
+//! its parameter chunks in host memory, on 2 thread ranks against one CPU process; with CUDA, NCCL through the real library. Without the GPU's driver these tests fail; they never pass silently.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 mod common;
@@ -19,8 +19,11 @@ use burn::tensor::{Device, Tensor, TensorData};
 use burn_onnx_train::kernels::{
     NonFiniteFlag, runs_cubecl, unscale_and_check, unscale_and_check_reference,
 };
-use burn_onnx_train::train::config::{LrConfig, OffloadTarget, OptimizerKind, ScheduleKind};
+use burn_onnx_train::train::config::{
+    LrConfig, OffloadTarget, OptimizerKind, ParamOffload, ScheduleKind,
+};
 use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::parallel_plan::ParallelPlan;
 use burn_onnx_train::train::precision::Precision;
 use burn_onnx_train::train::{DeviceSpec, RunSummary};
 use burn_onnx_train::value::MAX_RANK;
@@ -269,6 +272,115 @@ fn zero_3_on_gpu_matches_the_replicated_cpu_run() {
     let gpu = run(spec, 3, &gpu_out);
     let cpu = run(DeviceSpec::Cpu, 0, &cpu_out);
     ended_where_the_cpu_did("ZeRO-3", (&gpu, &gpu_out), (&cpu, &cpu_out));
+}
+
+/// ZeRO-3 with its chunks in host memory (`offload_params = "cpu"`, ZeRO-Infinity's
+/// parameter offload): the chunks live on the CPU device while the nodes compute on the
+/// GPU (the logits come out there, the chunks' gradients come back to the host, equal to
+/// the plain GPU model's), and 2 thread ranks on the GPU end where the replicated CPU run
+/// does.
+#[test]
+fn zero_3_with_its_chunks_in_host_memory_computes_on_the_gpu_and_matches_the_cpu() {
+    use burn_onnx_train::collective::{CollectiveGroup, Collectives};
+    let device = gpu().autodiff();
+    let ids = ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[2, 16]), |ix| {
+        ((ix[0] * 131 + ix[1] * 17) % 256) as i64
+    });
+    let grads_of = |model: &OnnxModel| {
+        let out = model
+            .forward(
+                vec![("input_ids".into(), Value::Int(ids.clone()))],
+                Mode::Train,
+            )
+            .unwrap();
+        let Some(Value::Float(logits)) = out.first().cloned() else {
+            panic!("float logits")
+        };
+        assert_eq!(logits.tensor.device(), device, "the logits' device");
+        let grads = (logits.tensor.clone() * logits.tensor).mean().backward();
+        model.param_grads(&grads)
+    };
+    let plain = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
+    let offloaded = plain
+        .clone()
+        .into_sharded_on_host(0, 1)
+        .unwrap()
+        .with_collectives(Collectives {
+            tensor_parallel: None,
+            sharding: Some(CollectiveGroup(std::sync::Arc::new(
+                burn_ort_dist::LocalCommunicator,
+            ))),
+        });
+    assert_eq!(offloaded.device(), device);
+    for p in offloaded.params() {
+        assert_eq!(
+            p.val().device(),
+            Device::flex().autodiff(),
+            "a chunk's device"
+        );
+    }
+    let want = grads_of(&plain);
+    let got = grads_of(&offloaded);
+    assert_eq!(got.len(), want.len());
+    for ((name, g), (_, w)) in got.iter().zip(&want) {
+        assert_eq!(
+            g.tensor.device(),
+            Device::flex(),
+            "{name}: the gradient's device"
+        );
+        // One chunk of one: the whole parameter, flattened.
+        let (g, w) = (g.to_array().unwrap(), w.to_array().unwrap());
+        let g = g.into_shape_with_order(w.shape()).unwrap();
+        assert_close(
+            &format!("{name} (chunk in host memory)"),
+            &g,
+            &w,
+            1e-5,
+            1e-5,
+        );
+    }
+
+    let spec = match gpu_spec() {
+        DeviceSpec::Cuda(None) => DeviceSpec::Cuda(Some(0)),
+        spec => spec,
+    };
+    let run = |device: DeviceSpec, zero_stage: usize, out: &Path| {
+        let mut c = gpt2_config(out);
+        c.parallel.device = device;
+        c.parallel.data_parallel_size = 2;
+        c.data.batch_size = 2;
+        c.parallel.zero_stage = zero_stage;
+        c.offload.offload_params = if zero_stage == 3 {
+            ParamOffload::Cpu
+        } else {
+            ParamOffload::None
+        };
+        c.train.num_train_steps = 10;
+        launch(c, gpt2_tokens(), None).unwrap()
+    };
+    // The runner's plan takes the config's choice: its chunks are on the CPU.
+    let mut c = gpt2_config(&tempdir("gpu-zero3-host-plan"));
+    c.parallel.device = spec;
+    c.parallel.zero_stage = 3;
+    c.offload.offload_params = ParamOffload::Cpu;
+    let plan = ParallelPlan::new(&c, &burn_ort_dist::LocalCommunicator).unwrap();
+    let sharded = plan
+        .shard(OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap())
+        .unwrap();
+    assert!(
+        sharded
+            .params()
+            .iter()
+            .all(|p| p.val().device() == Device::flex().autodiff())
+    );
+    let (gpu_out, cpu_out) = (tempdir("gpu-zero3-host"), tempdir("gpu-zero3-host-cpu"));
+    let gpu = run(spec, 3, &gpu_out);
+    let cpu = run(DeviceSpec::Cpu, 0, &cpu_out);
+    ended_where_the_cpu_did(
+        "ZeRO-3 with chunks in host memory",
+        (&gpu, &gpu_out),
+        (&cpu, &cpu_out),
+    );
 }
 
 /// A parallel run of gpt2_tiny on the GPU (`what`) against the CPU's: losses within 1e-4

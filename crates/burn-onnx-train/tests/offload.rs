@@ -9,7 +9,7 @@ mod common;
 
 use std::path::Path;
 
-use burn_onnx_train::train::config::{OffloadTarget, OptimizerKind};
+use burn_onnx_train::train::config::{OffloadTarget, OptimizerKind, ParamOffload};
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::{DeviceSpec, RunSummary, TrainingConfig};
 use common::*;
@@ -170,5 +170,31 @@ fn unsupported_offload_combinations_are_config_errors() {
         gpu.parallel.device = DeviceSpec::Wgpu(None);
         gpu.offload.offload_optimizer = target;
         gpu.validate(1).unwrap();
+    }
+    // Parameter chunks in host memory: ZeRO-3 on a GPU only.
+    let mut params = gpt2_config(&out);
+    params.parallel.device = DeviceSpec::Wgpu(None);
+    params.parallel.zero_stage = 3;
+    params.parallel.data_parallel_size = 2;
+    params.data.batch_size = 2;
+    params.offload.offload_params = ParamOffload::Cpu;
+    params.validate(2).unwrap();
+    for (edit, why) in [
+        (
+            &(|b: &mut TrainingConfig| b.parallel.zero_stage = 2) as &dyn Fn(&mut TrainingConfig),
+            "zero_stage = 3",
+        ),
+        (
+            &|b: &mut TrainingConfig| b.parallel.device = DeviceSpec::Cpu,
+            "host memory already",
+        ),
+    ] {
+        let mut bad = params.clone();
+        edit(&mut bad);
+        let err = bad.validate(2).unwrap_err().to_string();
+        assert!(
+            err.contains("config.offload.offload_params") && err.contains(why),
+            "{err}"
+        );
     }
 }

@@ -176,6 +176,10 @@ enum Command {
         /// Seed of the weights.
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// Separate q_proj/k_proj/v_proj projections instead of the fused c_attn (the
+        /// layout of LLaMA- and BERT-style exports).
+        #[arg(long)]
+        separate_qkv: bool,
     },
 }
 
@@ -838,6 +842,7 @@ fn main() -> ExitCode {
             vocab,
             positions,
             seed,
+            separate_qkv,
         } => gpt2(
             output,
             Gpt2Config {
@@ -847,6 +852,7 @@ fn main() -> ExitCode {
                 vocab_size: vocab,
                 n_positions: positions,
                 seed,
+                separate_qkv,
                 ..Default::default()
             },
         ),

@@ -3,12 +3,15 @@
 //! `burn_ort_dist`'s per-tensor partitioning, so the update strategy's shard is the
 //! model's parameters in order). A node reading a parameter gets the whole tensor through
 //! [`gather_param`], whose backward reduce-scatters the gradient; checkpoints and export
-//! take [`OnnxModel::unsharded`].
+//! take [`OnnxModel::unsharded`]. With the chunks in host memory
+//! ([`OnnxModel::into_sharded_on_host`], ZeRO-Infinity's parameter offload) the gather
+//! runs on the host and the whole parameter moves to the model's device where it is read;
+//! Burn's autodiff moves its gradient back for the reduce-scatter.
 
 use std::sync::Arc;
 
 use burn::module::Param;
-use burn::tensor::TensorData;
+use burn::tensor::{Device, TensorData};
 use burn_ort_dist::Communicator;
 use burn_ort_dist::zero::layout::chunk_of;
 
@@ -25,12 +28,25 @@ pub struct Sharding {
     pub rank: usize,
     /// Chunks per parameter (the sharding group's size).
     pub world: usize,
+    /// The chunks live in host memory (on the CPU device) while the model computes on
+    /// another device.
+    pub on_host: bool,
 }
 
 impl Sharding {
     /// This rank's chunk of `whole`.
     fn cut(&self, whole: &[f32]) -> Vec<f32> {
         chunk_of(whole, self.rank, self.world)
+    }
+
+    /// Where the chunk of `whole` (on the model's device) lives.
+    fn device_of(&self, whole: &PhysTensor) -> Device {
+        let device = whole.device();
+        if self.on_host {
+            host_device(&device)
+        } else {
+            device
+        }
     }
 }
 
@@ -41,16 +57,35 @@ fn host(t: PhysTensor, what: &str) -> Result<Vec<f32>> {
         .map_err(|e| OnnxError::field(what, format!("{e:?}")))
 }
 
-fn vector(values: Vec<f32>, like: &PhysTensor) -> PhysTensor {
+fn vector(values: Vec<f32>, device: &Device) -> PhysTensor {
     let mut shape = [1; MAX_RANK];
     shape[MAX_RANK - 1] = values.len();
-    PhysTensor::from_data(TensorData::new(values, shape.to_vec()), &like.device())
+    PhysTensor::from_data(TensorData::new(values, shape.to_vec()), device)
+}
+
+/// The CPU device, tracked by autodiff when `like` is.
+fn host_device(like: &Device) -> Device {
+    if like.is_autodiff() {
+        Device::flex().autodiff()
+    } else {
+        Device::flex()
+    }
 }
 
 impl OnnxModel {
     /// Keep chunk `rank` of `world` of every float parameter (ZeRO-3); the parameters keep
     /// their ids and roles.
-    pub fn into_sharded(mut self, rank: usize, world: usize) -> Result<OnnxModel> {
+    pub fn into_sharded(self, rank: usize, world: usize) -> Result<OnnxModel> {
+        self.shard(rank, world, false)
+    }
+
+    /// [`Self::into_sharded`] with the chunks in host memory: a node's read gathers its
+    /// parameter there and moves it to the model's device (see the module doc).
+    pub fn into_sharded_on_host(self, rank: usize, world: usize) -> Result<OnnxModel> {
+        self.shard(rank, world, true)
+    }
+
+    fn shard(mut self, rank: usize, world: usize, on_host: bool) -> Result<OnnxModel> {
         if self.spec.sharding.is_some() {
             return Err(OnnxError::field(
                 "zero_stage",
@@ -60,6 +95,7 @@ impl OnnxModel {
         let sharding = Sharding {
             rank,
             world: world.max(1),
+            on_host,
         };
         for (p, info) in self.params.iter_mut().zip(&self.spec.params) {
             let old = std::mem::replace(
@@ -68,7 +104,8 @@ impl OnnxModel {
             );
             let (id, t, _) = old.consume();
             let require = t.is_require_grad();
-            let chunk = vector(sharding.cut(&host(t.clone(), &info.name)?), &t);
+            let device = sharding.device_of(&t);
+            let chunk = vector(sharding.cut(&host(t.clone(), &info.name)?), &device);
             *p = Param::initialized(id, chunk.set_require_grad(require));
         }
         self.spec = Arc::new(Spec {
@@ -194,10 +231,12 @@ impl OnnxModel {
                 info.name
             )));
         };
-        Ok(FloatValue::new(
-            gather_param(p.val(), padded(&info.shape)?, group),
-            info.shape.len(),
-        ))
+        let whole = gather_param(p.val(), padded(&info.shape)?, group);
+        let whole = match self.spec.sharding {
+            Some(s) if s.on_host => whole.to_device(&self.device()),
+            _ => whole,
+        };
+        Ok(FloatValue::new(whole, info.shape.len()))
     }
 
     /// The logical rank of what parameter `i` stores: its own, or 1 for a chunk.
@@ -221,7 +260,7 @@ impl OnnxModel {
                     .convert::<f32>()
                     .try_to_vec::<f32>()
                     .expect("a float tensor converted to f32 reads as f32");
-                vector(s.cut(&values), &t)
+                vector(s.cut(&values), &s.device_of(&t))
             }
         }
     }

@@ -13,6 +13,7 @@
 //! | `bf16.enabled` | `precision = "bf16"` |
 //! | `zero_optimization.stage` | `zero_stage` |
 //! | `zero_optimization.offload_optimizer.device` "nvme" / "cpu" / "none", `nvme_path` | `offload.offload_optimizer` "disk" / "cpu" / "none", `offload.offload_dir` |
+//! | `zero_optimization.offload_param.device` "cpu" / "none" ("nvme" is refused) | `offload.offload_params` "cpu" / "none" |
 //! | `optimizer.type` Adam (AdamW unless `adam_w_mode` is false), AdamW, Lamb, SGD; `params` lr, betas, eps, weight_decay, momentum | `optimizer`, `lr.initial_lr` |
 //! | `scheduler.type` WarmupLR, WarmupDecayLR, WarmupCosineLR with linear warm-up from 0 | `lr.mode` constant, linear, cosine; `lr.warmup_ratio`; `total_num_steps` sets the updates |
 //! | `steps_per_print` | `display_loss_steps` |
@@ -22,7 +23,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::config::{OffloadTarget, OptimizerKind, ScheduleKind, TrainingConfig};
+use super::config::{OffloadTarget, OptimizerKind, ParamOffload, ScheduleKind, TrainingConfig};
 use super::precision::Precision;
 use crate::error::{OnnxError, Result};
 
@@ -71,12 +72,15 @@ impl Ds<'_> {
                 }
                 "zero_optimization" => {
                     let s = section(key, v)?;
-                    only(key, s, &["stage", "offload_optimizer"])?;
+                    only(key, s, &["stage", "offload_optimizer", "offload_param"])?;
                     if let Some(stage) = s.get("stage") {
                         self.c.parallel.zero_stage = count("zero_optimization.stage", stage)?;
                     }
                     if let Some(o) = s.get("offload_optimizer") {
                         self.offload_optimizer(section("zero_optimization.offload_optimizer", o)?)?;
+                    }
+                    if let Some(o) = s.get("offload_param") {
+                        self.offload_param(section("zero_optimization.offload_param", o)?)?;
                     }
                 }
                 "optimizer" => self.optimizer(section(key, v)?)?,
@@ -245,6 +249,20 @@ impl Ds<'_> {
             }
             other => return Err(unsupported(&format!("{name}.device = {other:?}"))),
         }
+        Ok(())
+    }
+
+    /// `zero_optimization.offload_param`: `device` "cpu" keeps ZeRO-3's parameter chunks
+    /// in host memory; "nvme" (parameters on disk) is not implemented.
+    fn offload_param(&mut self, s: &Map<String, Value>) -> Step {
+        let name = "zero_optimization.offload_param";
+        only(name, s, &["device"])?;
+        self.c.offload.offload_params =
+            match text(&format!("{name}.device"), s.get("device"))?.as_str() {
+                "none" => ParamOffload::None,
+                "cpu" => ParamOffload::Cpu,
+                other => return Err(unsupported(&format!("{name}.device = {other:?}"))),
+            };
         Ok(())
     }
 

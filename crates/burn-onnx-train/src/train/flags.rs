@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use super::config::{OffloadTarget, Overlap, Resume, TrainingConfig};
+use super::config::{OffloadTarget, Overlap, ParamOffload, Resume, TrainingConfig};
 use crate::error::{OnnxError, Result};
 
 /// Flags that override a [`TrainingConfig`].
@@ -99,6 +99,10 @@ pub struct TrainFlags {
     /// the config's `offload.offload_dir`) instead of memory (`offload.offload_optimizer`).
     #[arg(long, value_name = "none|cpu|disk")]
     pub offload_optimizer: Option<OffloadTarget>,
+    /// With --zero 3 on a GPU: keep the parameter chunks in host memory (`cpu`), gathered
+    /// onto the GPU where a node reads them (`offload.offload_params`).
+    #[arg(long, value_name = "none|cpu")]
+    pub offload_params: Option<ParamOffload>,
     /// Activation recomputation over N segments (`recompute_segments`; 0 off).
     #[arg(long, value_name = "N")]
     pub recompute: Option<usize>,
@@ -199,6 +203,7 @@ impl TrainFlags {
         c.offload.offload_optimizer = self
             .offload_optimizer
             .unwrap_or(c.offload.offload_optimizer);
+        c.offload.offload_params = self.offload_params.unwrap_or(c.offload.offload_params);
         match self.resume.as_deref() {
             None => {}
             Some("latest") => c.checkpoint.resume = Resume::Latest,

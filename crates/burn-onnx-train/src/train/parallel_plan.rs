@@ -22,7 +22,7 @@ use burn_ort_dist::{
 };
 
 use super::checkpoint::{model_file, model_file_writer, state_dir};
-use super::config::{Overlap, TrainingConfig};
+use super::config::{Overlap, ParamOffload, TrainingConfig};
 use super::data::Dataset;
 use super::optimizer::{build_strategy, data_parallel};
 use super::passes::{Passes, Sequential};
@@ -65,6 +65,8 @@ pub struct ParallelPlan {
     model_group: Option<Arc<dyn Communicator>>,
     /// ZeRO-3: parameters sharded across the data-parallel group.
     sharded: bool,
+    /// ZeRO-3's chunks in host memory (`offload.offload_params = "cpu"`).
+    chunks_on_host: bool,
     /// Gradients cross the data-parallel group as f16 (`allreduce_in_fp16`).
     fp16_gradients: bool,
 }
@@ -91,6 +93,7 @@ impl ParallelPlan {
             tensor_parallel: None,
             model_group,
             sharded: c.parallel.zero_stage == 3,
+            chunks_on_host: c.offload.offload_params == ParamOffload::Cpu,
             fp16_gradients: c.parallel.allreduce_in_fp16,
         })
     }
@@ -283,12 +286,15 @@ impl ParallelPlan {
     }
 
     /// What this rank trains of `model` (its whole part): with ZeRO-3 its data-parallel
-    /// rank's chunk of every parameter, otherwise all of it.
+    /// rank's chunk of every parameter (in host memory with `offload_params`), otherwise
+    /// all of it.
     pub fn shard(&self, model: OnnxModel) -> Result<OnnxModel> {
-        if !self.sharded {
-            return Ok(model);
+        let (rank, world) = (self.groups.dp_rank, self.topology.dp);
+        match (self.sharded, self.chunks_on_host) {
+            (false, _) => Ok(model),
+            (true, false) => model.into_sharded(rank, world),
+            (true, true) => model.into_sharded_on_host(rank, world),
         }
-        model.into_sharded(self.groups.dp_rank, self.topology.dp)
     }
 
     /// The model-parallel norm group of a stage or tp rank (`None` when the model is

@@ -112,7 +112,10 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "profile",
         ],
     ),
-    ("offload", &["offload_optimizer", "offload_dir"]),
+    (
+        "offload",
+        &["offload_optimizer", "offload_params", "offload_dir"],
+    ),
     ("optimizer", &[]),
     ("lr", &[]),
 ];

@@ -18,7 +18,7 @@ pub use optimizer::{LrConfig, OptimizerConfig, OptimizerKind, ScheduleKind};
 pub use parallel::{DEFAULT_MPI_COLLECTIVE_TIMEOUT_S, Overlap, ParallelConfig};
 pub use sections::{
     CheckpointConfig, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OffloadConfig,
-    OffloadTarget, PrecisionConfig, Resume, Sequences, TrainLoopConfig,
+    OffloadTarget, ParamOffload, PrecisionConfig, Resume, Sequences, TrainLoopConfig,
 };
 
 use super::device::DeviceSpec;
@@ -244,6 +244,21 @@ impl TrainingConfig {
         self.check_across_sections()
     }
 
+    /// `offload.offload_params`: ZeRO-3's chunks, off a GPU.
+    fn check_param_offload(&self) -> Result<()> {
+        if self.offload.offload_params == ParamOffload::None {
+            return Ok(());
+        }
+        let why = if self.parallel.zero_stage != 3 {
+            "keeps ZeRO-3's parameter chunks in host memory: set parallel.zero_stage = 3 (other stages hold whole parameters on every rank)"
+        } else if self.parallel.device == DeviceSpec::Cpu {
+            "moves the parameters off a GPU; on the CPU device they are in host memory already (use \"none\")"
+        } else {
+            return Ok(());
+        };
+        Err(invalid("offload.offload_params", format!("\"cpu\" {why}")))
+    }
+
     /// The refusals that involve fields of two sections.
     fn check_across_sections(&self) -> Result<()> {
         let p = &self.parallel;
@@ -314,6 +329,7 @@ impl TrainingConfig {
                 ));
             }
         }
+        self.check_param_offload()?;
         if matches!(self.model.loss, LossKind::LmCrossEntropy) && self.data.seq_len < 2 {
             return Err(invalid(
                 "data.seq_len",

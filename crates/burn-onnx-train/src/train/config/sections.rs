@@ -428,12 +428,30 @@ pub enum OffloadTarget {
     Disk,
 }
 
-/// `[offload]`: optimizer state out of memory.
+/// Where a ZeRO-3 rank keeps its chunks of the parameters (config `offload.offload_params`,
+/// DeepSpeed's `offload_param`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum ParamOffload {
+    /// On the training device.
+    #[default]
+    None,
+    /// In host memory while the model computes on a GPU (ZeRO-Infinity's CPU offload of
+    /// parameters): a node's read gathers the whole parameter on the host and moves it to
+    /// the GPU, its gradient comes back to the host for the reduce-scatter, and the update
+    /// runs there, so the GPU holds no parameter between its readers. ZeRO-3 on a GPU.
+    Cpu,
+}
+
+/// `[offload]`: optimizer state and parameters out of the device's memory.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OffloadConfig {
     /// Where the optimizer state lives.
     pub offload_optimizer: OffloadTarget,
+    /// Where ZeRO-3's parameter chunks live.
+    pub offload_params: ParamOffload,
     /// The directory of its files with `disk` (default `<output_dir>/offload`; a fast local
     /// disk: every update reads and writes the whole state once).
     pub offload_dir: Option<PathBuf>,
