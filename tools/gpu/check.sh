@@ -17,7 +17,8 @@
 #     example's model (f32) and of a GPT-2 124M shape (bf16), onnx-train against PyTorch on
 #     the same model (tools/gpu/torch_gpt2.py) in the same run; and ZeRO-Offload's cost:
 #     the 124M and GPT-2 large (774M) shapes with AdamW's moments on the GPU and in host
-#     memory (`--offload-optimizer cpu`), update time, peak GPU memory and peak host RSS.
+#     memory (`--offload-optimizer cpu`), and ZeRO-3 with the parameter chunks in host memory
+#     too (`--zero 3 --offload-params cpu`): update time, peak GPU memory and peak host RSS.
 #   - with CUDA and without --no-bench: the 124M shape under several layouts on the one GPU
 #     (thread ranks sharing it): one rank, tp 2 without and with sequence parallelism,
 #     ZeRO-3 without and with prefetch.
@@ -136,18 +137,22 @@ print(json.dumps({"shape": sys.argv[3], "ours_tokens_per_sec": ours.get("through
 }
 
 # offload NAME LAYERS HEADS WIDTH BATCH SEQ PRECISION STEPS: the same run with AdamW's
-# moments on the GPU and in host memory (the update on the CPU), one process each.
+# moments on the GPU, in host memory (the update on the CPU), and under ZeRO-3 with the
+# parameter chunks in host memory too (`--zero 3 --offload-params cpu`), one process each.
 offload() {
   local name="$1" layers="$2" heads="$3" width="$4" batch="$5" seq="$6" precision="$7" steps="$8"
-  local dir="$work/offload-$name" start status=0 runs="" mode
+  local dir="$work/offload-$name" start status=0 runs="" mode run
   mkdir -p "$dir"
   "$bin/onnx-train" gpt2 --output "$dir/model.onnx" --layers "$layers" --heads "$heads" --width "$width" >> "$log" 2>&1
   write_run "$dir" "$dir/model.onnx" 50257 "$seq" "$batch" "$steps" adamw
   start="$(now)"
-  for mode in none cpu; do
+  for run in "none:--offload-optimizer none" "cpu:--offload-optimizer cpu" \
+    "params:--zero 3 --offload-params cpu"; do
+    mode="${run%%:*}"
+    # shellcheck disable=SC2086
     RUST_LOG=info,burn_onnx_train::kernels::offload_step=debug \
       with_peak_memory timeout 600 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/$mode" \
-      --device cuda --precision "$precision" --offload-optimizer "$mode" > "$dir/$mode.log" 2>&1 || status=1
+      --device cuda --precision "$precision" ${run#*:} > "$dir/$mode.log" 2>&1 || status=1
     cat "$dir/$mode.log" >> "$log"
     runs="$runs $mode=$peak_mib"
   done
