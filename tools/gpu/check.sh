@@ -136,38 +136,56 @@ print(json.dumps({"shape": sys.argv[3], "ours_tokens_per_sec": ours.get("through
       "$ours" "$torch" "$layers layers, $heads heads, width $width, batch $batch x $seq, $precision" "$ours_peak" "$peak_mib")"
 }
 
+# variants CHECK DIR PRECISION VARIANT...: DIR/run.toml trained once per VARIANT
+# ("name:flags") on GPU 0, and CHECK recorded with each variant's update time, peak GPU
+# memory (sampled by nvidia-smi), peak host RSS, optimizer state and throughput.
+variants() {
+  local check="$1" dir="$2" precision="$3" start status=0 runs="" run name
+  shift 3
+  start="$(now)"
+  for run in "$@"; do
+    name="${run%%:*}"
+    # shellcheck disable=SC2086
+    RUST_LOG=info,burn_onnx_train::kernels::offload_step=debug \
+      with_peak_memory timeout 600 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/$name" \
+      --device cuda:0 --precision "$precision" ${run#*:} > "$dir/$name.log" 2>&1 || status=1
+    cat "$dir/$name.log" >> "$log"
+    runs="$runs $name=$peak_mib"
+  done
+  record "$check" cuda "$([ $status -eq 0 ] && echo pass || echo fail)" "$(since "$start")" \
+    "$(python3 -c '
+import json, os, sys
+out = {"shape": open(os.path.join(sys.argv[1], "shape")).read()}
+for run in sys.argv[2:]:
+    name, peak = run.split("=")
+    perf = os.path.join(sys.argv[1], name, "perf.json")
+    p = json.load(open(perf)) if os.path.exists(perf) else {}
+    out[name] = {"update_ms": p.get("avg_update_ms"), "peak_gpu_mib": float(peak or 0),
+                 "peak_rss_mib": max(p.get("peak_rss_bytes") or [0]) / 2**20,
+                 "optimizer_state_mib": sum(p.get("optimizer_state_bytes") or [0]) / 2**20,
+                 "tokens_per_sec": p.get("throughput_per_sec")}
+print(json.dumps(out))' "$dir" $runs)"
+}
+
+# gpt2_dir DIR LAYERS HEADS WIDTH BATCH SEQ PRECISION STEPS: the `onnx-train gpt2` model of
+# that shape, random tokens and an AdamW run.toml in DIR (and its description in DIR/shape).
+gpt2_dir() {
+  local dir="$1" layers="$2" heads="$3" width="$4" batch="$5" seq="$6" precision="$7" steps="$8"
+  mkdir -p "$dir"
+  "$bin/onnx-train" gpt2 --output "$dir/model.onnx" --layers "$layers" --heads "$heads" --width "$width" \
+    --positions "$seq" >> "$log" 2>&1
+  write_run "$dir" "$dir/model.onnx" 50257 "$seq" "$batch" "$steps" adamw
+  printf '%s' "$layers layers, $heads heads, width $width, batch $batch x $seq, $precision" > "$dir/shape"
+}
+
 # offload NAME LAYERS HEADS WIDTH BATCH SEQ PRECISION STEPS: the same run with AdamW's
 # moments on the GPU, in host memory (the update on the CPU), and under ZeRO-3 with the
 # parameter chunks in host memory too (`--zero 3 --offload-params cpu`), one process each.
 offload() {
-  local name="$1" layers="$2" heads="$3" width="$4" batch="$5" seq="$6" precision="$7" steps="$8"
-  local dir="$work/offload-$name" start status=0 runs="" mode run
-  mkdir -p "$dir"
-  "$bin/onnx-train" gpt2 --output "$dir/model.onnx" --layers "$layers" --heads "$heads" --width "$width" >> "$log" 2>&1
-  write_run "$dir" "$dir/model.onnx" 50257 "$seq" "$batch" "$steps" adamw
-  start="$(now)"
-  for run in "none:--offload-optimizer none" "cpu:--offload-optimizer cpu" \
-    "params:--zero 3 --offload-params cpu"; do
-    mode="${run%%:*}"
-    # shellcheck disable=SC2086
-    RUST_LOG=info,burn_onnx_train::kernels::offload_step=debug \
-      with_peak_memory timeout 600 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/$mode" \
-      --device cuda --precision "$precision" ${run#*:} > "$dir/$mode.log" 2>&1 || status=1
-    cat "$dir/$mode.log" >> "$log"
-    runs="$runs $mode=$peak_mib"
-  done
-  record "offload $name" cuda "$([ $status -eq 0 ] && echo pass || echo fail)" "$(since "$start")" \
-    "$(python3 -c '
-import json, os, sys
-out = {"shape": sys.argv[2]}
-for run in sys.argv[3:]:
-    mode, peak = run.split("=")
-    perf = os.path.join(sys.argv[1], mode, "perf.json")
-    p = json.load(open(perf)) if os.path.exists(perf) else {}
-    out[mode] = {"update_ms": p.get("avg_update_ms"), "peak_gpu_mib": float(peak or 0),
-                 "peak_rss_mib": max(p.get("peak_rss_bytes") or [0]) / 2**20,
-                 "optimizer_state_mib": sum(p.get("optimizer_state_bytes") or [0]) / 2**20}
-print(json.dumps(out))' "$dir" "$layers layers, $heads heads, width $width, batch $batch x $seq, $precision" $runs)"
+  local dir="$work/offload-$1"
+  gpt2_dir "$dir" "${@:2}"
+  variants "offload $1" "$dir" "$7" "none:--offload-optimizer none" "cpu:--offload-optimizer cpu" \
+    "params:--zero 3 --offload-params cpu"
 }
 
 # layouts NAME LAYERS HEADS WIDTH BATCH SEQ PRECISION STEPS: one model under several layouts,
@@ -176,33 +194,10 @@ print(json.dumps(out))' "$dir" "$layers layers, $heads heads, width $width, batc
 # (`--auto` is not among them: its probes of 8 layouts, each a process compiling its
 # kernels, ran past 2 minutes on an H200.)
 layouts() {
-  local name="$1" layers="$2" heads="$3" width="$4" batch="$5" seq="$6" precision="$7" steps="$8"
-  local dir="$work/layouts-$name" start status=0 runs="" run flags
-  mkdir -p "$dir"
-  "$bin/onnx-train" gpt2 --output "$dir/model.onnx" --layers "$layers" --heads "$heads" --width "$width" \
-    --positions "$seq" >> "$log" 2>&1
-  write_run "$dir" "$dir/model.onnx" 50257 "$seq" "$batch" "$steps" adamw
-  start="$(now)"
-  for run in "one:--dp 1" "tp2:--tp 2" "tp2-seq:--tp 2 --sequence-parallel" "zero3:--dp 2 --zero 3" \
-    "zero3-prefetch2:--dp 2 --zero 3 --set parallel.zero3_prefetch=2"; do
-    flags="${run#*:}"; run="${run%%:*}"
-    # shellcheck disable=SC2086
-    with_peak_memory timeout 300 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/$run" \
-      --device cuda:0 --precision "$precision" $flags > "$dir/$run.log" 2>&1 || status=1
-    cat "$dir/$run.log" >> "$log"
-    runs="$runs $run=$peak_mib"
-  done
-  record "layouts $name" cuda "$([ $status -eq 0 ] && echo pass || echo fail)" "$(since "$start")" \
-    "$(python3 -c '
-import json, os, sys
-out = {"shape": sys.argv[2]}
-for run in sys.argv[3:]:
-    name, peak = run.split("=")
-    perf = os.path.join(sys.argv[1], name, "perf.json")
-    p = json.load(open(perf)) if os.path.exists(perf) else {}
-    out[name] = {"update_ms": p.get("avg_update_ms"), "peak_gpu_mib": float(peak or 0),
-                 "tokens_per_sec": p.get("throughput_per_sec")}
-print(json.dumps(out))' "$dir" "$layers layers, $heads heads, width $width, batch $batch x $seq, $precision" $runs)"
+  local dir="$work/layouts-$1"
+  gpt2_dir "$dir" "${@:2}"
+  variants "layouts $1" "$dir" "$7" "one:--dp 1" "tp2:--tp 2" "tp2-seq:--tp 2 --sequence-parallel" \
+    "zero3:--dp 2 --zero 3" "zero3-prefetch2:--dp 2 --zero 3 --set parallel.zero3_prefetch=2"
 }
 
 for backend in ${backends//,/ }; do
