@@ -50,6 +50,24 @@ fn compare(initial: &Path, want: &Path, got: &Path, atol: f32) {
     assert_moved(initial, want, 1e-3);
 }
 
+/// The training losses and the last evaluation loss of `piped` within 1e-5 of `single`'s.
+fn same_losses(what: &str, single: &RunSummary, piped: &RunSummary) {
+    for ((s, a), (t, b)) in single.losses.iter().zip(&piped.losses) {
+        assert_eq!(s, t);
+        assert!(
+            (a - b).abs() < 1e-5,
+            "{what}: loss at update {s}: {a} vs {b}"
+        );
+    }
+    let (ea, eb) = (single.evals.last().unwrap(), piped.evals.last().unwrap());
+    assert!(
+        (ea.loss - eb.loss).abs() < 1e-5,
+        "{what}: evaluation loss {} vs {}",
+        ea.loss,
+        eb.loss
+    );
+}
+
 fn gpt2_tiny(out: &Path) -> TrainingConfig {
     let mut c = sgd_config(
         refkit("models/gpt2_tiny.onnx"),
@@ -76,17 +94,7 @@ fn gpt2_tiny_two_stages_equal_one_process() {
         &data,
     );
     assert_eq!(piped.losses.len(), 10);
-    for ((s, a), (t, b)) in single.losses.iter().zip(&piped.losses) {
-        assert_eq!(s, t);
-        assert!((a - b).abs() < 1e-5, "loss at update {s}: {a} vs {b}");
-    }
-    let (ea, eb) = (single.evals.last().unwrap(), piped.evals.last().unwrap());
-    assert!(
-        (ea.loss - eb.loss).abs() < 1e-5,
-        "evaluation loss {} vs {}",
-        ea.loss,
-        eb.loss
-    );
+    same_losses("2 stages", &single, &piped);
     assert_eq!(piped.perf.unwrap().world_size, 2);
     compare(
         &refkit("models/gpt2_tiny.onnx"),
@@ -234,20 +242,7 @@ fn virtual_stages_interleave_and_equal_one_process() {
             block(&second)
         );
         assert_eq!(piped.perf.as_ref().unwrap().world_size, 2);
-        for ((s, a), (t, b)) in single.losses.iter().zip(&piped.losses) {
-            assert_eq!(s, t);
-            assert!(
-                (a - b).abs() < 1e-5,
-                "{chunks} chunks: loss at update {s}: {a} vs {b}"
-            );
-        }
-        let (ea, eb) = (single.evals.last().unwrap(), piped.evals.last().unwrap());
-        assert!(
-            (ea.loss - eb.loss).abs() < 1e-5,
-            "evaluation loss {} vs {}",
-            ea.loss,
-            eb.loss
-        );
+        same_losses(&format!("{chunks} chunks"), &single, &piped);
         let trained = out.join("gpt2_tiny_trained.onnx");
         compare(
             &refkit("models/gpt2_tiny.onnx"),

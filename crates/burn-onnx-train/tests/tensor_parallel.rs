@@ -655,30 +655,17 @@ fn data_and_pipeline_parallel_compose_with_tensor_parallel() {
         &data,
     );
     same_run(&model, (&one, &base), (&dir, &s), 1e-5, false);
-    let dir = tempdir("tp-grid-tp2pp2");
-    let s = run(
-        {
-            let mut c = config(&model, &dir, kind);
-            c.parallel.horizontal_parallel_size = 2;
-            c.parallel.pipeline_parallel_size = 2;
-            c
-        },
-        &data,
-    );
-    same_run(&model, (&one, &base), (&dir, &s), 1e-5, true);
-    // Each pipeline rank holding two model chunks of the split model (interleaved 1F1B).
-    let dir = tempdir("tp-grid-tp2pp2v2");
-    let s = run(
-        {
-            let mut c = config(&model, &dir, kind);
-            c.parallel.horizontal_parallel_size = 2;
-            c.parallel.pipeline_parallel_size = 2;
-            c.parallel.pipeline_virtual_stages = 2;
-            c
-        },
-        &data,
-    );
-    same_run(&model, (&one, &base), (&dir, &s), 1e-5, false);
+    // tp x pp, each pipeline rank holding one stage of the split model, then two model
+    // chunks (interleaved 1F1B).
+    for chunks in [1, 2] {
+        let dir = tempdir(&format!("tp-grid-tp2pp2v{chunks}"));
+        let mut c = config(&model, &dir, kind);
+        c.parallel.horizontal_parallel_size = 2;
+        c.parallel.pipeline_parallel_size = 2;
+        c.parallel.pipeline_virtual_stages = chunks;
+        let s = run(c, &data);
+        same_run(&model, (&one, &base), (&dir, &s), 1e-5, true);
+    }
     // The full 3D grid: 2 replicas x 2 tp ranks x 2 stages on 8 threads.
     let dir = tempdir("tp-grid-3d");
     let s = run(

@@ -128,30 +128,6 @@ pub fn send_values(
     Ok(())
 }
 
-/// Receive `count` values tagged `tag` from rank `src` (sent with [`send_values`]); float
-/// values land on `device`. Anything else arriving first is an error: where messages of
-/// several tags share the channel, use a [`Mailbox`].
-pub fn recv_values(
-    comm: &dyn Communicator,
-    src: usize,
-    tag: Tag,
-    count: usize,
-    device: &Device,
-) -> Result<Vec<Value>> {
-    let mut out = Vec::with_capacity(count);
-    for _ in 0..count {
-        let (got, value) = recv_one(comm, src, device)?;
-        if got != tag {
-            return Err(wire_err(
-                "receiving",
-                format!("expected {tag:?} from rank {src}, got {got:?}"),
-            ));
-        }
-        out.push(value);
-    }
-    Ok(out)
-}
-
 /// Values that arrived before their receive asked for them, by sender and tag.
 #[derive(Default)]
 pub struct Mailbox {
@@ -159,8 +135,9 @@ pub struct Mailbox {
 }
 
 impl Mailbox {
-    /// Receive `count` values tagged `tag` from rank `src`: those kept from earlier
-    /// receives first, then from the channel, keeping the values of other tags.
+    /// Receive `count` values tagged `tag` from rank `src` (sent with [`send_values`]; float
+    /// values land on `device`): those kept from earlier receives first, then from the
+    /// channel, keeping the values of other tags.
     pub fn recv(
         &self,
         comm: &dyn Communicator,

@@ -35,7 +35,7 @@ use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::pipeline::Partition;
-use crate::pipeline::wire::{Flow, Tag, recv_values, send_values};
+use crate::pipeline::wire::{Flow, Mailbox, Tag, send_values};
 use crate::tensor_parallel::TensorParallel;
 use crate::value::{FloatValue, Value};
 
@@ -479,11 +479,12 @@ impl ParallelPlan {
             .into_iter()
             .filter_map(|n| values.get(&n).map(|v| (n, v.clone())))
             .collect();
+        let mailbox = Mailbox::default();
         for k in 1..p.ranks {
             let names = owned(k);
             for (n, v) in names
                 .iter()
-                .zip(recv_values(comm, k, tag(k), names.len(), &device)?)
+                .zip(mailbox.recv(comm, k, tag(k), names.len(), &device)?)
             {
                 let Value::Float(f) = v else {
                     return Err(OnnxError::field(
@@ -494,6 +495,7 @@ impl ParallelPlan {
                 values.insert(n.clone(), f);
             }
         }
+        mailbox.check_empty()?;
         let whole = c.model.load(&device)?;
         Ok(Some(whole.set_params(&values)?))
     }
