@@ -1067,23 +1067,26 @@ fn auto_ranks_every_layout_of_the_world_and_train_runs_the_chosen_one() {
             "batch_size",
             "accumulation",
             "micro_batches",
+            "chunks",
         ]
         .map(|k| t[k].as_u64().unwrap())
     };
-    let mut got: Vec<[u64; 7]> = trials.iter().map(layout).collect();
+    let mut got: Vec<[u64; 8]> = trials.iter().map(layout).collect();
     got.sort();
-    // The pipeline with 2, 4 and 8 micro-batches of its 8 samples.
+    // The pipeline with 2, 4 and 8 micro-batches of its 8 samples, and interleaved (2
+    // chunks a rank) at 2.
     assert_eq!(
         got,
         vec![
-            [1, 1, 2, 0, 8, 1, 2],
-            [1, 1, 2, 0, 8, 1, 4],
-            [1, 1, 2, 0, 8, 1, 8],
-            [1, 2, 1, 0, 8, 1, 0],
-            [2, 1, 1, 0, 4, 1, 0],
-            [2, 1, 1, 1, 4, 1, 0],
-            [2, 1, 1, 2, 4, 1, 0],
-            [2, 1, 1, 3, 4, 1, 0],
+            [1, 1, 2, 0, 8, 1, 2, 1],
+            [1, 1, 2, 0, 8, 1, 2, 2],
+            [1, 1, 2, 0, 8, 1, 4, 1],
+            [1, 1, 2, 0, 8, 1, 8, 1],
+            [1, 2, 1, 0, 8, 1, 0, 1],
+            [2, 1, 1, 0, 4, 1, 0, 1],
+            [2, 1, 1, 1, 4, 1, 0, 1],
+            [2, 1, 1, 2, 4, 1, 0, 1],
+            [2, 1, 1, 3, 4, 1, 0, 1],
         ]
     );
     let speeds: Vec<f64> = trials

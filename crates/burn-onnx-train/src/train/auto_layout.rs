@@ -1,7 +1,8 @@
 //! `--auto`: the layout chosen for you, as DeepSpeed's autotuner chooses by short
 //! experiments. Every way to lay a run out on its world (data x tensor x pipeline
 //! parallel sizes, ZeRO stages 0 to 3 where there are replicas, and for a pipeline 1, 2
-//! and 4 micro-batches per stage where the batch divides) is fitted to that world
+//! and 4 micro-batches per stage where the batch divides, and two model chunks per rank
+//! (interleaved 1F1B) at the fewest) is fitted to that world
 //! keeping the global batch ([`super::elastic::fit_world`]), its memory planned
 //! ([`plan_memory`]: a rank's peak from counted bytes and a probed working set), and its
 //! speed measured by probe steps: the layout itself, run for [`SPEED_UPDATES`] updates in
@@ -49,6 +50,8 @@ pub struct Trial {
     pub offload: bool,
     /// Pipeline micro-batches per batch (0: no pipeline).
     pub micro_batches: usize,
+    /// Model chunks per pipeline rank (virtual stages; 1: one stage each).
+    pub chunks: usize,
     /// Samples per micro-batch and gradient accumulation that keep the global batch.
     pub batch_size: usize,
     /// See `batch_size`.
@@ -75,6 +78,9 @@ impl Trial {
         if self.micro_batches > 0 {
             flags += &format!(" --micro-batches {}", self.micro_batches);
         }
+        if self.chunks > 1 {
+            flags += &format!(" --virtual-stages {}", self.chunks);
+        }
         if self.sequence {
             flags += " --sequence-parallel";
         }
@@ -98,6 +104,7 @@ impl Trial {
             sequence: self.sequence,
             offload: self.offload,
             micro: self.micro_batches,
+            chunks: self.chunks,
         }
     }
 }
@@ -116,6 +123,8 @@ pub struct Layout {
     pub offload: bool,
     /// Pipeline micro-batches per batch (0: no pipeline, or the configured rule).
     pub micro: usize,
+    /// Model chunks per pipeline rank (`pipeline_virtual_stages`).
+    pub chunks: usize,
 }
 
 /// Micro-batches per stage tried for a pipeline: the bubble is `(p - 1) / (m + p - 1)` of
@@ -145,6 +154,7 @@ pub fn layouts(world: usize) -> Vec<Layout> {
                 sequence: false,
                 offload: false,
                 micro: 0,
+                chunks: 1,
             }));
         }
     }
@@ -207,9 +217,17 @@ fn with_micro_batches(c: &TrainingConfig, world: usize, base: Layout) -> Vec<Lay
     if counts.is_empty() {
         return vec![base];
     }
+    // Interleaved 1F1B where the bubble is largest: two chunks per rank at the fewest
+    // micro-batches.
+    let interleaved = Layout {
+        micro: counts[0],
+        chunks: 2,
+        ..base
+    };
     counts
         .into_iter()
         .map(|micro| Layout { micro, ..base })
+        .chain([interleaved])
         .collect()
 }
 
@@ -225,6 +243,7 @@ pub fn configure(c: &TrainingConfig, world: usize, layout: Layout) -> Result<Tra
     if layout.micro > 0 {
         t.parallel.num_pipeline_micro_batches = layout.micro;
     }
+    t.parallel.pipeline_virtual_stages = layout.chunks;
     if layout.offload {
         t.offload.offload_optimizer = super::config::OffloadTarget::Disk;
     }
@@ -288,6 +307,7 @@ pub fn rank_layouts(
             sequence: layout.sequence,
             offload: layout.offload,
             micro_batches: 0,
+            chunks: layout.chunks,
             batch_size: 0,
             accumulation: 0,
             predicted_peak_bytes: None,
@@ -355,7 +375,7 @@ pub fn chosen(trials: &[Trial]) -> Option<&Trial> {
 pub fn table(trials: &[Trial]) -> String {
     let mib = |b: Option<u64>| b.map_or("-".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
     let mut s = format!(
-        "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>5} {:>3} {:>7} {:>14} {:>14} {:>12}  {}\n",
+        "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>2} {:>5} {:>3} {:>7} {:>14} {:>14} {:>12}  {}\n",
         "dp",
         "tp",
         "pp",
@@ -363,6 +383,7 @@ pub fn table(trials: &[Trial]) -> String {
         "batch",
         "accum",
         "micro",
+        "v",
         "recmp",
         "seq",
         "offload",
@@ -379,7 +400,7 @@ pub fn table(trials: &[Trial]) -> String {
             _ => String::new(),
         };
         s += &format!(
-            "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>5} {:>3} {:>7} {:>14} {:>14} {:>12}  {note}\n",
+            "{:>3} {:>3} {:>3} {:>4} {:>5} {:>5} {:>5} {:>2} {:>5} {:>3} {:>7} {:>14} {:>14} {:>12}  {note}\n",
             t.dp,
             t.tp,
             t.pp,
@@ -391,6 +412,7 @@ pub fn table(trials: &[Trial]) -> String {
             } else {
                 "-".into()
             },
+            t.chunks,
             t.recompute,
             if t.sequence { "on" } else { "-" },
             if t.offload { "disk" } else { "-" },
@@ -447,19 +469,28 @@ mod tests {
     fn every_layout_of_the_world_is_tried_and_the_fastest_comes_first() {
         let trials = rank_layouts(&config(), 2, None, fake);
         let got: Vec<Layout> = trials.iter().map(Trial::layout).collect();
-        // dp 2 at 4 ZeRO stages, tp 2, and pp 2 with 2, 4 and 8 micro-batches of the 8.
-        assert_eq!(got.len(), 8, "{got:?}");
+        // dp 2 at 4 ZeRO stages, tp 2, and pp 2 with 2, 4 and 8 micro-batches of the 8,
+        // and with 2 model chunks per rank at 2 micro-batches.
+        assert_eq!(got.len(), 9, "{got:?}");
         assert!(trials.iter().all(|t| t.fits && t.refused.is_none()));
         // dp 2 (speed 200) before tp 2 and pp 2 (100); 4 samples a replica.
         assert_eq!((trials[0].dp, trials[0].batch_size), (2, 4));
         assert!(got.iter().all(|l| l.recompute == 0 && !l.offload));
-        let mut micro: Vec<usize> = trials
+        let mut micro: Vec<(usize, usize)> = trials
             .iter()
             .filter(|t| t.pp == 2)
-            .map(|t| t.micro_batches)
+            .map(|t| (t.micro_batches, t.chunks))
             .collect();
         micro.sort();
-        assert_eq!(micro, [2, 4, 8]);
+        assert_eq!(micro, [(2, 1), (2, 2), (4, 1), (8, 1)]);
+        let interleaved = trials.iter().find(|t| t.chunks == 2).unwrap();
+        assert!(
+            interleaved
+                .flags()
+                .ends_with("--micro-batches 2 --virtual-stages 2"),
+            "{}",
+            interleaved.flags()
+        );
         let pp = trials.iter().find(|t| t.micro_batches == 8).unwrap();
         assert!(
             pp.flags()
@@ -502,27 +533,27 @@ mod tests {
             .filter(|t| t.fits)
             .map(Trial::layout)
             .collect();
-        assert_eq!(fitting.len(), 8, "{trials:?}");
+        assert_eq!(fitting.len(), 9, "{trials:?}");
         for l in &fitting {
             let segments = if l.pp > 1 { l.pp } else { RECOMPUTE_SEGMENTS };
             assert!(l.recompute == segments && !l.offload, "{l:?}");
         }
         assert_eq!(
             trials.iter().filter(|t| !t.fits).count(),
-            9,
+            10,
             "the bases and tp 2 with sequence parallelism, not fitting"
         );
         assert!(trials[0].fits && trials[0].flags().contains("--recompute 4"));
 
         // 400 bytes: only the optimizer state on disk fits: dp 2 at every ZeRO stage, tp 2
-        // and pp 2 (its 3 micro-batch counts).
+        // and pp 2 (its 3 micro-batch counts, and interleaved).
         let trials = rank_layouts(&config(), 2, Some(400), fake);
         let fitting: Vec<Layout> = trials
             .iter()
             .filter(|t| t.fits)
             .map(Trial::layout)
             .collect();
-        assert_eq!(fitting.len(), 8, "{trials:?}");
+        assert_eq!(fitting.len(), 9, "{trials:?}");
         assert!(fitting.iter().all(|l| l.offload));
         assert!(
             trials[0]

@@ -251,7 +251,7 @@ fn agreed_layout(
 ) -> Result<TrainingConfig> {
     let world = comm.world_size();
     let mut chosen = None;
-    let mut wire = [0f32; 9];
+    let mut wire = [0f32; 10];
     if comm.rank() == 0 {
         let layout = choose(&config, world).map_err(OnnxError::before_first_update);
         if let Ok(l) = &layout {
@@ -265,6 +265,7 @@ fn agreed_layout(
                 f32::from(u8::from(l.offload)),
                 l.micro as f32,
                 f32::from(u8::from(l.sequence)),
+                l.chunks as f32,
             ];
         }
         chosen = Some(layout);
@@ -289,6 +290,7 @@ fn agreed_layout(
         offload: wire[6] == 1.0,
         micro: n(7),
         sequence: wire[8] == 1.0,
+        chunks: n(9),
     };
     configure(&config, world, layout).map_err(OnnxError::before_first_update)
 }
