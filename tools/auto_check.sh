@@ -25,6 +25,14 @@ rows = []
 for t in trials:
     flags = ["--dp", t["dp"], "--tp", t["tp"], "--pp", t["pp"], "--zero", t["zero_stage"],
              "--batch-size", t["batch_size"], "--accumulation", t["accumulation"]]
+    if t["micro_batches"]:
+        flags += ["--micro-batches", t["micro_batches"], "--virtual-stages", t["chunks"]]
+    if t["sequence"]:
+        flags += ["--sequence-parallel"]
+    if t["recompute"]:
+        flags += ["--recompute", t["recompute"]]
+    if t["offload"]:
+        flags += ["--offload-optimizer", "disk"]
     out = f"{dir}/out"
     subprocess.run(["rm", "-rf", out], check=True)
     subprocess.run([bin, "train", "--config", cfg, "--output-dir", out] + [str(f) for f in flags],
@@ -33,10 +41,10 @@ for t in trials:
     rows.append((t, perf["throughput_per_sec"], perf["peak_rss_bytes"][0]))
 best = max(r[1] for r in rows)
 mib = lambda b: b / 2**20
-print("| layout (dp tp pp zero batch accum) | probe /s | measured /s | predicted peak | measured peak | |")
+print("| layout (dp tp pp zero batch accum micro v) | probe /s | measured /s | predicted peak | measured peak | |")
 print("|---|---|---|---|---|---|")
 for i, (t, speed, peak) in enumerate(rows):
-    name = f'{t["dp"]} {t["tp"]} {t["pp"]} {t["zero_stage"]} {t["batch_size"]} {t["accumulation"]}'
+    name = f'{t["dp"]} {t["tp"]} {t["pp"]} {t["zero_stage"]} {t["batch_size"]} {t["accumulation"]} {t["micro_batches"] or "-"} {t["chunks"]}'
     note = "chosen" if i == 0 else ""
     print(f'| {name} | {t["throughput_per_sec"]:.0f} | {speed:.0f} | {mib(t["predicted_peak_bytes"]):.0f} MiB | '
           f'{mib(peak):.0f} MiB ({100 * (t["predicted_peak_bytes"] - peak) / peak:+.1f}%) | {note} |')
