@@ -700,12 +700,16 @@ fn sigusr1_preempts_an_mpi_job_and_the_rerun_ends_bit_identical() {
     assert_eq!(kept.len(), 1, "{kept:?}");
     let stop = kept[0].0;
     assert!((1..200).contains(&stop), "stopped mid-run at {stop}");
-    // One line per rank process.
+    // Each rank process reports its stop, all after the checkpoint's update (the
+    // checkpoint itself, written by both ranks together, is the proof that both stopped
+    // there). mpirun ends the job at the first rank's status 75, so the other rank's line
+    // can be cut off: at least one line, and none naming another update.
     let stopped = format!("stopped by SIGUSR1 after update {stop}: checkpoint written");
-    assert_eq!(
-        log.matches(&stopped).count(),
-        2,
-        "both ranks stopped after the checkpoint's update:\n{log}"
+    assert!(
+        log.matches(&stopped).count() >= 1
+            && log.matches("stopped by SIGUSR1 after update").count()
+                == log.matches(&stopped).count(),
+        "the ranks stopped after the checkpoint's update:\n{log}"
     );
 
     let rerun = job("cut").output().unwrap();
