@@ -25,9 +25,9 @@ use burn_ort_dist::Communicator;
 
 use crate::error::{OnnxError, Result};
 use crate::model::{ForwardOutput, Mode, OnnxModel, vjp};
-use crate::pipeline::Stage;
 use crate::pipeline::schedule::{Pass, PipelineSchedule, Shape};
 use crate::pipeline::wire::{Flow, Mailbox, Tag, send_values};
+use crate::pipeline::{Partition, Stage};
 use crate::train::data::Batch;
 use crate::train::segmented::track_received;
 use crate::train::step::{PassSettings, loss_of_outputs, scalar};
@@ -35,11 +35,9 @@ use crate::value::{FloatValue, PhysTensor, Value};
 
 /// A rank of a pipeline: its stages and the group of its ranks.
 pub struct StageExec<'a> {
-    /// This rank's stages (model chunks), in pipeline order: stages `rank`, `rank + ranks`, ...
-    pub chunks: Vec<&'a Stage>,
-    /// Number of stages.
-    pub stages: usize,
-    /// The pipeline group: stage `s` runs on rank `s % ranks`.
+    /// The stages and the ranks they run on ([`Partition::rank_of`]).
+    pub partition: &'a Partition,
+    /// The pipeline group (this rank runs [`Partition::stages_of`] its rank).
     pub comm: &'a dyn Communicator,
     /// Where float values live.
     pub device: &'a Device,
@@ -105,21 +103,20 @@ struct Chunk<'s> {
 
 impl StageExec<'_> {
     fn last(&self, stage: &Stage) -> bool {
-        stage.index + 1 == self.stages
-    }
-
-    /// The rank running stage `stage`.
-    fn rank_of(&self, stage: usize) -> usize {
-        stage % self.comm.world_size()
+        stage.index + 1 == self.partition.stages.len()
     }
 
     /// Receive `count` values tagged `tag` from stage `stage`'s rank, counting the time
     /// blocked.
     fn recv(&self, stage: usize, tag: Tag, count: usize) -> Result<Vec<Value>> {
         let started = Instant::now();
-        let values = self
-            .mailbox
-            .recv(self.comm, self.rank_of(stage), tag, count, self.device);
+        let values = self.mailbox.recv(
+            self.comm,
+            self.partition.rank_of(stage),
+            tag,
+            count,
+            self.device,
+        );
         self.waited.set(self.waited.get() + started.elapsed());
         values
     }
@@ -128,7 +125,7 @@ impl StageExec<'_> {
     fn send(&self, tag: Tag, values: &[Value]) -> Result<()> {
         send_values(
             self.comm,
-            self.rank_of(tag.stage),
+            self.partition.rank_of(tag.stage),
             tag,
             &values.iter().collect::<Vec<_>>(),
         )
@@ -137,15 +134,16 @@ impl StageExec<'_> {
     /// This rank's model of each of its stages for a batch: the rank's model itself with
     /// one stage, each stage's part of it with several.
     fn chunks(&self, model: &OnnxModel) -> Result<Vec<Chunk<'_>>> {
-        if let [stage] = self.chunks[..] {
+        let stages = self.partition.stages_of(self.comm.rank());
+        if let [stage] = stages[..] {
             return Ok(vec![Chunk {
                 stage,
                 model: model.clone(),
             }]);
         }
-        self.chunks
-            .iter()
-            .map(|&stage| {
+        stages
+            .into_iter()
+            .map(|stage| {
                 Ok(Chunk {
                     stage,
                     model: model.clone().into_stage(stage.part())?,
@@ -175,7 +173,7 @@ impl StageExec<'_> {
         let mut state = Vec::new();
         let mut loss_sum = 0.0;
         let shape = Shape {
-            ranks: self.comm.world_size(),
+            ranks: self.partition.ranks,
             chunks: chunks.len(),
             micro: micro.len(),
         };

@@ -49,8 +49,7 @@ pub struct Pipelined {
 impl Pipelined {
     fn exec<'a>(&'a self, device: &'a Device) -> StageExec<'a> {
         StageExec {
-            chunks: self.partition.stages_of(self.comm.rank()),
-            stages: self.partition.stages.len(),
+            partition: &self.partition,
             comm: self.comm.as_ref(),
             device,
             waited: Default::default(),
