@@ -102,23 +102,36 @@ fn gpt2_tiny_adamw_10_steps_match_pytorch_on_gpu() {
     );
 }
 
-/// Every parameter gradient of gpt2_tiny over 32 x 16 tokens and `mean(logits^2)`.
-fn gpt2_tiny_grads_over_512_rows(device: &Device) -> Vec<(String, ndarray::ArrayD<f32>)> {
-    let device = device.clone().autodiff();
-    let model = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
-    let ids = ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[32, 16]), |ix| {
+/// `rows` x 16 token ids of gpt2_tiny's vocabulary.
+fn gpt2_tiny_ids(rows: usize) -> ndarray::ArrayD<i64> {
+    ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[rows, 16]), |ix| {
         ((ix[0] * 131 + ix[1] * 17) % 256) as i64
-    });
+    })
+}
+
+/// The device `model`'s logits for `ids` come out on, and every parameter gradient of
+/// `mean(logits^2)`.
+fn mean_square_grads(
+    model: &OnnxModel,
+    ids: ndarray::ArrayD<i64>,
+) -> (Device, Vec<(String, burn_onnx_train::value::FloatValue)>) {
     let out = model
         .forward(vec![("input_ids".into(), Value::Int(ids))], Mode::Train)
         .unwrap();
     let Some(Value::Float(logits)) = out.first().cloned() else {
         panic!("float logits")
     };
-    let loss = (logits.tensor.clone() * logits.tensor).mean();
-    let grads = loss.backward();
-    model
-        .param_grads(&grads)
+    let device = logits.tensor.device();
+    let grads = (logits.tensor.clone() * logits.tensor).mean().backward();
+    (device, model.param_grads(&grads))
+}
+
+/// Every parameter gradient of gpt2_tiny over 32 x 16 tokens and `mean(logits^2)`.
+fn gpt2_tiny_grads_over_512_rows(device: &Device) -> Vec<(String, ndarray::ArrayD<f32>)> {
+    let device = device.clone().autodiff();
+    let model = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
+    mean_square_grads(&model, gpt2_tiny_ids(32))
+        .1
         .into_iter()
         .map(|(name, g)| (name, g.to_array().unwrap()))
         .collect()
@@ -283,22 +296,10 @@ fn zero_3_on_gpu_matches_the_replicated_cpu_run() {
 fn zero_3_with_its_chunks_in_host_memory_computes_on_the_gpu_and_matches_the_cpu() {
     use burn_onnx_train::collective::{CollectiveGroup, Collectives};
     let device = gpu().autodiff();
-    let ids = ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[2, 16]), |ix| {
-        ((ix[0] * 131 + ix[1] * 17) % 256) as i64
-    });
     let grads_of = |model: &OnnxModel| {
-        let out = model
-            .forward(
-                vec![("input_ids".into(), Value::Int(ids.clone()))],
-                Mode::Train,
-            )
-            .unwrap();
-        let Some(Value::Float(logits)) = out.first().cloned() else {
-            panic!("float logits")
-        };
-        assert_eq!(logits.tensor.device(), device, "the logits' device");
-        let grads = (logits.tensor.clone() * logits.tensor).mean().backward();
-        model.param_grads(&grads)
+        let (logits_on, grads) = mean_square_grads(model, gpt2_tiny_ids(2));
+        assert_eq!(logits_on, device, "the logits' device");
+        grads
     };
     let plain = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
     let offloaded = plain
