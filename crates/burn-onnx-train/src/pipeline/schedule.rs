@@ -120,13 +120,15 @@ impl PipelineSchedule {
     }
 }
 
-/// The most (chunk, micro-batch) activations a rank holds at once under `passes`.
-pub fn peak_in_flight(passes: &[Pass]) -> usize {
-    let (mut live, mut peak) = (0usize, 0usize);
-    for p in passes {
-        match p {
-            Pass::Forward { .. } => live += 1,
-            Pass::Backward { .. } => live -= 1,
+/// The most activation a rank holds at once under `passes`: the largest sum of
+/// `weight(chunk)` over the (chunk, micro-batch) forwards whose backward has not run yet
+/// (`|_| 1.0`: how many are in flight).
+pub fn peak_in_flight(passes: &[Pass], weight: impl Fn(usize) -> f64) -> f64 {
+    let (mut live, mut peak) = (0.0f64, 0.0f64);
+    for pass in passes {
+        match *pass {
+            Pass::Forward { chunk, .. } => live += weight(chunk),
+            Pass::Backward { chunk, .. } => live -= weight(chunk),
         }
         peak = peak.max(live);
     }
@@ -231,10 +233,12 @@ mod tests {
                                 }
                             }
                             if schedule == PipelineSchedule::OneFOneB && chunks == 1 {
-                                assert!(peak_in_flight(&p) <= (ranks - rank).min(micro));
+                                assert!(
+                                    peak_in_flight(&p, |_| 1.0) <= (ranks - rank).min(micro) as f64
+                                );
                             }
                             if schedule == PipelineSchedule::Gpipe {
-                                assert_eq!(peak_in_flight(&p), micro * chunks);
+                                assert_eq!(peak_in_flight(&p, |_| 1.0), (micro * chunks) as f64);
                             }
                         }
                     }

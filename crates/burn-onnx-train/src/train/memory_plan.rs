@@ -34,8 +34,8 @@ use super::perf::proc_status_bytes;
 use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
-use crate::pipeline::schedule::Shape;
-use crate::pipeline::{Partition, Pass};
+use crate::pipeline::Partition;
+use crate::pipeline::schedule::{Shape, peak_in_flight};
 use crate::tensor_parallel::TensorParallel;
 use crate::value::Value;
 
@@ -192,21 +192,6 @@ fn stage_shares(
     Ok(per_stage.into_iter().map(|b| b / total).collect())
 }
 
-/// The most activation a pipeline rank holds at once under `passes`: the sum of the
-/// shares (`shares[chunk]`, a fraction of the whole graph's per micro-batch) of the
-/// (chunk, micro-batch) forwards whose backward has not run yet.
-fn peak_live_share(passes: &[Pass], shares: &[f64]) -> f64 {
-    let (mut live, mut peak) = (0.0f64, 0.0f64);
-    for pass in passes {
-        match *pass {
-            Pass::Forward { chunk, .. } => live += shares[chunk],
-            Pass::Backward { chunk, .. } => live -= shares[chunk],
-        }
-        peak = peak.max(live);
-    }
-    peak
-}
-
 /// Plan `c`'s layout on `train`'s samples (see the module doc): the probe runs first,
 /// then the model is loaded on the CPU to count each rank's part.
 pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> Result<MemoryPlan> {
@@ -288,7 +273,7 @@ pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> 
                         .iter()
                         .map(|s| shares[s.index])
                         .collect();
-                    peak_live_share(&passes, &mine)
+                    peak_in_flight(&passes, |chunk| mine[chunk])
                 })
                 .collect();
             let total: f64 = weights.iter().sum::<f64>().max(f64::MIN_POSITIVE);
