@@ -18,7 +18,8 @@
 #     the same model (tools/gpu/torch_gpt2.py) in the same run; and ZeRO-Offload's cost:
 #     the 124M and GPT-2 large (774M) shapes with AdamW's moments on the GPU and in host
 #     memory (`--offload-optimizer cpu`), and ZeRO-3 with the parameter chunks in host memory
-#     too (`--zero 3 --offload-params cpu`): update time, peak GPU memory and peak host RSS.
+#     too (`--zero 3 --offload-params cpu`) and on disk (`--offload-params disk`): update
+#     time, peak GPU memory and peak host RSS.
 #   - with CUDA and without --no-bench: the 124M shape under several layouts on the one GPU
 #     (thread ranks sharing it): one rank, tp 2 without and with sequence parallelism,
 #     ZeRO-3 without and with prefetch.
@@ -180,12 +181,13 @@ gpt2_dir() {
 
 # offload NAME LAYERS HEADS WIDTH BATCH SEQ PRECISION STEPS: the same run with AdamW's
 # moments on the GPU, in host memory (the update on the CPU), and under ZeRO-3 with the
-# parameter chunks in host memory too (`--zero 3 --offload-params cpu`), one process each.
+# parameter chunks in host memory too (`--zero 3 --offload-params cpu`) or in a file under
+# the run's directory (`--offload-params disk`), one process each.
 offload() {
   local dir="$work/offload-$1"
   gpt2_dir "$dir" "${@:2}"
   variants "offload $1" "$dir" "$7" "none:--offload-optimizer none" "cpu:--offload-optimizer cpu" \
-    "params:--zero 3 --offload-params cpu"
+    "params:--zero 3 --offload-params cpu" "params-disk:--zero 3 --offload-params disk"
 }
 
 # layouts NAME LAYERS HEADS WIDTH BATCH SEQ PRECISION STEPS: one model under several layouts,

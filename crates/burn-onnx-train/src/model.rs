@@ -29,11 +29,12 @@ use crate::seeds::mix_seed;
 use crate::trainability::{DefaultRole, Usage};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 
-pub use sharded::Sharding;
+pub use sharded::{ChunkPlace, Settled, Sharding};
 pub use tensor_parallel::Probe;
 
 pub mod named_store;
 pub mod profile;
+mod param_file;
 mod sharded;
 pub mod stage;
 mod tensor_parallel;
@@ -107,6 +108,8 @@ struct Spec {
     device: Device,
     /// ZeRO-3: the parameters hold only this rank's chunk (see [`sharded`]).
     sharding: Option<Sharding>,
+    /// ZeRO-3 with the chunks on disk: the file they live in.
+    param_file: Option<Arc<param_file::ParamFile>>,
     /// The groups its collective ops run on ([`OnnxModel::with_collectives`]).
     collectives: Collectives,
     /// A tensor-parallel rank's slice of the logits, when the head is split along the
@@ -241,6 +244,7 @@ impl OnnxModel {
                 sources,
                 device: device.clone(),
                 sharding: None,
+                param_file: None,
                 collectives: Collectives::default(),
                 vocab_shard: None,
                 prefetch: 0,
@@ -452,8 +456,8 @@ impl OnnxModel {
             return self.spec.device.clone();
         };
         match self.spec.sharding {
-            Some(s) if s.on_host && first.is_autodiff() => self.spec.device.clone(),
-            Some(s) if s.on_host => self.spec.device.clone().inner(),
+            Some(s) if s.off_device() && first.is_autodiff() => self.spec.device.clone(),
+            Some(s) if s.off_device() => self.spec.device.clone().inner(),
             _ => first,
         }
     }

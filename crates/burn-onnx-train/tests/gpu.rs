@@ -291,7 +291,7 @@ fn zero_3_on_gpu_matches_the_replicated_cpu_run() {
 /// parameter offload): the chunks live on the CPU device while the nodes compute on the
 /// GPU (the logits come out there, the chunks' gradients come back to the host, equal to
 /// the plain GPU model's), and 2 thread ranks on the GPU end where the replicated CPU run
-/// does.
+/// does, with the chunks in host memory and in a file (`"disk"`).
 #[test]
 fn zero_3_with_its_chunks_in_host_memory_computes_on_the_gpu_and_matches_the_cpu() {
     use burn_onnx_train::collective::{CollectiveGroup, Collectives};
@@ -345,17 +345,13 @@ fn zero_3_with_its_chunks_in_host_memory_computes_on_the_gpu_and_matches_the_cpu
         DeviceSpec::Cuda(None) => DeviceSpec::Cuda(Some(0)),
         spec => spec,
     };
-    let run = |device: DeviceSpec, zero_stage: usize, out: &Path| {
+    let run = |device: DeviceSpec, zero_stage: usize, params: ParamOffload, out: &Path| {
         let mut c = gpt2_config(out);
         c.parallel.device = device;
         c.parallel.data_parallel_size = 2;
         c.data.batch_size = 2;
         c.parallel.zero_stage = zero_stage;
-        c.offload.offload_params = if zero_stage == 3 {
-            ParamOffload::Cpu
-        } else {
-            ParamOffload::None
-        };
+        c.offload.offload_params = params;
         c.train.num_train_steps = 10;
         launch(c, gpt2_tokens(), None).unwrap()
     };
@@ -374,14 +370,17 @@ fn zero_3_with_its_chunks_in_host_memory_computes_on_the_gpu_and_matches_the_cpu
             .iter()
             .all(|p| p.val().device() == Device::flex().autodiff())
     );
-    let (gpu_out, cpu_out) = (tempdir("gpu-zero3-host"), tempdir("gpu-zero3-host-cpu"));
-    let gpu = run(spec, 3, &gpu_out);
-    let cpu = run(DeviceSpec::Cpu, 0, &cpu_out);
-    ended_where_the_cpu_did(
-        "ZeRO-3 with chunks in host memory",
-        (&gpu, &gpu_out),
-        (&cpu, &cpu_out),
-    );
+    let cpu_out = tempdir("gpu-zero3-host-cpu");
+    let cpu = run(DeviceSpec::Cpu, 0, ParamOffload::None, &cpu_out);
+    // In host memory, and in a file (`offload_params = "disk"`) read through the CPU.
+    for (params, what) in [
+        (ParamOffload::Cpu, "ZeRO-3 with chunks in host memory"),
+        (ParamOffload::Disk, "ZeRO-3 with chunks on disk"),
+    ] {
+        let gpu_out = tempdir(&format!("gpu-zero3-{params:?}"));
+        let gpu = run(spec, 3, params, &gpu_out);
+        ended_where_the_cpu_did(what, (&gpu, &gpu_out), (&cpu, &cpu_out));
+    }
 }
 
 /// A parallel run of gpt2_tiny on the GPU (`what`) against the CPU's: losses within 1e-4

@@ -3,13 +3,28 @@
 //! for bit (AdamW and LAMB on gpt2_tiny; ZeRO 1, 2 and 3 on two thread ranks, each rank's
 //! shard on disk), a checkpoint taken with the state on disk resumes bit-identically (also
 //! under ZeRO), no file is left in the offload directory, and the combinations it does not
-//! support are config errors naming the field.
+//! support are config errors naming the field. ZeRO-3's parameter chunks on disk
+//! (`offload.offload_params = "disk"`): updated in place in their file by the fused update,
+//! copied back after an optimizer that replaces them, and runs equal to ZeRO-3 in memory
+//! bit for bit, resumed bit-identically.
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
+use burn::optim::{GradientsParams, SgdConfig};
+use burn::tensor::Device;
+use burn_onnx_train::collective::{CollectiveGroup, Collectives};
+use burn_onnx_train::model::Settled;
 use burn_onnx_train::train::config::{OffloadTarget, OptimizerKind, ParamOffload};
+use burn_onnx_train::{Mode, OnnxModel, Value};
+use burn_ort_dist::LocalCommunicator;
+use burn_ort_dist::grad_sync::Reduction;
+use burn_ort_dist::strategy::UpdateStrategy;
+use burn_ort_dist::zero::Zero;
+use burn_ort_dist::zero::flat_optim::Rule;
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::{DeviceSpec, RunSummary, TrainingConfig};
 use common::*;
@@ -171,6 +186,17 @@ fn unsupported_offload_combinations_are_config_errors() {
         gpu.offload.offload_optimizer = target;
         gpu.validate(1).unwrap();
     }
+    // Parameter chunks on disk: ZeRO-3, on any device.
+    let mut on_disk = gpt2_config(&out);
+    on_disk.parallel.zero_stage = 3;
+    on_disk.offload.offload_params = ParamOffload::Disk;
+    on_disk.validate(1).unwrap();
+    on_disk.parallel.zero_stage = 2;
+    let err = on_disk.validate(1).unwrap_err().to_string();
+    assert!(
+        err.contains("config.offload.offload_params") && err.contains("zero_stage = 3"),
+        "{err}"
+    );
     // Parameter chunks in host memory: ZeRO-3 on a GPU only.
     let mut params = gpt2_config(&out);
     params.parallel.device = DeviceSpec::Wgpu(None);
@@ -197,4 +223,173 @@ fn unsupported_offload_combinations_are_config_errors() {
             "{err}"
         );
     }
+}
+
+/// `c` with ZeRO-3's parameter chunks in files under `out`/offload.
+fn params_on_disk(c: &TrainingConfig, out: &Path) -> TrainingConfig {
+    let mut c = c.clone();
+    c.checkpoint.output_dir = out.to_path_buf();
+    c.offload.offload_params = ParamOffload::Disk;
+    c.offload.offload_dir = Some(out.join("offload"));
+    c
+}
+
+/// `whole` as the ZeRO-3 model of one rank (its chunk is the whole parameter), its chunks
+/// in memory or in a file under `dir`.
+fn zero3(whole: &OnnxModel, dir: Option<&Path>) -> OnnxModel {
+    let model = match dir {
+        Some(d) => whole.clone().into_sharded_on_disk(0, 1, d),
+        None => whole.clone().into_sharded(0, 1),
+    };
+    model.unwrap().with_collectives(Collectives {
+        tensor_parallel: None,
+        sharding: Some(CollectiveGroup(Arc::new(LocalCommunicator))),
+    })
+}
+
+/// The gradients of `mean(logits^2)` over a fixed batch.
+fn mean_square_grads(model: &OnnxModel) -> GradientsParams {
+    let ids = ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[2, 16]), |ix| {
+        ((ix[0] * 131 + ix[1] * 17) % 256) as i64
+    });
+    let out = model
+        .forward(vec![("input_ids".into(), Value::Int(ids))], Mode::Train)
+        .unwrap();
+    let Some(Value::Float(logits)) = out.first().cloned() else {
+        panic!("float logits")
+    };
+    let grads = (logits.tensor.clone() * logits.tensor).mean().backward();
+    GradientsParams::from_grads(grads, model)
+}
+
+fn values(model: &OnnxModel) -> Vec<Vec<f32>> {
+    model
+        .params()
+        .iter()
+        .map(|p| p.val().into_data().try_to_vec::<f32>().unwrap())
+        .collect()
+}
+
+/// ZeRO-3's update (the runner's `Zero` strategy) writes chunks on disk in place (the settle
+/// after it finds each in its range of the file), Burn's SGD replaces them (each copied back
+/// into the file), and every value equals the same steps on chunks in memory.
+#[test]
+fn chunks_on_disk_take_the_zero_update_in_place_and_others_are_copied_back() {
+    let dir = tempdir("chunks-on-disk").join("offload");
+    let whole = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex().autodiff()).unwrap();
+    let (mut mem, mut disk) = (zero3(&whole, None), zero3(&whole, Some(&dir)));
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "the file is unlinked once mapped: {left:?}");
+    let n = disk.params().len();
+    let zero = || {
+        let rule = Rule::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+        };
+        let comm: Arc<dyn burn_ort_dist::Communicator> = Arc::new(LocalCommunicator);
+        Zero::new(3, comm, rule, Reduction::Mean, |_| 0.01, &whole).unwrap()
+    };
+    let (mut a, mut b) = (zero(), zero());
+    let start = values(&mem);
+    for _ in 0..2 {
+        // Each model moves into the update: a clone alive beside it would share its buffers
+        // (and the update would copy them on write).
+        let g = mean_square_grads(&mem);
+        (mem, _) = a.update(1e-2, mem, g, 0.0, false).unwrap();
+        let g = mean_square_grads(&disk);
+        (disk, _) = b.update(1e-2, disk, g, 0.0, false).unwrap();
+        let settled;
+        (disk, settled) = disk.settle_offloaded().unwrap();
+        assert_eq!(
+            settled,
+            Settled {
+                in_place: n,
+                copied_back: 0,
+                in_memory: 0
+            },
+            "ZeRO-3 AdamW"
+        );
+        assert_eq!(values(&disk), values(&mem), "ZeRO-3 AdamW");
+    }
+    let mut sgd = SgdConfig::new().init();
+    let g = mean_square_grads(&mem);
+    mem = sgd.step(1e-2, mem, g);
+    let g = mean_square_grads(&disk);
+    disk = sgd.step(1e-2, disk, g);
+    let (disk, settled) = disk.settle_offloaded().unwrap();
+    assert_eq!(settled.in_memory, 0, "SGD");
+    assert_eq!(values(&disk), values(&mem), "SGD");
+    let moved = values(&mem)
+        .iter()
+        .zip(&start)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert!(moved > n / 2, "{moved} of {n} parameters moved");
+    // A value set from outside (as a resume or a state update does) is a new tensor in
+    // memory until the settle copies it into the file.
+    let name = disk.param_infos()[0].name.clone();
+    let first = HashMap::from([(name.clone(), whole.param_by_name(&name).unwrap())]);
+    let disk = disk.set_params(&first).unwrap();
+    let (disk, settled) = disk.settle_offloaded().unwrap();
+    assert_eq!(
+        settled,
+        Settled {
+            in_place: n - 1,
+            copied_back: 1,
+            in_memory: 0
+        },
+        "set_params"
+    );
+    assert_eq!(values(&disk)[0], start[0], "{name} read back from the file");
+}
+
+/// Runs with the chunks on disk equal ZeRO-3 in memory bit for bit: AdamW, SGD, AdamW
+/// with its moments on disk too, and with recomputation (segments cut from the sharded
+/// model read their chunks from the file); no file is left behind.
+#[test]
+fn parameters_on_disk_train_bit_identically_to_zero3_in_memory() {
+    for (tag, kind, moments, recompute) in [
+        ("adamw", OptimizerKind::Adamw, OffloadTarget::None, 0),
+        ("sgd", OptimizerKind::Sgd, OffloadTarget::None, 0),
+        ("adamw-moments", OptimizerKind::Adamw, OffloadTarget::Disk, 0),
+        ("adamw-recompute", OptimizerKind::Adamw, OffloadTarget::None, 2),
+    ] {
+        let base = tempdir(&format!("params-disk-{tag}-mem"));
+        let mut c = zero_dp2(&gpt2_config(&base), 3);
+        c.optimizer.kind = kind;
+        c.parallel.recompute_segments = recompute;
+        if kind == OptimizerKind::Sgd {
+            c.lr.initial_lr = 0.1;
+        }
+        let want = run_threads(c.clone());
+        let disk = tempdir(&format!("params-disk-{tag}-disk"));
+        let mut d = params_on_disk(&c, &disk);
+        d.offload.offload_optimizer = moments;
+        let got = run_threads(d);
+        assert_eq!(got.losses, want.losses, "{tag}: losses");
+        params_equal_exactly(&base, &disk);
+        assert_moved(
+            &refkit("models/gpt2_tiny.onnx"),
+            &disk.join("gpt2_tiny_trained.onnx"),
+            1e-3,
+        );
+        let left: Vec<_> = std::fs::read_dir(disk.join("offload")).unwrap().collect();
+        assert!(left.is_empty(), "{tag}: files unlinked once mapped: {left:?}");
+    }
+}
+
+#[test]
+fn a_checkpoint_of_parameters_on_disk_resumes_bit_identically() {
+    let whole = tempdir("params-disk-ckpt-whole");
+    let mut c = params_on_disk(&zero_dp2(&gpt2_config(&whole), 3), &whole);
+    c.checkpoint.checkpoint_period = 3;
+    let want = run_threads(c.clone());
+    let resumed = tempdir("params-disk-ckpt-resumed");
+    let mut r = params_on_disk(&c, &resumed);
+    r.checkpoint.checkpoint_to_load_path = Some(whole.join("checkpoints/ckpt-000000003"));
+    let got = run_threads(r);
+    assert_eq!(got.start_step, 3);
+    assert_eq!(got.losses, want.losses[3..].to_vec());
+    params_equal_exactly(&whole, &resumed);
 }

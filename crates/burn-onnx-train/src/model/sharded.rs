@@ -6,8 +6,12 @@
 //! take [`OnnxModel::unsharded`]. With the chunks in host memory
 //! ([`OnnxModel::into_sharded_on_host`], ZeRO-Infinity's parameter offload) the gather
 //! runs on the host and the whole parameter moves to the model's device where it is read;
-//! Burn's autodiff moves its gradient back for the reduce-scatter.
+//! Burn's autodiff moves its gradient back for the reduce-scatter. With the chunks on disk
+//! ([`OnnxModel::into_sharded_on_disk`], `param_file.rs`) they are host tensors over a
+//! memory-mapped file, paged in where they are read or updated and released after;
+//! [`OnnxModel::settle_offloaded`] puts replaced chunks back into the file after an update.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use burn::module::Param;
@@ -15,6 +19,7 @@ use burn::tensor::{Device, TensorData};
 use burn_ort_dist::Communicator;
 use burn_ort_dist::zero::layout::chunk_of;
 
+use super::param_file::{Kept, ParamFile};
 use super::{OnnxModel, Source, Spec};
 use crate::collective::param_gather::gather_param;
 use crate::collective::{CollectiveGroup, Collectives};
@@ -28,9 +33,30 @@ pub struct Sharding {
     pub rank: usize,
     /// Chunks per parameter (the sharding group's size).
     pub world: usize,
-    /// The chunks live in host memory (on the CPU device) while the model computes on
-    /// another device.
-    pub on_host: bool,
+    /// Where the chunks live.
+    pub place: ChunkPlace,
+}
+
+/// How [`OnnxModel::settle_offloaded`] kept the chunks on disk: counts of chunks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Updated in place in the file.
+    pub in_place: usize,
+    /// Replaced by the update and copied back into the file.
+    pub copied_back: usize,
+    /// Left in memory for now (a tensor over its range is still alive).
+    pub in_memory: usize,
+}
+
+/// Where a ZeRO-3 model keeps its chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkPlace {
+    /// On the model's device.
+    Device,
+    /// In host memory (on the CPU device) while the model computes on another device.
+    Host,
+    /// In a memory-mapped file, read through the CPU device (on any compute device).
+    Disk,
 }
 
 impl Sharding {
@@ -42,11 +68,16 @@ impl Sharding {
     /// Where the chunk of `whole` (on the model's device) lives.
     fn device_of(&self, whole: &PhysTensor) -> Device {
         let device = whole.device();
-        if self.on_host {
-            host_device(&device)
-        } else {
+        if self.place == ChunkPlace::Device {
             device
+        } else {
+            host_device(&device)
         }
+    }
+
+    /// Whether the chunks live off the model's device (a read moves the gathered whole).
+    pub fn off_device(&self) -> bool {
+        self.place != ChunkPlace::Device
     }
 }
 
@@ -76,16 +107,42 @@ impl OnnxModel {
     /// Keep chunk `rank` of `world` of every float parameter (ZeRO-3); the parameters keep
     /// their ids and roles.
     pub fn into_sharded(self, rank: usize, world: usize) -> Result<OnnxModel> {
-        self.shard(rank, world, false)
+        self.shard(rank, world, ChunkPlace::Device, None)
     }
 
     /// [`Self::into_sharded`] with the chunks in host memory: a node's read gathers its
     /// parameter there and moves it to the model's device (see the module doc).
     pub fn into_sharded_on_host(self, rank: usize, world: usize) -> Result<OnnxModel> {
-        self.shard(rank, world, true)
+        self.shard(rank, world, ChunkPlace::Host, None)
     }
 
-    fn shard(mut self, rank: usize, world: usize, on_host: bool) -> Result<OnnxModel> {
+    /// [`Self::into_sharded_on_host`] with the chunks in a memory-mapped file under `dir`
+    /// (unlinked once mapped), paged in where they are read or updated.
+    pub fn into_sharded_on_disk(self, rank: usize, world: usize, dir: &Path) -> Result<OnnxModel> {
+        let world = world.max(1);
+        let lens = self
+            .spec
+            .params
+            .iter()
+            .map(|info| Ok(padded(&info.shape)?.iter().product::<usize>().div_ceil(world)))
+            .collect::<std::result::Result<Vec<usize>, OpError>>()
+            .map_err(|e| OnnxError::field("offload.offload_params", e.0))?;
+        let file = ParamFile::create(dir, &lens).map_err(|e| {
+            OnnxError::field(
+                "offload.offload_dir",
+                format!("cannot create the parameter file in {}: {e}", dir.display()),
+            )
+        })?;
+        self.shard(rank, world, ChunkPlace::Disk, Some(Arc::new(file)))
+    }
+
+    fn shard(
+        mut self,
+        rank: usize,
+        world: usize,
+        place: ChunkPlace,
+        file: Option<Arc<ParamFile>>,
+    ) -> Result<OnnxModel> {
         if self.spec.sharding.is_some() {
             return Err(OnnxError::field(
                 "zero_stage",
@@ -95,9 +152,9 @@ impl OnnxModel {
         let sharding = Sharding {
             rank,
             world: world.max(1),
-            on_host,
+            place,
         };
-        for (p, info) in self.params.iter_mut().zip(&self.spec.params) {
+        for (i, (p, info)) in self.params.iter_mut().zip(&self.spec.params).enumerate() {
             let old = std::mem::replace(
                 p,
                 Param::from_tensor(PhysTensor::empty([1; MAX_RANK], &self.spec.device)),
@@ -105,14 +162,47 @@ impl OnnxModel {
             let (id, t, _) = old.consume();
             let require = t.is_require_grad();
             let device = sharding.device_of(&t);
-            let chunk = vector(sharding.cut(&host(t.clone(), &info.name)?), &device);
+            let values = sharding.cut(&host(t, &info.name)?);
+            let chunk = match &file {
+                Some(f) => f.store(i, &values, device.is_autodiff()),
+                None => vector(values, &device),
+            };
             *p = Param::initialized(id, chunk.set_require_grad(require));
         }
         self.spec = Arc::new(Spec {
             sharding: Some(sharding),
+            param_file: file,
             ..(*self.spec).clone()
         });
         Ok(self)
+    }
+
+    /// After an update of a model with its chunks on disk: every chunk kept in its range
+    /// of the file, its pages released (a chunk the update replaced is copied back; see
+    /// `param_file.rs`), with how many chunks were kept each way. Other models come back
+    /// as they are.
+    pub fn settle_offloaded(mut self) -> Result<(OnnxModel, Settled)> {
+        let mut settled = Settled::default();
+        let Some(file) = self.spec.param_file.clone() else {
+            return Ok((self, settled));
+        };
+        for (i, p) in self.params.iter_mut().enumerate() {
+            let old = std::mem::replace(
+                p,
+                Param::from_tensor(PhysTensor::empty([1; MAX_RANK], &self.spec.device)),
+            );
+            let (id, t, _) = old.consume();
+            let (t, kept) = file
+                .settle(i, t)
+                .map_err(|e| OnnxError::field(&self.spec.params[i].name, e))?;
+            match kept {
+                Kept::InPlace => settled.in_place += 1,
+                Kept::CopiedBack => settled.copied_back += 1,
+                Kept::InMemory => settled.in_memory += 1,
+            }
+            *p = Param::initialized(id, t);
+        }
+        Ok((self, settled))
     }
 
     /// This model with its collective ops running on `groups` (the parallel plan's
@@ -190,9 +280,10 @@ impl OnnxModel {
             ));
         }
         let mut params = Vec::with_capacity(self.params.len());
-        for (p, info) in self.params.iter().zip(&self.spec.params) {
+        for (i, (p, info)) in self.params.iter().zip(&self.spec.params).enumerate() {
             let t = p.val();
             let chunk = host(t.clone(), &info.name)?;
+            self.release_chunk(i);
             let mut whole = vec![0.0; chunk.len() * s.world];
             group.all_gather(&chunk, &mut whole)?;
             let phys = padded(&info.shape).map_err(|e| OnnxError::field(&info.name, e.0))?;
@@ -232,11 +323,19 @@ impl OnnxModel {
             )));
         };
         let whole = gather_param(p.val(), padded(&info.shape)?, group);
+        self.release_chunk(i);
         let whole = match self.spec.sharding {
-            Some(s) if s.on_host => whole.to_device(&self.device()),
+            Some(s) if s.off_device() => whole.to_device(&self.device()),
             _ => whole,
         };
         Ok(FloatValue::new(whole, info.shape.len()))
+    }
+
+    /// Drop chunk `i`'s pages from memory once it is read, when the chunks are on disk.
+    pub(crate) fn release_chunk(&self, i: usize) {
+        if let Some(file) = &self.spec.param_file {
+            file.release(i);
+        }
     }
 
     /// The logical rank of what parameter `i` stores: its own, or 1 for a chunk.

@@ -130,12 +130,14 @@ impl OnnxModel {
         let mut params = Vec::new();
         let mut infos = Vec::new();
         let mut sources = HashMap::new();
+        let mut kept = Vec::new();
         let old = std::mem::take(&mut self.params);
-        for (p, info) in old.into_iter().zip(&self.spec.params) {
+        for (i, (p, info)) in old.into_iter().zip(&self.spec.params).enumerate() {
             if stage.params.contains(&info.name) {
                 sources.insert(info.name.clone(), Source::Param(params.len()));
                 params.push(p);
                 infos.push(info.clone());
+                kept.push(i);
             }
         }
         for (name, source) in &self.spec.sources {
@@ -160,6 +162,11 @@ impl OnnxModel {
                 sources,
                 device: self.spec.device.clone(),
                 sharding: self.spec.sharding,
+                param_file: self
+                    .spec
+                    .param_file
+                    .as_ref()
+                    .map(|f| Arc::new(f.select(&kept))),
                 collectives: self.spec.collectives.clone(),
                 vocab_shard,
                 prefetch: self.spec.prefetch,

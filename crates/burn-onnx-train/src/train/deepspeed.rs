@@ -13,7 +13,7 @@
 //! | `bf16.enabled` | `precision = "bf16"` |
 //! | `zero_optimization.stage` | `zero_stage` |
 //! | `zero_optimization.offload_optimizer.device` "nvme" / "cpu" / "none", `nvme_path` | `offload.offload_optimizer` "disk" / "cpu" / "none", `offload.offload_dir` |
-//! | `zero_optimization.offload_param.device` "cpu" / "none" ("nvme" is refused) | `offload.offload_params` "cpu" / "none" |
+//! | `zero_optimization.offload_param.device` "nvme" / "cpu" / "none", `nvme_path` | `offload.offload_params` "disk" / "cpu" / "none", `offload.offload_dir` |
 //! | `optimizer.type` Adam (AdamW unless `adam_w_mode` is false), AdamW, Lamb, SGD; `params` lr, betas, eps, weight_decay, momentum | `optimizer`, `lr.initial_lr` |
 //! | `scheduler.type` WarmupLR, WarmupDecayLR, WarmupCosineLR with linear warm-up from 0 | `lr.mode` constant, linear, cosine; `lr.warmup_ratio`; `total_num_steps` sets the updates |
 //! | `steps_per_print` | `display_loss_steps` |
@@ -253,16 +253,29 @@ impl Ds<'_> {
     }
 
     /// `zero_optimization.offload_param`: `device` "cpu" keeps ZeRO-3's parameter chunks
-    /// in host memory; "nvme" (parameters on disk) is not implemented.
+    /// in host memory, "nvme" in a file under `nvme_path` (the one directory of the
+    /// offload files: it must agree with `offload_optimizer.nvme_path`).
     fn offload_param(&mut self, s: &Map<String, Value>) -> Step {
         let name = "zero_optimization.offload_param";
-        only(name, s, &["device"])?;
+        only(name, s, &["device", "nvme_path"])?;
         self.c.offload.offload_params =
             match text(&format!("{name}.device"), s.get("device"))?.as_str() {
                 "none" => ParamOffload::None,
                 "cpu" => ParamOffload::Cpu,
+                "nvme" => ParamOffload::Disk,
                 other => return Err(unsupported(&format!("{name}.device = {other:?}"))),
             };
+        if let Some(p) = s.get("nvme_path") {
+            let path: std::path::PathBuf = text(&format!("{name}.nvme_path"), Some(p))?.into();
+            match &self.c.offload.offload_dir {
+                Some(dir) if dir != &path => {
+                    return Err(format!(
+                        "{name}.nvme_path {path:?} differs from zero_optimization.offload_optimizer.nvme_path {dir:?}: this trainer keeps every offload file in one directory"
+                    ));
+                }
+                _ => self.c.offload.offload_dir = Some(path),
+            }
+        }
         Ok(())
     }
 

@@ -99,9 +99,10 @@ pub struct TrainFlags {
     /// the config's `offload.offload_dir`) instead of memory (`offload.offload_optimizer`).
     #[arg(long, value_name = "none|cpu|disk")]
     pub offload_optimizer: Option<OffloadTarget>,
-    /// With --zero 3 on a GPU: keep the parameter chunks in host memory (`cpu`), gathered
-    /// onto the GPU where a node reads them (`offload.offload_params`).
-    #[arg(long, value_name = "none|cpu")]
+    /// With --zero 3: keep the parameter chunks in host memory while a GPU computes (`cpu`)
+    /// or in a memory-mapped file under the offload directory (`disk`), gathered where a
+    /// node reads them (`offload.offload_params`).
+    #[arg(long, value_name = "none|cpu|disk")]
     pub offload_params: Option<ParamOffload>,
     /// Activation recomputation over N segments (`recompute_segments`; 0 off).
     #[arg(long, value_name = "N")]

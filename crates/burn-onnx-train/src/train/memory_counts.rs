@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use serde::Serialize;
 
-use super::config::{OffloadTarget, OptimizerKind, TrainingConfig};
+use super::config::{OffloadTarget, OptimizerKind, ParamOffload, TrainingConfig};
 use crate::kernels::FLAT_CHUNK;
 use crate::model::{OnnxModel, ParamRole};
 
@@ -19,14 +19,15 @@ pub struct RankMemory {
     pub tp_rank: usize,
     /// Pipeline stage.
     pub stage: usize,
-    /// Parameters this rank holds (ZeRO-3: its chunks).
+    /// Parameters this rank holds in memory (ZeRO-3: its chunks; none on disk).
     pub parameter_bytes: u64,
     /// Gradients held through the update (ZeRO-2/3: its shard).
     pub gradient_bytes: u64,
     /// Optimizer state in memory.
     pub optimizer_state_bytes: u64,
-    /// Optimizer state in files (`offload_optimizer = "disk"`).
-    pub optimizer_on_disk_bytes: u64,
+    /// Optimizer state and parameter chunks in files (`offload_optimizer = "disk"`,
+    /// `offload_params = "disk"`).
+    pub on_disk_bytes: u64,
     /// Forward/backward working set of one micro-step (see the module doc).
     pub working_set_bytes: u64,
     /// The rank's peak, without the process's own footprint.
@@ -95,11 +96,13 @@ pub(super) fn rank_memory(
     );
     let zero = c.parallel.zero_stage;
     let shard = train_n.div_ceil(dp as u64);
-    let parameter_bytes = 4 * if zero == 3 {
+    let held = 4 * if zero == 3 {
         all.iter().map(|&n| (n as u64).div_ceil(dp as u64)).sum()
     } else {
         all_n
     };
+    let params_on_disk = c.offload.offload_params == ParamOffload::Disk;
+    let parameter_bytes = if params_on_disk { 0 } else { held };
     let gradient_bytes = 4 * match zero {
         0 => train_n,
         1 => shard * dp as u64,
@@ -126,7 +129,7 @@ pub(super) fn rank_memory(
         parameter_bytes,
         gradient_bytes,
         optimizer_state_bytes,
-        optimizer_on_disk_bytes: if on_disk { state } else { 0 },
+        on_disk_bytes: if on_disk { state } else { 0 } + if params_on_disk { held } else { 0 },
         working_set_bytes: working,
         peak_bytes: parameter_bytes
             + gradient_bytes

@@ -342,7 +342,7 @@ impl std::fmt::Display for MemoryPlan {
                 mib(r.parameter_bytes),
                 mib(r.gradient_bytes),
                 mib(r.optimizer_state_bytes),
-                mib(r.optimizer_on_disk_bytes),
+                mib(r.on_disk_bytes),
                 mib(r.working_set_bytes),
                 mib(r.peak_bytes)
             )?;

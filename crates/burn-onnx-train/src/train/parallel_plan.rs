@@ -12,6 +12,7 @@
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use burn::module::ParamId;
@@ -65,8 +66,8 @@ pub struct ParallelPlan {
     model_group: Option<Arc<dyn Communicator>>,
     /// ZeRO-3: parameters sharded across the data-parallel group.
     sharded: bool,
-    /// ZeRO-3's chunks in host memory (`offload.offload_params = "cpu"`).
-    chunks_on_host: bool,
+    /// Where ZeRO-3's chunks live (`offload.offload_params`), with the offload directory.
+    chunk_place: (ParamOffload, PathBuf),
     /// Gradients cross the data-parallel group as f16 (`allreduce_in_fp16`).
     fp16_gradients: bool,
 }
@@ -93,7 +94,7 @@ impl ParallelPlan {
             tensor_parallel: None,
             model_group,
             sharded: c.parallel.zero_stage == 3,
-            chunks_on_host: c.offload.offload_params == ParamOffload::Cpu,
+            chunk_place: (c.offload.offload_params, c.offload_dir()),
             fp16_gradients: c.parallel.allreduce_in_fp16,
         })
     }
@@ -286,14 +287,17 @@ impl ParallelPlan {
     }
 
     /// What this rank trains of `model` (its whole part): with ZeRO-3 its data-parallel
-    /// rank's chunk of every parameter (in host memory with `offload_params`), otherwise
-    /// all of it.
+    /// rank's chunk of every parameter (in host memory or on disk with `offload_params`),
+    /// otherwise all of it.
     pub fn shard(&self, model: OnnxModel) -> Result<OnnxModel> {
         let (rank, world) = (self.groups.dp_rank, self.topology.dp);
-        match (self.sharded, self.chunks_on_host) {
-            (false, _) => Ok(model),
-            (true, false) => model.into_sharded(rank, world),
-            (true, true) => model.into_sharded_on_host(rank, world),
+        if !self.sharded {
+            return Ok(model);
+        }
+        match &self.chunk_place {
+            (ParamOffload::None, _) => model.into_sharded(rank, world),
+            (ParamOffload::Cpu, _) => model.into_sharded_on_host(rank, world),
+            (ParamOffload::Disk, dir) => model.into_sharded_on_disk(rank, world, dir),
         }
     }
 

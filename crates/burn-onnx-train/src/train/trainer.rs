@@ -100,7 +100,7 @@ impl Trainer {
                 parameters_mib = m.parameter_bytes >> 20,
                 gradients_mib = m.gradient_bytes >> 20,
                 optimizer_state_mib = m.optimizer_state_bytes >> 20,
-                optimizer_on_disk_mib = m.optimizer_on_disk_bytes >> 20,
+                on_disk_mib = m.on_disk_bytes >> 20,
                 "memory pre-flight (rank 0, before its working set: `onnx-train plan` measures that)"
             );
         }
@@ -172,6 +172,10 @@ impl Trainer {
             self.c.train.max_grad_norm,
             display && self.out.tb.wants_norms(),
         )?;
+        let (model, settled) = model.settle_offloaded()?;
+        if settled.copied_back + settled.in_memory > 0 {
+            tracing::debug!(?settled, "parameter chunks on disk after the update");
+        }
         let sync_time = update_started.elapsed();
         self.update += 1;
         if display && !self.c.logging.norm_weights.is_empty() {

@@ -66,9 +66,26 @@ pub struct ShardState {
     pub slots: StateVectors,
 }
 
-/// Update `params` (this rank's shard) with `grads` (the reduced gradient of the same
-/// shard). `decay[i]` is the weight decay of layout slot `i`; untrainable slots are left as
-/// they are.
+/// This rank's shard in one flat buffer as the values of each of its `pieces` (in order,
+/// as [`apply`] takes them).
+pub fn piece_values<'a>(flat: &'a mut [f32], pieces: &[Piece]) -> Vec<&'a mut [f32]> {
+    let mut rest = flat;
+    let mut at = 0;
+    let mut out = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(p.local.start - at);
+        let (mine, tail) = tail.split_at_mut(p.local.len());
+        out.push(mine);
+        rest = tail;
+        at = p.local.end;
+    }
+    out
+}
+
+/// Update this rank's shard with `grads` (the reduced gradient of the shard): `params[k]`
+/// holds the values of `pieces[k]` (from [`piece_values`], or the parameters' own buffers
+/// when a ZeRO-3 module is updated in place). `decay[i]` is the weight decay of layout
+/// slot `i`; untrainable slots are left as they are.
 #[allow(clippy::too_many_arguments)]
 pub fn apply(
     rule: Rule,
@@ -76,15 +93,21 @@ pub fn apply(
     layout: &FlatLayout,
     pieces: &[Piece],
     decay: &[f32],
-    params: &mut [f32],
+    params: &mut [&mut [f32]],
     grads: &[f32],
     state: &mut ShardState,
     comm: &dyn Communicator,
 ) -> DistResult<()> {
+    if params.len() != pieces.len() || pieces.iter().zip(params.iter()).any(|(p, w)| w.len() != p.local.len()) {
+        return Err(crate::error::DistError::Invalid {
+            rank: comm.rank(),
+            message: "ZeRO update: the parameter values do not match the shard's pieces".into(),
+        });
+    }
     state.step += 1;
     let t = state.step as i32;
     let lr32 = lr as f32;
-    let trained = |p: &&Piece| layout.slots[p.slot].trainable;
+    let trained = |(p, _): &(&Piece, &mut &mut [f32])| layout.slots[p.slot].trainable;
     // State on disk: each piece's pages are released once it is updated.
     let (mut vectors, releaser) = state.slots.get_mut();
     let done = |p: &Piece| {
@@ -94,11 +117,11 @@ pub fn apply(
     };
     match rule {
         Rule::Sgd { momentum } => {
-            for p in pieces.iter().filter(trained) {
+            for (p, w) in pieces.iter().zip(params.iter_mut()).filter(trained) {
                 let wd = decay[p.slot];
-                for i in p.local.clone() {
+                for (k, i) in p.local.clone().enumerate() {
                     let g = if wd != 0.0 {
-                        params[i] * wd + grads[i]
+                        w[k] * wd + grads[i]
                     } else {
                         grads[i]
                     };
@@ -113,7 +136,7 @@ pub fn apply(
                         };
                         *v
                     };
-                    params[i] -= step * lr32;
+                    w[k] -= step * lr32;
                 }
                 done(p);
             }
@@ -130,12 +153,12 @@ pub fn apply(
         } => {
             let decoupled = matches!(rule, Rule::AdamW { .. });
             let step = AdamStep::new(beta1, beta2, epsilon, lr, t);
-            for p in pieces.iter().filter(trained) {
+            for (p, w) in pieces.iter().zip(params.iter_mut()).filter(trained) {
                 let wd = decay[p.slot];
                 let keep = (1.0 - lr * f64::from(wd)) as f32;
-                for i in p.local.clone() {
+                for (k, i) in p.local.clone().enumerate() {
                     let g = if !decoupled && wd != 0.0 {
-                        params[i] * wd + grads[i]
+                        w[k] * wd + grads[i]
                     } else {
                         grads[i]
                     };
@@ -144,11 +167,11 @@ pub fn apply(
                     };
                     let delta = step.direction(g, &mut m[i], &mut v[i]);
                     let p0 = if decoupled && wd != 0.0 {
-                        params[i] * keep
+                        w[k] * keep
                     } else {
-                        params[i]
+                        w[k]
                     };
-                    params[i] = p0 - delta * lr32;
+                    w[k] = p0 - delta * lr32;
                 }
                 done(p);
             }
@@ -160,21 +183,21 @@ pub fn apply(
         } => {
             let step = AdamStep::new(beta1, beta2, epsilon, lr, t);
             // The update direction u into `direction`, with per-slot partial |p|^2 and |u|^2.
-            let mut direction = vec![0.0f32; params.len()];
+            let mut direction = vec![0.0f32; grads.len()];
             let mut norms = vec![0.0f32; 2 * layout.slots.len()];
-            for p in pieces.iter().filter(trained) {
+            for (p, w) in pieces.iter().zip(params.iter_mut()).filter(trained) {
                 let wd = decay[p.slot];
                 let (mut pp, mut uu) = (0.0f64, 0.0f64);
-                for i in p.local.clone() {
+                for (k, i) in p.local.clone().enumerate() {
                     let [m, v] = &mut vectors[..] else {
                         unreachable!("LAMB keeps two moments")
                     };
                     let mut u = step.direction(grads[i], &mut m[i], &mut v[i]);
                     if wd != 0.0 {
-                        u += params[i] * wd;
+                        u += w[k] * wd;
                     }
                     direction[i] = u;
-                    pp += f64::from(params[i]).powi(2);
+                    pp += f64::from(w[k]).powi(2);
                     uu += f64::from(u).powi(2);
                 }
                 norms[2 * p.slot] = pp as f32;
@@ -184,11 +207,11 @@ pub fn apply(
             if comm.world_size() > 1 {
                 comm.all_reduce(&mut norms, ReduceOp::Sum)?;
             }
-            for p in pieces.iter().filter(trained) {
+            for (p, w) in pieces.iter().zip(params.iter_mut()).filter(trained) {
                 let (pn, un) = (norms[2 * p.slot].sqrt(), norms[2 * p.slot + 1].sqrt());
                 let trust = if pn > 0.0 && un > 0.0 { pn / un } else { 1.0 };
-                for i in p.local.clone() {
-                    params[i] -= direction[i] * trust * lr32;
+                for (k, i) in p.local.clone().enumerate() {
+                    w[k] -= direction[i] * trust * lr32;
                 }
             }
         }

@@ -24,6 +24,7 @@
 
 mod buckets;
 pub mod flat_optim;
+mod host_chunks;
 pub mod layout;
 pub mod state_files;
 pub mod state_vectors;
@@ -40,7 +41,8 @@ use crate::grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, reduce_gradients};
 use crate::strategy::{
     MemoryUse, ModelParallel, StateFile, UpdateReport, UpdateStrategy, clip_scale, sum_squares,
 };
-use flat_optim::{Rule, ShardState, apply};
+use flat_optim::{Rule, ShardState, apply, piece_values};
+use host_chunks::HostChunks;
 use layout::{FlatLayout, Partitioning, Piece};
 use state_vectors::StateVectors;
 
@@ -132,6 +134,50 @@ impl Zero {
         Ok(self)
     }
 
+    /// The update of this rank's shard applied to `module`: at stage 3 with the chunks on
+    /// the CPU, in their own buffers (`host_chunks`); otherwise on a flat copy of the
+    /// shard, then scattered into the chunks (stage 3) or all-gathered (stages 1, 2).
+    fn apply_to<M: Module>(
+        &mut self,
+        lr: f64,
+        module: M,
+        g: &[f32],
+        local: Option<&FlatLayout>,
+    ) -> DistResult<M> {
+        let (layout, comm) = (&self.layout, self.comm.as_ref());
+        let taken = match local {
+            Some(_) => HostChunks::take(module),
+            None => Err(module),
+        };
+        let module = match taken {
+            Ok((module, mut chunks)) => {
+                let mut values = chunks.piece_values(&self.pieces);
+                let step = apply(
+                    self.rule, lr, layout, &self.pieces, &self.decay, &mut values, g,
+                    &mut self.state, comm,
+                );
+                drop(values);
+                let module = chunks.put_back(module);
+                step?;
+                return Ok(module);
+            }
+            Err(module) => module,
+        };
+        let mut mine = match local {
+            Some(l) => l.shard_params(&module, 0)?,
+            None => layout.shard_params(&module, comm.rank())?,
+        };
+        let mut values = piece_values(&mut mine, &self.pieces);
+        apply(
+            self.rule, lr, layout, &self.pieces, &self.decay, &mut values, g,
+            &mut self.state, comm,
+        )?;
+        Ok(match local {
+            Some(l) => l.scatter_params(module, &mine),
+            None => buckets::gather_params(comm, layout, module, &mine, buckets::BUCKET)?,
+        })
+    }
+
     /// This rank's shard of the reduced gradient: stage 1 all-reduces (or Adasum-combines)
     /// the whole gradient and keeps its shard; stage 2 reduce-scatters; at stage 3 the
     /// backward pass did (the gradients are the module's chunks, laid out by `local`).
@@ -209,27 +255,8 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         if scale != 1.0 {
             g.iter_mut().for_each(|x| *x *= scale);
         }
-        let mut mine = match &local {
-            Some(l) => l.shard_params(&module, 0)?,
-            None => layout.shard_params(&module, rank)?,
-        };
-        apply(
-            self.rule,
-            lr,
-            layout,
-            &self.pieces,
-            &self.decay,
-            &mut mine,
-            &g,
-            &mut self.state,
-            self.comm.as_ref(),
-        )?;
-        let module = match &local {
-            Some(l) => l.scatter_params(module, &mine),
-            None => {
-                buckets::gather_params(self.comm.as_ref(), layout, module, &mine, buckets::BUCKET)?
-            }
-        };
+        let module = self.apply_to(lr, module, &g, local.as_ref())?;
+        let layout = &self.layout;
         self.memory = MemoryUse {
             optimizer_state_bytes: self.state.slots.memory_bytes(),
             gradient_bytes: if self.stage == 1 {

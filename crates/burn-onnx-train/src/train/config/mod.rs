@@ -116,12 +116,7 @@ impl TrainingConfig {
         match self.offload.offload_optimizer {
             OffloadTarget::None => MomentPlace::Device,
             OffloadTarget::Cpu => MomentPlace::Host,
-            OffloadTarget::Disk => MomentPlace::Disk(
-                self.offload
-                    .offload_dir
-                    .clone()
-                    .unwrap_or_else(|| self.checkpoint.output_dir.join("offload")),
-            ),
+            OffloadTarget::Disk => MomentPlace::Disk(self.offload_dir()),
         }
     }
 
@@ -244,19 +239,30 @@ impl TrainingConfig {
         self.check_across_sections()
     }
 
-    /// `offload.offload_params`: ZeRO-3's chunks, off a GPU.
+    /// `offload.offload_params`: ZeRO-3's chunks, off a GPU (`cpu`) or on disk.
     fn check_param_offload(&self) -> Result<()> {
-        if self.offload.offload_params == ParamOffload::None {
-            return Ok(());
-        }
+        let (name, target) = match self.offload.offload_params {
+            ParamOffload::None => return Ok(()),
+            ParamOffload::Cpu => ("cpu", "in host memory"),
+            ParamOffload::Disk => ("disk", "on disk"),
+        };
         let why = if self.parallel.zero_stage != 3 {
-            "keeps ZeRO-3's parameter chunks in host memory: set parallel.zero_stage = 3 (other stages hold whole parameters on every rank)"
-        } else if self.parallel.device == DeviceSpec::Cpu {
-            "moves the parameters off a GPU; on the CPU device they are in host memory already (use \"none\")"
+            format!("keeps ZeRO-3's parameter chunks {target}: set parallel.zero_stage = 3 (other stages hold whole parameters on every rank)")
+        } else if name == "cpu" && self.parallel.device == DeviceSpec::Cpu {
+            "moves the parameters off a GPU; on the CPU device they are in host memory already (use \"none\", or \"disk\")".into()
         } else {
             return Ok(());
         };
-        Err(invalid("offload.offload_params", format!("\"cpu\" {why}")))
+        Err(invalid("offload.offload_params", format!("\"{name}\" {why}")))
+    }
+
+    /// The directory of the offload files (`offload.offload_dir`, default
+    /// `<output_dir>/offload`).
+    pub fn offload_dir(&self) -> PathBuf {
+        self.offload
+            .offload_dir
+            .clone()
+            .unwrap_or_else(|| self.checkpoint.output_dir.join("offload"))
     }
 
     /// The refusals that involve fields of two sections.

@@ -442,6 +442,13 @@ pub enum ParamOffload {
     /// the GPU, its gradient comes back to the host for the reduce-scatter, and the update
     /// runs there, so the GPU holds no parameter between its readers. ZeRO-3 on a GPU.
     Cpu,
+    /// In a memory-mapped file under `offload_dir` (ZeRO-Infinity's NVMe offload of
+    /// parameters; DeepSpeed's `"nvme"`): each chunk is paged in where a node reads it or
+    /// the update writes it and released after, so memory holds the chunks in use, not the
+    /// rank's share of the model. ZeRO-3, on any device.
+    #[serde(alias = "nvme")]
+    #[cfg_attr(feature = "cli", value(alias = "nvme"))]
+    Disk,
 }
 
 /// `[offload]`: optimizer state and parameters out of the device's memory.
@@ -452,8 +459,9 @@ pub struct OffloadConfig {
     pub offload_optimizer: OffloadTarget,
     /// Where ZeRO-3's parameter chunks live.
     pub offload_params: ParamOffload,
-    /// The directory of its files with `disk` (default `<output_dir>/offload`; a fast local
-    /// disk: every update reads and writes the whole state once).
+    /// The directory of the files of `disk` (default `<output_dir>/offload`; a fast local
+    /// disk: every update reads and writes the whole state once, and with the parameters
+    /// there every pass reads them).
     pub offload_dir: Option<PathBuf>,
 }
 
