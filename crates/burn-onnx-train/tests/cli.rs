@@ -833,11 +833,22 @@ fn a_deepspeed_config_sets_its_fields_and_names_the_keys_it_cannot_honour() {
     let out = print(r#"{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}"#);
     let c: toml::Table = toml::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
     assert_eq!(c["offload"]["offload_params"].as_str(), Some("cpu"));
+    // ... and its NVMe offload of them: the chunks on disk, in the one offload directory.
+    let out = print(
+        r#"{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp/nvme"}}}"#,
+    );
+    let c: toml::Table = toml::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert_eq!(c["offload"]["offload_params"].as_str(), Some("disk"));
+    assert_eq!(c["offload"]["offload_dir"].as_str(), Some("/tmp/nvme"));
     // What it cannot honour is an error naming the key.
     for (json, key) in [
         (
-            r#"{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}"#,
+            r#"{"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}}"#,
             "zero_optimization.offload_param.device",
+        ),
+        (
+            r#"{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/a"}, "offload_param": {"device": "nvme", "nvme_path": "/b"}}}"#,
+            "zero_optimization.offload_param.nvme_path",
         ),
         (
             r#"{"zero_optimization": {"offload_optimizer": {"device": "gpu"}}}"#,

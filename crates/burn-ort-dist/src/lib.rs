@@ -23,6 +23,7 @@ pub mod error;
 pub mod fp16_wire;
 pub mod grad_sync;
 pub mod launch;
+pub mod mapped;
 #[cfg(feature = "mpi")]
 pub mod mpi_comm;
 #[cfg(feature = "mpi")]

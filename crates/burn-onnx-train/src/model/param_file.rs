@@ -3,7 +3,8 @@
 //! offload directory, and each chunk *is* a CPU (Flex) tensor whose storage is its range of
 //! the mapping, so the gather reads it there and the fused CPU update writes it there in
 //! place. Each range's pages are released from the process after it is read
-//! ([`ParamFile::release`]) and after the update ([`ParamFile::settle`]): the kernel writes
+//! ([`ParamFile::release`]), after ZeRO's update writes it (the mapping is registered with
+//! [`burn_ort_dist::mapped`]) and after the update ([`ParamFile::settle`]): the kernel writes
 //! them back to the file and pages them in again at the next read, so memory holds the
 //! chunks being read or updated, not all of them. The file is unlinked as soon as it is
 //! mapped (nothing is left behind, even after a kill); checkpoints hold the values.
@@ -55,11 +56,27 @@ pub enum Kept {
     InMemory,
 }
 
+/// The file's mapping, registered for [`burn_ort_dist::mapped::release`] while it exists
+/// (the registration goes first: fields drop in order).
+struct Mapping {
+    _registered: burn_ort_dist::mapped::Registered,
+    map: MmapRaw,
+}
+
+impl Mapping {
+    fn ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
 /// A rank's parameter chunks in a memory-mapped file (see the module doc).
 pub struct ParamFile {
-    map: Arc<MmapRaw>,
+    map: Arc<Mapping>,
     ranges: Vec<Arc<Range>>,
-    page: usize,
 }
 
 impl std::fmt::Debug for ParamFile {
@@ -103,12 +120,13 @@ impl ParamFile {
         file.set_len(offset.max(ALIGN) as u64)?;
         let map = MmapRaw::map_raw(&file);
         fs::remove_file(&path)?;
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+        let map = map?;
         Ok(ParamFile {
-            map: Arc::new(map?),
+            map: Arc::new(Mapping {
+                _registered: burn_ort_dist::mapped::register(map.as_ptr(), map.len()),
+                map,
+            }),
             ranges,
-            page,
         })
     }
 
@@ -118,7 +136,6 @@ impl ParamFile {
         ParamFile {
             map: self.map.clone(),
             ranges: which.iter().map(|&i| self.ranges[i].clone()).collect(),
-            page: self.page,
         }
     }
 
@@ -157,7 +174,7 @@ impl ParamFile {
         unsafe {
             std::ptr::copy_nonoverlapping(
                 values.as_ptr(),
-                self.map.as_mut_ptr().add(r.offset).cast::<f32>(),
+                self.map.ptr().add(r.offset).cast::<f32>(),
                 r.len,
             );
         }
@@ -175,7 +192,7 @@ impl ParamFile {
             && flex.as_slice::<f32>().is_some_and(|s| {
                 s.len() == r.len && std::ptr::eq(s.as_ptr().cast::<u8>(), unsafe {
                     // SAFETY: the offset lies in the mapping.
-                    self.map.as_ptr().add(r.offset)
+                    self.map.ptr().add(r.offset).cast_const()
                 })
             })
     }
@@ -211,22 +228,15 @@ impl ParamFile {
         Ok((t, Kept::CopiedBack))
     }
 
-    /// Drop chunk `i`'s pages from this process's memory (rounded out to whole pages: a
-    /// neighbour's page released early is only read again).
+    /// Drop chunk `i`'s pages from this process's memory (see
+    /// [`burn_ort_dist::mapped::release`]).
     pub fn release(&self, i: usize) {
         let r = &self.ranges[i];
-        let base = self.map.as_ptr() as usize;
-        let start = (base + r.offset) / self.page * self.page;
-        let end = (base + r.offset + 4 * r.len).div_ceil(self.page) * self.page;
-        let end = end.min((base + self.map.len()).div_ceil(self.page) * self.page);
-        if end > start {
-            // SAFETY: the range lies inside this file's shared mapping; MADV_DONTNEED on a
-            // shared file mapping keeps the data (the page cache holds it and the file
-            // receives it), and the next access reads it back.
-            unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
-            }
-        }
+        // SAFETY: the range's values lie in the mapping; read only to take the address.
+        let values = unsafe {
+            std::slice::from_raw_parts(self.map.ptr().add(r.offset).cast::<f32>(), r.len)
+        };
+        burn_ort_dist::mapped::release(values);
     }
 }
 
@@ -234,7 +244,7 @@ impl ParamFile {
 /// and in-place writes go to the file's pages. Never duplicated: a clone of its bytes (copy
 /// on write of a shared tensor) is an ordinary buffer.
 struct MappedValues {
-    map: Arc<MmapRaw>,
+    map: Arc<Mapping>,
     offset: usize,
     bytes: usize,
     _live: Arc<()>,
@@ -256,14 +266,14 @@ impl AllocationController for MappedValues {
         // SAFETY: the range lies in the mapping, which the Arc keeps alive, and no other
         // controller covers it (one tensor per range at a time: `ParamFile::settle`).
         Ok(unsafe {
-            std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(self.offset).cast(), self.bytes)
+            std::slice::from_raw_parts_mut(self.map.ptr().add(self.offset).cast(), self.bytes)
         })
     }
 
     fn memory(&self, _policy: AccessPolicy) -> Result<&[MaybeUninit<u8>], AccessError> {
         // SAFETY: as in `memory_mut`, read only.
         Ok(unsafe {
-            std::slice::from_raw_parts(self.map.as_ptr().add(self.offset).cast(), self.bytes)
+            std::slice::from_raw_parts(self.map.ptr().add(self.offset).cast_const().cast(), self.bytes)
         })
     }
 }

@@ -108,12 +108,14 @@ pub fn apply(
     let t = state.step as i32;
     let lr32 = lr as f32;
     let trained = |(p, _): &(&Piece, &mut &mut [f32])| layout.slots[p.slot].trainable;
-    // State on disk: each piece's pages are released once it is updated.
+    // State on disk, and parameters in a registered file mapping: each piece's pages are
+    // released once it is updated.
     let (mut vectors, releaser) = state.slots.get_mut();
-    let done = |p: &Piece| {
+    let done = |p: &Piece, w: &[f32]| {
         if let Some(r) = &releaser {
             r.release(p.local.clone());
         }
+        crate::mapped::release(w);
     };
     match rule {
         Rule::Sgd { momentum } => {
@@ -138,7 +140,7 @@ pub fn apply(
                     };
                     w[k] -= step * lr32;
                 }
-                done(p);
+                done(p, &**w);
             }
         }
         Rule::Adam {
@@ -173,7 +175,7 @@ pub fn apply(
                     };
                     w[k] = p0 - delta * lr32;
                 }
-                done(p);
+                done(p, &**w);
             }
         }
         Rule::Lamb {
@@ -202,7 +204,7 @@ pub fn apply(
                 }
                 norms[2 * p.slot] = pp as f32;
                 norms[2 * p.slot + 1] = uu as f32;
-                done(p);
+                done(p, &**w);
             }
             if comm.world_size() > 1 {
                 comm.all_reduce(&mut norms, ReduceOp::Sum)?;
@@ -213,6 +215,7 @@ pub fn apply(
                 for (k, i) in p.local.clone().enumerate() {
                     w[k] -= direction[i] * trust * lr32;
                 }
+                crate::mapped::release(&**w);
             }
         }
     }
