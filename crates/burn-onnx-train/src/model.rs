@@ -33,8 +33,8 @@ pub use sharded::{ChunkPlace, Settled, Sharding};
 pub use tensor_parallel::Probe;
 
 pub mod named_store;
-pub mod profile;
 mod param_file;
+pub mod profile;
 mod sharded;
 pub mod stage;
 mod tensor_parallel;

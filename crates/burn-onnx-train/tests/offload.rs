@@ -19,14 +19,14 @@ use burn::tensor::Device;
 use burn_onnx_train::collective::{CollectiveGroup, Collectives};
 use burn_onnx_train::model::Settled;
 use burn_onnx_train::train::config::{OffloadTarget, OptimizerKind, ParamOffload};
+use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::{DeviceSpec, RunSummary, TrainingConfig};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use burn_ort_dist::LocalCommunicator;
 use burn_ort_dist::grad_sync::Reduction;
 use burn_ort_dist::strategy::UpdateStrategy;
 use burn_ort_dist::zero::Zero;
 use burn_ort_dist::zero::flat_optim::Rule;
-use burn_onnx_train::train::launch::launch;
-use burn_onnx_train::train::{DeviceSpec, RunSummary, TrainingConfig};
 use common::*;
 
 fn offloaded(c: &TrainingConfig, out: &Path) -> TrainingConfig {
@@ -71,15 +71,24 @@ fn moments_on_disk_train_bit_identically_to_moments_in_memory() {
     }
 }
 
-/// `c` with its state on disk and a checkpoint every 3 updates, run whole and then resumed
-/// from update 3 by `run`: the same losses from there, bit-identical parameters.
-fn resumes_bit_identically(tag: &str, c: TrainingConfig, run: fn(TrainingConfig) -> RunSummary) {
+/// What puts a config's offloaded files under a run directory: [`offloaded`] or
+/// [`params_on_disk`].
+type OnDisk = fn(&TrainingConfig, &Path) -> TrainingConfig;
+
+/// `c` with what `on_disk` offloads and a checkpoint every 3 updates, run whole and then
+/// resumed from update 3 by `run`: the same losses from there, bit-identical parameters.
+fn resumes_bit_identically(
+    tag: &str,
+    c: TrainingConfig,
+    on_disk: OnDisk,
+    run: fn(TrainingConfig) -> RunSummary,
+) {
     let whole = tempdir(&format!("{tag}-whole"));
-    let mut c = offloaded(&c, &whole);
+    let mut c = on_disk(&c, &whole);
     c.checkpoint.checkpoint_period = 3;
     let want = run(c.clone());
     let resumed = tempdir(&format!("{tag}-resumed"));
-    let mut r = offloaded(&c, &resumed);
+    let mut r = on_disk(&c, &resumed);
     r.checkpoint.checkpoint_to_load_path = Some(whole.join("checkpoints/ckpt-000000003"));
     let got = run(r);
     assert_eq!(got.start_step, 3);
@@ -90,7 +99,7 @@ fn resumes_bit_identically(tag: &str, c: TrainingConfig, run: fn(TrainingConfig)
 #[test]
 fn a_checkpoint_of_moments_on_disk_resumes_bit_identically() {
     let c = gpt2_config(&tempdir("offload-ckpt"));
-    resumes_bit_identically("offload-ckpt", c, run_local);
+    resumes_bit_identically("offload-ckpt", c, offloaded, run_local);
 }
 
 /// `c` on 2 thread ranks at ZeRO stage `zero`, one sample per rank.
@@ -138,7 +147,7 @@ fn zero_shards_on_disk_train_bit_identically_to_shards_in_memory() {
 #[test]
 fn a_zero_checkpoint_of_shards_on_disk_resumes_bit_identically() {
     let c = zero_dp2(&gpt2_config(&tempdir("offload-zero-ckpt")), 2);
-    resumes_bit_identically("offload-zero-ckpt", c, run_threads);
+    resumes_bit_identically("offload-zero-ckpt", c, offloaded, run_threads);
 }
 
 #[test]
@@ -276,10 +285,14 @@ fn values(model: &OnnxModel) -> Vec<Vec<f32>> {
 #[test]
 fn chunks_on_disk_take_the_zero_update_in_place_and_others_are_copied_back() {
     let dir = tempdir("chunks-on-disk").join("offload");
-    let whole = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex().autodiff()).unwrap();
+    let whole =
+        OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex().autodiff()).unwrap();
     let (mut mem, mut disk) = (zero3(&whole, None), zero3(&whole, Some(&dir)));
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
-    assert!(left.is_empty(), "the file is unlinked once mapped: {left:?}");
+    assert!(
+        left.is_empty(),
+        "the file is unlinked once mapped: {left:?}"
+    );
     let n = disk.params().len();
     let zero = || {
         let rule = Rule::AdamW {
@@ -352,8 +365,18 @@ fn parameters_on_disk_train_bit_identically_to_zero3_in_memory() {
     for (tag, kind, moments, recompute) in [
         ("adamw", OptimizerKind::Adamw, OffloadTarget::None, 0),
         ("sgd", OptimizerKind::Sgd, OffloadTarget::None, 0),
-        ("adamw-moments", OptimizerKind::Adamw, OffloadTarget::Disk, 0),
-        ("adamw-recompute", OptimizerKind::Adamw, OffloadTarget::None, 2),
+        (
+            "adamw-moments",
+            OptimizerKind::Adamw,
+            OffloadTarget::Disk,
+            0,
+        ),
+        (
+            "adamw-recompute",
+            OptimizerKind::Adamw,
+            OffloadTarget::None,
+            2,
+        ),
     ] {
         let base = tempdir(&format!("params-disk-{tag}-mem"));
         let mut c = zero_dp2(&gpt2_config(&base), 3);
@@ -375,21 +398,15 @@ fn parameters_on_disk_train_bit_identically_to_zero3_in_memory() {
             1e-3,
         );
         let left: Vec<_> = std::fs::read_dir(disk.join("offload")).unwrap().collect();
-        assert!(left.is_empty(), "{tag}: files unlinked once mapped: {left:?}");
+        assert!(
+            left.is_empty(),
+            "{tag}: files unlinked once mapped: {left:?}"
+        );
     }
 }
 
 #[test]
 fn a_checkpoint_of_parameters_on_disk_resumes_bit_identically() {
-    let whole = tempdir("params-disk-ckpt-whole");
-    let mut c = params_on_disk(&zero_dp2(&gpt2_config(&whole), 3), &whole);
-    c.checkpoint.checkpoint_period = 3;
-    let want = run_threads(c.clone());
-    let resumed = tempdir("params-disk-ckpt-resumed");
-    let mut r = params_on_disk(&c, &resumed);
-    r.checkpoint.checkpoint_to_load_path = Some(whole.join("checkpoints/ckpt-000000003"));
-    let got = run_threads(r);
-    assert_eq!(got.start_step, 3);
-    assert_eq!(got.losses, want.losses[3..].to_vec());
-    params_equal_exactly(&whole, &resumed);
+    let c = zero_dp2(&gpt2_config(&tempdir("params-disk-ckpt")), 3);
+    resumes_bit_identically("params-disk-ckpt", c, params_on_disk, run_threads);
 }

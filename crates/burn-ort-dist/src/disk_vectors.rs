@@ -6,15 +6,10 @@
 //! back to the file and reads them again at the next update. The file is unlinked as soon
 //! as it is mapped: nothing is left behind, even after a kill.
 
-use std::fs::{self, OpenOptions};
 use std::ops::Range;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use memmap2::MmapMut;
-
-/// Tells offload files of one process apart (ranks on threads share the process id).
-static NEXT_FILE: AtomicUsize = AtomicUsize::new(0);
 
 /// `count` vectors of `len` values each, in a file-backed mapping.
 pub struct DiskVectors {
@@ -32,22 +27,11 @@ impl std::fmt::Debug for DiskVectors {
 impl DiskVectors {
     /// `count` zeroed vectors of `len` values in a new file under `dir`.
     pub fn create(dir: &Path, count: usize, len: usize) -> std::io::Result<Self> {
-        fs::create_dir_all(dir)?;
-        let path = dir.join(format!(
-            "optimizer-state-{}-{}.f32",
-            std::process::id(),
-            NEXT_FILE.fetch_add(1, Ordering::Relaxed)
-        ));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)?;
-        file.set_len((count.max(1) * len.max(1) * 4) as u64)?;
-        // SAFETY: the file is this process's own (created above, unlinked below), so no
-        // one else truncates or writes it while it is mapped.
+        let bytes = (count.max(1) * len.max(1) * 4) as u64;
+        let file = crate::mapped::unlinked_file(dir, "optimizer-state", bytes)?;
+        // SAFETY: the file is this process's own (created and unlinked above), so no one
+        // else truncates or writes it while it is mapped.
         let map = unsafe { MmapMut::map_mut(&file)? };
-        fs::remove_file(&path)?;
         Ok(DiskVectors { map, count, len })
     }
 

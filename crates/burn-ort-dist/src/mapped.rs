@@ -6,11 +6,37 @@
 //! receives them); for any other memory it does nothing, since releasing ordinary memory
 //! would lose it.
 
+use std::fs::{self, File, OpenOptions};
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Byte ranges of the registered mappings.
 static MAPPED: Mutex<Vec<Range<usize>>> = Mutex::new(Vec::new());
+
+/// Tells the offload files of one process apart (ranks on threads share the process id).
+static NEXT_FILE: AtomicUsize = AtomicUsize::new(0);
+
+/// A new file of `bytes` zeros under `dir` (created if missing), named `stem-PID-N.f32`,
+/// already unlinked: it lives while the returned handle or a mapping of it does, so nothing
+/// is left behind, even after a kill. Map it to use it.
+pub fn unlinked_file(dir: &Path, stem: &str, bytes: u64) -> std::io::Result<File> {
+    fs::create_dir_all(dir)?;
+    let path = dir.join(format!(
+        "{stem}-{}-{}.f32",
+        std::process::id(),
+        NEXT_FILE.fetch_add(1, Ordering::Relaxed)
+    ));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    file.set_len(bytes)?;
+    fs::remove_file(&path)?;
+    Ok(file)
+}
 
 /// A registered mapping; dropping it unregisters the range (before the mapping goes).
 #[derive(Debug)]
@@ -81,27 +107,26 @@ mod tests {
         release(&own);
         assert!(own.iter().enumerate().all(|(i, &v)| v == i as f32));
 
-        let dir = std::env::temp_dir().join(format!("mapped-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("values.f32");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        file.set_len(4 * 4096).unwrap();
+        let dir = std::env::temp_dir().join("mapped-test");
+        let file = unlinked_file(&dir, "values", 4 * 4096).unwrap();
         let map = memmap2::MmapRaw::map_raw(&file).unwrap();
-        std::fs::remove_file(&path).unwrap();
         // SAFETY: the mapping holds 4096 f32 values and is this test's alone.
         let values =
             unsafe { std::slice::from_raw_parts_mut(map.as_mut_ptr().cast::<f32>(), 4096) };
-        values.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32);
+        values
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = i as f32);
         let registered = register(map.as_ptr(), map.len());
         release(&values[100..3000]);
         assert!(values.iter().enumerate().all(|(i, &v)| v == i as f32));
         drop(registered);
-        assert!(MAPPED.lock().unwrap().iter().all(|r| r.start != map.as_ptr() as usize));
+        assert!(
+            MAPPED
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|r| r.start != map.as_ptr() as usize)
+        );
     }
 }

@@ -14,10 +14,8 @@
 //! unless a tensor still reading that range is alive somewhere (a clone taken earlier):
 //! then it stays in memory until a later settle finds the range free.
 
-use std::fs::{self, OpenOptions};
 use std::mem::MaybeUninit;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use burn::backend::DType;
@@ -30,9 +28,6 @@ use crate::value::{MAX_RANK, PhysTensor};
 
 /// Byte alignment of every range (a cache line: the update's vector loads stay aligned).
 const ALIGN: usize = 64;
-
-/// Tells parameter files of one process apart (ranks on threads share the process id).
-static NEXT_FILE: AtomicUsize = AtomicUsize::new(0);
 
 /// One parameter chunk's place in the file.
 #[derive(Debug)]
@@ -106,21 +101,9 @@ impl ParamFile {
                 Arc::new(r)
             })
             .collect();
-        fs::create_dir_all(dir)?;
-        let path = dir.join(format!(
-            "parameters-{}-{}.f32",
-            std::process::id(),
-            NEXT_FILE.fetch_add(1, Ordering::Relaxed)
-        ));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)?;
-        file.set_len(offset.max(ALIGN) as u64)?;
-        let map = MmapRaw::map_raw(&file);
-        fs::remove_file(&path)?;
-        let map = map?;
+        let file =
+            burn_ort_dist::mapped::unlinked_file(dir, "parameters", offset.max(ALIGN) as u64)?;
+        let map = MmapRaw::map_raw(&file)?;
         Ok(ParamFile {
             map: Arc::new(Mapping {
                 _registered: burn_ort_dist::mapped::register(map.as_ptr(), map.len()),
@@ -190,10 +173,11 @@ impl ParamFile {
         };
         flex.dtype() == DType::F32
             && flex.as_slice::<f32>().is_some_and(|s| {
-                s.len() == r.len && std::ptr::eq(s.as_ptr().cast::<u8>(), unsafe {
-                    // SAFETY: the offset lies in the mapping.
-                    self.map.ptr().add(r.offset).cast_const()
-                })
+                s.len() == r.len
+                    && std::ptr::eq(s.as_ptr().cast::<u8>(), unsafe {
+                        // SAFETY: the offset lies in the mapping.
+                        self.map.ptr().add(r.offset).cast_const()
+                    })
             })
     }
 
@@ -273,7 +257,10 @@ impl AllocationController for MappedValues {
     fn memory(&self, _policy: AccessPolicy) -> Result<&[MaybeUninit<u8>], AccessError> {
         // SAFETY: as in `memory_mut`, read only.
         Ok(unsafe {
-            std::slice::from_raw_parts(self.map.ptr().add(self.offset).cast_const().cast(), self.bytes)
+            std::slice::from_raw_parts(
+                self.map.ptr().add(self.offset).cast_const().cast(),
+                self.bytes,
+            )
         })
     }
 }

@@ -124,7 +124,12 @@ impl OnnxModel {
             .spec
             .params
             .iter()
-            .map(|info| Ok(padded(&info.shape)?.iter().product::<usize>().div_ceil(world)))
+            .map(|info| {
+                Ok(padded(&info.shape)?
+                    .iter()
+                    .product::<usize>()
+                    .div_ceil(world))
+            })
             .collect::<std::result::Result<Vec<usize>, OpError>>()
             .map_err(|e| OnnxError::field("offload.offload_params", e.0))?;
         let file = ParamFile::create(dir, &lens).map_err(|e| {

@@ -242,12 +242,7 @@ pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> 
         let per_rank: Vec<(Option<HashSet<String>>, f64)> = if pp == 1 {
             vec![(None, working)]
         } else {
-            let partition = if p.pipeline_cut_after.is_empty() {
-                Partition::auto(&part, p.pipeline_stages())?
-            } else {
-                Partition::after(&part, &p.pipeline_cut_after)?
-            }
-            .on_ranks(pp)?;
+            let partition = p.partition(&part)?;
             // The part's Megatron operators run in a group of one here (identities), so the
             // probe sees this rank's shapes.
             let probed = part.clone().with_collectives(Collectives {

@@ -169,26 +169,7 @@ impl ParallelPlan {
         if self.topology.pp == 1 {
             return Ok(model);
         }
-        let stages = c.parallel.pipeline_stages();
-        let cuts = &c.parallel.pipeline_cut_after;
-        let partition = if cuts.is_empty() {
-            Partition::auto(&model, stages)?
-        } else {
-            if cuts.len() + 1 != stages {
-                return Err(OnnxError::field(
-                    "config.parallel.pipeline_cut_after",
-                    format!(
-                        "{} cut(s) make {} stages, but pipeline_parallel_size ({}) x pipeline_virtual_stages ({}) is {stages}",
-                        cuts.len(),
-                        cuts.len() + 1,
-                        self.topology.pp,
-                        c.parallel.pipeline_virtual_stages
-                    ),
-                ));
-            }
-            Partition::after(&model, cuts)?
-        }
-        .on_ranks(self.topology.pp)?;
+        let partition = c.parallel.partition(&model)?;
         let mine = partition.stages_of(self.groups.pp_rank);
         let part = model.into_stages(&mine.iter().map(|s| s.part()).collect::<Vec<_>>())?;
         self.partition = Some(Arc::new(partition));

@@ -98,7 +98,12 @@ pub fn apply(
     state: &mut ShardState,
     comm: &dyn Communicator,
 ) -> DistResult<()> {
-    if params.len() != pieces.len() || pieces.iter().zip(params.iter()).any(|(p, w)| w.len() != p.local.len()) {
+    if params.len() != pieces.len()
+        || pieces
+            .iter()
+            .zip(params.iter())
+            .any(|(p, w)| w.len() != p.local.len())
+    {
         return Err(crate::error::DistError::Invalid {
             rank: comm.rank(),
             message: "ZeRO update: the parameter values do not match the shard's pieces".into(),

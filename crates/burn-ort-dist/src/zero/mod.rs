@@ -153,8 +153,15 @@ impl Zero {
             Ok((module, mut chunks)) => {
                 let mut values = chunks.piece_values(&self.pieces);
                 let step = apply(
-                    self.rule, lr, layout, &self.pieces, &self.decay, &mut values, g,
-                    &mut self.state, comm,
+                    self.rule,
+                    lr,
+                    layout,
+                    &self.pieces,
+                    &self.decay,
+                    &mut values,
+                    g,
+                    &mut self.state,
+                    comm,
                 );
                 drop(values);
                 let module = chunks.put_back(module);
@@ -169,8 +176,15 @@ impl Zero {
         };
         let mut values = piece_values(&mut mine, &self.pieces);
         apply(
-            self.rule, lr, layout, &self.pieces, &self.decay, &mut values, g,
-            &mut self.state, comm,
+            self.rule,
+            lr,
+            layout,
+            &self.pieces,
+            &self.decay,
+            &mut values,
+            g,
+            &mut self.state,
+            comm,
         )?;
         Ok(match local {
             Some(l) => l.scatter_params(module, &mine),

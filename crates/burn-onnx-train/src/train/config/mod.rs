@@ -247,13 +247,18 @@ impl TrainingConfig {
             ParamOffload::Disk => ("disk", "on disk"),
         };
         let why = if self.parallel.zero_stage != 3 {
-            format!("keeps ZeRO-3's parameter chunks {target}: set parallel.zero_stage = 3 (other stages hold whole parameters on every rank)")
+            format!(
+                "keeps ZeRO-3's parameter chunks {target}: set parallel.zero_stage = 3 (other stages hold whole parameters on every rank)"
+            )
         } else if name == "cpu" && self.parallel.device == DeviceSpec::Cpu {
             "moves the parameters off a GPU; on the CPU device they are in host memory already (use \"none\", or \"disk\")".into()
         } else {
             return Ok(());
         };
-        Err(invalid("offload.offload_params", format!("\"{name}\" {why}")))
+        Err(invalid(
+            "offload.offload_params",
+            format!("\"{name}\" {why}"),
+        ))
     }
 
     /// The directory of the offload files (`offload.offload_dir`, default

@@ -6,7 +6,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::invalid;
 use crate::error::Result;
-use crate::pipeline::PipelineSchedule;
+use crate::model::OnnxModel;
+use crate::pipeline::{Partition, PipelineSchedule};
 use crate::train::device::DeviceSpec;
 
 /// `collective_timeout`'s default under MPI, in seconds (torch.distributed's for Gloo/MPI).
@@ -271,6 +272,30 @@ impl ParallelConfig {
     /// Pipeline stages the graph is cut into: ranks x virtual stages.
     pub fn pipeline_stages(&self) -> usize {
         self.pipeline_parallel_size * self.pipeline_virtual_stages
+    }
+
+    /// `model` (a tensor-parallel rank's part, or the whole) cut into
+    /// [`Self::pipeline_stages`] stages, at `pipeline_cut_after` or else balanced
+    /// ([`Partition::auto`]), laid out on the `pipeline_parallel_size` ranks.
+    pub fn partition(&self, model: &OnnxModel) -> Result<Partition> {
+        let (stages, cuts) = (self.pipeline_stages(), &self.pipeline_cut_after);
+        let partition = if cuts.is_empty() {
+            Partition::auto(model, stages)?
+        } else if cuts.len() + 1 == stages {
+            Partition::after(model, cuts)?
+        } else {
+            return Err(invalid(
+                "parallel.pipeline_cut_after",
+                format!(
+                    "{} cut(s) make {} stages, but pipeline_parallel_size ({}) x pipeline_virtual_stages ({}) is {stages}",
+                    cuts.len(),
+                    cuts.len() + 1,
+                    self.pipeline_parallel_size,
+                    self.pipeline_virtual_stages
+                ),
+            ));
+        };
+        partition.on_ranks(self.pipeline_parallel_size)
     }
 
     /// Processes the layout needs: data x tensor x pipeline parallel sizes.
