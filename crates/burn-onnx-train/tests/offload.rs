@@ -37,6 +37,18 @@ fn offloaded(c: &TrainingConfig, out: &Path) -> TrainingConfig {
     c
 }
 
+/// The run in `out` moved its parameters and left no file in `out`/`files` (each offload
+/// file is unlinked once mapped).
+fn moved_and_left_no_file(out: &Path, files: &str) {
+    assert_moved(
+        &refkit("models/gpt2_tiny.onnx"),
+        &out.join("gpt2_tiny_trained.onnx"),
+        1e-3,
+    );
+    let left: Vec<_> = std::fs::read_dir(out.join(files)).unwrap().collect();
+    assert!(left.is_empty(), "{}: files left: {left:?}", out.display());
+}
+
 fn params_equal_exactly(a: &Path, b: &Path) {
     let file = "gpt2_tiny_trained.onnx";
     for ((name, x), (_, y)) in onnx_params(a.join(file))
@@ -58,16 +70,7 @@ fn moments_on_disk_train_bit_identically_to_moments_in_memory() {
         let got = run_local(offloaded(&c, &disk));
         assert_eq!(got.losses, want.losses, "{kind:?}: losses");
         params_equal_exactly(&base, &disk);
-        assert_moved(
-            &refkit("models/gpt2_tiny.onnx"),
-            &disk.join("gpt2_tiny_trained.onnx"),
-            1e-3,
-        );
-        let left: Vec<_> = std::fs::read_dir(disk.join("moments")).unwrap().collect();
-        assert!(
-            left.is_empty(),
-            "the moments file is unlinked once mapped: {left:?}"
-        );
+        moved_and_left_no_file(&disk, "moments");
     }
 }
 
@@ -127,11 +130,6 @@ fn zero_shards_on_disk_train_bit_identically_to_shards_in_memory() {
         let got = run_threads(offloaded(&c, &disk));
         assert_eq!(got.losses, want.losses, "ZeRO-{zero}: losses");
         params_equal_exactly(&base, &disk);
-        assert_moved(
-            &refkit("models/gpt2_tiny.onnx"),
-            &disk.join("gpt2_tiny_trained.onnx"),
-            1e-3,
-        );
         let (mem, off) = (want.perf.unwrap(), got.perf.unwrap());
         assert!(
             mem.memory.optimizer_state_bytes.iter().all(|&b| b > 0),
@@ -139,8 +137,7 @@ fn zero_shards_on_disk_train_bit_identically_to_shards_in_memory() {
             mem.memory.optimizer_state_bytes
         );
         assert_eq!(off.memory.optimizer_state_bytes, vec![0, 0], "ZeRO-{zero}");
-        let left: Vec<_> = std::fs::read_dir(disk.join("moments")).unwrap().collect();
-        assert!(left.is_empty(), "files unlinked once mapped: {left:?}");
+        moved_and_left_no_file(&disk, "moments");
     }
 }
 
@@ -392,16 +389,7 @@ fn parameters_on_disk_train_bit_identically_to_zero3_in_memory() {
         let got = run_threads(d);
         assert_eq!(got.losses, want.losses, "{tag}: losses");
         params_equal_exactly(&base, &disk);
-        assert_moved(
-            &refkit("models/gpt2_tiny.onnx"),
-            &disk.join("gpt2_tiny_trained.onnx"),
-            1e-3,
-        );
-        let left: Vec<_> = std::fs::read_dir(disk.join("offload")).unwrap().collect();
-        assert!(
-            left.is_empty(),
-            "{tag}: files unlinked once mapped: {left:?}"
-        );
+        moved_and_left_no_file(&disk, "offload");
     }
 }
 

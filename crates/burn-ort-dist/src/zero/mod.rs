@@ -144,52 +144,50 @@ impl Zero {
         g: &[f32],
         local: Option<&FlatLayout>,
     ) -> DistResult<M> {
-        let (layout, comm) = (&self.layout, self.comm.as_ref());
         let taken = match local {
             Some(_) => HostChunks::take(module),
             None => Err(module),
         };
         let module = match taken {
             Ok((module, mut chunks)) => {
-                let mut values = chunks.piece_values(&self.pieces);
-                let step = apply(
-                    self.rule,
-                    lr,
-                    layout,
-                    &self.pieces,
-                    &self.decay,
-                    &mut values,
-                    g,
-                    &mut self.state,
-                    comm,
-                );
-                drop(values);
+                let step = self.step_pieces(lr, g, &mut chunks.piece_values(&self.pieces));
                 let module = chunks.put_back(module);
                 step?;
                 return Ok(module);
             }
             Err(module) => module,
         };
+        let (layout, rank) = (&self.layout, self.comm.rank());
         let mut mine = match local {
             Some(l) => l.shard_params(&module, 0)?,
-            None => layout.shard_params(&module, comm.rank())?,
+            None => layout.shard_params(&module, rank)?,
         };
-        let mut values = piece_values(&mut mine, &self.pieces);
+        self.step_pieces(lr, g, &mut piece_values(&mut mine, &self.pieces))?;
+        Ok(match local {
+            Some(l) => l.scatter_params(module, &mine),
+            None => buckets::gather_params(
+                self.comm.as_ref(),
+                &self.layout,
+                module,
+                &mine,
+                buckets::BUCKET,
+            )?,
+        })
+    }
+
+    /// The update rule applied to this rank's shard, `values` holding its pieces in order.
+    fn step_pieces(&mut self, lr: f64, g: &[f32], values: &mut [&mut [f32]]) -> DistResult<()> {
         apply(
             self.rule,
             lr,
-            layout,
+            &self.layout,
             &self.pieces,
             &self.decay,
-            &mut values,
+            values,
             g,
             &mut self.state,
-            comm,
-        )?;
-        Ok(match local {
-            Some(l) => l.scatter_params(module, &mine),
-            None => buckets::gather_params(comm, layout, module, &mine, buckets::BUCKET)?,
-        })
+            self.comm.as_ref(),
+        )
     }
 
     /// This rank's shard of the reduced gradient: stage 1 all-reduces (or Adasum-combines)
