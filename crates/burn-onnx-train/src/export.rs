@@ -17,6 +17,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
+use burn_ort_dist::Communicator;
 use onnx_ir::{Message, ModelProto, TensorProto};
 
 use crate::atomic_file::write_atomic;
@@ -66,6 +67,9 @@ const EXTERNAL_ALIGN: usize = 64;
 /// for initializers it kept in external files, the original's values for a tied copy.
 struct Filler<'a> {
     model: &'a OnnxModel,
+    /// A ZeRO-3 model's sharding group: each parameter is gathered whole from it where it
+    /// is written (every rank of the group fills the same initializers in the same order).
+    group: Option<&'a dyn Communicator>,
     source: Option<ExternalData>,
     /// Tied copies written back as initializers: copy -> (original, transposed).
     tied: HashMap<String, (String, bool)>,
@@ -76,7 +80,7 @@ struct Filler<'a> {
 impl<'a> Filler<'a> {
     /// The model's protobuf to export (tied copies back as initializers, attribute values
     /// as the source wrote them) and the filler of its initializers.
-    fn prepare(model: &'a OnnxModel) -> (ModelProto, Self) {
+    fn prepare(model: &'a OnnxModel, group: Option<&'a dyn Communicator>) -> (ModelProto, Self) {
         let dir = model.graph().source.as_deref().map(|s| {
             s.parent()
                 .filter(|p| !p.as_os_str().is_empty())
@@ -100,6 +104,7 @@ impl<'a> Filler<'a> {
         };
         let filler = Filler {
             model,
+            group,
             source: dir.as_deref().map(ExternalData::new),
             tied,
             originals,
@@ -109,13 +114,8 @@ impl<'a> Filler<'a> {
 
     /// The current values of initializer `name`: trained, or as the source holds them.
     fn values(&self, name: &str) -> Result<ndarray::ArrayD<f32>> {
-        let field = || format!("parameter '{name}'");
         if let Some(i) = self.model.param_index(name) {
-            let value = self
-                .model
-                .param_value(i)
-                .ok_or_else(|| OnnxError::field(field(), "missing"))?;
-            return value.to_array().map_err(|e| OnnxError::field(field(), e.0));
+            return self.param(i);
         }
         let proto = self
             .originals
@@ -143,13 +143,7 @@ impl<'a> Filler<'a> {
         }
         match self.model.param_index(&init.name) {
             Some(i) => {
-                let value = self.model.param_value(i).ok_or_else(|| {
-                    OnnxError::field(format!("parameter '{}'", init.name), "missing")
-                })?;
-                let values = value
-                    .to_array()
-                    .map_err(|e| OnnxError::field(format!("parameter '{}'", init.name), e.0))?;
-                let flat: Vec<f32> = values.iter().copied().collect();
+                let flat: Vec<f32> = self.param(i)?.iter().copied().collect();
                 HostTensor::write_float_into(&flat, init)
             }
             None if init.data_location.value() == 1 => {
@@ -167,6 +161,21 @@ impl<'a> Filler<'a> {
             }
             None => Ok(()),
         }
+    }
+
+    /// Parameter `i`'s current values, whole.
+    fn param(&self, i: usize) -> Result<ndarray::ArrayD<f32>> {
+        if let Some(group) = self.group {
+            return self.model.whole_param(i, group);
+        }
+        let name = &self.model.param_infos()[i].name;
+        let value = self
+            .model
+            .param_value(i)
+            .ok_or_else(|| OnnxError::field(format!("parameter '{name}'"), "missing"))?;
+        value
+            .to_array()
+            .map_err(|e| OnnxError::field(format!("parameter '{name}'"), e.0))
     }
 
     /// The bytes `init` will hold once filled (to choose inline or external before filling).
@@ -191,7 +200,7 @@ impl<'a> Filler<'a> {
 
 /// Serialise the model with its current parameter values, all data inline.
 pub fn export_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
-    let (mut proto, filler) = Filler::prepare(model);
+    let (mut proto, filler) = Filler::prepare(model, None);
     for init in proto
         .graph
         .as_mut()
@@ -220,14 +229,49 @@ pub fn export_onnx_with(
     path: impl AsRef<Path>,
     options: ExportOptions,
 ) -> Result<()> {
-    let (proto, filler) = Filler::prepare(model);
+    let (proto, filler) = Filler::prepare(model, None);
+    write_with(proto, &filler, path.as_ref(), options)
+}
+
+/// Export a ZeRO-3 model without ever holding it whole: every rank of its sharding `group`
+/// calls this (a collective), each parameter is gathered where the writer reaches it and
+/// dropped once written, and the rank given a `path` (one of them) writes the file, as
+/// [`export_onnx_with`] does; the others only take part in the gathers.
+pub fn export_onnx_gathered(
+    model: &OnnxModel,
+    group: &dyn Communicator,
+    path: Option<&Path>,
+    options: ExportOptions,
+) -> Result<()> {
+    let (mut proto, filler) = Filler::prepare(model, Some(group));
+    if let Some(path) = path {
+        return write_with(proto, &filler, path, options);
+    }
+    for init in proto
+        .graph
+        .as_mut()
+        .map(|g| g.initializer.iter_mut())
+        .into_iter()
+        .flatten()
+    {
+        filler.fill(init)?;
+        init.raw_data = Default::default();
+    }
+    Ok(())
+}
+
+/// Write `proto`, each initializer filled by `filler` as it is written.
+fn write_with(
+    proto: ModelProto,
+    filler: &Filler,
+    path: &Path,
+    options: ExportOptions,
+) -> Result<()> {
     let total = proto
         .graph
         .as_ref()
         .map_or(0, |g| g.initializer.iter().map(|i| filler.size(i)).sum());
-    write_filled(proto, path.as_ref(), options, total, |init| {
-        filler.fill(init)
-    })
+    write_filled(proto, path, options, total, |init| filler.fill(init))
 }
 
 /// Write `proto` (initializer data inline) to `path`, moving the data to `<path>.data`

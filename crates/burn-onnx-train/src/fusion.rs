@@ -22,16 +22,16 @@ use crate::ops;
 
 /// The value of a one-element float constant or initializer.
 fn scalar(graph: &Graph, name: &str) -> Option<f32> {
-    let t = graph.constants.get(name).or_else(|| {
-        graph
+    let one = |a: ndarray::ArrayViewD<f32>| (a.len() == 1).then(|| a.iter().next().copied())?;
+    match graph.constants.get(name) {
+        Some(HostTensor::Float(a)) => one(a.view()),
+        Some(_) => None,
+        None => one(graph
             .initializers
             .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| t)
-    })?;
-    match t {
-        HostTensor::Float(a) if a.len() == 1 => a.iter().next().copied(),
-        _ => None,
+            .find(|(n, _)| n == name)?
+            .1
+            .floats()?),
     }
 }
 

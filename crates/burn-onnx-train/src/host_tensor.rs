@@ -182,20 +182,7 @@ impl HostTensor {
     /// `None` makes external data an error).
     pub fn from_proto(proto: &TensorProto, external: Option<&ExternalData>) -> Result<Self> {
         let field = || format!("tensor '{}'", proto.name);
-        let shape = proto
-            .dims
-            .iter()
-            .map(|&d| {
-                usize::try_from(d)
-                    .map_err(|_| OnnxError::field(field(), format!("negative dimension {d}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let numel = checked_numel(&shape).ok_or_else(|| {
-            OnnxError::field(
-                field(),
-                format!("dims {shape:?} overflow the address space"),
-            )
-        })?;
+        let (shape, numel) = dims_of(proto)?;
         let mapped = if proto.data_location.value() == 1 {
             let ext = external.ok_or_else(|| {
                 OnnxError::field(
@@ -301,6 +288,26 @@ pub fn release_pages(map: &Mmap, data: &[u8]) {
     }
 }
 
+/// A tensor proto's dims and element count, checked (no negative dimension, no overflow).
+pub fn dims_of(proto: &TensorProto) -> Result<(Vec<usize>, usize)> {
+    let field = || format!("tensor '{}'", proto.name);
+    let shape = proto
+        .dims
+        .iter()
+        .map(|&d| {
+            usize::try_from(d)
+                .map_err(|_| OnnxError::field(field(), format!("negative dimension {d}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let numel = checked_numel(&shape).ok_or_else(|| {
+        OnnxError::field(
+            field(),
+            format!("dims {shape:?} overflow the address space"),
+        )
+    })?;
+    Ok((shape, numel))
+}
+
 /// The product of `dims`, or `None` on overflow (a crafted file must not wrap it around).
 pub fn checked_numel(dims: &[usize]) -> Option<usize> {
     dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
@@ -313,7 +320,8 @@ pub struct ExternalData {
     files: RefCell<HashMap<PathBuf, Arc<Mmap>>>,
 }
 
-/// A tensor's bytes inside a mapped external file.
+/// A tensor's bytes inside a mapped file (the model file or an external data file).
+#[derive(Clone)]
 pub struct MappedSlice {
     map: Arc<Mmap>,
     range: std::ops::Range<usize>,
@@ -326,6 +334,27 @@ impl AsRef<[u8]> for MappedSlice {
 }
 
 impl MappedSlice {
+    /// `data` as a slice of `map`, when it lies inside it.
+    pub fn within(map: &Arc<Mmap>, data: &[u8]) -> Option<Self> {
+        let (base, start) = (map.as_ptr() as usize, data.as_ptr() as usize);
+        (start >= base && start + data.len() <= base + map.len()).then(|| MappedSlice {
+            map: map.clone(),
+            range: start - base..start - base + data.len(),
+        })
+    }
+
+    /// The bytes read in place as little-endian f32 values, when they can be (a
+    /// little-endian machine, 4-byte aligned, a whole number of values).
+    pub fn floats(&self) -> Option<&[f32]> {
+        let b = self.as_ref();
+        let fits = cfg!(target_endian = "little")
+            && b.len() % 4 == 0
+            && (b.as_ptr() as usize) % std::mem::align_of::<f32>() == 0;
+        // SAFETY: aligned, a whole number of f32 (any bit pattern is one), inside the
+        // mapping the Arc keeps alive as long as `self`.
+        fits.then(|| unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<f32>(), b.len() / 4) })
+    }
+
     /// Drop these (decoded) pages from the resident set ([`release_pages`]).
     pub fn release(&self) {
         release_pages(&self.map, self.as_ref());

@@ -21,11 +21,11 @@
 //! Scalars and one-element tensors are left alone (they are constants by the default
 //! rule). [`TieOptions`] turns each rewrite off; `inspect` prints the decisions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use onnx_ir::{AttributeProto, AttributeType, GraphProto, NodeProto};
 
-use crate::host_tensor::HostTensor;
+use crate::graph::Initializer;
 
 /// Which rewrites to apply (both on by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,7 @@ impl std::fmt::Display for TieDecision {
 /// the graph's; new copies follow their original).
 pub fn apply(
     graph: &mut GraphProto,
-    initializers: &mut Vec<(String, HostTensor)>,
+    initializers: &mut Vec<(String, Initializer)>,
     options: TieOptions,
 ) -> Vec<TieDecision> {
     let mut decisions = Vec::new();
@@ -116,11 +116,13 @@ pub fn apply(
 }
 
 /// The single value a float tensor of more than one element is filled with, if any.
-fn constant_fill(t: &HostTensor) -> Option<f32> {
-    let HostTensor::Float(a) = t else { return None };
+fn constant_fill(t: &Initializer) -> Option<f32> {
+    let a = t.floats()?;
     let mut it = a.iter();
     let first = *it.next()?;
-    (a.len() > 1 && it.all(|v| v.to_bits() == first.to_bits())).then_some(first)
+    let fill = (a.len() > 1 && it.all(|v| v.to_bits() == first.to_bits())).then_some(first);
+    t.release();
+    fill
 }
 
 /// The initializer each `Identity` output stands for (chains followed).
@@ -143,14 +145,19 @@ fn identity_aliases(graph: &GraphProto, is_init: impl Fn(&str) -> bool) -> HashM
 
 fn untie_constant_fills(
     graph: &mut GraphProto,
-    initializers: &mut Vec<(String, HostTensor)>,
+    initializers: &mut Vec<(String, Initializer)>,
 ) -> Vec<TieDecision> {
     let index: HashMap<String, usize> = initializers
         .iter()
         .enumerate()
         .map(|(i, (n, _))| (n.clone(), i))
         .collect();
-    let filled = |name: &str| constant_fill(&initializers[index[name]].1).is_some();
+    let filled: HashSet<&str> = initializers
+        .iter()
+        .filter(|(_, t)| constant_fill(t).is_some())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    let filled = |name: &str| filled.contains(name);
     let alias = identity_aliases(graph, |n| index.contains_key(n));
     // Every node reads an initializer directly, not through `Identity` nodes (so batch-norm
     // state and gradients are traced to the initializer itself); the reading nodes of each
@@ -200,7 +207,7 @@ fn untie_constant_fills(
             graph.initializer.push(proto);
         }
     }
-    // Decoded initializers: copies right after their original.
+    // Loaded initializers: copies right after their original.
     for (i, copy) in new_inits.into_iter().rev() {
         let t = initializers[i].1.clone();
         initializers.insert(i + 1, (copy, t));
@@ -258,7 +265,7 @@ fn drop_dead_identities(graph: &mut GraphProto) {
 /// A cheap key equal for a tensor and any permutation of its elements (a transpose): the
 /// element count and two wrapping sums over the elements' bits, which do not depend on the
 /// order of the elements (floating-point sums do, in their last bits).
-fn fingerprint(a: &ndarray::ArrayD<f32>) -> (usize, u64, u64) {
+fn fingerprint(a: &ndarray::ArrayViewD<f32>) -> (usize, u64, u64) {
     let (s, m) = a.iter().fold((0u64, 0u64), |(s, m), v| {
         let bits = u64::from(v.to_bits());
         let mixed = bits.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
@@ -271,30 +278,32 @@ fn fingerprint(a: &ndarray::ArrayD<f32>) -> (usize, u64, u64) {
 /// each from the earlier one.
 fn tie_duplicates(
     graph: &mut GraphProto,
-    initializers: &mut Vec<(String, HostTensor)>,
+    initializers: &mut Vec<(String, Initializer)>,
     tie: bool,
 ) -> Vec<TieDecision> {
     let mut seen: HashMap<(usize, u64, u64), Vec<usize>> = HashMap::new();
     let mut ties: Vec<(usize, usize, bool)> = Vec::new();
     for (i, (_, t)) in initializers.iter().enumerate() {
-        let HostTensor::Float(a) = t else { continue };
+        let Some(a) = t.floats() else { continue };
         if a.len() < 2 || constant_fill(t).is_some() {
             continue;
         }
-        let key = fingerprint(a);
+        let key = fingerprint(&a);
         let earlier = seen.entry(key).or_default();
         let found = earlier.iter().find_map(|&j| {
-            let HostTensor::Float(b) = &initializers[j].1 else {
-                return None;
-            };
-            if b.shape() == a.shape() && b == a {
+            let other = &initializers[j].1;
+            let b = other.floats()?;
+            let found = if b.shape() == a.shape() && b == a {
                 Some((j, false))
-            } else if a.ndim() == 2 && b.ndim() == 2 && b.t() == *a {
+            } else if a.ndim() == 2 && b.ndim() == 2 && b.t() == a {
                 Some((j, true))
             } else {
                 None
-            }
+            };
+            other.release();
+            found
         });
+        t.release();
         match found {
             Some((j, transposed)) => ties.push((i, j, transposed)),
             None => earlier.push(i),

@@ -23,8 +23,8 @@ use onnx_ir::{
 use crate::error::{OnnxError, Result};
 use crate::functions::inline_functions;
 use crate::graph::attributes::{Attr, Attributes, CAPTURED};
-use crate::graph::{Body, Dim, Graph, Node, TensorInfo, ValueKind, last_uses};
-use crate::host_tensor::{ExternalData, HostTensor, release_pages};
+use crate::graph::{Body, Dim, Graph, Initializer, Node, TensorInfo, ValueKind, last_uses};
+use crate::host_tensor::{ExternalData, HostTensor};
 use crate::initializer_ties::TieOptions;
 use crate::ops;
 use crate::progress::progress;
@@ -269,9 +269,11 @@ impl AsRef<[u8]> for MappedFile {
 impl Graph {
     /// Load and check an ONNX file.
     ///
-    /// The file is memory-mapped and decoded in place: initializer data is read straight
-    /// from the mapping into the tensors, and each initializer's pages leave the resident
-    /// set once decoded, so a model costs about its own size in memory, not three times.
+    /// The file is memory-mapped and decoded in place: big float32 initializers stay in the
+    /// mapping (and in mapped external data files) and are read there
+    /// ([`crate::graph::Initializer`]); the others are decoded straight from it. Each
+    /// initializer's pages leave the resident set once read, so loading costs the small
+    /// tensors' memory, not the model's.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         Self::load_with(path, TieOptions::default())
     }
@@ -306,7 +308,7 @@ impl Graph {
     fn decoded(
         model: protobuf::Result<ModelProto>,
         source: Option<&Path>,
-        mapped: Option<&memmap2::Mmap>,
+        mapped: Option<&Arc<memmap2::Mmap>>,
         ties: TieOptions,
     ) -> Result<Self> {
         let label = source.map_or_else(|| PathBuf::from("<memory>"), Path::to_path_buf);
@@ -334,7 +336,7 @@ impl Graph {
     fn build(
         mut model: ModelProto,
         source: Option<&Path>,
-        mapped: Option<&memmap2::Mmap>,
+        mapped: Option<&Arc<memmap2::Mmap>>,
         ties: TieOptions,
     ) -> Result<Self> {
         let Some(g) = model.graph.as_ref() else {
@@ -395,11 +397,8 @@ impl Graph {
             }
             initializers.push((
                 t.name.clone(),
-                HostTensor::from_proto(t, external.as_ref())?,
+                Initializer::load(t, mapped, external.as_ref())?,
             ));
-            if let Some(map) = mapped {
-                release_pages(map, &t.raw_data);
-            }
         }
         bar.finish_and_clear();
         let ties = match model.graph.as_mut() {

@@ -22,16 +22,18 @@ use crate::collective::prefetch::prefetched;
 use crate::collective::vocab::{ShardedLogits, VocabShard};
 use crate::collective::{Collectives, grad_hooks};
 use crate::error::{OnnxError, OpError, Result};
-use crate::graph::{Dim, Graph, TensorInfo, ValueKind};
+use crate::graph::{Dim, Graph, Initializer, TensorInfo, ValueKind};
 use crate::host_tensor::{HostTensor, dtype};
 use crate::ops::{Inputs, OpContext};
 use crate::seeds::mix_seed;
 use crate::trainability::{DefaultRole, Usage};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 
-pub use sharded::{ChunkPlace, Settled, Sharding};
+use file_tensor::file_tensor;
+pub use sharded::{ChunkPlace, ChunkStore, Settled, Sharding};
 pub use tensor_parallel::Probe;
 
+mod file_tensor;
 pub mod named_store;
 mod param_file;
 pub mod profile;
@@ -172,7 +174,9 @@ impl OnnxModel {
     /// The initializer data moves into the parameters and constants: the graph the model
     /// keeps has an empty `initializers` list and no data in its protobuf's parameter
     /// initializers (export writes the parameters' current values there), so a model holds
-    /// its weights once, not three times.
+    /// its weights once, not three times. Parameters of initializers left in the file
+    /// ([`crate::graph::Initializer::Mapped`]) read it in place until written
+    /// (`model/file_tensor.rs`).
     pub fn from_graph(mut graph: Graph, device: &Device) -> Result<Self> {
         let usage = Usage::of(&graph);
         let mut params = Vec::new();
@@ -188,28 +192,34 @@ impl OnnxModel {
                         shape,
                         reason,
                     });
-                    sources.insert(name, Source::Constant(t));
+                    sources.insert(name, Source::Constant(t.into_host()));
                     continue;
                 }
                 DefaultRole::Trainable => (ParamRole::Trainable, "weight"),
                 DefaultRole::State => (ParamRole::State, "batch-norm running statistic"),
                 DefaultRole::Constant(reason) => (ParamRole::Constant, reason),
             };
-            let HostTensor::Float(a) = t else {
-                unreachable!("default_role keeps non-float tensors on the host")
-            };
             let phys = padded(&shape)
                 .map_err(|e| OnnxError::field(format!("initializer '{name}'"), e.0))?;
-            let values = if a.is_standard_layout() {
-                a.into_raw_vec_and_offset().0
-            } else {
-                a.as_standard_layout()
-                    .into_owned()
-                    .into_raw_vec_and_offset()
-                    .0
+            let tensor = match t {
+                Initializer::Mapped { data, .. } => file_tensor(&data, phys.to_vec(), device),
+                Initializer::Host(HostTensor::Float(a)) => {
+                    let values = if a.is_standard_layout() {
+                        a.into_raw_vec_and_offset().0
+                    } else {
+                        a.as_standard_layout()
+                            .into_owned()
+                            .into_raw_vec_and_offset()
+                            .0
+                    };
+                    PhysTensor::from_data(TensorData::new(values, phys.to_vec()), device)
+                }
+                Initializer::Host(_) => {
+                    unreachable!("default_role keeps non-float tensors on the host")
+                }
             };
-            let mut param = Param::from_data(TensorData::new(values, phys.to_vec()), device)
-                .set_require_grad(role == ParamRole::Trainable);
+            let mut param =
+                Param::from_tensor(tensor).set_require_grad(role == ParamRole::Trainable);
             param.id = stable_param_id(&name);
             sources.insert(name.clone(), Source::Param(params.len()));
             params.push(param);

@@ -20,8 +20,8 @@
 
 use std::collections::HashSet;
 
-use crate::graph::{Graph, Node};
-use crate::host_tensor::{HostTensor, dtype};
+use crate::graph::{Graph, Initializer, Node};
+use crate::host_tensor::dtype;
 
 /// Input slots that are settings, not differentiable data (scales, bounds, ratios, shapes,
 /// axes, indices, conditions): no gradient flows through them.
@@ -240,8 +240,14 @@ impl Usage {
 
     /// The default role of initializer `name` with `elements` elements of ONNX type `elem_type`
     /// (`float` tells whether the importer holds it as a float tensor).
-    pub fn default_role(&self, name: &str, tensor: &HostTensor) -> DefaultRole {
-        let HostTensor::Float(values) = tensor else {
+    pub fn default_role(&self, name: &str, tensor: &Initializer) -> DefaultRole {
+        let role = self.role_of(name, tensor);
+        tensor.release();
+        role
+    }
+
+    fn role_of(&self, name: &str, tensor: &Initializer) -> DefaultRole {
+        let Some(values) = tensor.floats() else {
             return DefaultRole::HostConstant("integer or bool tensor");
         };
         let elements = values.len();

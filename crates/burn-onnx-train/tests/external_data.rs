@@ -7,16 +7,24 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use burn_onnx_train::OnnxModel;
+use burn_onnx_train::graph::Initializer;
+use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::{Graph, OnnxModel};
 use common::*;
 use onnx_ir::{Message, ModelProto};
 
 /// Copy refkit's MLP into `dir` with every initializer moved to `weights.bin` (after 16
 /// bytes of padding, so offsets matter); `location` is what the model records.
 fn external_mlp(dir: &Path, location: &str) -> PathBuf {
-    let bytes = std::fs::read(refkit("models/mlp.onnx")).unwrap();
+    external_copy("mlp", dir, location, 16)
+}
+
+/// [`external_mlp`] for refkit's model `name`, after `pad` bytes of padding (16 keeps
+/// every f32 tensor 4-byte aligned, 18 none).
+fn external_copy(name: &str, dir: &Path, location: &str, pad: usize) -> PathBuf {
+    let bytes = std::fs::read(refkit(&format!("models/{name}.onnx"))).unwrap();
     let mut m = ModelProto::parse_from_bytes(&bytes).unwrap();
-    let mut blob = vec![0u8; 16];
+    let mut blob = vec![0u8; pad];
     for t in m.graph.as_mut().unwrap().initializer.iter_mut() {
         assert!(!t.raw_data.is_empty(), "fixture stores raw_data");
         let (offset, length) = (blob.len(), t.raw_data.len());
@@ -254,4 +262,68 @@ fn one_external_file_per_tensor_as_the_onnx_package_writes_it() {
             "{name}"
         );
     }
+}
+
+/// Names of the initializers `path`'s loader reads in place.
+fn read_in_place(path: &Path) -> Vec<String> {
+    Graph::load(path)
+        .unwrap()
+        .initializers
+        .iter()
+        .filter(|(_, t)| matches!(t, Initializer::Mapped { .. }))
+        .map(|(n, _)| n.clone())
+        .collect()
+}
+
+/// Float initializers of a data file are read in place (the loader maps them instead of
+/// decoding them), and a model made of them trains exactly as the decoded model does (the
+/// same data at unaligned offsets), in one process and sharded by ZeRO-3 over 2 thread
+/// ranks, without writing the data file (the first write of a parameter copies it).
+#[test]
+fn parameters_read_in_place_from_a_data_file_train_as_decoded_ones_and_leave_it_unwritten() {
+    let (dir, decoded_dir) = (tempdir("ext-in-place"), tempdir("ext-decoded"));
+    let path = external_copy("gpt2_tiny", &dir, "weights.bin", 16);
+    let decoded = external_copy("gpt2_tiny", &decoded_dir, "weights.bin", 18);
+    let before = std::fs::read(dir.join("weights.bin")).unwrap();
+    let mapped = read_in_place(&path);
+    assert!(
+        mapped.len() >= 4,
+        "the big weights are read in place: {mapped:?}"
+    );
+    assert_eq!(
+        read_in_place(&decoded),
+        Vec::<String>::new(),
+        "unaligned: decoded"
+    );
+    for (tag, ranks, zero) in [("one", 1, 0), ("zero3", 2, 3)] {
+        let run = |model: &Path, out: &Path| {
+            let mut c = gpt2_config(out);
+            c.model.model_path = model.to_path_buf();
+            c.parallel.data_parallel_size = ranks;
+            c.parallel.zero_stage = zero;
+            c.data.batch_size = 4 / ranks;
+            launch(c, gpt2_tokens(), None).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let (decoded_out, mapped_out) = (
+            tempdir(&format!("ext-in-place-{tag}-decoded")),
+            tempdir(&format!("ext-in-place-{tag}-mapped")),
+        );
+        let want = run(&decoded, &decoded_out);
+        let got = run(&path, &mapped_out);
+        assert_eq!(got.losses, want.losses, "{tag}: losses");
+        let file = "model_trained.onnx";
+        let trained = onnx_params(decoded_out.join(file));
+        for ((name, x), (_, y)) in trained.iter().zip(onnx_params(mapped_out.join(file))) {
+            assert_eq!(x, &y, "{tag}: {name}");
+        }
+        assert_moved(
+            &refkit("models/gpt2_tiny.onnx"),
+            &mapped_out.join(file),
+            1e-3,
+        );
+    }
+    assert!(
+        std::fs::read(dir.join("weights.bin")).unwrap() == before,
+        "training wrote the model's data file"
+    );
 }

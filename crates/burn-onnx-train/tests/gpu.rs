@@ -19,6 +19,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use burn_onnx_train::kernels::{
     NonFiniteFlag, runs_cubecl, unscale_and_check, unscale_and_check_reference,
 };
+use burn_onnx_train::model::ChunkStore;
 use burn_onnx_train::train::config::{
     LrConfig, OffloadTarget, OptimizerKind, ParamOffload, ScheduleKind,
 };
@@ -304,7 +305,7 @@ fn zero_3_with_its_chunks_in_host_memory_computes_on_the_gpu_and_matches_the_cpu
     let plain = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
     let offloaded = plain
         .clone()
-        .into_sharded_on_host(0, 1)
+        .into_sharded(0, 1, ChunkStore::Host)
         .unwrap()
         .with_collectives(Collectives {
             tensor_parallel: None,
@@ -362,7 +363,7 @@ fn zero_3_with_its_chunks_in_host_memory_computes_on_the_gpu_and_matches_the_cpu
     c.offload.offload_params = ParamOffload::Cpu;
     let plan = ParallelPlan::new(&c, &burn_ort_dist::LocalCommunicator).unwrap();
     let sharded = plan
-        .shard(OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap())
+        .replicate_or_shard(OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap())
         .unwrap();
     assert!(
         sharded

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::Device;
 use burn_onnx_train::collective::{CollectiveGroup, Collectives};
-use burn_onnx_train::model::Settled;
+use burn_onnx_train::model::{ChunkStore, Settled};
 use burn_onnx_train::train::config::{OffloadTarget, OptimizerKind, ParamOffload};
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::{DeviceSpec, RunSummary, TrainingConfig};
@@ -244,8 +244,8 @@ fn params_on_disk(c: &TrainingConfig, out: &Path) -> TrainingConfig {
 /// in memory or in a file under `dir`.
 fn zero3(whole: &OnnxModel, dir: Option<&Path>) -> OnnxModel {
     let model = match dir {
-        Some(d) => whole.clone().into_sharded_on_disk(0, 1, d),
-        None => whole.clone().into_sharded(0, 1),
+        Some(d) => whole.clone().into_sharded(0, 1, ChunkStore::Disk(d)),
+        None => whole.clone().into_sharded(0, 1, ChunkStore::Device),
     };
     model.unwrap().with_collectives(Collectives {
         tensor_parallel: None,

@@ -40,7 +40,11 @@ fn load(case: &str) -> Case {
     let arrays = npz(data(&format!("ops/{case}.npz")));
     let path = data(&format!("ops/{case}.onnx"));
     let graph = Graph::load(&path).unwrap();
-    let inits: HashMap<String, HostTensor> = graph.initializers.iter().cloned().collect();
+    let inits: HashMap<String, HostTensor> = graph
+        .initializers
+        .iter()
+        .map(|(n, t)| (n.clone(), t.clone().into_host()))
+        .collect();
     let int = |t: &HostTensor| match t {
         HostTensor::Int(a) => a.clone(),
         other => panic!("expected an int tensor, got {}", other.kind()),

@@ -13,6 +13,7 @@ use burn_onnx_train::OnnxModel;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::collective::{CollectiveGroup, Collectives};
 use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::model::ChunkStore;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::read_params;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
@@ -663,7 +664,7 @@ fn a_sharded_model_gathers_each_parameter_once_per_pass_and_gets_the_whole_model
         |comm| -> Result<(), String> {
             let rank = comm.rank();
             let model = OnnxModel::load(&path, &train_device())
-                .and_then(|m| m.into_sharded(rank, 2))
+                .and_then(|m| m.into_sharded(rank, 2, ChunkStore::Device))
                 .map_err(|e| e.to_string())?;
             let counting = Arc::new(Counting::new(comm.clone()));
             let model = model.with_collectives(Collectives {

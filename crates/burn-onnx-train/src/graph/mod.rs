@@ -15,9 +15,11 @@ use crate::host_tensor::HostTensor;
 use crate::initializer_ties::TieDecision;
 
 pub mod attributes;
+pub mod initializer;
 pub mod op_api;
 
 use attributes::Attributes;
+pub use initializer::Initializer;
 use op_api::OpFn;
 
 /// A dimension of a declared graph input or output.
@@ -149,8 +151,9 @@ pub struct Graph {
     /// Graph outputs.
     pub outputs: Vec<TensorInfo>,
     /// Initializers, in file order, under their original names (moved into the parameters
-    /// and constants by `OnnxModel::from_graph`).
-    pub initializers: Vec<(String, HostTensor)>,
+    /// and constants by `OnnxModel::from_graph`); big float ones read in place from the
+    /// file ([`Initializer`]).
+    pub initializers: Vec<(String, Initializer)>,
     /// Outputs of `Constant` nodes.
     pub constants: HashMap<String, HostTensor>,
     /// For every edge, the index of the last node that reads it.

@@ -4,10 +4,10 @@
 //! model's parameters in order). A node reading a parameter gets the whole tensor through
 //! [`gather_param`], whose backward reduce-scatters the gradient; checkpoints and export
 //! take [`OnnxModel::unsharded`]. With the chunks in host memory
-//! ([`OnnxModel::into_sharded_on_host`], ZeRO-Infinity's parameter offload) the gather
+//! ([`ChunkStore::Host`], ZeRO-Infinity's parameter offload) the gather
 //! runs on the host and the whole parameter moves to the model's device where it is read;
 //! Burn's autodiff moves its gradient back for the reduce-scatter. With the chunks on disk
-//! ([`OnnxModel::into_sharded_on_disk`], `param_file.rs`) they are host tensors over a
+//! ([`ChunkStore::Disk`], `param_file.rs`) they are host tensors over a
 //! memory-mapped file, paged in where they are read or updated and released after;
 //! [`OnnxModel::settle_offloaded`] puts replaced chunks back into the file after an update.
 
@@ -17,7 +17,8 @@ use std::sync::Arc;
 use burn::module::Param;
 use burn::tensor::{Device, TensorData};
 use burn_ort_dist::Communicator;
-use burn_ort_dist::zero::layout::chunk_of;
+use burn_ort_dist::zero::layout::{chunk_len, chunk_of};
+use ndarray::{ArrayD, IxDyn};
 
 use super::param_file::{Kept, ParamFile};
 use super::{OnnxModel, Source, Spec};
@@ -48,15 +49,27 @@ pub struct Settled {
     pub in_memory: usize,
 }
 
+/// Where [`OnnxModel::into_sharded`] puts the chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkStore<'a> {
+    /// On the model's device.
+    Device,
+    /// In host memory (ZeRO-Infinity's parameter offload): a node's read gathers its
+    /// parameter there and moves it to the model's device (see the module doc).
+    Host,
+    /// In a memory-mapped file under this directory (unlinked once mapped), paged in where
+    /// the chunks are read or updated.
+    Disk(&'a Path),
+}
+
 /// Where a ZeRO-3 model keeps its chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChunkPlace {
     /// On the model's device.
     Device,
-    /// In host memory (on the CPU device) while the model computes on another device.
+    /// On the CPU device while the model computes on any device: in host memory, or in
+    /// the model's parameter file when it has one ([`ChunkStore::Disk`]).
     Host,
-    /// In a memory-mapped file, read through the CPU device (on any compute device).
-    Disk,
 }
 
 impl Sharding {
@@ -104,49 +117,30 @@ fn host_device(like: &Device) -> Device {
 }
 
 impl OnnxModel {
-    /// Keep chunk `rank` of `world` of every float parameter (ZeRO-3); the parameters keep
-    /// their ids and roles.
-    pub fn into_sharded(self, rank: usize, world: usize) -> Result<OnnxModel> {
-        self.shard(rank, world, ChunkPlace::Device, None)
+    /// Keep chunk `rank` of `world` of every float parameter (ZeRO-3), where `store` says;
+    /// the parameters keep their ids and roles.
+    pub fn into_sharded(self, rank: usize, world: usize, store: ChunkStore) -> Result<OnnxModel> {
+        self.shard(rank, world, store, None)
     }
 
-    /// [`Self::into_sharded`] with the chunks in host memory: a node's read gathers its
-    /// parameter there and moves it to the model's device (see the module doc).
-    pub fn into_sharded_on_host(self, rank: usize, world: usize) -> Result<OnnxModel> {
-        self.shard(rank, world, ChunkPlace::Host, None)
-    }
-
-    /// [`Self::into_sharded_on_host`] with the chunks in a memory-mapped file under `dir`
-    /// (unlinked once mapped), paged in where they are read or updated.
-    pub fn into_sharded_on_disk(self, rank: usize, world: usize, dir: &Path) -> Result<OnnxModel> {
-        let world = world.max(1);
-        let lens = self
-            .spec
-            .params
-            .iter()
-            .map(|info| {
-                Ok(padded(&info.shape)?
-                    .iter()
-                    .product::<usize>()
-                    .div_ceil(world))
-            })
-            .collect::<std::result::Result<Vec<usize>, OpError>>()
-            .map_err(|e| OnnxError::field("offload.offload_params", e.0))?;
-        let file = ParamFile::create(dir, &lens).map_err(|e| {
-            OnnxError::field(
-                "offload.offload_dir",
-                format!("cannot create the parameter file in {}: {e}", dir.display()),
-            )
-        })?;
-        self.shard(rank, world, ChunkPlace::Disk, Some(Arc::new(file)))
+    /// [`Self::into_sharded`] for the ranks of `group` (a collective): each parameter's
+    /// whole value is first broadcast from the group's rank 0, then cut (DeepSpeed's
+    /// `zero.Init`), so a rank never holds more than one whole parameter, even while its
+    /// values arrive.
+    pub fn into_sharded_from_root(
+        self,
+        group: &dyn Communicator,
+        store: ChunkStore,
+    ) -> Result<OnnxModel> {
+        self.shard(group.rank(), group.world_size(), store, Some(group))
     }
 
     fn shard(
         mut self,
         rank: usize,
         world: usize,
-        place: ChunkPlace,
-        file: Option<Arc<ParamFile>>,
+        store: ChunkStore,
+        root: Option<&dyn Communicator>,
     ) -> Result<OnnxModel> {
         if self.spec.sharding.is_some() {
             return Err(OnnxError::field(
@@ -154,11 +148,16 @@ impl OnnxModel {
                 "the model is sharded already",
             ));
         }
-        let sharding = Sharding {
-            rank,
-            world: world.max(1),
-            place,
+        let world = world.max(1);
+        let (place, file) = match store {
+            ChunkStore::Device => (ChunkPlace::Device, None),
+            ChunkStore::Host => (ChunkPlace::Host, None),
+            ChunkStore::Disk(dir) => (
+                ChunkPlace::Host,
+                Some(Arc::new(self.param_file(world, dir)?)),
+            ),
         };
+        let sharding = Sharding { rank, world, place };
         for (i, (p, info)) in self.params.iter_mut().zip(&self.spec.params).enumerate() {
             let old = std::mem::replace(
                 p,
@@ -167,7 +166,12 @@ impl OnnxModel {
             let (id, t, _) = old.consume();
             let require = t.is_require_grad();
             let device = sharding.device_of(&t);
-            let values = sharding.cut(&host(t, &info.name)?);
+            let mut whole = host(t, &info.name)?;
+            if let Some(group) = root.filter(|g| g.world_size() > 1) {
+                group.broadcast(&mut whole, 0)?;
+            }
+            let values = sharding.cut(&whole);
+            drop(whole);
             let chunk = match &file {
                 Some(f) => f.store(i, &values, device.is_autodiff()),
                 None => vector(values, &device),
@@ -180,6 +184,23 @@ impl OnnxModel {
             ..(*self.spec).clone()
         });
         Ok(self)
+    }
+
+    /// A parameter file under `dir` with a range for each parameter's chunk of `world`.
+    fn param_file(&self, world: usize, dir: &Path) -> Result<ParamFile> {
+        let lens = self
+            .spec
+            .params
+            .iter()
+            .map(|info| Ok(chunk_len(padded(&info.shape)?.iter().product(), world)))
+            .collect::<std::result::Result<Vec<usize>, OpError>>()
+            .map_err(|e| OnnxError::field("offload.offload_params", e.0))?;
+        ParamFile::create(dir, &lens).map_err(|e| {
+            OnnxError::field(
+                "offload.offload_dir",
+                format!("cannot create the parameter file in {}: {e}", dir.display()),
+            )
+        })
     }
 
     /// After an update of a model with its chunks on disk: every chunk kept in its range
@@ -271,28 +292,14 @@ impl OnnxModel {
     /// `group` (a collective of the group; every rank gets the whole model). A model that
     /// is not sharded comes back as it is.
     pub fn unsharded(&self, group: &dyn Communicator) -> Result<OnnxModel> {
-        let Some(s) = self.spec.sharding else {
+        if self.spec.sharding.is_none() {
             return Ok(self.clone());
-        };
-        if group.world_size() != s.world {
-            return Err(OnnxError::field(
-                "zero_stage",
-                format!(
-                    "the model is sharded {} ways, the group has {} ranks",
-                    s.world,
-                    group.world_size()
-                ),
-            ));
         }
         let mut params = Vec::with_capacity(self.params.len());
         for (i, (p, info)) in self.params.iter().zip(&self.spec.params).enumerate() {
             let t = p.val();
-            let chunk = host(t.clone(), &info.name)?;
-            self.release_chunk(i);
-            let mut whole = vec![0.0; chunk.len() * s.world];
-            group.all_gather(&chunk, &mut whole)?;
+            let whole = self.gather_whole(i, group)?;
             let phys = padded(&info.shape).map_err(|e| OnnxError::field(&info.name, e.0))?;
-            whole.truncate(phys.iter().product());
             let t2 = PhysTensor::from_data(TensorData::new(whole, phys.to_vec()), &t.device())
                 .set_require_grad(t.is_require_grad());
             params.push(Param::initialized(p.id, t2));
@@ -304,6 +311,42 @@ impl OnnxModel {
                 ..(*self.spec).clone()
             }),
         })
+    }
+
+    /// The whole values of parameter `i` of a ZeRO-3 model, gathered from the chunks of
+    /// every rank of `group` (a collective of the group), in its logical shape; a model that
+    /// is not sharded gives its own.
+    pub fn whole_param(&self, i: usize, group: &dyn Communicator) -> Result<ArrayD<f32>> {
+        let info = &self.spec.params[i];
+        let values = match self.spec.sharding {
+            Some(_) => self.gather_whole(i, group)?,
+            None => host(self.params[i].val(), &info.name)?,
+        };
+        ArrayD::from_shape_vec(IxDyn(&info.shape), values)
+            .map_err(|e| OnnxError::field(&info.name, e.to_string()))
+    }
+
+    /// Parameter `i`'s chunks from every rank of `group`, joined (padding dropped).
+    fn gather_whole(&self, i: usize, group: &dyn Communicator) -> Result<Vec<f32>> {
+        let info = &self.spec.params[i];
+        if let Some(s) = self.spec.sharding
+            && group.world_size() != s.world
+        {
+            return Err(OnnxError::field(
+                "zero_stage",
+                format!(
+                    "the model is sharded {} ways, the group has {} ranks",
+                    s.world,
+                    group.world_size()
+                ),
+            ));
+        }
+        let chunk = host(self.params[i].val(), &info.name)?;
+        self.release_chunk(i);
+        let mut whole = vec![0.0; chunk.len() * group.world_size()];
+        group.all_gather(&chunk, &mut whole)?;
+        whole.truncate(info.shape.iter().product());
+        Ok(whole)
     }
 
     /// Parameter `i` as a node reads it: whole (gathered on a ZeRO-3 model).

@@ -12,7 +12,7 @@
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use burn::module::ParamId;
@@ -34,7 +34,8 @@ use super::summaries::SummaryRole;
 use super::zero3_shards::{shard_file, shard_writer};
 use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, Result};
-use crate::model::OnnxModel;
+use crate::export::{ExportOptions, export_onnx, export_onnx_gathered};
+use crate::model::{ChunkStore, OnnxModel};
 use crate::pipeline::Partition;
 use crate::pipeline::wire::{Flow, Mailbox, Tag, send_values};
 use crate::tensor_parallel::TensorParallel;
@@ -267,19 +268,21 @@ impl ParallelPlan {
         Ok(Cow::Borrowed(model))
     }
 
-    /// What this rank trains of `model` (its whole part): with ZeRO-3 its data-parallel
-    /// rank's chunk of every parameter (in host memory or on disk with `offload_params`),
-    /// otherwise all of it.
-    pub fn shard(&self, model: OnnxModel) -> Result<OnnxModel> {
-        let (rank, world) = (self.groups.dp_rank, self.topology.dp);
+    /// What this rank trains of `model` (its whole part), with the values of the
+    /// data-parallel group's rank 0 (a collective of the group): with ZeRO-3 its chunk of
+    /// every parameter (in host memory or on disk with `offload_params`), each parameter
+    /// broadcast whole and cut in turn; otherwise all of it, broadcast.
+    pub fn replicate_or_shard(&self, model: OnnxModel) -> Result<OnnxModel> {
+        let group = self.groups.dp.as_ref();
         if !self.sharded {
-            return Ok(model);
+            return Ok(DataParallel::new(self.groups.dp.clone()).broadcast_parameters(model)?);
         }
-        match &self.chunk_place {
-            (ParamOffload::None, _) => model.into_sharded(rank, world),
-            (ParamOffload::Cpu, _) => model.into_sharded_on_host(rank, world),
-            (ParamOffload::Disk, dir) => model.into_sharded_on_disk(rank, world, dir),
-        }
+        let store = match &self.chunk_place {
+            (ParamOffload::None, _) => ChunkStore::Device,
+            (ParamOffload::Cpu, _) => ChunkStore::Host,
+            (ParamOffload::Disk, dir) => ChunkStore::Disk(dir),
+        };
+        model.into_sharded_from_root(group, store)
     }
 
     /// The model-parallel norm group of a stage or tp rank (`None` when the model is
@@ -378,11 +381,40 @@ impl ParallelPlan {
         }
     }
 
+    /// Export the trained model to `path` on world rank 0 (a collective over `world`;
+    /// whether this rank wrote it). ZeRO-3 alone streams it: each parameter is gathered
+    /// where the writer reaches it ([`export_onnx_gathered`]), so no rank holds the model
+    /// whole; other layouts export [`Self::whole_model`].
+    pub fn export(
+        &self,
+        c: &TrainingConfig,
+        model: &OnnxModel,
+        world: &dyn Communicator,
+        path: &Path,
+    ) -> Result<bool> {
+        let root = world.rank() == 0;
+        if self.sharded && self.partition.is_none() && self.tensor_parallel.is_none() {
+            let path = root.then_some(path);
+            export_onnx_gathered(
+                model,
+                self.groups.dp.as_ref(),
+                path,
+                ExportOptions::default(),
+            )?;
+            world.barrier()?;
+            return Ok(root);
+        }
+        match self.whole_model(c, model, world)? {
+            Some(whole) => export_onnx(&whole, path).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     /// The whole trained model on world rank 0 (`None` elsewhere): in a pipeline, the
     /// first replica's stages send their parameters to stage 0, which sets them into the
     /// model loaded from `c.model_path`. Collective over `world`: no rank leaves before
     /// the parameters have arrived.
-    pub fn whole_model(
+    fn whole_model(
         &self,
         c: &TrainingConfig,
         model: &OnnxModel,

@@ -27,7 +27,6 @@ use super::resume::resume;
 use super::schedule::LrSchedule;
 use crate::atomic_file::write_atomic;
 use crate::error::{OnnxError, Result};
-use crate::export::export_onnx;
 use crate::model::OnnxModel;
 use crate::model::profile::NodeProfiler;
 
@@ -118,8 +117,7 @@ impl Trainer {
             &mut scaler,
         )?;
         DataParallel::new(comm.clone()).check_consistent(c.to_toml()?.as_bytes())?;
-        let model =
-            plan.shard(DataParallel::new(plan.groups.dp.clone()).broadcast_parameters(model)?)?;
+        let model = plan.replicate_or_shard(model)?;
         let total = c.train.num_updates();
         let out = Reporter::open(&c, &plan, comm.rank(), train.unit(), (update, total))?;
         let trainer = Trainer {
@@ -306,8 +304,10 @@ impl Trainer {
         let memory = MemoryReport::gather(self.strategy.memory(), self.comm.as_ref())?;
         let idle = self.out.perf.gather_idle(self.comm.as_ref())?;
         let c = &self.c;
-        if let Some(whole) = self.plan.whole_model(c, model, self.comm.as_ref())? {
-            self.out.summary.exported = Some(export_trained(c, &whole)?);
+        let path = trained_path(c)?;
+        if self.plan.export(c, model, self.comm.as_ref(), &path)? {
+            tracing::info!(path = %path.display(), "exported");
+            self.out.summary.exported = Some(path);
             let report = self
                 .out
                 .perf
@@ -333,8 +333,9 @@ fn write_effective_config(c: &TrainingConfig) -> Result<()> {
     )
 }
 
-/// Export the trained model to `<output_dir>/<model stem>_trained.onnx`.
-fn export_trained(c: &TrainingConfig, model: &OnnxModel) -> Result<PathBuf> {
+/// Where the trained model is exported: `<output_dir>/<model stem>_trained.onnx` (the
+/// directory made).
+fn trained_path(c: &TrainingConfig) -> Result<PathBuf> {
     std::fs::create_dir_all(&c.checkpoint.output_dir)
         .map_err(|e| OnnxError::io(&c.checkpoint.output_dir, e))?;
     let stem = c
@@ -343,8 +344,5 @@ fn export_trained(c: &TrainingConfig, model: &OnnxModel) -> Result<PathBuf> {
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("model");
-    let path = c.checkpoint.output_dir.join(format!("{stem}_trained.onnx"));
-    export_onnx(model, &path)?;
-    tracing::info!(path = %path.display(), "exported");
-    Ok(path)
+    Ok(c.checkpoint.output_dir.join(format!("{stem}_trained.onnx")))
 }

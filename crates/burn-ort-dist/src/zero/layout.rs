@@ -35,10 +35,16 @@ pub struct Slot {
     pub trainable: bool,
 }
 
+/// Values of each of the `world` equal chunks of a `len`-value tensor under per-tensor
+/// partitioning (the last chunk zero-padded to this length).
+pub fn chunk_len(len: usize, world: usize) -> usize {
+    len.div_ceil(world.max(1))
+}
+
 /// Chunk `rank` of `world` equal chunks of `whole` (per-tensor partitioning), the last
-/// zero-padded to `whole.len().div_ceil(world)` values.
+/// zero-padded to [`chunk_len`] values.
 pub fn chunk_of(whole: &[f32], rank: usize, world: usize) -> Vec<f32> {
-    let c = whole.len().div_ceil(world.max(1));
+    let c = chunk_len(whole.len(), world);
     let start = (rank * c).min(whole.len());
     let mut part = whole[start..(start + c).min(whole.len())].to_vec();
     part.resize(c, 0.0);
@@ -121,7 +127,7 @@ impl FlatLayout {
         }
         let shard_len = match partitioning {
             Partitioning::Contiguous => len.div_ceil(world),
-            Partitioning::PerTensor => slots.iter().map(|s| s.len.div_ceil(world)).sum(),
+            Partitioning::PerTensor => slots.iter().map(|s| chunk_len(s.len, world)).sum(),
         };
         FlatLayout {
             slots,
@@ -145,7 +151,7 @@ impl FlatLayout {
 
     /// Elements of slot `slot` each rank holds under per-tensor partitioning.
     pub fn chunk(&self, slot: usize) -> usize {
-        self.slots[slot].len.div_ceil(self.world)
+        chunk_len(self.slots[slot].len, self.world)
     }
 
     /// The parameters (or parts) inside rank `rank`'s shard, in order.

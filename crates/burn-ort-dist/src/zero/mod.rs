@@ -102,7 +102,7 @@ impl Zero {
         let decay = layout.slots.iter().map(|s| decay_of(s.id)).collect();
         let state = ShardState {
             step: 0,
-            slots: vec![vec![0.0; layout.shard_len()]; rule.state_slots()].into(),
+            slots: StateVectors::in_memory(rule.state_slots(), layout.shard_len()),
         };
         Ok(Zero {
             stage,

@@ -20,8 +20,14 @@ impl StateVectors {
     pub fn zeros(count: usize, len: usize, dir: Option<&Path>) -> std::io::Result<Self> {
         Ok(match dir {
             Some(dir) => StateVectors::Disk(DiskVectors::create(dir, count, len)?),
-            None => StateVectors::Memory(vec![vec![0.0; len]; count]),
+            None => Self::in_memory(count, len),
         })
+    }
+
+    /// `count` zeroed vectors of `len` values in memory, each allocated zeroed (not cloned
+    /// from the first, which would write every page of the copies before any is used).
+    pub fn in_memory(count: usize, len: usize) -> Self {
+        StateVectors::Memory((0..count).map(|_| vec![0.0; len]).collect())
     }
 
     /// How many vectors.
