@@ -198,16 +198,19 @@ impl<'a> Filler<'a> {
     }
 }
 
+/// The initializers of `proto`'s graph, in order.
+fn initializers_mut(proto: &mut ModelProto) -> impl Iterator<Item = &mut TensorProto> {
+    proto
+        .graph
+        .as_mut()
+        .into_iter()
+        .flat_map(|g| g.initializer.iter_mut())
+}
+
 /// Serialise the model with its current parameter values, all data inline.
 pub fn export_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
     let (mut proto, filler) = Filler::prepare(model, None);
-    for init in proto
-        .graph
-        .as_mut()
-        .map(|g| g.initializer.iter_mut())
-        .into_iter()
-        .flatten()
-    {
+    for init in initializers_mut(&mut proto) {
         filler.fill(init)?;
     }
     proto
@@ -247,13 +250,7 @@ pub fn export_onnx_gathered(
     if let Some(path) = path {
         return write_with(proto, &filler, path, options);
     }
-    for init in proto
-        .graph
-        .as_mut()
-        .map(|g| g.initializer.iter_mut())
-        .into_iter()
-        .flatten()
-    {
+    for init in initializers_mut(&mut proto) {
         filler.fill(init)?;
         init.raw_data = Default::default();
     }

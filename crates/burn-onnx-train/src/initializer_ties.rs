@@ -25,7 +25,7 @@ use std::collections::{HashMap, HashSet};
 
 use onnx_ir::{AttributeProto, AttributeType, GraphProto, NodeProto};
 
-use crate::graph::Initializer;
+use crate::initializer::Initializer;
 
 /// Which rewrites to apply (both on by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

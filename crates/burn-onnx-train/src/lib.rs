@@ -32,6 +32,7 @@ pub mod functions;
 pub mod fusion;
 pub mod graph;
 pub mod host_tensor;
+pub mod initializer;
 pub mod initializer_ties;
 pub mod kernels;
 #[cfg(feature = "learner")]

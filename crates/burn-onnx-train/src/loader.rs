@@ -23,8 +23,9 @@ use onnx_ir::{
 use crate::error::{OnnxError, Result};
 use crate::functions::inline_functions;
 use crate::graph::attributes::{Attr, Attributes, CAPTURED};
-use crate::graph::{Body, Dim, Graph, Initializer, Node, TensorInfo, ValueKind, last_uses};
+use crate::graph::{Body, Dim, Graph, Node, TensorInfo, ValueKind, last_uses};
 use crate::host_tensor::{ExternalData, HostTensor};
+use crate::initializer::Initializer;
 use crate::initializer_ties::TieOptions;
 use crate::ops;
 use crate::progress::progress;
@@ -271,7 +272,7 @@ impl Graph {
     ///
     /// The file is memory-mapped and decoded in place: big float32 initializers stay in the
     /// mapping (and in mapped external data files) and are read there
-    /// ([`crate::graph::Initializer`]); the others are decoded straight from it. Each
+    /// ([`crate::initializer::Initializer`]); the others are decoded straight from it. Each
     /// initializer's pages leave the resident set once read, so loading costs the small
     /// tensors' memory, not the model's.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {

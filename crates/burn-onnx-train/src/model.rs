@@ -22,8 +22,9 @@ use crate::collective::prefetch::prefetched;
 use crate::collective::vocab::{ShardedLogits, VocabShard};
 use crate::collective::{Collectives, grad_hooks};
 use crate::error::{OnnxError, OpError, Result};
-use crate::graph::{Dim, Graph, Initializer, TensorInfo, ValueKind};
+use crate::graph::{Dim, Graph, TensorInfo, ValueKind};
 use crate::host_tensor::{HostTensor, dtype};
+use crate::initializer::Initializer;
 use crate::ops::{Inputs, OpContext};
 use crate::seeds::mix_seed;
 use crate::trainability::{DefaultRole, Usage};
@@ -175,7 +176,7 @@ impl OnnxModel {
     /// keeps has an empty `initializers` list and no data in its protobuf's parameter
     /// initializers (export writes the parameters' current values there), so a model holds
     /// its weights once, not three times. Parameters of initializers left in the file
-    /// ([`crate::graph::Initializer::Mapped`]) read it in place until written
+    /// ([`crate::initializer::Initializer::Mapped`]) read it in place until written
     /// (`model/file_tensor.rs`).
     pub fn from_graph(mut graph: Graph, device: &Device) -> Result<Self> {
         let usage = Usage::of(&graph);

@@ -20,8 +20,9 @@
 
 use std::collections::HashSet;
 
-use crate::graph::{Graph, Initializer, Node};
+use crate::graph::{Graph, Node};
 use crate::host_tensor::dtype;
+use crate::initializer::Initializer;
 
 /// Input slots that are settings, not differentiable data (scales, bounds, ratios, shapes,
 /// axes, indices, conditions): no gradient flows through them.

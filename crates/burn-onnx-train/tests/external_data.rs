@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use burn_onnx_train::graph::Initializer;
+use burn_onnx_train::initializer::Initializer;
 use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::{Graph, OnnxModel};
 use common::*;

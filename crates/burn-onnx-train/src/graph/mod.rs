@@ -12,14 +12,14 @@ use std::path::PathBuf;
 use onnx_ir::ModelProto;
 
 use crate::host_tensor::HostTensor;
+use crate::initializer::Initializer;
 use crate::initializer_ties::TieDecision;
 
 pub mod attributes;
-pub mod initializer;
 pub mod op_api;
 
 use attributes::Attributes;
-pub use initializer::Initializer;
+
 use op_api::OpFn;
 
 /// A dimension of a declared graph input or output.

@@ -1,6 +1,6 @@
 //! A parameter whose values still lie in the model file: a CPU (Flex) tensor whose storage
 //! is the initializer's bytes in the file's read-only mapping
-//! ([`crate::graph::Initializer::Mapped`]). Nothing is copied at load; the pages come in
+//! ([`crate::initializer::Initializer::Mapped`]). Nothing is copied at load; the pages come in
 //! where the tensor is read. The first write copies the values into ordinary memory (copy
 //! on write: the file is never written), and when the tensor is dropped unwritten its pages
 //! leave the resident set. A ZeRO-3 rank that cuts its chunk out of each such parameter
