@@ -395,9 +395,11 @@ impl OnnxModel {
             let t = self.stored(PhysTensor::from_inner(v.tensor.clone().inner()));
             let p = std::mem::replace(&mut self.params[i], Param::from_tensor(t.clone()));
             let (id, old, _) = p.consume();
-            let require = old.is_require_grad();
-            let device = old.device();
+            let (require, device) = (old.is_require_grad(), old.device());
+            // The old value goes first: a chunk on disk is then written back in place.
+            drop(old);
             self.params[i] = Param::initialized(id, t.to_device(&device).set_require_grad(require));
+            self.settle_replaced(i)?;
         }
         Ok(self)
     }

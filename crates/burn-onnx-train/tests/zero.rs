@@ -15,7 +15,7 @@ use burn_onnx_train::collective::{CollectiveGroup, Collectives};
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::model::ChunkStore;
 use burn_onnx_train::train::TrainingConfig;
-use burn_onnx_train::train::checkpoint::read_params;
+use burn_onnx_train::train::checkpoint_params::read_params;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, DistributedSampler, ImageDataset, Target};
 use burn_onnx_train::train::launch::launch;

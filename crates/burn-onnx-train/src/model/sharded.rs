@@ -212,23 +212,38 @@ impl OnnxModel {
         let Some(file) = self.spec.param_file.clone() else {
             return Ok((self, settled));
         };
-        for (i, p) in self.params.iter_mut().enumerate() {
-            let old = std::mem::replace(
-                p,
-                Param::from_tensor(PhysTensor::empty([1; MAX_RANK], &self.spec.device)),
-            );
-            let (id, t, _) = old.consume();
-            let (t, kept) = file
-                .settle(i, t)
-                .map_err(|e| OnnxError::field(&self.spec.params[i].name, e))?;
-            match kept {
+        for i in 0..self.params.len() {
+            match self.settle_param(&file, i)? {
                 Kept::InPlace => settled.in_place += 1,
                 Kept::CopiedBack => settled.copied_back += 1,
                 Kept::InMemory => settled.in_memory += 1,
             }
-            *p = Param::initialized(id, t);
         }
         Ok((self, settled))
+    }
+
+    /// Parameter `i`'s chunk kept in its range of `file` (see `settle_offloaded`).
+    fn settle_param(&mut self, file: &ParamFile, i: usize) -> Result<Kept> {
+        let p = &mut self.params[i];
+        let old = std::mem::replace(
+            p,
+            Param::from_tensor(PhysTensor::empty([1; MAX_RANK], &self.spec.device)),
+        );
+        let (id, t, _) = old.consume();
+        let (t, kept) = file
+            .settle(i, t)
+            .map_err(|e| OnnxError::field(&self.spec.params[i].name, e))?;
+        *p = Param::initialized(id, t);
+        Ok(kept)
+    }
+
+    /// After parameter `i` was replaced: on a model with its chunks on disk, the new chunk
+    /// goes into its range of the file (so values set one by one never pile up in memory).
+    pub(super) fn settle_replaced(&mut self, i: usize) -> Result<()> {
+        if let Some(file) = self.spec.param_file.clone() {
+            self.settle_param(&file, i)?;
+        }
+        Ok(())
     }
 
     /// This model with its collective ops running on `groups` (the parallel plan's

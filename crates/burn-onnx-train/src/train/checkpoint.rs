@@ -31,26 +31,24 @@
 //! place and fsyncs the parent: a run killed at any point leaves the previous checkpoints
 //! intact, and a leftover temporary directory is ignored and removed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn_ort_dist::record_safetensors::{Head, write_le_f32s, write_safetensors_with};
 use burn_ort_dist::{Communicator, DistError, StateFile};
-use safetensors::{Dtype, SafeTensors};
+use safetensors::Dtype;
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint_index::{file_tp_rank, model_indices};
+use super::checkpoint_index::model_indices;
 use super::checkpoint_manifest::{
     FileSum, HashingWriter, MANIFEST_FILE, merged_manifest, write_rank_sums,
 };
 use super::precision::ScalerState;
-use super::zero3_shards::{consolidate, shard_of};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
-use crate::tensor_parallel::{AxisSplit, TensorParallel};
-use crate::value::FloatValue;
+use crate::tensor_parallel::AxisSplit;
 
 /// Counters and metadata saved with a checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,7 +85,7 @@ fn one() -> usize {
     1
 }
 
-const MODEL_FILE: &str = "model.safetensors";
+pub(super) const MODEL_FILE: &str = "model.safetensors";
 
 /// The file holding the model parameters a rank writes: `model.safetensors`, or
 /// `model-stage-<k>.safetensors` for pipeline stage `k`, with `-tp-<r>` for tensor-parallel
@@ -331,158 +329,4 @@ pub fn read_state(path: &Path) -> Result<CheckpointState> {
         what: "checkpoint state (JSON)",
         message: e.to_string(),
     })
-}
-
-/// Set `model`'s parameters to the checkpoint's (every parameter must be there, in f32 and
-/// with the model's shape), from `model.safetensors` or the stages' part files. Parts of
-/// tensor-parallel ranks are reassembled, then cut for `tp` (this rank's split of the
-/// model; `None` for a whole model).
-pub fn read_params(
-    path: &Path,
-    model: OnnxModel,
-    tp: Option<&TensorParallel>,
-) -> Result<OnnxModel> {
-    let mut files: Vec<PathBuf> = fs::read_dir(path)
-        .map_err(io(path))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
-        })
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(OnnxError::io(
-            &path.join(MODEL_FILE),
-            std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "no model parameters in the checkpoint",
-            ),
-        ));
-    }
-    let wanted: HashMap<&str, &[usize]> = model
-        .param_infos()
-        .iter()
-        .map(|i| (i.name.as_str(), i.shape.as_slice()))
-        .collect();
-    let mut whole: HashMap<String, ndarray::ArrayD<f32>> = HashMap::new();
-    let mut parts: BTreeMap<String, BTreeMap<usize, ndarray::ArrayD<f32>>> = BTreeMap::new();
-    let mut place = |tp_rank: Option<usize>, name: String, array: ndarray::ArrayD<f32>| {
-        if !wanted.contains_key(name.as_str()) {
-            return;
-        }
-        match tp_rank {
-            Some(r) => {
-                parts.entry(name).or_default().insert(r, array);
-            }
-            None => {
-                whole.insert(name, array);
-            }
-        }
-    };
-    let name_of = |p: &Path| {
-        p.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_string()
-    };
-    // ZeRO-3 shards, joined per model part first.
-    let mut shards: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
-    for f in &files {
-        if let Some((part, _)) = shard_of(&name_of(f)) {
-            shards.entry(part).or_default().push(f.clone());
-        }
-    }
-    for (part, group) in &shards {
-        for (name, array) in consolidate(group)? {
-            place(file_tp_rank(part), name, array);
-        }
-    }
-    for model_path in files.iter().filter(|f| shard_of(&name_of(f)).is_none()) {
-        let bytes = fs::read(model_path).map_err(io(model_path))?;
-        let bad = |message: String| OnnxError::Decode {
-            path: model_path.clone(),
-            what: "checkpoint model (safetensors)",
-            message,
-        };
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
-        let tp_rank = file_tp_rank(&name_of(model_path));
-        for (name, view) in st.tensors() {
-            if !wanted.contains_key(name.as_str()) {
-                continue;
-            }
-            if view.dtype() != Dtype::F32 {
-                return Err(bad(format!(
-                    "parameter '{name}' is {:?}, not f32",
-                    view.dtype()
-                )));
-            }
-            let data = burn_ort_dist::record_safetensors::le_f32s(view.data());
-            let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(view.shape()), data)
-                .map_err(|e| bad(format!("{name}: {e}")))?;
-            place(tp_rank, name, array);
-        }
-    }
-    if !parts.is_empty() {
-        let state = read_state(path)?;
-        for (name, by_rank) in parts {
-            let arrays: Vec<_> = by_rank.into_values().collect();
-            let joined = match state.tensor_parallel_splits.get(&name) {
-                Some(split) if arrays.len() == state.tensor_parallel => split.assemble(&arrays),
-                Some(_) => {
-                    return Err(OnnxError::Decode {
-                        path: path.to_path_buf(),
-                        what: "checkpoint model (safetensors)",
-                        message: format!(
-                            "parameter '{name}': {} of {} tensor-parallel parts",
-                            arrays.len(),
-                            state.tensor_parallel
-                        ),
-                    });
-                }
-                None => arrays.into_iter().next().expect("at least one part"),
-            };
-            whole.insert(name, joined);
-        }
-    }
-    let device = model.device();
-    let mut values = HashMap::new();
-    for info in model.param_infos() {
-        let Some(full) = whole.get(&info.name) else {
-            return Err(OnnxError::Decode {
-                path: files[0].clone(),
-                what: "checkpoint model (safetensors)",
-                message: format!(
-                    "parameter '{}': not in {}",
-                    info.name,
-                    files
-                        .iter()
-                        .map(|f| f.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            });
-        };
-        let array = match tp.and_then(|t| t.params.get(&info.name).map(|s| (t, s))) {
-            Some((t, split)) => split.slice(full, t.rank, t.size),
-            None => full.clone(),
-        };
-        if array.shape() != info.shape.as_slice() {
-            return Err(OnnxError::Decode {
-                path: path.to_path_buf(),
-                what: "checkpoint model (safetensors)",
-                message: format!(
-                    "parameter '{}' is {:?}, the model has {:?}",
-                    info.name,
-                    array.shape(),
-                    info.shape
-                ),
-            });
-        }
-        let v = FloatValue::from_array(&array, &device)
-            .map_err(|e| OnnxError::field(&info.name, e.0))?;
-        values.insert(info.name.clone(), v);
-    }
-    model.set_params(&values)
 }

@@ -5,6 +5,7 @@ pub mod auto_layout;
 pub mod checkpoint;
 pub mod checkpoint_index;
 pub mod checkpoint_manifest;
+pub mod checkpoint_params;
 pub mod config;
 pub mod data;
 pub mod deepspeed;

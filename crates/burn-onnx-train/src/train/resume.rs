@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 
 use burn_ort_dist::{Communicator, UpdateStrategy};
 
-use super::checkpoint::{
-    list_checkpoints, read_params, read_state, remove_stale_temporaries, state_dirs,
-};
+use super::checkpoint::{list_checkpoints, read_state, remove_stale_temporaries, state_dirs};
 use super::checkpoint_manifest::check_files;
+use super::checkpoint_params::read_params;
 use super::config::{Resume, TrainingConfig};
 use super::parallel_plan::ParallelPlan;
 use super::precision::LossScaler;

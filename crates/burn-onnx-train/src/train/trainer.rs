@@ -108,6 +108,9 @@ impl Trainer {
             c.precision.loss_scale,
             c.precision.loss_scale_growth_interval,
         );
+        DataParallel::new(comm.clone()).check_consistent(c.to_toml()?.as_bytes())?;
+        // Sharded before the resume, which then sets each value as this rank's chunk.
+        let model = plan.replicate_or_shard(model)?;
         let (model, update, micro) = resume(
             &c,
             comm.as_ref(),
@@ -116,8 +119,6 @@ impl Trainer {
             strategy.as_mut(),
             &mut scaler,
         )?;
-        DataParallel::new(comm.clone()).check_consistent(c.to_toml()?.as_bytes())?;
-        let model = plan.replicate_or_shard(model)?;
         let total = c.train.num_updates();
         let out = Reporter::open(&c, &plan, comm.rank(), train.unit(), (update, total))?;
         let trainer = Trainer {
