@@ -76,6 +76,7 @@ pub fn shard_writer<'a>(
                 .convert::<f32>()
                 .try_into_vec::<f32>()
                 .map_err(|e| state_error(format!("{name}: {e:?}")))?;
+            model.release_chunk(i);
             write_le_f32s(w, &chunk).map_err(|e| state_error(format!("{name}: {e}")))
         })
     }))
