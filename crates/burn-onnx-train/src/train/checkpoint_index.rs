@@ -56,20 +56,29 @@ pub fn file_tp_rank(name: &str) -> Option<usize> {
         .ok()
 }
 
+/// The names of the model files in checkpoint directory `dir` (`model*.safetensors`: whole,
+/// stage, tensor-parallel and ZeRO-3 parts), sorted.
+pub fn model_files(dir: &Path) -> Result<Vec<String>> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map_err(|e| OnnxError::io(dir, e))?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("model") && n.ends_with(".safetensors"))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 /// The index files of the model part files in `dir` (see the module doc): none when the
 /// parameters are in one file; `splits` says how tensor-parallel parts cut each weight.
 pub fn model_indices(
     dir: &Path,
     splits: &BTreeMap<String, AxisSplit>,
 ) -> Result<Vec<(String, Vec<u8>)>> {
-    let mut parts: Vec<String> = fs::read_dir(dir)
-        .map_err(|e| OnnxError::io(dir, e))?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("model") && n.ends_with(".safetensors"))
+    let parts: Vec<String> = model_files(dir)?
+        .into_iter()
         // ZeRO-3 chunks are no weights a loader can take.
         .filter(|n| !n.contains("-zero-"))
         .collect();
-    parts.sort();
     let mut by_rank: BTreeMap<Option<usize>, Vec<String>> = BTreeMap::new();
     for part in parts {
         by_rank.entry(file_tp_rank(&part)).or_default().push(part);

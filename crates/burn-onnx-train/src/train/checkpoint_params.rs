@@ -8,7 +8,7 @@
 //! parameter at a time.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File};
+use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -17,7 +17,7 @@ use ndarray::{ArrayD, IxDyn};
 use safetensors::{Dtype, SafeTensors};
 
 use super::checkpoint::{MODEL_FILE, read_state};
-use super::checkpoint_index::file_tp_rank;
+use super::checkpoint_index::{file_tp_rank, model_files};
 use super::zero3_shards::{FORMAT as SHARD_FORMAT, shard_of};
 use crate::error::{OnnxError, Result};
 use crate::host_tensor::release_pages;
@@ -62,16 +62,10 @@ fn bad(path: &Path, what: &'static str, message: String) -> OnnxError {
 impl Index {
     /// Map and index the model files of checkpoint `path`.
     fn open(path: &Path) -> Result<Self> {
-        let mut names: Vec<PathBuf> = fs::read_dir(path)
-            .map_err(|e| OnnxError::io(path, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
-            })
+        let names: Vec<PathBuf> = model_files(path)?
+            .into_iter()
+            .map(|n| path.join(n))
             .collect();
-        names.sort();
         if names.is_empty() {
             return Err(OnnxError::io(
                 &path.join(MODEL_FILE),
