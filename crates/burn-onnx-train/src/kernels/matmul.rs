@@ -104,7 +104,17 @@ impl MatmulOps for Flex {
                 && sx[r - 2] * sx[r - 1] * sy[r - 1] >= PARALLEL_GEMM
         };
         if single_large(&a, &b) && single_large(&c, &d) {
-            rayon::join(|| product(a, b, false), || product(c, d, false))
+            // Both results are allocated here, not by the core that may take the second
+            // product: a block that core allocates and this thread frees goes back to
+            // mimalloc's page of that core, which reuses it only when that core allocates
+            // again. This thread then took fresh memory for the next step's tensors, and the
+            // peak of a run depended on which core took the product (the memory-plan test's
+            // GPT-2: 376 or 312 MiB from run to run, now 312 every time).
+            let (ab, cd) = (output_buffer(&a, &b), output_buffer(&c, &d));
+            rayon::join(
+                || product_into(a, b, false, ab),
+                || product_into(c, d, false, cd),
+            )
         } else {
             (product(a, b, true), product(c, d, true))
         }
@@ -118,6 +128,19 @@ impl MatmulOps for Flex {
 
 /// `a x b`; `gemm_threads`: a single large product may split across the cores.
 fn product(a: FlexTensor, b: FlexTensor, gemm_threads: bool) -> FlexTensor {
+    let out = output_buffer(&a, &b);
+    product_into(a, b, gemm_threads, out)
+}
+
+/// An empty buffer with room for `a x b`'s values.
+fn output_buffer(a: &FlexTensor, b: &FlexTensor) -> Vec<f32> {
+    let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
+    let rows: usize = sa[..sa.len().saturating_sub(1)].iter().product();
+    Vec::with_capacity(rows * sb.last().copied().unwrap_or(0))
+}
+
+/// `a x b` written into `out`, an empty buffer from [`output_buffer`].
+fn product_into(a: FlexTensor, b: FlexTensor, gemm_threads: bool, mut out: Vec<f32>) -> FlexTensor {
     let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
     let r = sa.len();
     assert!(
@@ -135,7 +158,8 @@ fn product(a: FlexTensor, b: FlexTensor, gemm_threads: bool) -> FlexTensor {
     let mut shape = sa[..r - 2].to_vec();
     shape.extend([m, n]);
     if k == 0 {
-        return FlexTensor::from_data(TensorData::new(vec![0f32; count * m * n], shape));
+        out.resize(count * m * n, 0.0);
+        return FlexTensor::from_data(TensorData::new(out, shape));
     }
     let (ra, ca) = matrix_strides(&a);
     let (rb, cb) = matrix_strides(&b);
@@ -165,7 +189,7 @@ fn product(a: FlexTensor, b: FlexTensor, gemm_threads: bool) -> FlexTensor {
         Some(_) => (i * k * n) as isize,
         None => batch_offset(&b, i),
     };
-    let mut out: Vec<f32> = Vec::with_capacity(count * m * n);
+    out.reserve_exact(count * m * n);
     let product = |dst: *mut f32, i: usize, parallelism: Parallelism| {
         // SAFETY: the offsets and strides are the operands' own layouts (or the row-major
         // copy's), so every read stays inside their storage; `dst` holds `m * n` values in

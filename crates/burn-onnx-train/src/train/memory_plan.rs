@@ -4,7 +4,8 @@
 //! working set of a micro-step (the autodiff tape, gradients as backward makes them, the
 //! update's temporaries, what the allocator keeps between updates) measured by a probe:
 //! the layout itself with at most two data-parallel replicas (its ranks as threads, at its
-//! ZeRO stage: the collectives' buffers are per replica whatever their count) runs
+//! ZeRO stage: the collectives' buffers are per replica whatever their count) and at most
+//! two micro-steps of gradient accumulation (the gradients kept between them) runs
 //! [`PROBE_UPDATES`] real updates as `onnx-train train` in a fresh process, once with one
 //! sample per micro-step and once with the configured micro-batch (two samples when that
 //! is one); its peak resident set (`perf.json`) above this process's own footprint, less
@@ -84,8 +85,9 @@ fn probe_replicas(c: &TrainingConfig) -> usize {
 }
 
 /// The probe run of `c`'s layout with `samples` samples per micro-step (see the module
-/// doc): the peak resident set's rise over `base` less the parameters, gradients and
-/// optimizer state every rank reported, i.e. the working set of all its ranks together.
+/// doc): the peak resident set's rise over `base` less the parameters, gradients (twice
+/// with accumulation: the sum kept between micro-steps) and optimizer state every rank
+/// reported, i.e. the working set of all its ranks together.
 fn probe_working_set(c: &TrainingConfig, samples: usize, base: u64, exe: &Path) -> Result<u64> {
     let out =
         std::env::temp_dir().join(format!("onnx-train-plan-{}-{samples}", std::process::id()));
@@ -96,8 +98,11 @@ fn probe_working_set(c: &TrainingConfig, samples: usize, base: u64, exe: &Path) 
     // collectives hold (whole-sized flat buffers, the communicator's copies) is then in
     // the probe too, per replica as it will be with more.
     p.parallel.data_parallel_size = probe_replicas(c);
-    p.train.gradient_accumulation_steps = 1;
-    p.train.num_train_steps = PROBE_UPDATES;
+    // Accumulation too, two micro-steps when there are several: the gradients kept
+    // between micro-steps change where the allocator puts the next step's tensors.
+    let accumulation = c.train.gradient_accumulation_steps.clamp(1, 2);
+    p.train.gradient_accumulation_steps = accumulation;
+    p.train.num_train_steps = PROBE_UPDATES * accumulation;
     p.train.num_train_epochs = 0;
     p.eval.evaluation_period = 0;
     p.checkpoint.output_dir = out.join("run");
@@ -117,6 +122,13 @@ fn probe_working_set(c: &TrainingConfig, samples: usize, base: u64, exe: &Path) 
         .iter()
         .map(|k| column(k).iter().sum::<u64>())
         .sum();
+    // The accumulated gradients are counted with the rank's own memory (`rank_memory`).
+    let accumulated: u64 = if accumulation > 1 {
+        column("gradient_bytes").iter().sum()
+    } else {
+        0
+    };
+    let counted = counted + accumulated;
     let peak = column("peak_rss_bytes").first().copied().unwrap_or(0);
     Ok(peak.saturating_sub(base).saturating_sub(counted))
 }
