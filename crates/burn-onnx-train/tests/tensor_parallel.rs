@@ -260,7 +260,8 @@ fn megatron_traffic(
     let layers = t.blocks.len() / per_layer;
     let (activations, rows): (Vec<usize>, Vec<usize>) = calls
         .iter()
-        .partition(|&&n| n != x.shape()[0] * (x.shape()[1] - 1));
+        // The loss reads every position (the last one's target ignored): rows = tokens.
+        .partition(|&&n| n != x.shape()[0] * x.shape()[1]);
     assert_eq!(
         (activations.len(), rows.len()),
         if split_vocab {
