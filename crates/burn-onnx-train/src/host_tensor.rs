@@ -266,6 +266,20 @@ impl HostTensor {
     }
 }
 
+/// `a`'s values in row-major order, taking its buffer without a copy when it holds exactly
+/// them in that order.
+pub fn into_row_major_vec(a: ArrayD<f32>) -> Vec<f32> {
+    let n = a.len();
+    if !a.is_standard_layout() {
+        return a.iter().copied().collect();
+    }
+    let (values, offset) = a.into_raw_vec_and_offset();
+    match offset.unwrap_or(0) {
+        0 if values.len() == n => values,
+        o => values[o..o + n].to_vec(),
+    }
+}
+
 /// Drop the pages of `data` (a slice of `map`, already decoded) from this process's resident
 /// set; the file keeps them, and a later read faults them back in. Other slices: no-op.
 pub fn release_pages(map: &Mmap, data: &[u8]) {
@@ -925,5 +939,28 @@ mod low_precision_tests {
         };
         assert_eq!(a[[0]], 1.0);
         assert!(decode_bytes(dtype::INT4, &[0x00], 3).is_err());
+    }
+}
+
+#[cfg(test)]
+mod row_major_tests {
+    use ndarray::{ArrayD, IxDyn, s};
+
+    use super::into_row_major_vec;
+
+    /// `[[0, 1, 2], [3, 4, 5]]`.
+    fn two_by_three() -> ArrayD<f32> {
+        ArrayD::from_shape_vec(IxDyn(&[2, 3]), (0..6).map(|x| x as f32).collect()).unwrap()
+    }
+
+    #[test]
+    fn row_major_values_of_plain_offset_and_transposed_arrays() {
+        assert_eq!(into_row_major_vec(two_by_three()), [0., 1., 2., 3., 4., 5.]);
+        // An owned array sliced in place starts past its buffer's first value.
+        let mut tail = two_by_three();
+        tail.slice_collapse(s![1.., ..]);
+        assert_eq!(into_row_major_vec(tail), [3., 4., 5.]);
+        let transposed = two_by_three().reversed_axes();
+        assert_eq!(into_row_major_vec(transposed), [0., 3., 1., 4., 2., 5.]);
     }
 }

@@ -23,7 +23,7 @@ use crate::collective::vocab::{ShardedLogits, VocabShard};
 use crate::collective::{Collectives, grad_hooks};
 use crate::error::{OnnxError, OpError, Result};
 use crate::graph::{Dim, Graph, TensorInfo, ValueKind};
-use crate::host_tensor::{HostTensor, dtype};
+use crate::host_tensor::{HostTensor, dtype, into_row_major_vec};
 use crate::initializer::Initializer;
 use crate::ops::{Inputs, OpContext};
 use crate::seeds::mix_seed;
@@ -204,17 +204,10 @@ impl OnnxModel {
                 .map_err(|e| OnnxError::field(format!("initializer '{name}'"), e.0))?;
             let tensor = match t {
                 Initializer::Mapped { data, .. } => file_tensor(&data, phys.to_vec(), device),
-                Initializer::Host(HostTensor::Float(a)) => {
-                    let values = if a.is_standard_layout() {
-                        a.into_raw_vec_and_offset().0
-                    } else {
-                        a.as_standard_layout()
-                            .into_owned()
-                            .into_raw_vec_and_offset()
-                            .0
-                    };
-                    PhysTensor::from_data(TensorData::new(values, phys.to_vec()), device)
-                }
+                Initializer::Host(HostTensor::Float(a)) => PhysTensor::from_data(
+                    TensorData::new(into_row_major_vec(a), phys.to_vec()),
+                    device,
+                ),
                 Initializer::Host(_) => {
                     unreachable!("default_role keeps non-float tensors on the host")
                 }

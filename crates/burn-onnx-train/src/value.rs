@@ -11,7 +11,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use ndarray::{ArrayD, IxDyn};
 
 use crate::error::OpResult;
-use crate::host_tensor::HostTensor;
+use crate::host_tensor::{HostTensor, into_row_major_vec};
 use crate::op_bail;
 
 /// Highest tensor rank the interpreter handles.
@@ -56,6 +56,18 @@ impl FloatValue {
     /// Wrap a physical tensor of logical rank `rank`.
     pub fn new(tensor: PhysTensor, rank: usize) -> Self {
         FloatValue { tensor, rank }
+    }
+
+    /// [`Self::from_array`] taking the array: its buffer becomes the tensor's without a
+    /// copy when it is in standard layout.
+    pub fn from_owned_array(a: ArrayD<f32>, device: &Device) -> OpResult<Self> {
+        let shape = padded(a.shape())?.to_vec();
+        let rank = a.ndim();
+        let values = into_row_major_vec(a);
+        Ok(FloatValue::new(
+            Tensor::from_data(TensorData::new(values, shape), device),
+            rank,
+        ))
     }
 
     /// Upload a host array.

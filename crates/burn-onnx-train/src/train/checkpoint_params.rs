@@ -302,7 +302,7 @@ pub fn read_params(
                 ),
             ));
         }
-        let v = FloatValue::from_array(&array, &device)
+        let v = FloatValue::from_owned_array(array, &device)
             .map_err(|e| OnnxError::field(&info.name, e.0))?;
         model = model.set_params(&HashMap::from([(info.name.clone(), v)]))?;
     }
