@@ -18,11 +18,13 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use burn_ort_dist::Communicator;
+use ndarray::ArrayD;
 use onnx_ir::{Message, ModelProto, TensorProto};
 
 use crate::atomic_file::write_atomic;
 use crate::error::{OnnxError, Result};
-use crate::host_tensor::{ExternalData, HostTensor, dtype};
+use crate::graph::Graph;
+use crate::host_tensor::{ExternalData, HostTensor, dtype, into_row_major_vec};
 use crate::initializer_ties::restore_tied_copies;
 use crate::model::OnnxModel;
 use crate::progress::progress;
@@ -63,13 +65,60 @@ const EXTERNAL_MIN_BYTES: usize = 1024;
 /// Alignment of tensors in the external data file (lets a reader map them directly).
 const EXTERNAL_ALIGN: usize = 64;
 
+/// Where a writer reads the trained parameters: this rank's own, gathered from ZeRO-3
+/// chunks, or streamed from other ranks. Every other initializer keeps its source values.
+pub trait ParamSource {
+    /// Whether initializer `name` holds a trained parameter.
+    fn holds(&self, name: &str) -> bool;
+    /// Parameter `name`'s current values, whole. The writer asks for each held
+    /// initializer in [`param_reads`]' order.
+    fn values(&self, name: &str) -> Result<ArrayD<f32>>;
+}
+
+/// A model's parameters as this rank holds them (whole unless ZeRO-3 sharded them).
+struct Local<'a>(&'a OnnxModel);
+
+impl ParamSource for Local<'_> {
+    fn holds(&self, name: &str) -> bool {
+        self.0.param_index(name).is_some()
+    }
+
+    fn values(&self, name: &str) -> Result<ArrayD<f32>> {
+        let field = || format!("parameter '{name}'");
+        let value = self
+            .0
+            .param_by_name(name)
+            .ok_or_else(|| OnnxError::field(field(), "missing"))?;
+        value.to_array().map_err(|e| OnnxError::field(field(), e.0))
+    }
+}
+
+/// A ZeRO-3 model's parameters, each gathered whole from the chunks of its sharding group.
+struct Gathered<'a> {
+    model: &'a OnnxModel,
+    group: &'a dyn Communicator,
+}
+
+impl ParamSource for Gathered<'_> {
+    fn holds(&self, name: &str) -> bool {
+        self.model.param_index(name).is_some()
+    }
+
+    fn values(&self, name: &str) -> Result<ArrayD<f32>> {
+        let i = self
+            .model
+            .param_index(name)
+            .ok_or_else(|| OnnxError::field(format!("parameter '{name}'"), "missing"))?;
+        self.model.whole_param(i, self.group)
+    }
+}
+
 /// Puts one initializer's data inline: trained values for the parameters, the source's bytes
 /// for initializers it kept in external files, the original's values for a tied copy.
 struct Filler<'a> {
-    model: &'a OnnxModel,
-    /// A ZeRO-3 model's sharding group: each parameter is gathered whole from it where it
-    /// is written (every rank of the group fills the same initializers in the same order).
-    group: Option<&'a dyn Communicator>,
+    /// Which initializers are trained, and their values. Asked for
+    /// [`Self::param_read`]'s names only, in the order the initializers are filled.
+    params: &'a dyn ParamSource,
     source: Option<ExternalData>,
     /// Tied copies written back as initializers: copy -> (original, transposed).
     tied: HashMap<String, (String, bool)>,
@@ -78,20 +127,20 @@ struct Filler<'a> {
 }
 
 impl<'a> Filler<'a> {
-    /// The model's protobuf to export (tied copies back as initializers, attribute values
+    /// `graph`'s protobuf to export (tied copies back as initializers, attribute values
     /// as the source wrote them) and the filler of its initializers.
-    fn prepare(model: &'a OnnxModel, group: Option<&'a dyn Communicator>) -> (ModelProto, Self) {
-        let dir = model.graph().source.as_deref().map(|s| {
+    fn prepare(graph: &Graph, params: &'a dyn ParamSource) -> (ModelProto, Self) {
+        let dir = graph.source.as_deref().map(|s| {
             s.parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."))
                 .to_path_buf()
         });
-        let mut proto = model.graph().model.clone();
+        let mut proto = graph.model.clone();
         restore_default_attribute_values(&mut proto);
         let (tied, originals) = match proto.graph.as_mut() {
             Some(g) => {
-                let tied = restore_tied_copies(g, &model.graph().ties);
+                let tied = restore_tied_copies(g, &graph.ties);
                 let originals = g
                     .initializer
                     .iter()
@@ -103,8 +152,7 @@ impl<'a> Filler<'a> {
             None => Default::default(),
         };
         let filler = Filler {
-            model,
-            group,
+            params,
             source: dir.as_deref().map(ExternalData::new),
             tied,
             originals,
@@ -112,10 +160,17 @@ impl<'a> Filler<'a> {
         (proto, filler)
     }
 
+    /// The parameter whose values fill initializer `name`: its own, or a tied copy's
+    /// original (`None`: the initializer is not trained).
+    fn param_read<'n>(&'n self, name: &'n str) -> Option<&'n str> {
+        let source = self.tied.get(name).map_or(name, |(o, _)| o.as_str());
+        self.params.holds(source).then_some(source)
+    }
+
     /// The current values of initializer `name`: trained, or as the source holds them.
-    fn values(&self, name: &str) -> Result<ndarray::ArrayD<f32>> {
-        if let Some(i) = self.model.param_index(name) {
-            return self.param(i);
+    fn values(&self, name: &str) -> Result<ArrayD<f32>> {
+        if self.params.holds(name) {
+            return self.params.values(name);
         }
         let proto = self
             .originals
@@ -138,44 +193,25 @@ impl<'a> Filler<'a> {
             } else {
                 values
             };
-            let flat: Vec<f32> = values.iter().copied().collect();
-            return HostTensor::write_float_into(&flat, init);
+            return HostTensor::write_float_into(&into_row_major_vec(values), init);
         }
-        match self.model.param_index(&init.name) {
-            Some(i) => {
-                let flat: Vec<f32> = self.param(i)?.iter().copied().collect();
-                HostTensor::write_float_into(&flat, init)
-            }
-            None if init.data_location.value() == 1 => {
-                let ext = self.source.as_ref().ok_or_else(|| {
-                    OnnxError::field(
-                        format!("tensor '{}'", init.name),
-                        "external data, but the model was not loaded from a file",
-                    )
-                })?;
-                let bytes = ext.bytes(init)?.as_ref().to_vec();
-                init.raw_data = bytes.into();
-                init.external_data.clear();
-                init.data_location = Default::default();
-                Ok(())
-            }
-            None => Ok(()),
+        if self.params.holds(&init.name) {
+            let values = self.params.values(&init.name)?;
+            return HostTensor::write_float_into(&into_row_major_vec(values), init);
         }
-    }
-
-    /// Parameter `i`'s current values, whole.
-    fn param(&self, i: usize) -> Result<ndarray::ArrayD<f32>> {
-        if let Some(group) = self.group {
-            return self.model.whole_param(i, group);
+        if init.data_location.value() == 1 {
+            let ext = self.source.as_ref().ok_or_else(|| {
+                OnnxError::field(
+                    format!("tensor '{}'", init.name),
+                    "external data, but the model was not loaded from a file",
+                )
+            })?;
+            let bytes = ext.bytes(init)?.as_ref().to_vec();
+            init.raw_data = bytes.into();
+            init.external_data.clear();
+            init.data_location = Default::default();
         }
-        let name = &self.model.param_infos()[i].name;
-        let value = self
-            .model
-            .param_value(i)
-            .ok_or_else(|| OnnxError::field(format!("parameter '{name}'"), "missing"))?;
-        value
-            .to_array()
-            .map_err(|e| OnnxError::field(format!("parameter '{name}'"), e.0))
+        Ok(())
     }
 
     /// The bytes `init` will hold once filled (to choose inline or external before filling).
@@ -186,7 +222,7 @@ impl<'a> Filler<'a> {
                 .map(|&d| d.max(0) as usize)
                 .product::<usize>()
         };
-        if self.model.param_index(&init.name).is_some() || self.tied.contains_key(&init.name) {
+        if self.params.holds(&init.name) || self.tied.contains_key(&init.name) {
             elements() * dtype::width(init.data_type)
         } else {
             init.external_data
@@ -209,7 +245,8 @@ fn initializers_mut(proto: &mut ModelProto) -> impl Iterator<Item = &mut TensorP
 
 /// Serialise the model with its current parameter values, all data inline.
 pub fn export_bytes(model: &OnnxModel) -> Result<Vec<u8>> {
-    let (mut proto, filler) = Filler::prepare(model, None);
+    let local = Local(model);
+    let (mut proto, filler) = Filler::prepare(model.graph(), &local);
     for init in initializers_mut(&mut proto) {
         filler.fill(init)?;
     }
@@ -232,29 +269,57 @@ pub fn export_onnx_with(
     path: impl AsRef<Path>,
     options: ExportOptions,
 ) -> Result<()> {
-    let (proto, filler) = Filler::prepare(model, None);
-    write_with(proto, &filler, path.as_ref(), options)
+    export_onnx_from(model.graph(), &Local(model), path.as_ref(), options)
 }
 
 /// Export a ZeRO-3 model without ever holding it whole: every rank of its sharding `group`
 /// calls this (a collective), each parameter is gathered where the writer reaches it and
 /// dropped once written, and the rank given a `path` (one of them) writes the file, as
-/// [`export_onnx_with`] does; the others only take part in the gathers.
+/// [`export_onnx_with`] does; the others only take part in the gathers. A model that is
+/// not sharded needs no gathers: the writer writes it, the others return at once.
 pub fn export_onnx_gathered(
     model: &OnnxModel,
     group: &dyn Communicator,
     path: Option<&Path>,
     options: ExportOptions,
 ) -> Result<()> {
-    let (mut proto, filler) = Filler::prepare(model, Some(group));
-    if let Some(path) = path {
-        return write_with(proto, &filler, path, options);
+    if model.sharding().is_none() {
+        return path.map_or(Ok(()), |p| export_onnx_with(model, p, options));
     }
-    for init in initializers_mut(&mut proto) {
-        filler.fill(init)?;
-        init.raw_data = Default::default();
+    let params = Gathered { model, group };
+    if let Some(path) = path {
+        return export_onnx_from(model.graph(), &params, path, options);
+    }
+    for name in param_reads(model.graph(), &params) {
+        params.values(&name)?;
     }
     Ok(())
+}
+
+/// The parameters a writer of `graph` reads from `params`, by name, in the order it reads
+/// them (a tied copy reads its original once more): what ranks streaming values to the
+/// writer send.
+pub fn param_reads(graph: &Graph, params: &dyn ParamSource) -> Vec<String> {
+    let (proto, filler) = Filler::prepare(graph, params);
+    proto
+        .graph
+        .iter()
+        .flat_map(|g| &g.initializer)
+        .filter_map(|init| filler.param_read(&init.name).map(str::to_string))
+        .collect()
+}
+
+/// Write `graph` to `path` as [`export_onnx_with`] does, the initializers `params` holds
+/// with its values, read as the writer reaches each ([`param_reads`]' order): they can
+/// be gathered or received one at a time, so no rank holds the trained model whole.
+pub fn export_onnx_from(
+    graph: &Graph,
+    params: &dyn ParamSource,
+    path: &Path,
+    options: ExportOptions,
+) -> Result<()> {
+    let (proto, filler) = Filler::prepare(graph, params);
+    write_with(proto, &filler, path, options)
 }
 
 /// Write `proto`, each initializer filled by `filler` as it is written.

@@ -33,8 +33,6 @@ pub enum Flow {
     Gradient = 2,
     /// An evaluation forward's activations.
     Eval = 3,
-    /// Trained parameters gathered for export.
-    Parameter = 4,
 }
 
 /// Which group of values a message belongs to: its flow, the stage that receives it, the
@@ -60,7 +58,6 @@ impl Tag {
             1 => Flow::Activation,
             2 => Flow::Gradient,
             3 => Flow::Eval,
-            4 => Flow::Parameter,
             f => {
                 return Err(wire_err(
                     "receiving a header",

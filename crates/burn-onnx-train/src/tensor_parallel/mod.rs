@@ -14,9 +14,10 @@ pub mod rewrite;
 pub mod sequence;
 pub mod vocab;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use burn_ort_dist::Communicator;
+use ndarray::ArrayD;
 
 pub use crate::collective::axis_split::AxisSplit;
 pub use crate::model::Probe;
@@ -25,8 +26,9 @@ pub use sequence::SequenceParallel;
 pub use vocab::VocabShard;
 
 use crate::error::{OnnxError, Result};
+use crate::host_tensor::into_row_major_vec;
 use crate::model::OnnxModel;
-use crate::value::{FloatValue, Value};
+use crate::value::Value;
 
 /// This rank's place in a tensor-parallel group and what is split.
 #[derive(Debug, Clone)]
@@ -152,37 +154,32 @@ impl TensorParallel {
         ))
     }
 
-    /// The full values of the split parameters `model` holds (a pipeline stage holds some),
-    /// assembled on rank 0 of `group` (`None` on the others). A collective of the group.
-    pub fn gather(
+    /// Parameter `name`'s full values on rank 0 of `group` (`None` on the others), from
+    /// each rank's `local` part of it (whole, not ZeRO-3 chunks). A collective of the
+    /// group for a split parameter; one that is not split is rank 0's own.
+    pub fn gather_param(
         &self,
-        model: &OnnxModel,
+        name: &str,
+        local: ArrayD<f32>,
         group: &dyn Communicator,
-    ) -> Result<Option<HashMap<String, FloatValue>>> {
-        let mut full = HashMap::new();
-        let device = model.device();
-        for (name, split) in &self.params {
-            let Some(local) = model.param_by_name(name) else {
-                continue;
-            };
-            let a = local.to_array().map_err(|e| OnnxError::field(name, e.0))?;
-            let send: Vec<f32> = a.iter().copied().collect();
-            let mut recv = vec![0f32; send.len() * self.size];
-            group.all_gather(&send, &mut recv)?;
-            if self.rank != 0 {
-                continue;
-            }
-            let parts: Vec<_> = recv
-                .chunks(send.len())
-                .map(|c| {
-                    ndarray::ArrayD::from_shape_vec(a.raw_dim(), c.to_vec())
-                        .expect("a part of the same shape")
-                })
-                .collect();
-            let v = FloatValue::from_array(&split.assemble(&parts), &device)
-                .map_err(|e| OnnxError::field(name, e.0))?;
-            full.insert(name.clone(), v);
+    ) -> Result<Option<ArrayD<f32>>> {
+        let Some(split) = self.params.get(name) else {
+            return Ok((self.rank == 0).then_some(local));
+        };
+        let shape = local.raw_dim();
+        let send = into_row_major_vec(local);
+        let mut recv = vec![0f32; send.len() * self.size];
+        group.all_gather(&send, &mut recv)?;
+        if self.rank != 0 {
+            return Ok(None);
         }
-        Ok((self.rank == 0).then_some(full))
+        let parts: Vec<_> = recv
+            .chunks(send.len())
+            .map(|c| {
+                ArrayD::from_shape_vec(shape.clone(), c.to_vec())
+                    .map_err(|e| OnnxError::field(name, e.to_string()))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Some(split.assemble(&parts)))
     }
 }

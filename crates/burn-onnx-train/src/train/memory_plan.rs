@@ -224,14 +224,7 @@ pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> 
         (fixed + per_sample * micro_batch as u64) as f64 / (tp * probe_replicas(c)) as f64;
 
     let device = Device::flex();
-    let model = c.model.load(&device)?.select_trainable(
-        &c.model.weights_to_train,
-        &c.model.weights_not_to_train,
-        (
-            "config.model.weights_to_train",
-            "config.model.weights_not_to_train",
-        ),
-    )?;
+    let model = c.model.load_for_training(&device)?;
     let sample = |n: usize| -> Result<Value> {
         let indices: Vec<usize> = (0..n).map(|i| i % train.len()).collect();
         Value::from_host(&train.batch(&indices)?.input, &device)

@@ -11,13 +11,14 @@
 //! the stages).
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use burn::module::ParamId;
 use burn::tensor::Device;
 use burn_ort_dist::fp16_wire::Fp16ReduceScatter;
+use ndarray::{ArrayD, IxDyn};
 use burn_ort_dist::{
     Communicator, DataParallel, Groups, ModelParallel, StateFile, Topology, UpdateStrategy,
 };
@@ -34,12 +35,15 @@ use super::summaries::SummaryRole;
 use super::zero3_shards::{shard_file, shard_writer};
 use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, Result};
-use crate::export::{ExportOptions, export_onnx, export_onnx_gathered};
+use crate::export::{
+    ExportOptions, ParamSource, export_onnx_from, export_onnx_gathered, param_reads,
+};
+use crate::graph::Graph;
+use crate::host_tensor::into_row_major_vec;
 use crate::model::{ChunkStore, OnnxModel};
 use crate::pipeline::Partition;
-use crate::pipeline::wire::{Flow, Mailbox, Tag, send_values};
 use crate::tensor_parallel::TensorParallel;
-use crate::value::{FloatValue, Value};
+use crate::value::Value;
 
 /// What [`ParallelPlan::parallelize`] gives the trainer: this rank's part of the model
 /// (holding the collective groups its ops run on), the passes that train it, and its update
@@ -382,138 +386,164 @@ impl ParallelPlan {
     }
 
     /// Export the trained model to `path` on world rank 0 (a collective over `world`;
-    /// whether this rank wrote it). ZeRO-3 alone streams it: each parameter is gathered
-    /// where the writer reaches it ([`export_onnx_gathered`]), so no rank holds the model
-    /// whole; other layouts export [`Self::whole_model`].
+    /// whether this rank wrote it). No rank holds the trained model whole: the writer
+    /// reads each parameter where it reaches it. Without tensor or pipeline parallelism
+    /// the model is the whole graph, and ZeRO-3 gathers each parameter from its chunks
+    /// ([`export_onnx_gathered`]); with them, rank 0 writes the model file and every rank
+    /// walks the parameters it reads with it ([`Self::stream_param`]).
     pub fn export(
         &self,
-        c: &TrainingConfig,
         model: &OnnxModel,
         world: &dyn Communicator,
         path: &Path,
     ) -> Result<bool> {
         let root = world.rank() == 0;
-        if self.sharded && self.partition.is_none() && self.tensor_parallel.is_none() {
+        if self.partition.is_none() && self.tensor_parallel.is_none() {
             let path = root.then_some(path);
-            export_onnx_gathered(
-                model,
-                self.groups.dp.as_ref(),
-                path,
-                ExportOptions::default(),
-            )?;
+            export_onnx_gathered(model, self.groups.dp.as_ref(), path, ExportOptions::default())?;
             world.barrier()?;
             return Ok(root);
         }
-        match self.whole_model(c, model, world)? {
-            Some(whole) => export_onnx(&whole, path).map(|()| true),
-            None => Ok(false),
-        }
-    }
-
-    /// The whole trained model on world rank 0 (`None` elsewhere): in a pipeline, the
-    /// first replica's stages send their parameters to stage 0, which sets them into the
-    /// model loaded from `c.model_path`. Collective over `world`: no rank leaves before
-    /// the parameters have arrived.
-    fn whole_model(
-        &self,
-        c: &TrainingConfig,
-        model: &OnnxModel,
-        world: &dyn Communicator,
-    ) -> Result<Option<OnnxModel>> {
-        // ZeRO-3: every replica gathers its chunks into whole parameters.
-        let model = &model.unsharded(self.groups.dp.as_ref())?;
-        // The first replica's tp ranks assemble their split weights on tp rank 0.
-        let mut values: HashMap<String, FloatValue> = HashMap::new();
-        if let Some(t) = &self.tensor_parallel
-            && self.groups.dp_rank == 0
-        {
-            match t.gather(model, self.groups.tp.as_ref())? {
-                Some(full) => values = full,
-                None => {
-                    world.barrier()?;
-                    return Ok(None);
-                }
+        let names = self.whole_param_names(model);
+        if root {
+            // Every rank's graph keeps the whole model's protobuf and ties for export.
+            let graph = model.graph();
+            let params = Streamed {
+                plan: self,
+                model,
+                names: &names,
+                shapes: initializer_shapes(graph),
+            };
+            let reads: Vec<usize> = param_reads(graph, &params)
+                .iter()
+                .filter_map(|n| names.binary_search(n).ok())
+                .collect();
+            broadcast_indices(world, reads)?;
+            export_onnx_from(graph, &params, path, ExportOptions::default())?;
+        } else {
+            for i in broadcast_indices(world, Vec::new())? {
+                self.stream_param(model, &names[i])?;
             }
         }
-        for (i, info) in model.param_infos().iter().enumerate() {
-            if !values.contains_key(&info.name) {
-                values.insert(
-                    info.name.clone(),
-                    model.param_value(i).expect("an indexed parameter"),
-                );
-            }
-        }
-        let whole = match &self.partition {
-            None if world.rank() == 0 && self.tensor_parallel.is_none() => Some(model.clone()),
-            None if world.rank() == 0 => Some(c.model.load(&model.device())?.set_params(&values)?),
-            None => None,
-            Some(p) if self.groups.dp_rank == 0 => {
-                self.gather_stages(c, p, &values, &model.device())?
-            }
-            Some(_) => None,
-        };
         world.barrier()?;
-        Ok(whole)
+        Ok(root)
     }
 
-    /// The first replica's part of [`Self::whole_model`]: `values` are this rank's
-    /// whole parameters; each rank sends those it writes to rank 0.
-    fn gather_stages(
-        &self,
-        c: &TrainingConfig,
-        p: &Partition,
-        values: &HashMap<String, FloatValue>,
-        device: &Device,
-    ) -> Result<Option<OnnxModel>> {
-        let me = self.groups.pp_rank;
-        let comm = self.groups.pp.as_ref();
-        let owned = |k: usize| -> Vec<String> {
-            p.params_of(k)
-                .into_iter()
-                .filter(|n| p.owner(n) == Some(k))
-                .collect()
+    /// The names of the whole model's parameters, sorted: the same list on every rank
+    /// (each pipeline rank knows every stage's parameters from the partition).
+    fn whole_param_names(&self, model: &OnnxModel) -> Vec<String> {
+        let names: BTreeSet<String> = match &self.partition {
+            Some(p) => (0..p.ranks).flat_map(|k| p.params_of(k)).collect(),
+            None => model.param_infos().iter().map(|i| i.name.clone()).collect(),
         };
-        let tag = |k: usize| Tag {
-            flow: Flow::Parameter,
-            stage: k,
-            micro: 0,
-        };
-        if me != 0 {
-            let values: Vec<Value> = owned(me)
-                .into_iter()
-                .map(|n| {
-                    values.get(&n).cloned().map(Value::Float).ok_or_else(|| {
-                        OnnxError::field("pipeline", format!("pipeline rank {me} lacks '{n}'"))
-                    })
-                })
-                .collect::<Result<_>>()?;
-            send_values(comm, 0, tag(me), &values.iter().collect::<Vec<_>>())?;
+        names.into_iter().collect()
+    }
+
+    /// One step of the streamed export, on every rank for the same parameter `name` in
+    /// the same order: the ranks of the stage owning it gather it whole (ZeRO-3 over the
+    /// data-parallel group, then the tensor-parallel parts on tp rank 0), and the first
+    /// replica's tp rank 0 of that stage sends it to stage 0. World rank 0 gets `Some`
+    /// when it owns the parameter itself; every other rank gets `None`.
+    fn stream_param(&self, model: &OnnxModel, name: &str) -> Result<Option<ArrayD<f32>>> {
+        let g = &self.groups;
+        let owner = self.owner_stage(name);
+        if g.pp_rank != owner || (model.sharding().is_none() && g.dp_rank != 0) {
             return Ok(None);
         }
-        let device = device.clone();
-        let mut values: HashMap<String, FloatValue> = p
-            .params_of(0)
-            .into_iter()
-            .filter_map(|n| values.get(&n).map(|v| (n, v.clone())))
-            .collect();
-        let mailbox = Mailbox::default();
-        for k in 1..p.ranks {
-            let names = owned(k);
-            for (n, v) in names
-                .iter()
-                .zip(mailbox.recv(comm, k, tag(k), names.len(), &device)?)
-            {
-                let Value::Float(f) = v else {
-                    return Err(OnnxError::field(
-                        "pipeline",
-                        format!("parameter '{n}' arrived as a non-float value"),
-                    ));
-                };
-                values.insert(n.clone(), f);
-            }
+        let local = model.whole_param(param_index(model, name)?, g.dp.as_ref())?;
+        if g.dp_rank != 0 {
+            return Ok(None);
         }
-        mailbox.check_empty()?;
-        let whole = c.model.load(&device)?;
-        Ok(Some(whole.set_params(&values)?))
+        let full = match &self.tensor_parallel {
+            Some(t) => t.gather_param(name, local, g.tp.as_ref())?,
+            None => Some(local),
+        };
+        match full {
+            Some(full) if owner != 0 => {
+                g.pp.recv(&mut [0.0], 0)?;
+                g.pp.send(&into_row_major_vec(full), 0)?;
+                Ok(None)
+            }
+            full => Ok(full),
+        }
     }
+
+    /// World rank 0's side of [`Self::stream_param`]: parameter `name` (of `shape`), its
+    /// own or received from the stage owning it. The owner sends once asked, so one
+    /// parameter at a time is in flight.
+    fn received_param(&self, model: &OnnxModel, name: &str, shape: &[usize]) -> Result<ArrayD<f32>> {
+        if let Some(values) = self.stream_param(model, name)? {
+            return Ok(values);
+        }
+        let owner = self.owner_stage(name);
+        let pp = self.groups.pp.as_ref();
+        pp.send(&[0.0], owner)?;
+        let mut values = vec![0f32; shape.iter().product()];
+        pp.recv(&mut values, owner)?;
+        ArrayD::from_shape_vec(IxDyn(shape), values)
+            .map_err(|e| OnnxError::field(format!("parameter '{name}'"), e.to_string()))
+    }
+
+    /// The pipeline rank whose stages write parameter `name` (0 without a pipeline).
+    fn owner_stage(&self, name: &str) -> usize {
+        self.partition
+            .as_ref()
+            .and_then(|p| p.owner(name))
+            .unwrap_or(0)
+    }
+}
+
+/// World rank 0's parameters in a streamed export ([`ParallelPlan::export`]).
+struct Streamed<'a> {
+    plan: &'a ParallelPlan,
+    /// Rank 0's part of the trained model.
+    model: &'a OnnxModel,
+    /// The whole model's parameters, sorted.
+    names: &'a [String],
+    /// Each initializer's shape, from the whole model's protobuf.
+    shapes: HashMap<String, Vec<usize>>,
+}
+
+impl ParamSource for Streamed<'_> {
+    fn holds(&self, name: &str) -> bool {
+        self.names
+            .binary_search_by(|n| n.as_str().cmp(name))
+            .is_ok()
+    }
+
+    fn values(&self, name: &str) -> Result<ArrayD<f32>> {
+        let shape = self.shapes.get(name).ok_or_else(|| {
+            OnnxError::field(format!("parameter '{name}'"), "not an initializer of the model")
+        })?;
+        self.plan.received_param(self.model, name, shape)
+    }
+}
+
+/// The shape of each initializer of `graph`'s protobuf, by name.
+fn initializer_shapes(graph: &Graph) -> HashMap<String, Vec<usize>> {
+    graph
+        .model
+        .graph
+        .iter()
+        .flat_map(|g| &g.initializer)
+        .map(|t| (t.name.clone(), t.dims.iter().map(|&d| d.max(0) as usize).collect()))
+        .collect()
+}
+
+/// The index of parameter `name` in `model`.
+fn param_index(model: &OnnxModel, name: &str) -> Result<usize> {
+    model
+        .param_index(name)
+        .ok_or_else(|| OnnxError::field(format!("parameter '{name}'"), "missing"))
+}
+
+/// `indices` from world rank 0 to every rank (the others pass an empty list): a length,
+/// then the indices, as f32 (exact below 2^24).
+fn broadcast_indices(world: &dyn Communicator, indices: Vec<usize>) -> Result<Vec<usize>> {
+    let mut len = [indices.len() as f32];
+    world.broadcast(&mut len, 0)?;
+    let mut buf: Vec<f32> = indices.iter().map(|&i| i as f32).collect();
+    buf.resize(len[0] as usize, 0.0);
+    world.broadcast(&mut buf, 0)?;
+    Ok(buf.into_iter().map(|x| x as usize).collect())
 }

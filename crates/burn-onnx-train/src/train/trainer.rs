@@ -78,14 +78,7 @@ impl Trainer {
         if comm.rank() == 0 {
             write_effective_config(&c)?;
         }
-        let model = c.model.load(device)?.select_trainable(
-            &c.model.weights_to_train,
-            &c.model.weights_not_to_train,
-            (
-                "config.model.weights_to_train",
-                "config.model.weights_not_to_train",
-            ),
-        )?;
+        let model = c.model.load_for_training(device)?;
         check_weight_names(&c, &model)?;
         check_data(&c, &model, train.as_ref(), test)?;
         let Parallelized {
@@ -304,9 +297,12 @@ impl Trainer {
             .map(|p| p.finish(self.update - self.start_step));
         let memory = MemoryReport::gather(self.strategy.memory(), self.comm.as_ref())?;
         let idle = self.out.perf.gather_idle(self.comm.as_ref())?;
+        // The export needs neither the optimizer's state nor the passes: free them first.
+        drop(self.strategy);
+        drop(self.passes);
         let c = &self.c;
         let path = trained_path(c)?;
-        if self.plan.export(c, model, self.comm.as_ref(), &path)? {
+        if self.plan.export(model, self.comm.as_ref(), &path)? {
             tracing::info!(path = %path.display(), "exported");
             self.out.summary.exported = Some(path);
             let report = self

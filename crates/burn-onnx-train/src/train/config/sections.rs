@@ -105,6 +105,19 @@ impl ModelConfig {
             device,
         )
     }
+
+    /// [`Self::load`], with the parameters this run trains chosen
+    /// (`weights_to_train` / `weights_not_to_train`): the model the trainer starts from.
+    pub fn load_for_training(&self, device: &burn::tensor::Device) -> Result<crate::OnnxModel> {
+        self.load(device)?.select_trainable(
+            &self.weights_to_train,
+            &self.weights_not_to_train,
+            (
+                "config.model.weights_to_train",
+                "config.model.weights_not_to_train",
+            ),
+        )
+    }
 }
 
 /// `[data]`: where the samples come from and how big a batch is.
