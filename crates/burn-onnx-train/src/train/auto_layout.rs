@@ -9,7 +9,7 @@
 //! a process of its own, its throughput over the last half. A layout that does not fit the
 //! memory of a rank is tried again, as a user short of memory would: with activation
 //! recomputation ([`RECOMPUTE_SEGMENTS`] segments), then also with the optimizer state on
-//! disk; with tensor parallelism each of these (the base first) also with sequence
+//! disk, then (ZeRO-3) also with the parameters' chunks on disk; with tensor parallelism each of these (the base first) also with sequence
 //! parallelism, before the next. The
 //! layouts that fit are ranked by throughput; the others follow, with why.
 
@@ -48,6 +48,8 @@ pub struct Trial {
     pub sequence: bool,
     /// Adam's moments in a memory-mapped file (`offload_optimizer = "disk"`).
     pub offload: bool,
+    /// ZeRO-3's parameter chunks in a memory-mapped file (`offload_params = "disk"`).
+    pub params_on_disk: bool,
     /// Pipeline micro-batches per batch (0: no pipeline).
     pub micro_batches: usize,
     /// Model chunks per pipeline rank (virtual stages; 1: one stage each).
@@ -90,6 +92,9 @@ impl Trial {
         if self.offload {
             flags += " --offload-optimizer disk";
         }
+        if self.params_on_disk {
+            flags += " --offload-params disk";
+        }
         flags
     }
 
@@ -103,6 +108,7 @@ impl Trial {
             recompute: self.recompute,
             sequence: self.sequence,
             offload: self.offload,
+            params_on_disk: self.params_on_disk,
             micro: self.micro_batches,
             chunks: self.chunks,
         }
@@ -110,8 +116,8 @@ impl Trial {
 }
 
 /// What `--auto` varies: data x tensor x pipeline parallel sizes, ZeRO stage,
-/// recomputation segments, sequence parallelism, the optimizer state on disk and pipeline
-/// micro-batches.
+/// recomputation segments, sequence parallelism, the optimizer state and ZeRO-3's
+/// parameters on disk, and pipeline micro-batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     pub dp: usize,
@@ -121,6 +127,7 @@ pub struct Layout {
     pub recompute: usize,
     pub sequence: bool,
     pub offload: bool,
+    pub params_on_disk: bool,
     /// Pipeline micro-batches per batch (0: no pipeline, or the configured rule).
     pub micro: usize,
     /// Model chunks per pipeline rank (`pipeline_virtual_stages`).
@@ -153,6 +160,7 @@ pub fn layouts(world: usize) -> Vec<Layout> {
                 recompute: 0,
                 sequence: false,
                 offload: false,
+                params_on_disk: false,
                 micro: 0,
                 chunks: 1,
             }));
@@ -163,7 +171,7 @@ pub fn layouts(world: usize) -> Vec<Layout> {
 
 /// The layouts a user short of memory would try after `base`, cheapest in time first:
 /// recomputation, then that and the optimizer state on disk (the replicated moments, or
-/// ZeRO's shards); with tensor parallelism sequence parallelism first, and each step
+/// ZeRO's shards), then at ZeRO-3 also the parameters' chunks; with tensor parallelism sequence parallelism first, and each step
 /// again with it before the next.
 fn lighter(base: Layout) -> Vec<Layout> {
     // A pipeline recomputes stage by stage: one segment per stage.
@@ -176,14 +184,17 @@ fn lighter(base: Layout) -> Vec<Layout> {
         recompute: segments,
         ..base
     };
-    let steps = [
-        base,
-        recompute,
-        Layout {
-            offload: true,
-            ..recompute
-        },
-    ];
+    let moments = Layout {
+        offload: true,
+        ..recompute
+    };
+    let mut steps = vec![base, recompute, moments];
+    if base.zero == 3 {
+        steps.push(Layout {
+            params_on_disk: true,
+            ..moments
+        });
+    }
     let mut out = Vec::new();
     for (i, step) in steps.into_iter().enumerate() {
         if i > 0 {
@@ -247,6 +258,9 @@ pub fn configure(c: &TrainingConfig, world: usize, layout: Layout) -> Result<Tra
     if layout.offload {
         t.offload.offload_optimizer = super::config::OffloadTarget::Disk;
     }
+    if layout.params_on_disk {
+        t.offload.offload_params = super::config::ParamOffload::Disk;
+    }
     t.validate(world)?;
     Ok(t)
 }
@@ -306,6 +320,7 @@ pub fn rank_layouts(
             recompute: layout.recompute,
             sequence: layout.sequence,
             offload: layout.offload,
+            params_on_disk: layout.params_on_disk,
             micro_batches: 0,
             chunks: layout.chunks,
             batch_size: 0,
@@ -415,7 +430,11 @@ pub fn table(trials: &[Trial]) -> String {
             t.chunks,
             t.recompute,
             if t.sequence { "on" } else { "-" },
-            if t.offload { "disk" } else { "-" },
+            match (t.offload, t.params_on_disk) {
+                (_, true) => "all",
+                (true, false) => "moments",
+                (false, false) => "-",
+            },
             mib(t.per_rank_bytes),
             mib(t.predicted_peak_bytes),
             t.throughput_per_sec
@@ -428,16 +447,17 @@ pub fn table(trials: &[Trial]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::config::OffloadTarget;
+    use crate::train::config::{OffloadTarget, ParamOffload};
 
     /// A stand-in for the probes: 1000 bytes a rank, 800 with sequence parallelism, 600 with
     /// recomputation (450 with sequence parallelism too), 300 with the moments on disk too
-    /// (250); speed 100 per replica, less 10 for sequence parallelism, 20 for recomputation
-    /// and 20 for disk.
+    /// (250), half that with the parameters on disk too; speed 100 per replica, less 10
+    /// for sequence parallelism, 20 for recomputation and 20 for each thing on disk.
     fn fake(t: &TrainingConfig) -> Result<Measured> {
         let recompute = t.parallel.recompute_segments > 0;
         let disk = t.offload.offload_optimizer == OffloadTarget::Disk;
         let sequence = t.parallel.tensor_parallel_sequence;
+        let params = t.offload.offload_params == ParamOffload::Disk;
         let bytes = match (recompute, disk, sequence) {
             (false, _, false) => 1000,
             (false, _, true) => 800,
@@ -445,11 +465,12 @@ mod tests {
             (true, false, true) => 450,
             (true, true, false) => 300,
             (true, true, true) => 250,
-        };
+        } / if params { 2 } else { 1 };
         let speed = 100.0 * t.parallel.data_parallel_size as f64
             - 10.0 * f64::from(u8::from(sequence))
             - 20.0 * f64::from(u8::from(recompute))
-            - 20.0 * f64::from(u8::from(disk));
+            - 20.0 * f64::from(u8::from(disk))
+            - 20.0 * f64::from(u8::from(params));
         Ok(Measured {
             threads_process_bytes: 2 * bytes,
             per_rank_bytes: bytes,
@@ -595,5 +616,26 @@ mod tests {
                 .filter(|t| t.tp == 1 && t.fits)
                 .all(|t| t.offload && !t.sequence)
         );
+    }
+
+    #[test]
+    fn a_zero_3_layout_short_of_memory_puts_its_parameters_on_disk_last() {
+        // 200 bytes: nothing fits with the moments on disk alone (300, 250 with sequence
+        // parallelism); ZeRO-3 then puts its parameters' chunks on disk too (150). No
+        // other layout holds chunks to put there.
+        let trials = rank_layouts(&config(), 2, Some(200), fake);
+        let fitting: Vec<&Trial> = trials.iter().filter(|t| t.fits).collect();
+        assert_eq!(fitting.len(), 1, "{trials:?}");
+        let t = fitting[0];
+        assert_eq!((t.dp, t.zero_stage), (2, 3));
+        assert!(t.offload && t.params_on_disk && t.recompute == RECOMPUTE_SEGMENTS);
+        assert!(
+            t.flags()
+                .ends_with("--recompute 4 --offload-optimizer disk --offload-params disk"),
+            "{}",
+            t.flags()
+        );
+        assert!(trials.iter().all(|t| !t.params_on_disk || t.zero_stage == 3));
+        assert!(table(&trials).lines().nth(1).unwrap().contains(" all "));
     }
 }

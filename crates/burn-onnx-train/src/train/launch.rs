@@ -251,7 +251,7 @@ fn agreed_layout(
 ) -> Result<TrainingConfig> {
     let world = comm.world_size();
     let mut chosen = None;
-    let mut wire = [0f32; 10];
+    let mut wire = [0f32; 11];
     if comm.rank() == 0 {
         let layout = choose(&config, world).map_err(OnnxError::before_first_update);
         if let Ok(l) = &layout {
@@ -266,6 +266,7 @@ fn agreed_layout(
                 l.micro as f32,
                 f32::from(u8::from(l.sequence)),
                 l.chunks as f32,
+                f32::from(u8::from(l.params_on_disk)),
             ];
         }
         chosen = Some(layout);
@@ -291,6 +292,7 @@ fn agreed_layout(
         micro: n(7),
         sequence: wire[8] == 1.0,
         chunks: n(9),
+        params_on_disk: wire[10] == 1.0,
     };
     configure(&config, world, layout).map_err(OnnxError::before_first_update)
 }
