@@ -286,7 +286,9 @@ fn megatron_traffic(
 /// weight's gradient) and a reduce-scatter of its input's gradient; each of this rank's
 /// `[batch, seq / tp, width]` slice. The `g`s: 2 per layer, with `vocab` the embedding's
 /// too. No other all-reduce carries an activation (only replicated weights' gradients, and
-/// the loss's `[rows]` sums with `vocab`); without `vocab` the head reads whole sequences.
+/// the loss's `[rows]` sums with `vocab`); without `vocab` the embedding's output is sliced
+/// where it is made (Megatron's scatter into the sequence region) and the head reads whole
+/// sequences.
 fn sequence_traffic(
     counting: &Counting,
     t: &TensorParallel,
@@ -298,9 +300,9 @@ fn sequence_traffic(
     let seq = t.sequence.as_ref().unwrap();
     let layers = t.blocks.len() / per_layer;
     let blocks = 2 * layers + usize::from(split_vocab);
-    // Without the vocabulary split the embedding's output is whole: the first block reads
-    // it as Megatron's `f` does (the residual add after that block slices it).
-    let sliced_inputs = blocks - usize::from(!split_vocab);
+    // Every block reads slices: without the vocabulary split the embedding's output is
+    // sliced once, for the first LayerNorm and the residual add after the first block.
+    let sliced_inputs = blocks;
     assert_eq!(seq.scatters, blocks, "{seq:?}");
     assert_eq!(seq.gathers, usize::from(!split_vocab), "{seq:?}");
     assert!(
@@ -328,10 +330,10 @@ fn sequence_traffic(
         blocks + seq.into_blocks + 2 * seq.gathered_products + 2 * usize::from(!split_vocab),
         "all-gathers of slices: {gathers:?}"
     );
-    // Without the vocabulary split the first block's input is the whole embedding, read
-    // through Megatron's `f`: its gradient is all-reduced once.
+    // No block reads a whole activation through `f`: no activation's gradient is
+    // all-reduced whole.
     let whole = reduces.iter().filter(|&&n| n == slice * t.size).count();
-    assert_eq!(whole, usize::from(!split_vocab), "{reduces:?}");
+    assert_eq!(whole, 0, "{reduces:?}");
     assert!(
         reduces.iter().all(|&n| n < slice || n == slice * t.size),
         "no other all-reduce of an activation: {reduces:?} (slices of {slice})"
@@ -454,15 +456,14 @@ fn separate_projections_of_one_input_share_one_gather() {
         let t = splits_with(&path, 2, &ids(97), &sequence(vocab));
         let seq = t.sequence.as_ref().unwrap();
         // Per layer: Q, K and V share the attention input's gather, the MLP's projection
-        // has its own; without the vocabulary split the first layer's input is whole (no
-        // gather).
-        let sliced_layers = LAYERS - usize::from(!vocab);
-        assert_eq!(seq.shared_gathers, 2 * sliced_layers, "{seq:?}");
-        // One gather per layer's attention and MLP input (the first attention's without
-        // the vocabulary split reads the whole input), and with it one for the head.
+        // has its own (without the vocabulary split the first layer's input is the
+        // embedding's output, sliced where it is made).
+        assert_eq!(seq.shared_gathers, 2 * LAYERS, "{seq:?}");
+        // One gather per layer's attention and MLP input, and with the vocabulary split one
+        // for the head.
         assert_eq!(
             seq.gathered_products,
-            2 * LAYERS + usize::from(vocab) - usize::from(!vocab),
+            2 * LAYERS + usize::from(vocab),
             "{seq:?}"
         );
         check_equivalence_with(&path, 2, 97, &sequence(vocab), 4);

@@ -17,7 +17,10 @@
 //! gradients (Megatron's way: no whole-sequence input is kept between the passes); any
 //! other reader (an op that mixes tokens, a graph output)
 //! gets the whole sequence back by [`Transfer::Gather`], so every graph runs, the part
-//! between blocks on slices as far as its ops allow. `Shape` of a slice reports the whole
+//! between blocks on slices as far as its ops allow. The pass sweeps the graph twice: the
+//! whole activations the first sweep sliced for a reader (the residual stream entering the
+//! first block) are sliced where they are made in the second, so the token-wise nodes
+//! before that reader (the first LayerNorm) run on slices too. `Shape` of a slice reports the whole
 //! shape and Reshapes of slices take local sizes, so shape arithmetic stays the whole
 //! model's.
 //!
@@ -83,24 +86,13 @@ struct Local {
 /// the whole model's shapes (the names the tensor-parallel rewrite added are looked up
 /// by the value they stand for).
 pub fn rewrite(graph: &Graph, known: &Known, tp: usize) -> Result<(Graph, SequenceParallel)> {
-    let mut pass = Pass {
-        known,
-        graph,
-        tp,
-        seq: sequence_length(graph, known, tp)?,
-        split: HashMap::new(),
-        fused: HashMap::new(),
-        groups: HashMap::new(),
-        gathered: HashSet::new(),
-        nodes: Vec::with_capacity(graph.nodes.len() * 5 / 4),
-        emitted: HashSet::new(),
-        count: SequenceParallel::default(),
-    };
-    for node in &graph.nodes {
-        pass.node(node.clone());
-    }
-    pass.gather_outputs();
-    let Pass { nodes, count, .. } = pass;
+    let seq = sequence_length(graph, known, tp)?;
+    // The first sweep finds the whole activations the slices meet (the residual stream
+    // entering the first block); the second slices them where they are made, so that
+    // the token-wise nodes before that meeting (the first LayerNorm) run on slices too,
+    // as Megatron scatters the embedding's output into the sequence-parallel region.
+    let met = Pass::new(graph, known, tp, seq, HashMap::new()).sweep().met;
+    let Pass { nodes, count, .. } = Pass::new(graph, known, tp, seq, met).sweep();
     let mut last_use = HashMap::new();
     for (i, n) in nodes.iter().enumerate() {
         for input in n.inputs.iter().filter(|i| !i.is_empty()) {
@@ -193,16 +185,82 @@ struct Pass<'a> {
     nodes: Vec<Node>,
     /// Transfer nodes already placed (by output name).
     emitted: HashSet<String>,
+    /// Whole activations sliced where they are made (the first sweep's `met`).
+    entries: HashMap<String, AxisSplit>,
+    /// Node outputs sliced for a reader (by the split read): what the next sweep enters.
+    met: HashMap<String, AxisSplit>,
+    /// Those sliced so far: whole value -> its slice, which later nodes read instead.
+    entered: HashMap<String, String>,
     count: SequenceParallel,
 }
 
-impl Pass<'_> {
+impl<'a> Pass<'a> {
+    fn new(
+        graph: &'a Graph,
+        known: &'a Known<'a>,
+        tp: usize,
+        seq: Option<usize>,
+        entries: HashMap<String, AxisSplit>,
+    ) -> Self {
+        Pass {
+            known,
+            graph,
+            tp,
+            seq,
+            split: HashMap::new(),
+            fused: HashMap::new(),
+            groups: HashMap::new(),
+            gathered: HashSet::new(),
+            nodes: Vec::with_capacity(graph.nodes.len() * 5 / 4),
+            emitted: HashSet::new(),
+            entries,
+            entered: HashMap::new(),
+            met: HashMap::new(),
+            count: SequenceParallel::default(),
+        }
+    }
+
+    /// Place every node of the graph, in order, then gather the sliced graph outputs.
+    fn sweep(mut self) -> Self {
+        let graph = self.graph;
+        for node in &graph.nodes {
+            self.node(node.clone());
+            self.enter(&node.outputs);
+        }
+        self.gather_outputs();
+        self
+    }
+
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.known.shape(original(name))
+        self.known.shape(original(self.whole_of(name)))
     }
 
     fn is_float(&self, name: &str) -> bool {
-        self.known.is_float(original(name))
+        self.known.is_float(original(self.whole_of(name)))
+    }
+
+    /// The whole value an entry's slice stands for (any other name: itself).
+    fn whole_of<'n>(&'n self, name: &'n str) -> &'n str {
+        self.entered
+            .iter()
+            .find_map(|(whole, slice)| (slice == name).then_some(whole.as_str()))
+            .unwrap_or(name)
+    }
+
+    /// Slice each entry among `outputs` that was made whole (one made of slices already
+    /// is one); the nodes after read the slice.
+    fn enter(&mut self, outputs: &[String]) {
+        for out in outputs {
+            let Some(&s) = self.entries.get(out) else {
+                continue;
+            };
+            if self.split.contains_key(out) {
+                continue;
+            }
+            let slice = self.transfer(out, Transfer::Slice, Some(s));
+            self.split.insert(slice.clone(), s);
+            self.entered.insert(out.clone(), slice);
+        }
     }
 
     /// The split of a `g` output: the sequence axis, when it divides.
@@ -222,6 +280,11 @@ impl Pass<'_> {
     /// Place `node` (of the tensor-parallel graph, in order), rewritten for the slices it
     /// reads, with the transfers it needs before it.
     fn node(&mut self, mut node: Node) {
+        for input in node.inputs.iter_mut() {
+            if let Some(slice) = self.entered.get(input) {
+                input.clone_from(slice);
+            }
+        }
         if is_reduce(&node) {
             if let Some(s) = self.seed_split(&node.outputs[0]) {
                 self.transfer_node(&mut node, Transfer::Scatter, s);
@@ -448,7 +511,12 @@ impl Pass<'_> {
             let input = node.inputs[k].clone();
             node.inputs[k] = match edge {
                 Edge::Copy => self.copy(&input),
-                Edge::Slice(s) => self.transfer(&input, Transfer::Slice, Some(s)),
+                Edge::Slice(s) => {
+                    if self.made(&input) {
+                        self.met.insert(input.clone(), s);
+                    }
+                    self.transfer(&input, Transfer::Slice, Some(s))
+                }
             };
         }
         if let Some((axis, full)) = local.reshape {
@@ -678,6 +746,15 @@ impl Pass<'_> {
     }
 
     /// Whether a value is read by a node or is a graph output.
+    /// Whether a node of the graph makes `name` (an activation, not an initializer or a
+    /// graph input).
+    fn made(&self, name: &str) -> bool {
+        self.graph
+            .nodes
+            .iter()
+            .any(|n| n.outputs.iter().any(|o| o == name))
+    }
+
     fn used(&self, name: &str) -> bool {
         self.graph.last_use.contains_key(name) || self.graph.outputs.iter().any(|o| o.name == name)
     }
