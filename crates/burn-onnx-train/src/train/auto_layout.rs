@@ -635,7 +635,11 @@ mod tests {
             "{}",
             t.flags()
         );
-        assert!(trials.iter().all(|t| !t.params_on_disk || t.zero_stage == 3));
+        assert!(
+            trials
+                .iter()
+                .all(|t| !t.params_on_disk || t.zero_stage == 3)
+        );
         assert!(table(&trials).lines().nth(1).unwrap().contains(" all "));
     }
 }

@@ -18,10 +18,10 @@ use std::sync::Arc;
 use burn::module::ParamId;
 use burn::tensor::Device;
 use burn_ort_dist::fp16_wire::Fp16ReduceScatter;
-use ndarray::{ArrayD, IxDyn};
 use burn_ort_dist::{
     Communicator, DataParallel, Groups, ModelParallel, StateFile, Topology, UpdateStrategy,
 };
+use ndarray::{ArrayD, IxDyn};
 
 use super::checkpoint::{model_file, model_file_writer, state_dir};
 use super::config::{Overlap, ParamOffload, TrainingConfig};
@@ -391,16 +391,16 @@ impl ParallelPlan {
     /// the model is the whole graph, and ZeRO-3 gathers each parameter from its chunks
     /// ([`export_onnx_gathered`]); with them, rank 0 writes the model file and every rank
     /// walks the parameters it reads with it ([`Self::stream_param`]).
-    pub fn export(
-        &self,
-        model: &OnnxModel,
-        world: &dyn Communicator,
-        path: &Path,
-    ) -> Result<bool> {
+    pub fn export(&self, model: &OnnxModel, world: &dyn Communicator, path: &Path) -> Result<bool> {
         let root = world.rank() == 0;
         if self.partition.is_none() && self.tensor_parallel.is_none() {
             let path = root.then_some(path);
-            export_onnx_gathered(model, self.groups.dp.as_ref(), path, ExportOptions::default())?;
+            export_onnx_gathered(
+                model,
+                self.groups.dp.as_ref(),
+                path,
+                ExportOptions::default(),
+            )?;
             world.barrier()?;
             return Ok(root);
         }
@@ -471,7 +471,12 @@ impl ParallelPlan {
     /// World rank 0's side of [`Self::stream_param`]: parameter `name` (of `shape`), its
     /// own or received from the stage owning it. The owner sends once asked, so one
     /// parameter at a time is in flight.
-    fn received_param(&self, model: &OnnxModel, name: &str, shape: &[usize]) -> Result<ArrayD<f32>> {
+    fn received_param(
+        &self,
+        model: &OnnxModel,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<ArrayD<f32>> {
         if let Some(values) = self.stream_param(model, name)? {
             return Ok(values);
         }
@@ -513,7 +518,10 @@ impl ParamSource for Streamed<'_> {
 
     fn values(&self, name: &str) -> Result<ArrayD<f32>> {
         let shape = self.shapes.get(name).ok_or_else(|| {
-            OnnxError::field(format!("parameter '{name}'"), "not an initializer of the model")
+            OnnxError::field(
+                format!("parameter '{name}'"),
+                "not an initializer of the model",
+            )
         })?;
         self.plan.received_param(self.model, name, shape)
     }
@@ -526,7 +534,12 @@ fn initializer_shapes(graph: &Graph) -> HashMap<String, Vec<usize>> {
         .graph
         .iter()
         .flat_map(|g| &g.initializer)
-        .map(|t| (t.name.clone(), t.dims.iter().map(|&d| d.max(0) as usize).collect()))
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.dims.iter().map(|&d| d.max(0) as usize).collect(),
+            )
+        })
         .collect()
 }
 
