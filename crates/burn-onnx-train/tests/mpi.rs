@@ -347,6 +347,17 @@ fn mpi_two_ranks_of_two_virtual_stages_equal_one_process_gpt2_tiny() {
 fn mpi_two_replicas_of_two_stages_equal_one_process_gpt2_tiny() {
     let _serial = one_job_at_a_time();
     grid_equivalence("gpt2", 2, 1, 2, 2);
+    // ZeRO-3 within each stage's replicas: the export gathers each parameter's chunks in
+    // the stage owning it and streams it to rank 0, one parameter at a time.
+    grid_equivalence_with("gpt2", 2, 1, 2, 2, &["--zero", "3"]);
+}
+
+/// Tensor parallelism inside pipeline stages across processes: each stage joins its
+/// split weights on tp rank 0, which sends them to rank 0 for the export.
+#[test]
+fn mpi_two_tensor_parallel_ranks_of_two_stages_equal_one_process_gpt2_tiny() {
+    let _serial = one_job_at_a_time();
+    grid_equivalence("gpt2", 1, 2, 2, 4);
 }
 
 #[test]
