@@ -7,8 +7,9 @@
 //! ranks and pipeline stages (`burn_ort_dist::Topology`, Megatron's layout). A rank holds
 //! its tp rank's part of its stage's part of the model, trains it with the passes of a
 //! stage, averages gradients with the ranks holding the same part, writes that part into
-//! checkpoints, and hands it on for export (tp rank 0 gathers the split weights, stage 0
-//! the stages).
+//! checkpoints, and hands it on for export one parameter at a time (the stage owning it
+//! gathers its ZeRO-3 chunks and tensor-parallel parts, and sends it to world rank 0,
+//! which writes the file).
 
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, HashSet};
