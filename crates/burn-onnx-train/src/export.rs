@@ -105,11 +105,8 @@ impl ParamSource for Gathered<'_> {
     }
 
     fn values(&self, name: &str) -> Result<ArrayD<f32>> {
-        let i = self
-            .model
-            .param_index(name)
-            .ok_or_else(|| OnnxError::field(format!("parameter '{name}'"), "missing"))?;
-        self.model.whole_param(i, self.group)
+        self.model
+            .whole_param(self.model.require_param(name)?, self.group)
     }
 }
 

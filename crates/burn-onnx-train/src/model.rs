@@ -281,6 +281,13 @@ impl OnnxModel {
         Some(FloatValue::new(p.val(), self.stored_rank(index)))
     }
 
+    /// The index of parameter `name`, or an error naming it.
+    pub fn require_param(&self, name: &str) -> Result<usize> {
+        self.param_index(name).ok_or_else(|| {
+            OnnxError::field(format!("parameter '{name}'"), "no such float initializer")
+        })
+    }
+
     /// The value of a parameter by ONNX name.
     pub fn param_by_name(&self, name: &str) -> Option<FloatValue> {
         self.param_value(self.param_index(name)?)
@@ -373,9 +380,7 @@ impl OnnxModel {
     /// shapes are errors naming the parameter.
     pub fn set_params(mut self, values: &HashMap<String, FloatValue>) -> Result<Self> {
         for (name, v) in values {
-            let i = self.param_index(name).ok_or_else(|| {
-                OnnxError::field(format!("parameter '{name}'"), "no such float initializer")
-            })?;
+            let i = self.require_param(name)?;
             let want = &self.spec.params[i].shape;
             if &v.shape() != want {
                 return Err(OnnxError::field(

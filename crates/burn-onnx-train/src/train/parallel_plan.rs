@@ -451,7 +451,7 @@ impl ParallelPlan {
         if g.pp_rank != owner || (model.sharding().is_none() && g.dp_rank != 0) {
             return Ok(None);
         }
-        let local = model.whole_param(param_index(model, name)?, g.dp.as_ref())?;
+        let local = model.whole_param(model.require_param(name)?, g.dp.as_ref())?;
         if g.dp_rank != 0 {
             return Ok(None);
         }
@@ -542,13 +542,6 @@ fn initializer_shapes(graph: &Graph) -> HashMap<String, Vec<usize>> {
             )
         })
         .collect()
-}
-
-/// The index of parameter `name` in `model`.
-fn param_index(model: &OnnxModel, name: &str) -> Result<usize> {
-    model
-        .param_index(name)
-        .ok_or_else(|| OnnxError::field(format!("parameter '{name}'"), "missing"))
 }
 
 /// `indices` from world rank 0 to every rank (the others pass an empty list): a length,
