@@ -158,31 +158,9 @@ fn run(args: Args) -> Result<(), OnnxError> {
     let Some(perf) = &summary.perf else {
         return Ok(());
     }; // not rank 0
+    println!("{summary}");
     if summary.losses.is_empty() {
-        println!(
-            "nothing to train: the run in {} had finished (it resumed at its last update, {}); --resume never or another --output-dir starts anew",
-            model_path.parent().unwrap_or(Path::new(".")).display(),
-            summary.start_step
-        );
         return Ok(());
-    }
-    let first = summary.losses.first().map_or(f64::NAN, |l| l.1);
-    let last = summary.losses.last().map_or(f64::NAN, |l| l.1);
-    println!(
-        "train loss: {first:.4} (update {}) -> {last:.4} (update {})",
-        summary.start_step + 1,
-        summary.losses.len() + summary.start_step
-    );
-    for e in &summary.evals {
-        println!(
-            "eval at update {}: loss {:.4}, perplexity {:.1}",
-            e.step,
-            e.loss,
-            e.perplexity.unwrap_or(f64::NAN)
-        );
-    }
-    if let Some(p) = &summary.exported {
-        println!("exported {}", p.display());
     }
     println!(
         "| model | ranks | batch x seq per replica | updates measured | ms/update | tokens/s |"

@@ -186,23 +186,7 @@ fn run(args: Args) -> Result<()> {
     let Some(perf) = &summary.perf else {
         return Ok(());
     }; // not rank 0
-    let first = summary.losses.first().map_or(f64::NAN, |l| l.1);
-    let last = summary.losses.last().map_or(f64::NAN, |l| l.1);
-    println!(
-        "train loss: {first:.4} -> {last:.4} over {} updates",
-        summary.losses.len()
-    );
-    for e in &summary.evals {
-        println!(
-            "eval at update {}: loss {:.4}, accuracy {:.3}",
-            e.step,
-            e.loss,
-            e.accuracy.unwrap_or(f64::NAN)
-        );
-    }
-    if let Some(p) = &summary.exported {
-        println!("exported {}", p.display());
-    }
+    println!("{summary}");
     println!("| model | ranks | batch per replica | updates measured | ms/update | images/s |");
     println!("|---|---|---|---|---|---|");
     println!(

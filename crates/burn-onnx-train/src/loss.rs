@@ -17,6 +17,7 @@ pub const IGNORE_INDEX: i64 = -100;
 /// The loss functions a training run can attach to the model's output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[cfg_attr(feature = "cli", value(rename_all = "snake_case"))]
 #[serde(rename_all = "snake_case")]
 pub enum LossKind {
     /// Cross-entropy of logits `[.., C]` against class ids `[..]`.

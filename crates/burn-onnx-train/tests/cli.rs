@@ -420,7 +420,9 @@ fn train_logs_its_run_and_export_rebuilds_the_model_from_a_checkpoint() {
         "a loss line every display_loss_steps (2 of 4 updates):\n{log}"
     );
     assert!(
-        log.contains("loss=") && log.contains("checkpoint") && log.contains("exported"),
+        log.contains("train step 4/4: loss ")
+            && log.contains("checkpoint")
+            && log.contains("exported"),
         "{log}"
     );
     let exported = dir.join("from_ckpt.onnx");
@@ -630,7 +632,7 @@ fn a_pipelined_checkpoint_exports_the_whole_model() {
 #[test]
 fn flags_override_the_config_file_only_when_given() {
     use burn_onnx_train::train::TrainingConfig;
-    use burn_onnx_train::train::flags::TrainFlags;
+    use burn_onnx_train::train::flags::ConfigFlags;
     let dir = tempdir("cli-flags");
     let file = dir.join("run.toml");
     std::fs::write(&file, "batch_size = 3\n[lr]\nwarmup_ratio = 0.2\n").unwrap();
@@ -645,7 +647,7 @@ fn flags_override_the_config_file_only_when_given() {
         };
         c
     };
-    let flags = TrainFlags {
+    let flags = ConfigFlags {
         config: Some(file.clone()),
         ..Default::default()
     };
@@ -660,7 +662,7 @@ fn flags_override_the_config_file_only_when_given() {
         (0.2, 5e-4),
         "nested tables merge field by field"
     );
-    let flags = TrainFlags {
+    let flags = ConfigFlags {
         config: Some(file),
         batch_size: Some(5),
         steps: Some(10),
@@ -775,7 +777,7 @@ fn a_deepspeed_config_sets_its_fields_and_names_the_keys_it_cannot_honour() {
         "fp16": {"enabled": true, "loss_scale": 0, "loss_scale_window": 500},
         "zero_optimization": {"stage": 2},
         "optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1}},
-        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10, "total_num_steps": 100, "warmup_max_lr": 3e-4}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10, "total_num_steps": 100, "warmup_max_lr": 3e-4, "warmup_type": "linear"}},
         "tensorboard": {"enabled": true, "output_path": "tb", "job_name": "ds"}
     }"#,
     );
@@ -855,16 +857,16 @@ fn a_deepspeed_config_sets_its_fields_and_names_the_keys_it_cannot_honour() {
             "zero_optimization.offload_optimizer.device",
         ),
         (
-            r#"{"zero_optimization": {"stage": 2, "overlap_comm": true}}"#,
-            "zero_optimization.overlap_comm",
+            r#"{"zero_optimization": {"stage": 2, "zero_quantized_weights": true}}"#,
+            "zero_optimization.zero_quantized_weights",
         ),
-        (r#"{"wall_clock_breakdown": false}"#, "wall_clock_breakdown"),
+        (r#"{"prescale_gradients": true}"#, "prescale_gradients"),
         (
             r#"{"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}}"#,
             "warmup_type",
         ),
         (
-            r#"{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8}"#,
+            r#"{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2}"#,
             "train_batch_size 64",
         ),
     ] {
@@ -1030,7 +1032,9 @@ fn plan_predicts_each_layouts_memory_against_its_measured_run() {
     let err = String::from_utf8_lossy(&tight.stderr);
     assert_eq!(tight.status.code(), Some(3), "{err}");
     assert!(
-        err.contains("does not fit") && err.contains("0.10 GiB"),
+        err.contains("does not fit")
+            && err.contains("--memory-per-rank is 100.0 MiB")
+            && err.contains("--auto"),
         "{err}"
     );
     let bad = onnx_train(&["plan", "--config", cfg, "--memory-per-rank", "lots"]);
@@ -1151,4 +1155,311 @@ fn auto_ranks_every_layout_of_the_world_and_train_runs_the_chosen_one() {
     );
     // The global batch of --dp 2 --batch-size 4.
     auto_choice_ran(&String::from_utf8_lossy(&run.stderr), &out, 2, 8);
+}
+
+/// `train` with its model and data named by flags alone (no config file): it checks,
+/// says what it will do, trains, and ends with a summary of the run.
+#[test]
+fn a_users_own_model_trains_from_flags_without_a_config_file() {
+    let dir = tempdir("cli-own-model");
+    train_setup(&dir);
+    let data = dir.join("data");
+    let out_dir = dir.join("flags-out");
+    let model = refkit("models/gpt2_tiny.onnx");
+    let args = [
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--train-data",
+        data.to_str().unwrap(),
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--accumulation",
+        "2",
+        "--steps",
+        "2",
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ];
+    // --check: every check of a run, what it would do, nothing written.
+    let mut checked = args.to_vec();
+    checked.push("--check");
+    let out = onnx_train(&checked);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 512 tokens make 32 windows of 16: 4 x 2 samples per update, 128 tokens.
+    for line in [
+        "data     32 sequences of tokens",
+        "batch    8 samples per update, 128 tokens",
+        "updates  2 (4 micro-steps, 2 accumulated per update)",
+        "layout   cpu, f32, 1 rank",
+    ] {
+        assert!(text.contains(line), "{line:?} in:\n{text}");
+    }
+    assert!(!out_dir.exists(), "--check trains nothing");
+    let out = onnx_train(&args);
+    let log = String::from_utf8_lossy(&out.stderr);
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("updates  2 (4 micro-steps"),
+        "the banner:\n{log}"
+    );
+    assert!(log.contains("train step 2/2: loss "), "{log}");
+    assert!(
+        summary.contains("train loss ")
+            && summary.contains("2 updates in")
+            && summary.contains(&format!(
+                "exported {}",
+                out_dir.join("gpt2_tiny_trained.onnx").display()
+            ))
+            && summary.contains(&format!(
+                "checkpoint {}",
+                out_dir.join("checkpoints/ckpt-000000002").display()
+            ))
+            && summary.contains("metrics.jsonl"),
+        "{summary}"
+    );
+    // `export --checkpoint` takes the run directory (its newest checkpoint).
+    let exported = dir.join("from-run-dir.onnx");
+    let out = onnx_train(&[
+        "export",
+        "--checkpoint",
+        out_dir.to_str().unwrap(),
+        "--output",
+        exported.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        onnx_params(exported),
+        onnx_params(out_dir.join("gpt2_tiny_trained.onnx")),
+        "the run directory's newest checkpoint is the trained model"
+    );
+}
+
+/// The exit status, standard error and the count of `needle` in it of `train` with `args`.
+fn refused(args: &[&str], needle: &str) -> (Option<i32>, String, usize) {
+    let out = onnx_train(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let n = err.matches(needle).count();
+    (out.status.code(), err, n)
+}
+
+/// Bad input fails before the first update with exit 78, printed once, naming the field,
+/// and `--max-restarts` never retries it.
+#[test]
+fn input_errors_exit_78_once_naming_the_field_and_are_never_restarted() {
+    let dir = tempdir("cli-input-errors");
+    let cfg = train_setup(&dir);
+    let cfg = cfg.to_str().unwrap();
+    let (code, err, n) = refused(
+        &[
+            "train",
+            "--config",
+            cfg,
+            "--batch-size",
+            "0",
+            "--max-restarts",
+            "2",
+        ],
+        "config.data.batch_size: must be at least 1",
+    );
+    assert_eq!((code, n), (Some(78), 1), "{err}");
+    assert!(!err.contains("restarting"), "{err}");
+    // `plan` checks the same config.
+    let (code, err, n) = refused(
+        &["plan", "--config", cfg, "--batch-size", "0"],
+        "config.data.batch_size: must be at least 1",
+    );
+    assert_eq!((code, n), (Some(78), 1), "{err}");
+    let (code, err, _) = refused(&["train", "--config", cfg, "--set", "data.seq_len=0"], "");
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("config.data.seq_len"), "{err}");
+    // A misspelt directory: the field and the absolute path it resolved to.
+    let (code, err, _) = refused(
+        &["train", "--config", cfg, "--train-data", "data/trian"],
+        "",
+    );
+    assert_eq!(code, Some(78), "{err}");
+    let absolute = std::env::current_dir().unwrap().join("data/trian");
+    assert!(
+        err.contains(&format!(
+            "config.data.train_data_dir: {}: no such directory",
+            absolute.display()
+        )),
+        "{err}"
+    );
+    // A key the config does not have: what was meant.
+    let (code, err, _) = refused(&["train", "--config", cfg, "--set", "lr=1e-3"], "");
+    assert_eq!(code, Some(78), "{err}");
+    assert!(
+        err.contains("did you mean lr.initial_lr (flag --lr)?"),
+        "{err}"
+    );
+    let (code, err, _) = refused(
+        &["train", "--config", cfg, "--set", "learning_rate=1e-3"],
+        "",
+    );
+    assert_eq!(code, Some(78), "{err}");
+    assert!(
+        err.contains("unknown key learning_rate; did you mean lr.initial_lr"),
+        "{err}"
+    );
+    // An input the graph does not have: the inputs it has and the flag to set.
+    let (code, err, _) = refused(&["train", "--config", cfg, "--input-name", "tokens"], "");
+    assert_eq!(code, Some(78), "{err}");
+    assert!(
+        err.contains("config.model.input_name: 'tokens' is not an input of")
+            && err.contains("(its inputs: input_ids); set it with --input-name input_ids"),
+        "{err}"
+    );
+    // A device this binary was not built for.
+    #[cfg(not(feature = "cuda"))]
+    {
+        let (code, err, _) = refused(
+            &[
+                "train",
+                "--config",
+                cfg,
+                "--device",
+                "cuda",
+                "--max-restarts",
+                "2",
+            ],
+            "",
+        );
+        assert_eq!(code, Some(78), "{err}");
+        assert!(!err.contains("restarting"), "{err}");
+    }
+}
+
+/// A checkpoint of another model in the output directory is said to be one.
+#[test]
+fn resuming_another_models_checkpoint_names_both_models() {
+    let dir = tempdir("cli-other-model");
+    let cfg = train_setup(&dir);
+    let out = onnx_train(&["train", "--config", cfg.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let other = dir.join("other.onnx");
+    let out = onnx_train(&[
+        "gpt2",
+        "--output",
+        other.to_str().unwrap(),
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--width",
+        "32",
+        "--vocab",
+        "1024",
+        "--positions",
+        "64",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (code, err, _) = refused(
+        &[
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--model",
+            other.to_str().unwrap(),
+            "--steps",
+            "6",
+        ],
+        "",
+    );
+    assert_eq!(code, Some(78), "{err}");
+    assert!(
+        err.contains("config.model.model_path")
+            && err.contains(&format!(
+                "was trained from {}",
+                refkit("models/gpt2_tiny.onnx").display()
+            ))
+            && err.contains(&format!("this run uses {}", other.display())),
+        "{err}"
+    );
+}
+
+/// `init` writes a commented config from the graph that reads back as the run it says.
+#[test]
+fn init_writes_a_config_filled_from_the_graph() {
+    use burn_onnx_train::train::TrainingConfig;
+    let dir = tempdir("cli-init");
+    let run = dir.join("run.toml");
+    let model = refkit("models/gpt2_tiny.onnx");
+    let args = [
+        "init",
+        model.to_str().unwrap(),
+        "--output",
+        run.to_str().unwrap(),
+    ];
+    let out = onnx_train(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&run).unwrap();
+    let c = TrainingConfig::from_file(&run).unwrap();
+    assert_eq!(
+        (
+            c.model.input_name.as_str(),
+            c.model.output_name.as_str(),
+            c.model.loss
+        ),
+        (
+            "input_ids",
+            "logits",
+            burn_onnx_train::loss::LossKind::LmCrossEntropy
+        )
+    );
+    // gpt2_tiny: 128 positions, 1024 tokens (refkit README).
+    assert_eq!(c.data.seq_len, 128);
+    assert!(
+        text.contains("Token ids must be below 1024")
+            && text.contains("at most 128 (the rows of")
+            && text.contains("# The graph's inputs: input_ids (int64 [batch, seq])"),
+        "{text}"
+    );
+    // An image classifier: its float input, cross-entropy on [batch, classes].
+    let mlp = dir.join("mlp.toml");
+    let out = onnx_train(&[
+        "init",
+        refkit("models/mlp.onnx").to_str().unwrap(),
+        "--output",
+        mlp.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c = TrainingConfig::from_file(&mlp).unwrap();
+    assert_eq!(
+        (c.model.input_name.as_str(), c.model.loss),
+        ("input", burn_onnx_train::loss::LossKind::CrossEntropy)
+    );
+    // It never writes over a file.
+    let again = onnx_train(&args);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
 }

@@ -139,6 +139,24 @@ fn a_graph_without_blocks_is_an_error() {
     );
 }
 
+/// A size that splits no block of gpt2_tiny (4 heads of 32, an MLP of 512: 3 divides
+/// none) is refused, even where the vocabulary alone would split, naming sizes that split
+/// its blocks, as Megatron refuses a tensor-parallel size that does not divide the heads.
+#[test]
+fn a_size_that_splits_no_block_names_the_sizes_that_do() {
+    let model = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex()).unwrap();
+    let err = TensorParallel::apply(model, sample(&ids(1024)), 0, 3, &options(true))
+        .err()
+        .expect("3 ranks split no block of 4 heads")
+        .to_string();
+    assert!(
+        err.contains("no Megatron block")
+            && err.contains("splits over 3 ranks")
+            && err.contains("its blocks split over 2, 4"),
+        "{err}"
+    );
+}
+
 /// Megatron's blocks only, or with the embedding and head split along the vocabulary.
 fn options(vocab: bool) -> SplitOptions {
     SplitOptions {

@@ -3,7 +3,9 @@
 //! ```text
 //! onnx-train inspect MODEL.onnx [--stages N] [--tp N]
 //! onnx-train run MODEL.onnx --input NAME=FILE.npy ... --output-dir DIR
+//! onnx-train init MODEL.onnx [--output run.toml]     # a commented config from the graph
 //! onnx-train train --config run.toml [--dp N]        # or: mpirun -np N onnx-train train ...
+//! onnx-train train --model M.onnx --train-data DIR [--seq-len N] [--loss KIND]
 //! onnx-train export --checkpoint DIR --output trained.onnx [--model MODEL.onnx]
 //! onnx-train launch --np 4 --max-restarts 3 -- train --config run.toml --dp 4
 //! onnx-train gpt2 --output gpt2_124m.onnx [--layers 12 --heads 12 --width 768]
@@ -24,14 +26,16 @@ use burn_onnx_train::pipeline::Partition;
 use burn_onnx_train::tokenize::{TokenizeOptions, tokenize};
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::auto_layout::Layout;
-use burn_onnx_train::train::checkpoint::{read_state, weights_file_bytes};
+use burn_onnx_train::train::checkpoint::{find_checkpoint, read_state, weights_file_bytes};
 use burn_onnx_train::train::checkpoint_manifest::check_files;
-use burn_onnx_train::train::checkpoint_params::read_params;
+use burn_onnx_train::train::checkpoint_params::{from_other_model, read_params};
 use burn_onnx_train::train::data::{Dataset, ImageDataset};
 use burn_onnx_train::train::documents::token_dataset;
 use burn_onnx_train::train::elastic::ElasticJob;
-use burn_onnx_train::train::flags::TrainFlags;
+use burn_onnx_train::train::flags::{ConfigFlags, DataFlags, TrainFlags};
 use burn_onnx_train::train::launch::{launch_auto, launch_elastic};
+use burn_onnx_train::train::preflight::check_run;
+use burn_onnx_train::train::starter_config::starter_config;
 use burn_onnx_train::{Graph, Mode, OnnxError, OnnxModel, ParamRole, Value};
 use clap::{Parser, Subcommand};
 use std::sync::Arc;
@@ -76,6 +80,19 @@ enum Command {
         #[arg(long, value_name = "D", default_value = "cpu")]
         device: burn_onnx_train::train::DeviceSpec,
     },
+    /// Write a commented training config for an ONNX model, filled from its graph: the
+    /// input the batch feeds and the output the loss reads, a loss guessed from the
+    /// output's shape, `seq_len` up to the position table, the vocabulary token ids must fit.
+    Init {
+        /// The ONNX file.
+        model: PathBuf,
+        /// The config file to write.
+        #[arg(long, default_value = "run.toml")]
+        output: PathBuf,
+        /// Replace the config file if it exists.
+        #[arg(long)]
+        force: bool,
+    },
     /// Train as a TOML/JSON TrainingConfig says (token shards for `lm_cross_entropy`, image
     /// shards for `cross_entropy` and `mse`); flags override the file only when given.
     Train(TrainArgs),
@@ -109,8 +126,9 @@ enum Command {
     },
     /// Export the trained model held in a checkpoint directory as an ONNX file.
     Export {
-        /// The checkpoint directory (`ckpt-NNNNNNNNN`); without it, `--model` is written as
-        /// it is (e.g. to move its weights into external data).
+        /// The checkpoint: its directory (`ckpt-NNNNNNNNN`), a directory of checkpoints, or a
+        /// run's output directory (the newest checkpoint in either); without it, `--model`
+        /// is written as it is (e.g. to move its weights into external data).
         #[arg(long)]
         checkpoint: Option<PathBuf>,
         /// The ONNX file to write.
@@ -185,37 +203,59 @@ enum Command {
 }
 
 #[derive(clap::Args)]
+#[command(after_help = "Examples:
+  onnx-train train --model model.onnx --train-data shards/ --seq-len 256 --steps 100
+  onnx-train train --config run.toml --dp 2 --zero 1
+  onnx-train train --config run.toml --check          # check config, model and data; no training
+  mpirun -np 4 onnx-train train --config run.toml --dp 4")]
 struct TrainArgs {
     #[command(flatten)]
     run: TrainFlags,
+    #[command(flatten)]
+    data: DataFlags,
+    /// Check the config, the model and the data as a run would (every field, the files,
+    /// the feeds' names, the token ids against the vocabulary), print what the run would
+    /// do, and exit without training.
+    #[arg(long, help_heading = "Config")]
+    check: bool,
     /// Choose the layout of the world for you: every layout is planned and timed by probe
     /// steps (`onnx-train plan --auto`), and the fastest that fits `--memory-per-rank`
     /// runs, the global batch kept. The world is the configured dp x tp x pp thread ranks,
     /// or under mpirun the job's processes (rank 0 chooses and tells the others).
-    #[arg(long)]
+    #[arg(long, help_heading = "Parallelism")]
     auto: bool,
     /// With --auto: memory of one rank, e.g. 80GiB, 512MiB or bytes.
-    #[arg(long, value_name = "SIZE", requires = "auto")]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        requires = "auto",
+        help_heading = "Parallelism"
+    )]
     memory_per_rank: Option<String>,
 }
 
 #[derive(clap::Args)]
+#[command(after_help = "Examples:
+  onnx-train plan --config run.toml --dp 2 --zero 3 --memory-per-rank 24GiB
+  onnx-train plan --model model.onnx --train-data shards/ --auto --np 4 --memory-per-rank 80GiB")]
 struct PlanArgs {
     #[command(flatten)]
-    run: TrainFlags,
+    run: ConfigFlags,
+    #[command(flatten)]
+    data: DataFlags,
     /// Memory of one rank (one MPI process), e.g. 80GiB, 512MiB, 2.5GB or bytes: the
     /// plan says whether the layout fits and exits with status 3 when it does not.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", help_heading = "Plan")]
     memory_per_rank: Option<String>,
     /// Print the plan as JSON.
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     json: bool,
     /// Plan and time every layout of the world (`--np`, default the configured one's
     /// processes) and rank them: the fitting layouts fastest first (see `train --auto`).
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     auto: bool,
     /// With --auto: the processes to lay out.
-    #[arg(long, requires = "auto")]
+    #[arg(long, requires = "auto", help_heading = "Plan")]
     np: Option<usize>,
 }
 
@@ -522,7 +562,6 @@ fn cli_defaults() -> TrainingConfig {
 
 /// The training and (if any) test shards the config names, read as its loss needs them.
 fn datasets(c: &TrainingConfig) -> Result<(Arc<dyn Dataset>, Option<Arc<dyn Dataset>>), OnnxError> {
-    c.check_files_named()?;
     let load = |dir: &std::path::Path| -> Result<Arc<dyn Dataset>, OnnxError> {
         Ok(match c.model.loss {
             LossKind::LmCrossEntropy => token_dataset(c, dir)?,
@@ -539,40 +578,71 @@ fn datasets(c: &TrainingConfig) -> Result<(Arc<dyn Dataset>, Option<Arc<dyn Data
     Ok((train, test))
 }
 
-fn train(args: TrainArgs) -> Result<(), OnnxError> {
-    if args.run.config.is_none() {
+/// `onnx-train init`: the starter config for `model` written to `output` (never over an
+/// existing file unless `force`).
+fn init(model: &Path, output: &Path, force: bool) -> Result<(), OnnxError> {
+    if output.exists() && !force {
         return Err(OnnxError::field(
-            "--config",
-            "is required: the TrainingConfig file (TOML or JSON)",
+            "--output",
+            format!("{} exists (--force replaces it)", output.display()),
         ));
     }
+    let loaded = OnnxModel::load(model, &Device::flex())?;
+    write_atomic(output, starter_config(&loaded, model).as_bytes())?;
+    println!(
+        "wrote {} for {}: check its [model] and [data] sections, then\n  onnx-train train --config {} --check",
+        output.display(),
+        model.display(),
+        output.display()
+    );
+    Ok(())
+}
+
+/// The run's config from the command line, checked, with the files it names present:
+/// any error here is the user's input (exit 78, never restarted).
+fn checked_config(c: TrainingConfig, data: &DataFlags) -> Result<TrainingConfig, OnnxError> {
+    let c = data.apply(c);
+    c.check()?;
+    c.check_files_named()?;
+    Ok(c)
+}
+
+fn train(args: TrainArgs) -> Result<(), OnnxError> {
     let c = args
         .run
         .apply(cli_defaults())
+        .map(|c| args.data.apply(c))
         .map_err(OnnxError::before_first_update)?;
-    if args.run.printed(&c)? {
+    if args
+        .run
+        .printed(&c)
+        .map_err(OnnxError::before_first_update)?
+    {
+        return c.check().map_err(OnnxError::before_first_update);
+    }
+    let c = checked_config(c, &args.data).map_err(OnnxError::before_first_update)?;
+    let (train, test) = datasets(&c).map_err(OnnxError::before_first_update)?;
+    if args.check {
+        let overview =
+            check_run(c, &train, test.as_deref()).map_err(OnnxError::before_first_update)?;
+        println!("checked: config, model and data; the run would train\n{overview}");
         return Ok(());
     }
-    let (train, test) = datasets(&c).map_err(OnnxError::before_first_update)?;
     let summary = if args.auto {
         let limit = args
             .memory_per_rank
             .as_deref()
             .map(parse_size)
-            .transpose()?;
+            .transpose()
+            .map_err(OnnxError::before_first_update)?;
         let choose = |c: &TrainingConfig, world: usize| auto_layout(c, world, &train, limit);
         launch_auto(c, train.clone(), test, args.run.max_restarts, &choose)?
     } else {
         launch_elastic(c, train, test, args.run.max_restarts)?
     };
-    if let (Some(first), Some(last)) = (summary.losses.first(), summary.losses.last()) {
-        println!(
-            "loss {:.6} (update {}) -> {:.6} (update {})",
-            first.1, first.0, last.1, last.0
-        );
-    }
-    if let Some(p) = summary.exported {
-        println!("exported {}", p.display());
+    // Rank 0 (the one with the throughput report) tells how the run ended.
+    if summary.perf.is_some() {
+        println!("{summary}");
     }
     Ok(())
 }
@@ -628,14 +698,18 @@ fn auto_layout(
 }
 
 fn plan(args: PlanArgs) -> Result<(), OnnxError> {
-    use burn_onnx_train::train::memory_plan::plan_memory;
-    let c = args.run.apply(cli_defaults())?;
+    use burn_onnx_train::train::memory_plan::{human_bytes, lighter_layouts, plan_memory};
+    let c = args.run.apply(cli_defaults());
+    let c = c
+        .and_then(|c| checked_config(c, &args.data))
+        .map_err(OnnxError::before_first_update)?;
     let limit = args
         .memory_per_rank
         .as_deref()
         .map(parse_size)
-        .transpose()?;
-    let (train, _) = datasets(&c)?;
+        .transpose()
+        .map_err(OnnxError::before_first_update)?;
+    let (train, _) = datasets(&c).map_err(OnnxError::before_first_update)?;
     let exe = std::env::current_exe().map_err(|e| OnnxError::io("onnx-train", e))?;
     if args.auto {
         use burn_onnx_train::train::auto_layout::{chosen, measure, rank_layouts, table};
@@ -666,16 +740,19 @@ fn plan(args: PlanArgs) -> Result<(), OnnxError> {
     match limit {
         Some(limit) if plan.per_process_bytes() > limit => {
             eprintln!(
-                "does not fit: a rank needs {:.2} GiB, --memory-per-rank is {:.2} GiB",
-                gib(plan.per_process_bytes()),
-                gib(limit)
+                "does not fit: a rank needs {}, --memory-per-rank is {}; lighter layouts:",
+                human_bytes(plan.per_process_bytes()),
+                human_bytes(limit)
             );
+            for change in lighter_layouts(&c) {
+                eprintln!("  {change}");
+            }
             std::process::exit(3)
         }
         Some(limit) => println!(
-            "fits: a rank needs {:.2} GiB of {:.2} GiB",
-            gib(plan.per_process_bytes()),
-            gib(limit)
+            "fits: a rank needs {} of {}",
+            human_bytes(plan.per_process_bytes()),
+            human_bytes(limit)
         ),
         None => {}
     }
@@ -690,10 +767,6 @@ fn print_json(value: &impl serde::Serialize) -> Result<(), OnnxError> {
     Ok(())
 }
 
-fn gib(bytes: u64) -> f64 {
-    bytes as f64 / 1024f64.powi(3)
-}
-
 fn export(
     checkpoint: Option<PathBuf>,
     output: PathBuf,
@@ -701,6 +774,7 @@ fn export(
     external_data: bool,
     safetensors: bool,
 ) -> Result<(), OnnxError> {
+    let checkpoint = checkpoint.as_deref().map(find_checkpoint).transpose()?;
     // A damaged checkpoint is refused before anything is read from it.
     if let Some(c) = &checkpoint {
         check_files(c)?;
@@ -726,8 +800,9 @@ fn export(
         .map(|c| c.model.tie_options())
         .unwrap_or_default();
     let mut model = OnnxModel::from_graph(Graph::load_with(&model_path, ties)?, &Device::flex())?;
-    if let Some(c) = &checkpoint {
-        model = read_params(c, model, None)?;
+    if let (Some(c), Some(run)) = (&checkpoint, &run) {
+        model = read_params(c, model, None)
+            .map_err(|e| from_other_model(e, c, &run.model.model_path, &model_path))?;
     }
     if safetensors {
         write_atomic(&output, &weights_file_bytes(&model)?)?;
@@ -788,7 +863,6 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
-    let training = matches!(cli.command, Command::Train(_));
     let result = match cli.command {
         Command::Inspect { model, stages, tp } => inspect(model, stages, tp),
         Command::Run {
@@ -797,6 +871,11 @@ fn main() -> ExitCode {
             output_dir,
             device,
         } => run(model, inputs, output_dir, device),
+        Command::Init {
+            model,
+            output,
+            force,
+        } => init(&model, &output, force),
         Command::Train(args) => train(args),
         Command::Plan(args) => plan(args),
         Command::Export {
@@ -893,12 +972,9 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {e}");
-            // A training run that failed before its first update: not worth restarting.
-            if training {
-                ExitCode::from(e.training_exit_code())
-            } else {
-                ExitCode::FAILURE
-            }
+            // 78 (EX_CONFIG) when the input is at fault (a run that failed before its first
+            // update: not worth restarting), 1 otherwise.
+            ExitCode::from(e.training_exit_code())
         }
     }
 }

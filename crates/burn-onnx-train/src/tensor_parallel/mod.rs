@@ -64,6 +64,36 @@ pub struct SplitOptions {
     pub sequence_parallel: bool,
 }
 
+/// The error of a split over `size` ranks that found no Megatron block in `model`: the
+/// rank counts its blocks do split over (a count that divides the heads and widths), so
+/// the user can pick one, as Megatron refuses a tensor-parallel size that does not divide
+/// the attention heads.
+fn no_block(model: &OnnxModel, probe: &Probe, size: usize, source: &str, vocab: bool) -> OnnxError {
+    let splits_at: Vec<String> = (2..=8)
+        .filter(|&n| n != size && !plan::plan(model, probe, n).starts.is_empty())
+        .map(|n| n.to_string())
+        .collect();
+    let hint = if splits_at.is_empty() {
+        "nothing to split".to_string()
+    } else {
+        format!(
+            "its blocks split over {} ranks (sizes that divide its heads and widths)",
+            splits_at.join(", ")
+        )
+    };
+    let vocab = if vocab {
+        " (the vocabulary split alone would leave every block whole on every rank)"
+    } else {
+        ""
+    };
+    OnnxError::field(
+        "horizontal_parallel_size",
+        format!(
+            "no Megatron block (MatMul/Gemm on a 2-D weight -> ... -> MatMul/Gemm contracting its split axis) splits over {size} ranks in {source}{vocab}: {hint}; set tensor_parallel_allow_replicated to run it replicated"
+        ),
+    )
+}
+
 impl TensorParallel {
     /// Plan `model` (the whole model) for `size` ranks from a probe on `sample` inputs,
     /// and return rank `rank`'s model. A graph with nothing to split is an error unless
@@ -94,17 +124,13 @@ impl TensorParallel {
             .source
             .as_ref()
             .map_or_else(|| "the model".to_string(), |p| p.display().to_string());
-        if plan.is_empty() && !options.allow_replicated {
-            return Err(OnnxError::field(
-                "horizontal_parallel_size",
-                format!(
-                    "no Megatron block (MatMul/Gemm on a 2-D weight -> ... -> MatMul/Gemm contracting its split axis){} splits over {size} ranks in {source}: nothing to split (set tensor_parallel_allow_replicated to run it replicated)",
-                    if options.vocab_parallel {
-                        " and no token embedding or LM head"
-                    } else {
-                        ""
-                    }
-                ),
+        if plan.starts.is_empty() && !options.allow_replicated {
+            return Err(no_block(
+                &model,
+                &probe,
+                size,
+                &source,
+                options.vocab_parallel,
             ));
         }
         let blocks: Vec<String> = plan

@@ -176,6 +176,27 @@ pub fn list_checkpoints(dir: &Path) -> Vec<(usize, PathBuf)> {
     out
 }
 
+/// The checkpoint `path` names, as a user names one: a checkpoint directory itself, a
+/// directory of checkpoints (its newest), or a run's output directory (the newest in its
+/// `checkpoints/`), as Hugging Face's `resume_from_checkpoint` takes a run directory.
+pub fn find_checkpoint(path: &Path) -> crate::error::Result<PathBuf> {
+    if path.join(STATE_FILE).is_file() {
+        return Ok(path.to_path_buf());
+    }
+    let newest = |dir: &Path| list_checkpoints(dir).pop().map(|(_, p)| p);
+    newest(path)
+        .or_else(|| newest(&path.join("checkpoints")))
+        .ok_or_else(|| {
+            crate::error::OnnxError::field(
+                "--checkpoint",
+                format!(
+                    "{}: neither a checkpoint (no {STATE_FILE}) nor a directory holding one (ckpt-NNNNNNNNN/, directly or under checkpoints/)",
+                    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()).display()
+                ),
+            )
+        })
+}
+
 fn state_err(message: String) -> DistError {
     DistError::State { message }
 }

@@ -226,6 +226,33 @@ impl Index {
     }
 }
 
+/// `error` (the checkpoint at `checkpoint` did not fit the model) said as what it most
+/// likely is when the checkpoint was trained from another model file than `model_path`:
+/// the two files named, the parameter error after them.
+pub fn from_other_model(
+    error: OnnxError,
+    checkpoint: &Path,
+    trained_from: &Path,
+    model_path: &Path,
+) -> OnnxError {
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    if same(trained_from, model_path) {
+        return error;
+    }
+    OnnxError::field(
+        "config.model.model_path",
+        format!(
+            "{} was trained from {}, this run uses {}, and they differ: {error} (train from the model it was trained from, or start anew in another output_dir, or with --resume never --overwrite)",
+            checkpoint.display(),
+            trained_from.display(),
+            model_path.display()
+        ),
+    )
+}
+
 /// Set `model`'s parameters to the checkpoint's (every parameter must be there, in f32 and
 /// with the model's shape), from `model.safetensors`, the stages' part files or ZeRO-3's
 /// shards, one parameter at a time (see the module doc). Parts of tensor-parallel ranks are

@@ -27,7 +27,7 @@ use ndarray::{ArrayD, IxDyn};
 
 use super::config::{Sequences, TrainingConfig};
 use super::data::{Batch, Dataset, IdAt, SampleSize, Target, TargetKind, TokenDataset};
-use super::sampler::LengthBalance;
+use super::sampler::{DistributedSampler, LengthBalance};
 use crate::error::{OnnxError, Result};
 use crate::host_tensor::HostTensor;
 use crate::loss::IGNORE_INDEX;
@@ -44,6 +44,25 @@ pub fn token_dataset(c: &TrainingConfig, path: &Path) -> Result<Arc<dyn Dataset>
         Sequences::Documents => Arc::new(DocumentDataset::load(path, d.seq_len, d.pad_id)?),
         Sequences::Packed => Arc::new(PackedDocuments::load(path, d.seq_len)?),
     })
+}
+
+/// The sampler of a run's training data for data-parallel rank `rank` of `world`:
+/// shuffled by the run's seed, balanced by tokens when the samples are documents.
+pub fn training_sampler(
+    c: &TrainingConfig,
+    data: &dyn Dataset,
+    rank: usize,
+    world: usize,
+) -> DistributedSampler {
+    DistributedSampler {
+        len: data.len(),
+        batch_size: c.data.batch_size,
+        rank,
+        world,
+        seed: c.train.seed,
+        shuffle: true,
+        balance: length_balance(c, data),
+    }
 }
 
 /// How the sampler balances `data` under `c`: by each sample's tokens for documents,

@@ -28,6 +28,21 @@ pub struct EvalMetrics {
     pub accuracy: Option<f64>,
 }
 
+impl EvalMetrics {
+    /// `loss 2.3456, perplexity 10.44` / `loss 0.3012, accuracy 91.20%`: the figures a log
+    /// line or a run's end summary shows.
+    pub fn brief(&self) -> String {
+        let mut text = format!("loss {:.4}", self.loss);
+        if let Some(p) = self.perplexity {
+            text += &format!(", perplexity {p:.2}");
+        }
+        if let Some(a) = self.accuracy {
+            text += &format!(", accuracy {:.2}%", 100.0 * a);
+        }
+        text
+    }
+}
+
 /// How many evaluation batches the config asks for on a test set of `len` samples; an
 /// error when the set cannot fill one.
 pub fn eval_batches(c: &TrainingConfig, len: usize) -> Result<usize> {

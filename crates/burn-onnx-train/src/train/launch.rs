@@ -69,13 +69,16 @@ fn run_rank(
         .parallel
         .device
         .device(local_rank(comm.rank()))
+        .map_err(OnnxError::before_first_update)
         .and_then(|device| TrainingRunner::new(config, comm.clone(), device.autodiff()))
         .and_then(|r| r.run(train, test));
     match &result {
         // Every rank stopped after the same update: nothing to abort (the front end
         // reports it).
         Err(e) if is_preemption(e) => {}
-        Err(e) => {
+        // An MPI rank says why it failed before it ends the job: its error never reaches
+        // a front end. Thread ranks return theirs to the launcher, which reports one.
+        Err(e) if burn_ort_dist::launched_by_mpi() => {
             // Collective errors name their rank already.
             let prefix = format!("rank {}: ", comm.rank());
             let message = e.to_string();
@@ -87,7 +90,7 @@ fn run_rank(
             eprintln!("{prefix}{message}");
             comm.abort(i32::from(e.training_exit_code()));
         }
-        Ok(_) => {}
+        Err(_) | Ok(_) => {}
     }
     result
 }
@@ -196,6 +199,7 @@ fn launch_laid_out(
     max_restarts: usize,
     choose: Option<ChooseLayout>,
 ) -> Result<RunSummary> {
+    config.check().map_err(OnnxError::before_first_update)?;
     refuse_foreign_launcher()?;
     if let Some(comm) = mpi_comm(&config)? {
         if max_restarts > 0 {
@@ -320,18 +324,33 @@ fn launch_threads(
     let results = run_threads(world, timeout, |comm| {
         run_rank(config.clone(), comm, train.clone(), test.clone())
     });
-    let mut first_error = None;
+    first_failure(results)
+}
+
+/// Rank 0's summary when every rank succeeded, else the error that caused the failure:
+/// the first (by rank) that is not a peer's report of another rank's failure.
+fn first_failure(results: Vec<Result<RunSummary>>) -> Result<RunSummary> {
+    let mut errors = Vec::new();
     let mut root = None;
     for (rank, r) in results.into_iter().enumerate() {
         match r {
             Ok(s) if rank == 0 => root = Some(s),
             Ok(_) => {}
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
+            Err(e) => errors.push(e),
         }
     }
-    match (first_error, root) {
+    let is_peer = |e: &OnnxError| {
+        let inner = match e {
+            OnnxError::BeforeFirstUpdate(inner) => inner.as_ref(),
+            e => e,
+        };
+        matches!(
+            inner,
+            OnnxError::Distributed(burn_ort_dist::DistError::Peer { .. })
+        )
+    };
+    let cause = errors.iter().position(|e| !is_peer(e)).unwrap_or(0);
+    match (errors.into_iter().nth(cause), root) {
         (Some(e), _) => Err(e),
         (None, Some(s)) => Ok(s),
         (None, None) => Err(OnnxError::field("launch", "rank 0 produced no result")),

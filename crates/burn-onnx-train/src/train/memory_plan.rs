@@ -28,7 +28,7 @@ use std::sync::Arc;
 use burn::tensor::Device;
 use serde::Serialize;
 
-use super::config::TrainingConfig;
+use super::config::{OffloadTarget, OptimizerKind, TrainingConfig};
 use super::data::Dataset;
 use super::memory_counts::{RankMemory, rank_memory};
 use super::perf::proc_status_bytes;
@@ -315,6 +315,43 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
+/// A memory figure as a user reads it: MiB below a GiB, GiB above.
+pub fn human_bytes(bytes: u64) -> String {
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+    if bytes as f64 >= GIB {
+        format!("{:.2} GiB", bytes as f64 / GIB)
+    } else {
+        mib(bytes)
+    }
+}
+
+/// What to change in `c` when its layout does not fit, lightest change first: each a flag
+/// and what it saves (ZeRO's stages, recomputation, offload), then `--auto`.
+pub fn lighter_layouts(c: &TrainingConfig) -> Vec<String> {
+    let p = &c.parallel;
+    let mut out = Vec::new();
+    if p.data_parallel_size > 1 && p.zero_stage < 3 {
+        out.push(format!(
+            "--zero 3: parameters, gradients and optimizer state sharded over the {} data-parallel ranks",
+            p.data_parallel_size
+        ));
+    }
+    if p.recompute_segments == 0 {
+        out.push("--recompute 2 (or more): one segment's activations held at a time".into());
+    }
+    if c.offload.offload_optimizer == OffloadTarget::None && c.optimizer.kind != OptimizerKind::Sgd
+    {
+        out.push(
+            "--offload-optimizer disk: the optimizer's moments in a memory-mapped file".into(),
+        );
+    }
+    if p.pipeline_parallel_size == 1 && p.horizontal_parallel_size == 1 {
+        out.push("--pp N or --tp N: the model cut over N ranks".into());
+    }
+    out.push("--auto: every layout planned and timed, the fastest that fits run".into());
+    out
+}
+
 impl std::fmt::Display for MemoryPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
@@ -349,11 +386,11 @@ impl std::fmt::Display for MemoryPlan {
         }
         writeln!(
             f,
-            "process base {}; per MPI rank {}; all {} ranks as threads of one process {}",
-            mib(self.process_base_bytes),
-            mib(self.per_process_bytes()),
+            "a rank needs {} (the largest peak above and {} of the process itself); all {} ranks as threads of one process: {}",
+            human_bytes(self.per_process_bytes()),
+            human_bytes(self.process_base_bytes),
             self.dp * self.tp * self.pp,
-            mib(self.threads_process_bytes())
+            human_bytes(self.threads_process_bytes())
         )
     }
 }

@@ -70,8 +70,8 @@ pub struct ParallelPlan {
     pub tensor_parallel: Option<TensorParallel>,
     /// The tp x pp ranks of this replica (the global norm's group when both split).
     model_group: Option<Arc<dyn Communicator>>,
-    /// ZeRO-3: parameters sharded across the data-parallel group.
-    sharded: bool,
+    /// The ZeRO stage (`parallel.zero_stage`; 3 shards the parameters).
+    zero_stage: usize,
     /// Where ZeRO-3's chunks live (`offload.offload_params`), with the offload directory.
     chunk_place: (ParamOffload, PathBuf),
     /// Gradients cross the data-parallel group as f16 (`allreduce_in_fp16`).
@@ -88,21 +88,41 @@ impl ParallelPlan {
             world.world_size(),
         )?;
         let groups = topology.groups(world)?;
-        let model_group = if topology.tp > 1 && topology.pp > 1 {
-            Some(Arc::from(world.split(groups.dp_rank, world.rank())?))
-        } else {
-            None
-        };
-        Ok(ParallelPlan {
+        let mut plan = ParallelPlan {
             topology,
             groups,
             partition: None,
             tensor_parallel: None,
-            model_group,
-            sharded: c.parallel.zero_stage == 3,
+            model_group: None,
+            zero_stage: c.parallel.zero_stage,
             chunk_place: (c.offload.offload_params, c.offload_dir()),
             fp16_gradients: c.parallel.allreduce_in_fp16,
-        })
+        };
+        if plan.tp_enabled() && plan.pp_enabled() {
+            plan.model_group = Some(Arc::from(world.split(plan.groups.dp_rank, world.rank())?));
+        }
+        Ok(plan)
+    }
+
+    /// Tensor parallelism: more than one tensor-parallel rank (the blocks split among them).
+    pub fn tp_enabled(&self) -> bool {
+        self.topology.tp > 1
+    }
+
+    /// Pipeline parallelism: more than one stage.
+    pub fn pp_enabled(&self) -> bool {
+        self.topology.pp > 1
+    }
+
+    /// The ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 gradients too, 3 the
+    /// parameters too.
+    pub fn zero_stage(&self) -> usize {
+        self.zero_stage
+    }
+
+    /// ZeRO-3: the parameters sharded across the data-parallel group.
+    pub fn zero3_enabled(&self) -> bool {
+        self.zero_stage == 3
     }
 
     /// Apply the plan to `model` (the whole model): its tensor-parallel split and pipeline
@@ -147,7 +167,7 @@ impl ParallelPlan {
         model: OnnxModel,
         train: &dyn Dataset,
     ) -> Result<OnnxModel> {
-        let model = if self.topology.tp > 1 {
+        let model = if self.tp_enabled() {
             let sample = train.batch(&[0, 1.min(train.len().saturating_sub(1))])?;
             let input = Value::from_host(&sample.input, &model.device())
                 .map_err(|e| OnnxError::field("batch", e.0))?;
@@ -172,7 +192,7 @@ impl ParallelPlan {
         } else {
             model
         };
-        if self.topology.pp == 1 {
+        if !self.pp_enabled() {
             return Ok(model);
         }
         let partition = c.parallel.partition(&model)?;
@@ -246,7 +266,7 @@ impl ParallelPlan {
     /// parallelism, the data-parallel group with ZeRO-3 (whose gradients it reduce-scatters
     /// in backward, as f16 on the wire with `allreduce_in_fp16`).
     fn collectives(&self) -> Collectives {
-        let sharding = self.sharded.then(|| {
+        let sharding = self.zero3_enabled().then(|| {
             let group: Arc<dyn Communicator> = if self.fp16_gradients {
                 Arc::new(Fp16ReduceScatter(self.groups.dp.clone()))
             } else {
@@ -256,8 +276,7 @@ impl ParallelPlan {
         });
         Collectives {
             tensor_parallel: self
-                .tensor_parallel
-                .is_some()
+                .tp_enabled()
                 .then(|| CollectiveGroup(self.groups.tp.clone())),
             sharding,
         }
@@ -267,7 +286,7 @@ impl ParallelPlan {
     /// with ZeRO-3 gathered over the data-parallel group (a collective: every rank calls it
     /// at the same points with the same `wanted`), otherwise `model` itself.
     pub fn readable<'a>(&self, model: &'a OnnxModel, wanted: bool) -> Result<Cow<'a, OnnxModel>> {
-        if self.sharded && wanted {
+        if self.zero3_enabled() && wanted {
             return Ok(Cow::Owned(model.unsharded(self.groups.dp.as_ref())?));
         }
         Ok(Cow::Borrowed(model))
@@ -279,7 +298,7 @@ impl ParallelPlan {
     /// broadcast whole and cut in turn; otherwise all of it, broadcast.
     pub fn replicate_or_shard(&self, model: OnnxModel) -> Result<OnnxModel> {
         let group = self.groups.dp.as_ref();
-        if !self.sharded {
+        if !self.zero3_enabled() {
             return Ok(DataParallel::new(self.groups.dp.clone()).broadcast_parameters(model)?);
         }
         let store = match &self.chunk_place {
@@ -318,11 +337,11 @@ impl ParallelPlan {
                     .filter_map(|i| id(&i.name)),
             );
         }
-        let group = match (&self.partition, &self.tensor_parallel, &self.model_group) {
-            (None, None, _) => return None,
-            (Some(_), None, _) => self.groups.pp.clone(),
-            (None, Some(_), _) => self.groups.tp.clone(),
-            (Some(_), Some(_), group) => group.clone().expect("a tp x pp group when both split"),
+        let group = match (self.pp_enabled(), self.tp_enabled(), &self.model_group) {
+            (false, false, _) => return None,
+            (true, false, _) => self.groups.pp.clone(),
+            (false, true, _) => self.groups.tp.clone(),
+            (true, true, group) => group.clone().expect("a tp x pp group when both split"),
         };
         Some(ModelParallel::new(group, elsewhere))
     }
@@ -341,7 +360,7 @@ impl ParallelPlan {
 
     /// This rank's tensor-parallel rank, when the model is split.
     pub fn tp_rank(&self) -> Option<usize> {
-        self.tensor_parallel.as_ref().map(|_| self.groups.tp_rank)
+        self.tp_enabled().then_some(self.groups.tp_rank)
     }
 
     /// This rank's files in a checkpoint: its part of the model (first replica only; with
@@ -352,7 +371,7 @@ impl ParallelPlan {
         model: &'a OnnxModel,
         state: Vec<StateFile<'a>>,
     ) -> Result<Vec<StateFile<'a>>> {
-        let stage = self.partition.as_ref().map(|_| self.groups.pp_rank);
+        let stage = self.pp_enabled().then_some(self.groups.pp_rank);
         let mut files: Vec<StateFile<'a>> = match state_dir(stage, self.tp_rank()) {
             None => state,
             Some(dir) => state
@@ -364,7 +383,7 @@ impl ParallelPlan {
                 .collect(),
         };
         let part = model_file(stage, self.tp_rank());
-        if model.sharding().is_some() {
+        if self.zero3_enabled() {
             files.push(shard_writer(
                 shard_file(&part, self.groups.dp_rank),
                 model,
@@ -379,9 +398,9 @@ impl ParallelPlan {
     /// What this rank writes to TensorBoard: world rank 0 the run, the first replica of
     /// every later pipeline stage the summaries of its own weights.
     pub fn summary_role(&self, world_rank: usize) -> SummaryRole {
-        match (world_rank, &self.partition) {
+        match (world_rank, self.pp_enabled()) {
             (0, _) => SummaryRole::Run,
-            (_, Some(_)) if self.groups.dp_rank == 0 => SummaryRole::StageWeights,
+            (_, true) if self.groups.dp_rank == 0 => SummaryRole::StageWeights,
             _ => SummaryRole::Silent,
         }
     }
@@ -394,7 +413,7 @@ impl ParallelPlan {
     /// walks the parameters it reads with it ([`Self::stream_param`]).
     pub fn export(&self, model: &OnnxModel, world: &dyn Communicator, path: &Path) -> Result<bool> {
         let root = world.rank() == 0;
-        if self.partition.is_none() && self.tensor_parallel.is_none() {
+        if !self.pp_enabled() && !self.tp_enabled() {
             let path = root.then_some(path);
             export_onnx_gathered(
                 model,
@@ -448,7 +467,7 @@ impl ParallelPlan {
     fn stream_param(&self, model: &OnnxModel, name: &str) -> Result<Option<ArrayD<f32>>> {
         let g = &self.groups;
         let owner = self.owner_stage(name);
-        if g.pp_rank != owner || (model.sharding().is_none() && g.dp_rank != 0) {
+        if g.pp_rank != owner || (!self.zero3_enabled() && g.dp_rank != 0) {
             return Ok(None);
         }
         let local = model.whole_param(model.require_param(name)?, g.dp.as_ref())?;

@@ -2,15 +2,125 @@
 //! once with the field named, not hours into training: the loss fits the data's targets,
 //! token ids fit the model's vocabulary and class labels its classes (every id checked
 //! once, the offending one named with its file and index), the test set fills an
-//! evaluation batch.
+//! evaluation batch, the feeds and the output the config names are the graph's.
+//! [`check_run`] makes them all without starting the run (`onnx-train train --check`).
+
+use std::sync::Arc;
+
+use burn::tensor::Device;
 
 use super::config::TrainingConfig;
 use super::data::{Dataset, IdAt, TargetKind};
+use super::documents::training_sampler;
 use super::evaluate::eval_batches;
+use super::overview::RunOverview;
 use crate::error::{OnnxError, Result};
-use crate::graph::Dim;
+use crate::graph::{Dim, TensorInfo};
 use crate::loss::LossKind;
 use crate::model::OnnxModel;
+
+/// Every check a run makes before its first step, without starting it: epochs resolved
+/// against the data, the model loaded on the CPU, its feeds, weights and the data checked
+/// against it. Returns what the run would do.
+pub fn check_run(
+    mut c: TrainingConfig,
+    train: &Arc<dyn Dataset>,
+    test: Option<&dyn Dataset>,
+) -> Result<RunOverview> {
+    let sampler = training_sampler(&c, train.as_ref(), 0, c.parallel.data_parallel_size);
+    c.train.resolve_epochs(sampler.batches_per_epoch())?;
+    sampler.batch_indices(0)?;
+    let model = c.model.load_for_training(&Device::flex())?;
+    check_model_and_data(&c, &model, train.as_ref(), test)?;
+    Ok(RunOverview::new(&c, &model, train.as_ref()))
+}
+
+/// The checks of `model` (the whole model, loaded) and the data against `c`.
+pub fn check_model_and_data(
+    c: &TrainingConfig,
+    model: &OnnxModel,
+    train: &dyn Dataset,
+    test: Option<&dyn Dataset>,
+) -> Result<()> {
+    check_feed_names(c, model)?;
+    check_weight_names(c, model)?;
+    check_data(c, model, train, test)
+}
+
+/// The graph inputs and output the config names exist: `model.input_name` (and the mask
+/// and label inputs when set) among the inputs, `model.output_name` among the outputs. The
+/// error lists what the graph has and the flag that sets the field.
+fn check_feed_names(c: &TrainingConfig, model: &OnnxModel) -> Result<()> {
+    let graph = model.graph();
+    let label = (c.model.loss == LossKind::Graph).then(|| {
+        c.model
+            .label_name
+            .clone()
+            .unwrap_or_else(|| "labels".into())
+    });
+    let inputs = [
+        (
+            "input_name",
+            Some(c.model.input_name.clone()),
+            "--input-name",
+        ),
+        (
+            "attention_mask_name",
+            c.model.attention_mask_name.clone(),
+            "--set model.attention_mask_name=",
+        ),
+        ("label_name", label, "--set model.label_name="),
+    ];
+    let model_file = c.model.model_path.display();
+    for (field, name, flag) in inputs {
+        let Some(name) = name else { continue };
+        if !graph.inputs.iter().any(|i| i.name == name) {
+            return Err(not_in_graph(
+                field,
+                &name,
+                "input",
+                &graph.inputs,
+                flag,
+                &model_file,
+            ));
+        }
+    }
+    if !graph.outputs.iter().any(|o| o.name == c.model.output_name) {
+        return Err(not_in_graph(
+            "output_name",
+            &c.model.output_name,
+            "output",
+            &graph.outputs,
+            "--output-name",
+            &model_file,
+        ));
+    }
+    Ok(())
+}
+
+/// `config.model.<field>: '<name>' is not an <kind> of <file> (its <kind>s: a, b); set ...`.
+fn not_in_graph(
+    field: &str,
+    name: &str,
+    kind: &str,
+    has: &[TensorInfo],
+    flag: &str,
+    file: &impl std::fmt::Display,
+) -> OnnxError {
+    let names: Vec<&str> = has.iter().map(|i| i.name.as_str()).collect();
+    let fix = match names.as_slice() {
+        [one] if flag.ends_with('=') => format!("; set it with {flag}{one}"),
+        [one] => format!("; set it with {flag} {one}"),
+        _ => format!("; set it with {} NAME", flag.trim_end_matches('=')),
+    };
+    OnnxError::field(
+        format!("config.model.{field}"),
+        format!(
+            "'{name}' is not an {kind} of {file} (its {kind}s: {}){fix}",
+            names.join(", ")
+        ),
+    )
+}
 
 /// The weights named by `histogram_weights` and `norm_weights` must be parameters.
 pub fn check_weight_names(c: &TrainingConfig, model: &OnnxModel) -> Result<()> {
@@ -129,7 +239,7 @@ fn check_ids(
 /// The position-embedding table and its row count: a `Gather` (axis 0) of a parameter at
 /// indices made by a `Range` (through reshapes, casts and expansions), as exporters write
 /// GPT-style learned positions.
-fn positions(model: &OnnxModel) -> Option<(String, usize)> {
+pub(super) fn positions(model: &OnnxModel) -> Option<(String, usize)> {
     let through = [
         "Unsqueeze",
         "Reshape",
@@ -187,7 +297,7 @@ fn classes(c: &TrainingConfig, model: &OnnxModel) -> Option<usize> {
 /// The embedding table the token input indexes, and its row count: the first `Gather`
 /// (axis 0) whose indices are the graph input `config.model.input_name`, or a reshaped or cast
 /// copy of it, and whose data is a parameter.
-fn vocabulary(c: &TrainingConfig, model: &OnnxModel) -> Option<(String, usize)> {
+pub(super) fn vocabulary(c: &TrainingConfig, model: &OnnxModel) -> Option<(String, usize)> {
     let through = [
         "Reshape",
         "Flatten",

@@ -1,6 +1,10 @@
 //! Where a run reports after each update and evaluation: the run summary it returns, the
 //! throughput meter, TensorBoard, the progress bar and the log.
 
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Instant;
+
 use serde::Serialize;
 
 use super::config::TrainingConfig;
@@ -23,9 +27,57 @@ pub struct RunSummary {
     /// Evaluations.
     pub evals: Vec<EvalMetrics>,
     /// Exported model (rank 0).
-    pub exported: Option<std::path::PathBuf>,
+    pub exported: Option<PathBuf>,
     /// Throughput report (rank 0).
     pub perf: Option<PerfReport>,
+    /// The last checkpoint this run wrote.
+    pub checkpoint: Option<PathBuf>,
+    /// The run's output directory (`metrics.jsonl`, TensorBoard, `perf.json`).
+    pub output_dir: PathBuf,
+    /// Seconds from the first update to the end of the export.
+    pub seconds: f64,
+}
+
+impl fmt::Display for RunSummary {
+    /// The end of a run in a few lines: the loss from first to last update with the time
+    /// and throughput, the last evaluation, the last checkpoint, the export, the metrics.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (Some(first), Some(last)) = (self.losses.first(), self.losses.last()) else {
+            return write!(
+                f,
+                "nothing to train: the run in {} had finished (it resumed at its last update, {}); --resume never or another --output-dir starts anew",
+                self.output_dir.display(),
+                self.start_step
+            );
+        };
+        let rate = self.perf.as_ref().map_or_else(String::new, |p| {
+            format!(", {:.0} {}/s", p.throughput_per_sec, p.unit)
+        });
+        writeln!(
+            f,
+            "train loss {:.4} (update {}) -> {:.4} (update {}): {} updates in {:.1} s{rate}",
+            first.1,
+            first.0,
+            last.1,
+            last.0,
+            self.losses.len(),
+            self.seconds
+        )?;
+        if let Some(e) = self.evals.last() {
+            writeln!(f, "eval {} (update {})", e.brief(), e.step)?;
+        }
+        if let Some(c) = &self.checkpoint {
+            writeln!(f, "checkpoint {}", c.display())?;
+        }
+        if let Some(p) = &self.exported {
+            writeln!(f, "exported {}", p.display())?;
+        }
+        write!(
+            f,
+            "metrics {}",
+            self.output_dir.join("metrics.jsonl").display()
+        )
+    }
 }
 
 /// The loop's reporters: throughput meter, run summary, TensorBoard, progress bar, log.
@@ -37,6 +89,10 @@ pub(super) struct Reporter {
     /// `metrics.jsonl` (world rank 0).
     metrics: Option<MetricsLog>,
     unit: &'static str,
+    /// The run's last update (the `N` of `step k/N`).
+    total: usize,
+    /// When the reporters opened (the run's first update follows).
+    started: Instant,
     root: bool,
 }
 
@@ -69,6 +125,9 @@ impl Reporter {
                 evals: Vec::new(),
                 exported: None,
                 perf: None,
+                checkpoint: None,
+                output_dir: c.checkpoint.output_dir.clone(),
+                seconds: 0.0,
             },
             tb: Summaries::open(c, place.summary_role(rank))?,
             bar: updates(c.logging.progress && root, total, start_step),
@@ -76,6 +135,8 @@ impl Reporter {
                 .then(|| MetricsLog::open(&c.checkpoint.output_dir, start_step))
                 .transpose()?,
             unit,
+            total,
+            started: Instant::now(),
             root,
         })
     }
@@ -94,8 +155,12 @@ impl Reporter {
             m.update(step, loss, lr, grad_norm, u.loss_scale, (rate, unit))?;
         }
         if self.root && u.display {
-            self.bar
-                .suspend(|| tracing::info!(step, loss, lr, grad_norm, rate, unit, "train"));
+            let total = self.total;
+            self.bar.suspend(|| {
+                tracing::info!(
+                    "train step {step}/{total}: loss {loss:.4}, lr {lr:.3e}, grad norm {grad_norm:.3}, {rate:.0} {unit}/s"
+                )
+            });
         }
         Ok(())
     }
@@ -103,15 +168,8 @@ impl Reporter {
     /// After an evaluation.
     pub fn eval(&mut self, m: EvalMetrics, model: &OnnxModel) -> Result<()> {
         if self.root {
-            self.bar.suspend(|| {
-                tracing::info!(
-                    step = m.step,
-                    loss = m.loss,
-                    perplexity = m.perplexity,
-                    accuracy = m.accuracy,
-                    "eval"
-                )
-            });
+            self.bar
+                .suspend(|| tracing::info!("eval step {}/{}: {}", m.step, self.total, m.brief()));
         }
         self.tb.eval(&m, model)?;
         if let Some(log) = self.metrics.as_mut() {
@@ -119,6 +177,12 @@ impl Reporter {
         }
         self.summary.evals.push(m);
         Ok(())
+    }
+
+    /// The run's summary, its time taken now.
+    pub fn finish(mut self) -> RunSummary {
+        self.summary.seconds = self.started.elapsed().as_secs_f64();
+        self.summary
     }
 
     /// A line in the log (rank 0), above the progress bar.

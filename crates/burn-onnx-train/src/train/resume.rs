@@ -10,7 +10,7 @@ use burn_ort_dist::{Communicator, UpdateStrategy};
 
 use super::checkpoint::{list_checkpoints, read_state, remove_stale_temporaries, state_dirs};
 use super::checkpoint_manifest::check_files;
-use super::checkpoint_params::read_params;
+use super::checkpoint_params::{from_other_model, read_params};
 use super::config::{Resume, TrainingConfig};
 use super::parallel_plan::ParallelPlan;
 use super::precision::LossScaler;
@@ -144,7 +144,8 @@ pub(super) fn resume(
         place.topology.dp,
         &path,
     )?;
-    let model = read_params(&path, model, place.tensor_parallel.as_ref())?;
+    let model = read_params(&path, model, place.tensor_parallel.as_ref())
+        .map_err(|e| from_other_model(e, &path, &saved.model.model_path, &c.model.model_path))?;
     if state.tensor_parallel == place.topology.tp {
         strategy.load_state(
             &model,

@@ -32,13 +32,16 @@ pub struct TrainingRunner {
 }
 
 impl TrainingRunner {
-    /// Validate the config against the communicator's world.
+    /// Validate the config against the communicator's world (an error here ends the run
+    /// before its first update).
     pub fn new(
         config: TrainingConfig,
         comm: Arc<dyn Communicator>,
         device: Device,
     ) -> Result<Self> {
-        config.validate(comm.world_size())?;
+        config
+            .validate(comm.world_size())
+            .map_err(OnnxError::before_first_update)?;
         Ok(TrainingRunner {
             config,
             comm,

@@ -12,16 +12,17 @@ use burn_ort_dist::{Communicator, DataParallel, UpdateStrategy};
 
 use super::checkpoint::{CheckpointState, save_checkpoint};
 use super::config::TrainingConfig;
-use super::data::{Dataset, DistributedSampler, Prefetcher};
-use super::documents::length_balance;
+use super::data::{Dataset, Prefetcher};
+use super::documents::training_sampler;
 use super::evaluate::evaluate;
 use super::memory_counts::counted_memory;
+use super::overview::RunOverview;
 use super::parallel_plan::{ParallelPlan, Parallelized};
 use super::passes::Passes;
 use super::perf::MemoryReport;
 use super::precision::LossScaler;
 use super::preemption::{agreed_stop, install};
-use super::preflight::{check_data, check_weight_names};
+use super::preflight::check_model_and_data;
 use super::report::{Reporter, RunSummary, UpdateReport};
 use super::resume::resume;
 use super::schedule::LrSchedule;
@@ -64,23 +65,17 @@ impl Trainer {
     ) -> Result<(Self, OnnxModel)> {
         install();
         let mut plan = ParallelPlan::new(&c, comm.as_ref())?;
-        let sampler = DistributedSampler {
-            len: train.len(),
-            batch_size: c.data.batch_size,
-            rank: plan.groups.dp_rank,
-            world: plan.topology.dp,
-            seed: c.train.seed,
-            shuffle: true,
-            balance: length_balance(&c, train.as_ref()),
-        };
+        let sampler = training_sampler(&c, train.as_ref(), plan.groups.dp_rank, plan.topology.dp);
         c.train.resolve_epochs(sampler.batches_per_epoch())?;
         sampler.batch_indices(0)?;
         if comm.rank() == 0 {
             write_effective_config(&c)?;
         }
         let model = c.model.load_for_training(device)?;
-        check_weight_names(&c, &model)?;
-        check_data(&c, &model, train.as_ref(), test)?;
+        check_model_and_data(&c, &model, train.as_ref(), test)?;
+        if comm.rank() == 0 {
+            tracing::info!("training\n{}", RunOverview::new(&c, &model, train.as_ref()));
+        }
         let Parallelized {
             model,
             passes,
@@ -245,7 +240,7 @@ impl Trainer {
             loss_scale: self.scaler.state(),
             world_size: self.comm.world_size(),
             written_by_rank: 0,
-            zero_stage: c.parallel.zero_stage,
+            zero_stage: plan.zero_stage(),
             pipeline_stages: plan.topology.pp,
             tensor_parallel: plan.topology.tp,
             tensor_parallel_splits: plan
@@ -266,6 +261,7 @@ impl Trainer {
         let step = self.update;
         self.out
             .log(|| tracing::info!(step, path = %path.display(), "checkpoint"));
+        self.out.summary.checkpoint = Some(path);
         Ok(())
     }
 
@@ -315,7 +311,7 @@ impl Trainer {
                 profile.write(&c.checkpoint.output_dir.join("profile.json"))?;
             }
         }
-        Ok(self.out.summary)
+        Ok(self.out.finish())
     }
 }
 

@@ -7,7 +7,7 @@
 //! `deepspeed_zero_stage`, `overlap_segments = 0 | 1 | N`, and a flat `precision = "bf16"`;
 //! and Megatron's `sequence_parallel` and `virtual_pipeline_model_parallel_size`.
 //! A field set both flat and in its section is an error naming it; a key no section has is
-//! serde's error naming it.
+//! named with what was probably meant (`keys.rs`).
 
 use std::path::Path;
 
@@ -15,7 +15,7 @@ use super::TrainingConfig;
 use crate::error::{OnnxError, Result};
 
 /// The sections of a config file and their fields, by ORT name.
-const SECTIONS: &[(&str, &[&str])] = &[
+pub(super) const SECTIONS: &[(&str, &[&str])] = &[
     (
         "model",
         &[
@@ -264,6 +264,9 @@ fn over(
     file: toml::Table,
     bad: impl Fn(String) -> OnnxError,
 ) -> Result<TrainingConfig> {
+    if let Some(message) = super::keys::unknown_key(&file) {
+        return Err(bad(message));
+    }
     let base: toml::Table = toml::Table::try_from(base).map_err(|e| bad(e.to_string()))?;
     let mut merged = base.clone();
     merge(&mut merged, file.clone());

@@ -6,6 +6,7 @@
 //! This file holds the whole and the checks that span sections.
 
 mod file;
+mod keys;
 mod optimizer;
 mod parallel;
 mod sections;
@@ -69,6 +70,31 @@ pub struct TrainingConfig {
 /// A config error naming `config.<field>` (`field` with its section: `data.batch_size`).
 fn invalid(field: &str, message: impl Into<String>) -> OnnxError {
     OnnxError::field(format!("config.{field}"), message)
+}
+
+/// `path` (config field `field`) exists, as a directory when `dir`; the error names the
+/// absolute path a relative one resolved to.
+fn check_exists(field: &str, path: &Path, dir: bool) -> Result<()> {
+    let ok = if dir { path.is_dir() } else { path.is_file() };
+    if ok {
+        return Ok(());
+    }
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let what = match (path.exists(), dir) {
+        (false, true) => "no such directory",
+        (false, false) => "no such file",
+        (true, true) => "is not a directory",
+        (true, false) => "is not a file",
+    };
+    let resolved = if path.is_relative() {
+        " (relative paths resolve against the working directory)"
+    } else {
+        ""
+    };
+    Err(invalid(
+        field,
+        format!("{}: {what}{resolved}", absolute.display()),
+    ))
 }
 
 impl TrainingConfig {
@@ -207,21 +233,35 @@ impl TrainingConfig {
     }
 
     /// What a front end that reads data from files needs before it reads any: the model
-    /// and the training shards named (an empty config fails here, naming them).
+    /// file and the training (and, if named, test) shard directories named and present.
+    /// Errors name the field and the absolute path a relative one resolved to (against the
+    /// working directory, as torchrun's and DeepSpeed's launchers resolve theirs).
     pub fn check_files_named(&self) -> Result<()> {
         if self.model.model_path.as_os_str().is_empty() {
             return Err(invalid(
                 "model.model_path",
-                "is required: the ONNX model to train",
+                "is required: the ONNX model to train (--model FILE.onnx, or model_path in --config)",
             ));
         }
         if self.data.train_data_dir.as_os_str().is_empty() {
             return Err(invalid(
                 "data.train_data_dir",
-                "is required: the directory of training shards",
+                "is required: the directory of training shards (--train-data DIR, or train_data_dir in --config)",
             ));
         }
+        check_exists("model.model_path", &self.model.model_path, false)?;
+        check_exists("data.train_data_dir", &self.data.train_data_dir, true)?;
+        if !self.data.test_data_dir.as_os_str().is_empty() {
+            check_exists("data.test_data_dir", &self.data.test_data_dir, true)?;
+        }
         Ok(())
+    }
+
+    /// Everything a run checks of the config alone ([`Self::validate`] on the world the
+    /// config lays out): front ends call it before reading data or starting ranks, so a bad
+    /// field fails at once; the ranks check the world they find when they start.
+    pub fn check(&self) -> Result<()> {
+        self.validate(self.parallel.world_size())
     }
 
     /// Check every section, then the combinations across sections; `world_size` is the

@@ -79,7 +79,10 @@ impl ModelConfig {
     /// A model named; `label_name` only with the graph's own loss.
     pub fn validate(&self) -> Result<()> {
         if self.model_path.as_os_str().is_empty() {
-            return Err(invalid("model.model_path", "is required"));
+            return Err(invalid(
+                "model.model_path",
+                "is required: the ONNX model to train (--model FILE.onnx, or model_path in --config)",
+            ));
         }
         if self.loss != LossKind::Graph && self.label_name.is_some() {
             return Err(invalid(
