@@ -560,18 +560,7 @@ fn a_pipelined_checkpoint_exports_the_whole_model() {
     let ckpt = dir.join("out/checkpoints/ckpt-000000004");
     assert!(ckpt.join("model-stage-1.safetensors").is_file());
     let exported = dir.join("from_ckpt.onnx");
-    let out = onnx_train(&[
-        "export",
-        "--checkpoint",
-        ckpt.to_str().unwrap(),
-        "--output",
-        exported.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    export_checkpoint(&ckpt, &exported);
     let (run, merged) = (
         onnx_params(dir.join("out/gpt2_tiny_trained.onnx")),
         onnx_params(exported),
@@ -1228,22 +1217,27 @@ fn a_users_own_model_trains_from_flags_without_a_config_file() {
     );
     // `export --checkpoint` takes the run directory (its newest checkpoint).
     let exported = dir.join("from-run-dir.onnx");
+    export_checkpoint(&out_dir, &exported);
+    assert_eq!(
+        onnx_params(exported),
+        onnx_params(out_dir.join("gpt2_tiny_trained.onnx")),
+        "the run directory's newest checkpoint is the trained model"
+    );
+}
+
+/// `onnx-train export --checkpoint checkpoint --output output`, which must succeed.
+fn export_checkpoint(checkpoint: &std::path::Path, output: &std::path::Path) {
     let out = onnx_train(&[
         "export",
         "--checkpoint",
-        out_dir.to_str().unwrap(),
+        checkpoint.to_str().unwrap(),
         "--output",
-        exported.to_str().unwrap(),
+        output.to_str().unwrap(),
     ]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        onnx_params(exported),
-        onnx_params(out_dir.join("gpt2_tiny_trained.onnx")),
-        "the run directory's newest checkpoint is the trained model"
     );
 }
 

@@ -7,6 +7,10 @@
 //! - two LayerNorms sharing an all-ones scale and all-zeros bias get one each;
 //! - two BatchNorms sharing running statistics (through `Identity`) update one each;
 //! - an attention mask the exporter folded into an initializer is a constant.
+//!
+//! And all of it at once on a real export (issue 51): a fresh Hugging Face GPT-2 through
+//! the TorchScript exporter (merged ones/zeros, a folded transposed `lm_head`), trained by
+//! the runner against PyTorch's float64 run of the tied model (`tools/refs/hf_gpt2_torchscript.py`).
 
 mod common;
 
@@ -278,5 +282,247 @@ fn a_folded_attention_mask_is_a_constant_not_a_parameter() {
     assert_eq!(
         roles,
         [("W", ParamRole::Trainable), ("mask", ParamRole::Constant)]
+    );
+}
+
+/// A file of `tests/data/hf_gpt2_torchscript` (`tools/refs/hf_gpt2_torchscript.py`).
+fn hf(file: &str) -> std::path::PathBuf {
+    data(&format!("hf_gpt2_torchscript/{file}"))
+}
+
+fn hf_json(file: &str) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(hf(file)).unwrap()).unwrap()
+}
+
+/// A node input that reads a PyTorch parameter: node name, input slot, transposed.
+type Reader = (String, usize, bool);
+
+/// Every PyTorch parameter with the nodes of the source file that read it (`mapping.json`).
+fn hf_readers() -> Vec<(String, Vec<Reader>)> {
+    let m = hf_json("mapping.json");
+    m["parameters"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, readers)| {
+            let readers = readers
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    let node = r[0].as_str().unwrap().to_string();
+                    (node, r[1].as_u64().unwrap() as usize, r[2].as_bool().unwrap())
+                })
+                .collect();
+            (name.clone(), readers)
+        })
+        .collect()
+}
+
+/// The parameter that input `slot` of node `node` reads, through `Identity` and 2-D
+/// `Transpose` nodes (the tie nodes), and whether it arrives transposed.
+fn parameter_read(model: &OnnxModel, node: &str, slot: usize) -> Option<(String, bool)> {
+    let nodes = &model.graph().nodes;
+    let mut edge = nodes.iter().find(|n| n.name == node)?.inputs.get(slot)?.clone();
+    let mut transposed = false;
+    while model.param_index(&edge).is_none() {
+        let producer = nodes.iter().find(|p| p.outputs.contains(&edge))?;
+        match producer.op_type.as_str() {
+            "Identity" => {}
+            "Transpose" if producer.attrs.ints("perm").ok()?.as_deref() == Some(&[1i64, 0][..]) => {
+                transposed = !transposed
+            }
+            _ => return None,
+        }
+        edge = producer.inputs.first()?.clone();
+    }
+    Some((edge, transposed))
+}
+
+/// The ONNX parameter each PyTorch parameter is, checked at every node that reads it: one
+/// parameter per PyTorch parameter, arriving transposed where the mapping says.
+fn pytorch_to_onnx(model: &OnnxModel) -> Vec<(String, String)> {
+    let mut onnx_names = std::collections::HashSet::new();
+    let pairs: Vec<(String, String)> = hf_readers()
+        .into_iter()
+        .map(|(torch, readers)| {
+            let mut found = readers.iter().map(|(node, slot, transposed)| {
+                let (p, t) = parameter_read(model, node, *slot)
+                    .unwrap_or_else(|| panic!("{node} input {slot} ({torch}) reads no parameter"));
+                assert_eq!(t, *transposed, "{node} input {slot} reads {p} for {torch}");
+                p
+            });
+            let first = found.next().unwrap();
+            assert!(
+                found.all(|p| p == first),
+                "every reader of {torch} reads one parameter"
+            );
+            assert!(
+                onnx_names.insert(first.clone()),
+                "{first} stands for {torch} and another PyTorch parameter"
+            );
+            (torch, first)
+        })
+        .collect();
+    pairs
+}
+
+fn transpose_if(a: &ndarray::ArrayD<f32>, transposed: bool) -> ndarray::ArrayD<f32> {
+    if transposed {
+        a.t().as_standard_layout().into_owned()
+    } else {
+        a.clone()
+    }
+}
+
+#[test]
+fn a_fresh_hf_gpt2_torchscript_export_has_pytorchs_parameters_and_gradients() {
+    let device = train_device();
+    let graph = Graph::load_with(hf("model.onnx"), TieOptions::default()).unwrap();
+    let model = OnnxModel::from_graph(graph, &device).unwrap();
+    let pairs = pytorch_to_onnx(&model);
+    let trainable = model
+        .param_infos()
+        .iter()
+        .filter(|p| p.role == burn_onnx_train::ParamRole::Trainable)
+        .count();
+    assert_eq!(trainable, pairs.len(), "one trained parameter per PyTorch parameter");
+
+    let ids = int(&npz(hf("batch.npz"))["input_ids"]).clone();
+    let out = model
+        .forward(
+            vec![("input_ids".into(), Value::Int(ids.clone()))],
+            Mode::Train,
+        )
+        .unwrap();
+    let Some(Value::Float(logits)) = out.get("logits").cloned() else {
+        panic!("no logits")
+    };
+    let loss = burn_onnx_train::loss::lm_cross_entropy(logits, &ids).unwrap();
+    let want = hf_json("losses.json")["loss"][0].as_f64().unwrap();
+    let got = f64::from(loss.clone().into_scalar::<f32>());
+    assert!((got - want).abs() < 1e-5, "loss {got} vs PyTorch {want}");
+    let grads: HashMap<String, FloatValue> =
+        model.param_grads(&loss.backward()).into_iter().collect();
+    let want = npz(hf("grads.npz"));
+    for (torch, onnx) in &pairs {
+        assert_close(
+            &format!("grad {torch} ({onnx})"),
+            &grads[onnx].to_array().unwrap(),
+            float(&want[torch]),
+            1e-6,
+            0.0,
+        );
+    }
+}
+
+/// Three updates of the runner on the fixture's batch (AdamW, weight decay on every
+/// parameter, the fixture's clipping): `(loss, grad norm)` per update, and the exported model.
+fn hf_train(tag: &str, tie_duplicates: bool) -> (Vec<(f64, f64)>, std::path::PathBuf) {
+    use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
+    let refs = hf_json("losses.json");
+    let ids = int(&npz(hf("batch.npz"))["input_ids"]).clone();
+    let seq_len = ids.shape()[1];
+    let mut c = burn_onnx_train::train::TrainingConfig::default();
+    c.model.model_path = hf("model.onnx");
+    c.model.tie_duplicate_initializers = tie_duplicates;
+    c.checkpoint.output_dir = tempdir(tag);
+    c.data.batch_size = ids.shape()[0];
+    c.data.seq_len = seq_len;
+    c.train.num_train_steps = refs["updates"].as_u64().unwrap() as usize;
+    c.train.max_grad_norm = refs["max_grad_norm"].as_f64().unwrap() as f32;
+    c.optimizer = OptimizerConfig {
+        kind: OptimizerKind::Adamw,
+        weight_decay: 0.01,
+        no_weight_decay: vec![],
+        ..Default::default()
+    };
+    c.lr.initial_lr = 1e-3;
+    c.logging.display_loss_steps = 1;
+    c.logging.log_dir = Some(std::path::PathBuf::new());
+    c.logging.progress = false;
+    let tokens = burn_onnx_train::train::data::TokenDataset::from_tokens(
+        ids.iter().copied().collect(),
+        seq_len,
+    )
+    .unwrap();
+    let summary = burn_onnx_train::train::TrainingRunner::new(
+        c,
+        std::sync::Arc::new(burn_ort_dist::LocalCommunicator),
+        Device::flex().autodiff(),
+    )
+    .unwrap()
+    .run(std::sync::Arc::new(tokens), None)
+    .unwrap();
+    let metrics = std::fs::read_to_string(summary.output_dir.join("metrics.jsonl")).unwrap();
+    let updates = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|m| m["kind"] == "train")
+        .map(|m| (m["loss"].as_f64().unwrap(), m["grad_norm"].as_f64().unwrap()))
+        .collect();
+    (updates, summary.exported.expect("the run exports"))
+}
+
+/// Whether every update's loss is within 1e-5 and grad norm within 1e-4 of `refs`'s.
+fn follows(updates: &[(f64, f64)], refs: &serde_json::Value) -> Result<(), String> {
+    let want = |key: &str, k: usize| refs[key][k].as_f64().unwrap();
+    if updates.len() != refs["loss"].as_array().unwrap().len() {
+        return Err(format!("{} updates", updates.len()));
+    }
+    for (k, &(loss, norm)) in updates.iter().enumerate() {
+        if (loss - want("loss", k)).abs() > 1e-5 || (norm - want("grad_norm", k)).abs() > 1e-4 {
+            return Err(format!(
+                "update {}: loss {loss} vs {}, grad norm {norm} vs {}",
+                k + 1,
+                want("loss", k),
+                want("grad_norm", k)
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_fresh_hf_gpt2_torchscript_export_trains_as_pytorch() {
+    let refs = hf_json("losses.json");
+    let (updates, exported) = hf_train("hf_gpt2_torchscript_tied", true);
+    follows(&updates, &refs).unwrap_or_else(|e| panic!("against PyTorch: {e}"));
+
+    // The exported file, read as it is (every initializer its own parameter): each
+    // PyTorch parameter's readers hold its trained values, the folded head transposed.
+    let untouched = TieOptions {
+        tie_duplicates: false,
+        untie_constant_fills: false,
+    };
+    let trained =
+        OnnxModel::from_graph(Graph::load_with(&exported, untouched).unwrap(), &eval_device())
+            .unwrap();
+    let want = npz(hf("params_step3.npz"));
+    let grads0 = npz(hf("grads.npz"));
+    for (torch, readers) in hf_readers() {
+        for (node, slot, transposed) in readers {
+            let (name, t) = parameter_read(&trained, &node, slot)
+                .unwrap_or_else(|| panic!("exported {node} input {slot} reads no initializer"));
+            assert!(!t, "the export reads {name} directly");
+            let got = trained.param_by_name(&name).unwrap().to_array().unwrap();
+            assert_close_where_grad(
+                &format!("after 3 updates: {torch} at {node} input {slot} ({name})"),
+                &transpose_if(&got, transposed),
+                float(&want[&torch]),
+                float(&grads0[&torch]),
+                1e-5,
+            );
+        }
+    }
+
+    // Training the folded head apart from the embedding (ties off) follows PyTorch's model
+    // with an untied head instead, and this fixture tells the two apart: the issue's symptom.
+    let (untied, _) = hf_train("hf_gpt2_torchscript_untied", false);
+    follows(&untied, &refs["untied_head"])
+        .unwrap_or_else(|e| panic!("ties off against PyTorch's untied head: {e}"));
+    assert!(
+        follows(&untied, &refs).is_err(),
+        "the fixture cannot tell a tied head from an untied one"
     );
 }

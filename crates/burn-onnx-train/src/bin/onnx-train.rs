@@ -18,7 +18,7 @@ use burn::tensor::Device;
 use burn_onnx_train::atomic_file::write_atomic;
 use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::export::{ExportOptions, ExternalDataPolicy, export_onnx_with};
-use burn_onnx_train::graph::Dim;
+use burn_onnx_train::graph::{Dim, dims_text};
 use burn_onnx_train::host_tensor::dtype;
 use burn_onnx_train::loss::LossKind;
 use burn_onnx_train::npy::{read_npy_value, write_npy_as};
@@ -259,18 +259,6 @@ struct PlanArgs {
     np: Option<usize>,
 }
 
-fn dims(d: &[Dim]) -> String {
-    let parts: Vec<String> = d
-        .iter()
-        .map(|d| match d {
-            Dim::Fixed(n) => n.to_string(),
-            Dim::Symbolic(s) if s.is_empty() => "?".into(),
-            Dim::Symbolic(s) => s.clone(),
-        })
-        .collect();
-    format!("[{}]", parts.join(", "))
-}
-
 fn inspect(path: PathBuf, stages: Option<usize>, tp: Option<usize>) -> Result<(), OnnxError> {
     let graph = Graph::load(&path)?;
     let model = OnnxModel::from_graph(graph, &Device::flex())?;
@@ -287,7 +275,7 @@ fn inspect(path: PathBuf, stages: Option<usize>, tp: Option<usize>) -> Result<()
             "  {} {} {}",
             i.name,
             dtype::name(i.elem_type),
-            dims(&i.dims)
+            dims_text(&i.dims)
         );
     }
     println!("outputs:");
@@ -296,7 +284,7 @@ fn inspect(path: PathBuf, stages: Option<usize>, tp: Option<usize>) -> Result<()
             "  {} {} {}",
             o.name,
             dtype::name(o.elem_type),
-            dims(&o.dims)
+            dims_text(&o.dims)
         );
     }
     println!("ops:");

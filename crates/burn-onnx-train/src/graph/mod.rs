@@ -31,6 +31,20 @@ pub enum Dim {
     Symbolic(String),
 }
 
+/// Declared dims as `inspect` and the starter config print them: `[batch, seq, 1024]`
+/// (`?` for an unnamed dynamic one).
+pub fn dims_text(dims: &[Dim]) -> String {
+    let parts: Vec<String> = dims
+        .iter()
+        .map(|d| match d {
+            Dim::Fixed(n) => n.to_string(),
+            Dim::Symbolic(s) if s.is_empty() => "?".into(),
+            Dim::Symbolic(s) => s.clone(),
+        })
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
 /// What a declared graph value holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ValueKind {

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::config::TrainingConfig;
 use super::preflight::{positions, vocabulary};
-use crate::graph::{Dim, TensorInfo};
+use crate::graph::{TensorInfo, dims_text};
 use crate::host_tensor::dtype;
 use crate::loss::LossKind;
 use crate::model::OnnxModel;
@@ -25,7 +25,7 @@ struct Guess {
 
 /// The loss a graph output of this shape most likely trains with.
 fn guess_loss(output: &TensorInfo) -> (LossKind, String) {
-    let shape = shape(&output.dims);
+    let shape = dims_text(&output.dims);
     match output.dims.len() {
         0 => (
             LossKind::Graph,
@@ -56,19 +56,6 @@ fn guess_loss(output: &TensorInfo) -> (LossKind, String) {
             ),
         ),
     }
-}
-
-/// `[batch, seq, 1024]`.
-fn shape(dims: &[Dim]) -> String {
-    let dims: Vec<String> = dims
-        .iter()
-        .map(|d| match d {
-            Dim::Fixed(n) => n.to_string(),
-            Dim::Symbolic(s) if s.is_empty() => "?".into(),
-            Dim::Symbolic(s) => s.clone(),
-        })
-        .collect();
-    format!("[{}]", dims.join(", "))
 }
 
 fn guess(model: &OnnxModel) -> Guess {
@@ -114,7 +101,7 @@ fn listed(infos: &[TensorInfo]) -> String {
                 "{} ({} {})",
                 i.name,
                 dtype::name(i.elem_type),
-                shape(&i.dims)
+                dims_text(&i.dims)
             )
         })
         .collect();
