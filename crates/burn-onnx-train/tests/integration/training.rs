@@ -1,0 +1,75 @@
+//! One forward+backward and ten optimizer steps on `train/mlp` and `train/gpt2_tiny` on the
+//! CPU, against PyTorch's loss, gradients and parameters after 10 updates, with the
+//! tolerances of the kit's README.
+
+use super::common;
+
+use common::refkit_train::*;
+use common::*;
+
+#[test]
+fn mlp_loss_and_gradients_match_pytorch() {
+    check_gradients(Case::new("mlp", "mlp"), &eval_device(), 1e-5, 1e-6);
+}
+
+#[test]
+fn gpt2_tiny_loss_and_gradients_match_pytorch() {
+    check_gradients(
+        Case::new("gpt2_tiny", "gpt2_tiny"),
+        &eval_device(),
+        1e-5,
+        1e-6,
+    );
+}
+
+#[test]
+fn mlp_sgd_momentum_10_steps_match_pytorch() {
+    check_trajectory(
+        Case::new("mlp", "mlp"),
+        &eval_device(),
+        sgd(),
+        0.1,
+        "sgd",
+        1e-5,
+        1e-6,
+    );
+}
+
+#[test]
+fn mlp_adamw_10_steps_match_pytorch() {
+    check_trajectory(
+        Case::new("mlp", "mlp"),
+        &eval_device(),
+        adamw(),
+        1e-3,
+        "adamw",
+        1e-5,
+        1e-5,
+    );
+}
+
+#[test]
+fn gpt2_tiny_sgd_momentum_10_steps_match_pytorch() {
+    check_trajectory(
+        Case::new("gpt2_tiny", "gpt2_tiny"),
+        &eval_device(),
+        sgd(),
+        0.1,
+        "sgd",
+        1e-5,
+        1e-6,
+    );
+}
+
+#[test]
+fn gpt2_tiny_adamw_10_steps_match_pytorch() {
+    check_trajectory(
+        Case::new("gpt2_tiny", "gpt2_tiny"),
+        &eval_device(),
+        adamw(),
+        1e-3,
+        "adamw",
+        1e-5,
+        1e-5,
+    );
+}
