@@ -6,7 +6,7 @@
     /tmp/torch-venv/bin/python tools/refs/hf_gpt2_torchscript.py
 
 Writes `crates/burn-onnx-train/tests/data/hf_gpt2_torchscript/` (test:
-`tests/initializer_ties.rs`, `a_fresh_hf_gpt2_torchscript_export_trains_as_pytorch`):
+`tests/integration/initializer_ties.rs`, the `a_fresh_hf_gpt2_torchscript_*` tests):
 
 - `model.onnx`: `transformers.GPT2LMHeadModel` (2 layers, 2 heads, width 24, vocabulary 64,
   16 positions, dropout 0, tied `lm_head`), FRESH from its seeded init: LayerNorm weights
