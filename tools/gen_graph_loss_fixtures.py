@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Two copies of one small MLP (8 -> 16 -> 4, random weights) for
-`crates/burn-onnx-train/tests/graph_loss.rs`: `mlp_logits.onnx` ends in its logits (the
+`crates/burn-onnx-train/tests/integration/graph_loss.rs`: `mlp_logits.onnx` ends in its logits (the
 runner attaches cross-entropy), `mlp_sce.onnx` ends in its own SoftmaxCrossEntropyLoss
 over a `labels` input (ORT Training's way, `loss = "graph"`).
 

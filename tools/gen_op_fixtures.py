@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate small ONNX models exercising single ops (opsets 11-20) and record what
 onnxruntime computes on seeded inputs. The outputs are the independent reference for
-`crates/burn-onnx-train/tests/ops.rs`.
+`crates/burn-onnx-train/tests/integration/ops.rs`.
 
     python3 -m venv /tmp/venv && /tmp/venv/bin/pip install onnx onnxruntime numpy
     /tmp/venv/bin/python tools/gen_op_fixtures.py [CASE ...]
@@ -327,7 +327,7 @@ single("rms_norm_two_axes_23", "RMSNormalization", [], ["y"], 23,
 
 # --- quantization-aware training: weight -> QuantizeLinear -> DequantizeLinear -> MatMul --------
 # (their own seeded generator). Scales small enough that part of the weight saturates, so the
-# straight-through estimator's mask matters (`tests/quantization.rs`). The int8 zero points
+# straight-through estimator's mask matters (`tests/integration/quantization.rs`). The int8 zero points
 # are all non-negative: only their declared type says int8, not their values. onnxruntime
 # runs these without graph optimizations: its extended level rewrites DequantizeLinear ->
 # MatMul into a dynamically quantized MatMul, which also quantizes `x`.
@@ -368,7 +368,7 @@ save_unoptimized("qdq_matmul_uint8_10",
                  inits=[("W", randq(6, 3)), ("w_scale", np.array(0.01, np.float32)), ("w_zp", np.array(128, np.uint8))])
 
 # --- control flow: weights read inside an If branch, a Loop body and a Scan body ------------
-# (their own seeded generator). `tests/finite_difference.rs` checks the gradients reaching
+# (their own seeded generator). `tests/integration/finite_difference.rs` checks the gradients reaching
 # the weights through the taken branch and through the unrolled iterations.
 rng_cf = np.random.default_rng(5150)
 
@@ -460,7 +460,7 @@ single("gru_activations_clip_seq_lens_14", "GRU", [("x", rand_rnn(4, 3, 2, scale
        activation_alpha=[0.3, 0.05, 0.8], activation_beta=[0.4])
 
 # --- sampling grids, image and signal ops (their own seeded generator). The float data are
-# initializers, so `tests/finite_difference.rs` checks their gradients; grid points keep
+# initializers, so `tests/integration/finite_difference.rs` checks their gradients; grid points keep
 # away from pixel boundaries (and reflection borders), where the gradient with respect to
 # the grid has kinks.
 rng_vis = np.random.default_rng(9090)
@@ -569,7 +569,7 @@ single("deform_conv_strided_dilated_19", "DeformConv", [], ["y"], 19,
        strides=[2, 1], dilations=[1, 2], pads=[1, 0, 1, 1])
 
 # --- session 13's element-wise, reduction, indexing and layout ops: the gradients of each
-# checked by finite differences (tests/finite_difference.rs); their own seeded generator.
+# checked by finite differences (tests/integration/finite_difference.rs); their own seeded generator.
 rng_s13 = np.random.default_rng(1313)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Models of the random generators for `crates/burn-onnx-train/tests/random_ops.rs` (which
+"""Models of the random generators for `crates/burn-onnx-train/tests/integration/random_ops.rs` (which
 checks what they draw against the distributions' closed forms):
 
 - `draws.onnx`: RandomUniform [200, 500] on [-2, 3), RandomNormal [200, 500] with mean 1 and

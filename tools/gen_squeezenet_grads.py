@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's gradients of SqueezeNet 1.1 for `tests/squeezenet_gradients.rs`, independent of
+"""PyTorch's gradients of SqueezeNet 1.1 for `tests/integration/squeezenet_gradients.rs`, independent of
 our code: torchvision's own `squeezenet1_1` module with the weights of the refkit ONNX file
 (same parameter names) in eval mode (the file has no Dropout: it was exported for
 inference), a seeded batch of 2 images and labels, mean cross-entropy, one backward in

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Models with the initializer ties TorchScript exports make, for
-`crates/burn-onnx-train/tests/initializer_ties.rs` (which computes its expectations in
+`crates/burn-onnx-train/tests/integration/initializer_ties.rs` (which computes its expectations in
 closed form):
 
 - `tied_lm_head.onnx`: an embedding table `E` read by Gather, and its transposed copy `W`

@@ -18,7 +18,7 @@ Usage:
   tools/node_suite.py --onnxruntime [--json OUT.json]
 
 With --floor, the exit status is 1 when the pass count is below N or any test panicked;
-`tools/node_suite_floor.txt` holds the committed floor (CI: tests/node_suite.rs).
+`tools/node_suite_floor.txt` holds the committed floor (CI: tests/integration/node_suite.rs).
 """
 
 import argparse

@@ -2,7 +2,7 @@
 # `onnx-train plan` against real runs: for each layout, a 6-update run (perf.json: the
 # strategy's byte counts and the kernel's peak resident set) and the plan of the same
 # command line; prints a markdown row per layout. Not part of CI (the test
-# `plan_predicts_each_layouts_memory_against_its_measured_run` in tests/cli.rs checks a
+# `plan_predicts_each_layouts_memory_against_its_measured_run` in tests/integration/cli.rs checks a
 # small model); the figures go to BENCHMARKS.md.
 #
 #   cargo build --release -p burn-onnx-train --bin onnx-train

@@ -11,7 +11,10 @@
 //! its parameter chunks in host memory, on 2 thread ranks against one CPU process; with CUDA, NCCL through the real library. Without the GPU's driver these tests fail; they never pass silently.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use super::common;
+// Its own test binary, apart from `tests/integration`: `tools/gpu/pack.sh` ships it alone
+// to a GPU machine, within the device tool's size limit.
+#[path = "integration/common/mod.rs"]
+mod common;
 
 use std::path::Path;
 

@@ -1,6 +1,8 @@
 //! The integration tests of this crate, one module per feature, in one test binary (one
 //! link of the crate and its dependencies instead of one per file). Run one module with
-//! `cargo test --release --test integration -- MODULE::`.
+//! `cargo test --release --test integration -- MODULE::`. The GPU tests are their own
+//! binary (`tests/gpu.rs`, `--test gpu`): `tools/gpu/pack.sh` ships it alone to a GPU
+//! machine.
 
 mod common;
 
@@ -16,7 +18,6 @@ mod finite_difference;
 mod fp16_gradients;
 mod fused_optimizer;
 mod gpt2_builder;
-mod gpu;
 mod graph_loss;
 mod import_cycles;
 mod inference;

@@ -543,10 +543,10 @@ fn a_stopped_rank_ends_the_job_with_an_error_naming_it() {
 /// The same on two GPUs with NCCL carrying the gradients (`--device cuda`): the waiting
 /// rank polls the NCCL operation's completion and ends the job with a timeout naming it.
 /// Needs a machine with two GPUs (NCCL takes one per rank), so it is not run by default:
-/// `cargo test --release --features mpi,cuda --test mpi -- --ignored nccl`.
+/// `cargo test --release --features mpi,cuda --test integration -- --ignored nccl`.
 #[cfg(feature = "cuda")]
 #[test]
-#[ignore = "needs two GPUs: cargo test --release --features mpi,cuda --test mpi -- --ignored nccl"]
+#[ignore = "needs two GPUs: cargo test --release --features mpi,cuda --test integration -- --ignored nccl"]
 fn a_stopped_rank_ends_an_nccl_job_with_a_timeout_naming_the_operation() {
     let _serial = one_job_at_a_time();
     let (_, stderr) = stop_one_of_two("nccl-stop", &["--device", "cuda"]);

@@ -555,6 +555,7 @@ fn bad_data_and_configs_fail_before_the_first_step() {
     let pp = {
         let mut cfg = c.clone();
         cfg.model.model_path = refkit("models/mlp.onnx");
+        cfg.model.input_name = "input".into();
         cfg.parallel.pipeline_parallel_size = 4;
         cfg.data.batch_size = 4;
         cfg

@@ -12,113 +12,8 @@
 use std::path::Path;
 
 use super::TrainingConfig;
+use super::keys::{SECTIONS, unknown_key};
 use crate::error::{OnnxError, Result};
-
-/// The sections of a config file and their fields, by ORT name.
-pub(super) const SECTIONS: &[(&str, &[&str])] = &[
-    (
-        "model",
-        &[
-            "model_path",
-            "input_name",
-            "output_name",
-            "loss",
-            "label_name",
-            "attention_mask_name",
-            "weights_to_train",
-            "weights_not_to_train",
-            "tie_duplicate_initializers",
-            "untie_shared_constants",
-        ],
-    ),
-    (
-        "data",
-        &[
-            "train_data_dir",
-            "test_data_dir",
-            "batch_size",
-            "seq_len",
-            "sequences",
-            "length_bucket_batches",
-            "pad_id",
-        ],
-    ),
-    (
-        "train",
-        &[
-            "num_train_steps",
-            "num_train_epochs",
-            "gradient_accumulation_steps",
-            "max_grad_norm",
-            "seed",
-        ],
-    ),
-    (
-        "eval",
-        &[
-            "eval_batch_size",
-            "evaluation_period",
-            "eval_batches",
-            "eval_partitioned",
-        ],
-    ),
-    (
-        "precision",
-        &["dtype", "loss_scale", "loss_scale_growth_interval"],
-    ),
-    (
-        "parallel",
-        &[
-            "device",
-            "data_parallel_size",
-            "horizontal_parallel_size",
-            "tensor_parallel_allow_replicated",
-            "tensor_parallel_vocab",
-            "tensor_parallel_sequence",
-            "pipeline_parallel_size",
-            "pipeline_virtual_stages",
-            "num_pipeline_micro_batches",
-            "pipeline_schedule",
-            "pipeline_cut_after",
-            "zero_stage",
-            "zero3_prefetch",
-            "enable_adasum",
-            "allreduce_in_fp16",
-            "overlap",
-            "recompute_segments",
-            "collective_timeout",
-        ],
-    ),
-    (
-        "checkpoint",
-        &[
-            "output_dir",
-            "checkpoints_dir",
-            "checkpoint_period",
-            "max_num_checkpoints",
-            "checkpoint_to_load_path",
-            "resume",
-            "overwrite_output_dir",
-        ],
-    ),
-    (
-        "logging",
-        &[
-            "display_loss_steps",
-            "log_dir",
-            "histogram_weights",
-            "norm_weights",
-            "progress",
-            "profile",
-        ],
-    ),
-    (
-        "offload",
-        &["offload_optimizer", "offload_params", "offload_dir"],
-    ),
-    ("optimizer", &[]),
-    ("lr", &[]),
-];
 
 /// Flat names that are not a field's own name: (flat key, section, field).
 const ALIASES: &[(&str, &str, &str)] = &[
@@ -264,7 +159,7 @@ fn over(
     file: toml::Table,
     bad: impl Fn(String) -> OnnxError,
 ) -> Result<TrainingConfig> {
-    if let Some(message) = super::keys::unknown_key(&file) {
+    if let Some(message) = unknown_key(&file) {
         return Err(bad(message));
     }
     let base: toml::Table = toml::Table::try_from(base).map_err(|e| bad(e.to_string()))?;

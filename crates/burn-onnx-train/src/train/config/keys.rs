@@ -1,10 +1,116 @@
-//! Keys a config cannot take, named with what was probably meant: a key no section has
-//! (`learning_rate`, Hugging Face's name for `lr.initial_lr`), or a section given a value
-//! (`lr = 1e-3`). Suggestions come from the names other trainers use for our fields and
-//! from the spelling of the fields themselves.
+//! The keys a config takes, section by section ([`SECTIONS`]), and the keys it cannot
+//! take, named with what was probably meant: a key no section has (`learning_rate`,
+//! Hugging Face's name for `lr.initial_lr`), or a section given a value (`lr = 1e-3`).
+//! Suggestions come from the names other trainers use for our fields and from the
+//! spelling of the fields themselves.
 
 use super::TrainingConfig;
-use super::file::SECTIONS;
+
+/// The sections of a config file and their fields, by ORT name.
+pub(super) const SECTIONS: &[(&str, &[&str])] = &[
+    (
+        "model",
+        &[
+            "model_path",
+            "input_name",
+            "output_name",
+            "loss",
+            "label_name",
+            "attention_mask_name",
+            "weights_to_train",
+            "weights_not_to_train",
+            "tie_duplicate_initializers",
+            "untie_shared_constants",
+        ],
+    ),
+    (
+        "data",
+        &[
+            "train_data_dir",
+            "test_data_dir",
+            "batch_size",
+            "seq_len",
+            "sequences",
+            "length_bucket_batches",
+            "pad_id",
+        ],
+    ),
+    (
+        "train",
+        &[
+            "num_train_steps",
+            "num_train_epochs",
+            "gradient_accumulation_steps",
+            "max_grad_norm",
+            "seed",
+        ],
+    ),
+    (
+        "eval",
+        &[
+            "eval_batch_size",
+            "evaluation_period",
+            "eval_batches",
+            "eval_partitioned",
+        ],
+    ),
+    (
+        "precision",
+        &["dtype", "loss_scale", "loss_scale_growth_interval"],
+    ),
+    (
+        "parallel",
+        &[
+            "device",
+            "data_parallel_size",
+            "horizontal_parallel_size",
+            "tensor_parallel_allow_replicated",
+            "tensor_parallel_vocab",
+            "tensor_parallel_sequence",
+            "pipeline_parallel_size",
+            "pipeline_virtual_stages",
+            "num_pipeline_micro_batches",
+            "pipeline_schedule",
+            "pipeline_cut_after",
+            "zero_stage",
+            "zero3_prefetch",
+            "enable_adasum",
+            "allreduce_in_fp16",
+            "overlap",
+            "recompute_segments",
+            "collective_timeout",
+        ],
+    ),
+    (
+        "checkpoint",
+        &[
+            "output_dir",
+            "checkpoints_dir",
+            "checkpoint_period",
+            "max_num_checkpoints",
+            "checkpoint_to_load_path",
+            "resume",
+            "overwrite_output_dir",
+        ],
+    ),
+    (
+        "logging",
+        &[
+            "display_loss_steps",
+            "log_dir",
+            "histogram_weights",
+            "norm_weights",
+            "progress",
+            "profile",
+        ],
+    ),
+    (
+        "offload",
+        &["offload_optimizer", "offload_params", "offload_dir"],
+    ),
+    ("optimizer", &[]),
+    ("lr", &[]),
+];
 
 /// Names other trainers (Hugging Face's `TrainingArguments`, Megatron, DeepSpeed) use for
 /// our fields, with the flag that sets the field where there is one.
