@@ -586,10 +586,9 @@ fn init(model: &Path, output: &Path, force: bool) -> Result<(), OnnxError> {
     Ok(())
 }
 
-/// The run's config from the command line, checked, with the files it names present:
-/// any error here is the user's input (exit 78, never restarted).
-fn checked_config(c: TrainingConfig, data: &DataFlags) -> Result<TrainingConfig, OnnxError> {
-    let c = data.apply(c);
+/// `c` checked, with the files it names present: any error here is the user's input
+/// (exit 78, never restarted).
+fn checked_config(c: TrainingConfig) -> Result<TrainingConfig, OnnxError> {
     c.check()?;
     c.check_files_named()?;
     Ok(c)
@@ -608,7 +607,7 @@ fn train(args: TrainArgs) -> Result<(), OnnxError> {
     {
         return c.check().map_err(OnnxError::before_first_update);
     }
-    let c = checked_config(c, &args.data).map_err(OnnxError::before_first_update)?;
+    let c = checked_config(c).map_err(OnnxError::before_first_update)?;
     let (train, test) = datasets(&c).map_err(OnnxError::before_first_update)?;
     if args.check {
         let overview =
@@ -687,9 +686,11 @@ fn auto_layout(
 
 fn plan(args: PlanArgs) -> Result<(), OnnxError> {
     use burn_onnx_train::train::memory_plan::{human_bytes, lighter_layouts, plan_memory};
-    let c = args.run.apply(cli_defaults());
-    let c = c
-        .and_then(|c| checked_config(c, &args.data))
+    let c = args
+        .run
+        .apply(cli_defaults())
+        .map(|c| args.data.apply(c))
+        .and_then(checked_config)
         .map_err(OnnxError::before_first_update)?;
     let limit = args
         .memory_per_rank

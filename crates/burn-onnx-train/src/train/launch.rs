@@ -90,7 +90,7 @@ fn run_rank(
             eprintln!("{prefix}{message}");
             comm.abort(i32::from(e.training_exit_code()));
         }
-        Err(_) | Ok(_) => {}
+        _ => {}
     }
     result
 }
