@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use burn::tensor::Device;
-use burn_onnx_train::loss::{cross_entropy, lm_cross_entropy};
 use burn_onnx_train::model::float_input;
+use burn_onnx_train::model::loss::{cross_entropy, lm_cross_entropy};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use criterion::{Criterion, criterion_group, criterion_main};
 use ndarray::{ArrayD, IxDyn};

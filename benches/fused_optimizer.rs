@@ -14,7 +14,7 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_onnx_train::OnnxModel;
-use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
+use burn_onnx_train::frontend::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::kernels::FusedAdam;
 use burn_onnx_train::train::DeviceSpec;
 use burn_onnx_train::train::config::OptimizerConfig;

@@ -7,8 +7,8 @@
 //! ```
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::Device;
-use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
-use burn_onnx_train::loss::lm_cross_entropy;
+use burn_onnx_train::frontend::builders::gpt2::{Gpt2Config, write_gpt2};
+use burn_onnx_train::model::loss::lm_cross_entropy;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use ndarray::{Array2, IxDyn};
 

@@ -9,14 +9,14 @@ use burn_onnx_train::OnnxError;
 /// Training allocates and frees tensors of tens of megabytes every step; glibc's malloc
 /// returns each to the kernel and page-faults it back in (measured: half the step time of
 /// the GPT-2 example). mimalloc keeps freed segments for reuse (see
-/// `burn_onnx_train::allocator`).
+/// `burn_onnx_train::util::allocator`).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Parse the arguments, set up `tracing` (level from `RUST_LOG`, default `info`), run, and
 /// turn an error into a message and a failing exit status.
 pub fn main_with<A: clap::Parser>(run: fn(A) -> Result<(), OnnxError>) -> ExitCode {
-    burn_onnx_train::allocator::keep_freed_memory();
+    burn_onnx_train::util::allocator::keep_freed_memory();
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt()

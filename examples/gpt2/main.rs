@@ -21,14 +21,14 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
-use burn_onnx_train::loss::LossKind;
-use burn_onnx_train::npy::write_npy;
+use burn_onnx_train::frontend::builders::gpt2::{Gpt2Config, write_gpt2};
+use burn_onnx_train::frontend::flags::TrainFlags;
+use burn_onnx_train::model::loss::LossKind;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::config::{LrConfig, ScheduleKind};
-use burn_onnx_train::train::documents::token_dataset;
-use burn_onnx_train::train::flags::TrainFlags;
-use burn_onnx_train::train::launch::launch_elastic;
+use burn_onnx_train::train::data::documents::token_dataset;
+use burn_onnx_train::train::data::npy::write_npy;
+use burn_onnx_train::train::process::launch::launch_elastic;
 use burn_onnx_train::{OnnxError, Value};
 use clap::Parser;
 

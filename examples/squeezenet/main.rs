@@ -17,13 +17,13 @@ use std::f32::consts::PI;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use burn_onnx_train::host_tensor::HostTensor;
-use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::frontend::flags::TrainFlags;
+use burn_onnx_train::model::loss::LossKind;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind, ScheduleKind};
 use burn_onnx_train::train::data::{Batch, Dataset, Target, TargetKind};
-use burn_onnx_train::train::flags::TrainFlags;
-use burn_onnx_train::train::launch::launch_elastic;
+use burn_onnx_train::train::process::launch::launch_elastic;
+use burn_onnx_train::value::host_tensor::HostTensor;
 use burn_onnx_train::{OnnxError, Result};
 use clap::Parser;
 use ndarray::{ArrayD, IxDyn};

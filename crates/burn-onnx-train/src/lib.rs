@@ -21,41 +21,61 @@
 //! # Ok::<(), burn_onnx_train::OnnxError>(())
 //! ```
 
-#[cfg(feature = "cli")]
-pub mod allocator;
-pub mod atomic_file;
-pub mod builders;
+// The layers, bottom to top; a module imports only from its own layer and the ones below
+// it (`tools/import_cycles.py` checks this):
+//   util, error        -> small shared pieces
+//   value, collective, graph, kernels, ops -> the values, the graph and its ops with their
+//                         kernels and the collectives inside the model
+//   model              -> `OnnxModel`, its loss and the cuts the parallel layers ask of it
+//   onnx               -> decoding a file into a graph, exporting a model back to a file
+//   parallel           -> pipeline stages, tensor and sequence parallelism
+//   train              -> the training loop and its parts (config, data, passes, checkpoint,
+//                         report, process, layout)
+//   frontend           -> the CLI's flags and `init`, builders, the tokenizer, the Learner
 pub mod collective;
 pub mod error;
-pub mod export;
-pub mod functions;
-pub mod fusion;
+pub mod frontend;
 pub mod graph;
-pub mod host_tensor;
-pub mod initializer;
-pub mod initializer_ties;
 pub mod kernels;
-#[cfg(feature = "learner")]
-pub mod learner;
-pub mod loader;
-pub mod loss;
 pub mod model;
-pub mod npy;
+pub mod onnx;
 pub mod ops;
-pub mod pipeline;
-pub mod progress;
-pub mod proto_presence;
-pub mod seeds;
-pub mod tensor_parallel;
-pub mod tensorboard;
-#[cfg(feature = "tokenize")]
-pub mod tokenize;
+pub mod parallel;
 pub mod train;
-pub mod trainability;
-pub mod unary_op;
+pub mod util;
 pub mod value;
 
 pub use error::{OnnxError, Result};
 pub use graph::Graph;
 pub use model::{ConstantInfo, ForwardOutput, Mode, OnnxModel, ParamInfo, ParamRole};
 pub use value::{FloatValue, Value};
+
+// -- old module paths (kept for one release; docs/changelog.md) --
+#[doc(hidden)]
+pub use frontend::builders;
+#[cfg(feature = "learner")]
+#[doc(hidden)]
+pub use frontend::learner;
+#[cfg(feature = "tokenize")]
+#[doc(hidden)]
+pub use frontend::tokenize;
+#[doc(hidden)]
+pub use graph::{initializer, initializer_ties};
+#[doc(hidden)]
+pub use model::{loss, trainability};
+#[doc(hidden)]
+pub use onnx::{export, functions, fusion, loader, proto_presence};
+#[doc(hidden)]
+pub use parallel::{pipeline, tensor_parallel};
+#[doc(hidden)]
+pub use train::data::npy;
+#[doc(hidden)]
+pub use train::report::tensorboard;
+#[cfg(feature = "cli")]
+#[doc(hidden)]
+pub use util::allocator;
+#[doc(hidden)]
+pub use util::{atomic_file, progress, seeds};
+#[doc(hidden)]
+pub use value::{host_tensor, unary_op};
+// -- end of old module paths --

@@ -26,9 +26,9 @@ use burn_onnx_train::model::ChunkStore;
 use burn_onnx_train::train::config::{
     LrConfig, OffloadTarget, OptimizerKind, ParamOffload, ScheduleKind,
 };
-use burn_onnx_train::train::launch::launch;
-use burn_onnx_train::train::parallel_plan::ParallelPlan;
+use burn_onnx_train::train::layout::parallel_plan::ParallelPlan;
 use burn_onnx_train::train::precision::Precision;
+use burn_onnx_train::train::process::launch::launch;
 use burn_onnx_train::train::{DeviceSpec, RunSummary};
 use burn_onnx_train::value::MAX_RANK;
 use burn_onnx_train::{Mode, OnnxModel, Value};
@@ -752,12 +752,12 @@ fn matmuls_of_every_layout_match_the_cpu_on_gpu() {
 fn moments_offloaded_from_the_gpu_update_on_the_host_and_the_model_stays_on_the_gpu() {
     use burn::optim::GradientsParams;
     use burn_ort_dist::ReplicaOptimizer;
-    use burn_ort_dist::zero::flat_optim::Rule;
+    use burn_ort_dist::update::zero::flat_optim::Rule;
 
     let device = gpu().autodiff();
     let model = OnnxModel::load(refkit("models/mlp.onnx"), &device).unwrap();
     let x = Value::from_host(
-        &burn_onnx_train::host_tensor::HostTensor::Float(npy_f32(refkit(
+        &burn_onnx_train::value::host_tensor::HostTensor::Float(npy_f32(refkit(
             "inference/mlp/input.npy",
         ))),
         &device,

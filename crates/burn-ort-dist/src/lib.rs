@@ -11,65 +11,62 @@
 //! where PyTorch DDP hooks it too: on the gradients, after `backward()` and before the
 //! optimizer, on every backend.
 
-pub mod buckets;
-pub mod collective_check;
-pub mod communicator;
-#[cfg(feature = "cuda")]
-pub mod cuda_probe;
-pub mod data_parallel;
-pub mod device_buckets;
-pub mod disk_vectors;
+// The layers, bottom to top: storage (off-device state and record formats), comm
+// (communicators, topology, launch), grads (gradient averaging), update (DDP and ZeRO
+// update strategies). `tools/import_cycles.py` checks that none imports one above it.
+pub mod comm;
 pub mod error;
-pub mod fp16_wire;
-pub mod grad_sync;
-pub mod launch;
-pub mod mapped;
-#[cfg(feature = "mpi")]
-pub mod mpi_comm;
-#[cfg(feature = "mpi")]
-mod mpi_ffi;
-#[cfg(feature = "mpi")]
-mod mpi_watch;
-#[cfg(feature = "cuda")]
-pub mod nccl_comm;
-pub mod overlap;
-pub mod param_swap;
-pub mod record;
-pub mod record_safetensors;
-pub mod replica_optimizer;
-pub mod stall;
-pub mod strategy;
-pub mod threads;
-pub mod topology;
-pub mod zero;
+pub mod grads;
+pub mod storage;
+pub mod update;
 
-pub use collective_check::check_collectives;
-pub use communicator::{Communicator, DeviceReduce, Forwarding, LocalCommunicator, ReduceOp};
+pub use comm::collective_check::check_collectives;
+pub use comm::communicator::{Communicator, DeviceReduce, Forwarding, LocalCommunicator, ReduceOp};
 #[cfg(feature = "cuda")]
-pub use cuda_probe::check_cuda_device;
-pub use data_parallel::{DataParallel, DistributedOptimizer};
+pub use comm::cuda_probe::check_cuda_device;
+pub use comm::launch::{launched_by_mpi, run_threads};
+#[cfg(feature = "mpi")]
+pub use comm::mpi_comm::MpiCommunicator;
+#[cfg(feature = "cuda")]
+pub use comm::nccl_comm::NcclCommunicator;
+pub use comm::threads::ThreadCommunicator;
+pub use comm::topology::{Groups, Topology};
 pub use error::{DistError, DistResult};
-pub use grad_sync::{
+pub use grads::data_parallel::{DataParallel, DistributedOptimizer};
+pub use grads::grad_sync::{
     DEFAULT_BUCKET_BYTES, FlatGrad, Reduction, adasum_pair, adasum_tree, all_reduce_gradients,
     put_flat, reduce_gradients, take_flat,
 };
-pub use launch::{launched_by_mpi, run_threads};
+pub use grads::overlap::{OverlappedSync, SyncTimes};
 #[cfg(feature = "mpi")]
 pub use mpi;
-#[cfg(feature = "mpi")]
-pub use mpi_comm::MpiCommunicator;
-#[cfg(feature = "cuda")]
-pub use nccl_comm::NcclCommunicator;
-pub use overlap::{OverlappedSync, SyncTimes};
-pub use record::{
+pub use storage::record::{
     MomentSlices, MomentState, RecordTensor, decode_moments, encode_moments, regroup_records,
     write_moments,
 };
-pub use replica_optimizer::ReplicaOptimizer;
-pub use strategy::{
+pub use update::replica_optimizer::ReplicaOptimizer;
+pub use update::strategy::{
     MemoryUse, ModelParallel, Replicated, StateContent, StateFile, UpdateReport, UpdateStrategy,
     clip_grad_norm,
 };
-pub use threads::ThreadCommunicator;
-pub use topology::{Groups, Topology};
-pub use zero::Zero;
+pub use update::zero::Zero;
+
+// -- old module paths (kept for one release; docs/changelog.md) --
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub use comm::cuda_probe;
+#[cfg(feature = "mpi")]
+#[doc(hidden)]
+pub use comm::mpi_comm;
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub use comm::nccl_comm;
+#[doc(hidden)]
+pub use comm::{collective_check, communicator, fp16_wire, launch, stall, threads, topology};
+#[doc(hidden)]
+pub use grads::{buckets, data_parallel, device_buckets, grad_sync, overlap};
+#[doc(hidden)]
+pub use storage::{disk_vectors, mapped, param_swap, record, record_safetensors};
+#[doc(hidden)]
+pub use update::{replica_optimizer, strategy, zero};
+// -- end of old module paths --

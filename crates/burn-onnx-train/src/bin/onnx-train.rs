@@ -15,27 +15,27 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use burn::tensor::Device;
-use burn_onnx_train::atomic_file::write_atomic;
-use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
-use burn_onnx_train::export::{ExportOptions, ExternalDataPolicy, export_onnx_with};
+use burn_onnx_train::frontend::builders::gpt2::{Gpt2Config, write_gpt2};
+use burn_onnx_train::frontend::flags::{ConfigFlags, DataFlags, TrainFlags};
+use burn_onnx_train::frontend::starter_config::starter_config;
+use burn_onnx_train::frontend::tokenize::{TokenizeOptions, tokenize};
 use burn_onnx_train::graph::{Dim, dims_text};
-use burn_onnx_train::host_tensor::dtype;
-use burn_onnx_train::loss::LossKind;
-use burn_onnx_train::npy::{read_npy_value, write_npy_as};
-use burn_onnx_train::pipeline::Partition;
-use burn_onnx_train::tokenize::{TokenizeOptions, tokenize};
+use burn_onnx_train::model::loss::LossKind;
+use burn_onnx_train::onnx::export::{ExportOptions, ExternalDataPolicy, export_onnx_with};
+use burn_onnx_train::parallel::pipeline::Partition;
 use burn_onnx_train::train::TrainingConfig;
-use burn_onnx_train::train::auto_layout::Layout;
+use burn_onnx_train::train::checkpoint::manifest::check_files;
+use burn_onnx_train::train::checkpoint::params::{from_other_model, read_params};
 use burn_onnx_train::train::checkpoint::{find_checkpoint, read_state, weights_file_bytes};
-use burn_onnx_train::train::checkpoint_manifest::check_files;
-use burn_onnx_train::train::checkpoint_params::{from_other_model, read_params};
+use burn_onnx_train::train::data::documents::token_dataset;
+use burn_onnx_train::train::data::npy::{read_npy_value, write_npy_as};
 use burn_onnx_train::train::data::{Dataset, ImageDataset};
-use burn_onnx_train::train::documents::token_dataset;
-use burn_onnx_train::train::elastic::ElasticJob;
-use burn_onnx_train::train::flags::{ConfigFlags, DataFlags, TrainFlags};
-use burn_onnx_train::train::launch::{launch_auto, launch_elastic};
+use burn_onnx_train::train::layout::auto_layout::Layout;
 use burn_onnx_train::train::preflight::check_run;
-use burn_onnx_train::train::starter_config::starter_config;
+use burn_onnx_train::train::process::elastic::ElasticJob;
+use burn_onnx_train::train::process::launch::{launch_auto, launch_elastic};
+use burn_onnx_train::util::atomic_file::write_atomic;
+use burn_onnx_train::value::host_tensor::dtype;
 use burn_onnx_train::{Graph, Mode, OnnxError, OnnxModel, ParamRole, Value};
 use clap::{Parser, Subcommand};
 use std::sync::Arc;
@@ -379,14 +379,15 @@ fn print_tensor_parallel(model: OnnxModel, n: usize) -> Result<(), OnnxError> {
             Ok((i.name.clone(), value))
         })
         .collect::<Result<Vec<_>, OnnxError>>()?;
-    let options = burn_onnx_train::tensor_parallel::SplitOptions {
+    let options = burn_onnx_train::parallel::tensor_parallel::SplitOptions {
         allow_replicated: true,
         vocab_parallel: true,
         vocab_head: model.graph().outputs.first().map(|o| o.name.clone()),
         sequence_parallel: false,
     };
-    let (part, t) =
-        burn_onnx_train::tensor_parallel::TensorParallel::apply(model, sample, 0, n, &options)?;
+    let (part, t) = burn_onnx_train::parallel::tensor_parallel::TensorParallel::apply(
+        model, sample, 0, n, &options,
+    )?;
     println!(
         "tensor parallel: {n} ranks, {} column-parallel projection(s)",
         t.blocks.len()
@@ -670,7 +671,7 @@ fn auto_layout(
     train: &Arc<dyn Dataset>,
     limit: Option<u64>,
 ) -> Result<Layout, OnnxError> {
-    use burn_onnx_train::train::auto_layout::{chosen, measure, rank_layouts, table};
+    use burn_onnx_train::train::layout::auto_layout::{chosen, measure, rank_layouts, table};
     let exe = std::env::current_exe().map_err(|e| OnnxError::io("onnx-train", e))?;
     let trials = rank_layouts(c, world, limit, |t| measure(t, train, &exe));
     eprint!("{}", table(&trials));
@@ -685,7 +686,7 @@ fn auto_layout(
 }
 
 fn plan(args: PlanArgs) -> Result<(), OnnxError> {
-    use burn_onnx_train::train::memory_plan::{human_bytes, lighter_layouts, plan_memory};
+    use burn_onnx_train::train::layout::memory_plan::{human_bytes, lighter_layouts, plan_memory};
     let c = args
         .run
         .apply(cli_defaults())
@@ -701,7 +702,7 @@ fn plan(args: PlanArgs) -> Result<(), OnnxError> {
     let (train, _) = datasets(&c).map_err(OnnxError::before_first_update)?;
     let exe = std::env::current_exe().map_err(|e| OnnxError::io("onnx-train", e))?;
     if args.auto {
-        use burn_onnx_train::train::auto_layout::{chosen, measure, rank_layouts, table};
+        use burn_onnx_train::train::layout::auto_layout::{chosen, measure, rank_layouts, table};
         let world = args.np.unwrap_or_else(|| c.parallel.world_size());
         let trials = rank_layouts(&c, world, limit, |t| measure(t, &train, &exe));
         if args.json {
@@ -838,12 +839,12 @@ fn test_dir(c: &TrainingConfig) -> Option<&std::path::Path> {
 /// Training allocates and frees tensors of tens of megabytes every step; glibc's malloc
 /// returns each to the kernel and page-faults it back in (measured: half the step time of
 /// the GPT-2 example). mimalloc keeps freed segments for reuse (see
-/// `burn_onnx_train::allocator`).
+/// `burn_onnx_train::util::allocator`).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    burn_onnx_train::allocator::keep_freed_memory();
+    burn_onnx_train::util::allocator::keep_freed_memory();
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt()
@@ -953,11 +954,11 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if burn_onnx_train::train::preemption::is_preemption(&e) => {
+        Err(e) if burn_onnx_train::train::process::preemption::is_preemption(&e) => {
             // One write, so the lines of MPI ranks sharing the terminal do not interleave.
             let line = format!("{e}\n");
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-            ExitCode::from(burn_onnx_train::train::preemption::PREEMPTED_EXIT_CODE)
+            ExitCode::from(burn_onnx_train::train::process::preemption::PREEMPTED_EXIT_CODE)
         }
         Err(e) => {
             eprintln!("error: {e}");

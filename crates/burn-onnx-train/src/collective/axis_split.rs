@@ -7,7 +7,7 @@
 //! rank count): rank `r` holds the indices whose position within each period block falls
 //! in its `r`-th chunk of `P / tp`. A plain column split has `P = F`; the output of a fused
 //! Q/K/V projection has `P = F / 3`, so every rank holds its heads of Q, of K and of V.
-//! A vocabulary split (see `crate::tensor_parallel::vocab`) may pad: `pad` zero rows are appended to
+//! A vocabulary split (see `crate::parallel::tensor_parallel::vocab`) may pad: `pad` zero rows are appended to
 //! the axis so that `F + pad` divides by the rank count (Megatron pads its vocabulary
 //! too), and every rank holds an equal part; reassembling drops them again.
 

@@ -18,8 +18,8 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, backend_extension};
 
 use super::HostCopy;
-use crate::unary_op::unary;
 use crate::value::PhysTensor;
+use crate::value::unary_op::unary;
 
 /// Where hooked gradients go.
 pub trait GradSink: Send + Sync {

@@ -15,8 +15,8 @@ use burn::backend::{Backend, backend_extension};
 use burn_ort_dist::ReduceOp;
 
 use super::{CollectiveGroup, HostCopy};
-use crate::unary_op::unary;
 use crate::value::PhysTensor;
+use crate::value::unary_op::unary;
 
 /// Sum `x` over the tensor-parallel `group`, through host memory.
 fn host_all_reduce<B: Backend>(x: FloatTensor<B>, group: &CollectiveGroup) -> FloatTensor<B> {

@@ -18,7 +18,7 @@ use burn::backend::{Backend, TensorMetadata, backend_extension};
 use burn_ort_dist::ReduceOp;
 
 use super::{CollectiveGroup, HostCopy};
-use crate::unary_op::unary;
+use crate::value::unary_op::unary;
 use crate::value::{MAX_RANK, PhysTensor};
 
 /// The whole parameter of physical `shape` from every rank's chunk of it.

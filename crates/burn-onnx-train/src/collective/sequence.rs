@@ -32,8 +32,8 @@ use burn_ort_dist::ReduceOp;
 
 use super::axis_split::AxisSplit;
 use super::{CollectiveGroup, HostCopy};
-use crate::unary_op::unary;
 use crate::value::PhysTensor;
+use crate::value::unary_op::unary;
 
 /// One direction of a sequence-parallel transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use onnx_ir::{AttributeProto, AttributeType};
 
 use crate::error::{OnnxError, OpError, OpResult, Result};
 use crate::graph::Body;
-use crate::host_tensor::HostTensor;
+use crate::value::host_tensor::HostTensor;
 
 /// The reserved attribute under which a node that owns subgraphs lists the outer-scope
 /// values its subgraphs read ([`Attributes::captured`]): they are appended to the node's
@@ -55,7 +55,9 @@ impl Attributes {
                 Ok(AttributeType::STRING) => {
                     Attr::String(String::from_utf8_lossy(&a.s).into_owned())
                 }
-                Ok(AttributeType::TENSOR) if a.t.data_type == crate::host_tensor::dtype::STRING => {
+                Ok(AttributeType::TENSOR)
+                    if a.t.data_type == crate::value::host_tensor::dtype::STRING =>
+                {
                     let dims: Vec<usize> = a.t.dims.iter().map(|&d| d.max(0) as usize).collect();
                     let values =
                         a.t.string_data
@@ -189,5 +191,5 @@ impl Attributes {
 }
 
 /// The attribute marking a Conv that applies the named activation to its output itself
-/// (set by `crate::fusion::fuse_conv_relu`).
+/// (set by `crate::onnx::fusion::fuse_conv_relu`).
 pub const FUSED_ACTIVATION: &str = "__fused_activation";

@@ -4,18 +4,20 @@
 //! [`attributes`], and the calling convention every op implements ([`op_api`]).
 //!
 //! These are the types at the bottom of the data path: ops read them, the loader
-//! (`crate::loader`) builds them from an ONNX file, the model runs them.
+//! (`crate::onnx::loader`) builds them from an ONNX file, the model runs them.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use onnx_ir::ModelProto;
 
-use crate::host_tensor::HostTensor;
-use crate::initializer::Initializer;
-use crate::initializer_ties::TieDecision;
+use crate::graph::initializer::Initializer;
+use crate::graph::initializer_ties::TieDecision;
+use crate::value::host_tensor::HostTensor;
 
 pub mod attributes;
+pub mod initializer;
+pub mod initializer_ties;
 pub mod op_api;
 
 use attributes::Attributes;
@@ -60,7 +62,7 @@ pub enum ValueKind {
 pub struct TensorInfo {
     /// Name.
     pub name: String,
-    /// ONNX element type code (see [`crate::host_tensor::dtype`]).
+    /// ONNX element type code (see [`crate::value::host_tensor::dtype`]).
     pub elem_type: i32,
     /// Declared dims; empty if the file declares none.
     pub dims: Vec<Dim>,
@@ -172,7 +174,7 @@ pub struct Graph {
     pub constants: HashMap<String, HostTensor>,
     /// For every edge, the index of the last node that reads it.
     pub last_use: HashMap<String, usize>,
-    /// The initializer-tie rewrites applied at load ([`crate::initializer_ties`]).
+    /// The initializer-tie rewrites applied at load ([`crate::graph::initializer_ties`]).
     pub ties: Vec<TieDecision>,
     /// Index of the first node in the whole model's order (non-zero for a pipeline stage's
     /// part of a graph): random streams are keyed by it, so a stage draws what the whole

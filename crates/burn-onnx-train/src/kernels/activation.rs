@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use super::fast_math;
 use super::runs_cubecl;
 use super::simd::{self, Kernel};
-use crate::unary_op::unary;
+use crate::value::unary_op::unary;
 use crate::value::{MAX_RANK, PhysTensor};
 
 /// Elements per parallel chunk of an element-wise pass.

@@ -12,7 +12,7 @@
 //! Parameters and moments are f32 (master weights): under `--precision f16/bf16` the
 //! interpreter casts at the autocast ops, so there is no separate low-precision copy.
 //! With the moments offloaded to disk (`offload.offload_optimizer = "disk"`, CPU update
-//! only) they live in a memory-mapped file instead (`burn_ort_dist::disk_vectors`), the arithmetic
+//! only) they live in a memory-mapped file instead (`burn_ort_dist::storage::disk_vectors`), the arithmetic
 //! unchanged.
 
 use std::borrow::Cow;
@@ -29,8 +29,8 @@ use burn::module::ModuleMapper;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Bytes, Device, Tensor, TensorData};
-use burn_ort_dist::disk_vectors::DiskVectors;
-use burn_ort_dist::zero::flat_optim::{AdamStep, Rule};
+use burn_ort_dist::storage::disk_vectors::DiskVectors;
+use burn_ort_dist::update::zero::flat_optim::{AdamStep, Rule};
 use burn_ort_dist::{
     DistError, DistResult, MomentSlices, MomentState, ReplicaOptimizer, decode_moments,
     encode_moments, write_moments,
@@ -703,7 +703,10 @@ impl ReplicaOptimizer for FusedAdam {
     /// checkpoint never holds a copy of them (a GPU's are read to the host once).
     fn write_state(&self, w: &mut dyn std::io::Write) -> DistResult<()> {
         let Some((m1, m2)) = self.host_moments()? else {
-            return burn_ort_dist::record_safetensors::write_record(self.loaded_record()?, w);
+            return burn_ort_dist::storage::record_safetensors::write_record(
+                self.loaded_record()?,
+                w,
+            );
         };
         let slices = self.moment_slices(&m1, &m2);
         // Moments on disk: each parameter's pages are dropped again once written.
@@ -736,7 +739,7 @@ mod ops {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Backend, Cube, backend_extension};
     use burn::tensor::Tensor;
-    use burn_ort_dist::zero::flat_optim::Rule;
+    use burn_ort_dist::update::zero::flat_optim::Rule;
 
     use crate::kernels::cube_optim::{self, FlatBuffers};
 

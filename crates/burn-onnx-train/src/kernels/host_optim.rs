@@ -14,7 +14,7 @@ use burn::backend::DType;
 use burn::backend::flex::{Flex, FlexTensor};
 use burn::module::{ModuleMapper, Param, ParamId};
 use burn::tensor::Tensor;
-use burn_ort_dist::zero::flat_optim::AdamStep;
+use burn_ort_dist::update::zero::flat_optim::AdamStep;
 use rayon::prelude::*;
 
 use super::simd::{self, Kernel};

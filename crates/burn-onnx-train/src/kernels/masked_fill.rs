@@ -18,8 +18,8 @@ use rayon::prelude::*;
 
 use super::runs_cubecl;
 use super::simd::{self, Kernel};
-use crate::unary_op::unary;
 use crate::value::PhysTensor;
+use crate::value::unary_op::unary;
 
 /// Elements per parallel chunk when the mask's period is short.
 const CHUNK: usize = 1 << 14;

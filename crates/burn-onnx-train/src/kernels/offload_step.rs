@@ -23,8 +23,8 @@ use std::time::Instant;
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_ort_dist::param_swap::{Place, Release};
-use burn_ort_dist::zero::flat_optim::AdamStep;
+use burn_ort_dist::storage::param_swap::{Place, Release};
+use burn_ort_dist::update::zero::flat_optim::AdamStep;
 use burn_ort_dist::{DistError, DistResult};
 
 use super::host_optim::{HostRule, update};

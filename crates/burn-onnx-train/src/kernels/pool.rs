@@ -18,7 +18,7 @@ use rayon::prelude::*;
 
 use super::runs_cubecl;
 use super::simd::{self, Kernel};
-use crate::unary_op::unary;
+use crate::value::unary_op::unary;
 
 /// Max pooling of `x` `[N, C, H, W]`.
 pub fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {

@@ -1,6 +1,6 @@
 //! A parameter whose values still lie in the model file: a CPU (Flex) tensor whose storage
 //! is the initializer's bytes in the file's read-only mapping
-//! ([`crate::initializer::Initializer::Mapped`]). Nothing is copied at load; the pages come in
+//! ([`crate::graph::initializer::Initializer::Mapped`]). Nothing is copied at load; the pages come in
 //! where the tensor is read. The first write copies the values into ordinary memory (copy
 //! on write: the file is never written), and when the tensor is dropped unwritten its pages
 //! leave the resident set. A ZeRO-3 rank that cuts its chunk out of each such parameter
@@ -13,8 +13,8 @@ use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::{Bytes, Device, TensorData};
 use burn_std::{AccessError, AccessPolicy, AllocationController, AllocationProperty};
 
-use crate::host_tensor::MappedSlice;
 use crate::value::PhysTensor;
+use crate::value::host_tensor::MappedSlice;
 
 /// `data`'s f32 values as a tensor of shape `shape` (the same element count) on `device`:
 /// over the mapping on the CPU, uploaded from it on another device.

@@ -4,7 +4,7 @@
 //! the mapping, so the gather reads it there and the fused CPU update writes it there in
 //! place. Each range's pages are released from the process after it is read
 //! ([`ParamFile::release`]), after ZeRO's update writes it (the mapping is registered with
-//! [`burn_ort_dist::mapped`]) and after the update ([`ParamFile::settle`]): the kernel writes
+//! [`burn_ort_dist::storage::mapped`]) and after the update ([`ParamFile::settle`]): the kernel writes
 //! them back to the file and pages them in again at the next read, so memory holds the
 //! chunks being read or updated, not all of them. The file is unlinked as soon as it is
 //! mapped (nothing is left behind, even after a kill); checkpoints hold the values.
@@ -51,10 +51,10 @@ pub enum Kept {
     InMemory,
 }
 
-/// The file's mapping, registered for [`burn_ort_dist::mapped::release`] while it exists
+/// The file's mapping, registered for [`burn_ort_dist::storage::mapped::release`] while it exists
 /// (the registration goes first: fields drop in order).
 struct Mapping {
-    _registered: burn_ort_dist::mapped::Registered,
+    _registered: burn_ort_dist::storage::mapped::Registered,
     map: MmapRaw,
 }
 
@@ -101,12 +101,15 @@ impl ParamFile {
                 Arc::new(r)
             })
             .collect();
-        let file =
-            burn_ort_dist::mapped::unlinked_file(dir, "parameters", offset.max(ALIGN) as u64)?;
+        let file = burn_ort_dist::storage::mapped::unlinked_file(
+            dir,
+            "parameters",
+            offset.max(ALIGN) as u64,
+        )?;
         let map = MmapRaw::map_raw(&file)?;
         Ok(ParamFile {
             map: Arc::new(Mapping {
-                _registered: burn_ort_dist::mapped::register(map.as_ptr(), map.len()),
+                _registered: burn_ort_dist::storage::mapped::register(map.as_ptr(), map.len()),
                 map,
             }),
             ranges,
@@ -213,14 +216,14 @@ impl ParamFile {
     }
 
     /// Drop chunk `i`'s pages from this process's memory (see
-    /// [`burn_ort_dist::mapped::release`]).
+    /// [`burn_ort_dist::storage::mapped::release`]).
     pub fn release(&self, i: usize) {
         let r = &self.ranges[i];
         // SAFETY: the range's values lie in the mapping; read only to take the address.
         let values = unsafe {
             std::slice::from_raw_parts(self.map.ptr().add(r.offset).cast::<f32>(), r.len)
         };
-        burn_ort_dist::mapped::release(values);
+        burn_ort_dist::storage::mapped::release(values);
     }
 }
 

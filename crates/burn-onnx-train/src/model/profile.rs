@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::atomic_file::write_atomic;
 use crate::error::Result;
+use crate::util::atomic_file::write_atomic;
 
 thread_local! {
     static ACTIVE: RefCell<Option<HashMap<(usize, String), NodeTotal>>> = const { RefCell::new(None) };

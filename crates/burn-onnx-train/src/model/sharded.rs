@@ -17,7 +17,7 @@ use std::sync::Arc;
 use burn::module::Param;
 use burn::tensor::{Device, TensorData};
 use burn_ort_dist::Communicator;
-use burn_ort_dist::zero::layout::{chunk_len, chunk_of};
+use burn_ort_dist::update::zero::layout::{chunk_len, chunk_of};
 use ndarray::{ArrayD, IxDyn};
 
 use super::param_file::{Kept, ParamFile};

@@ -15,7 +15,7 @@ use super::{OnnxModel, Source, Spec};
 use crate::error::{OnnxError, Result};
 use crate::graph::{Graph, TensorInfo};
 
-/// The part of the graph a pipeline stage runs (what `crate::pipeline::Stage::part` gives).
+/// The part of the graph a pipeline stage runs (what `crate::parallel::pipeline::Stage::part` gives).
 #[derive(Debug, Clone, Copy)]
 pub struct StagePart<'a> {
     /// The nodes (indices into the whole graph's execution order).

@@ -1,5 +1,5 @@
 //! An [`OnnxModel`] as one tensor-parallel rank: a rewritten graph (see
-//! [`crate::tensor_parallel`]) with some parameters replaced by this rank's part. Also the
+//! [`crate::parallel::tensor_parallel`]) with some parameters replaced by this rank's part. Also the
 //! probe pass the planner reads shapes from.
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -17,8 +17,8 @@ use ndarray::{ArrayD, Axis, IxDyn};
 
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
-use crate::host_tensor::dtype;
 use crate::op_bail;
+use crate::value::host_tensor::dtype;
 use crate::value::{FloatValue, Value, int_tensor_1d, norm_axis};
 
 /// The bit pattern of a float held as f32, as a float type of `bytes` bytes.

@@ -17,9 +17,9 @@ use ndarray::{ArrayD, Axis, IxDyn};
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::{OpError, OpResult};
 use crate::graph::{Body, Dim, TensorInfo};
-use crate::host_tensor::dtype;
 use crate::op_bail;
-use crate::seeds::mix_seed;
+use crate::util::seeds::mix_seed;
+use crate::value::host_tensor::dtype;
 use crate::value::{FloatValue, MAX_RANK, Value, norm_axis};
 
 /// A body ready to run repeatedly: the outer values it reads and its constants, uploaded

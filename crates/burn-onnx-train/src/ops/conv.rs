@@ -1,6 +1,6 @@
 //! `Conv` (1-D and 2-D, grouped, dilated, padded) on [`crate::kernels::conv2d`] (im2col +
 //! GEMM on the CPU, Burn's `conv2d` elsewhere), with the ReLU that
-//! [`crate::fusion::fuse_conv_relu`] folded into it.
+//! [`crate::onnx::fusion::fuse_conv_relu`] folded into it.
 
 use burn::tensor::ops::ConvOptions;
 

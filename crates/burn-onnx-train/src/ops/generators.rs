@@ -6,8 +6,8 @@ use ndarray::{ArrayD, IxDyn};
 use super::quant::CAST_LIKE_TYPE;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
-use crate::host_tensor::{HostTensor, dtype, low_precision};
 use crate::op_bail;
+use crate::value::host_tensor::{HostTensor, dtype, low_precision};
 use crate::value::{FloatValue, Value};
 
 /// `Shape` (with opset-15 `start`/`end`)

@@ -74,7 +74,7 @@ enum Labels {
 impl Labels {
     fn of(ctx: &OpContext, prefix: &str) -> OpResult<Option<Labels>> {
         use crate::graph::attributes::Attr;
-        use crate::host_tensor::HostTensor;
+        use crate::value::host_tensor::HostTensor;
         let get = |suffix: &str| ctx.attrs.get(&format!("{prefix}_{suffix}"));
         Ok(
             match (get("strings"), get("int64s"), get("floats"), get("tensor")) {

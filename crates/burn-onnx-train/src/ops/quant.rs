@@ -42,7 +42,7 @@
 //! `uint8`, `int8`, `uint16`, `int16`, `uint4`, `int4`, `uint2` and `int2` targets are
 //! supported, and so are the float8 and float4 targets (`x / scale` rounded to the type's
 //! grid, with `saturate`, as values in a float value; see
-//! [`crate::host_tensor::low_precision`]). `.npy` files carry the 4- and 2-bit integers as
+//! [`crate::value::host_tensor::low_precision`]). `.npy` files carry the 4- and 2-bit integers as
 //! int8 / uint8 and the float8 / float4 values as float32.
 //!
 //! The integer ops compute exactly on the host, in wrapping i64 arithmetic whose result is
@@ -62,8 +62,8 @@ use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
 use crate::graph::Graph;
 use crate::graph::attributes::Attr;
-use crate::host_tensor::dtype;
 use crate::op_bail;
+use crate::value::host_tensor::dtype;
 use crate::value::{FloatValue, MAX_RANK, PhysTensor, Value, int_tensor_1d, norm_axis};
 
 /// Internal attribute set by [`annotate_zero_point_types`]: the ONNX element type of a
@@ -76,7 +76,7 @@ pub const CAST_LIKE_TYPE: &str = "__cast_like_type";
 
 /// ONNX element type codes of the narrow types (now all in [`dtype`]).
 mod narrow {
-    pub use crate::host_tensor::dtype::{
+    pub use crate::value::host_tensor::dtype::{
         FLOAT4E2M1, FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, FLOAT8E8M0, INT2,
         INT4, UINT2, UINT4,
     };
@@ -358,8 +358,9 @@ pub fn quantize_linear(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput
         let saturate = ctx.attrs.int("saturate", 1)? != 0;
         let linear = shift(scaled.tensor);
         let values = FloatValue::new(linear.clone().detach(), rank).to_array()?;
-        let rounded = values
-            .mapv(|v| crate::host_tensor::low_precision::round_float(target, v, saturate, "up"));
+        let rounded = values.mapv(|v| {
+            crate::value::host_tensor::low_precision::round_float(target, v, saturate, "up")
+        });
         let codes = FloatValue::from_array(&rounded, ctx.device)?.tensor;
         let codes = if grad {
             codes + (linear.clone() - linear.detach())

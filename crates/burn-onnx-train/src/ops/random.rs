@@ -14,9 +14,9 @@ use rand_chacha::ChaCha8Rng;
 use super::generators::cast_to;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
-use crate::host_tensor::dtype;
 use crate::op_bail;
-use crate::seeds::mix_seed;
+use crate::util::seeds::mix_seed;
+use crate::value::host_tensor::dtype;
 use crate::value::{FloatValue, Value};
 
 /// The node's random stream.

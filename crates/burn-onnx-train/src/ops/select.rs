@@ -228,7 +228,7 @@ pub fn hardmax(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 
 /// `EyeLike` (`k`, `dtype`): ones on the `k`-th diagonal of a 2-D shape.
 pub fn eye_like(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
-    use crate::host_tensor::dtype;
+    use crate::value::host_tensor::dtype;
     let x = inputs.take(0, "input")?;
     let shape = x.shape();
     let [rows, cols] = shape[..] else {

@@ -14,8 +14,8 @@ use ndarray::{ArrayD, IxDyn};
 
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
-use crate::host_tensor::dtype;
 use crate::op_bail;
+use crate::value::host_tensor::dtype;
 use crate::value::{FloatValue, PhysTensor, Value, int_tensor_1d, norm_axis, padded};
 
 /// One scalar integer input, if present.

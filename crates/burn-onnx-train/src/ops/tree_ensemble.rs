@@ -7,8 +7,8 @@ use ndarray::{ArrayD, IxDyn};
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::{OpError, OpResult};
 use crate::graph::attributes::Attr;
-use crate::host_tensor::HostTensor;
 use crate::op_bail;
+use crate::value::host_tensor::HostTensor;
 use crate::value::{FloatValue, Value};
 
 /// How a node compares its feature with its split (`nodes_modes`).

@@ -7,8 +7,8 @@ use ndarray::{ArrayD, IxDyn};
 
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
-use crate::host_tensor::dtype;
 use crate::op_bail;
+use crate::value::host_tensor::dtype;
 use crate::value::{FloatValue, Value};
 
 /// A window of `size` points from `f(n, denominator)` (`periodic`: denominator `size`,

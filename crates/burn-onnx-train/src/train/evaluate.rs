@@ -12,8 +12,8 @@ use serde::Serialize;
 use super::config::TrainingConfig;
 use super::data::Dataset;
 use crate::error::{OnnxError, Result};
-use crate::loss::LossKind;
 use crate::model::OnnxModel;
+use crate::model::loss::LossKind;
 
 /// Evaluation result.
 #[derive(Debug, Clone, PartialEq, Serialize)]

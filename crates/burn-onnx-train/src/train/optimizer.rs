@@ -14,7 +14,7 @@ use burn::optim::momentum::MomentumConfig;
 use burn::optim::{
     AdamConfig, AdamWConfig, GradientsParams, LambConfig, ModuleOptimizer, SgdConfig,
 };
-use burn_ort_dist::zero::flat_optim::Rule;
+use burn_ort_dist::update::zero::flat_optim::Rule;
 use burn_ort_dist::{Communicator, DataParallel, Reduction, Replicated, UpdateStrategy, Zero};
 
 use super::config::{MomentPlace, OptimizerConfig, OptimizerKind, ParallelConfig};

@@ -10,14 +10,14 @@ use std::sync::Arc;
 use burn::tensor::Device;
 
 use super::config::TrainingConfig;
+use super::data::documents::training_sampler;
 use super::data::{Dataset, IdAt, TargetKind};
-use super::documents::training_sampler;
 use super::evaluate::eval_batches;
-use super::overview::RunOverview;
+use super::report::overview::RunOverview;
 use crate::error::{OnnxError, Result};
 use crate::graph::{Dim, TensorInfo};
-use crate::loss::LossKind;
 use crate::model::OnnxModel;
+use crate::model::loss::LossKind;
 
 /// Every check a run makes before its first step, without starting it: epochs resolved
 /// against the data, the model loaded on the CPU, its feeds, weights and the data checked
@@ -239,7 +239,7 @@ fn check_ids(
 /// The position-embedding table and its row count: a `Gather` (axis 0) of a parameter at
 /// indices made by a `Range` (through reshapes, casts and expansions), as exporters write
 /// GPT-style learned positions.
-pub(super) fn positions(model: &OnnxModel) -> Option<(String, usize)> {
+pub(crate) fn positions(model: &OnnxModel) -> Option<(String, usize)> {
     let through = [
         "Unsqueeze",
         "Reshape",
@@ -297,7 +297,7 @@ fn classes(c: &TrainingConfig, model: &OnnxModel) -> Option<usize> {
 /// The embedding table the token input indexes, and its row count: the first `Gather`
 /// (axis 0) whose indices are the graph input `config.model.input_name`, or a reshaped or cast
 /// copy of it, and whose data is a parameter.
-pub(super) fn vocabulary(c: &TrainingConfig, model: &OnnxModel) -> Option<(String, usize)> {
+pub(crate) fn vocabulary(c: &TrainingConfig, model: &OnnxModel) -> Option<(String, usize)> {
     let through = [
         "Reshape",
         "Flatten",

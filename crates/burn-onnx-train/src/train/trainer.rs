@@ -10,26 +10,26 @@ use std::time::Instant;
 use burn::tensor::Device;
 use burn_ort_dist::{Communicator, DataParallel, UpdateStrategy};
 
+use super::checkpoint::resume::resume;
 use super::checkpoint::{CheckpointState, save_checkpoint};
 use super::config::TrainingConfig;
+use super::data::documents::training_sampler;
 use super::data::{Dataset, Prefetcher};
-use super::documents::training_sampler;
 use super::evaluate::evaluate;
-use super::memory_counts::counted_memory;
-use super::overview::RunOverview;
-use super::parallel_plan::{ParallelPlan, Parallelized};
+use super::layout::memory_counts::counted_memory;
+use super::layout::parallel_plan::{ParallelPlan, Parallelized};
 use super::passes::Passes;
-use super::perf::MemoryReport;
 use super::precision::LossScaler;
-use super::preemption::{agreed_stop, install};
 use super::preflight::check_model_and_data;
+use super::process::preemption::{agreed_stop, install};
+use super::report::overview::RunOverview;
+use super::report::perf::MemoryReport;
 use super::report::{Reporter, RunSummary, UpdateReport};
-use super::resume::resume;
 use super::schedule::LrSchedule;
-use crate::atomic_file::write_atomic;
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
 use crate::model::profile::NodeProfiler;
+use crate::util::atomic_file::write_atomic;
 
 /// A run between updates: the layout and this rank's passes and update strategy, the
 /// counters, the reporters.
@@ -266,7 +266,7 @@ impl Trainer {
     }
 
     /// After an update: when any rank received a stop signal (agreed by all, see
-    /// [`super::preemption`]), write a checkpoint (unless this update's was just written)
+    /// [`super::process::preemption`]), write a checkpoint (unless this update's was just written)
     /// and stop with [`OnnxError::Preempted`].
     pub fn stop_if_preempted(&mut self, model: &OnnxModel) -> Result<()> {
         let Some(signal) = agreed_stop(self.comm.as_ref())? else {

@@ -89,7 +89,7 @@ fn token_run(
     ids: Vec<i64>,
     edit: impl FnOnce(&mut burn_onnx_train::train::TrainingConfig),
 ) -> std::path::PathBuf {
-    use burn_onnx_train::npy::write_npy;
+    use burn_onnx_train::train::data::npy::write_npy;
 
     let data = dir.join("data");
     std::fs::create_dir_all(&data).unwrap();
@@ -620,8 +620,8 @@ fn a_pipelined_checkpoint_exports_the_whole_model() {
 
 #[test]
 fn flags_override_the_config_file_only_when_given() {
+    use burn_onnx_train::frontend::flags::ConfigFlags;
     use burn_onnx_train::train::TrainingConfig;
-    use burn_onnx_train::train::flags::ConfigFlags;
     let dir = tempdir("cli-flags");
     let file = dir.join("run.toml");
     std::fs::write(&file, "batch_size = 3\n[lr]\nwarmup_ratio = 0.2\n").unwrap();
@@ -884,7 +884,7 @@ fn gpt2_run(
     vocab: usize,
     seq: usize,
 ) -> std::path::PathBuf {
-    use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
+    use burn_onnx_train::frontend::builders::gpt2::{Gpt2Config, write_gpt2};
 
     let model = dir.join("gpt2.onnx");
     write_gpt2(
@@ -1423,7 +1423,7 @@ fn init_writes_a_config_filled_from_the_graph() {
         (
             "input_ids",
             "logits",
-            burn_onnx_train::loss::LossKind::LmCrossEntropy
+            burn_onnx_train::model::loss::LossKind::LmCrossEntropy
         )
     );
     // gpt2_tiny: 128 positions, 1024 tokens (refkit README).
@@ -1450,7 +1450,10 @@ fn init_writes_a_config_filled_from_the_graph() {
     let c = TrainingConfig::from_file(&mlp).unwrap();
     assert_eq!(
         (c.model.input_name.as_str(), c.model.loss),
-        ("input", burn_onnx_train::loss::LossKind::CrossEntropy)
+        (
+            "input",
+            burn_onnx_train::model::loss::LossKind::CrossEntropy
+        )
     );
     // It never writes over a file.
     let again = onnx_train(&args);

@@ -5,11 +5,11 @@ use std::collections::HashSet;
 use super::common;
 
 use burn_onnx_train::Value;
-use burn_onnx_train::host_tensor::HostTensor;
-use burn_onnx_train::npy::write_npy;
+use burn_onnx_train::train::data::npy::write_npy;
 use burn_onnx_train::train::data::{
     Dataset, DistributedSampler, ImageDataset, Prefetcher, Target, TokenDataset,
 };
+use burn_onnx_train::value::host_tensor::HostTensor;
 use ndarray::{ArrayD, IxDyn};
 
 fn sampler(len: usize, rank: usize, world: usize) -> DistributedSampler {

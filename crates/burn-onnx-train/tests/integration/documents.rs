@@ -13,14 +13,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use burn_onnx_train::Value;
-use burn_onnx_train::loss::{IGNORE_INDEX, LossKind};
-use burn_onnx_train::npy::write_npy;
+use burn_onnx_train::model::loss::{IGNORE_INDEX, LossKind};
 use burn_onnx_train::train::config::Sequences;
+use burn_onnx_train::train::data::documents::{DocumentDataset, PackedDocuments};
+use burn_onnx_train::train::data::npy::write_npy;
 use burn_onnx_train::train::data::{
     Dataset, DistributedSampler, LengthBalance, SampleSize, Target,
 };
-use burn_onnx_train::train::documents::{DocumentDataset, PackedDocuments};
-use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::process::launch::launch;
 use common::*;
 use ndarray::{ArrayD, IxDyn};
 
@@ -48,7 +48,7 @@ fn a_padded_batch_holds_each_document_its_labels_and_mask() {
     let b = data.batch(&[0, 1, 2]).unwrap();
     assert_eq!(
         b.input,
-        burn_onnx_train::host_tensor::HostTensor::Int(ints(
+        burn_onnx_train::value::host_tensor::HostTensor::Int(ints(
             &[3, 4],
             vec![1, 2, 3, 0, 4, 5, 0, 0, 6, 7, 8, 9]
         ))
@@ -77,7 +77,7 @@ fn a_padded_batch_holds_each_document_its_labels_and_mask() {
     let piece = data.batch(&[3]).unwrap();
     assert_eq!(
         piece.input,
-        burn_onnx_train::host_tensor::HostTensor::Int(ints(&[1, 2], vec![10, 11]))
+        burn_onnx_train::value::host_tensor::HostTensor::Int(ints(&[1, 2], vec![10, 11]))
     );
     assert_eq!(
         data.sample_size(2),
@@ -241,7 +241,7 @@ fn first_loss_is_onnxruntimes(
         world: 1,
         seed: c.train.seed,
         shuffle: true,
-        balance: burn_onnx_train::train::documents::length_balance(&c, data.as_ref()),
+        balance: burn_onnx_train::train::data::documents::length_balance(&c, data.as_ref()),
     };
     let dir = c.checkpoint.output_dir.join("docs");
     std::fs::create_dir_all(&dir).unwrap();

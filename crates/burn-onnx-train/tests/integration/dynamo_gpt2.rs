@@ -10,7 +10,7 @@ use super::common;
 use std::collections::HashSet;
 
 use burn::optim::GradientsParams;
-use burn_onnx_train::loss::lm_cross_entropy;
+use burn_onnx_train::model::loss::lm_cross_entropy;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::optimizer::build_optimizer;
 use burn_onnx_train::{Mode, OnnxModel, ParamRole, Value};

@@ -14,9 +14,9 @@ use std::process::Command;
 
 use burn::module::Module;
 use burn::optim::{GradientsParams, SgdConfig};
-use burn_onnx_train::export::{export_bytes, export_onnx};
-use burn_onnx_train::loss::cross_entropy;
-use burn_onnx_train::npy::{read_npy, write_npy};
+use burn_onnx_train::model::loss::cross_entropy;
+use burn_onnx_train::onnx::export::{export_bytes, export_onnx};
+use burn_onnx_train::train::data::npy::{read_npy, write_npy};
 use burn_onnx_train::{Graph, Mode, OnnxError, OnnxModel, Value};
 use common::*;
 use onnx_ir::{Message, ModelProto};

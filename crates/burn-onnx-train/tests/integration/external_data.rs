@@ -7,8 +7,8 @@ use super::common;
 
 use std::path::{Path, PathBuf};
 
-use burn_onnx_train::initializer::Initializer;
-use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::graph::initializer::Initializer;
+use burn_onnx_train::train::process::launch::launch;
 use burn_onnx_train::{Graph, OnnxModel};
 use common::*;
 use onnx_ir::{Message, ModelProto};
@@ -139,7 +139,7 @@ fn mlp_logits(model: &OnnxModel, x: &burn_onnx_train::Value) -> ndarray::ArrayD<
 
 #[test]
 fn export_with_external_data_round_trips_and_runs_in_onnxruntime() {
-    use burn_onnx_train::export::{ExportOptions, ExternalDataPolicy, export_onnx_with};
+    use burn_onnx_train::onnx::export::{ExportOptions, ExternalDataPolicy, export_onnx_with};
     let dir = tempdir("ext-export");
     let model = OnnxModel::load(refkit("models/mlp.onnx"), &eval_device()).unwrap();
     let path = dir.join("mlp_ext.onnx");
@@ -170,7 +170,7 @@ fn export_with_external_data_round_trips_and_runs_in_onnxruntime() {
     }
     // A model read from external data and exported elsewhere, inline: its data comes along.
     let moved = tempdir("ext-export-moved");
-    burn_onnx_train::export::export_onnx(&reloaded, moved.join("inline.onnx")).unwrap();
+    burn_onnx_train::onnx::export::export_onnx(&reloaded, moved.join("inline.onnx")).unwrap();
     assert!(!moved.join("inline.onnx.data").exists());
     assert_eq!(
         onnx_params(moved.join("inline.onnx")),
@@ -200,7 +200,7 @@ fn export_with_external_data_round_trips_and_runs_in_onnxruntime() {
     let batch = npz(refkit("train/mlp/batch.npz"));
     let x = burn_onnx_train::Value::from_host(&batch["input"], &eval_device()).unwrap();
     let input = dir.join("input.npy");
-    burn_onnx_train::npy::write_npy(&input, &x).unwrap();
+    burn_onnx_train::train::data::npy::write_npy(&input, &x).unwrap();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/ort_run.py");
     let ran = std::process::Command::new(&python)
         .arg(script)
@@ -225,7 +225,7 @@ fn export_with_external_data_round_trips_and_runs_in_onnxruntime() {
 
 #[test]
 fn auto_export_switches_to_external_data_above_the_threshold() {
-    use burn_onnx_train::export::{ExportOptions, export_onnx_with};
+    use burn_onnx_train::onnx::export::{ExportOptions, export_onnx_with};
     let dir = tempdir("ext-threshold");
     let model = OnnxModel::load(refkit("models/mlp.onnx"), &eval_device()).unwrap();
     // The MLP holds 814 KB of weights: the default threshold (1.8 GB) keeps them inline; a

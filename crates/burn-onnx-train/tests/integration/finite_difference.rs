@@ -18,7 +18,7 @@ use super::common;
 use std::collections::HashMap;
 
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_onnx_train::host_tensor::HostTensor;
+use burn_onnx_train::value::host_tensor::HostTensor;
 use burn_onnx_train::value::{FloatValue, MAX_RANK, padded};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use common::*;

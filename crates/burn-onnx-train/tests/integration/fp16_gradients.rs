@@ -11,7 +11,7 @@ use std::path::Path;
 
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
-use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::process::launch::launch;
 use common::*;
 
 fn config(out: &Path, stage: usize, fp16: bool) -> TrainingConfig {

@@ -11,11 +11,11 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
-use burn_onnx_train::builders::gpt2::{
+use burn_onnx_train::frontend::builders::gpt2::{
     Gpt2Config, IR_VERSION, OPSET, PRODUCER_NAME, build_gpt2, write_gpt2,
 };
 use burn_onnx_train::graph::Dim;
-use burn_onnx_train::npy::write_npy;
+use burn_onnx_train::train::data::npy::write_npy;
 use burn_onnx_train::{Graph, Mode, OnnxModel, ParamRole, Value};
 use common::*;
 use ndarray::{ArrayD, IxDyn, s};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use burn::tensor::Device;
 use burn_onnx_train::OnnxModel;
-use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::model::loss::LossKind;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, ImageDataset, Target};
 use burn_onnx_train::train::{TrainingConfig, TrainingRunner};

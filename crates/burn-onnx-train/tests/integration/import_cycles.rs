@@ -1,12 +1,13 @@
-//! The house rule "no import cycles" (ARCHITECTURE.md), checked on both crates by
-//! `tools/import_cycles.py`: a `use` cycle between files of a crate, or between its
-//! top-level modules, fails the tests.
+//! The house rules "layers, no import cycles" (docs/architecture.md), checked on both
+//! crates by `tools/import_cycles.py`: a top-level module importing from a layer above its
+//! own, a top-level module in no layer, or a `use` cycle between files of a crate or
+//! between its top-level modules fails the tests.
 
 use std::path::Path;
 use std::process::Command;
 
 #[test]
-fn neither_crate_has_an_import_cycle() {
+fn both_crates_keep_their_layers_without_import_cycles() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = Command::new("python3")
         .arg(root.join("tools/import_cycles.py"))

@@ -3,8 +3,8 @@
 
 use super::common;
 
-use burn_onnx_train::host_tensor::HostTensor;
-use burn_onnx_train::npy::read_npy;
+use burn_onnx_train::train::data::npy::read_npy;
+use burn_onnx_train::value::host_tensor::HostTensor;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use common::*;
 

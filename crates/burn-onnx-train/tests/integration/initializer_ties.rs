@@ -18,7 +18,7 @@ use super::common;
 use std::collections::HashMap;
 
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_onnx_train::initializer_ties::TieOptions;
+use burn_onnx_train::graph::initializer_ties::TieOptions;
 use burn_onnx_train::value::{FloatValue, MAX_RANK, padded};
 use burn_onnx_train::{Graph, Mode, OnnxModel, Value};
 use common::*;
@@ -149,7 +149,7 @@ fn export_writes_a_tied_copy_back_as_the_trained_original_transposed() {
             FloatValue::from_array(&trained, &device).unwrap(),
         )]))
         .unwrap();
-    let bytes = burn_onnx_train::export::export_bytes(&model).unwrap();
+    let bytes = burn_onnx_train::onnx::export::export_bytes(&model).unwrap();
     let out = onnx_ir::ModelProto::parse_from_bytes(&bytes).unwrap();
     let source = std::fs::read(data("ties/tied_lm_head.onnx")).unwrap();
     let source = onnx_ir::ModelProto::parse_from_bytes(&source).unwrap();
@@ -411,7 +411,7 @@ fn a_fresh_hf_gpt2_torchscript_export_has_pytorchs_parameters_and_gradients() {
     let Some(Value::Float(logits)) = out.get("logits").cloned() else {
         panic!("no logits")
     };
-    let loss = burn_onnx_train::loss::lm_cross_entropy(logits, &ids).unwrap();
+    let loss = burn_onnx_train::model::loss::lm_cross_entropy(logits, &ids).unwrap();
     let want = hf_json("losses.json")["loss"][0].as_f64().unwrap();
     let got = f64::from(loss.clone().into_scalar::<f32>());
     assert!((got - want).abs() < 1e-5, "loss {got} vs PyTorch {want}");

@@ -14,8 +14,8 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
-use burn_onnx_train::loss::LossKind;
-use burn_onnx_train::npy::write_npy;
+use burn_onnx_train::model::loss::LossKind;
+use burn_onnx_train::train::data::npy::write_npy;
 use burn_onnx_train::{FloatValue, Value};
 use common::*;
 use ndarray::{ArrayD, IxDyn};

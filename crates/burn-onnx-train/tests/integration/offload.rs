@@ -19,14 +19,14 @@ use burn::tensor::Device;
 use burn_onnx_train::collective::{CollectiveGroup, Collectives};
 use burn_onnx_train::model::{ChunkStore, Settled};
 use burn_onnx_train::train::config::{OffloadTarget, OptimizerKind, ParamOffload};
-use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::process::launch::launch;
 use burn_onnx_train::train::{DeviceSpec, RunSummary, TrainingConfig};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use burn_ort_dist::LocalCommunicator;
-use burn_ort_dist::grad_sync::Reduction;
-use burn_ort_dist::strategy::UpdateStrategy;
-use burn_ort_dist::zero::Zero;
-use burn_ort_dist::zero::flat_optim::Rule;
+use burn_ort_dist::grads::grad_sync::Reduction;
+use burn_ort_dist::update::strategy::UpdateStrategy;
+use burn_ort_dist::update::zero::Zero;
+use burn_ort_dist::update::zero::flat_optim::Rule;
 use common::*;
 
 fn offloaded(c: &TrainingConfig, out: &Path) -> TrainingConfig {

@@ -7,7 +7,7 @@
 
 use super::common;
 
-use burn_onnx_train::host_tensor::HostTensor;
+use burn_onnx_train::value::host_tensor::HostTensor;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use common::*;
 

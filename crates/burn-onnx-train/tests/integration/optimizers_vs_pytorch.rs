@@ -8,7 +8,7 @@ use super::common;
 use std::collections::HashMap;
 
 use burn::optim::GradientsParams;
-use burn_onnx_train::loss::cross_entropy;
+use burn_onnx_train::model::loss::cross_entropy;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::optimizer::{build_optimizer, clip_global_norm};
 use burn_onnx_train::{Mode, OnnxModel, Value};
@@ -78,7 +78,7 @@ fn compare(
     case: &str,
     model: &OnnxModel,
     at: &str,
-    grads0: &HashMap<String, burn_onnx_train::host_tensor::HostTensor>,
+    grads0: &HashMap<String, burn_onnx_train::value::host_tensor::HostTensor>,
 ) {
     let want = npz(data(&format!("optim/{case}_{at}.npz")));
     assert_eq!(want.len(), model.param_infos().len());

@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 use burn::tensor::Device;
 use burn_onnx_train::OnnxModel;
-use burn_onnx_train::loss::LossKind;
-use burn_onnx_train::pipeline::{Partition, PipelineSchedule};
-use burn_onnx_train::tensorboard::{EventKind, ValueKind, read_events, scalars};
+use burn_onnx_train::model::loss::LossKind;
+use burn_onnx_train::parallel::pipeline::{Partition, PipelineSchedule};
 use burn_onnx_train::train::checkpoint::list_checkpoints;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
-use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::process::launch::launch;
+use burn_onnx_train::train::report::tensorboard::{EventKind, ValueKind, read_events, scalars};
 use burn_onnx_train::train::{RunSummary, TrainingConfig};
 use common::*;
 use ndarray::{ArrayD, IxDyn};

@@ -12,15 +12,15 @@ use std::time::Duration;
 
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, FloatDType};
-use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
-use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::frontend::builders::gpt2::{Gpt2Config, write_gpt2};
+use burn_onnx_train::model::loss::LossKind;
 use burn_onnx_train::train::TrainingConfig;
 use burn_onnx_train::train::checkpoint::{list_checkpoints, read_state};
 use burn_onnx_train::train::config::{LrConfig, MomentPlace, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
-use burn_onnx_train::train::launch::launch;
 use burn_onnx_train::train::optimizer::{build_strategy, data_parallel};
 use burn_onnx_train::train::precision::{LossScaler, Precision, ScalerState};
+use burn_onnx_train::train::process::launch::launch;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use burn_ort_dist::run_threads;
 use common::*;

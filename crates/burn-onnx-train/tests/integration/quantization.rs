@@ -15,8 +15,8 @@ use std::collections::HashMap;
 
 use burn::tensor::{Tensor, TensorData};
 use burn_onnx_train::graph::attributes::Attr;
-use burn_onnx_train::host_tensor::{HostTensor, dtype};
 use burn_onnx_train::ops::ZERO_POINT_TYPE;
+use burn_onnx_train::value::host_tensor::{HostTensor, dtype};
 use burn_onnx_train::value::{FloatValue, MAX_RANK, padded};
 use burn_onnx_train::{Graph, Mode, OnnxModel, Value};
 use common::*;

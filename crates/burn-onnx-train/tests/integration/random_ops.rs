@@ -10,7 +10,7 @@ use super::common;
 use std::collections::HashMap;
 
 use burn::tensor::{Tensor, TensorData};
-use burn_onnx_train::host_tensor::HostTensor;
+use burn_onnx_train::value::host_tensor::HostTensor;
 use burn_onnx_train::value::{MAX_RANK, padded};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use common::*;

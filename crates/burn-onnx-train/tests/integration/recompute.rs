@@ -8,10 +8,10 @@ use super::common;
 use std::path::Path;
 use std::sync::Arc;
 
-use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::model::loss::LossKind;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
-use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::process::launch::launch;
 use burn_onnx_train::train::{RunSummary, TrainingConfig};
 use common::*;
 use ndarray::{ArrayD, IxDyn};

@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use burn::tensor::Device;
-use burn_onnx_train::tensorboard::{read_events, scalars};
 use burn_onnx_train::train::checkpoint::list_checkpoints;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind, ScheduleKind};
 use burn_onnx_train::train::data::Dataset;
+use burn_onnx_train::train::report::tensorboard::{read_events, scalars};
 use burn_onnx_train::train::{TrainingConfig, TrainingRunner};
 use burn_onnx_train::{OnnxError, OnnxModel};
 use burn_ort_dist::LocalCommunicator;

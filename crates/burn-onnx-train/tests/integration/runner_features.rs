@@ -9,13 +9,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use burn::tensor::Device;
-use burn_onnx_train::loss::LossKind;
-use burn_onnx_train::npy::write_npy;
-use burn_onnx_train::tensorboard::{EventKind, ValueKind, read_events, scalars};
+use burn_onnx_train::model::loss::LossKind;
 use burn_onnx_train::train::checkpoint::list_checkpoints;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind, ScheduleKind};
+use burn_onnx_train::train::data::npy::write_npy;
 use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
-use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::process::launch::launch;
+use burn_onnx_train::train::report::tensorboard::{EventKind, ValueKind, read_events, scalars};
 use burn_onnx_train::train::{TrainingConfig, TrainingRunner};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use burn_ort_dist::LocalCommunicator;
@@ -266,7 +266,7 @@ fn weight_summaries_of_a_zero_3_run_are_of_the_whole_weights() {
 /// thread ranks at `zero_stage` (global batch 4 either way).
 fn summaries_reach_tensorboard(tag: &str, ranks: usize, zero_stage: usize) {
     let out = tempdir(tag);
-    burn_onnx_train::train::launch::launch(
+    burn_onnx_train::train::process::launch::launch(
         {
             let mut c = gpt2_config(&out);
             c.logging.log_dir = None;
@@ -588,7 +588,7 @@ fn files_of_the_wrong_kind_are_named_as_what_they_should_be() {
     );
     let npy = dir.join("tokens.npy");
     std::fs::write(&npy, b"not numpy").unwrap();
-    let err = burn_onnx_train::npy::read_npy(&npy)
+    let err = burn_onnx_train::train::data::npy::read_npy(&npy)
         .unwrap_err()
         .to_string();
     assert!(err.contains("tokens.npy: not a valid .npy"), "{err}");

@@ -7,7 +7,7 @@
 
 use super::common;
 
-use burn_onnx_train::loss::cross_entropy;
+use burn_onnx_train::model::loss::cross_entropy;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use common::*;
 

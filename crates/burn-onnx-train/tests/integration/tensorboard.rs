@@ -15,7 +15,7 @@ use common::{python_for, tempdir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use burn_onnx_train::tensorboard::{
+use burn_onnx_train::train::report::tensorboard::{
     EventKind, EventWriter, FILE_VERSION, HistogramProto, ValueKind, crc32c, masked_crc32c,
     read_events, scalars,
 };
@@ -36,7 +36,7 @@ fn write_run(dir: &Path) -> PathBuf {
 }
 
 fn histograms(
-    events: &[burn_onnx_train::tensorboard::Event],
+    events: &[burn_onnx_train::train::report::tensorboard::Event],
 ) -> Vec<(String, i64, HistogramProto)> {
     let mut out = Vec::new();
     for e in events {

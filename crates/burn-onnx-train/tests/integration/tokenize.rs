@@ -10,10 +10,10 @@ use super::common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use burn_onnx_train::host_tensor::HostTensor;
-use burn_onnx_train::npy::read_npy;
+use burn_onnx_train::train::data::documents::DocumentDataset;
+use burn_onnx_train::train::data::npy::read_npy;
 use burn_onnx_train::train::data::{Dataset, TokenDataset};
-use burn_onnx_train::train::documents::DocumentDataset;
+use burn_onnx_train::value::host_tensor::HostTensor;
 use common::*;
 
 /// Writes into `dir`: `bpe.json` (a byte-level BPE trained on the texts, with

@@ -10,15 +10,15 @@ use std::sync::Arc;
 
 use burn::tensor::Device;
 use burn_onnx_train::OnnxModel;
-use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::collective::{CollectiveGroup, Collectives};
-use burn_onnx_train::loss::LossKind;
+use burn_onnx_train::frontend::builders::gpt2::{Gpt2Config, write_gpt2};
 use burn_onnx_train::model::ChunkStore;
+use burn_onnx_train::model::loss::LossKind;
 use burn_onnx_train::train::TrainingConfig;
-use burn_onnx_train::train::checkpoint_params::read_params;
+use burn_onnx_train::train::checkpoint::params::read_params;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, DistributedSampler, ImageDataset, Target};
-use burn_onnx_train::train::launch::launch;
+use burn_onnx_train::train::process::launch::launch;
 use burn_ort_dist::run_threads;
 use common::counting::{Counting, logits_and_grads};
 use common::*;
@@ -382,7 +382,7 @@ fn a_stage_3_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage_3_and_on_one
     model_shards_read_with_numpy(&ckpt, 4);
     // `export` joins them too, into the model the runner reads back.
     let exported = ckpt.join("exported.onnx");
-    burn_onnx_train::export::export_onnx(
+    burn_onnx_train::onnx::export::export_onnx(
         &read_params(
             &ckpt,
             OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &Device::flex()).unwrap(),
@@ -573,7 +573,7 @@ fn flaky_at_micro_step(k: usize) -> Arc<dyn Dataset> {
 
 #[test]
 fn a_failed_thread_run_restarts_from_its_newest_checkpoint_and_ends_as_an_uninterrupted_one() {
-    use burn_onnx_train::train::launch::launch_elastic;
+    use burn_onnx_train::train::process::launch::launch_elastic;
     let clean = tempdir("elastic-clean");
     let c = |out: &Path| {
         let mut c = gpt2(out, 2, 2);
@@ -608,7 +608,7 @@ fn a_failed_thread_run_restarts_from_its_newest_checkpoint_and_ends_as_an_uninte
 /// although the flaky read would succeed the second time.
 #[test]
 fn a_thread_run_that_fails_before_its_first_update_is_not_restarted() {
-    use burn_onnx_train::train::launch::launch_elastic;
+    use burn_onnx_train::train::process::launch::launch_elastic;
     let out = tempdir("elastic-first-update");
     let err = launch_elastic(gpt2(&out, 2, 2), flaky_at_micro_step(0), None, 3)
         .err()

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use burn_ort_dist::fp16_wire::{self, Fp16ReduceScatter};
+use burn_ort_dist::comm::fp16_wire::{self, Fp16ReduceScatter};
 use burn_ort_dist::{Communicator, DistResult, Forwarding, ReduceOp, run_threads};
 
 fn on_threads<T: Send>(

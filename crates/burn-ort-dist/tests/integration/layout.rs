@@ -3,7 +3,7 @@
 //! elements it holds (checked element by element against a direct computation).
 
 use burn::module::ParamId;
-use burn_ort_dist::zero::layout::{FlatLayout, Partitioning, Slot};
+use burn_ort_dist::update::zero::layout::{FlatLayout, Partitioning, Slot};
 
 fn layout(lens: &[usize], world: usize, partitioning: Partitioning) -> FlatLayout {
     let slots = lens

@@ -5,6 +5,7 @@
 //! section by section with errors that name the offending field (`config.data.batch_size`).
 //! This file holds the whole and the checks that span sections.
 
+pub mod deepspeed;
 mod file;
 mod keys;
 mod optimizer;
@@ -22,7 +23,7 @@ pub use sections::{
     OffloadTarget, ParamOffload, PrecisionConfig, Resume, Sequences, TrainLoopConfig,
 };
 
-use super::device::DeviceSpec;
+use super::process::device::DeviceSpec;
 
 /// Where the fused Adam-family optimizer keeps its moments ([`TrainingConfig::moment_place`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,8 +37,8 @@ pub enum MomentPlace {
 }
 use super::precision::Precision;
 use crate::error::{OnnxError, Result};
-use crate::loss::LossKind;
-use crate::tensor_parallel::SplitOptions;
+use crate::model::loss::LossKind;
+use crate::parallel::tensor_parallel::SplitOptions;
 
 /// Everything a training run needs, section by section.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

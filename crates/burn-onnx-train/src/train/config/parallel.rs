@@ -7,8 +7,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::invalid;
 use crate::error::Result;
 use crate::model::OnnxModel;
-use crate::pipeline::{Partition, PipelineSchedule};
-use crate::train::device::DeviceSpec;
+use crate::parallel::pipeline::{Partition, PipelineSchedule};
+use crate::train::process::device::DeviceSpec;
 
 /// `collective_timeout`'s default under MPI, in seconds (torch.distributed's for Gloo/MPI).
 pub const DEFAULT_MPI_COLLECTIVE_TIMEOUT_S: u64 = 1800;

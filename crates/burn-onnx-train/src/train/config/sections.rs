@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::invalid;
 use crate::error::Result;
-use crate::loss::LossKind;
+use crate::model::loss::LossKind;
 use crate::train::precision::{Precision, check_loss_scale};
 
 /// Where a run starts (config `checkpoint.resume`, `--resume latest|never|PATH`).
@@ -94,8 +94,8 @@ impl ModelConfig {
     }
 
     /// The initializer-tie rewrites this run applies at load.
-    pub fn tie_options(&self) -> crate::initializer_ties::TieOptions {
-        crate::initializer_ties::TieOptions {
+    pub fn tie_options(&self) -> crate::graph::initializer_ties::TieOptions {
+        crate::graph::initializer_ties::TieOptions {
             tie_duplicates: self.tie_duplicate_initializers,
             untie_constant_fills: self.untie_shared_constants,
         }

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use burn_onnx_train::loss::{Logits, lm_cross_entropy};
+use burn_onnx_train::model::loss::{Logits, lm_cross_entropy};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use burn_ort_dist::{Communicator, DistResult, Forwarding, ReduceOp};
 use ndarray::ArrayD;

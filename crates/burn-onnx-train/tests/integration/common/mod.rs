@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
-use burn_onnx_train::host_tensor::HostTensor;
-use burn_onnx_train::npy::{read_npy, read_npz};
+use burn_onnx_train::train::data::npy::{read_npy, read_npz};
+use burn_onnx_train::value::host_tensor::HostTensor;
 use ndarray::ArrayD;
 
 /// Path under the copied reference kit (`tests/data/refkit`).
@@ -157,7 +157,7 @@ pub fn lcg(seed: u64) -> impl FnMut() -> u64 {
 /// clipping, no evaluation, no TensorBoard, quiet.
 pub fn sgd_config(
     model: PathBuf,
-    loss: burn_onnx_train::loss::LossKind,
+    loss: burn_onnx_train::model::loss::LossKind,
     input: &str,
 ) -> burn_onnx_train::train::TrainingConfig {
     use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
@@ -282,7 +282,7 @@ pub fn gpt2_config(out: &std::path::Path) -> burn_onnx_train::train::TrainingCon
         c.checkpoint.output_dir = out.to_path_buf();
         c.model.input_name = "input_ids".into();
         c.model.output_name = "logits".into();
-        c.model.loss = burn_onnx_train::loss::LossKind::LmCrossEntropy;
+        c.model.loss = burn_onnx_train::model::loss::LossKind::LmCrossEntropy;
         c.data.batch_size = 4;
         c.eval.eval_batch_size = 4;
         c.data.seq_len = 16;
@@ -392,7 +392,7 @@ pub fn small_gpt2(
     n_head: usize,
     vocab_size: usize,
 ) -> PathBuf {
-    use burn_onnx_train::builders::gpt2::{Gpt2Config, write_gpt2};
+    use burn_onnx_train::frontend::builders::gpt2::{Gpt2Config, write_gpt2};
     let path = tempdir(tag).join(file);
     write_gpt2(
         &Gpt2Config {

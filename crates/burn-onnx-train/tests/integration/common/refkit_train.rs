@@ -9,9 +9,9 @@ use burn::optim::{
 };
 use burn::tensor::{Device, Tensor};
 use burn_onnx_train::graph::Graph;
-use burn_onnx_train::host_tensor::HostTensor;
-use burn_onnx_train::initializer_ties::TieOptions;
-use burn_onnx_train::loss::{cross_entropy, lm_cross_entropy};
+use burn_onnx_train::graph::initializer_ties::TieOptions;
+use burn_onnx_train::model::loss::{cross_entropy, lm_cross_entropy};
+use burn_onnx_train::value::host_tensor::HostTensor;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use ndarray::ArrayD;
 

@@ -1,0 +1,21 @@
+//! Communicators and the world they span: the [`communicator::Communicator`] trait, threads,
+//! MPI and NCCL implementations, the topology of groups, launching ranks, stall detection
+//! and the fp16 wire format.
+
+pub mod collective_check;
+pub mod communicator;
+#[cfg(feature = "cuda")]
+pub mod cuda_probe;
+pub mod fp16_wire;
+pub mod launch;
+#[cfg(feature = "mpi")]
+pub mod mpi_comm;
+#[cfg(feature = "mpi")]
+pub(crate) mod mpi_ffi;
+#[cfg(feature = "mpi")]
+pub(crate) mod mpi_watch;
+#[cfg(feature = "cuda")]
+pub mod nccl_comm;
+pub mod stall;
+pub mod threads;
+pub mod topology;

@@ -1,0 +1,434 @@
+//! In-process communicator: one rank per thread, shared memory.
+//!
+//! Collectives meet at a generation-counted rendezvous: every rank deposits its
+//! contribution under a mutex, the last to arrive completes the collective, and all leave
+//! with the result. A rank that aborts (its thread returned an error) or panics marks the
+//! group broken and wakes everyone, so the others fail at once with an error naming it; a
+//! rank that finishes leaves the group, which fails only what needs it (a collective, a
+//! message from it or to it: point-to-point patterns finish rank by rank); a rank that
+//! stops answering makes the others fail after `timeout`
+//! (`Duration::MAX`: never, for launchers where a live rank is a working rank), with an
+//! error naming the operation, its bytes, the group and the ranks that never arrived.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::comm::communicator::{Communicator, ReduceOp, check_reduce_scatter, scale_mean};
+use crate::comm::stall::{OpInfo, Stall, trace_done};
+use crate::error::{DistError, DistResult};
+
+struct State {
+    generation: u64,
+    arrived: usize,
+    /// Sum (or concatenation) being built for the current generation.
+    acc: Vec<f32>,
+    /// The finished result of the previous generation.
+    result: Arc<Vec<f32>>,
+    /// Set when a rank failed; the group is unusable afterwards.
+    broken: Option<String>,
+    /// Ranks that finished and dropped their communicator.
+    left: Vec<bool>,
+    /// Ranks inside a collective of the current generation (arrived, not yet gone).
+    inside: Vec<bool>,
+    /// Point-to-point messages in flight, by (source, destination).
+    mail: HashMap<(usize, usize), VecDeque<Vec<f32>>>,
+    /// Sub-groups made by `split`, by (split number, colour), created by their first member.
+    splits: HashMap<(usize, usize), Arc<Shared>>,
+}
+
+struct Shared {
+    world: usize,
+    /// The members' ranks in the first group (the world), in this group's rank order.
+    world_ranks: Vec<usize>,
+    timeout: Duration,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+/// One rank of an in-process group.
+pub struct ThreadCommunicator {
+    rank: usize,
+    shared: Arc<Shared>,
+    /// How many splits this rank has made (every rank splits in the same order).
+    splits_done: AtomicUsize,
+}
+
+impl ThreadCommunicator {
+    /// Create a group of `world` ranks; hand one to each thread.
+    pub fn group(world: usize, timeout: Duration) -> Vec<ThreadCommunicator> {
+        let shared = Shared::new((0..world).collect(), timeout);
+        (0..world)
+            .map(|rank| ThreadCommunicator::member(rank, shared.clone()))
+            .collect()
+    }
+
+    fn member(rank: usize, shared: Arc<Shared>) -> Self {
+        ThreadCommunicator {
+            rank,
+            shared,
+            splits_done: AtomicUsize::new(0),
+        }
+    }
+
+    /// Operation `op` of `bytes` in this group, for reports and traces.
+    fn info<'s>(&'s self, op: &'s str, bytes: usize) -> OpInfo<'s> {
+        OpInfo {
+            op,
+            bytes,
+            group: &self.shared.world_ranks,
+        }
+    }
+
+    /// Wait on the group's condition variable until `ready` holds, the group breaks, a rank
+    /// the wait needs (`peer`; `None`: every rank) leaves, or the timeout passes.
+    fn wait_until<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        info: OpInfo<'_>,
+        peer: Option<usize>,
+        mut ready: impl FnMut(&mut State) -> bool,
+    ) -> DistResult<MutexGuard<'a, State>> {
+        // `Duration::MAX` (no deadline): wait as long as the peers live; a departed peer
+        // fails the wait, so only a live but stuck rank could make this wait forever.
+        let start = Instant::now();
+        let deadline = start.checked_add(self.shared.timeout);
+        while !ready(&mut st) {
+            if let Some(b) = &st.broken {
+                return Err(self.peer(b.clone()));
+            }
+            self.check_present(&st, peer)?;
+            let now = Instant::now();
+            let Some(deadline) = deadline else {
+                st = self
+                    .shared
+                    .cv
+                    .wait(st)
+                    .map_err(|_| self.peer("lock poisoned".into()))?;
+                continue;
+            };
+            if now >= deadline {
+                let err = self.stalled(&st, info, peer, now - start);
+                st.broken = Some(err.to_string());
+                self.shared.cv.notify_all();
+                return Err(err);
+            }
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, deadline - now)
+                .map_err(|_| self.peer("lock poisoned".into()))?
+                .0;
+        }
+        Ok(st)
+    }
+
+    /// The timeout error of a wait for `peer` (`None`: every rank of the collective).
+    fn stalled(
+        &self,
+        st: &State,
+        info: OpInfo<'_>,
+        peer: Option<usize>,
+        waited: Duration,
+    ) -> DistError {
+        let absent = match peer {
+            Some(p) => vec![p],
+            None => (0..self.shared.world)
+                .filter(|&r| r != self.rank && !st.inside[r])
+                .collect(),
+        };
+        Stall {
+            info,
+            waited,
+            absent: absent.iter().map(|&r| self.shared.world_ranks[r]).collect(),
+            elsewhere: Vec::new(),
+        }
+        .into_error(self.shared.world_ranks[self.rank])
+    }
+
+    /// An error when rank `peer` (`None`: any rank) has left the group.
+    fn check_present(&self, st: &State, peer: Option<usize>) -> DistResult<()> {
+        let gone = match peer {
+            Some(p) => st.left[p].then_some(p),
+            None => st.left.iter().position(|l| *l),
+        };
+        match gone {
+            Some(r) => Err(self.peer(format!("rank {r} left the group"))),
+            None => Ok(()),
+        }
+    }
+
+    fn lock(&self) -> DistResult<MutexGuard<'_, State>> {
+        self.shared
+            .state
+            .lock()
+            .map_err(|_| self.peer("the group's lock was poisoned by a panicking rank".into()))
+    }
+
+    fn peer(&self, message: String) -> DistError {
+        DistError::Peer {
+            rank: self.rank,
+            message,
+        }
+    }
+
+    /// Contribute with `deposit`, wait for everyone, return the finished result. Ranks
+    /// deposit in rank order, so sums are added in the same order every time: results are
+    /// deterministic, whatever order the threads arrive in.
+    fn rendezvous(
+        &self,
+        op: &str,
+        len: usize,
+        deposit: impl FnOnce(&mut Vec<f32>),
+    ) -> DistResult<Arc<Vec<f32>>> {
+        let start = Instant::now();
+        let info = self.info(op, len * std::mem::size_of::<f32>());
+        let mut st = self.lock()?;
+        if let Some(b) = &st.broken {
+            return Err(self.peer(b.clone()));
+        }
+        let rank = self.rank;
+        st.inside[rank] = true;
+        let mut st = self.wait_until(st, info, None, |st| st.arrived == rank)?;
+        if st.arrived == 0 {
+            st.acc.clear();
+            st.acc.resize(len, 0.0);
+        } else if st.acc.len() != len {
+            let msg = format!(
+                "buffer of {len} elements, but another rank passed {}",
+                st.acc.len()
+            );
+            st.broken = Some(format!("rank {}: {msg}", self.rank));
+            self.shared.cv.notify_all();
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: msg,
+            });
+        }
+        deposit(&mut st.acc);
+        st.arrived += 1;
+        // Wake the next rank in deposit order.
+        self.shared.cv.notify_all();
+        let generation = st.generation;
+        if st.arrived == self.shared.world {
+            st.result = Arc::new(std::mem::take(&mut st.acc));
+            st.arrived = 0;
+            st.generation += 1;
+            st.inside.fill(false);
+            self.shared.cv.notify_all();
+            trace_done(info, start.elapsed());
+            return Ok(st.result.clone());
+        }
+        let st = self.wait_until(st, info, None, |st| st.generation != generation)?;
+        trace_done(info, start.elapsed());
+        Ok(st.result.clone())
+    }
+}
+
+impl Shared {
+    fn new(world_ranks: Vec<usize>, timeout: Duration) -> Arc<Shared> {
+        let world = world_ranks.len();
+        Arc::new(Shared {
+            world,
+            world_ranks,
+            timeout,
+            state: Mutex::new(State {
+                generation: 0,
+                arrived: 0,
+                acc: Vec::new(),
+                result: Arc::new(Vec::new()),
+                broken: None,
+                left: vec![false; world],
+                inside: vec![false; world],
+                mail: HashMap::new(),
+                splits: HashMap::new(),
+            }),
+            cv: Condvar::new(),
+        })
+    }
+}
+
+impl Communicator for ThreadCommunicator {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.shared.world
+    }
+
+    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        let result = self.rendezvous("all_reduce", buf.len(), |acc| {
+            acc.iter_mut().zip(buf.iter()).for_each(|(a, b)| *a += *b)
+        })?;
+        buf.copy_from_slice(&result);
+        scale_mean(buf, op, self.shared.world);
+        Ok(())
+    }
+
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32], op: ReduceOp) -> DistResult<()> {
+        check_reduce_scatter(self.rank, self.shared.world, send.len(), recv.len())?;
+        // The ranks sum into one shared buffer; each copies out only its own chunk.
+        let result = self.rendezvous("reduce_scatter", send.len(), |acc| {
+            acc.iter_mut().zip(send.iter()).for_each(|(a, b)| *a += *b)
+        })?;
+        let n = recv.len();
+        recv.copy_from_slice(&result[self.rank * n..(self.rank + 1) * n]);
+        scale_mean(recv, op, self.shared.world);
+        Ok(())
+    }
+
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> DistResult<()> {
+        if root >= self.shared.world {
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!("broadcast root {root} in a group of {}", self.shared.world),
+            });
+        }
+        let is_root = self.rank == root;
+        let result = self.rendezvous("broadcast", buf.len(), |acc| {
+            if is_root {
+                acc.copy_from_slice(buf);
+            }
+        })?;
+        buf.copy_from_slice(&result);
+        Ok(())
+    }
+
+    fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> DistResult<()> {
+        let n = send.len();
+        if recv.len() != n * self.shared.world {
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "all_gather receive buffer of {} for {} x {n}",
+                    recv.len(),
+                    self.shared.world
+                ),
+            });
+        }
+        let rank = self.rank;
+        let result = self.rendezvous("all_gather", recv.len(), |acc| {
+            acc[rank * n..(rank + 1) * n].copy_from_slice(send)
+        })?;
+        recv.copy_from_slice(&result);
+        Ok(())
+    }
+
+    fn barrier(&self) -> DistResult<()> {
+        self.rendezvous("barrier", 0, |_| {}).map(|_| ())
+    }
+
+    fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
+        if dest >= self.shared.world || dest == self.rank {
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!("send to rank {dest} in a group of {}", self.shared.world),
+            });
+        }
+        let mut st = self.lock()?;
+        if let Some(b) = &st.broken {
+            return Err(self.peer(b.clone()));
+        }
+        self.check_present(&st, Some(dest))?;
+        st.mail
+            .entry((self.rank, dest))
+            .or_default()
+            .push_back(buf.to_vec());
+        self.shared.cv.notify_all();
+        Ok(())
+    }
+
+    fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
+        if src >= self.shared.world || src == self.rank {
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "receive from rank {src} in a group of {}",
+                    self.shared.world
+                ),
+            });
+        }
+        let key = (src, self.rank);
+        let op = format!("receive from world rank {}", self.shared.world_ranks[src]);
+        let info = self.info(&op, std::mem::size_of_val(buf));
+        let st = self.lock()?;
+        let mut st = self.wait_until(st, info, Some(src), |st| {
+            st.mail.get(&key).is_some_and(|q| !q.is_empty())
+        })?;
+        let msg = st
+            .mail
+            .get_mut(&key)
+            .and_then(VecDeque::pop_front)
+            .unwrap_or_default();
+        if msg.len() != buf.len() {
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "received {} values from rank {src}, expected {}",
+                    msg.len(),
+                    buf.len()
+                ),
+            });
+        }
+        buf.copy_from_slice(&msg);
+        Ok(())
+    }
+
+    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
+        let world = self.shared.world;
+        let mut all = vec![0.0f32; 2 * world];
+        self.all_gather(&[color as f32, key as f32], &mut all)?;
+        let mut members: Vec<(usize, usize)> = (0..world)
+            .filter(|&r| all[2 * r] as usize == color)
+            .map(|r| (all[2 * r + 1] as usize, r))
+            .collect();
+        members.sort_unstable();
+        let new_rank = members
+            .iter()
+            .position(|&(_, r)| r == self.rank)
+            .unwrap_or(0);
+        let index = self.splits_done.fetch_add(1, Ordering::SeqCst);
+        let shared = {
+            let mut st = self.lock()?;
+            st.splits
+                .entry((index, color))
+                .or_insert_with(|| {
+                    let world_ranks = members
+                        .iter()
+                        .map(|&(_, r)| self.shared.world_ranks[r])
+                        .collect();
+                    Shared::new(world_ranks, self.shared.timeout)
+                })
+                .clone()
+        };
+        Ok(Box::new(ThreadCommunicator::member(new_rank, shared)))
+    }
+
+    fn abort(&self, code: i32) {
+        if let Ok(mut st) = self.shared.state.lock() {
+            // Keep the first cause: peers should learn who failed first.
+            st.broken
+                .get_or_insert_with(|| format!("rank {} aborted with code {code}", self.rank));
+            self.shared.cv.notify_all();
+        }
+    }
+}
+
+impl Drop for ThreadCommunicator {
+    fn drop(&mut self) {
+        // A panicking rank breaks the group; a finished one leaves it, which fails only the
+        // waits that need it (after a clean run nobody waits any more).
+        if let Ok(mut st) = self.shared.state.lock() {
+            if std::thread::panicking() {
+                if st.broken.is_none() {
+                    st.broken = Some(format!("rank {} left the group (panicked)", self.rank));
+                }
+            } else {
+                st.left[self.rank] = true;
+            }
+            self.shared.cv.notify_all();
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! The optimizer a replicated run ([`crate::Replicated`], ZeRO stage 0) applies on every
+//! rank to the whole module: Burn's [`ModuleOptimizer`] (one update per parameter), or a
+//! fused one that updates all parameters in one pass over flat device buffers
+//! (burn-onnx-train's CubeCL multi-tensor Adam/AdamW/LAMB). Both keep their state as Burn's
+//! optimizer record (burn-pack bytes, keyed by parameter id), so a checkpoint written by
+//! one resumes with the other: a GPU run's on the CPU and back.
+
+use burn::module::Module;
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::tensor::Bytes;
+
+use crate::error::{DistResult, state_error};
+
+/// An update of a whole module with its state in Burn's optimizer record format.
+pub trait ReplicaOptimizer {
+    /// Update `module` with `grads` (already synchronised and clipped) at rate `lr`.
+    fn step<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> DistResult<M>;
+    /// The state as Burn's optimizer record (burn-pack bytes).
+    fn record_bytes(&self) -> DistResult<Bytes>;
+    /// Write the state as the optimizer's safetensors file (`record_safetensors`) to `w`;
+    /// by default from [`Self::record_bytes`], streamed from the record's buffer.
+    fn write_state(&self, w: &mut dyn std::io::Write) -> DistResult<()> {
+        crate::storage::record_safetensors::write_record(self.record_bytes()?, w)
+    }
+    /// Replace the state with a record (from [`Self::record_bytes`] of either kind).
+    fn load_record_bytes(&mut self, bytes: Bytes) -> DistResult<()>;
+    /// Bytes of optimizer state held.
+    fn state_bytes(&self) -> usize;
+}
+
+impl ReplicaOptimizer for ModuleOptimizer {
+    fn step<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> DistResult<M> {
+        Ok(ModuleOptimizer::step(self, lr, module, grads))
+    }
+
+    fn record_bytes(&self) -> DistResult<Bytes> {
+        self.into_bytes()
+            .map_err(|e| state_error(format!("cannot encode the optimizer record: {e:?}")))
+    }
+
+    fn load_record_bytes(&mut self, bytes: Bytes) -> DistResult<()> {
+        *self = self
+            .clone()
+            .from_bytes(bytes)
+            .map_err(|e| state_error(format!("not a valid optimizer record: {e:?}")))?;
+        Ok(())
+    }
+
+    fn state_bytes(&self) -> usize {
+        self.into_bytes().map(|b| b.len()).unwrap_or(0)
+    }
+}

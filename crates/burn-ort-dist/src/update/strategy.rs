@@ -1,0 +1,426 @@
+//! The update a training loop calls after backward: [`UpdateStrategy`]. It owns the
+//! optimizer state and decides how gradients cross ranks and where the update runs:
+//! [`Replicated`] (plain data parallelism, ZeRO stage 0: all-reduce, every rank updates
+//! everything with a [`ReplicaOptimizer`]: Burn's, or a fused one) or
+//! [`crate::update::zero::Zero`] (stages 1 to 3: each rank updates its shard of a flat buffer).
+//! The loop does not branch on the kind.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::tensor::Tensor;
+
+use crate::comm::communicator::{Communicator, ReduceOp};
+use crate::error::{DistError, DistResult, state_error};
+use crate::grads::data_parallel::DataParallel;
+use crate::storage::record::{REPLICATED_STATE_FILE, merged_record};
+use crate::update::replica_optimizer::ReplicaOptimizer;
+
+/// What an update measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UpdateReport {
+    /// L2 norm of the synchronised gradient over all parameters, before clipping.
+    pub grad_norm: f32,
+    /// Per-parameter gradient norms, when asked for.
+    pub tensor_grad_norms: Vec<(ParamId, f32)>,
+}
+
+impl UpdateReport {
+    /// The report of an update with global norm `grad_norm`; with `per_tensor`, each
+    /// parameter's norm from its gradient's sum of squares.
+    pub fn new(
+        grad_norm: f32,
+        squares: impl IntoIterator<Item = (ParamId, f64)>,
+        per_tensor: bool,
+    ) -> Self {
+        let tensor_grad_norms = if per_tensor {
+            squares
+                .into_iter()
+                .map(|(id, s)| (id, s.sqrt() as f32))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        UpdateReport {
+            grad_norm,
+            tensor_grad_norms,
+        }
+    }
+}
+
+/// Bytes one rank holds for training, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// Optimizer state (moments, velocities).
+    pub optimizer_state_bytes: usize,
+    /// Gradients kept through the update.
+    pub gradient_bytes: usize,
+    /// Parameters.
+    pub parameter_bytes: usize,
+}
+
+/// The ranks that hold the other parts of one model (pipeline stages): the global gradient
+/// norm sums their squares, counting a parameter several of them hold (a tied embedding)
+/// once, as Megatron does.
+#[derive(Clone)]
+pub struct ModelParallel {
+    comm: Arc<dyn Communicator>,
+    counted_elsewhere: HashSet<ParamId>,
+}
+
+impl ModelParallel {
+    /// The group `comm` of model parts; this rank leaves out `counted_elsewhere` (copies
+    /// of parameters whose squares another rank of the group contributes).
+    pub fn new(comm: Arc<dyn Communicator>, counted_elsewhere: HashSet<ParamId>) -> Self {
+        ModelParallel {
+            comm,
+            counted_elsewhere,
+        }
+    }
+
+    /// The L2 norm over the whole model from this part's per-parameter sums of squares; a
+    /// collective of the group when there is one.
+    pub fn global_norm(
+        group: Option<&Self>,
+        squares: impl Iterator<Item = (ParamId, f64)>,
+    ) -> DistResult<f32> {
+        let Some(g) = group else {
+            return Ok(total_norm(squares.map(|(_, s)| s)));
+        };
+        let local: f64 = squares
+            .filter(|(id, _)| !g.counted_elsewhere.contains(id))
+            .map(|(_, s)| s)
+            .sum();
+        // f64 across the wire as two f32 halves would lose nothing, but the communicator
+        // is f32: send the sum split into a high and a low part.
+        let hi = local as f32;
+        let mut buf = [hi, (local - f64::from(hi)) as f32];
+        g.comm.all_reduce(&mut buf, ReduceOp::Sum)?;
+        Ok((f64::from(buf[0]) + f64::from(buf[1])).max(0.0).sqrt() as f32)
+    }
+}
+
+/// A file of optimizer state for a checkpoint: its name in the checkpoint directory and
+/// its contents, as bytes or as a writer that streams them (so state kept in a mapped file
+/// or a large record is never copied whole to be written).
+pub struct StateFile<'a> {
+    /// The file's name (may hold one directory level).
+    pub name: String,
+    /// What goes into it.
+    pub content: StateContent<'a>,
+}
+
+/// The contents of a [`StateFile`].
+pub enum StateContent<'a> {
+    /// The bytes.
+    Bytes(Vec<u8>),
+    /// A writer of the bytes.
+    Stream(Box<dyn FnOnce(&mut dyn Write) -> DistResult<()> + 'a>),
+}
+
+impl<'a> StateFile<'a> {
+    /// A file of `bytes`.
+    pub fn bytes(name: impl Into<String>, bytes: Vec<u8>) -> Self {
+        StateFile {
+            name: name.into(),
+            content: StateContent::Bytes(bytes),
+        }
+    }
+
+    /// A file `write` streams.
+    pub fn stream(
+        name: impl Into<String>,
+        write: impl FnOnce(&mut dyn Write) -> DistResult<()> + 'a,
+    ) -> Self {
+        StateFile {
+            name: name.into(),
+            content: StateContent::Stream(Box::new(write)),
+        }
+    }
+
+    /// Write the contents to `w`.
+    pub fn write_to(self, w: &mut dyn Write) -> DistResult<()> {
+        match self.content {
+            StateContent::Bytes(b) => w
+                .write_all(&b)
+                .map_err(|e| state_error(format!("{}: {e}", self.name))),
+            StateContent::Stream(f) => f(w),
+        }
+    }
+}
+
+/// Synchronise, clip and apply one update.
+pub trait UpdateStrategy<M: Module> {
+    /// Combine `grads` across ranks, clip them to global L2 norm `max_norm` (0: no
+    /// clipping), update `module` at learning rate `lr`. `tensor_norms` asks for the
+    /// per-parameter gradient norms in the report.
+    fn update(
+        &mut self,
+        lr: f64,
+        module: M,
+        grads: GradientsParams,
+        max_norm: f32,
+        tensor_norms: bool,
+    ) -> DistResult<(M, UpdateReport)>;
+    /// What this rank holds.
+    fn memory(&self) -> MemoryUse;
+    /// The files of optimizer state this rank writes into a checkpoint directory.
+    fn state_files(&self) -> DistResult<Vec<StateFile<'_>>>;
+    /// Restore the optimizer state for `module` from the state directories of a checkpoint:
+    /// one, or one per pipeline stage of the run that wrote it (each parameter's state is
+    /// taken from whichever holds it).
+    fn load_state(&mut self, module: &M, dirs: &[PathBuf]) -> DistResult<()>;
+    /// The module is one part of a model spread over `group` (pipeline stages): measure
+    /// the gradient norm (and clip) over the whole model.
+    fn set_model_parallel(&mut self, group: ModelParallel);
+}
+
+/// ZeRO stage 0: gradients all-reduced (or Adasum-combined) in buckets, every rank runs
+/// the optimizer `O` (Burn's by default) on every parameter; rank 0 saves the optimizer
+/// record.
+pub struct Replicated<O = ModuleOptimizer> {
+    ddp: DataParallel,
+    optim: O,
+    memory: MemoryUse,
+    model_parallel: Option<ModelParallel>,
+}
+
+impl<O: ReplicaOptimizer> Replicated<O> {
+    /// Wrap `optim` with the data-parallel settings `ddp`.
+    pub fn new(ddp: DataParallel, optim: O) -> Self {
+        Replicated {
+            ddp,
+            optim,
+            memory: MemoryUse::default(),
+            model_parallel: None,
+        }
+    }
+}
+
+impl<M: Module, O: ReplicaOptimizer> UpdateStrategy<M> for Replicated<O> {
+    fn update(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut grads: GradientsParams,
+        max_norm: f32,
+        tensor_norms: bool,
+    ) -> DistResult<(M, UpdateReport)> {
+        self.ddp.sync(&module, &mut grads)?;
+        let norms = grad_squares(&module, &grads)?;
+        let grad_norm =
+            ModelParallel::global_norm(self.model_parallel.as_ref(), norms.iter().copied())?;
+        clip(&module, &mut grads, grad_norm, max_norm);
+        let mut census = Census::default();
+        module.visit(&mut census);
+        self.memory = MemoryUse {
+            optimizer_state_bytes: 0,
+            gradient_bytes: census.trainable * 4,
+            parameter_bytes: census.elements * 4,
+        };
+        let report = UpdateReport::new(grad_norm, norms, tensor_norms);
+        Ok((self.optim.step(lr, module, grads)?, report))
+    }
+
+    fn memory(&self) -> MemoryUse {
+        MemoryUse {
+            optimizer_state_bytes: self.optim.state_bytes(),
+            ..self.memory
+        }
+    }
+
+    fn state_files(&self) -> DistResult<Vec<StateFile<'_>>> {
+        if self.ddp.comm().rank() != 0 {
+            return Ok(Vec::new());
+        }
+        Ok(vec![StateFile::stream(REPLICATED_STATE_FILE, |w| {
+            self.optim.write_state(w)
+        })])
+    }
+
+    fn load_state(&mut self, module: &M, dirs: &[PathBuf]) -> DistResult<()> {
+        let bytes = merged_record(dirs, &param_ids(module))?;
+        self.optim.load_record_bytes(bytes).map_err(|e| match e {
+            DistError::State { message } => {
+                state_error(format!("{}: {message}", dirs[0].display()))
+            }
+            other => other,
+        })
+    }
+
+    fn set_model_parallel(&mut self, group: ModelParallel) {
+        self.model_parallel = Some(group);
+    }
+}
+
+/// The ids of `module`'s parameters.
+fn param_ids<M: Module>(module: &M) -> HashSet<u64> {
+    struct Ids(HashSet<u64>);
+    impl ModuleVisitor for Ids {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.insert(param.id.val());
+        }
+    }
+    let mut ids = Ids(HashSet::new());
+    module.visit(&mut ids);
+    ids.0
+}
+
+#[derive(Default)]
+struct Census {
+    elements: usize,
+    trainable: usize,
+}
+
+impl ModuleVisitor for Census {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let t = param.val();
+        let n: usize = t.dims().iter().product();
+        self.elements += n;
+        if t.is_require_grad() {
+            self.trainable += n;
+        }
+    }
+}
+
+/// Sum of squares in f64: every strategy measures gradient norms with it, so that
+/// replicated and sharded runs clip by the same factor. Eight independent accumulators,
+/// which the compiler vectorizes (one f64 chain waits ~4 cycles per element).
+pub fn sum_squares(values: &[f32]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let mut chunks = values.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += f64::from(x) * f64::from(x);
+        }
+    }
+    let tail: f64 = chunks
+        .remainder()
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum();
+    lanes.iter().sum::<f64>() + tail
+}
+
+/// [`sum_squares`] of a gradient on the host: read in place when it is a contiguous f32
+/// Flex tensor (no copy), otherwise from its values.
+fn host_sum_squares<const D: usize>(g: Tensor<D>) -> Result<f64, String> {
+    if let Ok(t) = g
+        .clone()
+        .inner()
+        .try_into_primitive::<burn::backend::flex::Flex>()
+        && let Some(values) = t.as_slice::<f32>()
+    {
+        return Ok(sum_squares(values));
+    }
+    g.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map(|v| sum_squares(&v))
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// The global L2 norm from per-tensor sums of squares.
+pub fn total_norm(squares: impl Iterator<Item = f64>) -> f32 {
+    squares.sum::<f64>().sqrt() as f32
+}
+
+/// Sum of squares of every parameter's gradient. On the host (Flex) from the values, in
+/// f64 (as the sharded strategies sum); on a device, each gradient's sum on the device and
+/// all of them read back at once, so that gradients never leave the GPU.
+fn grad_squares<M: Module>(module: &M, grads: &GradientsParams) -> DistResult<Vec<(ParamId, f64)>> {
+    struct Squares<'a> {
+        grads: &'a GradientsParams,
+        on_host: bool,
+        host: Vec<(ParamId, f64)>,
+        device: Vec<(ParamId, Tensor<1>)>,
+        error: Option<String>,
+    }
+    impl ModuleVisitor for Squares<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let Some(g) = self.grads.get::<D>(param.id) else {
+                return;
+            };
+            if !self.on_host {
+                self.device.push((param.id, g.square().sum()));
+                return;
+            }
+            match host_sum_squares(g) {
+                Ok(s) => self.host.push((param.id, s)),
+                Err(e) => self.error = Some(e),
+            }
+        }
+    }
+    let device = module.devices().into_iter().next().unwrap_or_default();
+    let mut n = Squares {
+        grads,
+        on_host: matches!(
+            device.inner().as_dispatch(),
+            burn::backend::DispatchDevice::Flex(_)
+        ),
+        host: Vec::new(),
+        device: Vec::new(),
+        error: None,
+    };
+    module.visit(&mut n);
+    if let Some(e) = n.error {
+        return Err(state_error(format!("cannot read a gradient: {e}")));
+    }
+    if n.device.is_empty() {
+        return Ok(n.host);
+    }
+    let (ids, sums): (Vec<ParamId>, Vec<Tensor<1>>) = n.device.into_iter().unzip();
+    let values = Tensor::cat(sums, 0)
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .map_err(|e| state_error(format!("cannot read the gradient norms: {e:?}")))?;
+    Ok(ids
+        .into_iter()
+        .zip(values.into_iter().map(f64::from))
+        .collect())
+}
+
+/// Clip gradients to a global L2 norm (`torch.nn.utils.clip_grad_norm_`): when `norm`
+/// exceeds `max_norm` (> 0), every gradient is scaled by `max_norm / (norm + 1e-6)`.
+fn clip<M: Module>(module: &M, grads: &mut GradientsParams, norm: f32, max_norm: f32) {
+    let scale = clip_scale(norm, max_norm);
+    if scale == 1.0 {
+        return;
+    }
+    struct Scale<'a>(&'a mut GradientsParams, f32);
+    impl ModuleVisitor for Scale<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = self.0.remove::<D>(param.id) {
+                self.0.register(param.id, g.mul_scalar(self.1));
+            }
+        }
+    }
+    module.visit(&mut Scale(grads, scale));
+}
+
+/// The factor `clip_grad_norm_` scales by: `max_norm / (norm + 1e-6)` when the norm
+/// exceeds `max_norm` (> 0), else 1.
+pub fn clip_scale(norm: f32, max_norm: f32) -> f32 {
+    if max_norm > 0.0 && norm > max_norm {
+        max_norm / (norm + 1e-6)
+    } else {
+        1.0
+    }
+}
+
+/// Clip `grads` of `module` to global L2 norm `max_norm` (0: only measure); returns the norm
+/// before clipping.
+pub fn clip_grad_norm<M: Module>(
+    module: &M,
+    grads: &mut GradientsParams,
+    max_norm: f32,
+) -> DistResult<f32> {
+    let norm = total_norm(grad_squares(module, grads)?.into_iter().map(|(_, s)| s));
+    clip(module, grads, norm, max_norm);
+    Ok(norm)
+}
