@@ -167,11 +167,6 @@ pub struct OnnxModel {
 }
 
 impl OnnxModel {
-    /// Load an ONNX file onto `device` (use an autodiff device to train).
-    pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
-        Self::from_graph(Graph::load(path)?, device)
-    }
-
     /// Build from a checked graph.
     ///
     /// The initializer data moves into the parameters and constants: the graph the model

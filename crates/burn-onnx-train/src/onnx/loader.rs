@@ -15,6 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use burn::tensor::Device;
 use onnx_ir::{
     AttributeProto, AttributeType, GraphProto, Message, ModelProto, NodeProto, TypeProto,
     ValueInfoProto,
@@ -25,6 +26,7 @@ use crate::graph::attributes::{Attr, Attributes, CAPTURED};
 use crate::graph::initializer::Initializer;
 use crate::graph::initializer_ties::TieOptions;
 use crate::graph::{Body, Dim, Graph, Node, TensorInfo, ValueKind, last_uses};
+use crate::model::OnnxModel;
 use crate::onnx::functions::inline_functions;
 use crate::ops;
 use crate::util::progress::progress;
@@ -264,6 +266,14 @@ struct MappedFile(Arc<memmap2::Mmap>);
 impl AsRef<[u8]> for MappedFile {
     fn as_ref(&self) -> &[u8] {
         &self.0
+    }
+}
+
+impl OnnxModel {
+    /// Load an ONNX file onto `device` (use an autodiff device to train): [`Graph::load`],
+    /// then [`OnnxModel::from_graph`].
+    pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
+        Self::from_graph(Graph::load(path)?, device)
     }
 }
 
