@@ -11,7 +11,6 @@
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::Path;
 use std::sync::Arc;
 
 use burn::module::{Module, Param, ParamId};

@@ -7,6 +7,7 @@
 mod common;
 
 mod cli;
+mod config_reference;
 mod conv_kernel;
 mod data;
 mod data_parallel;
