@@ -11,9 +11,8 @@
 //! reduce-scatters, after the pass) goes to the group itself. Every rank gathers in the same
 //! order, and nothing else uses the group while the thread runs, so the collectives meet
 //! as they would inline. The time the thread spent gathering and the time the pass waited
-//! for it are this rank's [`SyncTimes`] ([`take_times`]).
+//! for it add up in the model's [`PrefetchTimes`].
 
-use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::sync::{Arc, Mutex};
@@ -24,16 +23,24 @@ use burn_ort_dist::{Communicator, DistError, DistResult, Forwarding, SyncTimes};
 use super::CollectiveGroup;
 use crate::value::PhysTensor;
 
-thread_local! {
-    /// This rank's prefetch times since the last [`take_times`].
-    static TIMES: Cell<(Duration, Duration)> = const { Cell::new((Duration::ZERO, Duration::ZERO)) };
-}
+/// The prefetch times of a model's passes since the last [`PrefetchTimes::take`]: the
+/// model owns them (`OnnxModel::take_prefetch_times`), its clones add to the same.
+#[derive(Debug, Default)]
+pub struct PrefetchTimes(Mutex<SyncTimes>);
 
-/// The prefetch times of this rank (thread) since the last call: `busy`, the thread's time
-/// in gathers; `exposed`, the time the passes waited for them.
-pub fn take_times() -> SyncTimes {
-    let (busy, exposed) = TIMES.with(|t| t.replace((Duration::ZERO, Duration::ZERO)));
-    SyncTimes { busy, exposed }
+impl PrefetchTimes {
+    /// The times since the last call: `busy`, the thread's time in gathers; `exposed`, the
+    /// time the passes waited for them.
+    pub fn take(&self) -> SyncTimes {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Add one pass's gathering (`busy`) and waiting (`exposed`).
+    fn add(&self, busy: Duration, exposed: Duration) {
+        let mut times = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        times.busy += busy;
+        times.exposed += exposed;
+    }
 }
 
 /// One gather done ahead: the chunk sent and the whole parameter (or the failure).
@@ -60,11 +67,13 @@ impl Prefetching {
 
 /// Run `pass` with the gathers of `chunks` (this rank's chunk of each parameter, in the
 /// order the pass gathers them) started ahead on a thread, at most `depth` ahead, over
-/// `group`; `pass` gets the group to use. A collective of `group`, like the gathers.
+/// `group`; `pass` gets the group to use; the thread's and the pass's times go to `times`.
+/// A collective of `group`, like the gathers.
 pub fn prefetched<R>(
     group: &CollectiveGroup,
     chunks: Vec<PhysTensor>,
     depth: usize,
+    times: &PrefetchTimes,
     pass: impl FnOnce(&CollectiveGroup) -> R,
 ) -> R {
     let (send, receive) = sync_channel::<Gathered>(depth.max(1) - 1);
@@ -114,10 +123,7 @@ pub fn prefetched<R>(
         (out, thread.join().unwrap_or_default())
     });
     let waited = *prefetching.waited.lock().unwrap_or_else(|p| p.into_inner());
-    TIMES.with(|t| {
-        let (b, w) = t.get();
-        t.set((b + busy, w + waited));
-    });
+    times.add(busy, waited);
     out.unwrap_or_else(|panic| resume_unwind(panic))
 }
 

@@ -17,12 +17,14 @@ use burn::module::{Module, Param, ParamId};
 use burn::tensor::Gradients;
 use burn::tensor::{Device, FloatDType, TensorData};
 
-use crate::collective::prefetch::prefetched;
+use crate::collective::grad_hooks::{GradSink, SinkRef};
+use crate::collective::prefetch::{PrefetchTimes, prefetched};
 use crate::collective::vocab::{ShardedLogits, VocabShard};
 use crate::collective::{Collectives, grad_hooks};
 use crate::error::{OnnxError, OpError, Result};
 use crate::graph::initializer::Initializer;
 use crate::graph::{Dim, Graph, TensorInfo, ValueKind};
+use crate::model::profile::NodeProfiler;
 use crate::model::trainability::{DefaultRole, Usage};
 use crate::ops::{Inputs, OpContext};
 use crate::util::seeds::mix_seed;
@@ -121,6 +123,13 @@ struct Spec {
     vocab_shard: Option<VocabShard>,
     /// ZeRO-3: parameters gathered ahead of their first reader ([`OnnxModel::with_prefetch`]).
     prefetch: usize,
+    /// The time its passes' prefetching took ([`OnnxModel::take_prefetch_times`]).
+    prefetch_times: Arc<PrefetchTimes>,
+    /// Where its training-mode passes record their node times ([`OnnxModel::with_profiler`]).
+    profiler: Option<Arc<NodeProfiler>>,
+    /// Where its training-mode passes hand each parameter's final gradient
+    /// ([`OnnxModel::with_grad_sink`]).
+    grad_sink: Option<SinkRef>,
 }
 
 /// Forward mode.
@@ -248,6 +257,9 @@ impl OnnxModel {
                 collectives: Collectives::default(),
                 vocab_shard: None,
                 prefetch: 0,
+                prefetch_times: Arc::default(),
+                profiler: None,
+                grad_sink: None,
             }),
         })
     }
@@ -455,6 +467,26 @@ impl OnnxModel {
         }
     }
 
+    /// The same model with its training-mode passes (and its clones', stages' and
+    /// segments') recording their node times into `profiler`.
+    pub fn with_profiler(mut self, profiler: Arc<NodeProfiler>) -> OnnxModel {
+        self.spec = Arc::new(Spec {
+            profiler: Some(profiler),
+            ..(*self.spec).clone()
+        });
+        self
+    }
+
+    /// The same model with its training-mode passes reading each parameter through a
+    /// gradient hook ([`grad_hooks`]) that hands the final gradient to `sink`.
+    pub fn with_grad_sink(mut self, sink: Arc<dyn GradSink>) -> OnnxModel {
+        self.spec = Arc::new(Spec {
+            grad_sink: Some(SinkRef(sink)),
+            ..(*self.spec).clone()
+        });
+        self
+    }
+
     /// The device the model computes on: its parameters' (for a model with none, or with
     /// ZeRO-3's chunks in host memory, the device it was loaded onto, tracked as the
     /// parameters are).
@@ -548,12 +580,18 @@ impl OnnxModel {
             self.run_nodes(&mut env, &absent, mode, seed, autocast, collectives)
         };
         let state_updates = match self.prefetch_plan() {
-            Some((group, chunks)) => prefetched(&group, chunks, self.spec.prefetch, |g| {
-                run(&Collectives {
-                    sharding: Some(g.clone()),
-                    ..self.spec.collectives.clone()
-                })
-            }),
+            Some((group, chunks)) => prefetched(
+                &group,
+                chunks,
+                self.spec.prefetch,
+                &self.spec.prefetch_times,
+                |g| {
+                    run(&Collectives {
+                        sharding: Some(g.clone()),
+                        ..self.spec.collectives.clone()
+                    })
+                },
+            ),
             None => run(&self.spec.collectives),
         }?;
         let mut outputs = Vec::with_capacity(graph.outputs.len());
@@ -600,8 +638,9 @@ impl OnnxModel {
         let graph = &self.spec.graph;
         let device = self.device();
         let mut state_updates = Vec::new();
-        let profiling = mode == Mode::Train && profile::active();
-        let hooking = mode == Mode::Train && grad_hooks::active();
+        let train = mode == Mode::Train;
+        let profiler = self.spec.profiler.as_deref().filter(|_| train);
+        let grad_sink = self.spec.grad_sink.as_ref().filter(|_| train);
         for (i, node) in graph.nodes.iter().enumerate() {
             let err = |m: String| OnnxError::Node {
                 node: node.name.clone(),
@@ -612,15 +651,18 @@ impl OnnxModel {
             // reader, and kept with the computed values until its last reader (a tied
             // embedding's two readers share one gather and one hook, so their gradients
             // meet in one reduce-scatter, or one final gradient).
-            if self.spec.sharding.is_some() || hooking {
+            if self.spec.sharding.is_some() || grad_sink.is_some() {
                 for name in &node.inputs {
                     if let (false, Some(Source::Param(p))) =
                         (env.contains_key(name), self.spec.sources.get(name))
                     {
                         let mut whole =
                             self.read_param_on(*p, collectives).map_err(|e| err(e.0))?;
-                        if hooking {
-                            whole = FloatValue::new(grad_hooks::hook(whole.tensor, *p), whole.rank);
+                        if let Some(sink) = grad_sink {
+                            whole = FloatValue::new(
+                                grad_hooks::hook(whole.tensor, *p, sink),
+                                whole.rank,
+                            );
                         }
                         env.insert(name.clone(), Value::Float(whole));
                     }
@@ -645,7 +687,7 @@ impl OnnxModel {
                 autocast,
                 collectives,
             };
-            let started = profiling.then(std::time::Instant::now);
+            let started = profiler.map(|p| (p, std::time::Instant::now()));
             let result = catch_unwind(AssertUnwindSafe(|| (node.op)(&ctx, Inputs(args))))
                 .unwrap_or_else(|panic| {
                     Err(OpError(format!(
@@ -653,8 +695,8 @@ impl OnnxModel {
                         panic_message(&panic)
                     )))
                 });
-            if let Some(started) = started {
-                profile::record(
+            if let Some((profiler, started)) = started {
+                profiler.record(
                     graph.node_offset + i,
                     &node.name,
                     &node.op_type,

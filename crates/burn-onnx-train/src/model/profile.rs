@@ -1,13 +1,13 @@
-//! Per-node forward timing (`profile = true`, `--profile`): while a [`NodeProfiler`] is
-//! alive on a thread, every training-mode forward pass on that thread records the wall time
-//! of each node's op, and the profiler sums them by node and by op type. On the CPU the
+//! Per-node forward timing (`profile = true`, `--profile`): every training-mode forward
+//! pass of a model given a [`NodeProfiler`] (`OnnxModel::with_profiler`) records the wall
+//! time of each node's op, and the profiler sums them by node and by op type. On the CPU the
 //! ops run eagerly, so a node's time is its compute; on a GPU backend it is the time to
 //! enqueue it. Backward runs inside Burn's autodiff and is not split by node: the runner's
 //! `perf.json` has the update's total and its synchronisation and optimizer time.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -15,51 +15,37 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::util::atomic_file::write_atomic;
 
-thread_local! {
-    static ACTIVE: RefCell<Option<HashMap<(usize, String), NodeTotal>>> = const { RefCell::new(None) };
-}
-
-#[derive(Default)]
+/// One node's times so far.
+#[derive(Debug, Default)]
 struct NodeTotal {
     op_type: String,
     calls: usize,
     time: Duration,
 }
 
-/// Whether a profiler is collecting on this thread.
-pub fn active() -> bool {
-    ACTIVE.with(|a| a.borrow().is_some())
-}
-
-/// Add `elapsed` to node `index` (`name`, `op_type`) if a profiler is collecting.
-pub fn record(index: usize, name: &str, op_type: &str, elapsed: Duration) {
-    ACTIVE.with(|a| {
-        if let Some(nodes) = a.borrow_mut().as_mut() {
-            let t = nodes
-                .entry((index, name.to_string()))
-                .or_insert_with(|| NodeTotal {
-                    op_type: op_type.to_string(),
-                    ..Default::default()
-                });
-            t.calls += 1;
-            t.time += elapsed;
-        }
-    });
-}
-
-/// Collects node times on the thread that created it until [`NodeProfiler::finish`].
-pub struct NodeProfiler(());
+/// Collects the node times of the passes of the models it was given to, until
+/// [`NodeProfiler::finish`].
+#[derive(Debug, Default)]
+pub struct NodeProfiler(Mutex<HashMap<(usize, String), NodeTotal>>);
 
 impl NodeProfiler {
-    /// Start collecting on this thread.
-    pub fn start() -> Self {
-        ACTIVE.with(|a| *a.borrow_mut() = Some(HashMap::new()));
-        NodeProfiler(())
+    /// Add `elapsed` to node `index` (`name`, `op_type`).
+    pub fn record(&self, index: usize, name: &str, op_type: &str, elapsed: Duration) {
+        let mut nodes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let t = nodes
+            .entry((index, name.to_string()))
+            .or_insert_with(|| NodeTotal {
+                op_type: op_type.to_string(),
+                ..Default::default()
+            });
+        t.calls += 1;
+        t.time += elapsed;
     }
 
-    /// Stop collecting; the totals averaged over `updates` optimizer updates.
-    pub fn finish(self, updates: usize) -> Profile {
-        let nodes = ACTIVE.with(|a| a.borrow_mut().take()).unwrap_or_default();
+    /// The totals so far averaged over `updates` optimizer updates (collecting starts
+    /// again from nothing).
+    pub fn finish(&self, updates: usize) -> Profile {
+        let nodes = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
         let per_update = |d: Duration| d.as_secs_f64() * 1e3 / updates.max(1) as f64;
         let forward_ms: f64 = nodes.values().map(|t| per_update(t.time)).sum();
         let mut by_type: HashMap<String, OpTypeTime> = HashMap::new();
@@ -96,12 +82,6 @@ impl NodeProfiler {
             by_op_type,
             by_node,
         }
-    }
-}
-
-impl Drop for NodeProfiler {
-    fn drop(&mut self) {
-        ACTIVE.with(|a| a.borrow_mut().take());
     }
 }
 

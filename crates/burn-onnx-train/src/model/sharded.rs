@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use burn::module::Param;
 use burn::tensor::{Device, TensorData};
-use burn_ort_dist::Communicator;
 use burn_ort_dist::update::zero::layout::{chunk_len, chunk_of};
+use burn_ort_dist::{Communicator, SyncTimes};
 use ndarray::{ArrayD, IxDyn};
 
 use super::param_file::{Kept, ParamFile};
@@ -264,6 +264,12 @@ impl OnnxModel {
             ..(*self.spec).clone()
         });
         self
+    }
+
+    /// The time this model's passes (and its clones') spent prefetching since the last
+    /// call: the communication thread's gathers, and the passes' waits for them.
+    pub fn take_prefetch_times(&self) -> SyncTimes {
+        self.spec.prefetch_times.take()
     }
 
     /// What a pass prefetches: the sharding group and this rank's chunks in the order the

@@ -170,6 +170,9 @@ impl OnnxModel {
                 collectives: self.spec.collectives.clone(),
                 vocab_shard,
                 prefetch: self.spec.prefetch,
+                prefetch_times: self.spec.prefetch_times.clone(),
+                profiler: self.spec.profiler.clone(),
+                grad_sink: self.spec.grad_sink.clone(),
             }),
         })
     }

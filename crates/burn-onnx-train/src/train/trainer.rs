@@ -43,7 +43,8 @@ pub(super) struct Trainer {
     schedule: LrSchedule,
     prefetch: Prefetcher,
     out: Reporter,
-    profiler: Option<NodeProfiler>,
+    /// The node times of the model's passes (`logging.profile`).
+    profiler: Option<Arc<NodeProfiler>>,
     /// Updates done (counting those of the run resumed from).
     pub update: usize,
     /// The last update of the run.
@@ -107,6 +108,11 @@ impl Trainer {
             strategy.as_mut(),
             &mut scaler,
         )?;
+        let profiler = c.logging.profile.then(Arc::<NodeProfiler>::default);
+        let model = match &profiler {
+            Some(p) => model.with_profiler(p.clone()),
+            None => model,
+        };
         let total = c.train.num_updates();
         let out = Reporter::open(&c, &plan, comm.rank(), train.unit(), (update, total))?;
         let trainer = Trainer {
@@ -118,7 +124,7 @@ impl Trainer {
                 4,
                 c.train.gradient_accumulation_steps,
             ),
-            profiler: c.logging.profile.then(NodeProfiler::start),
+            profiler,
             out,
             comm,
             plan,
@@ -138,7 +144,7 @@ impl Trainer {
     /// update at the scheduled learning rate, then the reports (loss, rate, norms).
     pub fn train_update(&mut self, mut model: OnnxModel) -> Result<OnnxModel> {
         // Gathers prefetched outside the update (an evaluation's) are not its own.
-        crate::collective::prefetch::take_times();
+        model.take_prefetch_times();
         let started = Instant::now();
         let acc = self.passes.train(
             &mut model,
@@ -147,6 +153,7 @@ impl Trainer {
             self.update,
             self.scaler.scale(),
         )?;
+        let prefetched = model.take_prefetch_times();
         let display = (self.update + 1).is_multiple_of(self.c.logging.display_loss_steps.max(1))
             || self.update + 1 == self.total;
         let (lr, update_started) = (self.schedule.lr(self.update), Instant::now());
@@ -184,7 +191,7 @@ impl Trainer {
             elapsed,
             sync_time,
             acc.waited,
-            [acc.sync, crate::collective::prefetch::take_times()],
+            [acc.sync, prefetched],
         );
         self.out.update(&UpdateReport {
             step: self.update,

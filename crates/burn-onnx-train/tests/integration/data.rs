@@ -21,6 +21,7 @@ fn sampler(len: usize, rank: usize, world: usize) -> DistributedSampler {
         seed: 7,
         shuffle: true,
         balance: None,
+        last_order: Default::default(),
     }
 }
 
@@ -129,6 +130,7 @@ fn prefetcher_yields_the_sampler_batches_in_order() {
         seed: 3,
         shuffle: true,
         balance: None,
+        last_order: Default::default(),
     };
     let p = Prefetcher::start(data.clone(), s.clone(), 2, 2, 1);
     for k in 2..9 {

@@ -143,6 +143,7 @@ fn balanced(lengths: &[u32], rank: usize, world: usize, bucket: usize) -> Distri
             lengths: Arc::new(lengths.to_vec()),
             bucket,
         }),
+        last_order: Default::default(),
     }
 }
 
@@ -242,6 +243,7 @@ fn first_loss_is_onnxruntimes(
         seed: c.train.seed,
         shuffle: true,
         balance: burn_onnx_train::train::data::documents::length_balance(&c, data.as_ref()),
+        last_order: Default::default(),
     };
     let dir = c.checkpoint.output_dir.join("docs");
     std::fs::create_dir_all(&dir).unwrap();

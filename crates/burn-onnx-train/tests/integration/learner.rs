@@ -40,6 +40,7 @@ fn runner_order(c: &TrainingConfig, data: &Arc<dyn Dataset>) -> Vec<Vec<usize>> 
         seed: c.train.seed,
         shuffle: true,
         balance: None,
+        last_order: Default::default(),
     };
     (0..c.train.num_train_steps)
         .map(|k| sampler.batch_indices(k).unwrap())

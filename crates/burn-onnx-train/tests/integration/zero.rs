@@ -563,6 +563,7 @@ fn flaky_at_micro_step(k: usize) -> Arc<dyn Dataset> {
         seed: 42,
         shuffle: true,
         balance: None,
+        last_order: Default::default(),
     };
     Arc::new(Flaky {
         inner: gpt2_tokens(),

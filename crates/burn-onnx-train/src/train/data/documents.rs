@@ -62,6 +62,7 @@ pub fn training_sampler(
         seed: c.train.seed,
         shuffle: true,
         balance: length_balance(c, data),
+        last_order: Default::default(),
     }
 }
 

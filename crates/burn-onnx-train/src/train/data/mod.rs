@@ -30,7 +30,7 @@ use std::thread::JoinHandle;
 
 use ndarray::{ArrayD, Axis, IxDyn, concatenate};
 
-pub use super::data::sampler::{DistributedSampler, LengthBalance};
+pub use super::data::sampler::{DistributedSampler, LastOrder, LengthBalance};
 use super::data::token_shards::TokenShards;
 use crate::error::{OnnxError, Result};
 use crate::train::data::npy::read_npy;

@@ -18,8 +18,7 @@
 //! which is what makes resumed runs bit-identical, and every rank can compute every other
 //! rank's batch (the documents' loss divisor counts them).
 
-use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -54,27 +53,59 @@ pub struct DistributedSampler {
     pub shuffle: bool,
     /// Balance the ranks by sample length (documents); `None`: plain.
     pub balance: Option<LengthBalance>,
+    /// The last epoch order it computed (`LastOrder::default()` to start empty).
+    pub last_order: LastOrder,
 }
 
 /// What identifies an epoch's order: length, seed, shuffle, epoch.
 type OrderKey = (usize, u64, bool, u64);
 
-thread_local! {
-    /// The last epoch order this thread computed: the prefetch thread asks for the same
-    /// epoch at every micro-step (and for every rank's batch, to count an update's labels),
-    /// and shuffling millions of indices each time would cost more than the step.
-    static LAST_ORDER: RefCell<Option<(OrderKey, Arc<Vec<usize>>)>> = const { RefCell::new(None) };
+/// The last epoch order a sampler computed: the prefetch thread asks for the same epoch at
+/// every micro-step (and for every rank's batch, to count an update's labels), and
+/// shuffling millions of indices each time would cost more than the step. A cache, not
+/// part of what the sampler is: every two are equal, and a clone starts from the same.
+#[derive(Default)]
+pub struct LastOrder(Mutex<Option<(OrderKey, Arc<Vec<usize>>)>>);
+
+impl LastOrder {
+    /// The order cached under `key`, if it is the last one.
+    fn get(&self, key: OrderKey) -> Option<Arc<Vec<usize>>> {
+        let last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        last.as_ref()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, o)| o.clone())
+    }
+
+    /// Keep `order` as the one of `key`.
+    fn set(&self, key: OrderKey, order: Arc<Vec<usize>>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((key, order));
+    }
+}
+
+impl Clone for LastOrder {
+    fn clone(&self) -> Self {
+        LastOrder(Mutex::new(
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        ))
+    }
+}
+
+impl PartialEq for LastOrder {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for LastOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LastOrder")
+    }
 }
 
 impl DistributedSampler {
     fn shuffled(&self, epoch: u64) -> Arc<Vec<usize>> {
         let key = (self.len, self.seed, self.shuffle, epoch);
-        if let Some(order) = LAST_ORDER.with(|l| {
-            l.borrow()
-                .as_ref()
-                .filter(|(k, _)| *k == key)
-                .map(|(_, o)| o.clone())
-        }) {
+        if let Some(order) = self.last_order.get(key) {
             return order;
         }
         let mut all: Vec<usize> = (0..self.len).collect();
@@ -84,7 +115,7 @@ impl DistributedSampler {
             ));
         }
         let all = Arc::new(all);
-        LAST_ORDER.with(|l| *l.borrow_mut() = Some((key, all.clone())));
+        self.last_order.set(key, all.clone());
         all
     }
 

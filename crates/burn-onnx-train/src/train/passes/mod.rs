@@ -17,7 +17,6 @@ use burn_ort_dist::{DataParallel, SyncTimes};
 use super::data::{Batch, Prefetcher};
 use super::passes::ready_grads::ReadyGrads;
 use super::passes::step::{PassSettings, forward_loss, scalar};
-use crate::collective::grad_hooks;
 use crate::error::Result;
 use crate::model::{Mode, OnnxModel};
 use crate::util::seeds::micro_step_seed;
@@ -180,9 +179,9 @@ impl Passes for Sequential {
             {
                 ready = Some(ReadyGrads::start(ddp, model, &mut acc)?);
             }
-            let guard = ready.clone().map(|h| grad_hooks::install(h));
-            let out = forward_loss(model, s.batch, c, &self.device, Mode::Train, s.seed)?;
-            drop(guard);
+            let hooked = ready.clone().map(|h| model.clone().with_grad_sink(h));
+            let forward = hooked.as_ref().unwrap_or(model);
+            let out = forward_loss(forward, s.batch, c, &self.device, Mode::Train, s.seed)?;
             let loss = f64::from(scalar(out.loss.clone()));
             let scaled = scaled_loss(out.loss, k, loss_scale);
             acc.accumulate(model, GradientsParams::from_grads(scaled.backward(), model));
