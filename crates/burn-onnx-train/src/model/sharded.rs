@@ -257,7 +257,9 @@ impl OnnxModel {
     }
 
     /// The same model with its ZeRO-3 gathers run up to `depth` parameters ahead of the
-    /// pass on a communication thread ([`crate::collective::prefetch`]; 0: inline).
+    /// pass on a communication thread ([`crate::collective::prefetch`]; 0: inline, which
+    /// the caller asks for with a tensor-parallel group, whose collectives would run beside
+    /// the gathers).
     pub fn with_prefetch(mut self, depth: usize) -> OnnxModel {
         self.spec = Arc::new(Spec {
             prefetch: depth,
@@ -274,8 +276,8 @@ impl OnnxModel {
 
     /// What a pass prefetches: the sharding group and this rank's chunks in the order the
     /// pass gathers them (first readers, graph order); `None` when it gathers inline (not
-    /// sharded, prefetch off, a tensor-parallel group whose collectives would run beside
-    /// the gathers, or control flow whose bodies read parameters in their own order).
+    /// sharded, prefetch off, or control flow whose bodies read parameters in their own
+    /// order).
     pub(super) fn prefetch_plan(&self) -> Option<(CollectiveGroup, Vec<PhysTensor>)> {
         const BODIES: [&str; 4] = ["If", "Loop", "Scan", "SequenceMap"];
         let spec = &self.spec;
@@ -283,7 +285,6 @@ impl OnnxModel {
         let graph = &spec.graph;
         if spec.sharding.is_none()
             || spec.prefetch == 0
-            || spec.collectives.tensor_parallel.is_some()
             || graph
                 .nodes
                 .iter()

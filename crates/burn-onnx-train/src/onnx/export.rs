@@ -272,17 +272,15 @@ pub fn export_onnx_with(
 /// Export a ZeRO-3 model without ever holding it whole: every rank of its sharding `group`
 /// calls this (a collective), each parameter is gathered where the writer reaches it and
 /// dropped once written, and the rank given a `path` (one of them) writes the file, as
-/// [`export_onnx_with`] does; the others only take part in the gathers. A model that is
-/// not sharded needs no gathers: the writer writes it, the others return at once.
+/// [`export_onnx_with`] does; the others only take part in the gathers. The caller knows
+/// whether the model is sharded (a model that is not needs no gathers: write it with
+/// [`export_onnx_with`]).
 pub fn export_onnx_gathered(
     model: &OnnxModel,
     group: &dyn Communicator,
     path: Option<&Path>,
     options: ExportOptions,
 ) -> Result<()> {
-    if model.sharding().is_none() {
-        return path.map_or(Ok(()), |p| export_onnx_with(model, p, options));
-    }
     let params = Gathered { model, group };
     if let Some(path) = path {
         return export_onnx_from(model.graph(), &params, path, options);

@@ -63,20 +63,38 @@ pub fn eval_batches(c: &TrainingConfig, len: usize) -> Result<usize> {
     })
 }
 
+/// Where a rank evaluates in the run's layout
+/// ([`crate::train::layout::parallel_plan::ParallelPlan::eval_place`]).
+pub struct EvalPlace {
+    /// This rank's data-parallel replica.
+    pub replica: usize,
+    /// The data-parallel replicas.
+    pub replicas: usize,
+    /// Whether this rank counts its losses: of the tensor-parallel ranks of a replica,
+    /// which compute the same losses together, only the first does.
+    pub reports: bool,
+    /// Whether the replicas run every round together (ZeRO-3: the forward pass gathers
+    /// the parameters, a collective of the replicas).
+    pub lockstep: bool,
+}
+
 /// Mean loss (and perplexity or accuracy) of `model` on `test` at update `step`: this rank
-/// is replica `replica` of `replicas`, runs `passes`, and `world` holds every rank. Of the
-/// tensor-parallel ranks of a replica, which compute the same losses together, only the
-/// first (`reports`) counts them.
+/// evaluates at `place`, runs `passes`, and `world` holds every rank.
 pub fn evaluate(
     c: &TrainingConfig,
     world: &dyn Communicator,
-    (replica, replicas): (usize, usize),
-    reports: bool,
+    place: EvalPlace,
     passes: &dyn Passes,
     model: &OnnxModel,
     test: &dyn Dataset,
     step: usize,
 ) -> Result<EvalMetrics> {
+    let EvalPlace {
+        replica,
+        replicas,
+        reports,
+        lockstep,
+    } = place;
     let eval_model = model.valid();
     let batches = eval_batches(c, test.len())?;
     let (first, stride) = if c.eval.eval_partitioned {
@@ -86,9 +104,7 @@ pub fn evaluate(
     };
     // [loss sum, correct, samples]
     let mut sums = [0.0f32; 3];
-    // A ZeRO-3 model gathers its parameters in every forward pass, a collective of the
-    // replicas: a replica left without a batch in the last round runs batch 0 uncounted.
-    let lockstep = model.sharding().is_some();
+    // In lockstep a replica left without a batch in the last round runs batch 0 uncounted.
     for round in 0..batches.div_ceil(stride) {
         let b = first + round * stride;
         if b >= batches && !lockstep {

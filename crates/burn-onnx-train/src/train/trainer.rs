@@ -216,8 +216,7 @@ impl Trainer {
         let metrics = evaluate(
             &self.c,
             self.comm.as_ref(),
-            (self.plan.groups.dp_rank, self.plan.topology.dp),
-            self.plan.groups.tp_rank == 0,
+            self.plan.eval_place(),
             self.passes.as_ref(),
             model,
             test,
@@ -251,8 +250,7 @@ impl Trainer {
             pipeline_stages: plan.topology.pp,
             tensor_parallel: plan.topology.tp,
             tensor_parallel_splits: plan
-                .tensor_parallel
-                .as_ref()
+                .tensor_parallel()
                 .map(|t| t.params.clone())
                 .unwrap_or_default(),
             config_toml: c.to_toml()?,

@@ -144,7 +144,7 @@ pub(crate) fn resume(
         place.topology.dp,
         &path,
     )?;
-    let model = read_params(&path, model, place.tensor_parallel.as_ref())
+    let model = read_params(&path, model, place.tensor_parallel())
         .map_err(|e| from_other_model(e, &path, &saved.model.model_path, &c.model.model_path))?;
     if state.tensor_parallel == place.topology.tp {
         strategy.load_state(

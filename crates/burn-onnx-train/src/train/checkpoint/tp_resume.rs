@@ -41,8 +41,7 @@ pub fn regrouped_state_dirs(
     };
     let current = |name: &str| {
         place
-            .tensor_parallel
-            .as_ref()
+            .tensor_parallel()
             .and_then(|t| t.params.get(name).map(|s| (*s, t.rank, t.size)))
     };
     let join = |id: u64,
@@ -134,8 +133,7 @@ fn regroup_zero(
             .then(|| state.tensor_parallel_splits.get(&info.name).copied())
             .flatten();
         let to = place
-            .tensor_parallel
-            .as_ref()
+            .tensor_parallel()
             .and_then(|t| t.params.get(&info.name).map(|s| (*s, t.rank, t.size)));
         if from.is_none() && to.is_none() {
             params.push((id, first.clone()));

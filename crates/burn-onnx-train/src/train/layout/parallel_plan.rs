@@ -9,10 +9,15 @@
 //! stage, averages gradients with the ranks holding the same part, writes that part into
 //! checkpoints, and hands it on for export one parameter at a time (the stage owning it
 //! gathers its ZeRO-3 chunks and tensor-parallel parts, and sends it to world rank 0,
-//! which writes the file).
+//! which writes the file: [`super::streamed_export`]).
+//!
+//! The plan is the one source of the run's parallel facts (is tensor, pipeline or
+//! sequence parallelism on, which ZeRO stage, prefetch, recomputation, overlap): it holds
+//! the `[parallel]` section and answers from it and from the topology; the layers below
+//! (model, onnx) get each fact as a value it passes down.
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -22,21 +27,18 @@ use burn_ort_dist::comm::fp16_wire::Fp16ReduceScatter;
 use burn_ort_dist::{
     Communicator, DataParallel, Groups, ModelParallel, StateFile, Topology, UpdateStrategy,
 };
-use ndarray::{ArrayD, IxDyn};
 
 use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, Result};
-use crate::graph::Graph;
 use crate::model::{ChunkStore, OnnxModel};
-use crate::onnx::export::{
-    ExportOptions, ParamSource, export_onnx_from, export_onnx_gathered, param_reads,
-};
+use crate::onnx::export::{ExportOptions, export_onnx_gathered, export_onnx_with};
 use crate::parallel::pipeline::Partition;
 use crate::parallel::tensor_parallel::TensorParallel;
 use crate::train::checkpoint::zero3_shards::{shard_file, shard_writer};
 use crate::train::checkpoint::{model_file, model_file_writer, state_dir};
-use crate::train::config::{Overlap, ParamOffload, TrainingConfig};
+use crate::train::config::{Overlap, ParallelConfig, ParamOffload, TrainingConfig};
 use crate::train::data::Dataset;
+use crate::train::evaluate::EvalPlace;
 use crate::train::optimizer::{build_strategy, data_parallel};
 use crate::train::passes::pipelined::Pipelined;
 use crate::train::passes::segmented::Segmented;
@@ -44,7 +46,8 @@ use crate::train::passes::step::PassSettings;
 use crate::train::passes::{Passes, Sequential};
 use crate::train::report::summaries::SummaryRole;
 use crate::value::Value;
-use crate::value::host_tensor::into_row_major_vec;
+
+use super::streamed_export::{ExportLayout, export_streamed};
 
 /// What [`ParallelPlan::parallelize`] gives the trainer: this rank's part of the model
 /// (holding the collective groups its ops run on), the passes that train it, and its update
@@ -64,18 +67,18 @@ pub struct ParallelPlan {
     pub topology: Topology,
     /// Coordinates and sub-communicators.
     pub groups: Groups,
-    /// The partition of the model, with more than one stage.
-    pub partition: Option<Arc<Partition>>,
-    /// The tensor-parallel split of the model, with more than one tp rank.
-    pub tensor_parallel: Option<TensorParallel>,
+    /// The partition of the model, cut by [`Self::parallelize`] with pipeline parallelism
+    /// (read through [`Self::partition`]).
+    partition: Option<Arc<Partition>>,
+    /// The tensor-parallel split of the model, made by [`Self::parallelize`] with tensor
+    /// parallelism (read through [`Self::tensor_parallel`]).
+    tensor_parallel: Option<TensorParallel>,
     /// The tp x pp ranks of this replica (the global norm's group when both split).
     model_group: Option<Arc<dyn Communicator>>,
-    /// The ZeRO stage (`parallel.zero_stage`; 3 shards the parameters).
-    zero_stage: usize,
+    /// The run's `[parallel]` section: every setting the plan applies is read here.
+    settings: ParallelConfig,
     /// Where ZeRO-3's chunks live (`offload.offload_params`), with the offload directory.
     chunk_place: (ParamOffload, PathBuf),
-    /// Gradients cross the data-parallel group as f16 (`allreduce_in_fp16`).
-    fp16_gradients: bool,
 }
 
 impl ParallelPlan {
@@ -94,9 +97,8 @@ impl ParallelPlan {
             partition: None,
             tensor_parallel: None,
             model_group: None,
-            zero_stage: c.parallel.zero_stage,
+            settings: c.parallel.clone(),
             chunk_place: (c.offload.offload_params, c.offload_dir()),
-            fp16_gradients: c.parallel.allreduce_in_fp16,
         };
         if plan.tp_enabled() && plan.pp_enabled() {
             plan.model_group = Some(Arc::from(world.split(plan.groups.dp_rank, world.rank())?));
@@ -117,12 +119,58 @@ impl ParallelPlan {
     /// The ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 gradients too, 3 the
     /// parameters too.
     pub fn zero_stage(&self) -> usize {
-        self.zero_stage
+        self.settings.zero_stage
     }
 
     /// ZeRO-3: the parameters sharded across the data-parallel group.
     pub fn zero3_enabled(&self) -> bool {
-        self.zero_stage == 3
+        self.zero_stage() == 3
+    }
+
+    /// How many parameters ZeRO-3's gathers run ahead of the pass (`zero3_prefetch`); 0,
+    /// gathering inline, without ZeRO-3 and with tensor parallelism (whose collectives
+    /// would run beside the gathers).
+    pub fn prefetch_depth(&self) -> usize {
+        match self.zero3_enabled() && !self.tp_enabled() {
+            true => self.settings.zero3_prefetch,
+            false => 0,
+        }
+    }
+
+    /// Activation recomputation: the forward of each segment (or pipeline stage) re-run in
+    /// backward (`recompute_segments` of 2 or more).
+    pub fn recompute_enabled(&self) -> bool {
+        self.settings.recompute_segments > 1
+    }
+
+    /// Gradient averaging during backward (`overlap`): off, from hooks, or by segments.
+    pub fn overlap(&self) -> Overlap {
+        self.settings.overlap
+    }
+
+    /// The pipeline partition, with pipeline parallelism.
+    ///
+    /// # Panics
+    /// With pipeline parallelism, before [`Self::parallelize`] cut the model.
+    pub fn partition(&self) -> Option<&Arc<Partition>> {
+        self.pp_enabled().then(|| {
+            self.partition
+                .as_ref()
+                .expect("parallelize cuts the pipeline")
+        })
+    }
+
+    /// The tensor-parallel split of the model, with tensor parallelism (which says whether
+    /// sequence parallelism is on too: [`TensorParallel::sequence`]).
+    ///
+    /// # Panics
+    /// With tensor parallelism, before [`Self::parallelize`] split the model.
+    pub fn tensor_parallel(&self) -> Option<&TensorParallel> {
+        self.tp_enabled().then(|| {
+            self.tensor_parallel
+                .as_ref()
+                .expect("parallelize splits the model")
+        })
     }
 
     /// Apply the plan to `model` (the whole model): its tensor-parallel split and pipeline
@@ -139,12 +187,12 @@ impl ParallelPlan {
         let model = self
             .model_part(c, model, train)?
             .with_collectives(self.collectives())
-            .with_prefetch(c.parallel.zero3_prefetch);
-        let ddp = data_parallel(&c.parallel, self.groups.dp.clone());
+            .with_prefetch(self.prefetch_depth());
+        let ddp = data_parallel(&self.settings, self.groups.dp.clone());
         let passes = self.passes(c, &model, device, &ddp)?;
         let mut strategy = build_strategy(
             &c.optimizer,
-            c.parallel.zero_stage,
+            self.zero_stage(),
             c.moment_place(),
             &model,
             &ddp,
@@ -195,7 +243,7 @@ impl ParallelPlan {
         if !self.pp_enabled() {
             return Ok(model);
         }
-        let partition = c.parallel.partition(&model)?;
+        let partition = self.settings.partition(&model)?;
         let mine = partition.stages_of(self.groups.pp_rank);
         let part = model.into_stages(&mine.iter().map(|s| s.part()).collect::<Vec<_>>())?;
         self.partition = Some(Arc::new(partition));
@@ -212,20 +260,16 @@ impl ParallelPlan {
         device: &Device,
         ddp: &DataParallel,
     ) -> Result<Box<dyn Passes>> {
-        let (recompute, overlap) = (
-            c.parallel.recompute_segments > 1,
-            c.parallel.overlap.segments().is_some(),
-        );
-        Ok(match &self.partition {
-            None if recompute || overlap => {
+        let (recompute, overlap) = (self.recompute_enabled(), self.overlap().segments());
+        Ok(match self.partition() {
+            None if recompute || overlap.is_some() => {
                 let (segments, field) = if recompute {
                     (
-                        c.parallel.recompute_segments,
+                        self.settings.recompute_segments,
                         "config.parallel.recompute_segments",
                     )
                 } else {
-                    let segments = c.parallel.overlap.segments().unwrap_or_default();
-                    (segments, "config.parallel.overlap")
+                    (overlap.unwrap_or_default(), "config.parallel.overlap")
                 };
                 let nodes = model.graph().nodes.len();
                 if segments > nodes {
@@ -239,21 +283,21 @@ impl ParallelPlan {
                     replica: self.groups.dp_rank,
                     device: device.clone(),
                     recompute,
-                    overlap: overlap.then(|| ddp.clone()),
+                    overlap: overlap.is_some().then(|| ddp.clone()),
                     settings: PassSettings::of(c),
                 })
             }
             None => Box::new(Sequential {
                 replica: self.groups.dp_rank,
                 device: device.clone(),
-                overlap: (c.parallel.overlap == Overlap::Hooks).then(|| ddp.clone()),
+                overlap: (self.overlap() == Overlap::Hooks).then(|| ddp.clone()),
                 settings: PassSettings::of(c),
             }),
             Some(p) => Box::new(Pipelined {
                 partition: p.clone(),
                 comm: self.groups.pp.clone(),
                 replica: self.groups.dp_rank,
-                schedule: c.parallel.pipeline_schedule,
+                schedule: self.settings.pipeline_schedule,
                 micro_batches: c.micro_batches(),
                 device: device.clone(),
                 recompute,
@@ -267,7 +311,7 @@ impl ParallelPlan {
     /// in backward, as f16 on the wire with `allreduce_in_fp16`).
     fn collectives(&self) -> Collectives {
         let sharding = self.zero3_enabled().then(|| {
-            let group: Arc<dyn Communicator> = if self.fp16_gradients {
+            let group: Arc<dyn Communicator> = if self.settings.allreduce_in_fp16 {
                 Arc::new(Fp16ReduceScatter(self.groups.dp.clone()))
             } else {
                 self.groups.dp.clone()
@@ -315,7 +359,7 @@ impl ParallelPlan {
     fn model_parallel(&self, model: &OnnxModel) -> Option<ModelParallel> {
         let id = |name: &str| model.param_index(name).map(|i| model.params()[i].id);
         let mut elsewhere: HashSet<ParamId> = HashSet::new();
-        if let Some(p) = &self.partition {
+        if let Some(p) = self.partition() {
             let me = self.groups.pp_rank;
             elsewhere.extend(
                 p.shared
@@ -324,11 +368,7 @@ impl ParallelPlan {
                     .filter_map(|s| id(&s.name)),
             );
         }
-        if let Some(t) = self
-            .tensor_parallel
-            .as_ref()
-            .filter(|_| self.groups.tp_rank != 0)
-        {
+        if let Some(t) = self.tensor_parallel().filter(|_| self.groups.tp_rank != 0) {
             elsewhere.extend(
                 model
                     .param_infos()
@@ -348,7 +388,7 @@ impl ParallelPlan {
 
     /// Does this rank write parameter `name` (the rank of the first stage holding it does)?
     fn owns(&self, name: &str) -> bool {
-        match &self.partition {
+        match self.partition() {
             None => true,
             Some(p) => p
                 .shared
@@ -405,171 +445,47 @@ impl ParallelPlan {
         }
     }
 
+    /// What the streamed export reads of the layout.
+    fn export_layout(&self) -> ExportLayout<'_> {
+        ExportLayout {
+            groups: &self.groups,
+            partition: self.partition().map(Arc::as_ref),
+            tensor_parallel: self.tensor_parallel(),
+            zero3: self.zero3_enabled(),
+        }
+    }
+
+    /// Where this rank evaluates: its replica of the data-parallel group, whether it
+    /// counts the losses (tp rank 0 of the replica), and whether the replicas run every
+    /// round together (ZeRO-3 gathers the parameters in every forward pass).
+    pub fn eval_place(&self) -> EvalPlace {
+        EvalPlace {
+            replica: self.groups.dp_rank,
+            replicas: self.topology.dp,
+            reports: self.groups.tp_rank == 0,
+            lockstep: self.zero3_enabled(),
+        }
+    }
+
     /// Export the trained model to `path` on world rank 0 (a collective over `world`;
     /// whether this rank wrote it). No rank holds the trained model whole: the writer
     /// reads each parameter where it reaches it. Without tensor or pipeline parallelism
-    /// the model is the whole graph, and ZeRO-3 gathers each parameter from its chunks
-    /// ([`export_onnx_gathered`]); with them, rank 0 writes the model file and every rank
-    /// walks the parameters it reads with it ([`Self::stream_param`]).
+    /// the model is the whole graph, gathered parameter by parameter from its chunks with
+    /// ZeRO-3 ([`export_onnx_gathered`]) and otherwise written as it is; with them, rank 0
+    /// writes the model file and every rank streams it the parameters it reads
+    /// ([`export_streamed`]).
     pub fn export(&self, model: &OnnxModel, world: &dyn Communicator, path: &Path) -> Result<bool> {
         let root = world.rank() == 0;
-        if !self.pp_enabled() && !self.tp_enabled() {
+        let options = ExportOptions::default();
+        if self.pp_enabled() || self.tp_enabled() {
+            export_streamed(&self.export_layout(), model, world, path)?;
+        } else if self.zero3_enabled() {
             let path = root.then_some(path);
-            export_onnx_gathered(
-                model,
-                self.groups.dp.as_ref(),
-                path,
-                ExportOptions::default(),
-            )?;
-            world.barrier()?;
-            return Ok(root);
-        }
-        let names = self.whole_param_names(model);
-        if root {
-            // Every rank's graph keeps the whole model's protobuf and ties for export.
-            let graph = model.graph();
-            let params = Streamed {
-                plan: self,
-                model,
-                names: &names,
-                shapes: initializer_shapes(graph),
-            };
-            let reads: Vec<usize> = param_reads(graph, &params)
-                .iter()
-                .filter_map(|n| names.binary_search(n).ok())
-                .collect();
-            broadcast_indices(world, reads)?;
-            export_onnx_from(graph, &params, path, ExportOptions::default())?;
-        } else {
-            for i in broadcast_indices(world, Vec::new())? {
-                self.stream_param(model, &names[i])?;
-            }
+            export_onnx_gathered(model, self.groups.dp.as_ref(), path, options)?;
+        } else if root {
+            export_onnx_with(model, path, options)?;
         }
         world.barrier()?;
         Ok(root)
     }
-
-    /// The names of the whole model's parameters, sorted: the same list on every rank
-    /// (each pipeline rank knows every stage's parameters from the partition).
-    fn whole_param_names(&self, model: &OnnxModel) -> Vec<String> {
-        let names: BTreeSet<String> = match &self.partition {
-            Some(p) => (0..p.ranks).flat_map(|k| p.params_of(k)).collect(),
-            None => model.param_infos().iter().map(|i| i.name.clone()).collect(),
-        };
-        names.into_iter().collect()
-    }
-
-    /// One step of the streamed export, on every rank for the same parameter `name` in
-    /// the same order: the ranks of the stage owning it gather it whole (ZeRO-3 over the
-    /// data-parallel group, then the tensor-parallel parts on tp rank 0), and the first
-    /// replica's tp rank 0 of that stage sends it to stage 0. World rank 0 gets `Some`
-    /// when it owns the parameter itself; every other rank gets `None`.
-    fn stream_param(&self, model: &OnnxModel, name: &str) -> Result<Option<ArrayD<f32>>> {
-        let g = &self.groups;
-        let owner = self.owner_stage(name);
-        if g.pp_rank != owner || (!self.zero3_enabled() && g.dp_rank != 0) {
-            return Ok(None);
-        }
-        let local = model.whole_param(model.require_param(name)?, g.dp.as_ref())?;
-        if g.dp_rank != 0 {
-            return Ok(None);
-        }
-        let full = match &self.tensor_parallel {
-            Some(t) => t.gather_param(name, local, g.tp.as_ref())?,
-            None => Some(local),
-        };
-        match full {
-            Some(full) if owner != 0 => {
-                g.pp.recv(&mut [0.0], 0)?;
-                g.pp.send(&into_row_major_vec(full), 0)?;
-                Ok(None)
-            }
-            full => Ok(full),
-        }
-    }
-
-    /// World rank 0's side of [`Self::stream_param`]: parameter `name` (of `shape`), its
-    /// own or received from the stage owning it. The owner sends once asked, so one
-    /// parameter at a time is in flight.
-    fn received_param(
-        &self,
-        model: &OnnxModel,
-        name: &str,
-        shape: &[usize],
-    ) -> Result<ArrayD<f32>> {
-        if let Some(values) = self.stream_param(model, name)? {
-            return Ok(values);
-        }
-        let owner = self.owner_stage(name);
-        let pp = self.groups.pp.as_ref();
-        pp.send(&[0.0], owner)?;
-        let mut values = vec![0f32; shape.iter().product()];
-        pp.recv(&mut values, owner)?;
-        ArrayD::from_shape_vec(IxDyn(shape), values)
-            .map_err(|e| OnnxError::field(format!("parameter '{name}'"), e.to_string()))
-    }
-
-    /// The pipeline rank whose stages write parameter `name` (0 without a pipeline).
-    fn owner_stage(&self, name: &str) -> usize {
-        self.partition
-            .as_ref()
-            .and_then(|p| p.owner(name))
-            .unwrap_or(0)
-    }
-}
-
-/// World rank 0's parameters in a streamed export ([`ParallelPlan::export`]).
-struct Streamed<'a> {
-    plan: &'a ParallelPlan,
-    /// Rank 0's part of the trained model.
-    model: &'a OnnxModel,
-    /// The whole model's parameters, sorted.
-    names: &'a [String],
-    /// Each initializer's shape, from the whole model's protobuf.
-    shapes: HashMap<String, Vec<usize>>,
-}
-
-impl ParamSource for Streamed<'_> {
-    fn holds(&self, name: &str) -> bool {
-        self.names
-            .binary_search_by(|n| n.as_str().cmp(name))
-            .is_ok()
-    }
-
-    fn values(&self, name: &str) -> Result<ArrayD<f32>> {
-        let shape = self.shapes.get(name).ok_or_else(|| {
-            OnnxError::field(
-                format!("parameter '{name}'"),
-                "not an initializer of the model",
-            )
-        })?;
-        self.plan.received_param(self.model, name, shape)
-    }
-}
-
-/// The shape of each initializer of `graph`'s protobuf, by name.
-fn initializer_shapes(graph: &Graph) -> HashMap<String, Vec<usize>> {
-    graph
-        .model
-        .graph
-        .iter()
-        .flat_map(|g| &g.initializer)
-        .map(|t| {
-            (
-                t.name.clone(),
-                t.dims.iter().map(|&d| d.max(0) as usize).collect(),
-            )
-        })
-        .collect()
-}
-
-/// `indices` from world rank 0 to every rank (the others pass an empty list): a length,
-/// then the indices, as f32 (exact below 2^24).
-fn broadcast_indices(world: &dyn Communicator, indices: Vec<usize>) -> Result<Vec<usize>> {
-    let mut len = [indices.len() as f32];
-    world.broadcast(&mut len, 0)?;
-    let mut buf: Vec<f32> = indices.iter().map(|&i| i as f32).collect();
-    buf.resize(len[0] as usize, 0.0);
-    world.broadcast(&mut buf, 0)?;
-    Ok(buf.into_iter().map(|x| x as usize).collect())
 }
