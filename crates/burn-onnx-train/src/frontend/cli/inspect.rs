@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use burn::tensor::Device;
 
 use crate::error::OnnxError;
-use crate::graph::{Dim, Graph, dims_text};
+use crate::graph::{Dim, Graph, TensorInfo, dims_text};
 use crate::model::{OnnxModel, ParamRole};
 use crate::parallel::pipeline::Partition;
 use crate::value::Value;
@@ -44,24 +44,8 @@ pub fn run(args: InspectArgs) -> Result<(), OnnxError> {
         g.opset,
         g.model.graph.as_ref().map_or(0, |g| g.node.len())
     );
-    println!("inputs:");
-    for i in &g.inputs {
-        println!(
-            "  {} {} {}",
-            i.name,
-            dtype::name(i.elem_type),
-            dims_text(&i.dims)
-        );
-    }
-    println!("outputs:");
-    for o in &g.outputs {
-        println!(
-            "  {} {} {}",
-            o.name,
-            dtype::name(o.elem_type),
-            dims_text(&o.dims)
-        );
-    }
+    print_tensors("inputs", &g.inputs);
+    print_tensors("outputs", &g.outputs);
     println!("ops:");
     for (op, n) in g.op_counts() {
         println!("  {op:<24} {n}");
@@ -112,6 +96,19 @@ pub fn run(args: InspectArgs) -> Result<(), OnnxError> {
         print_tensor_parallel(model, n)?;
     }
     Ok(())
+}
+
+/// `title:` and a line per tensor: its name, element type and dimensions.
+fn print_tensors(title: &str, tensors: &[TensorInfo]) {
+    println!("{title}:");
+    for t in tensors {
+        println!(
+            "  {} {} {}",
+            t.name,
+            dtype::name(t.elem_type),
+            dims_text(&t.dims)
+        );
+    }
 }
 
 /// The tensor-parallel split of `model` over `n` ranks: blocks, split weights (the

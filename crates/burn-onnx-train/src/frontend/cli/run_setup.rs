@@ -77,6 +77,7 @@ pub(super) fn parse_size(text: &str) -> Result<u64, OnnxError> {
     }
 }
 
+/// The test shards' directory, when the config names one.
 fn test_dir(c: &TrainingConfig) -> Option<&std::path::Path> {
     (!c.data.test_data_dir.as_os_str().is_empty()).then_some(c.data.test_data_dir.as_path())
 }
