@@ -126,7 +126,7 @@ impl ParallelPlan {
     }
 
     /// Apply the plan to `model` (the whole model): its tensor-parallel split and pipeline
-    /// stage ([`Self::model_part`]), the groups its ops run on, the passes (plain,
+    /// stage (`Self::model_part`), the groups its ops run on, the passes (plain,
     /// segmented or a pipeline stage's) and the update strategy (replicated or ZeRO over
     /// the data-parallel group; the global norm over the model-parallel group).
     pub fn parallelize(
@@ -410,7 +410,7 @@ impl ParallelPlan {
     /// reads each parameter where it reaches it. Without tensor or pipeline parallelism
     /// the model is the whole graph, and ZeRO-3 gathers each parameter from its chunks
     /// ([`export_onnx_gathered`]); with them, rank 0 writes the model file and every rank
-    /// walks the parameters it reads with it ([`Self::stream_param`]).
+    /// walks the parameters it reads with it (`Self::stream_param`).
     pub fn export(&self, model: &OnnxModel, world: &dyn Communicator, path: &Path) -> Result<bool> {
         let root = world.rank() == 0;
         if !self.pp_enabled() && !self.tp_enabled() {
