@@ -21,6 +21,8 @@
 //! # Ok::<(), burn_onnx_train::OnnxError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 // The layers, bottom to top; a module imports only from its own layer and the ones below
 // it (`tools/import_cycles.py` checks this):
 //   util, error        -> small shared pieces

@@ -11,6 +11,8 @@
 //! where PyTorch DDP hooks it too: on the gradients, after `backward()` and before the
 //! optimizer, on every backend.
 
+#![warn(missing_docs)]
+
 // The layers, bottom to top: storage (off-device state and record formats), comm
 // (communicators, topology, launch), grads (gradient averaging), update (DDP and ZeRO
 // update strategies). `tools/import_cycles.py` checks that none imports one above it.

@@ -46,7 +46,7 @@ impl From<HostTensor> for Initializer {
 
 impl Initializer {
     /// `proto` as the loader keeps it: left in place when its data is float32 raw data of
-    /// at least [`MAPPED_MIN_VALUES`] values inside a mapped file (the model file's
+    /// at least `MAPPED_MIN_VALUES` values inside a mapped file (the model file's
     /// `model_map`, or `external` data) that reads as f32 in place; decoded otherwise.
     pub fn load(
         proto: &TensorProto,

@@ -8,7 +8,7 @@
 //!   as PyTorch's TorchScript and dynamo exporters and our builder write it, 8 nodes) ->
 //!   `Gelu(approximate = "tanh")`.
 //! - Conv followed by Relu (the Conv's output read by the Relu alone) -> the Conv marked
-//!   with [`FUSED_ACTIVATION`](crate::graph::attributes::FUSED_ACTIVATION) = `"Relu"`: `kernels::conv2d` applies the ReLU to each image's
+//!   with [`FUSED_ACTIVATION`] = `"Relu"`: `kernels::conv2d` applies the ReLU to each image's
 //!   output while it is in cache and masks the gradient in its backward, instead of a pass
 //!   of its own over the activations each way. The mark is internal: export writes the
 //!   original graph.

@@ -123,8 +123,8 @@ const STRING_OPS: &[&str] = &[
 ];
 
 /// Refuse a sequence given to an op that takes tensors (every op outside
-/// [`SEQUENCE_OPS`]) and strings given to an op that computes on numbers (every op outside
-/// [`STRING_OPS`]), naming the input.
+/// `SEQUENCE_OPS`) and strings given to an op that computes on numbers (every op outside
+/// `STRING_OPS`), naming the input.
 pub fn refuse_unsupported_kinds(op_type: &str, args: &[Option<Value>]) -> OpResult<()> {
     for (k, arg) in args.iter().enumerate() {
         match arg {

@@ -602,8 +602,9 @@ fn decode_typed(proto: &TensorProto, numel: usize) -> std::result::Result<HostTe
 
 /// The ONNX low-precision element types (float8, float4, e8m0, 4- and 2-bit integers): their
 /// storage, and rounding of f32 (and i64) values to them. The interpreter holds these floats as
-/// f32 and these integers as i64; [`round_float`] and [`convert_int`] give the value a `Cast`
-/// to the type produces (as the ONNX reference, on ml_dtypes).
+/// f32 and these integers as i64; [`round_float`](low_precision::round_float) and
+/// [`convert_int`](low_precision::convert_int) give the value a `Cast` to the type produces
+/// (as the ONNX reference, on ml_dtypes).
 pub mod low_precision {
     use super::{HostTensor, dtype, vec1n};
 

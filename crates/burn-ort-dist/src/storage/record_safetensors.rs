@@ -244,7 +244,7 @@ pub(crate) fn record_to_safetensors(record: Bytes) -> DistResult<Vec<u8>> {
     Ok(out)
 }
 
-/// The record (burn-pack bytes) a file of [`record_to_safetensors`] holds.
+/// The record (burn-pack bytes) a file of `record_to_safetensors` holds.
 pub fn safetensors_to_record(file: &[u8]) -> DistResult<Bytes> {
     let (_, header) = SafeTensors::read_metadata(file)
         .map_err(|e| state_error(format!("not a safetensors file: {e}")))?;

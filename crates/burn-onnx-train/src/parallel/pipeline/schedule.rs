@@ -43,9 +43,19 @@ pub enum PipelineSchedule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pass {
     /// Forward.
-    Forward { chunk: usize, micro: usize },
+    Forward {
+        /// The rank's model chunk it runs (0 without virtual stages).
+        chunk: usize,
+        /// The micro-batch it carries.
+        micro: usize,
+    },
     /// Backward.
-    Backward { chunk: usize, micro: usize },
+    Backward {
+        /// The rank's model chunk it runs (0 without virtual stages).
+        chunk: usize,
+        /// The micro-batch it carries.
+        micro: usize,
+    },
 }
 
 /// The pipeline a rank's schedule is for.

@@ -39,8 +39,11 @@ pub enum Flow {
 /// micro-batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tag {
+    /// Activations, gradients or evaluation activations.
     pub flow: Flow,
+    /// The stage that receives the message.
     pub stage: usize,
+    /// The micro-batch its values belong to.
     pub micro: usize,
 }
 

@@ -199,7 +199,9 @@ fn column_weight(model: &OnnxModel, node: &Node) -> Option<(usize, usize)> {
 
 /// What the model and a probe pass know of a value of the model's graph.
 pub struct Known<'a> {
+    /// The model: its parameters, constants and graph.
     pub model: &'a OnnxModel,
+    /// The probe pass's full shapes and float values.
     pub probe: &'a Probe,
 }
 

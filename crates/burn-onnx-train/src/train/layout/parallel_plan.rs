@@ -174,7 +174,7 @@ impl ParallelPlan {
     }
 
     /// Apply the plan to `model` (the whole model): its tensor-parallel split and pipeline
-    /// stage ([`Self::model_part`]), the groups its ops run on, the passes (plain,
+    /// stage (`Self::model_part`), the groups its ops run on, the passes (plain,
     /// segmented or a pipeline stage's) and the update strategy (replicated or ZeRO over
     /// the data-parallel group; the global norm over the model-parallel group).
     pub fn parallelize(

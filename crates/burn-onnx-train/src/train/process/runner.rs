@@ -10,7 +10,7 @@
 //! ranks write a checkpoint together (rank 0 the model, each rank its optimizer state). At
 //! the end rank 0 exports `<model stem>_trained.onnx` and a throughput report `perf.json`.
 //! A stop signal (SIGTERM, SIGINT, SIGUSR1) ends the run after the current update with a
-//! checkpoint ([`super::preemption`]). The steps are [`crate::train::trainer::Trainer`]'s methods.
+//! checkpoint ([`super::preemption`]). The steps are `crate::train::trainer::Trainer`'s methods.
 
 use std::sync::Arc;
 
