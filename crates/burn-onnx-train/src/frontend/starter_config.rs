@@ -118,9 +118,7 @@ fn quoted(text: &str) -> String {
 pub fn starter_config(model: &OnnxModel, model_path: &Path) -> String {
     let g = guess(model);
     let defaults = TrainingConfig::default();
-    let mut c = defaults.clone();
-    c.model.input_name = g.input.clone();
-    let vocab = vocabulary(&c, model);
+    let vocab = vocabulary(&g.input, model);
     let positions = positions(model);
     let seq_len = positions.as_ref().map_or(128, |(_, n)| (*n).min(1024));
     let stem = model_path

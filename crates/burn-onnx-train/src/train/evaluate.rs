@@ -9,7 +9,7 @@ use burn_ort_dist::{Communicator, ReduceOp};
 use super::passes::Passes;
 use serde::Serialize;
 
-use super::config::TrainingConfig;
+use super::config::EvalConfig;
 use super::data::Dataset;
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
@@ -45,21 +45,21 @@ impl EvalMetrics {
 
 /// How many evaluation batches the config asks for on a test set of `len` samples; an
 /// error when the set cannot fill one.
-pub fn eval_batches(c: &TrainingConfig, len: usize) -> Result<usize> {
-    let n = len / c.eval.eval_batch_size;
+pub fn eval_batches(eval: &EvalConfig, len: usize) -> Result<usize> {
+    let n = len / eval.eval_batch_size;
     if n == 0 {
         return Err(OnnxError::field(
             "config.eval.eval_batch_size",
             format!(
                 "the test set ({len} samples) cannot fill one batch of {}",
-                c.eval.eval_batch_size
+                eval.eval_batch_size
             ),
         ));
     }
-    Ok(if c.eval.eval_batches == 0 {
+    Ok(if eval.eval_batches == 0 {
         n
     } else {
-        n.min(c.eval.eval_batches)
+        n.min(eval.eval_batches)
     })
 }
 
@@ -78,10 +78,12 @@ pub struct EvalPlace {
     pub lockstep: bool,
 }
 
-/// Mean loss (and perplexity or accuracy) of `model` on `test` at update `step`: this rank
-/// evaluates at `place`, runs `passes`, and `world` holds every rank.
+/// Mean loss (and perplexity or accuracy, by `loss_kind`) of `model` on `test` at update
+/// `step`, as `eval` asks: this rank evaluates at `place`, runs `passes`, and `world` holds
+/// every rank.
 pub fn evaluate(
-    c: &TrainingConfig,
+    eval: &EvalConfig,
+    loss_kind: LossKind,
     world: &dyn Communicator,
     place: EvalPlace,
     passes: &dyn Passes,
@@ -96,8 +98,8 @@ pub fn evaluate(
         lockstep,
     } = place;
     let eval_model = model.valid();
-    let batches = eval_batches(c, test.len())?;
-    let (first, stride) = if c.eval.eval_partitioned {
+    let batches = eval_batches(eval, test.len())?;
+    let (first, stride) = if eval.eval_partitioned {
         (replica, replicas)
     } else {
         (0, 1)
@@ -112,8 +114,7 @@ pub fn evaluate(
         }
         let counted = b < batches;
         let b = if counted { b } else { 0 };
-        let idx: Vec<usize> =
-            (b * c.eval.eval_batch_size..(b + 1) * c.eval.eval_batch_size).collect();
+        let idx: Vec<usize> = (b * eval.eval_batch_size..(b + 1) * eval.eval_batch_size).collect();
         let batch = test.batch(&idx)?;
         if let Some((loss, correct)) = passes.eval(&eval_model, &batch)?
             && reports
@@ -128,7 +129,7 @@ pub fn evaluate(
         world.all_reduce(&mut sums, ReduceOp::Sum)?;
     }
     // Replicated evaluation: every replica summed every batch.
-    let copies = if c.eval.eval_partitioned {
+    let copies = if eval.eval_partitioned {
         1.0
     } else {
         replicas as f32
@@ -138,8 +139,8 @@ pub fn evaluate(
     Ok(EvalMetrics {
         step,
         loss,
-        perplexity: (c.model.loss == LossKind::LmCrossEntropy).then(|| loss.exp()),
-        accuracy: (c.model.loss == LossKind::CrossEntropy)
+        perplexity: (loss_kind == LossKind::LmCrossEntropy).then(|| loss.exp()),
+        accuracy: (loss_kind == LossKind::CrossEntropy)
             .then(|| f64::from(sums[1]) / f64::from(sums[2])),
     })
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use burn::tensor::Device;
 
-use super::config::TrainingConfig;
+use super::config::{LoggingConfig, ModelConfig, TrainingConfig};
 use super::data::documents::training_sampler;
 use super::data::{Dataset, IdAt, TargetKind};
 use super::evaluate::eval_batches;
@@ -27,7 +27,13 @@ pub fn check_run(
     train: &Arc<dyn Dataset>,
     test: Option<&dyn Dataset>,
 ) -> Result<RunOverview> {
-    let sampler = training_sampler(&c, train.as_ref(), 0, c.parallel.data_parallel_size);
+    let sampler = training_sampler(
+        &c.data,
+        c.train.seed,
+        train.as_ref(),
+        0,
+        c.parallel.data_parallel_size,
+    );
     c.train.resolve_epochs(sampler.batches_per_epoch())?;
     sampler.batch_indices(0)?;
     let model = c.model.load_for_training(&Device::flex())?;
@@ -42,36 +48,28 @@ pub fn check_model_and_data(
     train: &dyn Dataset,
     test: Option<&dyn Dataset>,
 ) -> Result<()> {
-    check_feed_names(c, model)?;
-    check_weight_names(c, model)?;
+    check_feed_names(&c.model, model)?;
+    check_weight_names(&c.logging, &c.model, model)?;
     check_data(c, model, train, test)
 }
 
 /// The graph inputs and output the config names exist: `model.input_name` (and the mask
 /// and label inputs when set) among the inputs, `model.output_name` among the outputs. The
 /// error lists what the graph has and the flag that sets the field.
-fn check_feed_names(c: &TrainingConfig, model: &OnnxModel) -> Result<()> {
+fn check_feed_names(m: &ModelConfig, model: &OnnxModel) -> Result<()> {
     let graph = model.graph();
-    let label = (c.model.loss == LossKind::Graph).then(|| {
-        c.model
-            .label_name
-            .clone()
-            .unwrap_or_else(|| "labels".into())
-    });
+    let label = (m.loss == LossKind::Graph)
+        .then(|| m.label_name.clone().unwrap_or_else(|| "labels".into()));
     let inputs = [
-        (
-            "input_name",
-            Some(c.model.input_name.clone()),
-            "--input-name",
-        ),
+        ("input_name", Some(m.input_name.clone()), "--input-name"),
         (
             "attention_mask_name",
-            c.model.attention_mask_name.clone(),
+            m.attention_mask_name.clone(),
             "--set model.attention_mask_name=",
         ),
         ("label_name", label, "--set model.label_name="),
     ];
-    let model_file = c.model.model_path.display();
+    let model_file = m.model_path.display();
     for (field, name, flag) in inputs {
         let Some(name) = name else { continue };
         if !graph.inputs.iter().any(|i| i.name == name) {
@@ -85,10 +83,10 @@ fn check_feed_names(c: &TrainingConfig, model: &OnnxModel) -> Result<()> {
             ));
         }
     }
-    if !graph.outputs.iter().any(|o| o.name == c.model.output_name) {
+    if !graph.outputs.iter().any(|o| o.name == m.output_name) {
         return Err(not_in_graph(
             "output_name",
-            &c.model.output_name,
+            &m.output_name,
             "output",
             &graph.outputs,
             "--output-name",
@@ -123,10 +121,14 @@ fn not_in_graph(
 }
 
 /// The weights named by `histogram_weights` and `norm_weights` must be parameters.
-pub fn check_weight_names(c: &TrainingConfig, model: &OnnxModel) -> Result<()> {
+pub fn check_weight_names(
+    logging: &LoggingConfig,
+    m: &ModelConfig,
+    model: &OnnxModel,
+) -> Result<()> {
     for (field, names) in [
-        ("logging.histogram_weights", &c.logging.histogram_weights),
-        ("logging.norm_weights", &c.logging.norm_weights),
+        ("logging.histogram_weights", &logging.histogram_weights),
+        ("logging.norm_weights", &logging.norm_weights),
     ] {
         for name in names
             .iter()
@@ -137,7 +139,7 @@ pub fn check_weight_names(c: &TrainingConfig, model: &OnnxModel) -> Result<()> {
                     format!("config.{field}"),
                     format!(
                         "'{name}' is not a float parameter of {}",
-                        c.model.model_path.display()
+                        m.model_path.display()
                     ),
                 ));
             }
@@ -181,7 +183,7 @@ pub fn check_data(
             ));
         }
         if let Some((min, max)) = data.id_range() {
-            check_ids(c, model, field, want, &min, &max)?;
+            check_ids(&c.model, model, field, want, &min, &max)?;
         }
     }
     if c.model.loss == LossKind::LmCrossEntropy
@@ -198,14 +200,14 @@ pub fn check_data(
         ));
     }
     if let Some(test) = test {
-        eval_batches(c, test.len())?;
+        eval_batches(&c.eval, test.len())?;
     }
     Ok(())
 }
 
 /// The smallest and largest token id or label of a data set against what the model takes.
 fn check_ids(
-    c: &TrainingConfig,
+    m: &ModelConfig,
     model: &OnnxModel,
     field: &str,
     kind: TargetKind,
@@ -222,15 +224,15 @@ fn check_ids(
         return bad(format!("{what} {min} is negative"));
     }
     let limit = match kind {
-        TargetKind::NextToken => vocabulary(c, model)
+        TargetKind::NextToken => vocabulary(&m.input_name, model)
             .map(|(table, rows)| (rows, format!("vocabulary: '{table}' has {rows} rows"))),
-        _ => classes(c, model)
-            .map(|n| (n, format!("{n} classes (output '{}')", c.model.output_name))),
+        _ => classes(&m.output_name, model)
+            .map(|n| (n, format!("{n} classes (output '{}')", m.output_name))),
     };
     match limit {
         Some((n, model_side)) if max.value >= n as i64 => bad(format!(
             "{what} {max} is outside the model's {model_side} ({})",
-            c.model.model_path.display()
+            m.model_path.display()
         )),
         _ => Ok(()),
     }
@@ -280,14 +282,14 @@ fn gathered_table<'m>(
     None
 }
 
-/// The class count of a classifier: the last declared dim of the output
-/// `config.model.output_name`, when the file fixes it.
-fn classes(c: &TrainingConfig, model: &OnnxModel) -> Option<usize> {
+/// The class count of a classifier: the last declared dim of the output `output_name`
+/// (`config.model.output_name`), when the file fixes it.
+fn classes(output_name: &str, model: &OnnxModel) -> Option<usize> {
     let out = model
         .graph()
         .outputs
         .iter()
-        .find(|o| o.name == c.model.output_name)?;
+        .find(|o| o.name == output_name)?;
     match out.dims.last()? {
         Dim::Fixed(n) if *n > 0 => Some(*n),
         _ => None,
@@ -295,9 +297,9 @@ fn classes(c: &TrainingConfig, model: &OnnxModel) -> Option<usize> {
 }
 
 /// The embedding table the token input indexes, and its row count: the first `Gather`
-/// (axis 0) whose indices are the graph input `config.model.input_name`, or a reshaped or cast
-/// copy of it, and whose data is a parameter.
-pub(crate) fn vocabulary(c: &TrainingConfig, model: &OnnxModel) -> Option<(String, usize)> {
+/// (axis 0) whose indices are the graph input `input_name` (`config.model.input_name`), or a
+/// reshaped or cast copy of it, and whose data is a parameter.
+pub(crate) fn vocabulary(input_name: &str, model: &OnnxModel) -> Option<(String, usize)> {
     let through = [
         "Reshape",
         "Flatten",
@@ -306,5 +308,5 @@ pub(crate) fn vocabulary(c: &TrainingConfig, model: &OnnxModel) -> Option<(Strin
         "Cast",
         "Identity",
     ];
-    gathered_table(model, vec![c.model.input_name.as_str()], None, &through)
+    gathered_table(model, vec![input_name], None, &through)
 }

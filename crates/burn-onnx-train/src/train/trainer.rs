@@ -66,7 +66,13 @@ impl Trainer {
     ) -> Result<(Self, OnnxModel)> {
         install();
         let mut plan = ParallelPlan::new(&c, comm.as_ref())?;
-        let sampler = training_sampler(&c, train.as_ref(), plan.groups.dp_rank, plan.topology.dp);
+        let sampler = training_sampler(
+            &c.data,
+            c.train.seed,
+            train.as_ref(),
+            plan.groups.dp_rank,
+            plan.topology.dp,
+        );
         c.train.resolve_epochs(sampler.batches_per_epoch())?;
         sampler.batch_indices(0)?;
         if comm.rank() == 0 {
@@ -114,7 +120,14 @@ impl Trainer {
             None => model,
         };
         let total = c.train.num_updates();
-        let out = Reporter::open(&c, &plan, comm.rank(), train.unit(), (update, total))?;
+        let out = Reporter::open(
+            &c.logging,
+            &c.checkpoint,
+            &plan,
+            comm.rank(),
+            train.unit(),
+            (update, total),
+        )?;
         let trainer = Trainer {
             schedule: LrSchedule::new(&c.lr, total),
             prefetch: Prefetcher::start(
@@ -214,7 +227,8 @@ impl Trainer {
     /// Evaluate on `test`, all ranks together, and report.
     pub fn evaluate(&mut self, model: &OnnxModel, test: &dyn Dataset) -> Result<()> {
         let metrics = evaluate(
-            &self.c,
+            &self.c.eval,
+            self.c.model.loss,
             self.comm.as_ref(),
             self.plan.eval_place(),
             self.passes.as_ref(),

@@ -242,7 +242,7 @@ fn first_loss_is_onnxruntimes(
         world: 1,
         seed: c.train.seed,
         shuffle: true,
-        balance: burn_onnx_train::train::data::documents::length_balance(&c, data.as_ref()),
+        balance: burn_onnx_train::train::data::documents::length_balance(&c.data, data.as_ref()),
         last_order: Default::default(),
     };
     let dir = c.checkpoint.output_dir.join("docs");

@@ -51,6 +51,32 @@ impl Topology {
         Ok(Topology { dp, tp, pp })
     }
 
+    /// The layout of `world` ranks as replicas of `tp x pp` model ranks: the data-parallel
+    /// size is what the tensor and pipeline sizes leave (an error when they do not divide
+    /// the world).
+    pub fn filling(world: usize, tp: usize, pp: usize) -> DistResult<Self> {
+        let model_ranks = tp * pp;
+        if model_ranks == 0 || !world.is_multiple_of(model_ranks) {
+            return Err(DistError::Invalid {
+                rank: 0,
+                message: format!(
+                    "tensor ({tp}) x pipeline ({pp}) parallel sizes make {model_ranks} rank(s) per replica, which do not divide a world of {world}"
+                ),
+            });
+        }
+        Self::new(world / model_ranks, tp, pp, world)
+    }
+
+    /// Ranks the layout needs: `dp * tp * pp`.
+    pub fn world_size(&self) -> usize {
+        self.dp * self.model_ranks()
+    }
+
+    /// Ranks holding one replica of the model: `tp * pp`.
+    pub fn model_ranks(&self) -> usize {
+        self.tp * self.pp
+    }
+
     /// `(dp, tp, pp)` coordinates of world rank `rank`.
     pub fn coords(&self, rank: usize) -> (usize, usize, usize) {
         (
@@ -107,5 +133,15 @@ mod tests {
             assert_eq!(t.rank_of(d, tp, p), r);
         }
         assert!(Topology::new(2, 1, 2, 3).is_err());
+    }
+
+    #[test]
+    fn filling_a_world() {
+        let t = Topology::filling(12, 2, 3).unwrap();
+        assert_eq!((t.dp, t.tp, t.pp), (2, 2, 3));
+        assert_eq!((t.world_size(), t.model_ranks()), (12, 6));
+        assert!(Topology::filling(8, 3, 1).is_err());
+        assert!(Topology::filling(0, 1, 1).is_err());
+        assert!(Topology::filling(4, 0, 1).is_err());
     }
 }

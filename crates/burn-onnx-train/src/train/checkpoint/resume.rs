@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use burn_ort_dist::{Communicator, UpdateStrategy};
+use burn_ort_dist::{Communicator, Topology, UpdateStrategy};
 
 use super::manifest::check_files;
 use super::params::{from_other_model, read_params};
@@ -14,19 +14,19 @@ use super::tp_resume::regrouped_state_dirs;
 use super::{list_checkpoints, read_state, remove_stale_temporaries, state_dirs};
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;
-use crate::train::config::{Resume, TrainingConfig};
+use crate::train::config::{CheckpointConfig, Resume, TrainingConfig};
 use crate::train::layout::parallel_plan::ParallelPlan;
 use crate::train::precision::LossScaler;
 
 /// `resume = "never"` in a directory holding checkpoints: refused, or with
 /// `overwrite_output_dir` the checkpoints are deleted (by rank 0) so that this run's
 /// rotation and a later resume see only its own.
-fn start_over(c: &TrainingConfig, dir: &Path, root: bool) -> Result<()> {
+fn start_over(checkpoint: &CheckpointConfig, dir: &Path, root: bool) -> Result<()> {
     let old = list_checkpoints(dir);
     let Some((_, newest)) = old.last() else {
         return Ok(());
     };
-    if !c.checkpoint.overwrite_output_dir {
+    if !checkpoint.overwrite_output_dir {
         return Err(OnnxError::field(
             "resume",
             format!(
@@ -49,13 +49,13 @@ fn start_over(c: &TrainingConfig, dir: &Path, root: bool) -> Result<()> {
 /// Rank 0's choice of checkpoint (see [`checked_choice`]), handed to every rank: a
 /// broadcast of (found, step high, step low), so a step travels exactly as f32 values.
 fn choose_checkpoint(
-    c: &TrainingConfig,
+    checkpoint: &CheckpointConfig,
     dir: &Path,
     world: &dyn Communicator,
 ) -> Result<Option<PathBuf>> {
     let mut msg = [0.0f32; 3];
     let chosen = if world.rank() == 0 {
-        let chosen = checked_choice(c, dir);
+        let chosen = checked_choice(checkpoint, dir);
         if let Ok(Some((step, _))) = &chosen {
             msg = [1.0, (step >> 20) as f32, (step & 0xF_FFFF) as f32];
         } else if chosen.is_err() {
@@ -76,7 +76,7 @@ fn choose_checkpoint(
         None => {
             let step = ((msg[1] as usize) << 20) | msg[2] as usize;
             Ok(Some(
-                c.checkpoint
+                checkpoint
                     .checkpoint_to_load_path
                     .clone()
                     .unwrap_or_else(|| dir.join(super::checkpoint_name(step))),
@@ -89,8 +89,8 @@ fn choose_checkpoint(
 /// intact one in `dir` (skipping damaged newer ones with a warning), with its step. When
 /// every checkpoint there is damaged, the newest one's error: the run does not silently
 /// start over.
-fn checked_choice(c: &TrainingConfig, dir: &Path) -> Result<Option<(usize, PathBuf)>> {
-    if let Some(path) = &c.checkpoint.checkpoint_to_load_path {
+fn checked_choice(checkpoint: &CheckpointConfig, dir: &Path) -> Result<Option<(usize, PathBuf)>> {
+    if let Some(path) = &checkpoint.checkpoint_to_load_path {
         check_files(path)?;
         return Ok(Some((0, path.clone())));
     }
@@ -127,19 +127,22 @@ pub(crate) fn resume(
         remove_stale_temporaries(&dir);
     }
     if c.checkpoint.resume == Resume::Never {
-        start_over(c, &dir, root)?;
+        start_over(&c.checkpoint, &dir, root)?;
         return Ok((model, 0, 0));
     }
-    let Some(path) = choose_checkpoint(c, &dir, world)? else {
+    let Some(path) = choose_checkpoint(&c.checkpoint, &dir, world)? else {
         return Ok((model, 0, 0));
     };
     let state = read_state(&path)?;
     let saved = TrainingConfig::from_toml(&state.config_toml, &path)?;
-    let saved_replicas = state.world_size
-        / (saved.parallel.pipeline_parallel_size * saved.parallel.horizontal_parallel_size).max(1);
+    let saved_layout = Topology::filling(
+        state.world_size,
+        saved.parallel.horizontal_parallel_size,
+        saved.parallel.pipeline_parallel_size,
+    )?;
     c.check_resume(
         &saved,
-        saved_replicas,
+        saved_layout.dp,
         state.zero_stage,
         place.topology.dp,
         &path,
@@ -164,7 +167,7 @@ pub(crate) fn resume(
     let update = state.update_step;
     let micro = rescaled_micro(
         state.micro_step,
-        saved.data.batch_size * saved_replicas,
+        saved.data.batch_size * saved_layout.dp,
         c.data.batch_size * place.topology.dp,
         &path,
     )?;

@@ -149,11 +149,7 @@ impl TrainingConfig {
 
     /// Resolved TensorBoard directory, `None` when disabled.
     pub fn log_dir(&self) -> Option<PathBuf> {
-        match &self.logging.log_dir {
-            Some(p) if p.as_os_str().is_empty() => None,
-            Some(p) => Some(p.clone()),
-            None => Some(self.checkpoint.output_dir.join("tensorboard")),
-        }
+        self.logging.resolved_log_dir(&self.checkpoint.output_dir)
     }
 
     /// Can this run continue a checkpoint written by a run with `saved` on `saved_world`

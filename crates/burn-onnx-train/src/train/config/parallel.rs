@@ -2,6 +2,7 @@
 //! pipeline parallelism, ZeRO, gradient reduction, overlap and recomputation), with the
 //! combinations these fields allow among themselves checked here.
 
+use burn_ort_dist::Topology;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::invalid;
@@ -298,9 +299,19 @@ impl ParallelConfig {
         partition.on_ranks(self.pipeline_parallel_size)
     }
 
+    /// The data x tensor x pipeline parallel sizes as configured (unchecked: [`Self::validate`]
+    /// checks them against the world).
+    pub fn topology(&self) -> Topology {
+        Topology {
+            dp: self.data_parallel_size,
+            tp: self.horizontal_parallel_size,
+            pp: self.pipeline_parallel_size,
+        }
+    }
+
     /// Processes the layout needs: data x tensor x pipeline parallel sizes.
     pub fn world_size(&self) -> usize {
-        self.data_parallel_size * self.horizontal_parallel_size * self.pipeline_parallel_size
+        self.topology().world_size()
     }
 
     /// How long one collective may wait: `collective_timeout`, or its default for thread

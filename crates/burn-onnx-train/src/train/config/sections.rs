@@ -4,7 +4,7 @@
 //! a flat ORT-style file maps onto them key for key (`file.rs`); each section checks its
 //! own fields.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -512,6 +512,18 @@ impl Default for LoggingConfig {
             norm_weights: Vec::new(),
             progress: true,
             profile: false,
+        }
+    }
+}
+
+impl LoggingConfig {
+    /// Resolved TensorBoard directory for a run writing into `output_dir`, `None` when
+    /// disabled.
+    pub fn resolved_log_dir(&self, output_dir: &Path) -> Option<PathBuf> {
+        match &self.log_dir {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) => Some(p.clone()),
+            None => Some(output_dir.join("tensorboard")),
         }
     }
 }

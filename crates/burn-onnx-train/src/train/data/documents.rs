@@ -29,7 +29,7 @@ use super::sampler::{DistributedSampler, LengthBalance};
 use super::{Batch, Dataset, IdAt, SampleSize, Target, TargetKind, TokenDataset};
 use crate::error::{OnnxError, Result};
 use crate::model::loss::IGNORE_INDEX;
-use crate::train::config::{Sequences, TrainingConfig};
+use crate::train::config::{DataConfig, Sequences, TrainingConfig};
 use crate::train::data::npy::read_npy;
 use crate::value::host_tensor::HostTensor;
 
@@ -46,30 +46,32 @@ pub fn token_dataset(c: &TrainingConfig, path: &Path) -> Result<Arc<dyn Dataset>
     })
 }
 
-/// The sampler of a run's training data for data-parallel rank `rank` of `world`:
-/// shuffled by the run's seed, balanced by tokens when the samples are documents.
+/// The sampler of a run's training data `data` (batched as `data_config` says) for
+/// data-parallel rank `rank` of `world`: shuffled by the run's `seed` (`train.seed`),
+/// balanced by tokens when the samples are documents.
 pub fn training_sampler(
-    c: &TrainingConfig,
+    data_config: &DataConfig,
+    seed: u64,
     data: &dyn Dataset,
     rank: usize,
     world: usize,
 ) -> DistributedSampler {
     DistributedSampler {
         len: data.len(),
-        batch_size: c.data.batch_size,
+        batch_size: data_config.batch_size,
         rank,
         world,
-        seed: c.train.seed,
+        seed,
         shuffle: true,
-        balance: length_balance(c, data),
+        balance: length_balance(data_config, data),
         last_order: Default::default(),
     }
 }
 
-/// How the sampler balances `data` under `c`: by each sample's tokens for documents,
-/// `None` otherwise.
-pub fn length_balance(c: &TrainingConfig, data: &dyn Dataset) -> Option<LengthBalance> {
-    if c.data.sequences != Sequences::Documents {
+/// How the sampler balances `data` under `data_config`: by each sample's tokens for
+/// documents, `None` otherwise.
+pub fn length_balance(data_config: &DataConfig, data: &dyn Dataset) -> Option<LengthBalance> {
+    if data_config.sequences != Sequences::Documents {
         return None;
     }
     let lengths = (0..data.len())
@@ -77,7 +79,7 @@ pub fn length_balance(c: &TrainingConfig, data: &dyn Dataset) -> Option<LengthBa
         .collect();
     Some(LengthBalance {
         lengths: Arc::new(lengths),
-        bucket: c.data.length_bucket_batches,
+        bucket: data_config.length_bucket_batches,
     })
 }
 

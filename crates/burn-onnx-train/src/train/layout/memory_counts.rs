@@ -9,7 +9,9 @@ use serde::Serialize;
 
 use crate::kernels::FLAT_CHUNK;
 use crate::model::{OnnxModel, ParamRole};
-use crate::train::config::{OffloadTarget, OptimizerKind, ParamOffload, TrainingConfig};
+use crate::train::config::{
+    OffloadTarget, OptimizerConfig, OptimizerKind, ParamOffload, TrainingConfig,
+};
 
 /// What one rank of a layout holds at its peak, in bytes (every data-parallel replica of
 /// a tensor-parallel rank and pipeline stage holds the same).
@@ -55,10 +57,10 @@ pub(crate) fn elements(
 }
 
 /// Optimizer state vectors per trainable element.
-pub(crate) fn state_slots(c: &TrainingConfig) -> u64 {
-    match c.optimizer.kind {
+pub(crate) fn state_slots(optimizer: &OptimizerConfig) -> u64 {
+    match optimizer.kind {
         OptimizerKind::Adam | OptimizerKind::Adamw | OptimizerKind::Lamb => 2,
-        OptimizerKind::Sgd if c.optimizer.momentum > 0.0 => 1,
+        OptimizerKind::Sgd if optimizer.momentum > 0.0 => 1,
         OptimizerKind::Sgd => 0,
     }
 }
@@ -108,7 +110,7 @@ pub(crate) fn rank_memory(
         1 => shard * dp as u64,
         _ => shard,
     };
-    let slots = state_slots(c);
+    let slots = state_slots(&c.optimizer);
     let state = 4
         * slots
         * match zero {

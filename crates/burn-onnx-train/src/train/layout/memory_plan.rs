@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use burn::tensor::Device;
+use burn_ort_dist::Topology;
 use serde::Serialize;
 
 use super::memory_counts::{RankMemory, rank_memory};
@@ -35,7 +36,7 @@ use crate::model::OnnxModel;
 use crate::parallel::pipeline::Partition;
 use crate::parallel::pipeline::schedule::{Shape, peak_in_flight};
 use crate::parallel::tensor_parallel::TensorParallel;
-use crate::train::config::{OffloadTarget, OptimizerKind, TrainingConfig};
+use crate::train::config::{OffloadTarget, OptimizerKind, ParallelConfig, TrainingConfig};
 use crate::train::data::Dataset;
 use crate::train::report::perf::proc_status_bytes;
 use crate::value::Value;
@@ -80,8 +81,8 @@ impl MemoryPlan {
 pub const PROBE_UPDATES: usize = 3;
 
 /// Data-parallel replicas in the probe run: two when the layout has several, else one.
-fn probe_replicas(c: &TrainingConfig) -> usize {
-    c.parallel.data_parallel_size.clamp(1, 2)
+fn probe_replicas(parallel: &ParallelConfig) -> usize {
+    parallel.topology().dp.clamp(1, 2)
 }
 
 /// The probe run of `c`'s layout with `samples` samples per micro-step (see the module
@@ -97,7 +98,7 @@ fn probe_working_set(c: &TrainingConfig, samples: usize, base: u64, exe: &Path) 
     // Two replicas when there are several: what the gradient averaging and ZeRO's
     // collectives hold (whole-sized flat buffers, the communicator's copies) is then in
     // the probe too, per replica as it will be with more.
-    p.parallel.data_parallel_size = probe_replicas(c);
+    p.parallel.data_parallel_size = probe_replicas(&c.parallel);
     // Accumulation too, two micro-steps when there are several: the gradients kept
     // between micro-steps change where the allocator puts the next step's tensors.
     let accumulation = c.train.gradient_accumulation_steps.clamp(1, 2);
@@ -207,12 +208,8 @@ fn stage_shares(
 /// Plan `c`'s layout on `train`'s samples (see the module doc): the probe runs first,
 /// then the model is loaded on the CPU to count each rank's part.
 pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> Result<MemoryPlan> {
-    let p = &c.parallel;
-    let (dp, tp, pp) = (
-        p.data_parallel_size.max(1),
-        p.horizontal_parallel_size.max(1),
-        p.pipeline_parallel_size.max(1),
-    );
+    let Topology { dp, tp, pp } = c.parallel.topology();
+    let (dp, tp, pp) = (dp.max(1), tp.max(1), pp.max(1));
     let micro_batch = (c.data.batch_size / c.micro_batches()).max(1);
     let process_base_bytes = proc_status_bytes("VmRSS:").unwrap_or(0);
     let (small, large) = (1, micro_batch.max(2));
@@ -220,8 +217,8 @@ pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> 
     let at_small = probe_working_set(c, small, process_base_bytes, exe)?;
     let per_sample = at_large.saturating_sub(at_small) / (large - small) as u64;
     let fixed = at_small.saturating_sub(per_sample);
-    let working =
-        (fixed + per_sample * micro_batch as u64) as f64 / (tp * probe_replicas(c)) as f64;
+    let working = (fixed + per_sample * micro_batch as u64) as f64
+        / (tp * probe_replicas(&c.parallel)) as f64;
 
     let device = Device::flex();
     let model = c.model.load_for_training(&device)?;
@@ -247,7 +244,7 @@ pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> 
         let per_rank: Vec<(Option<HashSet<String>>, f64)> = if pp == 1 {
             vec![(None, working)]
         } else {
-            let partition = p.partition(&part)?;
+            let partition = c.parallel.partition(&part)?;
             // The part's Megatron operators run in a group of one here (identities), so the
             // probe sees this rank's shapes.
             let probed = part.clone().with_collectives(Collectives {
@@ -267,7 +264,7 @@ pub fn plan_memory(c: &TrainingConfig, train: &Arc<dyn Dataset>, exe: &Path) -> 
             };
             let weights: Vec<f64> = (0..pp)
                 .map(|rank| {
-                    let passes = p.pipeline_schedule.passes(shape, rank);
+                    let passes = c.parallel.pipeline_schedule.passes(shape, rank);
                     let mine: Vec<f64> = partition
                         .stages_of(rank)
                         .iter()

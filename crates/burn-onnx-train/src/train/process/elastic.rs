@@ -19,6 +19,8 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
 
+use burn_ort_dist::Topology;
+
 use super::preemption::PREEMPTED_EXIT_CODE;
 use crate::error::{FAILED_BEFORE_FIRST_UPDATE, OnnxError, Result};
 use crate::train::config::TrainingConfig;
@@ -36,20 +38,20 @@ pub fn elastic_world() -> bool {
 /// data-parallel size the rest ([`with_replicas`]). An error names the field when the
 /// world cannot hold the layout.
 pub fn fit_world(c: TrainingConfig, world: usize) -> Result<TrainingConfig> {
-    let p = &c.parallel;
-    if p.world_size() == world {
+    let configured = c.parallel.topology();
+    if configured.world_size() == world {
         return Ok(c);
     }
-    let model_ranks = p.horizontal_parallel_size * p.pipeline_parallel_size;
-    if !world.is_multiple_of(model_ranks) {
-        return Err(OnnxError::field(
+    let fitted = Topology::filling(world, configured.tp, configured.pp).map_err(|_| {
+        OnnxError::field(
             "parallel.data_parallel_size",
             format!(
-                "an elastic world of {world} process(es) cannot hold the layout: tensor x pipeline parallel sizes are {model_ranks} per replica"
+                "an elastic world of {world} process(es) cannot hold the layout: tensor x pipeline parallel sizes are {} per replica",
+                configured.model_ranks()
             ),
-        ));
-    }
-    let c = with_replicas(c, world / model_ranks)?;
+        )
+    })?;
+    let c = with_replicas(c, fitted.dp)?;
     tracing::warn!(
         world,
         data_parallel_size = c.parallel.data_parallel_size,

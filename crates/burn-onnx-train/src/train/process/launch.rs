@@ -23,20 +23,20 @@ use super::elastic::{elastic_world, fit_world};
 use super::preemption::is_preemption;
 use super::runner::{RunSummary, TrainingRunner};
 use crate::error::{OnnxError, Result};
-use crate::train::config::TrainingConfig;
+use crate::train::config::{ParallelConfig, TrainingConfig};
 use crate::train::data::Dataset;
 use crate::train::layout::auto_layout::{Layout, configure};
 
 /// The communicator of this process when started by an MPI launcher: NCCL over the MPI
 /// world when the run is on CUDA GPUs, MPI otherwise.
 #[cfg(feature = "mpi")]
-fn mpi_comm(config: &TrainingConfig) -> Result<Option<Arc<dyn Communicator>>> {
+fn mpi_comm(parallel: &ParallelConfig) -> Result<Option<Arc<dyn Communicator>>> {
     if !burn_ort_dist::launched_by_mpi() {
         return Ok(None);
     }
-    let mpi = burn_ort_dist::MpiCommunicator::init()?
-        .with_timeout(config.parallel.collective_wait_limit(true));
-    match config.parallel.device {
+    let mpi =
+        burn_ort_dist::MpiCommunicator::init()?.with_timeout(parallel.collective_wait_limit(true));
+    match parallel.device {
         #[cfg(feature = "cuda")]
         super::device::DeviceSpec::Cuda(index) => {
             let gpu = index.unwrap_or_else(|| local_rank(mpi.rank()));
@@ -49,7 +49,7 @@ fn mpi_comm(config: &TrainingConfig) -> Result<Option<Arc<dyn Communicator>>> {
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_comm(_: &TrainingConfig) -> Result<Option<Arc<dyn Communicator>>> {
+fn mpi_comm(_: &ParallelConfig) -> Result<Option<Arc<dyn Communicator>>> {
     if burn_ort_dist::launched_by_mpi() {
         return Err(OnnxError::field(
             "launch",
@@ -201,7 +201,7 @@ fn launch_laid_out(
 ) -> Result<RunSummary> {
     config.check().map_err(OnnxError::before_first_update)?;
     refuse_foreign_launcher()?;
-    if let Some(comm) = mpi_comm(&config)? {
+    if let Some(comm) = mpi_comm(&config.parallel)? {
         if max_restarts > 0 {
             return Err(OnnxError::field(
                 "--max-restarts",
@@ -220,7 +220,7 @@ fn launch_laid_out(
     }
     let config = match choose {
         Some(choose) => {
-            let world = config.parallel.world_size();
+            let world = config.parallel.topology().world_size();
             configure(&config, world, choose(&config, world)?)?
         }
         None => config,
@@ -308,9 +308,7 @@ fn launch_threads(
     train: Arc<dyn Dataset>,
     test: Option<Arc<dyn Dataset>>,
 ) -> Result<RunSummary> {
-    let world = config.parallel.data_parallel_size
-        * config.parallel.horizontal_parallel_size
-        * config.parallel.pipeline_parallel_size;
+    let world = config.parallel.topology().world_size();
     if world <= 1 {
         return on_own_pool(|| run_rank(config, Arc::new(LocalCommunicator), train, test));
     }

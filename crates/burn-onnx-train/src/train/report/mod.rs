@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::config::TrainingConfig;
+use super::config::{CheckpointConfig, LoggingConfig};
 use super::evaluate::EvalMetrics;
 use super::layout::parallel_plan::ParallelPlan;
 use super::report::metrics_log::MetricsLog;
@@ -114,9 +114,11 @@ pub(super) struct UpdateReport {
 }
 
 impl Reporter {
-    /// The reporters of world rank `rank` for updates `start_step..total`, counting `unit`s.
+    /// The reporters of world rank `rank` for updates `start_step..total`, counting `unit`s,
+    /// as `logging` asks, into `checkpoint`'s output directory.
     pub fn open(
-        c: &TrainingConfig,
+        logging: &LoggingConfig,
+        checkpoint: &CheckpointConfig,
         place: &ParallelPlan,
         rank: usize,
         unit: &'static str,
@@ -132,13 +134,13 @@ impl Reporter {
                 exported: None,
                 perf: None,
                 checkpoint: None,
-                output_dir: c.checkpoint.output_dir.clone(),
+                output_dir: checkpoint.output_dir.clone(),
                 seconds: 0.0,
             },
-            tb: Summaries::open(c, place.summary_role(rank))?,
-            bar: updates(c.logging.progress && root, total, start_step),
+            tb: Summaries::open(logging, checkpoint, place.summary_role(rank))?,
+            bar: updates(logging.progress && root, total, start_step),
             metrics: root
-                .then(|| MetricsLog::open(&c.checkpoint.output_dir, start_step))
+                .then(|| MetricsLog::open(&checkpoint.output_dir, start_step))
                 .transpose()?,
             unit,
             total,

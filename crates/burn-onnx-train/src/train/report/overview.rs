@@ -7,9 +7,10 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::model::OnnxModel;
-use crate::train::config::TrainingConfig;
+use crate::train::config::{ParallelConfig, TrainingConfig};
 use crate::train::data::Dataset;
 use crate::train::layout::memory_counts::elements;
+use crate::train::precision::Precision;
 
 /// A run's plan in the terms a user sets it by.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,15 +52,15 @@ impl RunOverview {
             tokens_per_update: (train.unit() == "tokens").then(|| global_batch * c.data.seq_len),
             updates: c.train.num_updates(),
             accumulation: c.train.gradient_accumulation_steps.max(1),
-            layout: layout(c),
+            layout: layout(&c.parallel, c.precision.dtype),
             output_dir: c.checkpoint.output_dir.clone(),
         }
     }
 }
 
-/// `cpu, f32, 4 ranks: dp 2 x tp 2 x pp 1, ZeRO 1` (one rank: `1 rank`).
-fn layout(c: &TrainingConfig) -> String {
-    let p = &c.parallel;
+/// `cpu, f32, 4 ranks: dp 2 x tp 2 x pp 1, ZeRO 1` (one rank: `1 rank`): `p`'s layout
+/// computing in `dtype`.
+fn layout(p: &ParallelConfig, dtype: Precision) -> String {
     let ranks = match p.world_size() {
         1 => "1 rank".to_string(),
         n => format!(
@@ -71,7 +72,7 @@ fn layout(c: &TrainingConfig) -> String {
         0 => String::new(),
         s => format!(", ZeRO {s}"),
     };
-    let precision = format!("{:?}", c.precision.dtype).to_lowercase();
+    let precision = format!("{dtype:?}").to_lowercase();
     format!("{}, {precision}, {ranks}{zero}", p.device)
 }
 

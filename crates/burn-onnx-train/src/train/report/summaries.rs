@@ -7,7 +7,7 @@ use burn::module::ParamId;
 
 use crate::error::{OnnxError, Result};
 use crate::model::{OnnxModel, ParamRole};
-use crate::train::config::TrainingConfig;
+use crate::train::config::{CheckpointConfig, LoggingConfig};
 use crate::train::evaluate::EvalMetrics;
 use crate::train::report::tensorboard::EventWriter;
 use crate::value::MAX_RANK;
@@ -35,18 +35,26 @@ pub struct Summaries {
 }
 
 impl Summaries {
-    /// Open the config's log directory for `role`.
-    pub fn open(c: &TrainingConfig, role: SummaryRole) -> Result<Self> {
+    /// Open `logging`'s log directory (by default under `checkpoint`'s output directory)
+    /// for `role`.
+    pub fn open(
+        logging: &LoggingConfig,
+        checkpoint: &CheckpointConfig,
+        role: SummaryRole,
+    ) -> Result<Self> {
         let writer = if role == SummaryRole::Silent {
             None
         } else {
-            c.log_dir().map(|d| EventWriter::create(&d)).transpose()?
+            logging
+                .resolved_log_dir(&checkpoint.output_dir)
+                .map(|d| EventWriter::create(&d))
+                .transpose()?
         };
         Ok(Summaries {
             writer,
             scalars: role == SummaryRole::Run,
-            histogram_weights: c.logging.histogram_weights.clone(),
-            norm_weights: c.logging.norm_weights.clone(),
+            histogram_weights: logging.histogram_weights.clone(),
+            norm_weights: logging.norm_weights.clone(),
         })
     }
 
