@@ -1,7 +1,7 @@
 //! Collectives inside the model's forward and backward passes, as differentiable ops:
 //! [`megatron`]'s `f`/`g` on the tensor-parallel group and [`param_gather`]'s ZeRO-3
 //! parameter gather on the data-parallel (sharding) group, run ahead of the pass by
-//! [`prefetch`]; [`sequence`]'s moves between sequence slices and whole sequences
+//! [`prefetch`]; [`sequence_parallel`]'s moves between sequence slices and whole sequences
 //! (Megatron's sequence parallelism); [`vocab`]'s cross-entropy on logits split along the
 //! vocabulary; and [`grad_hooks`], which hands
 //! each parameter's final gradient to a data-parallel averaging thread during backward.
@@ -22,7 +22,10 @@ pub mod grad_hooks;
 pub mod megatron;
 pub mod param_gather;
 pub mod prefetch;
-pub mod sequence;
+pub mod sequence_parallel;
+/// The old name of [`sequence_parallel`], kept for one release (docs/changelog.md).
+#[doc(hidden)]
+pub use sequence_parallel as sequence;
 pub mod vocab;
 
 use std::sync::Arc;

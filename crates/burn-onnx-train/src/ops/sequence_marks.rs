@@ -1,4 +1,4 @@
-//! The attributes a sequence-parallel rewrite (`crate::parallel::tensor_parallel::sequence`) puts on
+//! The attributes a sequence-parallel rewrite (`crate::parallel::tensor_parallel::sequence_parallel`) puts on
 //! a node that runs on token slices: the split of its sequence axis and the rank count.
 //! Ops that must see whole sequences read them (Dropout draws the whole sequence's mask,
 //! `Shape` reports the whole shape).

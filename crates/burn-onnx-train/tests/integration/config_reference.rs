@@ -17,7 +17,10 @@ fn documented_keys(page: &str) -> BTreeSet<String> {
     let mut section = None;
     let mut keys = BTreeSet::new();
     for line in page.lines() {
-        if let Some(name) = line.strip_prefix("## `[").and_then(|l| l.strip_suffix("]`")) {
+        if let Some(name) = line
+            .strip_prefix("## `[")
+            .and_then(|l| l.strip_suffix("]`"))
+        {
             section = Some(name.to_string());
         } else if let (Some(s), Some(rest)) = (&section, line.strip_prefix("| `")) {
             let key = rest.split('`').next().unwrap();

@@ -4,14 +4,17 @@
 //! the graph, [`vocab`] the token embedding and LM head to split along the vocabulary,
 //! [`rewrite`] inserts Megatron's `f`/`g` operators ([`crate::collective::megatron`],
 //! with their own backward) and adapts reshapes and splits to local sizes, and each rank keeps its
-//! part of the split weights ([`AxisSplit`]); with [`sequence`] parallelism the parts
+//! part of the split weights ([`AxisSplit`]); with sequence parallelism ([`sequence_parallel`]) the parts
 //! between the blocks run on each rank's slice of the tokens. [`TensorParallel`] does all
 //! of it for a run.
 
 pub mod ops;
 pub mod plan;
 pub mod rewrite;
-pub mod sequence;
+pub mod sequence_parallel;
+/// The old name of [`sequence_parallel`], kept for one release (docs/changelog.md).
+#[doc(hidden)]
+pub use sequence_parallel as sequence;
 pub mod vocab;
 
 use std::collections::BTreeMap;
@@ -21,8 +24,11 @@ use ndarray::ArrayD;
 
 pub use crate::collective::axis_split::AxisSplit;
 pub use crate::model::Probe;
-pub use plan::Plan;
-pub use sequence::SequenceParallel;
+pub use plan::SplitPlan;
+/// The old name of [`SplitPlan`], kept for one release (docs/changelog.md).
+#[doc(hidden)]
+pub use plan::SplitPlan as Plan;
+pub use sequence_parallel::SequenceParallel;
 pub use vocab::VocabShard;
 
 use crate::error::{OnnxError, Result};
@@ -60,7 +66,7 @@ pub struct SplitOptions {
     /// of the logits only (the loss must be [`crate::collective::vocab`]'s).
     pub vocab_head: Option<String>,
     /// Megatron's sequence parallelism: between the blocks each rank holds its slice of
-    /// the tokens ([`sequence`]).
+    /// the tokens ([`sequence_parallel`]).
     pub sequence_parallel: bool,
 }
 
@@ -144,7 +150,7 @@ impl TensorParallel {
                 model: &model,
                 probe: &probe,
             };
-            let (g, seq) = sequence::rewrite(&graph, &known, size)?;
+            let (g, seq) = sequence_parallel::rewrite(&graph, &known, size)?;
             if seq.scatters == 0 {
                 return Err(OnnxError::field(
                     "tensor_parallel_sequence",

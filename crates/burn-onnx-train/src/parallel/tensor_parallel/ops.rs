@@ -10,7 +10,9 @@ use ndarray::ArrayD;
 use crate::collective::CollectiveGroup;
 use crate::collective::axis_split::AxisSplit;
 use crate::collective::megatron::{tp_copy, tp_reduce};
-use crate::collective::sequence::{Move, SequenceStep, sequence_matmul, sequence_transfer};
+use crate::collective::sequence_parallel::{
+    Move, SequenceStep, sequence_matmul, sequence_transfer,
+};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::ops::sequence_marks::marked;

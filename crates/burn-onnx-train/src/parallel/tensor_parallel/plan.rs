@@ -25,7 +25,7 @@ use crate::value::norm_axis;
 
 /// What the rewrite does to the graph for `tp` ranks.
 #[derive(Debug, Clone, Default)]
-pub struct Plan {
+pub struct SplitPlan {
     /// Rank count.
     pub tp: usize,
     /// Parameters each rank holds a part of.
@@ -46,7 +46,7 @@ pub struct Plan {
     pub vocab: VocabPlan,
 }
 
-impl Plan {
+impl SplitPlan {
     /// Every split parameter: the blocks' and the vocabulary's.
     pub fn all_params(&self) -> BTreeMap<String, AxisSplit> {
         let mut all = self.params.clone();
@@ -126,7 +126,7 @@ struct Failure {
 type Step = std::result::Result<(), Failure>;
 
 /// Plan the split of `model`'s graph over `tp` ranks. An empty plan when no block closes.
-pub fn plan(model: &OnnxModel, probe: &Probe, tp: usize) -> Plan {
+pub fn plan(model: &OnnxModel, probe: &Probe, tp: usize) -> SplitPlan {
     let graph = model.graph();
     let candidates: Vec<usize> = graph
         .nodes
@@ -138,9 +138,9 @@ pub fn plan(model: &OnnxModel, probe: &Probe, tp: usize) -> Plan {
     let mut choice: BTreeMap<usize, usize> = candidates.into_iter().map(|i| (i, 0)).collect();
     loop {
         if choice.is_empty() {
-            return Plan {
+            return SplitPlan {
                 tp,
-                ..Plan::default()
+                ..SplitPlan::default()
             };
         }
         let mut walk = Walk {
@@ -148,9 +148,9 @@ pub fn plan(model: &OnnxModel, probe: &Probe, tp: usize) -> Plan {
             graph,
             probe,
             tp,
-            plan: Plan {
+            plan: SplitPlan {
                 tp,
-                ..Plan::default()
+                ..SplitPlan::default()
             },
             values: HashMap::new(),
             param_origins: HashMap::new(),
@@ -241,7 +241,7 @@ struct Walk<'a> {
     graph: &'a Graph,
     probe: &'a Probe,
     tp: usize,
-    plan: Plan,
+    plan: SplitPlan,
     /// Split values with the candidates they came from.
     values: HashMap<String, (AxisSplit, BTreeSet<usize>)>,
     param_origins: HashMap<String, BTreeSet<usize>>,

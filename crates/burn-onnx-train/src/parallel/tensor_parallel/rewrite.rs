@@ -1,4 +1,4 @@
-//! The graph of one tensor-parallel rank, from a [`Plan`]: `f` on every value entering a
+//! The graph of one tensor-parallel rank, from a [`SplitPlan`]: `f` on every value entering a
 //! block or the vocabulary-parallel head, `g` after every row-parallel projection (a
 //! Gemm's bias moves after it, so it is added once) and every vocabulary-parallel
 //! embedding lookup, Reshape and Split nodes on the split axis adapted to local sizes.
@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::ops;
-use super::plan::Plan;
+use super::plan::SplitPlan;
 use crate::error::{OnnxError, Result};
 use crate::graph::attributes::{Attr, Attributes};
 use crate::graph::{Graph, Node};
@@ -18,7 +18,7 @@ fn copied(name: &str) -> String {
 }
 
 /// The rewritten graph (same inputs, outputs and constants).
-pub fn rewrite(graph: &Graph, plan: &Plan) -> Result<Graph> {
+pub fn rewrite(graph: &Graph, plan: &SplitPlan) -> Result<Graph> {
     let tp = plan.tp as i64;
     let mut nodes = Vec::with_capacity(graph.nodes.len() + plan.copies.len() + 2 * plan.ends.len());
     let mut emitted: HashSet<&str> = HashSet::new();

@@ -22,7 +22,7 @@ pub use crate::collective::vocab::VocabShard;
 use crate::graph::{Graph, Node};
 use crate::model::{OnnxModel, ParamRole};
 
-/// What the vocabulary split adds to a [`Plan`](super::Plan).
+/// What the vocabulary split adds to a [`SplitPlan`](super::SplitPlan).
 #[derive(Debug, Clone, Default)]
 pub struct VocabPlan {
     /// Gather nodes looking up rows of a split table.

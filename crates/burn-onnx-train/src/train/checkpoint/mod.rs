@@ -48,10 +48,8 @@ use burn_ort_dist::{Communicator, DistError, StateFile};
 use safetensors::Dtype;
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint::index::model_indices;
-use super::checkpoint::manifest::{
-    FileSum, HashingWriter, MANIFEST_FILE, merged_manifest, write_rank_sums,
-};
+use self::index::model_indices;
+use self::manifest::{FileSum, HashingWriter, MANIFEST_FILE, merged_manifest, write_rank_sums};
 use super::precision::ScalerState;
 use crate::error::{OnnxError, Result};
 use crate::model::OnnxModel;

@@ -116,7 +116,7 @@ fn checked_choice(checkpoint: &CheckpointConfig, dir: &Path) -> Result<Option<(u
 pub(crate) fn resume(
     c: &TrainingConfig,
     world: &dyn Communicator,
-    place: &ParallelPlan,
+    plan: &ParallelPlan,
     model: OnnxModel,
     strategy: &mut dyn UpdateStrategy<OnnxModel>,
     scaler: &mut LossScaler,
@@ -144,22 +144,22 @@ pub(crate) fn resume(
         &saved,
         saved_layout.dp,
         state.zero_stage,
-        place.topology.dp,
+        plan.topology.dp,
         &path,
     )?;
-    let model = read_params(&path, model, place.tensor_parallel())
+    let model = read_params(&path, model, plan.tensor_parallel())
         .map_err(|e| from_other_model(e, &path, &saved.model.model_path, &c.model.model_path))?;
-    if state.tensor_parallel == place.topology.tp {
+    if state.tensor_parallel == plan.topology.tp {
         strategy.load_state(
             &model,
-            &state_dirs(&path, state.pipeline_stages, place.tp_rank()),
+            &state_dirs(&path, state.pipeline_stages, plan.tp_rank()),
         )?;
     } else {
         let scratch = c
             .checkpoint
             .output_dir
             .join(format!(".tp-regroup-{}", world.rank()));
-        let dirs = regrouped_state_dirs(&path, &state, place, &model, &scratch)?;
+        let dirs = regrouped_state_dirs(&path, &state, plan, &model, &scratch)?;
         strategy.load_state(&model, &dirs)?;
         let _ = std::fs::remove_dir_all(&scratch);
     }
@@ -168,7 +168,7 @@ pub(crate) fn resume(
     let micro = rescaled_micro(
         state.micro_step,
         saved.data.batch_size * saved_layout.dp,
-        c.data.batch_size * place.topology.dp,
+        c.data.batch_size * plan.topology.dp,
         &path,
     )?;
     if root {

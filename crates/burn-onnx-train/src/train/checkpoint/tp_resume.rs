@@ -23,7 +23,7 @@ use crate::train::layout::parallel_plan::ParallelPlan;
 pub fn regrouped_state_dirs(
     path: &Path,
     state: &CheckpointState,
-    place: &ParallelPlan,
+    plan: &ParallelPlan,
     model: &OnnxModel,
     scratch: &Path,
 ) -> Result<Vec<PathBuf>> {
@@ -40,8 +40,7 @@ pub fn regrouped_state_dirs(
             .flatten()
     };
     let current = |name: &str| {
-        place
-            .tensor_parallel()
+        plan.tensor_parallel()
             .and_then(|t| t.params.get(name).map(|s| (*s, t.rank, t.size)))
     };
     let join = |id: u64,
@@ -91,7 +90,7 @@ pub fn regrouped_state_dirs(
             .collect();
         let out = scratch.join(stage.map_or_else(|| "whole".to_string(), |k| format!("stage-{k}")));
         if state.zero_stage > 0 {
-            regroup_zero(&sources, state, place, model, &out)?;
+            regroup_zero(&sources, state, plan, model, &out)?;
         } else {
             regroup_records(&sources, &join, &out)?;
         }
@@ -108,7 +107,7 @@ pub fn regrouped_state_dirs(
 fn regroup_zero(
     sources: &[PathBuf],
     state: &CheckpointState,
-    place: &ParallelPlan,
+    plan: &ParallelPlan,
     model: &OnnxModel,
     out: &Path,
 ) -> Result<()> {
@@ -132,7 +131,7 @@ fn regroup_zero(
         let from = (state.tensor_parallel > 1)
             .then(|| state.tensor_parallel_splits.get(&info.name).copied())
             .flatten();
-        let to = place
+        let to = plan
             .tensor_parallel()
             .and_then(|t| t.params.get(&info.name).map(|s| (*s, t.rank, t.size)));
         if from.is_none() && to.is_none() {

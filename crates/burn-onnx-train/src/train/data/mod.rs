@@ -5,7 +5,7 @@
 //!   file-name order, or one such file: 1-D integer arrays (8- to 64-bit) of token ids, or
 //!   nanoGPT's raw u16 / llm.c's headed `.bin` files; the shards are laid end to end as one
 //!   stream, cut into non-overlapping windows of `seq_len` tokens. They are memory-mapped
-//!   and read a window at a time ([`super::data::token_shards`]), never widened whole in RAM.
+//!   and read a window at a time ([`self::token_shards`]), never widened whole in RAM.
 //! * **Image shards** (classifiers and regressors): `images_<k>.npy` (float32 `[N, ...]`,
 //!   e.g. `[N, C, H, W]` images or `[N, features]` vectors) paired with `labels_<k>.npy`
 //!   (integer `[N]`, for cross-entropy) or `targets_<k>.npy` (float32 `[N, ...]`, for MSE).
@@ -30,8 +30,8 @@ use std::thread::JoinHandle;
 
 use ndarray::{ArrayD, Axis, IxDyn, concatenate};
 
-pub use super::data::sampler::{DistributedSampler, LastOrder, LengthBalance};
-use super::data::token_shards::TokenShards;
+pub use self::sampler::{DistributedSampler, LastOrder, LengthBalance};
+use self::token_shards::TokenShards;
 use crate::error::{OnnxError, Result};
 use crate::train::data::npy::read_npy;
 use crate::value::host_tensor::HostTensor;

@@ -120,13 +120,21 @@ impl Trial {
 /// parameters on disk, and pipeline micro-batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
+    /// Data-parallel replicas.
     pub dp: usize,
+    /// Tensor-parallel ranks per replica.
     pub tp: usize,
+    /// Pipeline stages per replica.
     pub pp: usize,
+    /// ZeRO stage (0-3).
     pub zero: usize,
+    /// Activation-recomputation segments (0: off).
     pub recompute: usize,
+    /// Sequence parallelism between the tensor-parallel blocks.
     pub sequence: bool,
+    /// The optimizer state in a file on disk (`--offload-optimizer disk`).
     pub offload: bool,
+    /// ZeRO-3's parameter chunks in a file on disk (`--offload-params disk`).
     pub params_on_disk: bool,
     /// Pipeline micro-batches per batch (0: no pipeline, or the configured rule).
     pub micro: usize,
@@ -269,8 +277,11 @@ pub fn configure(c: &TrainingConfig, world: usize, layout: Layout) -> Result<Tra
 /// of one rank, and the probe's throughput.
 #[derive(Debug, Clone, Copy)]
 pub struct Measured {
+    /// Peak bytes of one process running every rank as a thread.
     pub threads_process_bytes: u64,
+    /// Peak bytes of one rank's process (a run under MPI).
     pub per_rank_bytes: u64,
+    /// The probe run's throughput (tokens or samples a second).
     pub throughput_per_sec: f64,
 }
 

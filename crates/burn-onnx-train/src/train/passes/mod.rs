@@ -14,9 +14,9 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
 use burn_ort_dist::{DataParallel, SyncTimes};
 
+use self::ready_grads::ReadyGrads;
+use self::step::{PassSettings, forward_loss, scalar};
 use super::data::{Batch, Prefetcher};
-use super::passes::ready_grads::ReadyGrads;
-use super::passes::step::{PassSettings, forward_loss, scalar};
 use crate::error::Result;
 use crate::model::{Mode, OnnxModel};
 use crate::util::seeds::micro_step_seed;

@@ -13,12 +13,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use self::metrics_log::MetricsLog;
+use self::perf::{PerfMeter, PerfReport};
+use self::summaries::Summaries;
 use super::config::{CheckpointConfig, LoggingConfig};
 use super::evaluate::EvalMetrics;
 use super::layout::parallel_plan::ParallelPlan;
-use super::report::metrics_log::MetricsLog;
-use super::report::perf::{PerfMeter, PerfReport};
-use super::report::summaries::Summaries;
 use crate::error::Result;
 use crate::model::OnnxModel;
 use crate::util::progress::{Bar, updates};
@@ -119,7 +119,7 @@ impl Reporter {
     pub fn open(
         logging: &LoggingConfig,
         checkpoint: &CheckpointConfig,
-        place: &ParallelPlan,
+        plan: &ParallelPlan,
         rank: usize,
         unit: &'static str,
         (start_step, total): (usize, usize),
@@ -137,7 +137,7 @@ impl Reporter {
                 output_dir: checkpoint.output_dir.clone(),
                 seconds: 0.0,
             },
-            tb: Summaries::open(logging, checkpoint, place.summary_role(rank))?,
+            tb: Summaries::open(logging, checkpoint, plan.summary_role(rank))?,
             bar: updates(logging.progress && root, total, start_step),
             metrics: root
                 .then(|| MetricsLog::open(&checkpoint.output_dir, start_step))
