@@ -41,7 +41,7 @@ impl ExportLayout<'_> {
 /// Export the model cut as `layout` says, of which this rank holds `model`, to `path` on
 /// world rank 0 (a collective over `world`): rank 0 writes the model file and tells every
 /// rank the parameters it reads, in order; every rank walks them with it
-/// ([`stream_param`]).
+/// (`stream_param`).
 pub fn export_streamed(
     layout: &ExportLayout,
     model: &OnnxModel,
