@@ -257,9 +257,10 @@ impl OnnxModel {
     }
 
     /// The same model with its ZeRO-3 gathers run up to `depth` parameters ahead of the
-    /// pass on a communication thread ([`crate::collective::prefetch`]; 0: inline, which
-    /// the caller asks for with a tensor-parallel group, whose collectives would run beside
-    /// the gathers).
+    /// pass on a communication thread ([`crate::collective::prefetch`]; 0: inline). The
+    /// run's plan decides the depth (`ParallelPlan::prefetch_depth`, 0 with a
+    /// tensor-parallel group); the model still gathers inline when it holds such a group,
+    /// as a guard for library callers, since its collectives would run beside the gathers.
     pub fn with_prefetch(mut self, depth: usize) -> OnnxModel {
         self.spec = Arc::new(Spec {
             prefetch: depth,
@@ -276,8 +277,8 @@ impl OnnxModel {
 
     /// What a pass prefetches: the sharding group and this rank's chunks in the order the
     /// pass gathers them (first readers, graph order); `None` when it gathers inline (not
-    /// sharded, prefetch off, or control flow whose bodies read parameters in their own
-    /// order).
+    /// sharded, prefetch off, a tensor-parallel group (see [`OnnxModel::with_prefetch`]), or
+    /// control flow whose bodies read parameters in their own order).
     pub(super) fn prefetch_plan(&self) -> Option<(CollectiveGroup, Vec<PhysTensor>)> {
         const BODIES: [&str; 4] = ["If", "Loop", "Scan", "SequenceMap"];
         let spec = &self.spec;
@@ -285,6 +286,7 @@ impl OnnxModel {
         let graph = &spec.graph;
         if spec.sharding.is_none()
             || spec.prefetch == 0
+            || spec.collectives.tensor_parallel.is_some()
             || graph
                 .nodes
                 .iter()
