@@ -23,7 +23,7 @@ pub struct ConfigFlags {
     /// stage and offload, optimizer, WarmupLR / WarmupDecayLR / WarmupCosineLR,
     /// steps_per_print, tensorboard. Hugging Face's "auto" keeps this run's value; keys that
     /// only tune DeepSpeed itself (bucket sizes, overlap_comm, pin_memory, its reports) are
-    /// accepted with a warning; every other key is named in one error (`train::deepspeed`).
+    /// accepted with a warning; every other key is named in one error (`train::config::deepspeed`).
     #[arg(long, value_name = "ds.json", help_heading = "Config")]
     pub deepspeed: Option<PathBuf>,
     /// Override any config field: `--set KEY=VALUE`, repeatable; dotted keys for sections

@@ -7,7 +7,7 @@
 //! `SequenceOutput`, for `LossMetric`, `PerplexityMetric`, ...) implement `TrainStep` and
 //! `InferenceStep` on [`Batch`]es of this crate's datasets; [`batches`] turns a
 //! [`Dataset`] into the data loader the `Learner` reads, in a given batch order. The forward
-//! pass and the loss are the runner's (`train::step`), so the same batches give the same
+//! pass and the loss are the runner's (`train::passes::step`), so the same batches give the same
 //! losses and gradients as `onnx-train train`; batch-norm running statistics are updated
 //! after each optimizer step, as the runner does.
 

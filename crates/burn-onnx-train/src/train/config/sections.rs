@@ -139,7 +139,7 @@ pub struct DataConfig {
     /// How token shards become samples: `"windows"` of `seq_len` cut from the stream
     /// (nanoGPT's way); `"documents"`, each document of `documents.idx.npy` its own sample,
     /// padded to the longest of its batch; `"packed"`, windows whose positions never
-    /// predict across a document boundary. See `train::documents`.
+    /// predict across a document boundary. See `train::data::documents`.
     pub sequences: Sequences,
     /// With documents: consecutive global batches sorted by length together (length
     /// bucketing, so that a batch pads little); 1 takes them as shuffled.

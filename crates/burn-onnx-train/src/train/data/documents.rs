@@ -11,7 +11,7 @@
 //!   attention mask (1 real, 0 padding) for the graph's mask input
 //!   (`model.attention_mask_name`), and only real positions that have a next token carry a
 //!   label. The sampler balances the ranks by tokens and buckets lengths
-//!   (`train::sampler`).
+//!   (`train::data::sampler`).
 //! * `"packed"` ([`PackedDocuments`]): windows of `seq_len` as with plain token shards, but
 //!   a position whose next token starts another document has no label (attention still
 //!   crosses the boundary: the graph's mask input is `[B, L]`, not block-diagonal).

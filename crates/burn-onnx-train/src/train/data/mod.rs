@@ -45,7 +45,7 @@ pub enum Target {
     Classes(ArrayD<i64>),
     /// Float targets, one row per sample (regression).
     Values(ArrayD<f32>),
-    /// Language modelling on documents (padded or packed, `train::documents`): the id each
+    /// Language modelling on documents (padded or packed, `train::data::documents`): the id each
     /// position predicts (`labels[b, t]`, [`crate::model::loss::IGNORE_INDEX`] where there is
     /// none: padding, a document's last token, a position before a document boundary),
     /// the attention mask (1 real token, 0 padding) for the graph's mask input, and what
