@@ -30,10 +30,12 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Bytes, Device, Tensor, TensorData};
 use burn_ort_dist::storage::disk_vectors::DiskVectors;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use burn_ort_dist::update::strategy::clip_scale;
 use burn_ort_dist::update::zero::flat_optim::{AdamStep, Rule};
 use burn_ort_dist::{
-    DistError, DistResult, MomentSlices, MomentState, ReplicaOptimizer, decode_moments,
-    encode_moments, write_moments,
+    DistError, DistResult, MomentSlices, MomentState, ReplicaOptimizer, clip_grad_norm,
+    decode_moments, encode_moments, write_moments,
 };
 
 use super::FLAT_CHUNK as CHUNK;
@@ -352,17 +354,22 @@ impl ModuleMapper for Scatter<'_> {
     }
 }
 
-/// `parts` end to end, each padded with zeros to its slot's whole chunks.
+/// `parts` laid end to end at their slots' offsets in a zeroed buffer of `len` values: one
+/// fill and one copy per part (a `cat` with the padding as parts of its own would also
+/// fill and copy every padding).
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-fn padded_cat(parts: Vec<Tensor<1>>, slots: &[Slot], device: &Device) -> Tensor<1> {
-    let mut all = Vec::with_capacity(2 * parts.len());
-    for (t, s) in parts.into_iter().zip(slots) {
-        all.push(t);
-        if s.padded() > s.len {
-            all.push(Tensor::zeros([s.padded() - s.len], device));
-        }
-    }
-    Tensor::cat(all, 0)
+fn laid_end_to_end(
+    parts: Vec<Tensor<1>>,
+    slots: &[Slot],
+    len: usize,
+    device: &Device,
+) -> Tensor<1> {
+    parts
+        .into_iter()
+        .zip(slots)
+        .fold(Tensor::zeros([len], device), |flat, (part, s)| {
+            flat.slice_assign([s.offset()..s.offset() + s.len], part)
+        })
 }
 
 /// The update on the CPU: every parameter in place, the moments in the flat host buffers.
@@ -460,13 +467,14 @@ fn update_in_place<M: Module>(module: M, mut update: InPlace) -> DistResult<M> {
     }
 }
 
-/// The update on a CubeCL device: parameters and gradients laid end to end, one launch
-/// (three for LAMB), the parameters put back as views of the flat result.
+/// The update on a CubeCL device: parameters laid end to end beside the gradients `grads`
+/// (laid out already, [`laid_end_to_end`]), one launch (three for LAMB), the parameters
+/// put back as views of the flat result.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn on_device<M: Module>(
     flat: &mut Flat,
     module: M,
-    grads: Vec<Tensor<1>>,
+    grads: Tensor<1>,
     step: AdamStep,
     factors: &[f32],
     rule: Rule,
@@ -475,8 +483,7 @@ fn on_device<M: Module>(
     let ids: Vec<ParamId> = flat.slots.iter().map(|s| s.id).collect();
     let mut values = Values(&ids, Vec::new());
     module.visit(&mut values);
-    let grads = padded_cat(grads, &flat.slots, &device);
-    let params = padded_cat(values.1, &flat.slots, &device);
+    let params = laid_end_to_end(values.1, &flat.slots, flat.len, &device);
     let hyper = [
         step.lr,
         step.beta[0],
@@ -658,23 +665,79 @@ impl FusedAdam {
         let flat = self.flat.as_mut().expect("laid out by begin_step");
         if super::runs_cubecl(&flat.device) {
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
-            return Ok(on_device(flat, module, grads, step, &factors, rule));
+            {
+                let grads = laid_end_to_end(grads, &flat.slots, flat.len, &flat.device);
+                return Ok(on_device(flat, module, grads, step, &factors, rule));
+            }
         }
         on_host(flat, module, grads, step, &factors, rule)
+    }
+
+    /// [`ReplicaOptimizer::step_clipped`] on a CubeCL device: the gradients laid end to
+    /// end, their norm as one sum of squares of the flat buffer (one read-back), the clip
+    /// as one scaling of it, then the update.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn step_clipped_on_device<M: Module>(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut grads: GradientsParams,
+        max_norm: f32,
+    ) -> DistResult<(M, f32)> {
+        let (grads, step, factors) = self.begin_step(lr, &module, &mut grads, None)?;
+        let rule = self.rule;
+        let flat = self.flat.as_mut().expect("laid out by begin_step");
+        let grads = laid_end_to_end(grads, &flat.slots, flat.len, &flat.device);
+        let squares = grads
+            .clone()
+            .square()
+            .sum()
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .map_err(|e| invalid(format!("cannot read the gradient norm: {e:?}")))?;
+        let norm = f64::from(squares[0]).max(0.0).sqrt() as f32;
+        let scale = clip_scale(norm, max_norm);
+        let grads = if scale == 1.0 {
+            grads
+        } else {
+            grads.mul_scalar(scale)
+        };
+        Ok((on_device(flat, module, grads, step, &factors, rule), norm))
+    }
+
+    /// Whether this step runs on the CubeCL device `module` is on (not offloaded to the
+    /// CPU).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn updates_on_device<M: Module>(&self, module: &M) -> bool {
+        let mut first = FirstDevice(None);
+        module.visit(&mut first);
+        first.0.as_ref().is_some_and(super::runs_cubecl)
     }
 }
 
 impl ReplicaOptimizer for FusedAdam {
     fn step<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> DistResult<M> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if self.host_update {
-            let mut first = FirstDevice(None);
-            module.visit(&mut first);
-            if first.0.as_ref().is_some_and(super::runs_cubecl) {
-                return self.step_offloaded(lr, module, grads);
-            }
+        if self.host_update && self.updates_on_device(&module) {
+            return self.step_offloaded(lr, module, grads);
         }
         self.step_here(lr, module, grads)
+    }
+
+    fn step_clipped<M: Module>(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut grads: GradientsParams,
+        max_norm: f32,
+    ) -> DistResult<(M, f32)> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if !self.host_update && self.updates_on_device(&module) {
+            return self.step_clipped_on_device(lr, module, grads, max_norm);
+        }
+        let norm = clip_grad_norm(&module, &mut grads, max_norm)?;
+        Ok((self.step(lr, module, grads)?, norm))
     }
 
     fn record_bytes(&self) -> DistResult<Bytes> {

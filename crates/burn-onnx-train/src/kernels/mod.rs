@@ -34,6 +34,7 @@ mod fast_math;
 mod fused_adam;
 mod host;
 mod host_optim;
+pub mod launch_tally;
 mod layer_norm;
 mod masked_fill;
 mod matmul;

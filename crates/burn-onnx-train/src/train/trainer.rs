@@ -23,7 +23,7 @@ use super::precision::LossScaler;
 use super::preflight::check_model_and_data;
 use super::process::preemption::{agreed_stop, install};
 use super::report::overview::RunOverview;
-use super::report::perf::MemoryReport;
+use super::report::perf::{DeviceMeter, MemoryReport};
 use super::report::{Reporter, RunSummary, UpdateReport};
 use super::schedule::LrSchedule;
 use crate::error::{OnnxError, Result};
@@ -36,6 +36,8 @@ use crate::util::atomic_file::write_atomic;
 pub(super) struct Trainer {
     c: TrainingConfig,
     comm: Arc<dyn Communicator>,
+    /// Where this rank computes.
+    device: Device,
     plan: ParallelPlan,
     passes: Box<dyn Passes>,
     strategy: Box<dyn UpdateStrategy<OnnxModel>>,
@@ -140,6 +142,7 @@ impl Trainer {
             profiler,
             out,
             comm,
+            device: device.clone(),
             plan,
             passes,
             strategy,
@@ -158,6 +161,7 @@ impl Trainer {
     pub fn train_update(&mut self, mut model: OnnxModel) -> Result<OnnxModel> {
         // Gathers prefetched outside the update (an evaluation's) are not its own.
         model.take_prefetch_times();
+        let device_meter = DeviceMeter::start(&self.device);
         let started = Instant::now();
         let acc = self.passes.train(
             &mut model,
@@ -205,6 +209,7 @@ impl Trainer {
             sync_time,
             acc.waited,
             [acc.sync, prefetched],
+            device_meter.finish(),
         );
         self.out.update(&UpdateReport {
             step: self.update,
@@ -325,6 +330,14 @@ impl Trainer {
                 .perf
                 .report(c, self.comm.world_size(), memory, idle);
             report.write(&c.checkpoint.output_dir.join("perf.json"))?;
+            if let Some(launches) = report.kernel_launches_per_update {
+                tracing::info!(
+                    kernel_launches_per_update = launches,
+                    device_memory_reserved_mib =
+                        report.device_memory_reserved_bytes.map(|b| b >> 20),
+                    "device work (perf.json lists the launches by kernel)"
+                );
+            }
             self.out.summary.perf = Some(report);
             if let Some(profile) = &profile {
                 profile.write(&c.checkpoint.output_dir.join("profile.json"))?;

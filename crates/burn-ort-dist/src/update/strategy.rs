@@ -211,10 +211,6 @@ impl<M: Module, O: ReplicaOptimizer> UpdateStrategy<M> for Replicated<O> {
         tensor_norms: bool,
     ) -> DistResult<(M, UpdateReport)> {
         self.ddp.sync(&module, &mut grads)?;
-        let norms = grad_squares(&module, &grads)?;
-        let grad_norm =
-            ModelParallel::global_norm(self.model_parallel.as_ref(), norms.iter().copied())?;
-        clip(&module, &mut grads, grad_norm, max_norm);
         let mut census = Census::default();
         module.visit(&mut census);
         self.memory = MemoryUse {
@@ -222,6 +218,16 @@ impl<M: Module, O: ReplicaOptimizer> UpdateStrategy<M> for Replicated<O> {
             gradient_bytes: census.trainable * 4,
             parameter_bytes: census.elements * 4,
         };
+        // The optimizer measures and clips when nothing asks for a norm per parameter and
+        // no other model part adds its squares.
+        if !tensor_norms && self.model_parallel.is_none() {
+            let (module, grad_norm) = self.optim.step_clipped(lr, module, grads, max_norm)?;
+            return Ok((module, UpdateReport::new(grad_norm, [], false)));
+        }
+        let norms = grad_squares(&module, &grads)?;
+        let grad_norm =
+            ModelParallel::global_norm(self.model_parallel.as_ref(), norms.iter().copied())?;
+        clip(&module, &mut grads, grad_norm, max_norm);
         let report = UpdateReport::new(grad_norm, norms, tensor_norms);
         Ok((self.optim.step(lr, module, grads)?, report))
     }

@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use burn::tensor::Device;
 use burn_ort_dist::{Communicator, MemoryUse, SyncTimes};
 
 use crate::error::{OnnxError, Result};
+use crate::kernels::launch_tally::{LaunchCounts, launches_so_far, short_kernel_name};
 use crate::train::config::TrainingConfig;
 use crate::util::atomic_file::write_atomic;
 
@@ -20,6 +22,62 @@ pub struct PerfMeter {
     waited: Vec<Duration>,
     overlapped: Vec<SyncTimes>,
     prefetched: Vec<SyncTimes>,
+    device: Vec<DeviceWork>,
+}
+
+/// What one update asked of a GPU: the kernels this process launched, and the memory the
+/// device's pools held at its end. Empty on the CPU.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceWork {
+    /// Kernel launches during the update.
+    pub launches: Option<LaunchCounts>,
+    /// Bytes the device's memory pools reserved at the end of the update.
+    pub reserved_bytes: Option<u64>,
+    /// Bytes in use in them at the end of the update (parameters, optimizer state,
+    /// anything kept across updates).
+    pub in_use_bytes: Option<u64>,
+}
+
+/// Measures one update's [`DeviceWork`] on `device`: [`DeviceMeter::start`] before it,
+/// [`DeviceMeter::finish`] after.
+pub struct DeviceMeter {
+    device: Device,
+    launches_before: Option<LaunchCounts>,
+}
+
+impl DeviceMeter {
+    /// Start measuring an update on `device`.
+    pub fn start(device: &Device) -> Self {
+        DeviceMeter {
+            device: device.clone(),
+            launches_before: launches_so_far(device),
+        }
+    }
+
+    /// The update's launches and the device's memory now.
+    pub fn finish(self) -> DeviceWork {
+        let launches = launches_so_far(&self.device)
+            .zip(self.launches_before)
+            .map(|(now, before)| now.since(&before));
+        let usage = launches
+            .is_some()
+            .then(|| self.device.memory_pool_usage())
+            .flatten();
+        DeviceWork {
+            launches,
+            reserved_bytes: usage.as_ref().map(|u| u.bytes_reserved),
+            in_use_bytes: usage.as_ref().map(|u| u.bytes_in_use),
+        }
+    }
+}
+
+/// One kernel's launches per update.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelLaunches {
+    /// The kernel (cubecl's name for it, without module paths).
+    pub kernel: String,
+    /// Mean launches per measured update.
+    pub per_update: f64,
 }
 
 /// The throughput report written to `perf.json`.
@@ -78,6 +136,19 @@ pub struct PerfReport {
     /// Memory per rank, in rank order.
     #[serde(flatten)]
     pub memory: MemoryReport,
+    /// On a GPU: the kernels this process launched per measured update (all its thread
+    /// ranks together; collectives outside CubeCL, such as NCCL's, are not counted).
+    pub kernel_launches_per_update: Option<f64>,
+    /// The same by kernel, most launched first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernel_launches_by_kernel: Vec<KernelLaunches>,
+    /// On a GPU: the most bytes the device's memory pools reserved at the end of an
+    /// update (what the device holds for this process, like PyTorch's
+    /// `max_memory_reserved` sampled between updates).
+    pub device_memory_reserved_bytes: Option<u64>,
+    /// On a GPU: the most bytes in use at the end of an update (what the run keeps
+    /// across updates: parameters, optimizer state, gradients held).
+    pub device_memory_in_use_bytes: Option<u64>,
 }
 
 /// Bytes each rank holds, one value per rank in rank order.
@@ -152,12 +223,14 @@ impl PerfMeter {
             waited: Vec::new(),
             overlapped: Vec::new(),
             prefetched: Vec::new(),
+            device: Vec::new(),
         }
     }
 
     /// Record one update of `items` items that took `elapsed`, `sync` of it in the update
     /// strategy, `waited` blocked on other pipeline stages, the gradient averaging
-    /// `overlapped` with backward, and the ZeRO-3 gathers `prefetched` ahead of the passes.
+    /// `overlapped` with backward, the ZeRO-3 gathers `prefetched` ahead of the passes, and
+    /// what it asked of the `device`.
     pub fn record(
         &mut self,
         items: usize,
@@ -165,12 +238,14 @@ impl PerfMeter {
         sync: Duration,
         waited: Duration,
         [overlapped, prefetched]: [SyncTimes; 2],
+        device: DeviceWork,
     ) {
         self.steps.push((items, elapsed));
         self.sync.push(sync);
         self.waited.push(waited);
         self.overlapped.push(overlapped);
         self.prefetched.push(prefetched);
+        self.device.push(device);
     }
 
     /// Every rank's idle fraction over its measured updates (a collective over `comm`).
@@ -215,6 +290,16 @@ impl PerfMeter {
         };
         let overlapped = &self.overlapped[half..];
         let prefetched = &self.prefetched[half..];
+        let device = &self.device[half..];
+        let launches = device
+            .iter()
+            .map(|d| d.launches.as_ref())
+            .try_fold(None::<LaunchCounts>, |sum, l| {
+                let mut sum = sum.unwrap_or_default();
+                sum.add(l?);
+                Some(Some(sum))
+            })
+            .flatten();
         let gather: f64 = prefetched.iter().map(|p| p.busy.as_secs_f64()).sum();
         let exposed: f64 = prefetched.iter().map(|p| p.exposed.as_secs_f64()).sum();
         PerfReport {
@@ -240,8 +325,34 @@ impl PerfMeter {
             pipeline_micro_batches: c.micro_batches(),
             pipeline_idle_fraction: idle,
             memory,
+            kernel_launches_per_update: launches
+                .as_ref()
+                .map(|l| l.total as f64 / measured.len().max(1) as f64),
+            kernel_launches_by_kernel: launches
+                .map(|l| by_kernel(l, measured.len()))
+                .unwrap_or_default(),
+            device_memory_reserved_bytes: device.iter().filter_map(|d| d.reserved_bytes).max(),
+            device_memory_in_use_bytes: device.iter().filter_map(|d| d.in_use_bytes).max(),
         }
     }
+}
+
+/// The launches of `updates` updates by kernel, per update, most launched first (kernels
+/// whose short names agree counted together).
+fn by_kernel(launches: LaunchCounts, updates: usize) -> Vec<KernelLaunches> {
+    let mut named = std::collections::BTreeMap::<String, u64>::new();
+    for (name, n) in launches.by_kernel {
+        *named.entry(short_kernel_name(name)).or_default() += n;
+    }
+    let mut rows: Vec<KernelLaunches> = named
+        .into_iter()
+        .map(|(kernel, n)| KernelLaunches {
+            kernel,
+            per_update: n as f64 / updates.max(1) as f64,
+        })
+        .collect();
+    rows.sort_by(|a, b| b.per_update.total_cmp(&a.per_update));
+    rows
 }
 
 impl PerfReport {
