@@ -32,6 +32,7 @@ use burn_onnx_train::train::process::launch::launch;
 use burn_onnx_train::train::{DeviceSpec, RunSummary};
 use burn_onnx_train::value::MAX_RANK;
 use burn_onnx_train::{Mode, OnnxModel, Value};
+use common::activation_checks::{check_gelu_tanh, check_layer_norm, check_softmax, check_tanh};
 use common::fused_checks::{check, check_cross_entropy, host, host2};
 use common::refkit_train::*;
 use common::*;
@@ -496,6 +497,37 @@ fn the_fused_paths_are_taken_on_gpu_only() {
 #[test]
 fn fused_cross_entropy_on_gpu_matches_the_closed_form_and_the_plain_composition() {
     check_cross_entropy(&gpu());
+}
+
+/// The CubeCL kernels' tolerances against f64, as multiples of the CPU kernels' (GPU `exp`
+/// and `tanh` may be a few ulp off, fast-math ones more).
+const GPU_SLACK: f64 = 10.0;
+
+#[test]
+fn fused_tanh_and_gelu_on_gpu_match_the_f64_closed_form() {
+    check_tanh(&gpu().autodiff(), GPU_SLACK);
+    check_gelu_tanh(&gpu().autodiff(), GPU_SLACK);
+}
+
+#[test]
+fn fused_softmax_on_gpu_matches_the_f64_closed_form() {
+    // 70000 rows spill past one grid dimension (65535 cubes).
+    check_softmax(
+        &gpu().autodiff(),
+        GPU_SLACK,
+        &[(37, 1000), (5, 2), (3, 50257), (70_000, 3)],
+    );
+}
+
+#[test]
+fn fused_layer_norm_on_gpu_matches_the_f64_closed_form() {
+    // Rows that are not a whole number of the parameter gradients' blocks (64 rows), rows
+    // wider than a cube (256 units), one column.
+    check_layer_norm(
+        &gpu().autodiff(),
+        GPU_SLACK,
+        &[(77, 128), (3, 1000), (1, 5), (300, 768), (2, 1)],
+    );
 }
 
 #[test]

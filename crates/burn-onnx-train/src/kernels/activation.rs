@@ -1,11 +1,14 @@
-//! Tanh, GELU (tanh form) and softmax (over the last axis) as single ops with their own
-//! backward, on the CPU's Flex backend: one pass over the host buffer each way, in
-//! parallel chunks or rows, with [`super::fast_math`]'s vectorizable `exp` and `tanh`. The
-//! backward passes use the saved output (`g (1 - y^2)`, `y (g - sum(g y))`) or, for GELU,
-//! the saved input. Every chunk's loop runs through [`super::simd::vectorized`] (AVX-512 or
-//! AVX2 where the CPU has them). Other dtypes, other axes and CubeCL devices use Burn's own ops, which
-//! are also the reference the tests hold these to.
+//! Tanh, GELU (tanh form) and softmax (over the last axis) as single f32 ops with their
+//! own backward. On the CPU's Flex backend one pass over the host buffer each way, in
+//! parallel chunks or rows, with [`super::fast_math`]'s vectorizable `exp` and `tanh`,
+//! every chunk's loop through [`super::simd::vectorized`] (AVX-512 or AVX2 where the CPU
+//! has them). On CubeCL devices one launch each way (`cube_rows.rs`), where Burn's
+//! composition launched a dozen. The backward passes use the saved output
+//! (`g (1 - y^2)`, `y (g - sum(g y))`) or, for GELU, the saved input. Other dtypes and
+//! other axes use Burn's own ops, which are also the reference the tests hold these to.
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use burn::backend::Cube;
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::flex::{Flex, FlexTensor};
@@ -15,8 +18,9 @@ use burn::tensor::activation;
 use burn::tensor::{DType, TensorData};
 use rayon::prelude::*;
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use super::cube_rows::{self, Pointwise};
 use super::fast_math;
-use super::runs_cubecl;
 use super::simd::{self, Kernel};
 use crate::value::unary_op::unary;
 use crate::value::{MAX_RANK, PhysTensor};
@@ -25,7 +29,7 @@ use crate::value::{MAX_RANK, PhysTensor};
 const CHUNK: usize = 1 << 14;
 
 fn fused_here(x: &PhysTensor) -> bool {
-    x.dtype() == DType::F32 && !runs_cubecl(&x.device())
+    x.dtype() == DType::F32
 }
 
 /// `tanh(x)`.
@@ -58,8 +62,8 @@ pub fn softmax(x: PhysTensor, dim: usize) -> PhysTensor {
     ))
 }
 
-/// The fused ops as a backend extension (Flex, and Autodiff over it).
-#[backend_extension(Flex, Autodiff)]
+/// The fused ops as a backend extension (CubeCL, Flex, and Autodiff over them).
+#[backend_extension(Cube: cfg(any(feature = "wgpu", feature = "cuda")), Flex, Autodiff)]
 pub trait ActivationOps: Backend {
     /// `tanh(x)`.
     fn tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self>;
@@ -228,6 +232,33 @@ impl ActivationOps for Flex {
             .zip(y.par_chunks(cols).zip(g.par_chunks(cols)))
             .for_each(|(dx, (y, g))| simd::vectorized(SoftmaxRowBackward(dx, y, g)));
         output(dx, shape)
+    }
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl ActivationOps for Cube {
+    fn tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        cube_rows::pointwise(x, None, Pointwise::Tanh)
+    }
+
+    fn tanh_fused_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
+        cube_rows::pointwise(y, Some(g), Pointwise::TanhBackward)
+    }
+
+    fn gelu_tanh_fused(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        cube_rows::pointwise(x, None, Pointwise::GeluTanh)
+    }
+
+    fn gelu_tanh_fused_backward(x: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
+        cube_rows::pointwise(x, Some(g), Pointwise::GeluTanhBackward)
+    }
+
+    fn softmax_rows(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        cube_rows::softmax_forward(x)
+    }
+
+    fn softmax_rows_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
+        cube_rows::softmax_backward(y, g)
     }
 }
 

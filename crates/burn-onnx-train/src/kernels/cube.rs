@@ -42,7 +42,7 @@ pub(super) fn reduce_shared<F: Float>(shared: &mut Shared<[F]>, #[comptime] max:
 /// `logits`: leaves the row's max in `shared[threads]` and the sum of `exp(x - max)` in
 /// `shared[0]` (`shared` holds `threads + 1` values).
 #[cube]
-fn row_softmax_stats<F: Float>(
+pub(super) fn row_softmax_stats<F: Float>(
     logits: &Tensor<F>,
     base: usize,
     classes: usize,

@@ -1,13 +1,17 @@
 //! Layer normalisation of the rows of a `[rows, cols]` f32 tensor as one op with its own
-//! backward, on the CPU's Flex backend: `y = (x - mean) * rstd * scale + bias` per row, one
+//! backward: `y = (x - mean) * rstd * scale + bias` per row. On the CPU's Flex backend one
 //! pass for the statistics (f64 lane sums) and one for the output; backward in one sweep
-//! over row blocks giving `dx`, and per-block partial sums of `dscale` and `dbias`. Burn's
-//! composition (mean, subtract, square, mean, add, sqrt, divide, multiply, add, each
-//! broadcast at rank 6, and ~20 ops back) took ~0.15 ms forward per LayerNormalization of
-//! gpt2_tiny; the forward saves only `x` and each row's `(mean, rstd)`. CubeCL devices and
-//! other dtypes keep Burn's composition (`ops/normalization.rs`), which is also the
-//! reference the tests hold this one to.
+//! over row blocks giving `dx`, and per-block partial sums of `dscale` and `dbias`. On
+//! CubeCL devices one launch forward, and back one for `dx`, one for the partial sums and
+//! a sum of each (`cube_rows.rs`). Burn's composition (mean, subtract, square, mean, add,
+//! sqrt, divide, multiply, add, each broadcast at rank 6, and ~20 ops back) took ~0.15 ms
+//! forward per LayerNormalization of gpt2_tiny on the CPU, and ~30 launches a layer norm
+//! on a GPU; the forward saves only `x` and each row's `(mean, rstd)`. Other dtypes keep
+//! Burn's composition (`ops/normalization.rs`), which is also the reference the tests hold
+//! this one to.
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use burn::backend::Cube;
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -19,15 +23,16 @@ use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension}
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::runs_cubecl;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use super::cube_rows;
 use super::simd::{self, Kernel};
 
 /// Rows per parallel block of the backward (each block sums its own `dscale`, `dbias`).
 const BLOCK_ROWS: usize = 32;
 
-/// Whether the fused op serves `x`: f32 on the CPU.
+/// Whether the fused op serves `x`: f32 (on the CPU or a CubeCL device).
 pub fn layer_norm_fused_here(x: &Tensor<2>) -> bool {
-    x.dtype() == DType::F32 && !runs_cubecl(&x.device())
+    x.dtype() == DType::F32
 }
 
 /// `(x - mean) / sqrt(var + eps) * scale + bias` over each row of `x` (`scale` and `bias`
@@ -41,8 +46,8 @@ pub fn layer_norm(x: Tensor<2>, scale: Tensor<1>, bias: Tensor<1>, eps: f32) -> 
     ))
 }
 
-/// The op as a backend extension (Flex, and Autodiff over it).
-#[backend_extension(Flex, Autodiff)]
+/// The op as a backend extension (CubeCL, Flex, and Autodiff over them).
+#[backend_extension(Cube: cfg(any(feature = "wgpu", feature = "cuda")), Flex, Autodiff)]
 pub trait LayerNormOps: Backend {
     /// The normalised rows.
     fn layer_norm_rows(
@@ -251,6 +256,42 @@ impl LayerNormOps for Flex {
             output(narrow(dscale), vec![cols]),
             output(narrow(dbias), vec![cols]),
         )
+    }
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl LayerNormOps for Cube {
+    fn layer_norm_rows(
+        x: FloatTensor<Self>,
+        scale: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        eps: f32,
+    ) -> FloatTensor<Self> {
+        cube_rows::layer_norm_forward(x, scale, bias, eps).0
+    }
+
+    fn layer_norm_rows_with_stats(
+        x: FloatTensor<Self>,
+        scale: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        cube_rows::layer_norm_forward(x, scale, bias, eps)
+    }
+
+    fn layer_norm_rows_backward(
+        x: FloatTensor<Self>,
+        scale: FloatTensor<Self>,
+        stats: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        use burn::backend::Shape;
+        use burn::backend::ops::FloatTensorOps;
+        let cols = x.shape()[1];
+        let (dx, dscale, dbias) = cube_rows::layer_norm_backward(x, scale, stats, g);
+        let total =
+            |partial| Cube::float_reshape(Cube::float_sum_dim(partial, 0), Shape::new([cols]));
+        (dx, total(dscale), total(dbias))
     }
 }
 

@@ -30,6 +30,8 @@ mod cross_entropy;
 mod cube;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_optim;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cube_rows;
 mod fast_math;
 mod fused_adam;
 mod host;

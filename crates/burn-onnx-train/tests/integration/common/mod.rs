@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: fixture paths, loading, comparisons.
 #![allow(dead_code)]
 
+pub mod activation_checks;
+
 pub mod refkit_train;
 
 pub mod counting;

@@ -1,0 +1,231 @@
+//! Tanh, GELU (tanh form), softmax and layer normalisation, forward and backward, on a
+//! given device against f64 closed forms: `integration/kernels.rs` runs them on the CPU's
+//! fused kernels, `gpu.rs` on the CubeCL ones.
+
+use burn::tensor::{Device, Tensor, TensorData};
+use burn_onnx_train::kernels::{gelu_tanh, layer_norm, softmax, tanh};
+use burn_onnx_train::value::{MAX_RANK, PhysTensor, padded};
+
+use super::lcg;
+
+/// `[rows, cols]` values over +-12 with a few at +-60 (saturated tanh, softmax far from
+/// uniform), and upstream-gradient weights.
+pub fn activation_problem(rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut next = lcg(11);
+    let x = (0..rows * cols)
+        .map(|i| {
+            if i % 97 == 0 {
+                60.0 * if i % 2 == 0 { 1.0 } else { -1.0 }
+            } else {
+                (next() % 24001) as f32 / 1000.0 - 12.0
+            }
+        })
+        .collect();
+    let w = (0..rows * cols)
+        .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
+        .collect();
+    (x, w)
+}
+
+/// `f(x)` and the gradient of `sum(w * f(x))` on `device` (an autodiff device), through the
+/// interpreter's kernels.
+fn activation_and_grad(
+    device: &Device,
+    rows: usize,
+    cols: usize,
+    f: fn(PhysTensor) -> PhysTensor,
+) -> (Vec<f32>, Vec<f32>) {
+    let (x, w) = activation_problem(rows, cols);
+    let x = PhysTensor::from_data(
+        TensorData::new(x, padded(&[rows, cols]).unwrap().to_vec()),
+        device,
+    )
+    .require_grad();
+    let w = PhysTensor::from_data(
+        TensorData::new(w, padded(&[rows, cols]).unwrap().to_vec()),
+        device,
+    );
+    let y = f(x.clone());
+    let grads = (y.clone() * w).sum().backward();
+    let g = x.grad(&grads).unwrap();
+    (
+        y.inner().into_data().try_to_vec::<f32>().unwrap(),
+        g.into_data().try_to_vec::<f32>().unwrap(),
+    )
+}
+
+fn assert_close_rel(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64) {
+    assert_eq!(got.len(), want.len());
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (f64::from(g) - w).abs() <= atol + rtol * w.abs(),
+            "{what}[{i}]: {g} vs {w}"
+        );
+    }
+}
+
+/// Tanh on `device` against f64; tolerances times `slack` (1 on the CPU).
+pub fn check_tanh(device: &Device, slack: f64) {
+    let (rows, cols) = (37, 1000);
+    let (x, w) = activation_problem(rows, cols);
+    let (y, g) = activation_and_grad(device, rows, cols, tanh);
+    let want_y: Vec<f64> = x.iter().map(|&v| f64::from(v).tanh()).collect();
+    let want_g: Vec<f64> = want_y
+        .iter()
+        .zip(&w)
+        .map(|(&t, &w)| f64::from(w) * (1.0 - t * t))
+        .collect();
+    assert_close_rel("tanh", &y, &want_y, 3e-7 * slack, 0.0);
+    assert_close_rel("tanh gradient", &g, &want_g, 1e-6 * slack, 1e-7 * slack);
+}
+
+/// GELU (tanh form) on `device` against f64; tolerances times `slack`.
+pub fn check_gelu_tanh(device: &Device, slack: f64) {
+    let (rows, cols) = (37, 1000);
+    let (x, w) = activation_problem(rows, cols);
+    let (y, g) = activation_and_grad(device, rows, cols, gelu_tanh);
+    let (k, c) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+    let mut want_y = Vec::new();
+    let mut want_g = Vec::new();
+    for (&x, &w) in x.iter().zip(&w) {
+        let x = f64::from(x);
+        let t = (k * (x + c * x * x * x)).tanh();
+        want_y.push(0.5 * x * (1.0 + t));
+        want_g.push(
+            f64::from(w)
+                * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x)),
+        );
+    }
+    assert_close_rel("gelu", &y, &want_y, 1e-6 * slack, 1e-7 * slack);
+    assert_close_rel("gelu gradient", &g, &want_g, 1e-5 * slack, 1e-6 * slack);
+}
+
+/// Softmax over the last axis on `device` against f64, for each `(rows, cols)` of `shapes`;
+/// tolerances times `slack`.
+pub fn check_softmax(device: &Device, slack: f64, shapes: &[(usize, usize)]) {
+    for &(rows, cols) in shapes {
+        let (x, w) = activation_problem(rows, cols);
+        let (y, g) = activation_and_grad(device, rows, cols, |t| softmax(t, MAX_RANK - 1));
+        let (mut want_y, mut want_g, mut scale_g) = (Vec::new(), Vec::new(), Vec::new());
+        for r in 0..rows {
+            let row = &x[r * cols..(r + 1) * cols];
+            let max = row.iter().fold(f64::MIN, |m, &v| m.max(f64::from(v)));
+            let e: Vec<f64> = row.iter().map(|&v| (f64::from(v) - max).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            let p: Vec<f64> = e.iter().map(|v| v / sum).collect();
+            let wr = &w[r * cols..(r + 1) * cols];
+            let dot: f64 = p.iter().zip(wr).map(|(p, &w)| p * f64::from(w)).sum();
+            want_g.extend(p.iter().zip(wr).map(|(p, &w)| p * (f64::from(w) - dot)));
+            // f32's own limit: y (g - dot) cancels, so its error scales with y (|g| + |dot|).
+            scale_g.extend(
+                p.iter()
+                    .zip(wr)
+                    .map(|(p, &w)| p * (f64::from(w).abs() + dot.abs())),
+            );
+            want_y.extend(p);
+        }
+        assert_close_rel(
+            &format!("softmax {rows}x{cols}"),
+            &y,
+            &want_y,
+            1e-6 * slack,
+            1e-12,
+        );
+        for (i, ((&got, want), scale)) in g.iter().zip(&want_g).zip(&scale_g).enumerate() {
+            assert!(
+                (f64::from(got) - want).abs() <= 1e-6 * slack * scale + 1e-12,
+                "softmax gradient {rows}x{cols}[{i}]: {got} vs {want} (scale {scale})"
+            );
+        }
+    }
+}
+
+/// LayerNorm's output and the gradients of `sum(w * y)` for x, scale and bias, in f64.
+fn layer_norm_f64(
+    x: &[f32],
+    scale: &[f32],
+    bias: &[f32],
+    w: &[f32],
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let cols = scale.len();
+    let (mut y, mut dx) = (Vec::new(), Vec::new());
+    let (mut ds, mut db) = (vec![0f64; cols], vec![0f64; cols]);
+    for (row, wr) in x.chunks(cols).zip(w.chunks(cols)) {
+        let n = cols as f64;
+        let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+        let var = row
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        let rstd = 1.0 / (var + eps).sqrt();
+        let xh: Vec<f64> = row.iter().map(|&v| (f64::from(v) - mean) * rstd).collect();
+        let h: Vec<f64> = wr
+            .iter()
+            .zip(scale)
+            .map(|(&w, &s)| f64::from(w * s))
+            .collect();
+        let a = h.iter().sum::<f64>() / n;
+        let b = h.iter().zip(&xh).map(|(h, x)| h * x).sum::<f64>() / n;
+        for i in 0..cols {
+            y.push(xh[i] * f64::from(scale[i]) + f64::from(bias[i]));
+            dx.push(rstd * (h[i] - a - xh[i] * b));
+            ds[i] += f64::from(wr[i]) * xh[i];
+            db[i] += f64::from(wr[i]);
+        }
+    }
+    (y, dx, ds, db)
+}
+
+/// Layer norm on `device` against f64 for each `(rows, cols)` of `shapes`; tolerances
+/// times `slack`.
+pub fn check_layer_norm(device: &Device, slack: f64, shapes: &[(usize, usize)]) {
+    for &(rows, cols) in shapes {
+        let (mut x, w) = activation_problem(rows, cols);
+        x.iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = *v * 0.1 + 3.0 + (i / cols) as f32 * 0.01);
+        x[..cols]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = 1e-3 * (i % 3) as f32);
+        let scale: Vec<f32> = (0..cols).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let bias: Vec<f32> = (0..cols).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
+        let eps = 1e-5;
+        let t = |v: &[f32], shape: Vec<usize>| {
+            Tensor::<2>::from_data(TensorData::new(v.to_vec(), shape), device)
+        };
+        let xt = t(&x, vec![rows, cols]).require_grad();
+        let st = t(&scale, vec![1, cols]).reshape([cols]).require_grad();
+        let bt = t(&bias, vec![1, cols]).reshape([cols]).require_grad();
+        let y = layer_norm(xt.clone(), st.clone(), bt.clone(), eps as f32);
+        let grads = (y.clone() * t(&w, vec![rows, cols])).sum().backward();
+        let (want_y, want_dx, want_ds, want_db) = layer_norm_f64(&x, &scale, &bias, &w, eps);
+        let v2 = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+        let v1 = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().unwrap();
+        let what = format!("layer norm {rows}x{cols}");
+        assert_close_rel(&what, &v2(y.inner()), &want_y, 1e-5 * slack, 1e-5 * slack);
+        assert_close_rel(
+            &format!("{what} dx"),
+            &v2(xt.grad(&grads).unwrap()),
+            &want_dx,
+            1e-4 * slack,
+            1e-4 * slack,
+        );
+        assert_close_rel(
+            &format!("{what} dscale"),
+            &v1(st.grad(&grads).unwrap()),
+            &want_ds,
+            1e-5 * slack,
+            1e-4 * slack,
+        );
+        assert_close_rel(
+            &format!("{what} dbias"),
+            &v1(bt.grad(&grads).unwrap()),
+            &want_db,
+            1e-5 * slack,
+            1e-4 * slack,
+        );
+    }
+}
