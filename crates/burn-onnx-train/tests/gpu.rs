@@ -33,7 +33,9 @@ use burn_onnx_train::train::{DeviceSpec, RunSummary};
 use burn_onnx_train::value::MAX_RANK;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use common::activation_checks::{check_gelu_tanh, check_layer_norm, check_softmax, check_tanh};
-use common::fused_checks::{check, check_cross_entropy, host, host2};
+use common::fused_checks::{
+    check, check_clipped_with_a_replaced_value, check_cross_entropy, host, host2,
+};
 use common::refkit_train::*;
 use common::*;
 
@@ -562,6 +564,12 @@ fn gpu_fused_adamw_matches_burns_adamw_and_their_records_interchange() {
 #[test]
 fn gpu_fused_adam_matches_burns_adam_and_their_records_interchange() {
     check(OptimizerKind::Adam, gpu().autodiff());
+}
+
+#[test]
+fn gpu_fused_clipped_step_matches_burns_and_notices_a_replaced_value() {
+    check_clipped_with_a_replaced_value(OptimizerKind::Adamw, gpu().autodiff());
+    check_clipped_with_a_replaced_value(OptimizerKind::Lamb, gpu().autodiff());
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The `#[cube]` kernels behind [`super::layer_norm`], [`super::softmax`], [`super::tanh`]
 //! and [`super::gelu_tanh`] on CubeCL devices, f32: each op one launch forward and one
-//! back (layer norm's backward two, plus a sum of each parameter gradient's partial rows),
+//! back (layer norm's backward two, plus one sum of the parameter gradients' partial rows),
 //! where Burn's composition launched ~10 kernels forward and ~20 back per layer norm and
 //! ~12 each way per GELU. A row op runs one cube per row (rows past 65535 spill into the
 //! grid's second dimension); an element-wise op one unit per element.
@@ -153,14 +153,14 @@ fn layer_norm_backward_kernel(
 }
 
 /// Cube `(c, b)`: for the columns of cube `c`, the sums over rows block `b` of `g * xhat`
-/// and of `g`, into row `b` of `dscale` and `dbias` (`[blocks, cols]`).
+/// and of `g`, into row `b` of `partials` (`[blocks, 2 * cols]`: `dscale`'s, then
+/// `dbias`'s).
 #[cube(launch)]
 fn layer_norm_param_grads_kernel(
     x: &Tensor<f32>,
     stats: &Tensor<f32>,
     g: &Tensor<f32>,
-    dscale: &mut Tensor<f32>,
-    dbias: &mut Tensor<f32>,
+    partials: &mut Tensor<f32>,
     #[comptime] block_rows: usize,
 ) {
     let rows = x.shape(0);
@@ -182,8 +182,8 @@ fn layer_norm_param_grads_kernel(
             db += g[i];
             row += 1;
         }
-        dscale[block * cols + col] = ds;
-        dbias[block * cols + col] = db;
+        partials[2 * block * cols + col] = ds;
+        partials[(2 * block + 1) * cols + col] = db;
     }
 }
 
@@ -329,14 +329,15 @@ pub fn layer_norm_forward(
     (y, stats)
 }
 
-/// The backward of [`layer_norm_forward`]: `dx`, and `dscale`, `dbias` as `[blocks, cols]`
-/// partial sums over blocks of rows (summed over the blocks by the caller).
+/// The backward of [`layer_norm_forward`]: `dx`, and `[blocks, 2 * cols]` partial sums
+/// over blocks of rows of `dscale` (the first `cols` of a row) and `dbias` (the rest), for
+/// the caller to sum over the blocks in one reduction.
 pub fn layer_norm_backward(
     x: CubeTensor,
     scale: CubeTensor,
     stats: CubeTensor,
     g: CubeTensor,
-) -> (CubeTensor, CubeTensor, CubeTensor) {
+) -> (CubeTensor, CubeTensor) {
     let (x, scale, stats, g) = (
         into_contiguous(x),
         into_contiguous(scale),
@@ -358,8 +359,7 @@ pub fn layer_norm_backward(
         ROW_THREADS,
     );
     let blocks = rows.div_ceil(PARTIAL_ROWS).max(1);
-    let dscale = empty_like(&x, Shape::new([blocks, cols]));
-    let dbias = empty_like(&x, Shape::new([blocks, cols]));
+    let partials = empty_like(&x, Shape::new([blocks, 2 * cols]));
     let threads = ELEMWISE_THREADS as usize;
     layer_norm_param_grads_kernel::launch(
         &client,
@@ -368,11 +368,10 @@ pub fn layer_norm_backward(
         x.into_tensor_arg(),
         stats.into_tensor_arg(),
         g.into_tensor_arg(),
-        dscale.clone().into_tensor_arg(),
-        dbias.clone().into_tensor_arg(),
+        partials.clone().into_tensor_arg(),
         PARTIAL_ROWS,
     );
-    (dx, dscale, dbias)
+    (dx, partials)
 }
 
 /// Softmax over the last axis of `x`.

@@ -79,6 +79,11 @@ struct Flat {
     /// update of a model on a GPU; read from the device at its first step).
     #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
     master: Option<Vec<f32>>,
+    /// The flat parameters the last update on a CubeCL device wrote, whose views the
+    /// module's parameters became: laid out already for the next update while they still
+    /// are (nothing replaced a value in between).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    laid_params: Option<Tensor<1>>,
 }
 
 /// Adam, AdamW or LAMB over flat device buffers; Burn's optimizer record as its state.
@@ -281,6 +286,8 @@ impl FusedAdam {
             device,
             time,
             master: None,
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            laid_params: None,
         })
     }
 }
@@ -326,6 +333,29 @@ impl ModuleVisitor for Values<'_> {
             self.1.push(param.val().inner().reshape([n]));
         }
     }
+}
+
+/// Whether each of `parts` (the parameters, flattened, in slot order) is a contiguous view
+/// of `laid` at its slot: the same device allocation at the slot's byte offset.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn views_of(laid: &Tensor<1>, parts: &[Tensor<1>], slots: &[Slot]) -> bool {
+    use burn::backend::{Cube, TensorMetadata};
+    let cube = |t: &Tensor<1>| t.clone().inner().try_into_primitive::<Cube>().ok();
+    let Some(laid) = cube(laid) else {
+        return false;
+    };
+    let memory = |t: &burn_cubecl::tensor::CubeTensor| t.handle.memory.clone().binding().id();
+    let start = |t: &burn_cubecl::tensor::CubeTensor| t.handle.offset_start.unwrap_or(0);
+    let bytes = laid.dtype.size() as u64;
+    parts.len() == slots.len()
+        && parts.iter().zip(slots).all(|(part, slot)| {
+            cube(part).is_some_and(|p| {
+                memory(&p) == memory(&laid)
+                    && start(&p) == start(&laid) + slot.offset() as u64 * bytes
+                    && p.shape().num_elements() == slot.len
+                    && p.is_contiguous()
+            })
+        })
 }
 
 /// Puts the updated values back, as views of the flat buffer.
@@ -483,7 +513,10 @@ fn on_device<M: Module>(
     let ids: Vec<ParamId> = flat.slots.iter().map(|s| s.id).collect();
     let mut values = Values(&ids, Vec::new());
     module.visit(&mut values);
-    let params = laid_end_to_end(values.1, &flat.slots, flat.len, &device);
+    let params = match flat.laid_params.take() {
+        Some(laid) if views_of(&laid, &values.1, &flat.slots) => laid,
+        _ => laid_end_to_end(values.1, &flat.slots, flat.len, &device),
+    };
     let hyper = [
         step.lr,
         step.beta[0],
@@ -518,6 +551,7 @@ fn on_device<M: Module>(
     };
     let (params, m1, m2) = ops::update(buffers, rule);
     flat.moments = Moments::Device(m1, m2);
+    flat.laid_params = Some(params.clone());
     let slots = flat.slots.iter().map(|s| (s.id, s)).collect();
     module.map(&mut Scatter {
         flat: &params,

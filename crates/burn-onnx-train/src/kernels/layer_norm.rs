@@ -3,7 +3,7 @@
 //! pass for the statistics (f64 lane sums) and one for the output; backward in one sweep
 //! over row blocks giving `dx`, and per-block partial sums of `dscale` and `dbias`. On
 //! CubeCL devices one launch forward, and back one for `dx`, one for the partial sums and
-//! a sum of each (`cube_rows.rs`). Burn's composition (mean, subtract, square, mean, add,
+//! one sum of both (`cube_rows.rs`). Burn's composition (mean, subtract, square, mean, add,
 //! sqrt, divide, multiply, add, each broadcast at rank 6, and ~20 ops back) took ~0.15 ms
 //! forward per LayerNormalization of gpt2_tiny on the CPU, and ~30 launches a layer norm
 //! on a GPU; the forward saves only `x` and each row's `(mean, rstd)`. Other dtypes keep
@@ -288,10 +288,13 @@ impl LayerNormOps for Cube {
         use burn::backend::Shape;
         use burn::backend::ops::FloatTensorOps;
         let cols = x.shape()[1];
-        let (dx, dscale, dbias) = cube_rows::layer_norm_backward(x, scale, stats, g);
-        let total =
-            |partial| Cube::float_reshape(Cube::float_sum_dim(partial, 0), Shape::new([cols]));
-        (dx, total(dscale), total(dbias))
+        let (dx, partials) = cube_rows::layer_norm_backward(x, scale, stats, g);
+        let sums = Cube::float_sum_dim(partials, 0);
+        let part = |from: usize| {
+            let sum = Cube::float_slice(sums.clone(), &[(0..1).into(), (from..from + cols).into()]);
+            Cube::float_reshape(sum, Shape::new([cols]))
+        };
+        (dx, part(0), part(cols))
     }
 }
 

@@ -265,3 +265,53 @@ pub fn check(kind: OptimizerKind, device: Device) {
         &initial,
     );
 }
+
+/// Halves the first parameter whose id is `self.0`: a new value, in a new allocation.
+struct Halve(ParamId);
+
+impl burn::module::ModuleMapper for Halve {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if param.id != self.0 {
+            return param;
+        }
+        param.map(|t| {
+            let require = t.is_require_grad();
+            Tensor::from_inner(t.inner() * 0.5).set_require_grad(require)
+        })
+    }
+}
+
+/// The fused optimizer's clipped step (on a GPU: the norm and the clip over the flat
+/// gradient buffer, the parameters kept laid out between steps) against Burn's optimizer
+/// after the per-parameter clip, with gradients whose norm exceeds the limit; then one
+/// parameter replaced by a new value between steps (the laid-out buffer is stale, and the
+/// fused step must notice), and two more steps.
+pub fn check_clipped_with_a_replaced_value(kind: OptimizerKind, device: Device) {
+    let c = config(kind);
+    let initial = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
+    let mut fused = FusedAdam::new(flat_rule(&c), weight_decays(&c, &initial)).unwrap();
+    let mut burn = build_optimizer(&c, &initial);
+    let (mut a, mut b) = (initial.clone(), initial.clone());
+    let max_norm = 0.5;
+    let mut first = None;
+    for step in 0..4u64 {
+        if step == 2 {
+            let id = *first.get_or_insert_with(|| *values(&initial).keys().min().unwrap());
+            a = a.map(&mut Halve(id));
+            b = b.map(&mut Halve(id));
+        }
+        let lr = 1e-2 / (step as f64 + 1.0);
+        let (na, norm_a) = fused
+            .step_clipped(lr, a, grads(&initial, step), max_norm)
+            .unwrap();
+        let (nb, norm_b) = burn
+            .step_clipped(lr, b, grads(&initial, step), max_norm)
+            .unwrap();
+        assert!(
+            norm_b > max_norm && (norm_a - norm_b).abs() <= 1e-5 * norm_b,
+            "{kind:?} step {step}: fused norm {norm_a}, per-parameter norm {norm_b} (limit {max_norm})"
+        );
+        (a, b) = (na, nb);
+        assert_same(&format!("{kind:?}, clipped, step {step}"), &a, &b, &initial);
+    }
+}
