@@ -11,6 +11,9 @@
 //!   update `p - (u * trust) * lr`.
 //!
 //! The arithmetic is Burn's `Adam`, `AdamW` and `Lamb` operation by operation, in f32.
+//!
+//! The gradients reach the flat layout four parameters a launch ([`lay_out_four`]), each
+//! written at its offset with zeros to its padded end.
 
 use burn::backend::DType;
 use burn::backend::TensorMetadata;
@@ -228,6 +231,79 @@ pub struct FlatBuffers {
     pub factors: CubeTensor,
     /// The step's scalars.
     pub hyper: CubeTensor,
+}
+
+/// Copies `src` into `flat[start..end]`, zeros past `src`'s end, for unit `i` of the part.
+#[cube]
+fn lay_out_part(src: &Tensor<f32>, flat: &mut Tensor<f32>, start: usize, end: usize, i: usize) {
+    let at = start + i;
+    if at < end {
+        let mut v = f32::new(0.0);
+        if i < src.len() {
+            v = src[i];
+        }
+        flat[at] = v;
+    }
+}
+
+/// Grid `z` = part (0..4); units along `x` then `y` index the part's values.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn lay_out_four_kernel(
+    a: &Tensor<f32>,
+    b: &Tensor<f32>,
+    c: &Tensor<f32>,
+    d: &Tensor<f32>,
+    flat: &mut Tensor<f32>,
+    starts: Sequence<usize>,
+    ends: Sequence<usize>,
+) {
+    let i = ((CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) * CUBE_DIM_X + UNIT_POS_X) as usize;
+    let part = CUBE_POS_Z;
+    if part == 0 {
+        lay_out_part(a, flat, starts[0], ends[0], i);
+    } else if part == 1 {
+        lay_out_part(b, flat, starts[1], ends[1], i);
+    } else if part == 2 {
+        lay_out_part(c, flat, starts[2], ends[2], i);
+    } else {
+        lay_out_part(d, flat, starts[3], ends[3], i);
+    }
+}
+
+/// Writes `parts` (flat, f32) into `flat` at `starts`, each followed by zeros up to its
+/// `ends` entry: one launch. Returns `flat`.
+pub fn lay_out_four(
+    flat: CubeTensor,
+    parts: [CubeTensor; 4],
+    starts: [usize; 4],
+    ends: [usize; 4],
+) -> CubeTensor {
+    let [a, b, c, d] = parts.map(|p| readable(p, "gradients"));
+    let longest = (0..4).map(|k| ends[k] - starts[k]).max().unwrap_or(0);
+    let cubes = longest.div_ceil(THREADS as usize).max(1);
+    let x = cubes.min(65_535);
+    let client = flat.client.clone();
+    let sequence = |v: [usize; 4]| {
+        let mut seq = SequenceArg::<usize>::new();
+        for value in v {
+            seq.push(value);
+        }
+        seq
+    };
+    lay_out_four_kernel::launch(
+        &client,
+        CubeCount::Static(x as u32, cubes.div_ceil(x) as u32, 4),
+        CubeDim::new_1d(THREADS),
+        a.into_tensor_arg(),
+        b.into_tensor_arg(),
+        c.into_tensor_arg(),
+        d.into_tensor_arg(),
+        flat.clone().into_tensor_arg(),
+        sequence(starts),
+        sequence(ends),
+    );
+    flat
 }
 
 /// A tensor this launch may write: contiguous f32, and not shared with another handle.

@@ -384,9 +384,10 @@ impl ModuleMapper for Scatter<'_> {
     }
 }
 
-/// `parts` laid end to end at their slots' offsets in a zeroed buffer of `len` values: one
-/// fill and one copy per part (a `cat` with the padding as parts of its own would also
-/// fill and copy every padding).
+/// `parts` laid end to end at their slots' offsets, each followed by zeros to its padded
+/// end, in a buffer of `len` values: one launch per four parts (a `cat` with the padding
+/// as parts of its own fills and copies each part and each padding in a launch of its
+/// own).
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn laid_end_to_end(
     parts: Vec<Tensor<1>>,
@@ -394,12 +395,17 @@ fn laid_end_to_end(
     len: usize,
     device: &Device,
 ) -> Tensor<1> {
-    parts
-        .into_iter()
-        .zip(slots)
-        .fold(Tensor::zeros([len], device), |flat, (part, s)| {
-            flat.slice_assign([s.offset()..s.offset() + s.len], part)
-        })
+    let mut flat = Tensor::<1>::empty([len], device);
+    let mut parts = parts.into_iter();
+    for group in slots.chunks(4) {
+        let (mut starts, mut ends) = ([0; 4], [0; 4]);
+        for (k, s) in group.iter().enumerate() {
+            (starts[k], ends[k]) = (s.offset(), s.offset() + s.padded());
+        }
+        let four = parts.by_ref().take(group.len()).collect();
+        flat = ops::lay_out_four(flat, four, starts, ends);
+    }
+    flat
 }
 
 /// The update on the CPU: every parameter in place, the moments in the flat host buffers.
@@ -866,6 +872,19 @@ mod ops {
             lamb: bool,
             decoupled: bool,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+        /// Parts `a`, `b`, `c`, `d` written into `flat` at `starts`, zeros after each up
+        /// to its `ends` entry (a part whose entries are equal writes nothing); returns
+        /// `flat`.
+        #[allow(clippy::too_many_arguments)]
+        fn lay_out_four(
+            flat: FloatTensor<Self>,
+            a: FloatTensor<Self>,
+            b: FloatTensor<Self>,
+            c: FloatTensor<Self>,
+            d: FloatTensor<Self>,
+            starts: [usize; 4],
+            ends: [usize; 4],
+        ) -> FloatTensor<Self>;
     }
 
     impl MultiTensorOps for Cube {
@@ -895,6 +914,38 @@ mod ops {
                 cube_optim::adam(b, decoupled)
             }
         }
+
+        fn lay_out_four(
+            flat: FloatTensor<Self>,
+            a: FloatTensor<Self>,
+            b: FloatTensor<Self>,
+            c: FloatTensor<Self>,
+            d: FloatTensor<Self>,
+            starts: [usize; 4],
+            ends: [usize; 4],
+        ) -> FloatTensor<Self> {
+            cube_optim::lay_out_four(flat, [a, b, c, d], starts, ends)
+        }
+    }
+
+    /// See [`MultiTensorOps::lay_out_four`].
+    pub fn lay_out_four(
+        flat: Tensor<1>,
+        parts: Vec<Tensor<1>>,
+        starts: [usize; 4],
+        ends: [usize; 4],
+    ) -> Tensor<1> {
+        // A missing part is bound as the first again and writes nothing (start = end).
+        let part = |k: usize| parts.get(k).unwrap_or(&parts[0]).clone().into_dispatch();
+        Tensor::from_dispatch(<burn::backend::Dispatch as MultiTensorOps>::lay_out_four(
+            flat.into_dispatch(),
+            part(0),
+            part(1),
+            part(2),
+            part(3),
+            starts,
+            ends,
+        ))
     }
 
     pub fn update(b: Buffers, rule: Rule) -> (Tensor<1>, Tensor<1>, Tensor<1>) {
