@@ -204,6 +204,11 @@ pub fn values(model: &OnnxModel) -> HashMap<ParamId, Vec<f32>> {
 }
 
 pub fn assert_same(what: &str, got: &OnnxModel, want: &OnnxModel, initial: &OnnxModel) {
+    assert_within(what, got, want, initial, 1e-6);
+}
+
+/// [`assert_same`] to within `rtol` of each parameter's magnitude.
+fn assert_within(what: &str, got: &OnnxModel, want: &OnnxModel, initial: &OnnxModel, rtol: f32) {
     let (got, want, initial) = (values(got), values(want), values(initial));
     let mut moved = 0.0f32;
     for (id, w) in &want {
@@ -211,7 +216,7 @@ pub fn assert_same(what: &str, got: &OnnxModel, want: &OnnxModel, initial: &Onnx
         for (i, ((a, b), p)) in g.iter().zip(w).zip(&initial[id]).enumerate() {
             // Relative to the parameter's magnitude (an update can cancel it to ~0).
             assert!(
-                (a - b).abs() <= 1e-6 * b.abs().max(p.abs()) + 1e-9,
+                (a - b).abs() <= rtol * b.abs().max(p.abs()) + 1e-9,
                 "{what}: parameter {id} [{i}]: fused {a}, Burn {b} (initially {p})"
             );
         }
@@ -312,6 +317,9 @@ pub fn check_clipped_with_a_replaced_value(kind: OptimizerKind, device: Device) 
             "{kind:?} step {step}: fused norm {norm_a}, per-parameter norm {norm_b} (limit {max_norm})"
         );
         (a, b) = (na, nb);
-        assert_same(&format!("{kind:?}, clipped, step {step}"), &a, &b, &initial);
+        // The two clip factors differ in the last bits (one f32 sum of squares against
+        // per-parameter sums), and so do the updates; a stale value is off by its size.
+        let what = format!("{kind:?}, clipped, step {step}");
+        assert_within(&what, &a, &b, &initial, 1e-5);
     }
 }
