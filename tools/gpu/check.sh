@@ -25,7 +25,10 @@
 #     ZeRO-3 without and with prefetch.
 # `--only offload` runs just the offload test of gpu-tests and the offload comparison (a
 # short call to measure a change of the offloaded update); `--only layouts` the parallel
-# GPU tests and the layouts comparison.
+# GPU tests and the layouts comparison; `--only speed` just the throughput benchmarks (no
+# tests): the example's shape in f32, 124M bf16 at 8 x 256 and 16 x 1024, each against
+# PyTorch eager, fast and compiled, and against the pack's `onnx-train.old` when it holds
+# one (`PACK_OLD_ONNX_TRAIN=BINARY tools/gpu/pack.sh DIR`: the A/B of a change).
 # Exits non-zero when any check fails. Needs python3 (with torch, for the benchmark).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -108,33 +111,59 @@ with_peak_memory() {
   return $status
 }
 
-# bench NAME LAYERS HEADS WIDTH BATCH SEQ PRECISION STEPS: onnx-train and PyTorch on the
-# same exported model, same batch, AdamW.
+# bench NAME LAYERS HEADS WIDTH BATCH SEQ PRECISION STEPS: onnx-train (and, when the pack
+# holds one, the older `onnx-train.old` of an A/B, run first) against PyTorch eager, fast
+# (SDPA, fused AdamW) and compiled (tools/gpu/torch_gpt2.py --variant) on the same exported
+# model, same batch, AdamW; per run: update time, tokens/s, peak GPU memory (nvidia-smi),
+# MFU against the H100/H200's 989 TFLOP/s dense bf16 (6 N + 12 L d T FLOPs a token, as
+# nanoGPT counts), and for ours the kernel launches per update.
 bench() {
   local name="$1" layers="$2" heads="$3" width="$4" batch="$5" seq="$6" precision="$7" steps="$8"
-  local dir="$work/bench-$name" start status ours torch ours_peak
+  local dir="$work/bench-$name" start status=0 runs="" binary variant
   mkdir -p "$dir"
   python3 "$root/tools/gpu/torch_gpt2.py" export "$dir/model.onnx" --layers "$layers" --heads "$heads" --width "$width" >> "$log" 2>&1
   write_run "$dir" "$dir/model.onnx" 50257 "$seq" "$batch" "$steps" adamw
   start="$(now)"
-  with_peak_memory timeout 600 "$bin/onnx-train" train --config "$dir/run.toml" --output-dir "$dir/run" \
-    --device cuda --precision "$precision" > "$dir/ours.log" 2>&1
-  status=$?; ours_peak="$peak_mib"
-  cat "$dir/ours.log" >> "$log"
-  ours="$(cat "$dir/run/perf.json" 2>/dev/null || echo '{}')"
-  with_peak_memory timeout 600 python3 "$root/tools/gpu/torch_gpt2.py" train --layers "$layers" --heads "$heads" \
-    --width "$width" --batch "$batch" --seq "$seq" --steps "$steps" --precision "$precision" > "$dir/torch.log" 2>>"$log"
-  [ $? -eq 0 ] || status=1
-  torch="$(tail -1 "$dir/torch.log")"
+  for binary in onnx-train.old onnx-train; do
+    [ -x "$bin/$binary" ] || continue
+    with_peak_memory timeout 600 "$bin/$binary" train --config "$dir/run.toml" --output-dir "$dir/$binary" \
+      --device cuda --precision "$precision" > "$dir/$binary.log" 2>&1 || status=1
+    cat "$dir/$binary.log" >> "$log"
+    cp "$dir/$binary/perf.json" "$dir/$binary.json" 2>/dev/null || echo '{}' > "$dir/$binary.json"
+    runs="$runs ours:$binary=$peak_mib"
+  done
+  for variant in eager fast compile; do
+    with_peak_memory timeout 600 python3 "$root/tools/gpu/torch_gpt2.py" train --layers "$layers" --heads "$heads" \
+      --width "$width" --batch "$batch" --seq "$seq" --steps "$steps" --precision "$precision" \
+      --variant "$variant" > "$dir/torch-$variant.log" 2>>"$log" || status=1
+    tail -1 "$dir/torch-$variant.log" > "$dir/torch-$variant.json"
+    runs="$runs torch:torch-$variant=$peak_mib"
+  done
   record "throughput $name" cuda "$([ $status -eq 0 ] && echo pass || echo fail)" "$(since "$start")" \
     "$(python3 -c '
-import json, sys
-ours, torch = json.loads(sys.argv[1] or "{}"), json.loads(sys.argv[2] or "{}")
-print(json.dumps({"shape": sys.argv[3], "ours_tokens_per_sec": ours.get("throughput_per_sec"),
-  "ours_update_ms": ours.get("avg_update_ms"), "ours_peak_gpu_mib": float(sys.argv[4] or 0),
-  "torch_tokens_per_sec": torch.get("tokens_per_sec"), "torch_update_ms": torch.get("avg_update_ms"),
-  "torch_peak_gpu_mib": float(sys.argv[5] or 0), "torch_peak_allocated_mib": torch.get("peak_allocated_mib")}))' \
-      "$ours" "$torch" "$layers layers, $heads heads, width $width, batch $batch x $seq, $precision" "$ours_peak" "$peak_mib")"
+import json, os, sys
+d, L, width, seq = sys.argv[1], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+params = 12 * L * width * width + 50257 * width
+flops_per_token = 6 * params + 12 * L * width * seq
+out = {"shape": sys.argv[2], "flops_per_token": flops_per_token}
+for run in sys.argv[6:]:
+    kind, rest = run.split(":")
+    name, peak = rest.split("=")
+    try:
+        r = json.load(open(os.path.join(d, name + ".json")))
+    except (OSError, ValueError):
+        r = {}
+    rate = r.get("throughput_per_sec") if kind == "ours" else r.get("tokens_per_sec")
+    out[name] = {"update_ms": r.get("avg_update_ms"), "tokens_per_sec": rate,
+                 "peak_gpu_mib": float(peak or 0),
+                 "mfu": rate * flops_per_token / 989.4e12 if rate else None}
+    if kind == "ours":
+        out[name]["kernel_launches_per_update"] = r.get("kernel_launches_per_update")
+        out[name]["kernel_launches_top"] = r.get("kernel_launches_by_kernel", [])[:12]
+    else:
+        out[name]["peak_allocated_mib"] = r.get("peak_allocated_mib")
+print(json.dumps(out))' "$dir" "$layers layers, $heads heads, width $width, batch $batch x $seq, $precision" \
+      "$layers" "$width" "$seq" $runs)"
 }
 
 # variants CHECK DIR PRECISION VARIANT...: DIR/run.toml trained once per VARIANT
@@ -203,14 +232,17 @@ layouts() {
 }
 
 for backend in ${backends//,/ }; do
+  [ "$only" = speed ] && break
   run_tests "$backend"
   [ -n "$only" ] || run_cli "$backend"
 done
 if [ $bench -eq 1 ] && [[ ",$backends," == *,cuda,* ]]; then
-  if [ -z "$only" ]; then
+  if [ -z "$only" ] || [ "$only" = speed ]; then
     bench example 2 4 128 8 64 f32 30
     bench gpt2-124m 12 12 768 8 256 bf16 20
+    bench gpt2-124m-16x1024 12 12 768 16 1024 bf16 20
   fi
+  [ "$only" = speed ] && only=none
   [ -n "$only" ] && [ "$only" != offload ] || offload gpt2-124m 12 12 768 8 256 bf16 10
   [ -n "$only" ] && [ "$only" != offload ] || offload gpt2-large 36 20 1280 4 256 bf16 6
   [ -n "$only" ] && [ "$only" != layouts ] || layouts gpt2-124m 12 12 768 8 256 bf16 10

@@ -4,6 +4,7 @@
 #   tools/gpu/pack.sh DIR           # CUDA (NVRTC) + wgpu build: DIR/cuda/
 #   tools/gpu/pack.sh --wgpu DIR    # the README's wgpu build only: DIR/wgpu/
 #   tools/gpu/pack.sh --check-cuda  # only type-check the CUDA build (cargo check), no pack
+#   PACK_OLD_ONNX_TRAIN=OLD tools/gpu/pack.sh DIR   # also OLD as onnx-train.old (an A/B)
 #
 # Each flavour holds `onnx-train`, `gpu-tests` (crates/burn-onnx-train/tests/gpu.rs) and
 # `lib/` (the MPI libraries the binaries link, and the Vulkan loader wgpu opens), stripped
@@ -58,6 +59,9 @@ for line in open(sys.argv[1]):
 rm -rf "$out/stage" && mkdir -p "$out/stage/lib"
 strip -o "$out/stage/onnx-train" target/release/onnx-train
 strip -o "$out/stage/gpu-tests" "$tests_exe"
+# An A/B's older binary (check.sh --only speed runs both), built beforehand from the
+# commit to compare against.
+[ -z "${PACK_OLD_ONNX_TRAIN:-}" ] || strip -o "$out/stage/onnx-train.old" "$PACK_OLD_ONNX_TRAIN"
 # The shared libraries the binaries link beyond the C runtime (OpenMPI and its own), and
 # the Vulkan loader wgpu opens at run time.
 ldd target/release/onnx-train "$tests_exe" | awk '$3 ~ /^\// {print $3}' | sort -u \

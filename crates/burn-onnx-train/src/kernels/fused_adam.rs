@@ -31,7 +31,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Bytes, Device, Tensor, TensorData};
 use burn_ort_dist::storage::disk_vectors::DiskVectors;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-use burn_ort_dist::update::strategy::clip_scale;
+use burn_ort_dist::update::grad_norm::clip_scale;
 use burn_ort_dist::update::zero::flat_optim::{AdamStep, Rule};
 use burn_ort_dist::{
     DistError, DistResult, MomentSlices, MomentState, ReplicaOptimizer, clip_grad_norm,

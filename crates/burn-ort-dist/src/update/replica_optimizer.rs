@@ -10,7 +10,7 @@ use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::Bytes;
 
 use crate::error::{DistResult, state_error};
-use crate::update::strategy::clip_grad_norm;
+use crate::update::grad_norm::clip_grad_norm;
 
 /// An update of a whole module with its state in Burn's optimizer record format.
 pub trait ReplicaOptimizer {

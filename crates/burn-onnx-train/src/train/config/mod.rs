@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use optimizer::{LrConfig, OptimizerConfig, OptimizerKind, ScheduleKind};
-pub use parallel::{DEFAULT_MPI_COLLECTIVE_TIMEOUT_S, Overlap, ParallelConfig};
+pub use parallel::{DEFAULT_COLLECTIVE_TIMEOUT_S, Overlap, ParallelConfig};
 pub use sections::{
     CheckpointConfig, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OffloadConfig,
     OffloadTarget, ParamOffload, PrecisionConfig, Resume, Sequences, TrainLoopConfig,

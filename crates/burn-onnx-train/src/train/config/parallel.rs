@@ -11,8 +11,9 @@ use crate::model::OnnxModel;
 use crate::parallel::pipeline::{Partition, PipelineSchedule};
 use crate::train::process::device::DeviceSpec;
 
-/// `collective_timeout`'s default under MPI, in seconds (torch.distributed's for Gloo/MPI).
-pub const DEFAULT_MPI_COLLECTIVE_TIMEOUT_S: u64 = 1800;
+/// `collective_timeout`'s default, in seconds (torch.distributed's for Gloo/MPI), for MPI
+/// and thread ranks alike.
+pub const DEFAULT_COLLECTIVE_TIMEOUT_S: u64 = 1800;
 
 /// Gradient averaging during backward (PyTorch DDP's overlap), on a communication thread.
 ///
@@ -185,8 +186,9 @@ pub struct ParallelConfig {
     pub recompute_segments: usize,
     /// Seconds one collective may wait for its peers; past it the job ends with an error
     /// naming the operation, its bytes, the group and the ranks that never arrived, instead
-    /// of hanging (PyTorch's process-group `timeout`). Unset: 1800 under MPI, no limit for
-    /// thread ranks (a failed or finished thread rank fails its peers at once); 0: no limit.
+    /// of hanging (PyTorch's process-group `timeout`). Unset: 1800, for MPI and thread ranks
+    /// alike (a failed or finished thread rank fails its peers at once; the limit catches
+    /// one stuck for good: a deadlock, a hung device); 0: no limit.
     pub collective_timeout: Option<f64>,
 }
 
@@ -314,13 +316,13 @@ impl ParallelConfig {
         self.topology().world_size()
     }
 
-    /// How long one collective may wait: `collective_timeout`, or its default for thread
-    /// ranks (`mpi` false: none) or MPI ranks (1800 s); `None`: no limit.
-    pub fn collective_wait_limit(&self, mpi: bool) -> Option<std::time::Duration> {
+    /// How long one collective may wait: `collective_timeout`, or its default (1800 s);
+    /// `None`: no limit.
+    pub fn collective_wait_limit(&self) -> Option<std::time::Duration> {
         match self.collective_timeout {
             Some(s) if s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
             Some(_) => None,
-            None => mpi.then(|| std::time::Duration::from_secs(DEFAULT_MPI_COLLECTIVE_TIMEOUT_S)),
+            None => Some(std::time::Duration::from_secs(DEFAULT_COLLECTIVE_TIMEOUT_S)),
         }
     }
 

@@ -35,7 +35,7 @@ fn mpi_comm(parallel: &ParallelConfig) -> Result<Option<Arc<dyn Communicator>>> 
         return Ok(None);
     }
     let mpi =
-        burn_ort_dist::MpiCommunicator::init()?.with_timeout(parallel.collective_wait_limit(true));
+        burn_ort_dist::MpiCommunicator::init()?.with_timeout(parallel.collective_wait_limit());
     match parallel.device {
         #[cfg(feature = "cuda")]
         super::device::DeviceSpec::Cuda(index) => {
@@ -312,12 +312,11 @@ fn launch_threads(
     if world <= 1 {
         return on_own_pool(|| run_rank(config, Arc::new(LocalCommunicator), train, test));
     }
-    // Thread ranks wait without limit unless configured: a rank that fails, panics or
-    // returns leaves the group and fails its peers at once, and one that has not arrived
-    // is still working (writing a checkpoint of a big model, say).
+    // A rank that fails, panics or returns leaves the group and fails its peers at once;
+    // the limit ends a job one of whose ranks is stuck for good (as under MPI).
     let timeout = config
         .parallel
-        .collective_wait_limit(false)
+        .collective_wait_limit()
         .unwrap_or(Duration::MAX);
     let results = run_threads(world, timeout, |comm| {
         run_rank(config.clone(), comm, train.clone(), test.clone())

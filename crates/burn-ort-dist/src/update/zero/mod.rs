@@ -38,9 +38,8 @@ use burn::optim::GradientsParams;
 use crate::comm::communicator::Communicator;
 use crate::error::{DistError, DistResult};
 use crate::grads::grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, reduce_gradients};
-use crate::update::strategy::{
-    MemoryUse, ModelParallel, StateFile, UpdateReport, UpdateStrategy, clip_scale, sum_squares,
-};
+use crate::update::grad_norm::{clip_scale, sum_squares};
+use crate::update::strategy::{MemoryUse, ModelParallel, StateFile, UpdateReport, UpdateStrategy};
 use flat_optim::{Rule, ShardState, apply, piece_values};
 use host_chunks::HostChunks;
 use layout::{FlatLayout, Partitioning, Piece};
