@@ -21,8 +21,11 @@ int burn_ort_wait(MPI_Request *req) {
 /* Non-blocking collectives and receives for the timed waits (`collective_timeout`): the
  * communicator starts each operation, then tests it until it completes, the deadline passes,
  * or a peer asks what it is waiting for. */
-int burn_ort_iallreduce_sum_f32_in_place(float *buf, int count, MPI_Comm comm, MPI_Request *req) {
-    return MPI_Iallreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, comm, req);
+/* From a separate send buffer: Open MPI's non-blocking all-reduce runs MPI_IN_PLACE at about
+ * 0.6x the speed of its blocking one, and from a copy at about the blocking one's. */
+int burn_ort_iallreduce_sum_f32(const float *send, float *recv, int count, MPI_Comm comm,
+                                MPI_Request *req) {
+    return MPI_Iallreduce(send, recv, count, MPI_FLOAT, MPI_SUM, comm, req);
 }
 
 int burn_ort_ireduce_scatter_block_sum_f32(const float *send, float *recv, int count, MPI_Comm comm,

@@ -734,10 +734,16 @@ fn collectives_wait_30_minutes_by_default_on_thread_and_mpi_ranks_alike() {
     use burn_onnx_train::train::config::{DEFAULT_COLLECTIVE_TIMEOUT_S, ParallelConfig};
     use std::time::Duration;
     let mut p = ParallelConfig::default();
-    assert_eq!(DEFAULT_COLLECTIVE_TIMEOUT_S, 1800, "torch.distributed's default");
+    assert_eq!(
+        DEFAULT_COLLECTIVE_TIMEOUT_S, 1800,
+        "torch.distributed's default"
+    );
     assert_eq!(p.collective_wait_limit(), Some(Duration::from_secs(1800)));
     p.collective_timeout = Some(2.5);
-    assert_eq!(p.collective_wait_limit(), Some(Duration::from_secs_f64(2.5)));
+    assert_eq!(
+        p.collective_wait_limit(),
+        Some(Duration::from_secs_f64(2.5))
+    );
     p.collective_timeout = Some(0.0);
     assert_eq!(p.collective_wait_limit(), None, "0: no limit");
 }

@@ -29,10 +29,18 @@ use crate::error::{DistError, DistResult};
 /// Sends in flight: each request with the buffer it reads, kept alive until it completes.
 type Pending = Vec<(mpi::ffi::MPI_Request, Vec<f32>)>;
 
+/// Values an all-reduce takes at a time: its send copy ([`Comms::send_copy`]) stays at most
+/// this big (32 MiB).
+const ALL_REDUCE_CHUNK: usize = 1 << 23;
+
 /// The group's communicator and its watch channel, used under one lock.
 struct Comms {
     comm: SimpleCommunicator,
     watch: Watch,
+    /// What an all-reduce sends: a copy of the buffer it reduces into (Open MPI's
+    /// non-blocking all-reduce in place runs at about 0.6x its blocking one; from a copy,
+    /// at about the blocking one's speed: BENCHMARKS.md Session 30). Kept between calls.
+    send_copy: Vec<f32>,
 }
 
 /// A group of an MPI job: the world, or a group split from it.
@@ -121,7 +129,11 @@ impl MpiCommunicator {
         let (rank, size) = (comm.rank() as usize, comm.size() as usize);
         let watch = Watch::new(&comm);
         MpiCommunicator {
-            comms: Mutex::new(Comms { comm, watch }),
+            comms: Mutex::new(Comms {
+                comm,
+                watch,
+                send_copy: Vec::new(),
+            }),
             pending: Mutex::new(Vec::new()),
             rank,
             size,
@@ -182,7 +194,17 @@ impl MpiCommunicator {
         start: impl FnOnce(mpi::ffi::MPI_Comm, &mut mpi::ffi::MPI_Request) -> i32,
     ) -> DistResult<usize> {
         let mut guard = self.lock()?;
-        let c = &mut *guard;
+        self.start_and_wait(&mut guard, op, bytes, start)
+    }
+
+    /// [`Self::run`] under the lock the caller holds.
+    fn start_and_wait(
+        &self,
+        c: &mut Comms,
+        op: &str,
+        bytes: usize,
+        start: impl FnOnce(mpi::ffi::MPI_Comm, &mut mpi::ffi::MPI_Request) -> i32,
+    ) -> DistResult<usize> {
         c.watch.begin(op, bytes);
         let mut req = null_request();
         let code = start(c.comm.as_raw(), &mut req);
@@ -211,13 +233,18 @@ impl Communicator for MpiCommunicator {
     }
 
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> DistResult<()> {
-        // In place (no send-buffer copy), in chunks that fit MPI's int count.
-        for chunk in buf.chunks_mut(i32::MAX as usize) {
-            let (ptr, len) = (chunk.as_mut_ptr(), chunk.len());
-            self.run("all_reduce", 4 * len, |comm, req| {
-                // SAFETY: `chunk` is a valid, exclusively borrowed f32 buffer of `len` values
-                // that outlives the request (`run` waits for it); calls are serialised.
-                unsafe { burn_ort_iallreduce_sum_f32_in_place(ptr, len as i32, comm, req) }
+        // Into `buf` from a copy of it ([`Comms::send_copy`]), a chunk at a time.
+        for chunk in buf.chunks_mut(ALL_REDUCE_CHUNK) {
+            let mut guard = self.lock()?;
+            let c = &mut *guard;
+            c.send_copy.clear();
+            c.send_copy.extend_from_slice(chunk);
+            let (src, dst, len) = (c.send_copy.as_ptr(), chunk.as_mut_ptr(), chunk.len());
+            self.start_and_wait(c, "all_reduce", 4 * len, |comm, req| {
+                // SAFETY: `src` (the copy, untouched until the wait ends) and `dst` (the
+                // exclusively borrowed chunk) hold `len` values each and outlive the request
+                // (`start_and_wait` waits for it); calls are serialised by the lock.
+                unsafe { burn_ort_iallreduce_sum_f32(src, dst, len as i32, comm, req) }
             })?;
         }
         scale_mean(buf, op, self.size);

@@ -5,9 +5,10 @@
 use mpi::ffi::{MPI_Comm, MPI_Request};
 
 unsafe extern "C" {
-    /// `MPI_Iallreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, comm, req)`.
-    pub fn burn_ort_iallreduce_sum_f32_in_place(
-        buf: *mut f32,
+    /// `MPI_Iallreduce(send, recv, count, MPI_FLOAT, MPI_SUM, comm, req)`.
+    pub fn burn_ort_iallreduce_sum_f32(
+        send: *const f32,
+        recv: *mut f32,
         count: i32,
         comm: MPI_Comm,
         req: *mut MPI_Request,
