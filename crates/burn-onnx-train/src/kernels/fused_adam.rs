@@ -32,10 +32,11 @@ use burn::tensor::{Bytes, Device, Tensor, TensorData};
 use burn_ort_dist::storage::disk_vectors::DiskVectors;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use burn_ort_dist::update::grad_norm::clip_scale;
+use burn_ort_dist::update::replica_optimizer::clip_then_step;
 use burn_ort_dist::update::zero::flat_optim::{AdamStep, Rule};
 use burn_ort_dist::{
-    DistError, DistResult, MomentSlices, MomentState, ReplicaOptimizer, clip_grad_norm,
-    decode_moments, encode_moments, write_moments,
+    DistError, DistResult, MomentSlices, MomentState, ReplicaOptimizer, decode_moments,
+    encode_moments, write_moments,
 };
 
 use super::FLAT_CHUNK as CHUNK;
@@ -769,15 +770,14 @@ impl ReplicaOptimizer for FusedAdam {
         &mut self,
         lr: f64,
         module: M,
-        mut grads: GradientsParams,
+        grads: GradientsParams,
         max_norm: f32,
     ) -> DistResult<(M, f32)> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if !self.host_update && self.updates_on_device(&module) {
             return self.step_clipped_on_device(lr, module, grads, max_norm);
         }
-        let norm = clip_grad_norm(&module, &mut grads, max_norm)?;
-        Ok((self.step(lr, module, grads)?, norm))
+        clip_then_step(self, lr, module, grads, max_norm)
     }
 
     fn record_bytes(&self) -> DistResult<Bytes> {

@@ -25,11 +25,10 @@ pub trait ReplicaOptimizer {
         &mut self,
         lr: f64,
         module: M,
-        mut grads: GradientsParams,
+        grads: GradientsParams,
         max_norm: f32,
     ) -> DistResult<(M, f32)> {
-        let norm = clip_grad_norm(&module, &mut grads, max_norm)?;
-        Ok((self.step(lr, module, grads)?, norm))
+        clip_then_step(self, lr, module, grads, max_norm)
     }
     /// The state as Burn's optimizer record (burn-pack bytes).
     fn record_bytes(&self) -> DistResult<Bytes>;
@@ -42,6 +41,20 @@ pub trait ReplicaOptimizer {
     fn load_record_bytes(&mut self, bytes: Bytes) -> DistResult<()>;
     /// Bytes of optimizer state held.
     fn state_bytes(&self) -> usize;
+}
+
+/// [`ReplicaOptimizer::step_clipped`]'s default: each gradient's sum of squares and the
+/// clip ([`clip_grad_norm`]), then `optim`'s [`ReplicaOptimizer::step`]; for an override
+/// that falls back to it.
+pub fn clip_then_step<O: ReplicaOptimizer + ?Sized, M: Module>(
+    optim: &mut O,
+    lr: f64,
+    module: M,
+    mut grads: GradientsParams,
+    max_norm: f32,
+) -> DistResult<(M, f32)> {
+    let norm = clip_grad_norm(&module, &mut grads, max_norm)?;
+    Ok((optim.step(lr, module, grads)?, norm))
 }
 
 impl ReplicaOptimizer for ModuleOptimizer {
