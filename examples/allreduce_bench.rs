@@ -1,10 +1,11 @@
-//! All-reduce of 10M f32 through our `MpiCommunicator` against a plain rsmpi
-//! `all_reduce_into` of the same buffer, and our f16 ring (`allreduce_in_fp16`: half the
-//! bytes, over point-to-point messages), in the same run:
+//! All-reduce of N f32 (default 10M; the first argument sets it, e.g. 124439808 for GPT-2
+//! 124M's gradients) through our `MpiCommunicator` against a plain rsmpi `all_reduce_into`
+//! of the same buffer, and our f16 ring (`allreduce_in_fp16`: half the bytes, over
+//! point-to-point messages), in the same run:
 //!
 //! ```text
 //! cargo build --release --features mpi --example allreduce_bench
-//! mpirun -np 2 target/release/examples/allreduce_bench
+//! mpirun -np 2 target/release/examples/allreduce_bench [N]
 //! ```
 
 use std::time::Instant;
@@ -13,7 +14,7 @@ use burn_ort::burn_ort_dist::mpi::collective::SystemOperation;
 use burn_ort::burn_ort_dist::mpi::traits::CommunicatorCollectives;
 use burn_ort::burn_ort_dist::{Communicator, MpiCommunicator, ReduceOp, fp16_wire};
 
-const N: usize = 10_000_000;
+const DEFAULT_VALUES: usize = 10_000_000;
 const REPEATS: usize = 10;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -22,13 +23,19 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let n: usize = match std::env::args().nth(1) {
+        Some(arg) => arg
+            .parse()
+            .map_err(|e| format!("the value count `{arg}` is not a whole number: {e}"))?,
+        None => DEFAULT_VALUES,
+    };
     let comm = MpiCommunicator::init()?;
     let rank = comm.rank();
     let mut ours = Vec::new();
     let mut raw = Vec::new();
     let mut half = Vec::new();
-    let mut buf = vec![rank as f32 + 1.0; N];
-    let mut recv = vec![0f32; N];
+    let mut buf = vec![rank as f32 + 1.0; n];
+    let mut recv = vec![0f32; n];
     for _ in 0..REPEATS {
         comm.barrier()?;
         let t = Instant::now();
@@ -52,7 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         println!("|---|---|---|---|---|---|");
         println!(
-            "| {} | {N} | {o:.1} | {r:.1} | {:.2} | {h:.1} |",
+            "| {} | {n} | {o:.1} | {r:.1} | {:.2} | {h:.1} |",
             comm.world_size(),
             o / r
         );

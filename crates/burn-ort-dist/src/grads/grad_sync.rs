@@ -226,29 +226,52 @@ pub(crate) fn reduce_gradients_except<M: Module>(
     }
     let mut slots = take_flat(module, grads, |id| !skip.contains(&id), comm.rank())?;
     let lens: Vec<usize> = slots.iter().map(|s| s.values.len()).collect();
+    // One buffer for every bucket of several gradients: a fresh 25 MB allocation per
+    // bucket costs its page faults again each time.
+    let mut bucket = Vec::new();
     for range in bucket_ranges(&lens, bucket_bytes) {
-        let (start, end) = (range.start, range.end);
-        let bucket: Vec<f32> = slots[start..end]
-            .iter()
-            .flat_map(|s| s.values.iter().copied())
-            .collect();
-        let reduced = match reduction {
-            Reduction::Adasum => adasum_bucket(comm, &bucket, &slots[start..end])?,
-            _ => {
-                let mut b = bucket;
-                reduce_bucket(comm, &mut b, reduction)?;
-                b
-            }
-        };
-        let mut offset = 0;
-        for slot in &mut slots[start..end] {
-            let n = slot.values.len();
-            slot.values.copy_from_slice(&reduced[offset..offset + n]);
-            offset += n;
+        let group = &mut slots[range];
+        if reduction == Reduction::Adasum {
+            let flat = flatten_into(&mut bucket, group);
+            let reduced = adasum_bucket(comm, flat, group)?;
+            scatter_back(&reduced, group);
+        } else if let [single] = group {
+            // A gradient that fills a bucket alone is reduced where it lies.
+            reduce_bucket(comm, &mut single.values, reduction)?;
+        } else {
+            reduce_bucket(comm, flatten_into(&mut bucket, group), reduction)?;
+            scatter_back(&bucket, group);
         }
     }
     put_flat(module, grads, slots);
     Ok(())
+}
+
+/// `group`'s gradients laid end to end in `buffer` (its earlier contents dropped).
+fn flatten_into<'b>(buffer: &'b mut Vec<f32>, group: &[FlatGrad]) -> &'b mut [f32] {
+    buffer.clear();
+    buffer.reserve(group.iter().map(|g| g.values.len()).sum());
+    for slot in group {
+        buffer.extend_from_slice(&slot.values);
+    }
+    buffer
+}
+
+/// `group`'s gradients laid end to end in a new buffer.
+pub(crate) fn flatten(group: &[FlatGrad]) -> Vec<f32> {
+    let mut buffer = Vec::new();
+    flatten_into(&mut buffer, group);
+    buffer
+}
+
+/// Cut `flat` (the gradients of `group` end to end) back into `group`.
+pub(crate) fn scatter_back(flat: &[f32], group: &mut [FlatGrad]) {
+    let mut offset = 0;
+    for slot in group {
+        let n = slot.values.len();
+        slot.values.copy_from_slice(&flat[offset..offset + n]);
+        offset += n;
+    }
 }
 
 /// Average one flat bucket across the ranks with a mean `reduction` (f32, or f16 on the

@@ -24,7 +24,9 @@ use crate::comm::communicator::Communicator;
 use crate::error::{DistError, DistResult};
 use crate::grads::buckets::bucket_ranges;
 use crate::grads::data_parallel::DataParallel;
-use crate::grads::grad_sync::{FlatGrad, Reduction, put_flat, reduce_bucket, take_flat};
+use crate::grads::grad_sync::{
+    FlatGrad, Reduction, flatten, put_flat, reduce_bucket, scatter_back, take_flat,
+};
 
 /// Where an update's gradient averaging went.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -91,8 +93,7 @@ impl OverlappedSync {
         }
         let part = std::mem::take(&mut self.pending);
         self.pending_bytes = 0;
-        self.reducer
-            .submit(part.iter().flat_map(|f| f.values.iter().copied()).collect());
+        self.reducer.submit(flatten(&part));
         self.in_flight.push(part);
     }
 
@@ -110,8 +111,7 @@ impl OverlappedSync {
         let mut flat = flat.into_iter();
         for range in bucket_ranges(&lens, self.ddp.bucket_bytes()) {
             let part: Vec<FlatGrad> = flat.by_ref().take(range.len()).collect();
-            self.reducer
-                .submit(part.iter().flat_map(|f| f.values.iter().copied()).collect());
+            self.reducer.submit(flatten(&part));
             self.in_flight.push(part);
         }
         Ok(())
@@ -128,13 +128,8 @@ impl OverlappedSync {
         let (buckets, times) = self.reducer.finish()?;
         let mut ids = Vec::new();
         for (bucket, mut part) in buckets.into_iter().zip(self.in_flight) {
-            let mut offset = 0;
-            for f in &mut part {
-                let n = f.values.len();
-                f.values.copy_from_slice(&bucket[offset..offset + n]);
-                offset += n;
-                ids.push(f.id);
-            }
+            scatter_back(&bucket, &mut part);
+            ids.extend(part.iter().map(|f| f.id));
             put_flat(module, grads, part);
         }
         self.ddp.mark_reduced(ids);
