@@ -18,9 +18,9 @@ mod common;
 
 use std::path::Path;
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
 use burn_onnx_train::kernels::{
-    NonFiniteFlag, runs_cubecl, unscale_and_check, unscale_and_check_reference,
+    NonFiniteFlag, matmul_autocast, runs_cubecl, unscale_and_check, unscale_and_check_reference,
 };
 use burn_onnx_train::model::ChunkStore;
 use burn_onnx_train::train::config::{
@@ -30,7 +30,7 @@ use burn_onnx_train::train::layout::parallel_plan::ParallelPlan;
 use burn_onnx_train::train::precision::Precision;
 use burn_onnx_train::train::process::launch::launch;
 use burn_onnx_train::train::{DeviceSpec, RunSummary};
-use burn_onnx_train::value::MAX_RANK;
+use burn_onnx_train::value::{MAX_RANK, PhysTensor};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use common::activation_checks::{check_gelu_tanh, check_layer_norm, check_softmax, check_tanh};
 use common::fused_checks::{
@@ -40,7 +40,7 @@ use common::refkit_train::*;
 use common::*;
 
 /// `f32_tol` on a GPU that computes f32 matmuls in f32 (wgpu), `tf32_tol` on CUDA, where
-/// Burn's autotune runs f32 matmuls on TF32 tensor cores (10-bit operand mantissas, f32
+/// CubeCL's tensor-core matmul runs f32 products on TF32 (10-bit operand mantissas, f32
 /// accumulation: PyTorch's `allow_tf32`), as `matmuls_of_every_layout_match_the_cpu_on_gpu`
 /// measures. References computed in f32 are then met to TF32's precision.
 fn on_tf32(f32_tol: f32, tf32_tol: f32) -> f32 {
@@ -530,6 +530,155 @@ fn fused_layer_norm_on_gpu_matches_the_f64_closed_form() {
         GPU_SLACK,
         &[(77, 128), (3, 1000), (1, 5), (300, 768), (2, 1)],
     );
+}
+
+/// `values` rounded to `low` (f16 or bf16), in f64.
+fn rounded_to(values: &[f32], low: FloatDType) -> Vec<f64> {
+    values
+        .iter()
+        .map(|&v| match low {
+            FloatDType::BF16 => half::bf16::from_f32(v).to_f64(),
+            _ => half::f16::from_f32(v).to_f64(),
+        })
+        .collect()
+}
+
+/// Per batch, `x [m, k] x y [k, n]` in f64 (`x_at(b, i, l)`, `y_at(b, l, j)`), and each
+/// entry's `sum |x| |y|` (the scale of its rounding errors).
+fn product_f64(
+    (batch, m, k, n): (usize, usize, usize, usize),
+    x_at: impl Fn(usize, usize, usize) -> f64,
+    y_at: impl Fn(usize, usize, usize) -> f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut out, mut scale) = (Vec::new(), Vec::new());
+    for b in 0..batch {
+        for i in 0..m {
+            for j in 0..n {
+                let terms = (0..k).map(|l| (x_at(b, i, l), y_at(b, l, j)));
+                out.push(terms.clone().map(|(x, y)| x * y).sum());
+                scale.push(terms.map(|(x, y)| (x * y).abs()).sum());
+            }
+        }
+    }
+    (out, scale)
+}
+
+fn assert_within_scale(what: &str, got: &[f32], (want, scale): &(Vec<f64>, Vec<f64>)) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+        // f32 accumulation of the rounded operands; an f16 or bf16 rounding of the result
+        // (2^-11, 2^-8 of it) is well outside.
+        assert!(
+            (f64::from(g) - w).abs() <= 1e-5 * s + 1e-12,
+            "{what}[{i}]: {g} vs {w} (sum |x||y| {s})"
+        );
+    }
+}
+
+/// `a [batch, m, k] x b [batch, k, n]` through `matmul_autocast` in `low` on the GPU (b
+/// stored transposed when `b_transposed`), its result and both gradients against f64
+/// products of the operands rounded to `low` (the gradient rounded too).
+fn check_autocast_matmul(low: FloatDType, dims: (usize, usize, usize, usize), b_transposed: bool) {
+    let (batch, m, k, n) = dims;
+    let device = gpu().autodiff();
+    let mut next = lcg(29);
+    let mut values = |count: usize| -> Vec<f32> {
+        (0..count)
+            .map(|_| (next() % 20001) as f32 / 10000.0 - 1.0)
+            .collect()
+    };
+    let (a, b, w) = (
+        values(batch * m * k),
+        values(batch * k * n),
+        values(batch * m * n),
+    );
+    let shape = |rows: usize, cols: usize| {
+        let mut s = vec![1; MAX_RANK];
+        s[MAX_RANK - 3..].copy_from_slice(&[batch, rows, cols]);
+        s
+    };
+    let ta = PhysTensor::from_data(TensorData::new(a.clone(), shape(m, k)), &device).require_grad();
+    // The logical b, or its transpose stored and swapped back (a view, as Gemm's transB).
+    let b_stored: Vec<f32> = if b_transposed {
+        (0..batch * n * k)
+            .map(|i| {
+                let (bt, rest) = (i / (n * k), i % (n * k));
+                b[bt * k * n + (rest % k) * n + rest / k]
+            })
+            .collect()
+    } else {
+        b.clone()
+    };
+    let tb = if b_transposed {
+        PhysTensor::from_data(TensorData::new(b_stored, shape(n, k)), &device).require_grad()
+    } else {
+        PhysTensor::from_data(TensorData::new(b_stored, shape(k, n)), &device).require_grad()
+    };
+    let tb_logical = if b_transposed {
+        tb.clone().swap_dims(MAX_RANK - 2, MAX_RANK - 1)
+    } else {
+        tb.clone()
+    };
+    let tw = PhysTensor::from_data(TensorData::new(w.clone(), shape(m, n)), &device);
+    let y = matmul_autocast(ta.clone(), tb_logical, low);
+    assert_eq!(y.dtype(), DType::F32, "the result is f32");
+    let grads = (y.clone() * tw).sum().backward();
+    let got = |t: Tensor<MAX_RANK>| t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+    let y = got(y.inner());
+    let da = got(ta.grad(&grads).expect("a's gradient"));
+    let db_stored = got(tb.grad(&grads).expect("b's gradient"));
+    let (ar, br, gr) = (
+        rounded_to(&a, low),
+        rounded_to(&b, low),
+        rounded_to(&w, low),
+    );
+    let what = format!("{low:?} {dims:?} b transposed {b_transposed}");
+    let want_y = product_f64(
+        (batch, m, k, n),
+        |t, i, l| ar[t * m * k + i * k + l],
+        |t, l, j| br[t * k * n + l * n + j],
+    );
+    assert_within_scale(&format!("{what}: a x b"), &y, &want_y);
+    // dA = g B^T, [m, n] x [n, k].
+    let want_da = product_f64(
+        (batch, m, n, k),
+        |t, i, l| gr[t * m * n + i * n + l],
+        |t, l, j| br[t * k * n + j * n + l],
+    );
+    assert_within_scale(&format!("{what}: dA"), &da, &want_da);
+    // dB = A^T g, [k, m] x [m, n], compared in b's stored layout.
+    let (db_values, db_scale) = product_f64(
+        (batch, k, m, n),
+        |t, i, l| ar[t * m * k + l * k + i],
+        |t, l, j| gr[t * m * n + l * n + j],
+    );
+    let want_db = if b_transposed {
+        let at = |v: &[f64], i: usize| {
+            let (bt, rest) = (i / (n * k), i % (n * k));
+            v[bt * k * n + (rest % k) * n + rest / k]
+        };
+        let count = batch * n * k;
+        (
+            (0..count).map(|i| at(&db_values, i)).collect(),
+            (0..count).map(|i| at(&db_scale, i)).collect(),
+        )
+    } else {
+        (db_values, db_scale)
+    };
+    assert_within_scale(&format!("{what}: dB"), &db_stored, &want_db);
+}
+
+#[test]
+fn autocast_matmul_on_gpu_writes_f32_products_of_rounded_operands_and_their_gradients() {
+    // f16 everywhere (lavapipe computes it); bf16 where the backend does (CUDA).
+    let mut lows = vec![FloatDType::F16];
+    if matches!(gpu_spec(), DeviceSpec::Cuda(_)) {
+        lows.push(FloatDType::BF16);
+    }
+    for low in lows {
+        check_autocast_matmul(low, (6, 37, 70, 19), false);
+        check_autocast_matmul(low, (1, 64, 128, 96), true);
+    }
 }
 
 #[test]

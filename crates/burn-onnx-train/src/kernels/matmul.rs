@@ -16,7 +16,7 @@ use burn::backend::flex::{Flex, FlexTensor};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
-use burn::tensor::{DType, TensorData};
+use burn::tensor::{DType, FloatDType, TensorData};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -39,6 +39,25 @@ pub fn matmul(a: PhysTensor, b: PhysTensor) -> PhysTensor {
         a.into_dispatch(),
         b.into_dispatch(),
     ))
+}
+
+/// `a x b` computed in the low precision `low` with an f32 result (autocast): on CubeCL
+/// devices one product reading the operands' low-precision casts and writing f32, its
+/// backward likewise (`autocast_matmul.rs`); elsewhere the operands cast down, [`matmul`],
+/// and the result cast back to f32, each cast differentiable.
+pub fn matmul_autocast(a: PhysTensor, b: PhysTensor, low: FloatDType) -> PhysTensor {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if a.dtype() == DType::F32 && b.dtype() == DType::F32 && runs_cubecl(&a.device()) {
+        use super::autocast_matmul::AutocastMatmulOps;
+        return PhysTensor::from_dispatch(
+            <burn::backend::Dispatch as AutocastMatmulOps>::matmul_autocast(
+                a.into_dispatch(),
+                b.into_dispatch(),
+                low,
+            ),
+        );
+    }
+    matmul(a.cast(low), b.cast(low)).cast(FloatDType::F32)
 }
 
 /// The product as a backend extension (Flex, and Autodiff over it).

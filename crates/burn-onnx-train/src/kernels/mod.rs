@@ -15,6 +15,8 @@
 //!   kept at its own period instead of broadcast to the scores' size (Flex);
 //! - [`matmul`]: the matrix product written by the GEMM into an uninitialised buffer, its
 //!   backward the same kernel on transposed views (Flex);
+//! - [`matmul_autocast`]: the autocast product, one launch writing f32 from the operands'
+//!   low-precision casts and a backward that casts the gradient once (CubeCL);
 //! - [`conv2d`]: one-group convolution as im2col + GEMM per image, forward and backward,
 //!   straight on NCHW (Flex);
 //! - [`max_pool2d`]: max pooling with window bounds worked out once per call and a
@@ -24,6 +26,8 @@
 //!   optimizer of replicated runs.
 
 mod activation;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod autocast_matmul;
 mod conv;
 mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -53,7 +57,7 @@ pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
 pub use fused_adam::FusedAdam;
 pub use layer_norm::{layer_norm, layer_norm_fused_here};
 pub use masked_fill::{masked_fill, masked_fill_fused_here};
-pub use matmul::matmul;
+pub use matmul::{matmul, matmul_autocast};
 pub use pool::max_pool2d;
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
 

@@ -1,5 +1,7 @@
 //! `MatMul` (NumPy semantics, batched and broadcast) and `Gemm`.
 
+use burn::tensor::FloatDType;
+
 use super::broadcast::{broadcast_shapes, float_binary};
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
@@ -9,6 +11,16 @@ use crate::value::{FloatValue, Value};
 
 /// Matrix product of two float values with ONNX/NumPy `matmul` rules.
 pub fn matmul_values(a: FloatValue, b: FloatValue) -> OpResult<FloatValue> {
+    matmul_values_in(a, b, None)
+}
+
+/// [`matmul_values`], the products computed in `low` with f32 results when it is given
+/// ([`kernels::matmul_autocast`]).
+fn matmul_values_in(a: FloatValue, b: FloatValue, low: Option<FloatDType>) -> OpResult<FloatValue> {
+    let product = |x, y| match low {
+        Some(low) => kernels::matmul_autocast(x, y, low),
+        None => kernels::matmul(x, y),
+    };
     let (sa, sb) = (a.shape(), b.shape());
     if sa.is_empty() || sb.is_empty() {
         op_bail!("MatMul operands must have rank >= 1, got {sa:?} and {sb:?}");
@@ -29,7 +41,7 @@ pub fn matmul_values(a: FloatValue, b: FloatValue) -> OpResult<FloatValue> {
         // [.., M, K] x [K, N]: one GEMM over all rows.
         let rows: usize = sa[..sa.len() - 1].iter().product();
         let a2 = a.reshape(&[rows, k])?;
-        let prod = FloatValue::new(kernels::matmul(a2.tensor, b.tensor), 2);
+        let prod = FloatValue::new(product(a2.tensor, b.tensor), 2);
         let mut shape = sa[..sa.len() - 1].to_vec();
         shape.push(n);
         prod.reshape(&shape)?
@@ -40,7 +52,7 @@ pub fn matmul_values(a: FloatValue, b: FloatValue) -> OpResult<FloatValue> {
         sb_full.extend([k, n]);
         let a = a.broadcast_to(&sa_full)?;
         let b = b.broadcast_to(&sb_full)?;
-        FloatValue::new(kernels::matmul(a.tensor, b.tensor), sa_full.len())
+        FloatValue::new(product(a.tensor, b.tensor), sa_full.len())
     };
     // Drop N (a rank-1 `b`) and M (a rank-1 `a`): two vectors give a scalar.
     let mut shape = out.shape();
@@ -54,11 +66,21 @@ pub fn matmul_values(a: FloatValue, b: FloatValue) -> OpResult<FloatValue> {
     out.reshape(&shape)
 }
 
+/// `a x b` in the autocast precision, if any: on CubeCL devices each product reads the
+/// operands' low-precision casts and writes f32 itself; elsewhere the operands are cast
+/// down before the product and its result back after it ([`OpContext::autocast`]).
+fn autocast_product(ctx: &OpContext, a: FloatValue, b: FloatValue) -> OpResult<FloatValue> {
+    match ctx.autocast {
+        Some(low) if kernels::runs_cubecl(ctx.device) => matmul_values_in(a, b, Some(low)),
+        _ => ctx.autocast([a, b], |[a, b]| matmul_values(a, b)),
+    }
+}
+
 /// `MatMul`
 pub fn matmul(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let a = inputs.float(0, "A", ctx.device)?;
     let b = inputs.float(1, "B", ctx.device)?;
-    Ok(Value::Float(ctx.autocast([a, b], |[a, b]| matmul_values(a, b))?).into())
+    Ok(Value::Float(autocast_product(ctx, a, b)?).into())
 }
 
 fn transpose2(v: FloatValue) -> OpResult<FloatValue> {
@@ -97,7 +119,7 @@ pub fn gemm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     } else {
         b
     };
-    let mut y = ctx.autocast([a, b], |[a, b]| matmul_values(a, b))?;
+    let mut y = autocast_product(ctx, a, b)?;
     if alpha != 1.0 {
         y = FloatValue::new(y.tensor.mul_scalar(alpha), y.rank);
     }
