@@ -38,6 +38,9 @@ else
 fi
 cp "$root/target/release/onnx-train" "$dir/onnx-train.old"
 cd "$root"
+# Gone before pack.sh measures the working tree it would send.
+git -C "$root" worktree remove --force "$tree"
+trap - EXIT
 
 flag=()
 [ "$flavour" = cuda ] || flag=(--wgpu)
