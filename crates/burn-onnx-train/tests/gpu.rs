@@ -599,12 +599,14 @@ fn check_autocast_matmul(low: FloatDType, dims: (usize, usize, usize, usize), b_
     };
     let ta = PhysTensor::from_data(TensorData::new(a.clone(), shape(m, k)), &device).require_grad();
     // The logical b, or its transpose stored and swapped back (a view, as Gemm's transB).
+    // Entry `i` of the stored transpose `[batch, n, k]` is this entry of the logical b.
+    let logical_of_stored = |i: usize| {
+        let (bt, rest) = (i / (n * k), i % (n * k));
+        bt * k * n + (rest % k) * n + rest / k
+    };
     let b_stored: Vec<f32> = if b_transposed {
         (0..batch * n * k)
-            .map(|i| {
-                let (bt, rest) = (i / (n * k), i % (n * k));
-                b[bt * k * n + (rest % k) * n + rest / k]
-            })
+            .map(|i| b[logical_of_stored(i)])
             .collect()
     } else {
         b.clone()
@@ -653,10 +655,7 @@ fn check_autocast_matmul(low: FloatDType, dims: (usize, usize, usize, usize), b_
         |t, l, j| gr[t * m * n + l * n + j],
     );
     let want_db = if b_transposed {
-        let at = |v: &[f64], i: usize| {
-            let (bt, rest) = (i / (n * k), i % (n * k));
-            v[bt * k * n + (rest % k) * n + rest / k]
-        };
+        let at = |v: &[f64], i: usize| v[logical_of_stored(i)];
         let count = batch * n * k;
         (
             (0..count).map(|i| at(&db_values, i)).collect(),
