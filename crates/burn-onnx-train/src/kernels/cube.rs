@@ -147,6 +147,29 @@ fn unscale_kernel(grad: &Tensor<f32>, flag: &mut Tensor<f32>, out: &mut Tensor<f
     }
 }
 
+/// `output[i] = input[at(i)]` cast to the output's type, where `at(i)` reads the
+/// contiguous output's index `i` through the input's strides.
+#[cube(launch)]
+fn cast_contiguous_kernel<I: Float, O: Float>(
+    input: &Tensor<I>,
+    output: &mut Tensor<O>,
+    #[define(I, O)] _dtypes: [ElemType; 2],
+) {
+    let i = ABSOLUTE_POS;
+    if i < output.len() {
+        let mut rest = i;
+        let mut at = 0usize;
+        let mut d = output.rank();
+        while d > 0 {
+            d -= 1;
+            let extent = output.shape(d);
+            at += (rest % extent) * input.stride(d);
+            rest /= extent;
+        }
+        output[i] = O::cast_from(input[at]);
+    }
+}
+
 fn rows_and_classes(logits: &CubeTensor) -> (usize, usize) {
     let dims = logits.shape().dims::<2>();
     (dims[0], dims[1])
@@ -215,6 +238,30 @@ pub fn cross_entropy_backward(
         dtypes,
     );
     dx
+}
+
+/// `input` cast to `dtype` into a fresh contiguous tensor, read through its strides (one
+/// pass, where a copy and a cast would be two).
+pub fn cast_contiguous(input: CubeTensor, dtype: DType) -> CubeTensor {
+    let client = input.client.clone();
+    let n = input.shape().num_elements();
+    let output =
+        empty_device_contiguous_dtype(client.clone(), input.device.clone(), input.shape(), dtype);
+    let dim = CubeDim::new_1d(ELEMWISE_THREADS);
+    let count = calculate_cube_count_elemwise(&client, n, dim);
+    let dtypes = [
+        dtype_to_storage_type(input.dtype),
+        dtype_to_storage_type(dtype),
+    ];
+    cast_contiguous_kernel::launch(
+        &client,
+        count,
+        dim,
+        input.into_tensor_arg(),
+        output.clone().into_tensor_arg(),
+        dtypes,
+    );
+    output
 }
 
 /// `grad * factor` with the inf/NaN flag raised in `flag` (see the kernel).

@@ -5,7 +5,8 @@
 //! Operands are read through their strides (a transposed view costs nothing), so the
 //! backward `dA = g B^T`, `dB = A^T g` are the same kernel on swapped strides. Batched
 //! operands must have the same batch dimensions (broadcasting is left to Burn's matmul,
-//! which is also the reference the tests hold this one to).
+//! which is also the reference the tests hold this one to). On CubeCL devices the f32 and
+//! autocast products go to `cube_matmul.rs` instead.
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -28,12 +29,12 @@ use crate::value::PhysTensor;
 pub fn matmul(a: PhysTensor, b: PhysTensor) -> PhysTensor {
     let (sa, sb) = (a.dims(), b.dims());
     let r = sa.len();
-    let fused = a.dtype() == DType::F32
-        && b.dtype() == DType::F32
-        && !runs_cubecl(&a.device())
-        && sa[..r - 2] == sb[..r - 2];
+    let fused = a.dtype() == DType::F32 && b.dtype() == DType::F32 && sa[..r - 2] == sb[..r - 2];
     if !fused {
         return a.matmul(b);
+    }
+    if runs_cubecl(&a.device()) {
+        return cube_matmul(a, b, FloatDType::F32);
     }
     PhysTensor::from_dispatch(<burn::backend::Dispatch as MatmulOps>::matmul_fused(
         a.into_dispatch(),
@@ -43,21 +44,32 @@ pub fn matmul(a: PhysTensor, b: PhysTensor) -> PhysTensor {
 
 /// `a x b` computed in the low precision `low` with an f32 result (autocast): on CubeCL
 /// devices one product reading the operands' low-precision casts and writing f32, its
-/// backward likewise (`autocast_matmul.rs`); elsewhere the operands cast down, [`matmul`],
+/// backward likewise (`cube_matmul.rs`); elsewhere the operands cast down, [`matmul`],
 /// and the result cast back to f32, each cast differentiable.
 pub fn matmul_autocast(a: PhysTensor, b: PhysTensor, low: FloatDType) -> PhysTensor {
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if a.dtype() == DType::F32 && b.dtype() == DType::F32 && runs_cubecl(&a.device()) {
-        use super::autocast_matmul::AutocastMatmulOps;
-        return PhysTensor::from_dispatch(
-            <burn::backend::Dispatch as AutocastMatmulOps>::matmul_autocast(
-                a.into_dispatch(),
-                b.into_dispatch(),
-                low,
-            ),
-        );
+        return cube_matmul(a, b, low);
     }
     matmul(a.cast(low), b.cast(low)).cast(FloatDType::F32)
+}
+
+/// The CubeCL product of f32 operands read in `compute` (`cube_matmul.rs`).
+fn cube_matmul(a: PhysTensor, b: PhysTensor, compute: FloatDType) -> PhysTensor {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        use super::cube_matmul::CubeMatmulOps;
+        PhysTensor::from_dispatch(<burn::backend::Dispatch as CubeMatmulOps>::matmul_in(
+            a.into_dispatch(),
+            b.into_dispatch(),
+            compute,
+        ))
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    unreachable!(
+        "no CubeCL device in this build ({:?} x {:?} in {compute:?})",
+        a.dims(),
+        b.dims()
+    )
 }
 
 /// The product as a backend extension (Flex, and Autodiff over it).

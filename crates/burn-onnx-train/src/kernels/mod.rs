@@ -15,8 +15,9 @@
 //!   kept at its own period instead of broadcast to the scores' size (Flex);
 //! - [`matmul`]: the matrix product written by the GEMM into an uninitialised buffer, its
 //!   backward the same kernel on transposed views (Flex);
-//! - [`matmul_autocast`]: the autocast product, one launch writing f32 from the operands'
-//!   low-precision casts and a backward that casts the gradient once (CubeCL);
+//! - [`matmul_autocast`] (and [`matmul`] of f32 on CubeCL): the product writing f32 from
+//!   operands cast and laid out once, kept so for the backward, which prepares the
+//!   gradient once for both its products (CubeCL);
 //! - [`conv2d`]: one-group convolution as im2col + GEMM per image, forward and backward,
 //!   straight on NCHW (Flex);
 //! - [`max_pool2d`]: max pooling with window bounds worked out once per call and a
@@ -26,12 +27,12 @@
 //!   optimizer of replicated runs.
 
 mod activation;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-mod autocast_matmul;
 mod conv;
 mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cube_matmul;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_optim;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
