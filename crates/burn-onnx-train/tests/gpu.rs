@@ -31,9 +31,11 @@ use burn_onnx_train::train::layout::parallel_plan::ParallelPlan;
 use burn_onnx_train::train::precision::Precision;
 use burn_onnx_train::train::process::launch::launch;
 use burn_onnx_train::train::{DeviceSpec, RunSummary};
-use burn_onnx_train::value::{MAX_RANK, PhysTensor};
+use burn_onnx_train::value::{MAX_RANK, PhysTensor, padded};
 use burn_onnx_train::{Mode, OnnxModel, Value};
-use common::activation_checks::{check_gelu_tanh, check_layer_norm, check_softmax, check_tanh};
+use common::activation_checks::{
+    activation_problem, check_gelu_tanh, check_layer_norm, check_softmax, check_tanh,
+};
 use common::fused_checks::{
     check, check_clipped_with_a_replaced_value, check_cross_entropy, host, host2,
 };
@@ -531,6 +533,99 @@ fn fused_layer_norm_on_gpu_matches_the_f64_closed_form() {
         GPU_SLACK,
         &[(77, 128), (3, 1000), (1, 5), (300, 768), (2, 1)],
     );
+}
+
+/// `softmax(where(keep, x * scale, fill) + bias)` over the last axis of `[2, 3, 7, cols]`
+/// scores through `kernels::masked_softmax` on the GPU, `keep` at `keep_dims` and a bias
+/// per key (both broadcast), and the gradient of `sum(w * y)`, against the f64 closed
+/// form.
+fn check_masked_softmax(cols: usize, keep_dims: [usize; 4], scale: f32, fill: f32) {
+    let dims = [2, 3, 7, cols];
+    let n: usize = dims.iter().product();
+    let device = gpu().autodiff();
+    let (x, w) = activation_problem(n / cols, cols);
+    let mut next = lcg(41);
+    let mut keep: Vec<f32> = (0..keep_dims.iter().product::<usize>())
+        .map(|_| if next() % 4 == 0 { 0.0 } else { 1.0 })
+        .collect();
+    // A row with every score masked (its softmax is uniform over the fill).
+    keep[..cols].iter_mut().for_each(|k| *k = 0.0);
+    let keep_at = |i: usize| {
+        let (mut rest, mut at, mut step) = (i, 0, 1);
+        for d in (0..4).rev() {
+            let coord = rest % dims[d];
+            rest /= dims[d];
+            if keep_dims[d] != 1 {
+                at += coord * step;
+            }
+            step *= keep_dims[d];
+        }
+        keep[at] != 0.0
+    };
+    let tensor = |v: Vec<f32>, d: &[usize]| {
+        PhysTensor::from_data(TensorData::new(v, padded(d).unwrap().to_vec()), &device)
+    };
+    let tx = tensor(x.clone(), &dims).require_grad();
+    // A bias per key position, the same for every row.
+    let bias: Vec<f32> = (0..cols).map(|j| (j % 5) as f32 * 0.3 - 0.6).collect();
+    let tbias = tensor(bias.clone(), &[1, 1, 1, cols]);
+    let tkeep = tensor(keep.clone(), &keep_dims);
+    let y = kernels::masked_softmax(tx.clone(), tkeep, tbias, scale, fill);
+    let grads = (y.clone() * tensor(w.clone(), &dims)).sum().backward();
+    let got = |t: Tensor<MAX_RANK>| t.into_data().try_to_vec::<f32>().unwrap();
+    let (y, g) = (got(y.inner()), got(tx.grad(&grads).unwrap()));
+    let what = format!("masked softmax {dims:?} keep {keep_dims:?}");
+    for r in 0..n / cols {
+        let row = r * cols..(r + 1) * cols;
+        let z: Vec<f64> = row
+            .clone()
+            .map(|i| {
+                let b = f64::from(bias[i % cols]);
+                match keep_at(i) {
+                    true => f64::from(x[i]) * f64::from(scale) + b,
+                    false => f64::from(fill) + b,
+                }
+            })
+            .collect();
+        let max = z.iter().fold(f64::MIN, |m, &v| m.max(v));
+        let e: Vec<f64> = z.iter().map(|v| (v - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        let dot: f64 = row
+            .clone()
+            .map(|i| e[i - r * cols] / sum * f64::from(w[i]))
+            .sum();
+        for i in row {
+            let p = e[i - r * cols] / sum;
+            assert!(
+                (f64::from(y[i]) - p).abs() <= 1e-6 * GPU_SLACK * p + 1e-12,
+                "{what}: y[{i}] {} vs {p}",
+                y[i]
+            );
+            let (want, bound) = match keep_at(i) {
+                true => {
+                    let s = f64::from(scale);
+                    let bound = s * p * (f64::from(w[i]).abs() + dot.abs());
+                    (s * p * (f64::from(w[i]) - dot), bound)
+                }
+                false => (0.0, 0.0),
+            };
+            assert!(
+                (f64::from(g[i]) - want).abs() <= 1e-6 * GPU_SLACK * bound + 1e-12,
+                "{what}: dx[{i}] {} vs {want}",
+                g[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn fused_masked_softmax_on_gpu_matches_the_f64_closed_form() {
+    // A causal-style [seq, seq] mask over batch and heads, scaled by 1/8, filled with
+    // f32::MIN (Hugging Face's mask value); rows wider than a cube.
+    check_masked_softmax(64, [1, 1, 7, 64], 0.125, f32::MIN);
+    check_masked_softmax(300, [1, 1, 7, 300], 0.125, f32::MIN);
+    // A per-head key mask, a finite fill and a scale above one.
+    check_masked_softmax(50, [1, 3, 1, 50], 1.7, -30.0);
 }
 
 /// `values` rounded to `compute` (f16 or bf16; f32 leaves them), in f64.

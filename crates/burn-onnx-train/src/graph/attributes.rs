@@ -144,6 +144,15 @@ impl Attributes {
         }
     }
 
+    /// Optional list of floats.
+    pub fn floats(&self, name: &str) -> OpResult<Option<&[f32]>> {
+        match self.0.get(name) {
+            None => Ok(None),
+            Some(Attr::Floats(v)) => Ok(Some(v)),
+            Some(other) => Err(Self::wrong(name, "a list of floats", other)),
+        }
+    }
+
     /// Optional tensor attribute.
     pub fn tensor(&self, name: &str) -> OpResult<Option<&HostTensor>> {
         match self.0.get(name) {
@@ -193,3 +202,9 @@ impl Attributes {
 /// The attribute marking a Conv that applies the named activation to its output itself
 /// (set by `crate::onnx::fusion::fuse_conv_relu`).
 pub const FUSED_ACTIVATION: &str = "__fused_activation";
+
+/// The attribute marking a Softmax that scales and masks its input itself: `[c, divide,
+/// fill, keep_when]` for `softmax(where(mask == keep_when, x * c (x / c when divide is 1),
+/// fill) + bias)`, the mask and the bias its optional second and third inputs (set by
+/// `crate::onnx::fusion::fuse_masked_softmax`).
+pub const MASKED_SOFTMAX: &str = "__masked_softmax";

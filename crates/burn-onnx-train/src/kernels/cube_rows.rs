@@ -29,7 +29,7 @@ const CUBIC: f32 = 0.044_715;
 
 /// The row a cube of a [`row_cubes`] grid works on.
 #[cube]
-fn cube_row() -> usize {
+pub(super) fn cube_row() -> usize {
     (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
 }
 
@@ -55,7 +55,7 @@ fn tanh_of(u: f32) -> f32 {
 
 /// Sum of `shared[0..threads]` (each unit's share already stored), seen by every unit.
 #[cube]
-fn cube_sum(shared: &mut Shared<[f32]>, value: f32) -> f32 {
+pub(super) fn cube_sum(shared: &mut Shared<[f32]>, value: f32) -> f32 {
     shared[UNIT_POS_X as usize] = value;
     sync_cube();
     reduce_shared::<f32>(shared, false);
@@ -284,7 +284,7 @@ fn pointwise_kernel(
 }
 
 /// A grid of one cube per row.
-fn row_cubes(rows: usize) -> CubeCount {
+pub(super) fn row_cubes(rows: usize) -> CubeCount {
     let x = rows.clamp(1, MAX_GRID);
     CubeCount::Static(x as u32, rows.div_ceil(x).max(1) as u32, 1)
 }

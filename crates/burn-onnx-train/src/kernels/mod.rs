@@ -13,11 +13,15 @@
 //!   saving only the input and each row's mean and inverse deviation (Flex);
 //! - [`masked_fill`]: `Where` with a constant scalar branch (attention masks), the mask
 //!   kept at its own period instead of broadcast to the scores' size (Flex);
+//! - [`masked_softmax`]: the attention softmax with its scaling and masking folded in,
+//!   one kernel each way over the scores (CubeCL);
 //! - [`matmul`]: the matrix product written by the GEMM into an uninitialised buffer, its
 //!   backward the same kernel on transposed views (Flex);
 //! - [`matmul_autocast`] (and [`matmul`] of f32 on CubeCL): the product writing f32 from
 //!   operands cast and laid out once, kept so for the backward, which prepares the
 //!   gradient once for both its products (CubeCL);
+//! - [`reshape`]: a reshape that is a view wherever the strides allow, where Burn's
+//!   copies every strided tensor of our fixed rank (CubeCL);
 //! - [`conv2d`]: one-group convolution as im2col + GEMM per image, forward and backward,
 //!   straight on NCHW (Flex);
 //! - [`max_pool2d`]: max pooling with window bounds worked out once per call and a
@@ -44,10 +48,13 @@ mod host_optim;
 pub mod launch_tally;
 mod layer_norm;
 mod masked_fill;
+mod masked_softmax;
 mod matmul;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod offload_step;
 mod pool;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod reshape_view;
 mod simd;
 mod transpose;
 mod unscale;
@@ -58,16 +65,35 @@ pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
 pub use fused_adam::FusedAdam;
 pub use layer_norm::{layer_norm, layer_norm_fused_here};
 pub use masked_fill::{masked_fill, masked_fill_fused_here};
+pub use masked_softmax::{masked_softmax, masked_softmax_fused_here};
 pub use matmul::{matmul, matmul_autocast};
 pub use pool::max_pool2d;
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
 
 use burn::tensor::Device;
 
+use crate::value::{MAX_RANK, PhysTensor};
+
 /// Values per chunk of the fused optimizers' flat buffers (`fused_adam.rs`, and the
 /// CubeCL kernel in `cube_optim.rs`): a chunk belongs to one parameter, a multiple of the
 /// kernel's cube size.
 pub(crate) const FLAT_CHUNK: usize = 2048;
+
+/// `x` reshaped to `dims` (the same element count, none zero): a view wherever the
+/// strides allow on CubeCL devices (`reshape_view.rs`), Burn's reshape elsewhere.
+pub fn reshape(x: PhysTensor, dims: [usize; MAX_RANK]) -> PhysTensor {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if runs_cubecl(&x.device()) {
+        use reshape_view::ReshapeViewOps;
+        return PhysTensor::from_dispatch(
+            <burn::backend::Dispatch as ReshapeViewOps>::reshape_view(
+                x.into_dispatch(),
+                dims.into(),
+            ),
+        );
+    }
+    x.reshape(dims)
+}
 
 /// Whether `device` (or the device an autodiff device wraps) runs CubeCL kernels.
 pub fn runs_cubecl(device: &Device) -> bool {

@@ -12,10 +12,19 @@
 //!   output while it is in cache and masks the gradient in its backward, instead of a pass
 //!   of its own over the activations each way. The mark is internal: export writes the
 //!   original graph.
+//! - The scaling, masking and additive bias of attention scores folded into the Softmax
+//!   that reads them (`Softmax(Add(Where(mask, Mul(s, c), fill), bias))`, the Mul or Div
+//!   by a scalar constant, the Where with a scalar constant branch and the Add each
+//!   optional, not all absent; TorchScript's GPT-2 adds its mask, dynamo's selects it):
+//!   the Softmax node takes `s`, the mask and the bias and is marked with
+//!   [`MASKED_SOFTMAX`] (the constant,
+//!   whether it divides, the fill, the mask's polarity), so a CubeCL
+//!   device runs one kernel each way over the scores instead of five. Opset 13 and later
+//!   only (one axis). The scalars are read at load: constants by the trainability rule.
 
 use std::collections::HashMap;
 
-use crate::graph::attributes::{Attr, Attributes, FUSED_ACTIVATION};
+use crate::graph::attributes::{Attr, Attributes, FUSED_ACTIVATION, MASKED_SOFTMAX};
 use crate::graph::{Graph, Node};
 use crate::ops;
 use crate::value::host_tensor::HostTensor;
@@ -87,6 +96,81 @@ impl<'a> View<'a> {
         } else {
             None
         }
+    }
+
+    /// For a two-input node: `(other operand, the constant's value, constant first)` when
+    /// one operand is a scalar constant.
+    fn scalar_operand(&self, i: usize) -> Option<(&'a str, f32, bool)> {
+        let n = &self.graph.nodes[i];
+        let [a, b] = &n.inputs[..] else { return None };
+        if let Some(c) = scalar(self.graph, b) {
+            Some((a.as_str(), c, false))
+        } else {
+            scalar(self.graph, a).map(|c| (b.as_str(), c, true))
+        }
+    }
+
+    /// Scores scaled by a scalar constant: `(scores, constant, divided, the Mul or Div)`.
+    fn scaled_at(&self, value: &'a str) -> Option<(&'a str, f32, bool, usize)> {
+        let i = *self.producer.get(value)?;
+        if self.readers.get(value) != Some(&1) {
+            return None;
+        }
+        let (x, c, constant_first) = self.scalar_operand(i)?;
+        match self.graph.nodes[i].op_type.as_str() {
+            "Mul" => Some((x, c, false, i)),
+            "Div" if !constant_first => Some((x, c, true, i)),
+            _ => None,
+        }
+    }
+
+    /// A Softmax `s` of scaled, masked and/or biased scores: `(inputs, the
+    /// [`MASKED_SOFTMAX`] mark, nodes folded into it)`.
+    fn masked_softmax_at(&self, s: usize) -> Option<(Vec<String>, Vec<f32>, Vec<usize>)> {
+        let softmax = &self.graph.nodes[s];
+        let mut scores = softmax.inputs.first()?.as_str();
+        let mut folded = Vec::new();
+        // An additive bias (Hugging Face's attention mask, ALiBi): the other operand of an
+        // Add whose one operand is the masked or scaled scores.
+        let mut bias = String::new();
+        if let Some(add) = self.sole(scores, "Add") {
+            let [a, b] = &self.graph.nodes[add].inputs[..] else {
+                return None;
+            };
+            let chain = |v: &str| self.sole(v, "Where").is_some() || self.scaled_at(v).is_some();
+            (scores, bias) = match (chain(a), chain(b)) {
+                (true, _) => (a.as_str(), b.clone()),
+                (false, true) => (b.as_str(), a.clone()),
+                _ => return None,
+            };
+            folded.push(add);
+        }
+        let (mut mask, mut fill, mut keep_when) = (String::new(), 0.0, 1.0);
+        if let Some(w) = self.sole(scores, "Where") {
+            let [cond, a, b] = &self.graph.nodes[w].inputs[..] else {
+                return None;
+            };
+            let (tensor, value, keep) = match (scalar(self.graph, a), scalar(self.graph, b)) {
+                (None, Some(v)) => (a, v, 1.0),
+                (Some(v), None) => (b, v, 0.0),
+                _ => return None,
+            };
+            (scores, mask, fill, keep_when) = (tensor.as_str(), cond.clone(), value, keep);
+            folded.push(w);
+        }
+        let (mut scale, mut divide) = (1.0, 0.0);
+        if let Some((x, c, divided, i)) = self.scaled_at(scores) {
+            (scores, scale, divide) = (x, c, if divided { 1.0 } else { 0.0 });
+            folded.push(i);
+        }
+        if folded.is_empty() {
+            return None;
+        }
+        Some((
+            vec![scores.to_string(), mask, bias],
+            vec![scale, divide, fill, keep_when],
+            folded,
+        ))
     }
 
     /// The only node reading `value`.
@@ -208,6 +292,37 @@ pub fn fuse_conv_relu(graph: &mut Graph) -> usize {
         node.outputs = outputs;
         node.attrs
             .set(FUSED_ACTIVATION, Attr::String("Relu".into()));
+    }
+    remove_nodes(graph, &drop);
+    found.len()
+}
+
+/// Fold the scaling and masking of every Softmax's input into it (see the module's
+/// comment); returns how many. Graphs before opset 13 (Softmax over flattened axes) are
+/// left as they are.
+pub fn fuse_masked_softmax(graph: &mut Graph) -> usize {
+    if graph.opset < 13 {
+        return 0;
+    }
+    let found: Vec<(usize, Vec<String>, Vec<f32>, Vec<usize>)> = {
+        let view = View::new(graph);
+        graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.op_type == "Softmax" && n.inputs.len() == 1)
+            .filter_map(|(i, _)| {
+                let (inputs, marks, folded) = view.masked_softmax_at(i)?;
+                Some((i, inputs, marks, folded))
+            })
+            .collect()
+    };
+    let mut drop = vec![false; graph.nodes.len()];
+    for (softmax, inputs, marks, folded) in &found {
+        folded.iter().for_each(|&i| drop[i] = true);
+        let node = &mut graph.nodes[*softmax];
+        node.inputs = inputs.clone();
+        node.attrs.set(MASKED_SOFTMAX, Attr::Floats(marks.clone()));
     }
     remove_nodes(graph, &drop);
     found.len()

@@ -114,27 +114,37 @@ pub fn where_op(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         (x, y) => {
             let x = x.into_float(ctx.device)?;
             let y = y.into_float(ctx.device)?;
-            let shape = broadcast_shapes(&broadcast_shapes(cond.shape(), &x.shape())?, &y.shape())?;
-            let (x, y) = match scalar_branch_fill(&cond, x, y, &shape)? {
-                Ok(out) => return Ok(Value::Float(out).into()),
-                Err(branches) => branches,
-            };
-            let x = x.broadcast_to(&shape)?;
-            let y = y.broadcast_to(&shape)?;
-            // The condition travels at its own shape and is broadcast where the tensors
-            // live (a causal mask is T x T, the scores it selects batch x heads x T x T).
-            let cond_dims = padded(cond.shape())?.to_vec();
-            let cond: Vec<bool> = cond.iter().copied().collect();
-            let mask = Tensor::<{ crate::value::MAX_RANK }, Bool>::from_data(
-                TensorData::new(cond, cond_dims),
-                ctx.device,
-            )
-            .expand(padded(&shape)?);
-            // y where the mask is false, x where it is true.
-            let out = y.tensor.mask_where(mask, x.tensor);
-            Ok(Value::Float(FloatValue::new(out, shape.len())).into())
+            Ok(Value::Float(where_floats(ctx, &cond, x, y)?).into())
         }
     }
+}
+
+/// `Where` of float branches: `x` where `cond`, `y` elsewhere, all three broadcast.
+pub(super) fn where_floats(
+    ctx: &OpContext,
+    cond: &ArrayD<bool>,
+    x: FloatValue,
+    y: FloatValue,
+) -> OpResult<FloatValue> {
+    let shape = broadcast_shapes(&broadcast_shapes(cond.shape(), &x.shape())?, &y.shape())?;
+    let (x, y) = match scalar_branch_fill(cond, x, y, &shape)? {
+        Ok(out) => return Ok(out),
+        Err(branches) => branches,
+    };
+    let x = x.broadcast_to(&shape)?;
+    let y = y.broadcast_to(&shape)?;
+    // The condition travels at its own shape and is broadcast where the tensors live (a
+    // causal mask is T x T, the scores it selects batch x heads x T x T).
+    let cond_dims = padded(cond.shape())?.to_vec();
+    let cond: Vec<bool> = cond.iter().copied().collect();
+    let mask = Tensor::<{ crate::value::MAX_RANK }, Bool>::from_data(
+        TensorData::new(cond, cond_dims),
+        ctx.device,
+    )
+    .expand(padded(&shape)?);
+    // y where the mask is false, x where it is true.
+    let out = y.tensor.mask_where(mask, x.tensor);
+    Ok(FloatValue::new(out, shape.len()))
 }
 
 /// `Where` with one branch a constant scalar and the other already of the output's shape

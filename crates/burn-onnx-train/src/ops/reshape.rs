@@ -6,8 +6,9 @@ use ndarray::{ArrayD, IxDyn};
 use super::broadcast::broadcast_shapes;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
+use crate::kernels;
 use crate::op_bail;
-use crate::value::{FloatValue, MAX_RANK, Value, norm_axis};
+use crate::value::{FloatValue, MAX_RANK, Value, norm_axis, padded};
 
 fn host_reshape<T: Clone>(a: ArrayD<T>, shape: &[usize]) -> OpResult<ArrayD<T>> {
     let a = a.as_standard_layout().into_owned();
@@ -27,10 +28,21 @@ pub fn reshape_value(v: Value, shape: &[usize]) -> OpResult<Value> {
     Ok(match v {
         Value::Str(_) => op_bail!("expected a numeric tensor, got strings"),
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
-        Value::Float(f) => Value::Float(f.reshape(shape)?),
+        Value::Float(f) => Value::Float(reshape_float(f, shape)?),
         Value::Int(a) => Value::Int(host_reshape(a, shape)?),
         Value::Bool(a) => Value::Bool(host_reshape(a, shape)?),
     })
+}
+
+/// A float value reshaped: a view where the strides allow ([`kernels::reshape`]).
+fn reshape_float(f: FloatValue, shape: &[usize]) -> OpResult<FloatValue> {
+    if shape.contains(&0) {
+        return f.reshape(shape);
+    }
+    Ok(FloatValue::new(
+        kernels::reshape(f.tensor, padded(shape)?),
+        shape.len(),
+    ))
 }
 
 /// Resolve an ONNX `Reshape` target (`0` copies a dim unless `allowzero`, `-1` is inferred).

@@ -181,6 +181,36 @@ fn the_exporters_tanh_gelu_becomes_one_fused_node() {
 }
 
 #[test]
+fn attention_scaling_and_masking_fold_into_the_softmax() {
+    // TorchScript's GPT-2 (gpt2_tiny: scale by Mul, mask added) and dynamo's (scale by Mul,
+    // mask selected by Where): every Softmax reads the product of Q and K itself. Their
+    // outputs are checked against onnxruntime and PyTorch by the refkit tests.
+    for (model, mask_slot) in [
+        (refkit("models/gpt2_tiny.onnx"), 2),
+        (data("dynamo_gpt2/gpt2_tied.onnx"), 1),
+    ] {
+        let loaded = OnnxModel::load(model.clone(), &eval_device()).unwrap();
+        let nodes = &loaded.graph().nodes;
+        let produced_by = |v: &str| {
+            let n = nodes.iter().find(|n| n.outputs.iter().any(|o| o == v));
+            n.map(|n| n.op_type.clone())
+        };
+        let softmaxes: Vec<_> = nodes.iter().filter(|n| n.op_type == "Softmax").collect();
+        assert_eq!(softmaxes.len(), 2, "{}", model.display());
+        for s in softmaxes {
+            let what = format!("{}: {} {:?}", model.display(), s.name, s.inputs);
+            assert!(s.attrs.get("__masked_softmax").is_some(), "{what}");
+            assert_eq!(
+                produced_by(&s.inputs[0]).as_deref(),
+                Some("MatMul"),
+                "{what}"
+            );
+            assert!(!s.inputs[mask_slot].is_empty(), "{what}");
+        }
+    }
+}
+
+#[test]
 fn a_relu_after_a_conv_folds_into_it() {
     // The pattern alone (its output checked against onnxruntime by the fixture test above).
     assert_eq!(
