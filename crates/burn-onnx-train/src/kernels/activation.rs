@@ -2,7 +2,8 @@
 //! own backward. On the CPU's Flex backend one pass over the host buffer each way, in
 //! parallel chunks or rows, with [`super::fast_math`]'s vectorizable `exp` and `tanh`,
 //! every chunk's loop through [`super::simd::vectorized`] (AVX-512 or AVX2 where the CPU
-//! has them). On CubeCL devices one launch each way (`cube_rows.rs`), where Burn's
+//! has them). On CubeCL devices one launch each way (`cube_rows.rs`; the softmax is
+//! `masked_softmax.rs`'s kernel without its mask), where Burn's
 //! composition launched a dozen. The backward passes use the saved output
 //! (`g (1 - y^2)`, `y (g - sum(g y))`) or, for GELU, the saved input. Other dtypes and
 //! other axes use Burn's own ops, which are also the reference the tests hold these to.
@@ -21,6 +22,8 @@ use rayon::prelude::*;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use super::cube_rows::{self, Pointwise};
 use super::fast_math;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use super::masked_softmax;
 use super::simd::{self, Kernel};
 use crate::value::unary_op::unary;
 use crate::value::{MAX_RANK, PhysTensor};
@@ -254,11 +257,11 @@ impl ActivationOps for Cube {
     }
 
     fn softmax_rows(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        cube_rows::softmax_forward(x)
+        masked_softmax::cube::softmax_forward(x, None)
     }
 
     fn softmax_rows_backward(y: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
-        cube_rows::softmax_backward(y, g)
+        masked_softmax::cube::softmax_backward(y, g, None)
     }
 }
 

@@ -1,8 +1,8 @@
-//! The `#[cube]` kernels behind [`super::layer_norm`], [`super::softmax`], [`super::tanh`]
-//! and [`super::gelu_tanh`] on CubeCL devices, f32: each op one launch forward and one
+//! The `#[cube]` kernels behind [`super::layer_norm`], [`super::tanh`] and
+//! [`super::gelu_tanh`] on CubeCL devices, f32: each op one launch forward and one
 //! back (layer norm's backward two, plus one sum of the parameter gradients' partial rows),
 //! where Burn's composition launched ~10 kernels forward and ~20 back per layer norm and
-//! ~12 each way per GELU. A row op runs one cube per row (rows past 65535 spill into the
+//! ~12 each way per GELU (the softmax's are `masked_softmax.rs`'s). A row op runs one cube per row (rows past 65535 spill into the
 //! grid's second dimension); an element-wise op one unit per element.
 
 use burn::backend::{Shape, TensorMetadata};
@@ -12,7 +12,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
 
-use super::cube::{reduce_shared, row_softmax_stats};
+use super::cube::reduce_shared;
 
 /// Threads per cube of the row kernels (a power of two: the tree reductions halve it).
 const ROW_THREADS: u32 = 256;
@@ -187,61 +187,6 @@ fn layer_norm_param_grads_kernel(
     }
 }
 
-/// One cube per row (the last axis): `y = exp(x - max) / sum(exp(x - max))`.
-#[cube(launch)]
-fn softmax_forward_kernel(
-    x: &Tensor<f32>,
-    y: &mut Tensor<f32>,
-    cols: u32,
-    #[comptime] threads: u32,
-) {
-    let cols = cols as usize;
-    let rows = x.len() / cols;
-    let row = cube_row();
-    if row < rows {
-        let base = row * cols;
-        let mut shared = Shared::new_slice(threads as usize + 1);
-        row_softmax_stats::<f32>(x, base, cols, &mut shared, threads);
-        let row_max = shared[threads as usize];
-        let total = shared[0];
-        let mut j = UNIT_POS_X as usize;
-        while j < cols {
-            y[base + j] = f32::exp(x[base + j] - row_max) / total;
-            j += CUBE_DIM_X as usize;
-        }
-    }
-}
-
-/// One cube per row: `dx = y (g - sum(g y))`.
-#[cube(launch)]
-fn softmax_backward_kernel(
-    y: &Tensor<f32>,
-    g: &Tensor<f32>,
-    dx: &mut Tensor<f32>,
-    cols: u32,
-    #[comptime] threads: u32,
-) {
-    let cols = cols as usize;
-    let rows = y.len() / cols;
-    let row = cube_row();
-    if row < rows {
-        let base = row * cols;
-        let mut shared = Shared::new_slice(threads as usize);
-        let mut dot = f32::new(0.0);
-        let mut j = UNIT_POS_X as usize;
-        while j < cols {
-            dot += g[base + j] * y[base + j];
-            j += CUBE_DIM_X as usize;
-        }
-        let dot = cube_sum(&mut shared, dot);
-        j = UNIT_POS_X as usize;
-        while j < cols {
-            dx[base + j] = y[base + j] * (g[base + j] - dot);
-            j += CUBE_DIM_X as usize;
-        }
-    }
-}
-
 /// The element-wise functions: `tanh`, GELU (tanh form), and their backward from the saved
 /// tensor (`tanh`'s output, GELU's input).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -372,45 +317,6 @@ pub fn layer_norm_backward(
         PARTIAL_ROWS,
     );
     (dx, partials)
-}
-
-/// Softmax over the last axis of `x`.
-pub fn softmax_forward(x: CubeTensor) -> CubeTensor {
-    let x = into_contiguous(x);
-    let shape = x.shape();
-    let cols = shape.as_slice().last().copied().unwrap_or(1).max(1);
-    let rows = shape.num_elements() / cols;
-    let y = empty_like(&x, shape);
-    softmax_forward_kernel::launch(
-        &x.client.clone(),
-        row_cubes(rows),
-        CubeDim::new_1d(ROW_THREADS),
-        x.into_tensor_arg(),
-        y.clone().into_tensor_arg(),
-        cols as u32,
-        ROW_THREADS,
-    );
-    y
-}
-
-/// The backward of [`softmax_forward`] from its output `y`.
-pub fn softmax_backward(y: CubeTensor, g: CubeTensor) -> CubeTensor {
-    let (y, g) = (into_contiguous(y), into_contiguous(g));
-    let shape = y.shape();
-    let cols = shape.as_slice().last().copied().unwrap_or(1).max(1);
-    let rows = shape.num_elements() / cols;
-    let dx = empty_like(&y, shape);
-    softmax_backward_kernel::launch(
-        &y.client.clone(),
-        row_cubes(rows),
-        CubeDim::new_1d(ROW_THREADS),
-        y.into_tensor_arg(),
-        g.into_tensor_arg(),
-        dx.clone().into_tensor_arg(),
-        cols as u32,
-        ROW_THREADS,
-    );
-    dx
 }
 
 /// `f` over every element of `a` (and `g`, for a backward).

@@ -56,7 +56,7 @@ pub fn masked_softmax(
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-mod cube {
+pub(super) mod cube {
     use burn::backend::Cube;
     use burn::backend::autodiff::Autodiff;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -121,7 +121,31 @@ mod cube {
         z + bias
     }
 
-    /// One cube per row of the contiguous `x`: `y = softmax(masked_score(x))`.
+    /// The score at `x[i]` (its mask at `keep[k]`, its bias at `bias[b]`):
+    /// [`masked_score`], or `x[i]` itself when not `masked` (the plain softmax, which reads
+    /// no mask or bias).
+    #[cube]
+    #[allow(clippy::too_many_arguments)]
+    fn score(
+        x: &Tensor<f32>,
+        keep: &Tensor<f32>,
+        bias: &Tensor<f32>,
+        i: usize,
+        k: usize,
+        b: usize,
+        scale: f32,
+        fill: f32,
+        #[comptime] masked: bool,
+    ) -> f32 {
+        let mut z = x[i];
+        if comptime![masked] {
+            z = masked_score(z, keep[k], bias[b], scale, fill);
+        }
+        z
+    }
+
+    /// One cube per row of the contiguous `x`: `y = softmax(masked_score(x))` (of `x`
+    /// when not `masked`).
     #[cube(launch)]
     fn masked_softmax_forward_kernel(
         x: &Tensor<f32>,
@@ -130,6 +154,7 @@ mod cube {
         y: &mut Tensor<f32>,
         scale: f32,
         fill: f32,
+        #[comptime] masked: bool,
         #[comptime] threads: u32,
     ) {
         let cols = x.shape(x.rank() - 1);
@@ -137,17 +162,18 @@ mod cube {
         let row = cube_row();
         if row < rows {
             let base = row * cols;
+            // Unmasked, `keep` and `bias` are `x` itself: offsets computed, never read.
             let (kbase, bbase) = (row_offset(keep, x, row), row_offset(bias, x, row));
             let (kstep, bstep) = (keep.stride(x.rank() - 1), bias.stride(x.rank() - 1));
             let unit = UNIT_POS_X as usize;
             let step = CUBE_DIM_X as usize;
             let mut shared = Shared::new_slice(threads as usize + 1);
             // Each thread starts from the row's first score (WGSL has no -inf literal).
-            let mut local = masked_score(x[base], keep[kbase], bias[bbase], scale, fill);
+            let mut local = score(x, keep, bias, base, kbase, bbase, scale, fill, masked);
             let mut j = unit;
             while j < cols {
-                let (k, b) = (keep[kbase + j * kstep], bias[bbase + j * bstep]);
-                local = f32::max(local, masked_score(x[base + j], k, b, scale, fill));
+                let (i, k, b) = (base + j, kbase + j * kstep, bbase + j * bstep);
+                local = f32::max(local, score(x, keep, bias, i, k, b, scale, fill, masked));
                 j += step;
             }
             shared[unit] = local;
@@ -162,22 +188,23 @@ mod cube {
             let mut sum = f32::new(0.0);
             j = unit;
             while j < cols {
-                let (k, b) = (keep[kbase + j * kstep], bias[bbase + j * bstep]);
-                sum += f32::exp(masked_score(x[base + j], k, b, scale, fill) - row_max);
+                let (i, k, b) = (base + j, kbase + j * kstep, bbase + j * bstep);
+                sum += f32::exp(score(x, keep, bias, i, k, b, scale, fill, masked) - row_max);
                 j += step;
             }
             let total = cube_sum(&mut shared, sum);
             j = unit;
             while j < cols {
-                let (k, b) = (keep[kbase + j * kstep], bias[bbase + j * bstep]);
-                let z = masked_score(x[base + j], k, b, scale, fill);
-                y[base + j] = f32::exp(z - row_max) / total;
+                let (i, k, b) = (base + j, kbase + j * kstep, bbase + j * bstep);
+                let z = score(x, keep, bias, i, k, b, scale, fill, masked);
+                y[i] = f32::exp(z - row_max) / total;
                 j += step;
             }
         }
     }
 
-    /// One cube per row: `dx = keep ? scale * y (g - sum(g y)) : 0`.
+    /// One cube per row: `dx = keep ? scale * y (g - sum(g y)) : 0` (`y (g - sum(g y))`
+    /// when not `masked`).
     #[cube(launch)]
     fn masked_softmax_backward_kernel(
         y: &Tensor<f32>,
@@ -185,6 +212,7 @@ mod cube {
         keep: &Tensor<f32>,
         dx: &mut Tensor<f32>,
         scale: f32,
+        #[comptime] masked: bool,
         #[comptime] threads: u32,
     ) {
         let cols = y.shape(y.rank() - 1);
@@ -204,9 +232,12 @@ mod cube {
             let dot = cube_sum(&mut shared, dot);
             j = UNIT_POS_X as usize;
             while j < cols {
-                let mut d = f32::new(0.0);
-                if keep[kbase + j * kstep] != 0.0 {
-                    d = scale * y[base + j] * (g[base + j] - dot);
+                let mut d = y[base + j] * (g[base + j] - dot);
+                if comptime![masked] {
+                    d = scale * d;
+                    if keep[kbase + j * kstep] == 0.0 {
+                        d = f32::new(0.0);
+                    }
                 }
                 dx[base + j] = d;
                 j += CUBE_DIM_X as usize;
@@ -229,6 +260,69 @@ mod cube {
         )
     }
 
+    /// The mask (1 keeps, 0 fills) and bias, each with the scores' shape (broadcast
+    /// strides), the scale and the fill.
+    pub(crate) struct Masking {
+        pub keep: CubeTensor,
+        pub bias: CubeTensor,
+        pub scale: f32,
+        pub fill: f32,
+    }
+
+    /// Softmax over the last axis of `x`, of its masked scores when `masking` is given.
+    pub(crate) fn softmax_forward(x: CubeTensor, masking: Option<Masking>) -> CubeTensor {
+        let x = into_contiguous(x);
+        let y = empty_like(&x);
+        let masked = masking.is_some();
+        // Unmasked, the kernel reads no mask or bias: `x` stands in for both.
+        let m = masking.unwrap_or_else(|| Masking {
+            keep: x.clone(),
+            bias: x.clone(),
+            scale: 1.0,
+            fill: 0.0,
+        });
+        masked_softmax_forward_kernel::launch(
+            &x.client.clone(),
+            row_cubes(rows(&x)),
+            CubeDim::new_1d(ROW_THREADS),
+            x.into_tensor_arg(),
+            m.keep.into_tensor_arg(),
+            m.bias.into_tensor_arg(),
+            y.clone().into_tensor_arg(),
+            m.scale,
+            m.fill,
+            masked,
+            ROW_THREADS,
+        );
+        y
+    }
+
+    /// The backward of [`softmax_forward`] from its output `y`; `keep` and `scale` those
+    /// of the masking, if any.
+    pub(crate) fn softmax_backward(
+        y: CubeTensor,
+        g: CubeTensor,
+        masking: Option<(CubeTensor, f32)>,
+    ) -> CubeTensor {
+        let (y, g) = (into_contiguous(y), into_contiguous(g));
+        let dx = empty_like(&y);
+        let masked = masking.is_some();
+        let (keep, scale) = masking.unwrap_or_else(|| (y.clone(), 1.0));
+        masked_softmax_backward_kernel::launch(
+            &y.client.clone(),
+            row_cubes(rows(&y)),
+            CubeDim::new_1d(ROW_THREADS),
+            y.into_tensor_arg(),
+            g.into_tensor_arg(),
+            keep.into_tensor_arg(),
+            dx.clone().into_tensor_arg(),
+            scale,
+            masked,
+            ROW_THREADS,
+        );
+        dx
+    }
+
     impl MaskedSoftmaxOps for Cube {
         fn masked_softmax_rows(
             x: FloatTensor<Self>,
@@ -237,21 +331,13 @@ mod cube {
             scale: f32,
             fill: f32,
         ) -> FloatTensor<Self> {
-            let x = into_contiguous(x);
-            let y = empty_like(&x);
-            masked_softmax_forward_kernel::launch(
-                &x.client.clone(),
-                row_cubes(rows(&x)),
-                CubeDim::new_1d(ROW_THREADS),
-                x.into_tensor_arg(),
-                keep.into_tensor_arg(),
-                bias.into_tensor_arg(),
-                y.clone().into_tensor_arg(),
+            let masking = Masking {
+                keep,
+                bias,
                 scale,
                 fill,
-                ROW_THREADS,
-            );
-            y
+            };
+            softmax_forward(x, Some(masking))
         }
 
         fn masked_softmax_rows_backward(
@@ -260,20 +346,7 @@ mod cube {
             keep: FloatTensor<Self>,
             scale: f32,
         ) -> FloatTensor<Self> {
-            let (y, g) = (into_contiguous(y), into_contiguous(g));
-            let dx = empty_like(&y);
-            masked_softmax_backward_kernel::launch(
-                &y.client.clone(),
-                row_cubes(rows(&y)),
-                CubeDim::new_1d(ROW_THREADS),
-                y.into_tensor_arg(),
-                g.into_tensor_arg(),
-                keep.into_tensor_arg(),
-                dx.clone().into_tensor_arg(),
-                scale,
-                ROW_THREADS,
-            );
-            dx
+            softmax_backward(y, g, Some((keep, scale)))
         }
     }
 
