@@ -618,6 +618,83 @@ fn check_masked_softmax(cols: usize, keep_dims: [usize; 4], scale: f32, fill: f3
     }
 }
 
+/// Pieces of `[2, 5, 12]` values along `dim` through `kernels::narrow` on the GPU: each
+/// piece holds its elements, and the gradient of `sum(w * piece)` over the first (read
+/// transposed) and last pieces is `w` where those pieces were and zero elsewhere, exactly.
+fn check_narrow(dim: usize, sizes: [usize; 3]) {
+    let dims = [2, 5, 12];
+    let device = gpu().autodiff();
+    let n: usize = dims.iter().product();
+    let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+    let phys = MAX_RANK - 3 + dim;
+    let tensor = |v: Vec<f32>, d: &[usize]| {
+        PhysTensor::from_data(TensorData::new(v, padded(d).unwrap().to_vec()), &device)
+    };
+    let tx = tensor(x.clone(), &dims).require_grad();
+    let coord = |i: usize| [i / 60, i / 12 % 5, i % 12][dim];
+    let mut loss = None;
+    let mut want_grad = vec![0.0f32; n];
+    let mut start = 0;
+    for (p, &len) in sizes.iter().enumerate() {
+        let piece = kernels::narrow(tx.clone(), phys, start, len);
+        let inside: Vec<usize> = (0..n)
+            .filter(|&i| (start..start + len).contains(&coord(i)))
+            .collect();
+        let got = piece
+            .clone()
+            .inner()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let want: Vec<f32> = inside.iter().map(|&i| x[i]).collect();
+        assert_eq!(got, want, "piece {p} along {dim}");
+        let mut piece_dims = dims;
+        piece_dims[dim] = len;
+        let [_, rows, cols] = piece_dims;
+        let term = match p {
+            // Piece 0 is read transposed: its gradient arrives as a strided view.
+            0 => {
+                let w: Vec<f32> = (0..inside.len()).map(|k| k as f32 + 100.0).collect();
+                for (j, &i) in inside.iter().enumerate() {
+                    let (o, r, c) = (j / (rows * cols), j / cols % rows, j % cols);
+                    want_grad[i] = w[(o * cols + c) * rows + r];
+                }
+                let transposed = piece.swap_dims(MAX_RANK - 2, MAX_RANK - 1);
+                Some((transposed * tensor(w, &[dims[0], cols, rows])).sum())
+            }
+            // Piece 1 is not read: no gradient reaches it.
+            1 => None,
+            _ => {
+                let w: Vec<f32> = (0..inside.len()).map(|j| j as f32 + p as f32).collect();
+                for (&i, &wj) in inside.iter().zip(&w) {
+                    want_grad[i] = wj;
+                }
+                Some((piece * tensor(w, &piece_dims)).sum())
+            }
+        };
+        loss = match (loss, term) {
+            (Some(l), Some(t)) => Some(l + t),
+            (l, t) => l.or(t),
+        };
+        start += len;
+    }
+    let grads = loss.unwrap().backward();
+    let got = tx
+        .grad(&grads)
+        .unwrap()
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    assert_eq!(got, want_grad, "gradient along {dim}");
+}
+
+#[test]
+fn split_pieces_on_gpu_hold_their_elements_and_write_their_gradients_in_place() {
+    check_narrow(2, [4, 4, 4]);
+    check_narrow(2, [3, 4, 5]);
+    check_narrow(1, [1, 3, 1]);
+}
+
 #[test]
 fn fused_masked_softmax_on_gpu_matches_the_f64_closed_form() {
     // A causal-style [seq, seq] mask over batch and heads, scaled by 1/8, filled with

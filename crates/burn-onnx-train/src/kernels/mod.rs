@@ -22,6 +22,8 @@
 //!   gradient once for both its products (CubeCL);
 //! - [`reshape`]: a reshape that is a view wherever the strides allow, where Burn's
 //!   copies every strided tensor of our fixed rank (CubeCL);
+//! - [`narrow`]: a slice along one axis whose backward writes the input's whole gradient
+//!   in one pass (CubeCL);
 //! - [`conv2d`]: one-group convolution as im2col + GEMM per image, forward and backward,
 //!   straight on NCHW (Flex);
 //! - [`max_pool2d`]: max pooling with window bounds worked out once per call and a
@@ -50,6 +52,7 @@ mod layer_norm;
 mod masked_fill;
 mod masked_softmax;
 mod matmul;
+mod narrow;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod offload_step;
 mod pool;
@@ -67,6 +70,7 @@ pub use layer_norm::{layer_norm, layer_norm_fused_here};
 pub use masked_fill::{masked_fill, masked_fill_fused_here};
 pub use masked_softmax::{masked_softmax, masked_softmax_fused_here};
 pub use matmul::{matmul, matmul_autocast};
+pub use narrow::narrow;
 pub use pool::max_pool2d;
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
 

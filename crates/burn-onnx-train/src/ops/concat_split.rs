@@ -5,6 +5,7 @@ use ndarray::{ArrayD, Axis};
 
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
+use crate::kernels;
 use crate::op_bail;
 use crate::value::{FloatValue, Value, norm_axis};
 
@@ -128,7 +129,11 @@ pub(super) fn split_value(x: Value, axis: usize, sizes: &[usize]) -> OpResult<Ve
         Value::Float(f) => {
             let phys = f.axis(axis as i64)?;
             for s in sizes {
-                out.push(Value::Float(f.clone().narrow(phys, start, s)));
+                let piece = match s {
+                    0 => f.clone().narrow(phys, start, 0),
+                    s => FloatValue::new(kernels::narrow(f.tensor.clone(), phys, start, s), f.rank),
+                };
+                out.push(Value::Float(piece));
                 start += s;
             }
         }
