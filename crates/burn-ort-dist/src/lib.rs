@@ -46,7 +46,7 @@ pub use storage::record::{
     MomentSlices, MomentState, RecordTensor, decode_moments, encode_moments, regroup_records,
     write_moments,
 };
-pub use update::grad_norm::clip_grad_norm;
+pub use update::grad_norm::{GradNorm, clip_grad_norm};
 pub use update::replica_optimizer::ReplicaOptimizer;
 pub use update::strategy::{
     MemoryUse, ModelParallel, Replicated, StateContent, StateFile, UpdateReport, UpdateStrategy,

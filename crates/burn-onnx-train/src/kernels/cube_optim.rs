@@ -13,7 +13,11 @@
 //! The arithmetic is Burn's `Adam`, `AdamW` and `Lamb` operation by operation, in f32.
 //!
 //! The gradients reach the flat layout four parameters a launch ([`lay_out_four`]), each
-//! written at its offset with zeros to its padded end.
+//! written at its offset with zeros to its padded end. A clipped update measures the flat
+//! gradient in two launches ([`clip_factor`]: partial sums of squares per chunk, then one
+//! cube for the sum and `clip_grad_norm_`'s factor) and the update kernels multiply each
+//! gradient by that factor as they read it: the norm and the factor stay on the device, so
+//! the update never waits for a read-back, and the gradient is not rewritten scaled.
 
 use burn::backend::DType;
 use burn::backend::TensorMetadata;
@@ -62,7 +66,8 @@ fn adam_direction(
 }
 
 /// Adam (`decoupled` false: L2 decay `factors[t]` added to the gradient) or AdamW
-/// (`decoupled`: the parameter multiplied by `factors[t] = 1 - lr * decay` first).
+/// (`decoupled`: the parameter multiplied by `factors[t] = 1 - lr * decay` first); with
+/// `clipped`, each gradient multiplied by `clip[1]` first ([`clip_factor`]).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn adam_kernel(
@@ -73,8 +78,10 @@ fn adam_kernel(
     chunk_starts: &Tensor<f32>,
     factors: &Tensor<f32>,
     hyper: &Tensor<f32>,
+    clip: &Tensor<f32>,
     #[comptime] chunk: u32,
     #[comptime] decoupled: bool,
+    #[comptime] clipped: bool,
 ) {
     let c = CUBE_POS;
     let size = chunk as usize;
@@ -86,6 +93,9 @@ fn adam_kernel(
             let i = c * size + j;
             let p = params[i];
             let mut g = grads[i];
+            if comptime![clipped] {
+                g *= clip[1];
+            }
             if !comptime![decoupled] {
                 g += p * f;
             }
@@ -101,7 +111,8 @@ fn adam_kernel(
 }
 
 /// LAMB's direction `u = m^ / (sqrt(v^) + eps) + p * decay` into `direction`, and the
-/// chunk's sums of `p^2` and `u^2` into `partials[2c]`, `partials[2c + 1]`.
+/// chunk's sums of `p^2` and `u^2` into `partials[2c]`, `partials[2c + 1]`; with
+/// `clipped`, each gradient multiplied by `clip[1]` first.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn lamb_direction_kernel(
@@ -114,8 +125,10 @@ fn lamb_direction_kernel(
     chunk_starts: &Tensor<f32>,
     factors: &Tensor<f32>,
     hyper: &Tensor<f32>,
+    clip: &Tensor<f32>,
     #[comptime] chunk: u32,
     #[comptime] threads: u32,
+    #[comptime] clipped: bool,
 ) {
     let c = CUBE_POS;
     let size = chunk as usize;
@@ -127,7 +140,11 @@ fn lamb_direction_kernel(
         while j < size {
             let i = c * size + j;
             let p = params[i];
-            let u = adam_direction(grads[i], moment_1, moment_2, i, hyper) + p * decay;
+            let mut g = grads[i];
+            if comptime![clipped] {
+                g *= clip[1];
+            }
+            let u = adam_direction(g, moment_1, moment_2, i, hyper) + p * decay;
             direction[i] = u;
             pp += p * p;
             uu += u * u;
@@ -231,6 +248,9 @@ pub struct FlatBuffers {
     pub factors: CubeTensor,
     /// The step's scalars.
     pub hyper: CubeTensor,
+    /// `[sum of squares, factor]` of a clipped update ([`clip_factor`]): every gradient is
+    /// multiplied by the factor as it is read; `None`: taken as it is.
+    pub clip: Option<CubeTensor>,
 }
 
 /// Copies `src` into `flat[start..end]`, zeros past `src`'s end, for unit `i` of the part.
@@ -326,6 +346,109 @@ fn readable(t: CubeTensor, what: &str) -> CubeTensor {
     burn_cubecl::kernel::into_contiguous(t)
 }
 
+/// The clip buffer to bind and whether the kernel reads it (unclipped: `hyper` is bound in
+/// its place and never read).
+fn clip_arg(clip: Option<CubeTensor>, hyper: &CubeTensor) -> (CubeTensor, bool) {
+    match clip {
+        Some(c) => (readable(c, "the clip factor"), true),
+        None => (hyper.clone(), false),
+    }
+}
+
+/// One cube per chunk: the chunk's sum of squares of `grads` into `partials[c]`.
+#[cube(launch)]
+fn chunk_squares_kernel(
+    grads: &Tensor<f32>,
+    partials: &mut Tensor<f32>,
+    #[comptime] chunk: u32,
+    #[comptime] threads: u32,
+) {
+    let c = CUBE_POS;
+    let size = chunk as usize;
+    if c * size < grads.len() {
+        let mut sum = f32::new(0.0);
+        let mut j = UNIT_POS_X as usize;
+        while j < size {
+            let g = grads[c * size + j];
+            sum += g * g;
+            j += CUBE_DIM_X as usize;
+        }
+        let total = cube_sum(sum, threads);
+        if UNIT_POS_X == 0 {
+            partials[c] = total;
+        }
+    }
+}
+
+/// The sum of every unit's `value` over the cube (`threads` units), for every unit.
+#[cube]
+fn cube_sum(value: f32, #[comptime] threads: u32) -> f32 {
+    let mut shared = Shared::new_slice(threads as usize);
+    shared[UNIT_POS_X as usize] = value;
+    sync_cube();
+    reduce_shared::<f32>(&mut shared, false);
+    shared[0]
+}
+
+/// One cube: `out = [sum of partials, factor]`, the factor `clip_grad_norm_`'s
+/// `max_norm / (norm + 1e-6)` when the norm exceeds `max_norm` (> 0), else 1.
+#[cube(launch)]
+fn clip_factor_kernel(
+    partials: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    max_norm: f32,
+    #[comptime] threads: u32,
+) {
+    let mut sum = f32::new(0.0);
+    let mut k = UNIT_POS_X as usize;
+    while k < partials.len() {
+        sum += partials[k];
+        k += CUBE_DIM_X as usize;
+    }
+    let squares = cube_sum(sum, threads);
+    if UNIT_POS_X == 0 {
+        let norm = f32::sqrt(squares);
+        let mut factor = f32::new(1.0);
+        if max_norm > 0.0 && norm > max_norm {
+            factor = max_norm / (norm + 1e-6);
+        }
+        out[0] = squares;
+        out[1] = factor;
+    }
+}
+
+/// `[sum of squares, clip factor]` of the flat gradient `grads` (a whole number of chunks)
+/// for the limit `max_norm` (0: factor 1), on the device: two launches.
+pub fn clip_factor(grads: CubeTensor, max_norm: f32) -> CubeTensor {
+    let grads = readable(grads, "gradients");
+    let (client, device) = (grads.client.clone(), grads.device.clone());
+    let chunks = grads.shape().num_elements() / CHUNK;
+    let empty = |len: usize| {
+        empty_device_contiguous_dtype(client.clone(), device.clone(), [len].into(), DType::F32)
+    };
+    let (partials, out) = (empty(chunks), empty(2));
+    let dim = CubeDim::new_1d(THREADS);
+    chunk_squares_kernel::launch(
+        &client,
+        calculate_cube_count_elemwise(&client, chunks * THREADS as usize, dim),
+        dim,
+        grads.into_tensor_arg(),
+        partials.clone().into_tensor_arg(),
+        CHUNK as u32,
+        THREADS,
+    );
+    clip_factor_kernel::launch(
+        &client,
+        CubeCount::Static(1, 1, 1),
+        dim,
+        partials.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        max_norm,
+        THREADS,
+    );
+    out
+}
+
 /// One Adam (`decoupled` false) or AdamW step; returns `(params, moment_1, moment_2)`.
 pub fn adam(b: FlatBuffers, decoupled: bool) -> (CubeTensor, CubeTensor, CubeTensor) {
     let params = writable(b.params, "parameters");
@@ -336,6 +459,8 @@ pub fn adam(b: FlatBuffers, decoupled: bool) -> (CubeTensor, CubeTensor, CubeTen
     let client = params.client.clone();
     let chunks = params.shape().num_elements() / CHUNK;
     let dim = CubeDim::new_1d(THREADS);
+    let hyper = readable(b.hyper, "hyper-parameters");
+    let (clip, clipped) = clip_arg(b.clip, &hyper);
     adam_kernel::launch(
         &client,
         calculate_cube_count_elemwise(&client, chunks * THREADS as usize, dim),
@@ -346,9 +471,11 @@ pub fn adam(b: FlatBuffers, decoupled: bool) -> (CubeTensor, CubeTensor, CubeTen
         m2.clone().into_tensor_arg(),
         readable(b.chunk_starts, "the chunk table").into_tensor_arg(),
         readable(b.factors, "factors").into_tensor_arg(),
-        readable(b.hyper, "hyper-parameters").into_tensor_arg(),
+        hyper.into_tensor_arg(),
+        clip.into_tensor_arg(),
         CHUNK as u32,
         decoupled,
+        clipped,
     );
     (params, m1, m2)
 }
@@ -374,6 +501,7 @@ pub fn lamb(b: FlatBuffers) -> (CubeTensor, CubeTensor, CubeTensor) {
     let (direction, partials, trust) = (empty(n), empty(2 * chunks), empty(tensors));
     let dim = CubeDim::new_1d(THREADS);
     let per_chunk = calculate_cube_count_elemwise(&client, chunks * THREADS as usize, dim);
+    let (clip, clipped) = clip_arg(b.clip, &hyper);
     lamb_direction_kernel::launch(
         &client,
         per_chunk.clone(),
@@ -387,8 +515,10 @@ pub fn lamb(b: FlatBuffers) -> (CubeTensor, CubeTensor, CubeTensor) {
         starts.clone().into_tensor_arg(),
         readable(b.factors, "factors").into_tensor_arg(),
         hyper.clone().into_tensor_arg(),
+        clip.into_tensor_arg(),
         CHUNK as u32,
         THREADS,
+        clipped,
     );
     lamb_trust_kernel::launch(
         &client,

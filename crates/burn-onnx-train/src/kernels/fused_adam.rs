@@ -30,8 +30,7 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Bytes, Device, Tensor, TensorData};
 use burn_ort_dist::storage::disk_vectors::DiskVectors;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-use burn_ort_dist::update::grad_norm::clip_scale;
+use burn_ort_dist::update::grad_norm::GradNorm;
 use burn_ort_dist::update::replica_optimizer::clip_then_step;
 use burn_ort_dist::update::zero::flat_optim::{AdamStep, Rule};
 use burn_ort_dist::{
@@ -505,13 +504,14 @@ fn update_in_place<M: Module>(module: M, mut update: InPlace) -> DistResult<M> {
 }
 
 /// The update on a CubeCL device: parameters laid end to end beside the gradients `grads`
-/// (laid out already, [`laid_end_to_end`]), one launch (three for LAMB), the parameters
-/// put back as views of the flat result.
+/// (laid out already, [`laid_end_to_end`]; with the clip buffer of [`ops::clip_factor`]
+/// when clipped), one launch (three for LAMB), the parameters put back as views of the
+/// flat result.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn on_device<M: Module>(
     flat: &mut Flat,
     module: M,
-    grads: Tensor<1>,
+    (grads, clip): (Tensor<1>, Option<Tensor<1>>),
     step: AdamStep,
     factors: &[f32],
     rule: Rule,
@@ -555,6 +555,7 @@ fn on_device<M: Module>(
         chunk_starts: upload(&starts),
         factors: upload(factors),
         hyper: upload(&hyper),
+        clip,
     };
     let (params, m1, m2) = ops::update(buffers, rule);
     flat.moments = Moments::Device(m1, m2);
@@ -708,15 +709,16 @@ impl FusedAdam {
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             {
                 let grads = laid_end_to_end(grads, &flat.slots, flat.len, &flat.device);
-                return Ok(on_device(flat, module, grads, step, &factors, rule));
+                return Ok(on_device(flat, module, (grads, None), step, &factors, rule));
             }
         }
         on_host(flat, module, grads, step, &factors, rule)
     }
 
     /// [`ReplicaOptimizer::step_clipped`] on a CubeCL device: the gradients laid end to
-    /// end, their norm as one sum of squares of the flat buffer (one read-back), the clip
-    /// as one scaling of it, then the update.
+    /// end, their sum of squares and the clip factor on the device (two launches), then
+    /// the update, which scales each gradient as it reads it. Nothing is read back: the
+    /// norm stays on the device until a report reads it.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     fn step_clipped_on_device<M: Module>(
         &mut self,
@@ -724,27 +726,21 @@ impl FusedAdam {
         module: M,
         mut grads: GradientsParams,
         max_norm: f32,
-    ) -> DistResult<(M, f32)> {
+    ) -> DistResult<(M, GradNorm)> {
         let (grads, step, factors) = self.begin_step(lr, &module, &mut grads, None)?;
         let rule = self.rule;
         let flat = self.flat.as_mut().expect("laid out by begin_step");
         let grads = laid_end_to_end(grads, &flat.slots, flat.len, &flat.device);
-        let squares = grads
-            .clone()
-            .square()
-            .sum()
-            .into_data()
-            .convert::<f32>()
-            .try_to_vec::<f32>()
-            .map_err(|e| invalid(format!("cannot read the gradient norm: {e:?}")))?;
-        let norm = f64::from(squares[0]).max(0.0).sqrt() as f32;
-        let scale = clip_scale(norm, max_norm);
-        let grads = if scale == 1.0 {
-            grads
-        } else {
-            grads.mul_scalar(scale)
-        };
-        Ok((on_device(flat, module, grads, step, &factors, rule), norm))
+        let clip = ops::clip_factor(grads.clone(), max_norm);
+        let module = on_device(
+            flat,
+            module,
+            (grads, Some(clip.clone())),
+            step,
+            &factors,
+            rule,
+        );
+        Ok((module, GradNorm::OnDevice(clip)))
     }
 
     /// Whether this step runs on the CubeCL device `module` is on (not offloaded to the
@@ -772,7 +768,7 @@ impl ReplicaOptimizer for FusedAdam {
         module: M,
         grads: GradientsParams,
         max_norm: f32,
-    ) -> DistResult<(M, f32)> {
+    ) -> DistResult<(M, GradNorm)> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if !self.host_update && self.updates_on_device(&module) {
             return self.step_clipped_on_device(lr, module, grads, max_norm);
@@ -854,6 +850,7 @@ mod ops {
         pub chunk_starts: Tensor<1>,
         pub factors: Tensor<1>,
         pub hyper: Tensor<1>,
+        pub clip: Option<Tensor<1>>,
     }
 
     #[backend_extension(Cube)]
@@ -869,9 +866,14 @@ mod ops {
             chunk_starts: FloatTensor<Self>,
             factors: FloatTensor<Self>,
             hyper: FloatTensor<Self>,
+            clip: FloatTensor<Self>,
+            clipped: bool,
             lamb: bool,
             decoupled: bool,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+        /// `[sum of squares, clip factor]` of the flat gradient `grads` for the limit
+        /// `max_norm` (see `cube_optim::clip_factor`).
+        fn clip_factor(grads: FloatTensor<Self>, max_norm: f32) -> FloatTensor<Self>;
         /// Parts `a`, `b`, `c`, `d` written into `flat` at `starts`, zeros after each up
         /// to its `ends` entry (a part whose entries are equal writes nothing); returns
         /// `flat`.
@@ -896,6 +898,8 @@ mod ops {
             chunk_starts: FloatTensor<Self>,
             factors: FloatTensor<Self>,
             hyper: FloatTensor<Self>,
+            clip: FloatTensor<Self>,
+            clipped: bool,
             lamb: bool,
             decoupled: bool,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
@@ -907,6 +911,7 @@ mod ops {
                 chunk_starts,
                 factors,
                 hyper,
+                clip: clipped.then_some(clip),
             };
             if lamb {
                 cube_optim::lamb(b)
@@ -926,6 +931,18 @@ mod ops {
         ) -> FloatTensor<Self> {
             cube_optim::lay_out_four(flat, [a, b, c, d], starts, ends)
         }
+
+        fn clip_factor(grads: FloatTensor<Self>, max_norm: f32) -> FloatTensor<Self> {
+            cube_optim::clip_factor(grads, max_norm)
+        }
+    }
+
+    /// See [`MultiTensorOps::clip_factor`].
+    pub fn clip_factor(grads: Tensor<1>, max_norm: f32) -> Tensor<1> {
+        Tensor::from_dispatch(<burn::backend::Dispatch as MultiTensorOps>::clip_factor(
+            grads.into_dispatch(),
+            max_norm,
+        ))
     }
 
     /// See [`MultiTensorOps::lay_out_four`].
@@ -949,6 +966,9 @@ mod ops {
     }
 
     pub fn update(b: Buffers, rule: Rule) -> (Tensor<1>, Tensor<1>, Tensor<1>) {
+        let clipped = b.clip.is_some();
+        // Unclipped: the hyper-parameters are bound in the clip's place, never read.
+        let clip = b.clip.unwrap_or_else(|| b.hyper.clone());
         let (p, m1, m2) = <burn::backend::Dispatch as MultiTensorOps>::multi_tensor_update(
             b.params.into_dispatch(),
             b.grads.into_dispatch(),
@@ -957,6 +977,8 @@ mod ops {
             b.chunk_starts.into_dispatch(),
             b.factors.into_dispatch(),
             b.hyper.into_dispatch(),
+            clip.into_dispatch(),
+            clipped,
             matches!(rule, Rule::Lamb { .. }),
             matches!(rule, Rule::AdamW { .. }),
         );

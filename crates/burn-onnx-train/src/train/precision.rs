@@ -137,7 +137,7 @@ impl LossScaler {
             (
                 model,
                 UpdateReport {
-                    grad_norm: f32::INFINITY,
+                    grad_norm: f32::INFINITY.into(),
                     tensor_grad_norms: Vec::new(),
                 },
             )

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::tensor::Device;
-use burn_ort_dist::{Communicator, DataParallel, UpdateStrategy};
+use burn_ort_dist::{Communicator, DataParallel, GradNorm, UpdateStrategy};
 
 use super::checkpoint::resume::resume;
 use super::checkpoint::{CheckpointState, save_checkpoint};
@@ -18,7 +18,7 @@ use super::data::{Dataset, Prefetcher};
 use super::evaluate::evaluate;
 use super::layout::memory_counts::counted_memory;
 use super::layout::parallel_plan::{ParallelPlan, Parallelized};
-use super::passes::Passes;
+use super::passes::{Passes, UpdateLoss};
 use super::precision::LossScaler;
 use super::preflight::check_model_and_data;
 use super::process::preemption::{agreed_stop, install};
@@ -53,6 +53,20 @@ pub(super) struct Trainer {
     pub total: usize,
     start_step: usize,
     micro: usize,
+    /// Updates whose loss and gradient norm may still be on the device: read and reported
+    /// together at the next displayed update (every `display_loss_steps`), evaluation,
+    /// checkpoint or stop, so that the updates between never wait for the device.
+    unreported: Vec<Unreported>,
+}
+
+/// An update's figures before they are read from the device.
+struct Unreported {
+    step: usize,
+    loss: UpdateLoss,
+    lr: f64,
+    grad_norm: GradNorm,
+    loss_scale: Option<f64>,
+    display: bool,
 }
 
 impl Trainer {
@@ -151,6 +165,7 @@ impl Trainer {
             total,
             start_step: update,
             micro,
+            unreported: Vec::new(),
             c,
         };
         Ok((trainer, model))
@@ -195,31 +210,66 @@ impl Trainer {
                 .tb
                 .norms(&whole, &report.tensor_grad_norms, self.update)?;
         }
-        if !acc.loss.is_finite() {
-            return Err(OnnxError::field(
-                "training",
-                format!("loss became {} at update {}", acc.loss, self.update),
-            ));
-        }
-        let items = acc.items * self.plan.topology.dp;
-        let elapsed = started.elapsed();
-        self.out.perf.record(
-            items,
-            elapsed,
-            sync_time,
-            acc.waited,
-            [acc.sync, prefetched],
-            device_meter.finish(),
-        );
-        self.out.update(&UpdateReport {
+        self.unreported.push(Unreported {
             step: self.update,
             loss: acc.loss,
             lr,
             grad_norm: report.grad_norm,
             loss_scale: self.scaler.state().map(|s| s.scale),
             display,
-        })?;
+        });
+        // A displayed update waits for the device to read the figures: inside its time.
+        let read = if display {
+            self.read_unreported()?
+        } else {
+            Vec::new()
+        };
+        let items = acc.items * self.plan.topology.dp;
+        self.out.perf.record(
+            items,
+            started.elapsed(),
+            sync_time,
+            acc.waited,
+            [acc.sync, prefetched],
+            device_meter.finish(),
+        );
+        for r in &read {
+            self.out.update(r)?;
+        }
         Ok(model)
+    }
+
+    /// Read the losses and norms of the updates not reported yet and report them, in order.
+    fn report_updates(&mut self) -> Result<()> {
+        for r in self.read_unreported()? {
+            self.out.update(&r)?;
+        }
+        Ok(())
+    }
+
+    /// The figures of the updates not reported yet, read from the device, in order; a loss
+    /// that is not finite ends the run with an error naming its update.
+    fn read_unreported(&mut self) -> Result<Vec<UpdateReport>> {
+        std::mem::take(&mut self.unreported)
+            .into_iter()
+            .map(|u| {
+                let loss = u.loss.mean();
+                if !loss.is_finite() {
+                    return Err(OnnxError::field(
+                        "training",
+                        format!("loss became {loss} at update {}", u.step),
+                    ));
+                }
+                Ok(UpdateReport {
+                    step: u.step,
+                    loss,
+                    lr: u.lr,
+                    grad_norm: u.grad_norm.value()?,
+                    loss_scale: u.loss_scale,
+                    display: u.display,
+                })
+            })
+            .collect()
     }
 
     /// Whether the test set is evaluated after this update: every `evaluation_period`
@@ -231,6 +281,7 @@ impl Trainer {
 
     /// Evaluate on `test`, all ranks together, and report.
     pub fn evaluate(&mut self, model: &OnnxModel, test: &dyn Dataset) -> Result<()> {
+        self.report_updates()?;
         let metrics = evaluate(
             &self.c.eval,
             self.c.model.loss,
@@ -257,6 +308,7 @@ impl Trainer {
     /// Write a checkpoint, all ranks together (rank 0 the model, each rank its optimizer
     /// state).
     pub fn checkpoint(&mut self, model: &OnnxModel) -> Result<()> {
+        self.report_updates()?;
         let (c, plan) = (&self.c, &self.plan);
         let state = CheckpointState {
             update_step: self.update,
@@ -296,6 +348,7 @@ impl Trainer {
         let Some(signal) = agreed_stop(self.comm.as_ref())? else {
             return Ok(());
         };
+        self.report_updates()?;
         if !self.checkpoint_due() {
             self.checkpoint(model)?;
         }
@@ -309,6 +362,7 @@ impl Trainer {
     /// After the last update: rank 0 exports `<model stem>_trained.onnx` and writes
     /// `perf.json` (and `profile.json` when profiling); the run's summary.
     pub fn finish(mut self, model: &OnnxModel) -> Result<RunSummary> {
+        self.report_updates()?;
         self.out.bar.finish_and_clear();
         self.out.tb.flush()?;
         let profile = self

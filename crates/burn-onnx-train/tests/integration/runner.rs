@@ -317,6 +317,45 @@ fn tensorboard_events_and_perf_report_are_written() {
     assert!(perf["throughput_per_sec"].as_f64().unwrap() > 0.0);
 }
 
+/// Losses and gradient norms stay on the device until a report shows them (every
+/// `display_loss_steps` updates): every update is still reported, in order and with the
+/// values of a run that reads each one, and a loss that stops being finite still ends the
+/// run with an error naming the update it came from.
+#[test]
+fn losses_read_at_displayed_updates_are_all_reported_and_a_diverged_one_names_its_update() {
+    let with_display = |tag: &str, every: usize, lr: Option<f64>| {
+        let out = tempdir(tag);
+        let mut c = config(&out);
+        c.logging.display_loss_steps = every;
+        if let Some(lr) = lr {
+            c.lr.initial_lr = lr;
+        }
+        let runner =
+            TrainingRunner::new(c, Arc::new(LocalCommunicator), Device::flex().autodiff()).unwrap();
+        runner.run(tokens(), None)
+    };
+    let each = with_display("runner-read-each", 1, None).unwrap();
+    let batched = with_display("runner-read-batched", 4, None).unwrap();
+    let steps: Vec<usize> = batched.losses.iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps, (1..=6).collect::<Vec<_>>(), "every update, in order");
+    assert_eq!(each.losses, batched.losses);
+    // AdamW moves every weight by about lr at its first update: 1e30 overflows the next
+    // forward pass.
+    let diverged = |tag, every| match with_display(tag, every, Some(1e30)) {
+        Err(OnnxError::Field { field, message }) if field == "training" => message,
+        other => panic!(
+            "expected the training loss error, got {:?}",
+            other.map(|s| s.losses)
+        ),
+    };
+    let (read_each, read_at_end) = (
+        diverged("runner-nan-each", 1),
+        diverged("runner-nan-end", 10),
+    );
+    assert!(read_each.contains("at update 2"), "{read_each}");
+    assert_eq!(read_each, read_at_end);
+}
+
 fn field_of(err: OnnxError) -> String {
     match err {
         OnnxError::Field { field, .. } => field,

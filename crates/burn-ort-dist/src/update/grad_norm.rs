@@ -1,12 +1,54 @@
 //! Gradient norms and clipping (`torch.nn.utils.clip_grad_norm_`): the sums of squares
 //! every update strategy measures the global norm from (f64 on the host, on the device for
-//! gradients on a GPU), and the clip factor they scale by.
+//! gradients on a GPU), the clip factor they scale by, and the norm an update reports
+//! ([`GradNorm`]: read, or left on the device until a report shows it).
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 
 use crate::error::{DistResult, state_error};
+
+/// The global gradient norm an update measured: read already, or its sum of squares still
+/// on the device (a fused optimizer that clips on the device), so that the update never
+/// waits for the device to read it; [`GradNorm::value`] reads it when a report shows it.
+#[derive(Debug, Clone)]
+pub enum GradNorm {
+    /// The norm, on the host.
+    Read(f32),
+    /// `[sum of squares, ..]` on the device: the norm is its first value's square root.
+    OnDevice(Tensor<1>),
+}
+
+impl GradNorm {
+    /// The norm (a device read for [`GradNorm::OnDevice`]).
+    pub fn value(&self) -> DistResult<f32> {
+        match self {
+            GradNorm::Read(norm) => Ok(*norm),
+            GradNorm::OnDevice(squares) => {
+                let first = squares
+                    .clone()
+                    .into_data()
+                    .convert::<f32>()
+                    .try_to_vec::<f32>()
+                    .map_err(|e| state_error(format!("cannot read the gradient norm: {e:?}")))?;
+                Ok(f64::from(first[0]).max(0.0).sqrt() as f32)
+            }
+        }
+    }
+}
+
+impl Default for GradNorm {
+    fn default() -> Self {
+        GradNorm::Read(0.0)
+    }
+}
+
+impl From<f32> for GradNorm {
+    fn from(norm: f32) -> Self {
+        GradNorm::Read(norm)
+    }
+}
 
 /// Sum of squares in f64: every strategy measures gradient norms with it, so that
 /// replicated and sharded runs clip by the same factor. Eight independent accumulators,

@@ -10,7 +10,7 @@ use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::Bytes;
 
 use crate::error::{DistResult, state_error};
-use crate::update::grad_norm::clip_grad_norm;
+use crate::update::grad_norm::{GradNorm, clip_grad_norm};
 
 /// An update of a whole module with its state in Burn's optimizer record format.
 pub trait ReplicaOptimizer {
@@ -20,14 +20,14 @@ pub trait ReplicaOptimizer {
     /// measure) and update `module` at rate `lr`; returns the module and the norm before
     /// clipping. By default each gradient's sum of squares, then [`Self::step`]; a fused
     /// optimizer that lays every gradient end to end anyway measures and scales the flat
-    /// buffer instead (two launches where the default takes three per parameter).
+    /// buffer instead, on the device, its norm left there ([`GradNorm::OnDevice`]).
     fn step_clipped<M: Module>(
         &mut self,
         lr: f64,
         module: M,
         grads: GradientsParams,
         max_norm: f32,
-    ) -> DistResult<(M, f32)> {
+    ) -> DistResult<(M, GradNorm)> {
         clip_then_step(self, lr, module, grads, max_norm)
     }
     /// The state as Burn's optimizer record (burn-pack bytes).
@@ -52,9 +52,9 @@ pub fn clip_then_step<O: ReplicaOptimizer + ?Sized, M: Module>(
     module: M,
     mut grads: GradientsParams,
     max_norm: f32,
-) -> DistResult<(M, f32)> {
+) -> DistResult<(M, GradNorm)> {
     let norm = clip_grad_norm(&module, &mut grads, max_norm)?;
-    Ok((optim.step(lr, module, grads)?, norm))
+    Ok((optim.step(lr, module, grads)?, GradNorm::Read(norm)))
 }
 
 impl ReplicaOptimizer for ModuleOptimizer {

@@ -18,14 +18,14 @@ use crate::comm::communicator::{Communicator, ReduceOp};
 use crate::error::{DistError, DistResult, state_error};
 use crate::grads::data_parallel::DataParallel;
 use crate::storage::record::{REPLICATED_STATE_FILE, merged_record};
-use crate::update::grad_norm::{clip, grad_squares, total_norm};
+use crate::update::grad_norm::{GradNorm, clip, grad_squares, total_norm};
 use crate::update::replica_optimizer::ReplicaOptimizer;
 
 /// What an update measured.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct UpdateReport {
     /// L2 norm of the synchronised gradient over all parameters, before clipping.
-    pub grad_norm: f32,
+    pub grad_norm: GradNorm,
     /// Per-parameter gradient norms, when asked for.
     pub tensor_grad_norms: Vec<(ParamId, f32)>,
 }
@@ -34,7 +34,7 @@ impl UpdateReport {
     /// The report of an update with global norm `grad_norm`; with `per_tensor`, each
     /// parameter's norm from its gradient's sum of squares.
     pub fn new(
-        grad_norm: f32,
+        grad_norm: impl Into<GradNorm>,
         squares: impl IntoIterator<Item = (ParamId, f64)>,
         per_tensor: bool,
     ) -> Self {
@@ -47,7 +47,7 @@ impl UpdateReport {
             Vec::new()
         };
         UpdateReport {
-            grad_norm,
+            grad_norm: grad_norm.into(),
             tensor_grad_norms,
         }
     }

@@ -485,7 +485,9 @@ pub struct OffloadConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoggingConfig {
-    /// Print the loss every this many updates.
+    /// Print the loss every this many updates. On a GPU the losses and gradient norms of
+    /// the updates in between stay on the device until then (every update is still
+    /// reported, and a loss that is not finite still names its update).
     pub display_loss_steps: usize,
     /// TensorBoard directory (default `<output_dir>/tensorboard`; empty string disables).
     pub log_dir: Option<PathBuf>,

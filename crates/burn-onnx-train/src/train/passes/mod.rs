@@ -32,12 +32,55 @@ pub enum SessionMode {
     EvaluateStep,
 }
 
+/// A loss as a pass measured it: read, or still on the device. A loss left on the device
+/// is read when a report shows it, so that no update waits for the device (a read after the
+/// forward pass would hold back the launches of the backward pass until the device has
+/// finished the forward).
+#[derive(Clone)]
+pub enum LossValue {
+    /// On the host.
+    Read(f64),
+    /// A scalar (`[1]`) on the device, with no autodiff graph.
+    OnDevice(Tensor<1>),
+}
+
+impl LossValue {
+    /// The value (a device read for [`LossValue::OnDevice`]).
+    pub fn read(&self) -> f64 {
+        match self {
+            LossValue::Read(v) => *v,
+            LossValue::OnDevice(t) => f64::from(scalar(t.clone())),
+        }
+    }
+
+    /// `loss`, kept on the device (detached from the autodiff graph).
+    pub fn on_device(loss: &Tensor<1>) -> Self {
+        LossValue::OnDevice(loss.clone().detach())
+    }
+}
+
+/// The mean loss of an update's micro-steps, each [`LossValue`] read only when asked.
+#[derive(Clone)]
+pub struct UpdateLoss(Vec<LossValue>);
+
+impl UpdateLoss {
+    /// A loss read already.
+    pub fn read(value: f64) -> Self {
+        UpdateLoss(vec![LossValue::Read(value)])
+    }
+
+    /// The mean over the micro-steps (device reads for those on the device).
+    pub fn mean(&self) -> f64 {
+        self.0.iter().map(LossValue::read).sum::<f64>() / self.0.len().max(1) as f64
+    }
+}
+
 /// The gradients of one update with what the micro-steps measured.
 pub struct Accumulated {
     /// Gradients of this rank's parameters, averaged over the micro-steps.
     pub grads: GradientsParams,
     /// Mean loss of the update (the same on every rank of a model replica).
-    pub loss: f64,
+    pub loss: UpdateLoss,
     /// Items (tokens or images) this replica processed.
     pub items: usize,
     /// Time blocked waiting for other pipeline stages (zero without a pipeline).
@@ -78,7 +121,7 @@ pub struct MicroStep<'a> {
 /// What a micro-step measured.
 pub struct MicroResult {
     /// Its mean loss.
-    pub loss: f64,
+    pub loss: LossValue,
     /// Time blocked waiting for other pipeline stages.
     pub waited: Duration,
 }
@@ -86,7 +129,7 @@ pub struct MicroResult {
 /// What the micro-steps of an update measured together.
 pub struct LoopTotals {
     /// Mean loss over the micro-steps.
-    pub loss: f64,
+    pub loss: UpdateLoss,
     /// Items (tokens or images) processed.
     pub items: usize,
     /// Time blocked waiting for other pipeline stages.
@@ -118,7 +161,7 @@ pub fn accumulation_loop(
     update: usize,
     mut step: impl FnMut(MicroStep) -> Result<MicroResult>,
 ) -> Result<LoopTotals> {
-    let (mut loss, mut items, mut waited) = (0.0f64, 0usize, Duration::ZERO);
+    let (mut losses, mut items, mut waited) = (Vec::with_capacity(steps), 0usize, Duration::ZERO);
     for m in 0..steps {
         let last = m + 1 == steps;
         let mode = if last {
@@ -134,13 +177,13 @@ pub fn accumulation_loop(
             batch: &batch,
             seed,
         })?;
-        loss += out.loss;
+        losses.push(out.loss);
         waited += out.waited;
         items += batch.items;
         *micro += 1;
     }
     Ok(LoopTotals {
-        loss: loss / steps as f64,
+        loss: UpdateLoss(losses),
         items,
         waited,
     })
@@ -182,7 +225,7 @@ impl Passes for Sequential {
             let hooked = ready.clone().map(|h| model.clone().with_grad_sink(h));
             let forward = hooked.as_ref().unwrap_or(model);
             let out = forward_loss(forward, s.batch, c, &self.device, Mode::Train, s.seed)?;
-            let loss = f64::from(scalar(out.loss.clone()));
+            let loss = LossValue::on_device(&out.loss);
             let scaled = scaled_loss(out.loss, k, loss_scale);
             acc.accumulate(model, GradientsParams::from_grads(scaled.backward(), model));
             *model = model.clone().apply_state(out.state_updates);

@@ -22,8 +22,10 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
 use burn_ort_dist::{DataParallel, OverlappedSync, SyncTimes};
 
-use super::step::{PassSettings, loss_of_outputs, scalar};
-use super::{Accumulated, MicroResult, Passes, Sequential, accumulation_loop, scaled_loss};
+use super::step::{PassSettings, loss_of_outputs};
+use super::{
+    Accumulated, LossValue, MicroResult, Passes, Sequential, accumulation_loop, scaled_loss,
+};
 use crate::error::{OnnxError, Result};
 use crate::model::{Mode, OnnxModel, vjp};
 use crate::parallel::pipeline::{Partition, Stage};
@@ -118,7 +120,7 @@ impl Segmented {
     }
 
     /// Back-propagate one batch's loss (scaled as [`scaled_loss`] does) segment by segment
-    /// into `sink`; returns the loss.
+    /// into `sink`; returns the loss (on the device).
     fn batch(
         &self,
         c: &PassSettings,
@@ -127,7 +129,7 @@ impl Segmented {
         seed: u64,
         loss_scale: f64,
         sink: &mut Sink,
-    ) -> Result<f64> {
+    ) -> Result<LossValue> {
         let stages = &self.partition.stages;
         let segments = stages
             .iter()
@@ -167,7 +169,7 @@ impl Segmented {
         let out = last.forward_with(inputs, Mode::Train, seed, autocast)?;
         state.extend(named_state(last, out.state_updates.clone()));
         let step = loss_of_outputs(out, batch, c, &self.device, Mode::Train)?;
-        let loss = f64::from(scalar(step.loss.clone()));
+        let loss = LossValue::on_device(&step.loss);
         let grads = scaled_loss(step.loss, c.accumulation, loss_scale).backward();
         let mut sent_grads = vjp::leaf_grads(&leaves, Some(&grads));
         sink.segment_done(model, n - 1, last, GradientsParams::from_grads(grads, last))?;

@@ -29,6 +29,7 @@ use crate::parallel::pipeline::schedule::{Pass, PipelineSchedule, Shape};
 use crate::parallel::pipeline::wire::{Flow, Mailbox, Tag, send_values};
 use crate::parallel::pipeline::{Partition, Stage};
 use crate::train::data::Batch;
+use crate::train::passes::LossValue;
 use crate::train::passes::segmented::track_received;
 use crate::train::passes::step::{PassSettings, loss_of_outputs, scalar};
 use crate::value::{FloatValue, PhysTensor, Value};
@@ -91,7 +92,7 @@ struct Micro<'b> {
 /// and the state updates by parameter name.
 struct Forwarded {
     flight: InFlight,
-    loss: f64,
+    loss: LossValue,
     state: Vec<(String, PhysTensor)>,
 }
 
@@ -171,7 +172,7 @@ impl StageExec<'_> {
             .collect();
         let mut acc = GradientsAccumulator::<OnnxModel>::new();
         let mut state = Vec::new();
-        let mut loss_sum = 0.0;
+        let mut losses = Vec::new();
         let shape = Shape {
             ranks: self.partition.ranks,
             chunks: chunks.len(),
@@ -186,7 +187,7 @@ impl StageExec<'_> {
                         seed: seeds[j],
                     };
                     let f = self.forward(&mut chunks[chunk], m, c, scale)?;
-                    loss_sum += f.loss;
+                    losses.push(f.loss);
                     state.extend(f.state);
                     flights[chunk][j] = Some(f.flight);
                 }
@@ -216,6 +217,8 @@ impl StageExec<'_> {
         }
         self.mailbox.check_empty()?;
         *model = model.clone().apply_named_state(state)?;
+        // Read once every backward of the batch is launched.
+        let loss_sum = losses.iter().map(LossValue::read).sum();
         Ok(StageResult {
             grads: acc.grads(),
             loss_sum,
@@ -371,10 +374,10 @@ impl StageExec<'_> {
         received: Vec<FloatValue>,
         c: &PassSettings,
         scale: f64,
-    ) -> Result<(Tracked, f64)> {
+    ) -> Result<(Tracked, LossValue)> {
         if self.last(stage) {
             let step = loss_of_outputs(out, m.batch, c, self.device, Mode::Train)?;
-            let loss = f64::from(scalar(step.loss.clone()));
+            let loss = LossValue::on_device(&step.loss);
             let tracked = Tracked {
                 received,
                 sent: Vec::new(),
@@ -388,7 +391,7 @@ impl StageExec<'_> {
             sent,
             loss: None,
         };
-        Ok((tracked, 0.0))
+        Ok((tracked, LossValue::Read(0.0)))
     }
 
     fn backward(&self, chunk: &Chunk, micro: usize, flight: Tracked) -> Result<GradientsParams> {

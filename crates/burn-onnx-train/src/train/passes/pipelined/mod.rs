@@ -19,7 +19,9 @@ use crate::model::OnnxModel;
 use crate::parallel::pipeline::{Partition, PipelineSchedule};
 use crate::train::data::{Batch, Prefetcher};
 use crate::train::passes::step::PassSettings;
-use crate::train::passes::{Accumulated, LoopTotals, MicroResult, Passes, accumulation_loop};
+use crate::train::passes::{
+    Accumulated, LoopTotals, LossValue, MicroResult, Passes, UpdateLoss, accumulation_loop,
+};
 use crate::util::seeds::mix_seed;
 use executor::StageExec;
 
@@ -145,18 +147,18 @@ impl Passes for Pipelined {
             let out = exec.run(model, &parts, c, self.schedule, &seeds, scale)?;
             acc.accumulate(model, out.grads);
             Ok(MicroResult {
-                loss: out.loss_sum / m as f64,
+                loss: LossValue::Read(out.loss_sum / m as f64),
                 waited: out.waited,
             })
         })?;
         let mut grads = acc.grads();
         self.sum_shared(model, &mut grads)?;
         // The last stage computed the loss; every rank reports it.
-        let mut loss = [totals.loss as f32];
+        let mut loss = [totals.loss.mean() as f32];
         let last = self.partition.rank_of(self.partition.stages.len() - 1);
         self.comm.broadcast(&mut loss, last)?;
         let totals = LoopTotals {
-            loss: f64::from(loss[0]),
+            loss: UpdateLoss::read(f64::from(loss[0])),
             ..totals
         };
         Ok(totals.into_update(grads, burn_ort_dist::SyncTimes::default()))
