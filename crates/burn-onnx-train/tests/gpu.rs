@@ -37,7 +37,8 @@ use common::activation_checks::{
     activation_problem, check_gelu_tanh, check_layer_norm, check_softmax, check_tanh,
 };
 use common::fused_checks::{
-    check, check_clipped_with_a_replaced_value, check_cross_entropy, host, host2,
+    check, check_clipped_with_a_replaced_value, check_cross_entropy,
+    check_scaled_update_skips_on_overflow, host, host2,
 };
 use common::refkit_train::*;
 use common::*;
@@ -928,6 +929,13 @@ fn gpu_fused_adam_matches_burns_adam_and_their_records_interchange() {
 fn gpu_fused_clipped_step_matches_burns_and_notices_a_replaced_value() {
     check_clipped_with_a_replaced_value(OptimizerKind::Adamw, gpu().autodiff());
     check_clipped_with_a_replaced_value(OptimizerKind::Lamb, gpu().autodiff());
+}
+
+#[test]
+fn gpu_fused_update_divides_loss_scaled_gradients_and_skips_itself_on_overflow() {
+    check_scaled_update_skips_on_overflow(OptimizerKind::Adamw, gpu().autodiff());
+    check_scaled_update_skips_on_overflow(OptimizerKind::Adam, gpu().autodiff());
+    check_scaled_update_skips_on_overflow(OptimizerKind::Lamb, gpu().autodiff());
 }
 
 #[test]

@@ -49,7 +49,8 @@ pub use storage::record::{
 pub use update::grad_norm::{GradNorm, clip_grad_norm};
 pub use update::replica_optimizer::ReplicaOptimizer;
 pub use update::strategy::{
-    MemoryUse, ModelParallel, Replicated, StateContent, StateFile, UpdateReport, UpdateStrategy,
+    MemoryUse, ModelParallel, Replicated, ScaledUpdate, StateContent, StateFile, UpdateReport,
+    UpdateStrategy,
 };
 pub use update::zero::Zero;
 

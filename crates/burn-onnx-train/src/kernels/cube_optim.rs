@@ -48,6 +48,37 @@ fn owner(chunk_starts: &Tensor<f32>, chunk: usize) -> usize {
     lo
 }
 
+/// How an update reads the clip buffer `[sum of squares, factor, finite]` of
+/// [`clip_factor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClipMode {
+    /// No buffer: the gradients as they are.
+    None,
+    /// Each gradient multiplied by the factor.
+    Scale,
+    /// Each gradient multiplied by the factor, and nothing written at all when the buffer
+    /// says a gradient was inf or NaN (a loss-scaled update, skipped on overflow).
+    ScaleOrSkip,
+}
+
+impl ClipMode {
+    /// Whether the gradients are multiplied by the factor.
+    pub fn scales(self) -> bool {
+        self != ClipMode::None
+    }
+}
+
+/// Whether the update runs: always, except under [`ClipMode::ScaleOrSkip`] with a
+/// gradient that was not finite.
+#[cube]
+fn runs(clip: &Tensor<f32>, #[comptime] mode: ClipMode) -> bool {
+    let mut run = true;
+    if comptime![mode == ClipMode::ScaleOrSkip] {
+        run = clip[2] == 1.0;
+    }
+    run
+}
+
 /// Burn's moment update at `i` for gradient `g` (`m = m b1 + g (1 - b1)`,
 /// `v = v b2 + g^2 (1 - b2)`), returning Adam's direction `m^ / (sqrt(v^) + eps)`.
 #[cube]
@@ -67,7 +98,7 @@ fn adam_direction(
 
 /// Adam (`decoupled` false: L2 decay `factors[t]` added to the gradient) or AdamW
 /// (`decoupled`: the parameter multiplied by `factors[t] = 1 - lr * decay` first); with
-/// `clipped`, each gradient multiplied by `clip[1]` first ([`clip_factor`]).
+/// a clip buffer ([`ClipMode`]), each gradient multiplied by `clip[1]` first.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn adam_kernel(
@@ -81,11 +112,11 @@ fn adam_kernel(
     clip: &Tensor<f32>,
     #[comptime] chunk: u32,
     #[comptime] decoupled: bool,
-    #[comptime] clipped: bool,
+    #[comptime] mode: ClipMode,
 ) {
     let c = CUBE_POS;
     let size = chunk as usize;
-    if c * size < params.len() {
+    if c * size < params.len() && runs(clip, mode) {
         let lr = hyper[0];
         let f = factors[owner(chunk_starts, c)];
         let mut j = UNIT_POS_X as usize;
@@ -93,7 +124,7 @@ fn adam_kernel(
             let i = c * size + j;
             let p = params[i];
             let mut g = grads[i];
-            if comptime![clipped] {
+            if comptime![mode.scales()] {
                 g *= clip[1];
             }
             if !comptime![decoupled] {
@@ -112,7 +143,7 @@ fn adam_kernel(
 
 /// LAMB's direction `u = m^ / (sqrt(v^) + eps) + p * decay` into `direction`, and the
 /// chunk's sums of `p^2` and `u^2` into `partials[2c]`, `partials[2c + 1]`; with
-/// `clipped`, each gradient multiplied by `clip[1]` first.
+/// a clip buffer ([`ClipMode`]), each gradient multiplied by `clip[1]` first.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn lamb_direction_kernel(
@@ -128,11 +159,11 @@ fn lamb_direction_kernel(
     clip: &Tensor<f32>,
     #[comptime] chunk: u32,
     #[comptime] threads: u32,
-    #[comptime] clipped: bool,
+    #[comptime] mode: ClipMode,
 ) {
     let c = CUBE_POS;
     let size = chunk as usize;
-    if c * size < params.len() {
+    if c * size < params.len() && runs(clip, mode) {
         let decay = factors[owner(chunk_starts, c)];
         let mut pp = f32::new(0.0);
         let mut uu = f32::new(0.0);
@@ -141,7 +172,7 @@ fn lamb_direction_kernel(
             let i = c * size + j;
             let p = params[i];
             let mut g = grads[i];
-            if comptime![clipped] {
+            if comptime![mode.scales()] {
                 g *= clip[1];
             }
             let u = adam_direction(g, moment_1, moment_2, i, hyper) + p * decay;
@@ -206,19 +237,22 @@ fn lamb_trust_kernel(
     }
 }
 
-/// `p = p - (u * trust[t]) * lr`.
+/// `p = p - (u * trust[t]) * lr` (not at all when [`ClipMode`] skips it).
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 fn lamb_apply_kernel(
     params: &mut Tensor<f32>,
     direction: &Tensor<f32>,
     chunk_starts: &Tensor<f32>,
     trust: &Tensor<f32>,
     hyper: &Tensor<f32>,
+    clip: &Tensor<f32>,
     #[comptime] chunk: u32,
+    #[comptime] mode: ClipMode,
 ) {
     let c = CUBE_POS;
     let size = chunk as usize;
-    if c * size < params.len() {
+    if c * size < params.len() && runs(clip, mode) {
         let lr = hyper[0];
         let ratio = trust[owner(chunk_starts, c)];
         let mut j = UNIT_POS_X as usize;
@@ -248,9 +282,9 @@ pub struct FlatBuffers {
     pub factors: CubeTensor,
     /// The step's scalars.
     pub hyper: CubeTensor,
-    /// `[sum of squares, factor]` of a clipped update ([`clip_factor`]): every gradient is
-    /// multiplied by the factor as it is read; `None`: taken as it is.
-    pub clip: Option<CubeTensor>,
+    /// The clip buffer of [`clip_factor`] and how the update reads it (`None`: the
+    /// gradients as they are, [`ClipMode::None`]).
+    pub clip: Option<(CubeTensor, ClipMode)>,
 }
 
 /// Copies `src` into `flat[start..end]`, zeros past `src`'s end, for unit `i` of the part.
@@ -346,12 +380,12 @@ fn readable(t: CubeTensor, what: &str) -> CubeTensor {
     burn_cubecl::kernel::into_contiguous(t)
 }
 
-/// The clip buffer to bind and whether the kernel reads it (unclipped: `hyper` is bound in
+/// The clip buffer to bind and how the kernel reads it (without one, `hyper` is bound in
 /// its place and never read).
-fn clip_arg(clip: Option<CubeTensor>, hyper: &CubeTensor) -> (CubeTensor, bool) {
+fn clip_arg(clip: Option<(CubeTensor, ClipMode)>, hyper: &CubeTensor) -> (CubeTensor, ClipMode) {
     match clip {
-        Some(c) => (readable(c, "the clip factor"), true),
-        None => (hyper.clone(), false),
+        Some((c, mode)) => (readable(c, "the clip factor"), mode),
+        None => (hyper.clone(), ClipMode::None),
     }
 }
 
@@ -390,13 +424,17 @@ fn cube_sum(value: f32, #[comptime] threads: u32) -> f32 {
     shared[0]
 }
 
-/// One cube: `out = [sum of partials, factor]`, the factor `clip_grad_norm_`'s
-/// `max_norm / (norm + 1e-6)` when the norm exceeds `max_norm` (> 0), else 1.
+/// One cube: `out = [sum of squares, factor, finite]` of gradients multiplied by `1 /
+/// unscale` (a loss scale; 1 without one): the sum of squares of the divided gradients,
+/// `unscale` times `clip_grad_norm_`'s `max_norm / (norm + 1e-6)` when their norm exceeds
+/// `max_norm` (> 0) (else `unscale`), and 1 when the sum is finite, 0 when a gradient was
+/// inf or NaN (or the sum overflowed).
 #[cube(launch)]
 fn clip_factor_kernel(
     partials: &Tensor<f32>,
     out: &mut Tensor<f32>,
     max_norm: f32,
+    unscale: f32,
     #[comptime] threads: u32,
 ) {
     let mut sum = f32::new(0.0);
@@ -407,26 +445,32 @@ fn clip_factor_kernel(
     }
     let squares = cube_sum(sum, threads);
     if UNIT_POS_X == 0 {
-        let norm = f32::sqrt(squares);
-        let mut factor = f32::new(1.0);
+        let norm = f32::sqrt(squares) * unscale;
+        let mut factor = unscale;
         if max_norm > 0.0 && norm > max_norm {
-            factor = max_norm / (norm + 1e-6);
+            factor = unscale * (max_norm / (norm + 1e-6));
         }
-        out[0] = squares;
+        let mut finite = f32::new(1.0);
+        if f32::is_nan(squares) || f32::is_inf(squares) {
+            finite = 0.0;
+        }
+        out[0] = squares * unscale * unscale;
         out[1] = factor;
+        out[2] = finite;
     }
 }
 
-/// `[sum of squares, clip factor]` of the flat gradient `grads` (a whole number of chunks)
-/// for the limit `max_norm` (0: factor 1), on the device: two launches.
-pub fn clip_factor(grads: CubeTensor, max_norm: f32) -> CubeTensor {
+/// `[sum of squares, factor, finite]` of the flat gradient `grads` (a whole number of
+/// chunks) divided by a loss scale (`unscale` = 1 / scale; 1 without one), for the limit
+/// `max_norm` (0: no clipping), on the device ([`clip_factor_kernel`]): two launches.
+pub fn clip_factor(grads: CubeTensor, max_norm: f32, unscale: f32) -> CubeTensor {
     let grads = readable(grads, "gradients");
     let (client, device) = (grads.client.clone(), grads.device.clone());
     let chunks = grads.shape().num_elements() / CHUNK;
     let empty = |len: usize| {
         empty_device_contiguous_dtype(client.clone(), device.clone(), [len].into(), DType::F32)
     };
-    let (partials, out) = (empty(chunks), empty(2));
+    let (partials, out) = (empty(chunks), empty(3));
     let dim = CubeDim::new_1d(THREADS);
     chunk_squares_kernel::launch(
         &client,
@@ -444,6 +488,7 @@ pub fn clip_factor(grads: CubeTensor, max_norm: f32) -> CubeTensor {
         partials.into_tensor_arg(),
         out.clone().into_tensor_arg(),
         max_norm,
+        unscale,
         THREADS,
     );
     out
@@ -460,7 +505,7 @@ pub fn adam(b: FlatBuffers, decoupled: bool) -> (CubeTensor, CubeTensor, CubeTen
     let chunks = params.shape().num_elements() / CHUNK;
     let dim = CubeDim::new_1d(THREADS);
     let hyper = readable(b.hyper, "hyper-parameters");
-    let (clip, clipped) = clip_arg(b.clip, &hyper);
+    let (clip, mode) = clip_arg(b.clip, &hyper);
     adam_kernel::launch(
         &client,
         calculate_cube_count_elemwise(&client, chunks * THREADS as usize, dim),
@@ -475,7 +520,7 @@ pub fn adam(b: FlatBuffers, decoupled: bool) -> (CubeTensor, CubeTensor, CubeTen
         clip.into_tensor_arg(),
         CHUNK as u32,
         decoupled,
-        clipped,
+        mode,
     );
     (params, m1, m2)
 }
@@ -501,7 +546,7 @@ pub fn lamb(b: FlatBuffers) -> (CubeTensor, CubeTensor, CubeTensor) {
     let (direction, partials, trust) = (empty(n), empty(2 * chunks), empty(tensors));
     let dim = CubeDim::new_1d(THREADS);
     let per_chunk = calculate_cube_count_elemwise(&client, chunks * THREADS as usize, dim);
-    let (clip, clipped) = clip_arg(b.clip, &hyper);
+    let (clip, mode) = clip_arg(b.clip, &hyper);
     lamb_direction_kernel::launch(
         &client,
         per_chunk.clone(),
@@ -515,10 +560,10 @@ pub fn lamb(b: FlatBuffers) -> (CubeTensor, CubeTensor, CubeTensor) {
         starts.clone().into_tensor_arg(),
         readable(b.factors, "factors").into_tensor_arg(),
         hyper.clone().into_tensor_arg(),
-        clip.into_tensor_arg(),
+        clip.clone().into_tensor_arg(),
         CHUNK as u32,
         THREADS,
-        clipped,
+        mode,
     );
     lamb_trust_kernel::launch(
         &client,
@@ -538,7 +583,9 @@ pub fn lamb(b: FlatBuffers) -> (CubeTensor, CubeTensor, CubeTensor) {
         starts.into_tensor_arg(),
         trust.into_tensor_arg(),
         hyper.into_tensor_arg(),
+        clip.into_tensor_arg(),
         CHUNK as u32,
+        mode,
     );
     (params, m1, m2)
 }

@@ -20,6 +20,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::PathBuf;
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use super::cube_optim::ClipMode;
 use super::host_optim::{HostRule, HostSlot, InPlace};
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use super::offload_step;
@@ -511,7 +513,7 @@ fn update_in_place<M: Module>(module: M, mut update: InPlace) -> DistResult<M> {
 fn on_device<M: Module>(
     flat: &mut Flat,
     module: M,
-    (grads, clip): (Tensor<1>, Option<Tensor<1>>),
+    (grads, clip): (Tensor<1>, Option<(Tensor<1>, ClipMode)>),
     step: AdamStep,
     factors: &[f32],
     rule: Rule,
@@ -731,16 +733,51 @@ impl FusedAdam {
         let rule = self.rule;
         let flat = self.flat.as_mut().expect("laid out by begin_step");
         let grads = laid_end_to_end(grads, &flat.slots, flat.len, &flat.device);
-        let clip = ops::clip_factor(grads.clone(), max_norm);
+        let clip = ops::clip_factor(grads.clone(), max_norm, 1.0);
         let module = on_device(
             flat,
             module,
-            (grads, Some(clip.clone())),
+            (grads, Some((clip.clone(), ClipMode::Scale))),
             step,
             &factors,
             rule,
         );
         Ok((module, GradNorm::OnDevice(clip)))
+    }
+
+    /// [`ReplicaOptimizer::step_scaled`] on a CubeCL device: as
+    /// [`Self::step_clipped_on_device`], the gradients divided by `scale` by the same
+    /// factor that clips them, and the update kernel writing nothing when their sum of
+    /// squares is not finite. The buffer is read once the update is launched (the next
+    /// forward's loss scale depends on it); on overflow the step is not counted.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn step_scaled_on_device<M: Module>(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut grads: GradientsParams,
+        max_norm: f32,
+        scale: f32,
+    ) -> DistResult<(M, GradNorm, bool)> {
+        let (grads, step, factors) = self.begin_step(lr, &module, &mut grads, None)?;
+        let rule = self.rule;
+        let flat = self.flat.as_mut().expect("laid out by begin_step");
+        let grads = laid_end_to_end(grads, &flat.slots, flat.len, &flat.device);
+        let clip = ops::clip_factor(grads.clone(), max_norm, 1.0 / scale);
+        let grads_and_clip = (grads, Some((clip.clone(), ClipMode::ScaleOrSkip)));
+        let module = on_device(flat, module, grads_and_clip, step, &factors, rule);
+        let read = clip
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .map_err(|e| invalid(format!("cannot read the gradient norm: {e:?}")))?;
+        let overflow = read[2] != 1.0;
+        if overflow {
+            flat.time -= 1;
+            return Ok((module, GradNorm::Read(f32::INFINITY), true));
+        }
+        let norm = f64::from(read[0]).max(0.0).sqrt() as f32;
+        Ok((module, GradNorm::Read(norm), false))
     }
 
     /// Whether this step runs on the CubeCL device `module` is on (not offloaded to the
@@ -774,6 +811,34 @@ impl ReplicaOptimizer for FusedAdam {
             return self.step_clipped_on_device(lr, module, grads, max_norm);
         }
         clip_then_step(self, lr, module, grads, max_norm)
+    }
+
+    fn steps_scaled<M: Module>(&self, module: &M) -> bool {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        return !self.host_update && self.updates_on_device(module);
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        {
+            let _ = module;
+            false
+        }
+    }
+
+    fn step_scaled<M: Module>(
+        &mut self,
+        lr: f64,
+        module: M,
+        grads: GradientsParams,
+        max_norm: f32,
+        scale: f32,
+    ) -> DistResult<(M, GradNorm, bool)> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if self.steps_scaled(&module) {
+            return self.step_scaled_on_device(lr, module, grads, max_norm, scale);
+        }
+        let _ = (lr, module, grads, max_norm, scale);
+        Err(invalid(
+            "fused optimizer: loss-scaled gradients are divided in the update on CubeCL devices only".into(),
+        ))
     }
 
     fn record_bytes(&self) -> DistResult<Bytes> {
@@ -840,7 +905,7 @@ mod ops {
     use burn::tensor::Tensor;
     use burn_ort_dist::update::zero::flat_optim::Rule;
 
-    use crate::kernels::cube_optim::{self, FlatBuffers};
+    use crate::kernels::cube_optim::{self, ClipMode, FlatBuffers};
 
     pub struct Buffers {
         pub params: Tensor<1>,
@@ -850,7 +915,7 @@ mod ops {
         pub chunk_starts: Tensor<1>,
         pub factors: Tensor<1>,
         pub hyper: Tensor<1>,
-        pub clip: Option<Tensor<1>>,
+        pub clip: Option<(Tensor<1>, ClipMode)>,
     }
 
     #[backend_extension(Cube)]
@@ -867,13 +932,14 @@ mod ops {
             factors: FloatTensor<Self>,
             hyper: FloatTensor<Self>,
             clip: FloatTensor<Self>,
-            clipped: bool,
+            mode: ClipMode,
             lamb: bool,
             decoupled: bool,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-        /// `[sum of squares, clip factor]` of the flat gradient `grads` for the limit
-        /// `max_norm` (see `cube_optim::clip_factor`).
-        fn clip_factor(grads: FloatTensor<Self>, max_norm: f32) -> FloatTensor<Self>;
+        /// `[sum of squares, factor, finite]` of the flat gradient `grads` divided by a
+        /// loss scale (`unscale` = 1 / scale) for the limit `max_norm` (see
+        /// `cube_optim::clip_factor`).
+        fn clip_factor(grads: FloatTensor<Self>, max_norm: f32, unscale: f32) -> FloatTensor<Self>;
         /// Parts `a`, `b`, `c`, `d` written into `flat` at `starts`, zeros after each up
         /// to its `ends` entry (a part whose entries are equal writes nothing); returns
         /// `flat`.
@@ -899,7 +965,7 @@ mod ops {
             factors: FloatTensor<Self>,
             hyper: FloatTensor<Self>,
             clip: FloatTensor<Self>,
-            clipped: bool,
+            mode: ClipMode,
             lamb: bool,
             decoupled: bool,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
@@ -911,7 +977,7 @@ mod ops {
                 chunk_starts,
                 factors,
                 hyper,
-                clip: clipped.then_some(clip),
+                clip: mode.scales().then_some((clip, mode)),
             };
             if lamb {
                 cube_optim::lamb(b)
@@ -932,16 +998,17 @@ mod ops {
             cube_optim::lay_out_four(flat, [a, b, c, d], starts, ends)
         }
 
-        fn clip_factor(grads: FloatTensor<Self>, max_norm: f32) -> FloatTensor<Self> {
-            cube_optim::clip_factor(grads, max_norm)
+        fn clip_factor(grads: FloatTensor<Self>, max_norm: f32, unscale: f32) -> FloatTensor<Self> {
+            cube_optim::clip_factor(grads, max_norm, unscale)
         }
     }
 
     /// See [`MultiTensorOps::clip_factor`].
-    pub fn clip_factor(grads: Tensor<1>, max_norm: f32) -> Tensor<1> {
+    pub fn clip_factor(grads: Tensor<1>, max_norm: f32, unscale: f32) -> Tensor<1> {
         Tensor::from_dispatch(<burn::backend::Dispatch as MultiTensorOps>::clip_factor(
             grads.into_dispatch(),
             max_norm,
+            unscale,
         ))
     }
 
@@ -966,9 +1033,8 @@ mod ops {
     }
 
     pub fn update(b: Buffers, rule: Rule) -> (Tensor<1>, Tensor<1>, Tensor<1>) {
-        let clipped = b.clip.is_some();
-        // Unclipped: the hyper-parameters are bound in the clip's place, never read.
-        let clip = b.clip.unwrap_or_else(|| b.hyper.clone());
+        // Without a clip buffer the hyper-parameters are bound in its place, never read.
+        let (clip, mode) = b.clip.unwrap_or_else(|| (b.hyper.clone(), ClipMode::None));
         let (p, m1, m2) = <burn::backend::Dispatch as MultiTensorOps>::multi_tensor_update(
             b.params.into_dispatch(),
             b.grads.into_dispatch(),
@@ -978,7 +1044,7 @@ mod ops {
             b.factors.into_dispatch(),
             b.hyper.into_dispatch(),
             clip.into_dispatch(),
-            clipped,
+            mode,
             matches!(rule, Rule::Lamb { .. }),
             matches!(rule, Rule::AdamW { .. }),
         );

@@ -14,7 +14,7 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{FloatDType, Tensor};
-use burn_ort_dist::{Communicator, ReduceOp, UpdateReport, UpdateStrategy};
+use burn_ort_dist::{Communicator, ReduceOp, ScaledUpdate, UpdateReport, UpdateStrategy};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{OnnxError, Result};
@@ -111,9 +111,11 @@ impl LossScaler {
     }
 
     /// One optimizer update through `strategy`: `grads` (of the scaled loss) are divided by
-    /// the scale first; when any gradient on any rank of `world` is inf or NaN every rank
-    /// skips the update (the model comes back unchanged, the reported norm is inf) and a
-    /// dynamic scale halves. Without scaling this is `strategy.update`, nothing added.
+    /// the scale first (inside the update, where the strategy can:
+    /// [`UpdateStrategy::update_scaled`]); when any gradient on any rank of `world` is inf
+    /// or NaN every rank skips the update (the model comes back unchanged, the reported norm
+    /// is inf) and a dynamic scale halves. Without scaling this is `strategy.update`,
+    /// nothing added.
     #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,
@@ -121,13 +123,38 @@ impl LossScaler {
         world: &dyn Communicator,
         lr: f64,
         model: OnnxModel,
-        mut grads: GradientsParams,
+        grads: GradientsParams,
         max_norm: f32,
         tensor_norms: bool,
     ) -> Result<(OnnxModel, UpdateReport)> {
         if !self.dynamic && self.state.scale == 1.0 {
             return Ok(strategy.update(lr, model, grads, max_norm, tensor_norms)?);
         }
+        // A fused optimizer on a GPU divides the gradients in its own update and skips it
+        // on overflow: no pass of its own over every gradient.
+        let (model, mut grads) = match strategy.update_scaled(
+            lr,
+            model,
+            grads,
+            (max_norm, tensor_norms),
+            (self.state.scale, world.world_size()),
+        )? {
+            ScaledUpdate::Done {
+                module,
+                report,
+                overflow,
+            } => {
+                if overflow {
+                    tracing::warn!(
+                        scale = self.state.scale,
+                        "inf/NaN gradients: update skipped"
+                    );
+                }
+                self.update(overflow);
+                return Ok((module, report));
+            }
+            ScaledUpdate::Declined(model, grads) => (model, grads),
+        };
         let overflow = self.unscale(&model, &mut grads, world)?;
         let result = if overflow {
             tracing::warn!(

@@ -30,6 +30,29 @@ pub trait ReplicaOptimizer {
     ) -> DistResult<(M, GradNorm)> {
         clip_then_step(self, lr, module, grads, max_norm)
     }
+    /// Whether [`Self::step_scaled`] can update `module` (false by default).
+    fn steps_scaled<M: Module>(&self, module: &M) -> bool {
+        let _ = module;
+        false
+    }
+    /// [`Self::step_clipped`] of `grads` (already synchronised) still multiplied by the
+    /// loss scale `scale`: divided inside the step, and the step skipped (module and state
+    /// untouched) when one of them is inf or NaN. Returns the module, the norm of the
+    /// divided gradients (inf when skipped) and whether it was skipped. Only where
+    /// [`Self::steps_scaled`] says so.
+    fn step_scaled<M: Module>(
+        &mut self,
+        lr: f64,
+        module: M,
+        grads: GradientsParams,
+        max_norm: f32,
+        scale: f32,
+    ) -> DistResult<(M, GradNorm, bool)> {
+        let _ = (lr, module, grads, max_norm, scale);
+        Err(state_error(
+            "this optimizer does not divide loss-scaled gradients itself".into(),
+        ))
+    }
     /// The state as Burn's optimizer record (burn-pack bytes).
     fn record_bytes(&self) -> DistResult<Bytes>;
     /// Write the state as the optimizer's safetensors file (`record_safetensors`) to `w`;

@@ -17,6 +17,7 @@ use burn::tensor::Tensor;
 use crate::comm::communicator::{Communicator, ReduceOp};
 use crate::error::{DistError, DistResult, state_error};
 use crate::grads::data_parallel::DataParallel;
+use crate::grads::grad_sync::Reduction;
 use crate::storage::record::{REPLICATED_STATE_FILE, merged_record};
 use crate::update::grad_norm::{GradNorm, clip, grad_squares, total_norm};
 use crate::update::replica_optimizer::ReplicaOptimizer;
@@ -51,6 +52,23 @@ impl UpdateReport {
             tensor_grad_norms,
         }
     }
+}
+
+/// An update of gradients still multiplied by a loss scale ([`UpdateStrategy::update_scaled`]).
+pub enum ScaledUpdate<M> {
+    /// The strategy divided the gradients inside its update.
+    Done {
+        /// The updated module (unchanged when `overflow`).
+        module: M,
+        /// The norm of the divided gradients (inf when `overflow`).
+        report: UpdateReport,
+        /// A gradient was inf or NaN: the update was skipped on every rank (weights and
+        /// optimizer state untouched).
+        overflow: bool,
+    },
+    /// The strategy does not divide inside its update: the module and the gradients,
+    /// untouched, for the caller to divide first and [`UpdateStrategy::update`].
+    Declined(M, GradientsParams),
 }
 
 /// Bytes one rank holds for training, by kind.
@@ -167,6 +185,21 @@ pub trait UpdateStrategy<M: Module> {
         max_norm: f32,
         tensor_norms: bool,
     ) -> DistResult<(M, UpdateReport)>;
+    /// [`Self::update`] of `grads` still multiplied by a loss scale (`scale`), where this
+    /// strategy divides them inside its update and skips it when a gradient on any of the
+    /// run's `world_size` ranks is inf or NaN (a fused optimizer on a GPU: no pass of its
+    /// own over the gradients); [`ScaledUpdate::Declined`] by default.
+    fn update_scaled(
+        &mut self,
+        lr: f64,
+        module: M,
+        grads: GradientsParams,
+        (max_norm, tensor_norms): (f32, bool),
+        (scale, world_size): (f64, usize),
+    ) -> DistResult<ScaledUpdate<M>> {
+        let _ = (lr, max_norm, tensor_norms, scale, world_size);
+        Ok(ScaledUpdate::Declined(module, grads))
+    }
     /// What this rank holds.
     fn memory(&self) -> MemoryUse;
     /// The files of optimizer state this rank writes into a checkpoint directory.
@@ -202,6 +235,19 @@ impl<O: ReplicaOptimizer> Replicated<O> {
     }
 }
 
+impl<O: ReplicaOptimizer> Replicated<O> {
+    /// Note what this rank holds for `module`.
+    fn count_memory<M: Module>(&mut self, module: &M) {
+        let mut census = Census::default();
+        module.visit(&mut census);
+        self.memory = MemoryUse {
+            optimizer_state_bytes: 0,
+            gradient_bytes: census.trainable * 4,
+            parameter_bytes: census.elements * 4,
+        };
+    }
+}
+
 impl<M: Module, O: ReplicaOptimizer> UpdateStrategy<M> for Replicated<O> {
     fn update(
         &mut self,
@@ -212,13 +258,7 @@ impl<M: Module, O: ReplicaOptimizer> UpdateStrategy<M> for Replicated<O> {
         tensor_norms: bool,
     ) -> DistResult<(M, UpdateReport)> {
         self.ddp.sync(&module, &mut grads)?;
-        let mut census = Census::default();
-        module.visit(&mut census);
-        self.memory = MemoryUse {
-            optimizer_state_bytes: 0,
-            gradient_bytes: census.trainable * 4,
-            parameter_bytes: census.elements * 4,
-        };
+        self.count_memory(&module);
         // The optimizer measures and clips when nothing asks for a norm per parameter and
         // no other model part adds its squares.
         if !tensor_norms && self.model_parallel.is_none() {
@@ -231,6 +271,39 @@ impl<M: Module, O: ReplicaOptimizer> UpdateStrategy<M> for Replicated<O> {
         clip(&module, &mut grads, grad_norm, max_norm);
         let report = UpdateReport::new(grad_norm, norms, tensor_norms);
         Ok((self.optim.step(lr, module, grads)?, report))
+    }
+
+    /// Taken when every rank of the run is a replica of this one (then each holds the same
+    /// averaged gradients: an inf or NaN on one reaches all, and all skip), nothing asks
+    /// for per-parameter norms, the gradients cross the wire in f32 (as f16, a scaled
+    /// gradient could overflow where its divided value would not) and the optimizer
+    /// divides them itself.
+    fn update_scaled(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut grads: GradientsParams,
+        (max_norm, tensor_norms): (f32, bool),
+        (scale, world_size): (f64, usize),
+    ) -> DistResult<ScaledUpdate<M>> {
+        let taken = !tensor_norms
+            && self.model_parallel.is_none()
+            && self.ddp.reduction() != Reduction::MeanFp16
+            && self.ddp.comm().world_size() == world_size
+            && self.optim.steps_scaled(&module);
+        if !taken {
+            return Ok(ScaledUpdate::Declined(module, grads));
+        }
+        self.ddp.sync(&module, &mut grads)?;
+        self.count_memory(&module);
+        let (module, norm, overflow) =
+            self.optim
+                .step_scaled(lr, module, grads, max_norm, scale as f32)?;
+        Ok(ScaledUpdate::Done {
+            module,
+            report: UpdateReport::new(norm, [], false),
+            overflow,
+        })
     }
 
     fn memory(&self) -> MemoryUse {

@@ -158,6 +158,8 @@ pub struct RandomGrads {
     scale: f32,
     device: Device,
     grads: GradientsParams,
+    /// Make the first value of the first gradient infinite.
+    poison: bool,
 }
 
 impl ModuleVisitor for RandomGrads {
@@ -168,21 +170,31 @@ impl ModuleVisitor for RandomGrads {
         }
         let dims = t.dims();
         let n: usize = dims.iter().product();
-        let values: Vec<f32> = (0..n)
+        let mut values: Vec<f32> = (0..n)
             .map(|_| ((self.next)() % 10_000) as f32 / 10_000.0 - 0.5)
             .map(|v| v * self.scale)
             .collect();
+        if std::mem::take(&mut self.poison) {
+            values[0] = f32::INFINITY;
+        }
         let g = Tensor::<D>::from_data(TensorData::new(values, dims), &self.device);
         self.grads.register(param.id, g);
     }
 }
 
 pub fn grads(model: &OnnxModel, step: u64) -> GradientsParams {
+    scaled_grads(model, step, 1.0, false)
+}
+
+/// [`grads`] multiplied by `loss_scale` (a power of two: exactly), with an infinite value
+/// when `poison`.
+fn scaled_grads(model: &OnnxModel, step: u64, loss_scale: f32, poison: bool) -> GradientsParams {
     let mut r = RandomGrads {
         next: Box::new(lcg(step + 11)),
-        scale: 1.0 / (step as f32 + 1.0),
+        scale: loss_scale / (step as f32 + 1.0),
         device: model.device().inner(),
         grads: GradientsParams::new(),
+        poison,
     };
     model.visit(&mut r);
     r.grads
@@ -322,5 +334,64 @@ pub fn check_clipped_with_a_replaced_value(kind: OptimizerKind, device: Device) 
         // per-parameter sums), and so do the updates; a stale value is off by its size.
         let what = format!("{kind:?}, clipped, step {step}");
         assert_within(&what, &a, &b, &initial, 1e-5);
+    }
+}
+
+/// The fused optimizer dividing loss-scaled gradients in its own update (a GPU's path: the
+/// division folded into the clip factor, the update skipped on the device on overflow)
+/// against Burn's optimizer stepping the divided gradients after the per-parameter clip,
+/// over four steps of which the second holds an infinite gradient: that step reports the
+/// overflow and an infinite norm and leaves every parameter as it was, and the next ones
+/// match Burn's optimizer that never saw it (the skipped step is not counted in Adam's
+/// bias correction).
+pub fn check_scaled_update_skips_on_overflow(kind: OptimizerKind, device: Device) {
+    let c = config(kind);
+    let initial = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
+    let mut fused = FusedAdam::new(flat_rule(&c), weight_decays(&c, &initial)).unwrap();
+    let mut burn = build_optimizer(&c, &initial);
+    assert!(
+        fused.steps_scaled(&initial),
+        "{kind:?}: the GPU path divides in the update"
+    );
+    let (mut a, mut b) = (initial.clone(), initial.clone());
+    let (max_norm, loss_scale) = (0.5, 1024.0);
+    for step in 0..4u64 {
+        let lr = 1e-2 / (step as f64 + 1.0);
+        let overflows = step == 1;
+        let scaled = scaled_grads(&initial, step, loss_scale, overflows);
+        let before = values(&a);
+        let (na, norm, overflow) = fused
+            .step_scaled(lr, a, scaled, max_norm, loss_scale)
+            .unwrap();
+        let norm = norm.value().unwrap();
+        a = na;
+        assert_eq!(
+            overflow, overflows,
+            "{kind:?} step {step}: overflow reported"
+        );
+        if overflows {
+            assert_eq!(norm, f32::INFINITY, "{kind:?}: a skipped step reports inf");
+            assert!(
+                values(&a) == before,
+                "{kind:?}: the skipped step moved a parameter"
+            );
+            continue;
+        }
+        let (nb, norm_b) = burn
+            .step_clipped(lr, b, grads(&initial, step), max_norm)
+            .unwrap();
+        b = nb;
+        let norm_b = norm_b.value().unwrap();
+        assert!(
+            norm_b > max_norm && (norm - norm_b).abs() <= 1e-5 * norm_b,
+            "{kind:?} step {step}: fused norm {norm}, per-parameter norm {norm_b} (limit {max_norm})"
+        );
+        assert_within(
+            &format!("{kind:?}, loss-scaled, step {step}"),
+            &a,
+            &b,
+            &initial,
+            1e-5,
+        );
     }
 }
