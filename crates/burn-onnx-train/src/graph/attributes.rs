@@ -208,3 +208,9 @@ pub const FUSED_ACTIVATION: &str = "__fused_activation";
 /// fill) + bias)`, the mask and the bias its optional second and third inputs (set by
 /// `crate::onnx::fusion::fuse_masked_softmax`).
 pub const MASKED_SOFTMAX: &str = "__masked_softmax";
+
+/// The attribute marking a Softmax that also computes the two products around it:
+/// `MatMul(Softmax(scores), v)` with `scores = MatMul(q, kt)` (scaled and masked as
+/// [`MASKED_SOFTMAX`] says, when it is there), the inputs `[q, kt, v, mask, bias]`, the
+/// output the second product's (set by `crate::onnx::fusion::fuse_attention_core`).
+pub const ATTENTION_CORE: &str = "__attention_core";

@@ -15,6 +15,8 @@
 //!   kept at its own period instead of broadcast to the scores' size (Flex);
 //! - [`masked_softmax`]: the attention softmax with its scaling and masking folded in,
 //!   one kernel each way over the scores (CubeCL);
+//! - [`attention_core`]: `softmax(masked(q kt)) v` keeping no scores or probabilities for
+//!   its backward, which makes them again (CubeCL);
 //! - [`matmul`]: the matrix product written by the GEMM into an uninitialised buffer, its
 //!   backward the same kernel on transposed views (Flex);
 //! - [`matmul_autocast`] (and [`matmul`] of f32 on CubeCL): the product writing f32 from
@@ -33,6 +35,7 @@
 //!   optimizer of replicated runs.
 
 mod activation;
+mod attention_core;
 mod conv;
 mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -63,6 +66,7 @@ mod transpose;
 mod unscale;
 
 pub use activation::{gelu_tanh, softmax, tanh};
+pub use attention_core::attention_core;
 pub use conv::conv2d;
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
 pub use fused_adam::FusedAdam;

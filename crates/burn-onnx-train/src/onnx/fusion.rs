@@ -21,10 +21,18 @@
 //!   whether it divides, the fill, the mask's polarity), so a CubeCL
 //!   device runs one kernel each way over the scores instead of five. Opset 13 and later
 //!   only (one axis). The scalars are read at load: constants by the trainability rule.
+//! - The two products around an attention softmax (`MatMul(Softmax(MatMul(q, kt)), v)`,
+//!   the Softmax masked or not, the scores and probabilities read by the pattern alone)
+//!   folded into the Softmax node, marked [`ATTENTION_CORE`], with inputs `[q, kt, v,
+//!   mask, bias]`: on CubeCL devices one op that keeps no `[batch, heads, seq, seq]`
+//!   tensor for its backward (`kernels::attention_core`). Runs after the masked softmax's
+//!   fusion.
 
 use std::collections::HashMap;
 
-use crate::graph::attributes::{Attr, Attributes, FUSED_ACTIVATION, MASKED_SOFTMAX};
+use crate::graph::attributes::{
+    ATTENTION_CORE, Attr, Attributes, FUSED_ACTIVATION, MASKED_SOFTMAX,
+};
 use crate::graph::{Graph, Node};
 use crate::ops;
 use crate::value::host_tensor::HostTensor;
@@ -171,6 +179,20 @@ impl<'a> View<'a> {
             vec![scale, divide, fill, keep_when],
             folded,
         ))
+    }
+
+    /// `value`, or the output of the Cast to f32 that alone reads it (Hugging Face casts
+    /// the attention probabilities to the values' type, a no-op in an f32 graph), with
+    /// that Cast.
+    fn through_float_cast(&self, value: &'a str) -> Option<(Option<usize>, &'a str)> {
+        let Some(r) = self.reader(value) else {
+            return Some((None, value));
+        };
+        let n = &self.graph.nodes[r];
+        if n.op_type != "Cast" {
+            return Some((None, value));
+        }
+        (n.attrs.int("to", 0).ok()? == 1).then(|| (Some(r), n.outputs[0].as_str()))
     }
 
     /// The only node reading `value`.
@@ -323,6 +345,58 @@ pub fn fuse_masked_softmax(graph: &mut Graph) -> usize {
         let node = &mut graph.nodes[*softmax];
         node.inputs = inputs.clone();
         node.attrs.set(MASKED_SOFTMAX, Attr::Floats(marks.clone()));
+    }
+    remove_nodes(graph, &drop);
+    found.len()
+}
+
+/// Fold the two products around every attention softmax into it (see the module's
+/// comment); returns how many.
+pub fn fuse_attention_core(graph: &mut Graph) -> usize {
+    if graph.opset < 13 {
+        return 0;
+    }
+    // (scores product, softmax, a Cast to f32 between, context product)
+    let found: Vec<(usize, usize, Option<usize>, usize)> = {
+        let view = View::new(graph);
+        graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.op_type == "Softmax" && !n.attrs.has(ATTENTION_CORE))
+            .filter_map(|(s, n)| {
+                let scores = view.sole(n.inputs.first()?, "MatMul")?;
+                let (cast, probabilities) = view.through_float_cast(&n.outputs[0])?;
+                let context = view.reader(probabilities)?;
+                let c = &graph.nodes[context];
+                (c.op_type == "MatMul"
+                    && c.inputs.first().map(String::as_str) == Some(probabilities))
+                .then_some((scores, s, cast, context))
+            })
+            .collect()
+    };
+    let mut drop = vec![false; graph.nodes.len()];
+    for &(scores, s, cast, context) in &found {
+        let [q, kt] = &graph.nodes[scores].inputs[..] else {
+            continue;
+        };
+        let mut inputs = vec![
+            q.clone(),
+            kt.clone(),
+            graph.nodes[context].inputs[1].clone(),
+        ];
+        inputs.extend(graph.nodes[s].inputs.iter().skip(1).cloned());
+        let mut softmax = graph.nodes[s].clone();
+        softmax.inputs = inputs;
+        softmax.outputs = graph.nodes[context].outputs.clone();
+        softmax.attrs.set(ATTENTION_CORE, Attr::Int(1));
+        // In the second product's place: `v` may be computed after the softmax.
+        graph.nodes[context] = softmax;
+        drop[scores] = true;
+        drop[s] = true;
+        if let Some(c) = cast {
+            drop[c] = true;
+        }
     }
     remove_nodes(graph, &drop);
     found.len()

@@ -457,6 +457,7 @@ impl Graph {
         crate::onnx::fusion::fuse_gelu(&mut graph);
         crate::onnx::fusion::fuse_conv_relu(&mut graph);
         crate::onnx::fusion::fuse_masked_softmax(&mut graph);
+        crate::onnx::fusion::fuse_attention_core(&mut graph);
         Ok(graph)
     }
 }

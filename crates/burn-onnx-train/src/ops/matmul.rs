@@ -69,7 +69,11 @@ fn matmul_values_in(a: FloatValue, b: FloatValue, low: Option<FloatDType>) -> Op
 /// `a x b` in the autocast precision, if any: on CubeCL devices each product reads the
 /// operands' low-precision casts and writes f32 itself; elsewhere the operands are cast
 /// down before the product and its result back after it ([`OpContext::autocast`]).
-fn autocast_product(ctx: &OpContext, a: FloatValue, b: FloatValue) -> OpResult<FloatValue> {
+pub(super) fn autocast_product(
+    ctx: &OpContext,
+    a: FloatValue,
+    b: FloatValue,
+) -> OpResult<FloatValue> {
     match ctx.autocast {
         Some(low) if kernels::runs_cubecl(ctx.device) => matmul_values_in(a, b, Some(low)),
         _ => ctx.autocast([a, b], |[a, b]| matmul_values(a, b)),

@@ -1,14 +1,15 @@
 //! `Softmax` and `LogSoftmax` (opset 13 semantics: along one axis; before opset 13 the
 //! input is flattened at `axis` into 2-D first, as the older spec says).
 
-use burn::tensor::{TensorData, activation};
+use burn::tensor::{FloatDType, TensorData, activation};
 use ndarray::ArrayD;
 
 use super::broadcast::{broadcast_shapes, float_binary};
 use super::compare::where_floats;
+use super::matmul::autocast_product;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
-use crate::graph::attributes::MASKED_SOFTMAX;
+use crate::graph::attributes::{ATTENTION_CORE, MASKED_SOFTMAX};
 use crate::kernels::{self, masked_softmax_fused_here};
 use crate::op_bail;
 use crate::value::{FloatValue, MAX_RANK, PhysTensor, Value, norm_axis, padded};
@@ -35,46 +36,87 @@ fn along_axis(
 }
 
 /// `Softmax`, with the scaling and masking of its input folded in where the graph had
-/// them ([`MASKED_SOFTMAX`]).
+/// them ([`MASKED_SOFTMAX`]), and with the products around it where the graph had those
+/// ([`ATTENTION_CORE`]).
 pub fn softmax(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
+    if ctx.attrs.has(ATTENTION_CORE) {
+        return attention_core(ctx, inputs);
+    }
     match ctx.attrs.floats(MASKED_SOFTMAX)? {
-        Some(mark) => masked_softmax(ctx, inputs, mark),
+        Some(mark) => {
+            let (x, cond, bias) = masking_inputs(ctx, inputs, 0)?;
+            Ok(Value::Float(masked_softmax(ctx, x, cond, bias, mark)?).into())
+        }
         None => along_axis(ctx, inputs, crate::kernels::softmax),
     }
+}
+
+/// The scores (input `at`), the mask and the bias (the two inputs after it, optional).
+fn masking_inputs(
+    ctx: &OpContext,
+    mut inputs: Inputs,
+    at: usize,
+) -> OpResult<(FloatValue, Option<ArrayD<bool>>, Option<FloatValue>)> {
+    let x = inputs.float(at, "input", ctx.device)?;
+    let cond = inputs.opt(at + 1).map(Value::into_bool).transpose()?;
+    let bias = inputs
+        .opt(at + 2)
+        .map(|b| b.into_float(ctx.device))
+        .transpose()?;
+    Ok((x, cond, bias))
+}
+
+/// The mark of scores that are neither scaled nor masked.
+const UNMASKED: [f32; 4] = [1.0, 0.0, 0.0, 1.0];
+
+/// The mask and the bias as the fused kernels read them, when they fit `scores` and the
+/// bias needs no gradient.
+fn fused_masking(
+    cond: Option<&ArrayD<bool>>,
+    bias: Option<FloatValue>,
+    scores: &[usize],
+    keep_when: f32,
+    like: &PhysTensor,
+) -> OpResult<Option<(PhysTensor, PhysTensor)>> {
+    let fits = |s: &[usize]| broadcast_shapes(s, scores).is_ok_and(|b| b == scores);
+    let fits = cond.is_none_or(|m| fits(m.shape()))
+        && bias
+            .as_ref()
+            .is_none_or(|b| fits(&b.shape()) && !b.tensor.is_require_grad());
+    if !fits {
+        return Ok(None);
+    }
+    let keep = keep_values(cond, keep_when == 1.0, like)?;
+    let bias = match bias {
+        Some(b) => b.tensor,
+        None => constant_like(0.0, like),
+    };
+    Ok(Some((keep, bias)))
 }
 
 /// `softmax(where(mask == keep_when, x * c or x / c, fill) + bias)` (opset 13 and
 /// later): one kernel each way on CubeCL devices ([`kernels::masked_softmax`]) when the
 /// mask and the bias fit the scores' shape and the bias needs no gradient, the graph's
 /// own composition otherwise.
-fn masked_softmax(ctx: &OpContext, mut inputs: Inputs, mark: &[f32]) -> OpResult<OpOutput> {
+fn masked_softmax(
+    ctx: &OpContext,
+    x: FloatValue,
+    cond: Option<ArrayD<bool>>,
+    bias: Option<FloatValue>,
+    mark: &[f32],
+) -> OpResult<FloatValue> {
     let &[c, divide, fill, keep_when] = mark else {
         op_bail!("malformed `{MASKED_SOFTMAX}` mark {mark:?}")
     };
-    let x = inputs.float(0, "input", ctx.device)?;
-    let cond = inputs.opt(1).map(Value::into_bool).transpose()?;
-    let bias = inputs
-        .opt(2)
-        .map(|b| b.into_float(ctx.device))
-        .transpose()?;
     let (shape, rank) = (x.shape(), x.rank);
     let axis = norm_axis(ctx.attrs.int("axis", -1)?, rank)?;
-    let fits = |s: &[usize]| broadcast_shapes(s, &shape).is_ok_and(|b| b == shape);
-    let fused = axis + 1 == rank
-        && cond.as_ref().is_none_or(|m| fits(m.shape()))
-        && bias
-            .as_ref()
-            .is_none_or(|b| fits(&b.shape()) && !b.tensor.is_require_grad())
-        && masked_softmax_fused_here(&x.tensor);
-    if fused {
-        let scale = if divide == 1.0 { 1.0 / c } else { c };
-        let keep = keep_values(cond.as_ref(), keep_when == 1.0, &x.tensor)?;
-        let bias = match bias {
-            Some(b) => b.tensor,
-            None => constant_like(0.0, &x.tensor),
-        };
-        let y = kernels::masked_softmax(x.tensor, keep, bias, scale, fill);
-        return Ok(Value::Float(FloatValue::new(y, rank)).into());
+    if axis + 1 == rank && masked_softmax_fused_here(&x.tensor) {
+        let fused = fused_masking(cond.as_ref(), bias.clone(), &shape, keep_when, &x.tensor)?;
+        if let Some((keep, bias)) = fused {
+            let scale = if divide == 1.0 { 1.0 / c } else { c };
+            let y = kernels::masked_softmax(x.tensor, keep, bias, scale, fill);
+            return Ok(FloatValue::new(y, rank));
+        }
     }
     let scaled = match (c, divide == 1.0) {
         (1.0, _) => x,
@@ -98,7 +140,57 @@ fn masked_softmax(ctx: &OpContext, mut inputs: Inputs, mark: &[f32]) -> OpResult
     };
     let phys = biased.axis(axis as i64)?;
     let y = crate::kernels::softmax(biased.tensor, phys);
-    Ok(Value::Float(FloatValue::new(y, biased.rank)).into())
+    Ok(FloatValue::new(y, biased.rank))
+}
+
+/// `MatMul(Softmax(masked(MatMul(q, kt))), v)` folded into one node
+/// (`onnx::fusion::fuse_attention_core`; inputs `[q, kt, v, mask, bias]`): on CubeCL
+/// devices one op that keeps no scores or probabilities for its backward
+/// ([`kernels::attention_core`]) when the three operands have the same batch dimensions
+/// and the softmax runs over the last axis; the three ops otherwise.
+fn attention_core(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let mark = ctx.attrs.floats(MASKED_SOFTMAX)?.unwrap_or(&UNMASKED);
+    let q = inputs.float(0, "Q", ctx.device)?;
+    let kt = inputs.float(1, "K^T", ctx.device)?;
+    let v = inputs.float(2, "V", ctx.device)?;
+    let (cond, bias) = {
+        let cond = inputs.opt(3).map(Value::into_bool).transpose()?;
+        let bias = inputs
+            .opt(4)
+            .map(|b| b.into_float(ctx.device))
+            .transpose()?;
+        (cond, bias)
+    };
+    let (sq, sk, sv) = (q.shape(), kt.shape(), v.shape());
+    let r = sq.len();
+    let batched = r >= 2
+        && sk.len() == r
+        && sv.len() == r
+        && sq[..r - 2] == sk[..r - 2]
+        && sq[..r - 2] == sv[..r - 2]
+        && sq[r - 1] == sk[r - 2]
+        && sk[r - 1] == sv[r - 2];
+    if batched
+        && norm_axis(ctx.attrs.int("axis", -1)?, r)? + 1 == r
+        && masked_softmax_fused_here(&q.tensor)
+        && kt.tensor.dtype() == q.tensor.dtype()
+        && v.tensor.dtype() == q.tensor.dtype()
+        && let &[c, divide, fill, keep_when] = mark
+    {
+        let mut scores = sq.clone();
+        scores[r - 1] = sk[r - 1];
+        let fused = fused_masking(cond.as_ref(), bias.clone(), &scores, keep_when, &q.tensor)?;
+        if let Some((keep, bias)) = fused {
+            let scale = if divide == 1.0 { 1.0 / c } else { c };
+            let compute = ctx.autocast.unwrap_or(FloatDType::F32);
+            let (q, kt, v) = (q.tensor, kt.tensor, v.tensor);
+            let y = kernels::attention_core(q, kt, v, keep, bias, scale, fill, compute);
+            return Ok(Value::Float(FloatValue::new(y, r)).into());
+        }
+    }
+    let scores = autocast_product(ctx, q, kt)?;
+    let p = masked_softmax(ctx, scores, cond, bias, mark)?;
+    Ok(Value::Float(autocast_product(ctx, p, v)?).into())
 }
 
 /// A one-element tensor holding `v` on `like`'s device.

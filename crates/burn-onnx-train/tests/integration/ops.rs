@@ -181,31 +181,37 @@ fn the_exporters_tanh_gelu_becomes_one_fused_node() {
 }
 
 #[test]
-fn attention_scaling_and_masking_fold_into_the_softmax() {
+fn attention_scaling_masking_and_products_fold_into_the_softmax() {
     // TorchScript's GPT-2 (gpt2_tiny: scale by Mul, mask added) and dynamo's (scale by Mul,
-    // mask selected by Where): every Softmax reads the product of Q and K itself. Their
-    // outputs are checked against onnxruntime and PyTorch by the refkit tests.
+    // mask selected by Where): every Softmax scales and masks the scores itself and computes
+    // the two products around it (inputs [q, kt, v, mask, bias]). Their outputs are checked
+    // against onnxruntime and PyTorch by the refkit tests.
     for (model, mask_slot) in [
-        (refkit("models/gpt2_tiny.onnx"), 2),
-        (data("dynamo_gpt2/gpt2_tied.onnx"), 1),
+        (refkit("models/gpt2_tiny.onnx"), 4),
+        (data("dynamo_gpt2/gpt2_tied.onnx"), 3),
     ] {
         let loaded = OnnxModel::load(model.clone(), &eval_device()).unwrap();
         let nodes = &loaded.graph().nodes;
-        let produced_by = |v: &str| {
-            let n = nodes.iter().find(|n| n.outputs.iter().any(|o| o == v));
-            n.map(|n| n.op_type.clone())
-        };
         let softmaxes: Vec<_> = nodes.iter().filter(|n| n.op_type == "Softmax").collect();
         assert_eq!(softmaxes.len(), 2, "{}", model.display());
-        for s in softmaxes {
+        for s in &softmaxes {
             let what = format!("{}: {} {:?}", model.display(), s.name, s.inputs);
             assert!(s.attrs.get("__masked_softmax").is_some(), "{what}");
-            assert_eq!(
-                produced_by(&s.inputs[0]).as_deref(),
-                Some("MatMul"),
-                "{what}"
-            );
+            assert!(s.attrs.get("__attention_core").is_some(), "{what}");
+            assert_eq!(s.inputs.len(), 5, "{what}");
             assert!(!s.inputs[mask_slot].is_empty(), "{what}");
+        }
+        // No product is left reading a softmax's output or writing its input.
+        let from_softmax = |v: &String| softmaxes.iter().any(|s| s.outputs.contains(v));
+        let into_softmax = |v: &String| softmaxes.iter().any(|s| s.inputs[..3].contains(v));
+        for n in nodes.iter().filter(|n| n.op_type == "MatMul") {
+            assert!(
+                !n.inputs.iter().any(from_softmax) && !n.outputs.iter().any(into_softmax),
+                "{}: {} {:?}",
+                model.display(),
+                n.name,
+                n.inputs
+            );
         }
     }
 }

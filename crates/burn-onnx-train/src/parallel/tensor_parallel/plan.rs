@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::vocab::VocabPlan;
 use crate::collective::axis_split::AxisSplit;
+use crate::graph::attributes::ATTENTION_CORE;
 use crate::graph::{Graph, Node};
 use crate::model::{OnnxModel, ParamRole, Probe};
 use crate::value::norm_axis;
@@ -428,6 +429,16 @@ impl Walk<'_> {
                 for out in &node.outputs {
                     self.set(out, target, origins);
                 }
+            }
+            "Softmax" if node.attrs.has(ATTENTION_CORE) => {
+                // Attention's two products: per head, as the batched MatMuls were.
+                let s = self.split_of(x).ok_or(())?;
+                let rank = in_shape(self, 0)?.len();
+                let per_head = (1..3).all(|k| self.split_of(&node.inputs[k]) == Some(s));
+                if s.axis + 2 >= rank || !per_head {
+                    return Err(());
+                }
+                self.set(&node.outputs[0], s, origins);
             }
             "Softmax" | "LogSoftmax" => {
                 let s = self.split_of(x).ok_or(())?;

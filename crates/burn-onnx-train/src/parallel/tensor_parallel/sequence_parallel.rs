@@ -37,7 +37,7 @@ use super::plan::{ELEMENTWISE, Known};
 use super::rewrite::{local_reshape, new_node};
 use crate::collective::axis_split::AxisSplit;
 use crate::error::{OnnxError, Result};
-use crate::graph::attributes::{Attr, Attributes};
+use crate::graph::attributes::{ATTENTION_CORE, Attr, Attributes};
 use crate::graph::{Graph, Node};
 use crate::ops::sequence_marks::mark;
 use crate::value::norm_axis;
@@ -615,6 +615,8 @@ impl<'a> Pass<'a> {
                     && out_shape[s.axis] == in_shape[s.axis];
                 keeps.then(|| plain(s))
             }
+            // Attention's products read whole sequences of keys and values.
+            "Softmax" if node.attrs.has(ATTENTION_CORE) => None,
             "Softmax" | "LogSoftmax" => {
                 let s = *self.split.get(x)?;
                 let default = if self.graph.opset >= 13 { -1 } else { 1 };
