@@ -253,7 +253,7 @@ impl Trainer {
         std::mem::take(&mut self.unreported)
             .into_iter()
             .map(|u| {
-                let loss = u.loss.mean();
+                let loss = u.loss.mean()?;
                 if !loss.is_finite() {
                     return Err(OnnxError::field(
                         "training",

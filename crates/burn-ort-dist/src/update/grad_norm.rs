@@ -28,7 +28,12 @@ impl GradNorm {
             GradNorm::OnDevice(squares) => {
                 let first = squares
                     .clone()
-                    .into_data()
+                    .try_into_data()
+                    .map_err(|e| {
+                        state_error(format!(
+                            "the device could not compute the gradient norm: {e:?}"
+                        ))
+                    })?
                     .convert::<f32>()
                     .try_to_vec::<f32>()
                     .map_err(|e| state_error(format!("cannot read the gradient norm: {e:?}")))?;

@@ -46,11 +46,11 @@ pub enum LossValue {
 
 impl LossValue {
     /// The value (a device read for [`LossValue::OnDevice`]).
-    pub fn read(&self) -> f64 {
-        match self {
+    pub fn read(&self) -> Result<f64> {
+        Ok(match self {
             LossValue::Read(v) => *v,
-            LossValue::OnDevice(t) => f64::from(scalar(t.clone())),
-        }
+            LossValue::OnDevice(t) => f64::from(scalar(t.clone())?),
+        })
     }
 
     /// `loss`, kept on the device (detached from the autodiff graph).
@@ -70,8 +70,9 @@ impl UpdateLoss {
     }
 
     /// The mean over the micro-steps (device reads for those on the device).
-    pub fn mean(&self) -> f64 {
-        self.0.iter().map(LossValue::read).sum::<f64>() / self.0.len().max(1) as f64
+    pub fn mean(&self) -> Result<f64> {
+        let sum = self.0.iter().map(LossValue::read).sum::<Result<f64>>()?;
+        Ok(sum / self.0.len().max(1) as f64)
     }
 }
 
@@ -245,7 +246,7 @@ impl Passes for Sequential {
     fn eval(&self, model: &OnnxModel, batch: &Batch) -> Result<Option<(f32, usize)>> {
         let c = &self.settings;
         let out = forward_loss(model, batch, c, &self.device, Mode::Eval, 0)?;
-        Ok(Some((scalar(out.loss), out.correct.unwrap_or(0))))
+        Ok(Some((scalar(out.loss)?, out.correct.unwrap_or(0))))
     }
 }
 

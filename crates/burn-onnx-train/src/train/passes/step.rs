@@ -275,7 +275,23 @@ fn count_correct(
         .count())
 }
 
-/// Read a scalar tensor.
-pub fn scalar(t: Tensor<1>) -> f32 {
-    t.into_scalar::<f32>()
+/// Read a scalar tensor. A device that failed on the way (an allocation it could not
+/// make, a kernel that did not run) ends the run with [`device_failure`].
+pub fn scalar(t: Tensor<1>) -> Result<f32> {
+    let device = t.device();
+    t.try_into_scalar::<f32>()
+        .map_err(|e| device_failure(&device, &format!("{e:?}")))
+}
+
+/// The error of a device that could not run the step: the device, what it reported
+/// (cubecl's error names the allocation that failed) and the memory its pools held.
+pub fn device_failure(device: &Device, reported: &str) -> OnnxError {
+    let held = device
+        .memory_pool_usage()
+        .map(|u| format!(" (its memory pools held {} MiB)", u.bytes_reserved >> 20))
+        .unwrap_or_default();
+    OnnxError::field(
+        "device",
+        format!("{device:?} could not run the training step{held}: {reported}"),
+    )
 }

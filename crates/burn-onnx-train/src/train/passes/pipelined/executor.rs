@@ -218,7 +218,7 @@ impl StageExec<'_> {
         self.mailbox.check_empty()?;
         *model = model.clone().apply_named_state(state)?;
         // Read once every backward of the batch is launched.
-        let loss_sum = losses.iter().map(LossValue::read).sum();
+        let loss_sum = losses.iter().map(LossValue::read).sum::<Result<f64>>()?;
         Ok(StageResult {
             grads: acc.grads(),
             loss_sum,
@@ -242,7 +242,7 @@ impl StageExec<'_> {
                 .forward_with(inputs, Mode::Eval, 0, c.precision.autocast())?;
             if self.last(stage) {
                 let step = loss_of_outputs(out, batch, c, self.device, Mode::Eval)?;
-                return Ok(Some((scalar(step.loss), step.correct.unwrap_or(0))));
+                return Ok(Some((scalar(step.loss)?, step.correct.unwrap_or(0))));
             }
             let sent: Vec<Value> = out.outputs.into_iter().map(|(_, v)| v).collect();
             self.send(Self::tag(Flow::Eval, stage.index + 1, 0), &sent)?;

@@ -154,7 +154,7 @@ impl Passes for Pipelined {
         let mut grads = acc.grads();
         self.sum_shared(model, &mut grads)?;
         // The last stage computed the loss; every rank reports it.
-        let mut loss = [totals.loss.mean() as f32];
+        let mut loss = [totals.loss.mean()? as f32];
         let last = self.partition.rank_of(self.partition.stages.len() - 1);
         self.comm.broadcast(&mut loss, last)?;
         let totals = LoopTotals {
