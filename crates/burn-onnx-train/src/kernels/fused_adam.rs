@@ -717,63 +717,72 @@ impl FusedAdam {
         on_host(flat, module, grads, step, &factors, rule)
     }
 
-    /// [`ReplicaOptimizer::step_clipped`] on a CubeCL device: the gradients laid end to
-    /// end, their sum of squares and the clip factor on the device (two launches), then
-    /// the update, which scales each gradient as it reads it. Nothing is read back: the
-    /// norm stays on the device until a report reads it.
+    /// The update on a CubeCL device with the gradients measured first: laid end to end,
+    /// their sum of squares and clip factor (divided by a loss scale too: `unscale` = 1 /
+    /// scale) on the device (two launches), then the update, which reads the factor as
+    /// `mode` says. Returns the module and the clip buffer `[sum of squares, factor,
+    /// finite]`; nothing is read back.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn measured_update_on_device<M: Module>(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut grads: GradientsParams,
+        max_norm: f32,
+        (unscale, mode): (f32, ClipMode),
+    ) -> DistResult<(M, Tensor<1>)> {
+        let (grads, step, factors) = self.begin_step(lr, &module, &mut grads, None)?;
+        let rule = self.rule;
+        let flat = self.flat.as_mut().expect("laid out by begin_step");
+        let grads = laid_end_to_end(grads, &flat.slots, flat.len, &flat.device);
+        let clip = ops::clip_factor(grads.clone(), max_norm, unscale);
+        let grads_and_clip = (grads, Some((clip.clone(), mode)));
+        let module = on_device(flat, module, grads_and_clip, step, &factors, rule);
+        Ok((module, clip))
+    }
+
+    /// [`ReplicaOptimizer::step_clipped`] on a CubeCL device: the norm stays on the device
+    /// until a report reads it.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     fn step_clipped_on_device<M: Module>(
         &mut self,
         lr: f64,
         module: M,
-        mut grads: GradientsParams,
+        grads: GradientsParams,
         max_norm: f32,
     ) -> DistResult<(M, GradNorm)> {
-        let (grads, step, factors) = self.begin_step(lr, &module, &mut grads, None)?;
-        let rule = self.rule;
-        let flat = self.flat.as_mut().expect("laid out by begin_step");
-        let grads = laid_end_to_end(grads, &flat.slots, flat.len, &flat.device);
-        let clip = ops::clip_factor(grads.clone(), max_norm, 1.0);
-        let module = on_device(
-            flat,
-            module,
-            (grads, Some((clip.clone(), ClipMode::Scale))),
-            step,
-            &factors,
-            rule,
-        );
+        let measured = (1.0, ClipMode::Scale);
+        let (module, clip) =
+            self.measured_update_on_device(lr, module, grads, max_norm, measured)?;
         Ok((module, GradNorm::OnDevice(clip)))
     }
 
-    /// [`ReplicaOptimizer::step_scaled`] on a CubeCL device: as
-    /// [`Self::step_clipped_on_device`], the gradients divided by `scale` by the same
-    /// factor that clips them, and the update kernel writing nothing when their sum of
-    /// squares is not finite. The buffer is read once the update is launched (the next
-    /// forward's loss scale depends on it); on overflow the step is not counted.
+    /// [`ReplicaOptimizer::step_scaled`] on a CubeCL device: the gradients divided by
+    /// `scale` by the factor that clips them, and the update writing nothing when their sum
+    /// of squares is not finite. The clip buffer is read once the update is launched (the
+    /// next forward's loss scale depends on it); on overflow the step is not counted.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     fn step_scaled_on_device<M: Module>(
         &mut self,
         lr: f64,
         module: M,
-        mut grads: GradientsParams,
+        grads: GradientsParams,
         max_norm: f32,
         scale: f32,
     ) -> DistResult<(M, GradNorm, bool)> {
-        let (grads, step, factors) = self.begin_step(lr, &module, &mut grads, None)?;
-        let rule = self.rule;
-        let flat = self.flat.as_mut().expect("laid out by begin_step");
-        let grads = laid_end_to_end(grads, &flat.slots, flat.len, &flat.device);
-        let clip = ops::clip_factor(grads.clone(), max_norm, 1.0 / scale);
-        let grads_and_clip = (grads, Some((clip.clone(), ClipMode::ScaleOrSkip)));
-        let module = on_device(flat, module, grads_and_clip, step, &factors, rule);
+        let measured = (1.0 / scale, ClipMode::ScaleOrSkip);
+        let (module, clip) =
+            self.measured_update_on_device(lr, module, grads, max_norm, measured)?;
         let read = clip
-            .into_data()
+            .try_into_data()
+            .map_err(|e| invalid(format!("the device could not run the update: {e:?}")))?
             .convert::<f32>()
             .try_to_vec::<f32>()
             .map_err(|e| invalid(format!("cannot read the gradient norm: {e:?}")))?;
-        let overflow = read[2] != 1.0;
-        if overflow {
-            flat.time -= 1;
+        if read[2] != 1.0 {
+            if let Some(flat) = self.flat.as_mut() {
+                flat.time -= 1;
+            }
             return Ok((module, GradNorm::Read(f32::INFINITY), true));
         }
         let norm = f64::from(read[0]).max(0.0).sqrt() as f32;
