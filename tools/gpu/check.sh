@@ -72,6 +72,10 @@ run_tests() {
     layouts) args+=(parallel) ;;
     *) args+=("$only") ;;
   esac
+  [ -x "$bin/gpu-tests" ] || {
+    echo "check.sh: this pack holds no gpu-tests (an A/B pack from pack_ab.sh: run it with --only speed)" >&2
+    exit 2
+  }
   start="$(now)"
   ONNX_TRAIN_TEST_GPU="$backend" timeout 1500 "$bin/gpu-tests" --test-threads=1 "${args[@]}" > "$work/tests-$backend.log" 2>&1
   status=$?

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# An A/B pack for one device call: HEAD's binaries (tools/gpu/pack.sh) plus the
+# An A/B pack for one device call: HEAD's `onnx-train` (tools/gpu/pack.sh) plus the
 # `onnx-train` of an older commit as `onnx-train.old`, built here with the same features,
 # so `tools/gpu/check.sh --pack DIR/<flavour>/pack.tar.xz --only speed` runs both, old
-# first, in the same call on the same GPU.
+# first, in the same call on the same GPU. It holds no `gpu-tests` (with it the pack
+# passes the device tool's 64 MiB): the tests travel in pack.sh's own pack.
 #
 #   tools/gpu/pack_ab.sh OLD_COMMIT DIR          # CUDA (NVRTC) + wgpu: DIR/cuda/pack.tar.xz
 #   tools/gpu/pack_ab.sh --wgpu OLD_COMMIT DIR   # wgpu only (lavapipe): DIR/wgpu/pack.tar.xz
