@@ -773,20 +773,16 @@ impl FusedAdam {
         let measured = (1.0 / scale, ClipMode::ScaleOrSkip);
         let (module, clip) =
             self.measured_update_on_device(lr, module, grads, max_norm, measured)?;
-        let read = clip
-            .try_into_data()
-            .map_err(|e| invalid(format!("the device could not run the update: {e:?}")))?
-            .convert::<f32>()
-            .try_to_vec::<f32>()
-            .map_err(|e| invalid(format!("cannot read the gradient norm: {e:?}")))?;
-        if read[2] != 1.0 {
+        let [squares, _, finite] = GradNorm::read(&clip)?[..] else {
+            unreachable!("the clip buffer holds three values")
+        };
+        if finite != 1.0 {
             if let Some(flat) = self.flat.as_mut() {
                 flat.time -= 1;
             }
             return Ok((module, GradNorm::Read(f32::INFINITY), true));
         }
-        let norm = f64::from(read[0]).max(0.0).sqrt() as f32;
-        Ok((module, GradNorm::Read(norm), false))
+        Ok((module, GradNorm::Read(GradNorm::of_squares(squares)), false))
     }
 
     /// Whether this step runs on the CubeCL device `module` is on (not offloaded to the

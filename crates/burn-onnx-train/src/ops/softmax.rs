@@ -38,36 +38,70 @@ fn along_axis(
 /// `Softmax`, with the scaling and masking of its input folded in where the graph had
 /// them ([`MASKED_SOFTMAX`]), and with the products around it where the graph had those
 /// ([`ATTENTION_CORE`]).
-pub fn softmax(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
+pub fn softmax(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     if ctx.attrs.has(ATTENTION_CORE) {
         return attention_core(ctx, inputs);
     }
     match ctx.attrs.floats(MASKED_SOFTMAX)? {
         Some(mark) => {
-            let (x, cond, bias) = masking_inputs(ctx, inputs, 0)?;
-            Ok(Value::Float(masked_softmax(ctx, x, cond, bias, mark)?).into())
+            let x = inputs.float(0, "input", ctx.device)?;
+            let (cond, bias) = mask_and_bias(ctx, &mut inputs, 1)?;
+            Ok(Value::Float(masked_softmax(ctx, x, cond, bias, Mark::of(mark)?)?).into())
         }
         None => along_axis(ctx, inputs, crate::kernels::softmax),
     }
 }
 
-/// The scores (input `at`), the mask and the bias (the two inputs after it, optional).
-fn masking_inputs(
+/// The mask and the bias of the scores: inputs `at` and `at + 1`, each optional.
+fn mask_and_bias(
     ctx: &OpContext,
-    mut inputs: Inputs,
+    inputs: &mut Inputs,
     at: usize,
-) -> OpResult<(FloatValue, Option<ArrayD<bool>>, Option<FloatValue>)> {
-    let x = inputs.float(at, "input", ctx.device)?;
-    let cond = inputs.opt(at + 1).map(Value::into_bool).transpose()?;
+) -> OpResult<(Option<ArrayD<bool>>, Option<FloatValue>)> {
+    let cond = inputs.opt(at).map(Value::into_bool).transpose()?;
     let bias = inputs
-        .opt(at + 2)
+        .opt(at + 1)
         .map(|b| b.into_float(ctx.device))
         .transpose()?;
-    Ok((x, cond, bias))
+    Ok((cond, bias))
 }
 
-/// The mark of scores that are neither scaled nor masked.
-const UNMASKED: [f32; 4] = [1.0, 0.0, 0.0, 1.0];
+/// A [`MASKED_SOFTMAX`] mark: `softmax(where(mask == keep_when, x * c (x / c when
+/// divide), fill) + bias)`.
+#[derive(Clone, Copy)]
+struct Mark {
+    c: f32,
+    divide: bool,
+    fill: f32,
+    keep_when: bool,
+}
+
+impl Mark {
+    /// Scores that are neither scaled nor masked.
+    const UNMASKED: Mark = Mark {
+        c: 1.0,
+        divide: false,
+        fill: 0.0,
+        keep_when: true,
+    };
+
+    fn of(mark: &[f32]) -> OpResult<Self> {
+        let &[c, divide, fill, keep_when] = mark else {
+            op_bail!("malformed `{MASKED_SOFTMAX}` mark {mark:?}")
+        };
+        Ok(Mark {
+            c,
+            divide: divide == 1.0,
+            fill,
+            keep_when: keep_when == 1.0,
+        })
+    }
+
+    /// The factor the scores are multiplied by.
+    fn scale(self) -> f32 {
+        if self.divide { 1.0 / self.c } else { self.c }
+    }
+}
 
 /// The mask and the bias as the fused kernels read them, when they fit `scores` and the
 /// bias needs no gradient.
@@ -75,7 +109,7 @@ fn fused_masking(
     cond: Option<&ArrayD<bool>>,
     bias: Option<FloatValue>,
     scores: &[usize],
-    keep_when: f32,
+    mark: Mark,
     like: &PhysTensor,
 ) -> OpResult<Option<(PhysTensor, PhysTensor)>> {
     let fits = |s: &[usize]| broadcast_shapes(s, scores).is_ok_and(|b| b == scores);
@@ -86,7 +120,7 @@ fn fused_masking(
     if !fits {
         return Ok(None);
     }
-    let keep = keep_values(cond, keep_when == 1.0, like)?;
+    let keep = keep_values(cond, mark.keep_when, like)?;
     let bias = match bias {
         Some(b) => b.tensor,
         None => constant_like(0.0, like),
@@ -103,30 +137,26 @@ fn masked_softmax(
     x: FloatValue,
     cond: Option<ArrayD<bool>>,
     bias: Option<FloatValue>,
-    mark: &[f32],
+    mark: Mark,
 ) -> OpResult<FloatValue> {
-    let &[c, divide, fill, keep_when] = mark else {
-        op_bail!("malformed `{MASKED_SOFTMAX}` mark {mark:?}")
-    };
     let (shape, rank) = (x.shape(), x.rank);
     let axis = norm_axis(ctx.attrs.int("axis", -1)?, rank)?;
     if axis + 1 == rank && masked_softmax_fused_here(&x.tensor) {
-        let fused = fused_masking(cond.as_ref(), bias.clone(), &shape, keep_when, &x.tensor)?;
+        let fused = fused_masking(cond.as_ref(), bias.clone(), &shape, mark, &x.tensor)?;
         if let Some((keep, bias)) = fused {
-            let scale = if divide == 1.0 { 1.0 / c } else { c };
-            let y = kernels::masked_softmax(x.tensor, keep, bias, scale, fill);
+            let y = kernels::masked_softmax(x.tensor, keep, bias, mark.scale(), mark.fill);
             return Ok(FloatValue::new(y, rank));
         }
     }
-    let scaled = match (c, divide == 1.0) {
+    let scaled = match (mark.c, mark.divide) {
         (1.0, _) => x,
         (c, true) => FloatValue::new(x.tensor.div_scalar(c), rank),
         (c, false) => FloatValue::new(x.tensor.mul_scalar(c), rank),
     };
     let masked = match cond {
         Some(cond) => {
-            let fill = FloatValue::new(constant_like(fill, &scaled.tensor), 0);
-            if keep_when == 1.0 {
+            let fill = FloatValue::new(constant_like(mark.fill, &scaled.tensor), 0);
+            if mark.keep_when {
                 where_floats(ctx, &cond, scaled, fill)?
             } else {
                 where_floats(ctx, &cond, fill, scaled)?
@@ -149,18 +179,14 @@ fn masked_softmax(
 /// ([`kernels::attention_core`]) when the three operands have the same batch dimensions
 /// and the softmax runs over the last axis; the three ops otherwise.
 fn attention_core(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
-    let mark = ctx.attrs.floats(MASKED_SOFTMAX)?.unwrap_or(&UNMASKED);
+    let mark = match ctx.attrs.floats(MASKED_SOFTMAX)? {
+        Some(mark) => Mark::of(mark)?,
+        None => Mark::UNMASKED,
+    };
     let q = inputs.float(0, "Q", ctx.device)?;
     let kt = inputs.float(1, "K^T", ctx.device)?;
     let v = inputs.float(2, "V", ctx.device)?;
-    let (cond, bias) = {
-        let cond = inputs.opt(3).map(Value::into_bool).transpose()?;
-        let bias = inputs
-            .opt(4)
-            .map(|b| b.into_float(ctx.device))
-            .transpose()?;
-        (cond, bias)
-    };
+    let (cond, bias) = mask_and_bias(ctx, &mut inputs, 3)?;
     let (sq, sk, sv) = (q.shape(), kt.shape(), v.shape());
     let r = sq.len();
     let batched = r >= 2
@@ -175,15 +201,14 @@ fn attention_core(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         && masked_softmax_fused_here(&q.tensor)
         && kt.tensor.dtype() == q.tensor.dtype()
         && v.tensor.dtype() == q.tensor.dtype()
-        && let &[c, divide, fill, keep_when] = mark
     {
         let mut scores = sq.clone();
         scores[r - 1] = sk[r - 1];
-        let fused = fused_masking(cond.as_ref(), bias.clone(), &scores, keep_when, &q.tensor)?;
+        let fused = fused_masking(cond.as_ref(), bias.clone(), &scores, mark, &q.tensor)?;
         if let Some((keep, bias)) = fused {
-            let scale = if divide == 1.0 { 1.0 / c } else { c };
             let compute = ctx.autocast.unwrap_or(FloatDType::F32);
             let (q, kt, v) = (q.tensor, kt.tensor, v.tensor);
+            let (scale, fill) = (mark.scale(), mark.fill);
             let y = kernels::attention_core(q, kt, v, keep, bias, scale, fill, compute);
             return Ok(Value::Float(FloatValue::new(y, r)).into());
         }

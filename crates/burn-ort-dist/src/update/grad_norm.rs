@@ -25,21 +25,28 @@ impl GradNorm {
     pub fn value(&self) -> DistResult<f32> {
         match self {
             GradNorm::Read(norm) => Ok(*norm),
-            GradNorm::OnDevice(squares) => {
-                let first = squares
-                    .clone()
-                    .try_into_data()
-                    .map_err(|e| {
-                        state_error(format!(
-                            "the device could not compute the gradient norm: {e:?}"
-                        ))
-                    })?
-                    .convert::<f32>()
-                    .try_to_vec::<f32>()
-                    .map_err(|e| state_error(format!("cannot read the gradient norm: {e:?}")))?;
-                Ok(f64::from(first[0]).max(0.0).sqrt() as f32)
-            }
+            GradNorm::OnDevice(buffer) => Ok(Self::of_squares(Self::read(buffer)?[0])),
         }
+    }
+
+    /// A device buffer `[sum of squares, ..]` read to the host.
+    pub fn read(buffer: &Tensor<1>) -> DistResult<Vec<f32>> {
+        buffer
+            .clone()
+            .try_into_data()
+            .map_err(|e| {
+                state_error(format!(
+                    "the device could not compute the gradient norm: {e:?}"
+                ))
+            })?
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .map_err(|e| state_error(format!("cannot read the gradient norm: {e:?}")))
+    }
+
+    /// The norm of a sum of squares.
+    pub fn of_squares(squares: f32) -> f32 {
+        f64::from(squares).max(0.0).sqrt() as f32
     }
 }
 
