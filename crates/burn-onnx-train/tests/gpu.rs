@@ -99,6 +99,21 @@ fn gpt2_tiny_gradients_match_pytorch_on_gpu() {
 }
 
 #[test]
+fn padded_heads_on_gpu_give_pytorchs_loss_and_gradients() {
+    // The pad kernel (a Gemm's transposed weight and bias, GPT-2's MatMul weight), the
+    // loss kernels reading the first columns of wider rows, the gradient's slice a view.
+    let tol = on_tf32(1e-4, 1e-3);
+    check_gradients(
+        Case::new("mlp", "mlp").with_padded_head(8),
+        &gpu(),
+        tol,
+        tol,
+    );
+    let gpt2 = Case::new("gpt2_tiny", "gpt2_tiny").with_padded_head(96);
+    check_gradients(gpt2, &gpu(), tol, tol);
+}
+
+#[test]
 fn gpt2_tiny_adamw_10_steps_match_pytorch_on_gpu() {
     check_trajectory_within(
         Case::new("gpt2_tiny", "gpt2_tiny"),

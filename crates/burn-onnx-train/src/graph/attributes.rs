@@ -214,3 +214,9 @@ pub const MASKED_SOFTMAX: &str = "__masked_softmax";
 /// [`MASKED_SOFTMAX`] says, when it is there), the inputs `[q, kt, v, mask, bias]`, the
 /// output the second product's (set by `crate::onnx::fusion::fuse_attention_core`).
 pub const ATTENTION_CORE: &str = "__attention_core";
+
+/// The attribute marking a MatMul or Gemm whose product is widened to this many columns:
+/// its right-hand side (and a Gemm's bias) padded with zero columns, so the output's rows
+/// are aligned for vectorized kernels; the loss reading it knows how many columns are
+/// classes (set by `crate::model::padded_head`).
+pub const PAD_COLUMNS: &str = "__pad_columns";

@@ -4,6 +4,10 @@
 //! probabilities never exist in forward. `#[cube]` kernels on CubeCL devices, row loops
 //! on the CPU (Flex); `log_softmax` + `gather` for other dtypes, and as the reference the
 //! kernels are tested against.
+//!
+//! A row may be wider than its classes ([`cross_entropy_rows_within`]): a head padded to an
+//! aligned width (`model::padded_head`) writes logits for columns no class owns, which the
+//! loss never reads and whose gradient is zero.
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Int, Tensor};
@@ -11,10 +15,29 @@ use burn::tensor::{DType, Int, Tensor};
 /// `-log_softmax(logits)[i, targets[i]]` for every row `i` of `logits` `[rows, classes]`;
 /// `targets` `[rows]` must be in `0..classes`.
 pub fn cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
+    let classes = logits.dims()[1];
+    cross_entropy_rows_within(logits, targets, classes)
+}
+
+/// [`cross_entropy_rows`] over the first `classes` columns of each row (`targets` in
+/// `0..classes`); the other columns are not read and get a zero gradient.
+pub fn cross_entropy_rows_within(
+    logits: Tensor<2>,
+    targets: Tensor<1, Int>,
+    classes: usize,
+) -> Tensor<1> {
+    let width = logits.dims()[1];
+    assert!(
+        classes > 0 && classes <= width,
+        "{classes} classes in rows of {width}"
+    );
     if logits.dtype() == DType::F32 {
-        return fused::cross_entropy_rows(logits, targets);
+        return fused::cross_entropy_rows(logits, targets, classes);
     }
-    cross_entropy_rows_reference(logits, targets)
+    match classes == width {
+        true => cross_entropy_rows_reference(logits, targets),
+        false => cross_entropy_rows_reference(logits.narrow(1, 0, classes), targets),
+    }
 }
 
 /// The plain Burn composition of [`cross_entropy_rows`].
@@ -48,16 +71,20 @@ mod fused {
     /// Flex, and its own backward under autodiff.
     #[backend_extension(Cube: cfg(any(feature = "wgpu", feature = "cuda")), Flex, Autodiff)]
     pub trait CrossEntropyOps: Backend {
-        /// Per-row loss `[rows]` of `logits` `[rows, classes]` against `targets` `[rows]`.
+        /// Per-row loss `[rows]` of `logits` `[rows, width]` against `targets` `[rows]`,
+        /// over the first `classes` columns.
         fn cross_entropy_rows(
             logits: FloatTensor<Self>,
             targets: IntTensor<Self>,
+            classes: usize,
         ) -> FloatTensor<Self>;
-        /// Gradient of the per-row loss with respect to the logits, given its gradient `grad` `[rows]`.
+        /// Gradient of the per-row loss with respect to the logits, given its gradient `grad`
+        /// `[rows]` (zero past the first `classes` columns).
         fn cross_entropy_rows_backward(
             logits: FloatTensor<Self>,
             targets: IntTensor<Self>,
             grad: FloatTensor<Self>,
+            classes: usize,
         ) -> FloatTensor<Self>;
     }
 
@@ -65,16 +92,18 @@ mod fused {
         fn cross_entropy_rows(
             logits: FloatTensor<Self>,
             targets: IntTensor<Self>,
+            classes: usize,
         ) -> FloatTensor<Self> {
-            host::cross_entropy_forward(logits, targets)
+            host::cross_entropy_forward(logits, targets, classes)
         }
 
         fn cross_entropy_rows_backward(
             logits: FloatTensor<Self>,
             targets: IntTensor<Self>,
             grad: FloatTensor<Self>,
+            classes: usize,
         ) -> FloatTensor<Self> {
-            host::cross_entropy_backward(logits, targets, grad)
+            host::cross_entropy_backward(logits, targets, grad, classes)
         }
     }
 
@@ -83,21 +112,26 @@ mod fused {
         fn cross_entropy_rows(
             logits: FloatTensor<Self>,
             targets: IntTensor<Self>,
+            classes: usize,
         ) -> FloatTensor<Self> {
-            cube::cross_entropy_forward(logits, targets)
+            cube::cross_entropy_forward(logits, targets, classes)
         }
 
         fn cross_entropy_rows_backward(
             logits: FloatTensor<Self>,
             targets: IntTensor<Self>,
             grad: FloatTensor<Self>,
+            classes: usize,
         ) -> FloatTensor<Self> {
-            cube::cross_entropy_backward(logits, targets, grad)
+            cube::cross_entropy_backward(logits, targets, grad, classes)
         }
     }
 
+    /// The backward of the rows' loss over their first `classes` columns.
     #[derive(Debug)]
-    struct CrossEntropyBackward;
+    struct CrossEntropyBackward {
+        classes: usize,
+    }
 
     impl<B: Backend + CrossEntropyOps> Backward<B, 1> for CrossEntropyBackward {
         type State = (FloatTensor<B>, IntTensor<B>);
@@ -114,7 +148,7 @@ mod fused {
             if let Some(node) = logits_node {
                 grads.register::<B>(
                     node.id,
-                    B::cross_entropy_rows_backward(logits, targets, grad),
+                    B::cross_entropy_rows_backward(logits, targets, grad, self.classes),
                 );
             }
         }
@@ -124,20 +158,23 @@ mod fused {
         fn cross_entropy_rows(
             logits: FloatTensor<Self>,
             targets: IntTensor<Self>,
+            classes: usize,
         ) -> FloatTensor<Self> {
-            match CrossEntropyBackward
+            match (CrossEntropyBackward { classes })
                 .prepare::<C>([logits.node()])
                 .compute_bound()
                 .stateful()
             {
                 OpsKind::Tracked(prep) => {
                     let x = logits.primitive().clone();
-                    let out = B::cross_entropy_rows(x.clone(), targets.clone());
+                    let out = B::cross_entropy_rows(x.clone(), targets.clone(), classes);
                     prep.finish((x, targets), out)
                 }
-                OpsKind::UnTracked(prep) => {
-                    prep.finish(B::cross_entropy_rows(logits.into_primitive(), targets))
-                }
+                OpsKind::UnTracked(prep) => prep.finish(B::cross_entropy_rows(
+                    logits.into_primitive(),
+                    targets,
+                    classes,
+                )),
             }
         }
 
@@ -145,6 +182,7 @@ mod fused {
             logits: FloatTensor<Self>,
             targets: IntTensor<Self>,
             grad: FloatTensor<Self>,
+            classes: usize,
         ) -> FloatTensor<Self> {
             // Only reached through the backward above, on the inner backend; as a forward op
             // of its own it is not differentiated again (first-order autodiff).
@@ -152,15 +190,21 @@ mod fused {
                 logits.into_primitive(),
                 targets,
                 grad.into_primitive(),
+                classes,
             );
             Autodiff::<B, C>::from_inner(out)
         }
     }
 
-    pub fn cross_entropy_rows(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
+    pub fn cross_entropy_rows(
+        logits: Tensor<2>,
+        targets: Tensor<1, Int>,
+        classes: usize,
+    ) -> Tensor<1> {
         let out = <burn::backend::Dispatch as CrossEntropyOps>::cross_entropy_rows(
             logits.into_dispatch(),
             targets.into_dispatch(),
+            classes,
         );
         Tensor::from_dispatch(out)
     }

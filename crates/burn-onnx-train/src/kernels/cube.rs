@@ -79,18 +79,19 @@ pub(super) fn row_softmax_stats<F: Float>(
     reduce_shared::<F>(shared, false);
 }
 
-/// One cube per row: `loss[row] = max + ln(sum exp(x - max)) - x[target]`.
+/// One cube per row: `loss[row] = max + ln(sum exp(x - max)) - x[target]` over the row's
+/// first `classes` columns.
 #[cube(launch)]
 fn cross_entropy_forward_kernel<F: Float, I: Numeric>(
     logits: &Tensor<F>,
     targets: &Tensor<I>,
     loss: &mut Tensor<F>,
+    classes: usize,
     #[comptime] threads: u32,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let row = CUBE_POS_X as usize;
-    let classes = logits.shape(1);
-    let base = row * classes;
+    let base = row * logits.shape(1);
     let mut shared = Shared::new_slice(threads as usize + 1);
     row_softmax_stats::<F>(logits, base, classes, &mut shared, threads);
     let row_max = shared[threads as usize];
@@ -101,19 +102,21 @@ fn cross_entropy_forward_kernel<F: Float, I: Numeric>(
     }
 }
 
-/// One cube per row: `dx[row, j] = (exp(x - max) / sum - [j == target]) * grad[row]`.
+/// One cube per row: `dx[row, j] = (exp(x - max) / sum - [j == target]) * grad[row]` for
+/// the first `classes` columns, 0 for the rest of the row.
 #[cube(launch)]
 fn cross_entropy_backward_kernel<F: Float, I: Numeric>(
     logits: &Tensor<F>,
     targets: &Tensor<I>,
     grad: &Tensor<F>,
     dx: &mut Tensor<F>,
+    classes: usize,
     #[comptime] threads: u32,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let row = CUBE_POS_X as usize;
-    let classes = logits.shape(1);
-    let base = row * classes;
+    let width = logits.shape(1);
+    let base = row * width;
     let mut shared = Shared::new_slice(threads as usize + 1);
     row_softmax_stats::<F>(logits, base, classes, &mut shared, threads);
     let row_max = shared[threads as usize];
@@ -121,13 +124,17 @@ fn cross_entropy_backward_kernel<F: Float, I: Numeric>(
     let t = u32::cast_from(targets[row]) as usize;
     let g = grad[row];
     let mut j = UNIT_POS_X as usize;
-    while j < classes {
-        let p = F::exp(logits[base + j] - row_max) / total;
-        let mut hot = F::new(0.0);
-        if j == t {
-            hot = F::new(1.0);
+    while j < width {
+        let mut d = F::new(0.0);
+        if j < classes {
+            let p = F::exp(logits[base + j] - row_max) / total;
+            let mut hot = F::new(0.0);
+            if j == t {
+                hot = F::new(1.0);
+            }
+            d = (p - hot) * g;
         }
-        dx[base + j] = (p - hot) * g;
+        dx[base + j] = d;
         j += CUBE_DIM_X as usize;
     }
 }
@@ -175,8 +182,13 @@ fn rows_and_classes(logits: &CubeTensor) -> (usize, usize) {
     (dims[0], dims[1])
 }
 
-/// Per-row softmax cross-entropy of `[rows, classes]` logits (see the kernel).
-pub fn cross_entropy_forward(logits: CubeTensor, targets: CubeTensor) -> CubeTensor {
+/// Per-row softmax cross-entropy of `[rows, width]` logits over their first `classes`
+/// columns (see the kernel).
+pub fn cross_entropy_forward(
+    logits: CubeTensor,
+    targets: CubeTensor,
+    classes: usize,
+) -> CubeTensor {
     let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
     let (rows, _) = rows_and_classes(&logits);
     let client = logits.client.clone();
@@ -197,6 +209,7 @@ pub fn cross_entropy_forward(logits: CubeTensor, targets: CubeTensor) -> CubeTen
         logits.into_tensor_arg(),
         targets.into_tensor_arg(),
         loss.clone().into_tensor_arg(),
+        classes,
         ROW_THREADS,
         dtypes,
     );
@@ -208,18 +221,19 @@ pub fn cross_entropy_backward(
     logits: CubeTensor,
     targets: CubeTensor,
     grad: CubeTensor,
+    classes: usize,
 ) -> CubeTensor {
     let (logits, targets, grad) = (
         into_contiguous(logits),
         into_contiguous(targets),
         into_contiguous(grad),
     );
-    let (rows, classes) = rows_and_classes(&logits);
+    let (rows, width) = rows_and_classes(&logits);
     let client = logits.client.clone();
     let dx = empty_device_contiguous_dtype(
         client.clone(),
         logits.device.clone(),
-        Shape::new([rows, classes]),
+        Shape::new([rows, width]),
         logits.dtype,
     );
     let dtypes = [
@@ -234,6 +248,7 @@ pub fn cross_entropy_backward(
         targets.into_tensor_arg(),
         grad.into_tensor_arg(),
         dx.clone().into_tensor_arg(),
+        classes,
         ROW_THREADS,
         dtypes,
     );

@@ -68,8 +68,8 @@ impl Kernel for GradientRow<'_> {
     }
 }
 
-/// Per-row `max + ln(sum exp(x - max)) - x[target]`.
-pub fn cross_entropy_forward(logits: FlexTensor, target: FlexTensor) -> FlexTensor {
+/// Per-row `max + ln(sum exp(x - max)) - x[target]` over the first `classes` columns.
+pub fn cross_entropy_forward(logits: FlexTensor, target: FlexTensor, classes: usize) -> FlexTensor {
     assert_eq!(
         logits.dtype(),
         DType::F32,
@@ -82,18 +82,20 @@ pub fn cross_entropy_forward(logits: FlexTensor, target: FlexTensor) -> FlexTens
         .par_chunks(c)
         .zip(t.par_iter())
         .map(|(row, &t)| {
-            let (max, sum) = simd::vectorized(SoftmaxStats(row));
+            let (max, sum) = simd::vectorized(SoftmaxStats(&row[..classes]));
             max + (sum as f32).ln() - row[t]
         })
         .collect();
     FlexTensor::from_data(TensorData::new(loss, vec![n]))
 }
 
-/// `(softmax(x) - onehot(target)) * grad` per row.
+/// `(softmax(x) - onehot(target)) * grad` per row over its first `classes` columns, 0 in
+/// the rest.
 pub fn cross_entropy_backward(
     logits: FlexTensor,
     target: FlexTensor,
     grad: FlexTensor,
+    classes: usize,
 ) -> FlexTensor {
     assert_eq!(
         logits.dtype(),
@@ -114,8 +116,8 @@ pub fn cross_entropy_backward(
         .enumerate()
         .for_each(|(r, (out, x))| {
             simd::vectorized(GradientRow {
-                out,
-                x,
+                out: &mut out[..classes],
+                x: &x[..classes],
                 target: t[r],
                 g: g[r],
             })

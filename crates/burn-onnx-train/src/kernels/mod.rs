@@ -25,7 +25,7 @@
 //! - [`reshape`]: a reshape that is a view wherever the strides allow, where Burn's
 //!   copies every strided tensor of our fixed rank (CubeCL);
 //! - [`narrow`]: a slice along one axis whose backward writes the input's whole gradient
-//!   in one pass (CubeCL);
+//!   in one pass, and [`pad_end`], its converse, keeping its input's layout (CubeCL);
 //! - [`conv2d`]: one-group convolution as im2col + GEMM per image, forward and backward,
 //!   straight on NCHW (Flex);
 //! - [`max_pool2d`]: max pooling with window bounds worked out once per call and a
@@ -68,13 +68,15 @@ mod unscale;
 pub use activation::{gelu_tanh, softmax, tanh};
 pub use attention_core::attention_core;
 pub use conv::conv2d;
-pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_reference};
+pub use cross_entropy::{
+    cross_entropy_rows, cross_entropy_rows_reference, cross_entropy_rows_within,
+};
 pub use fused_adam::FusedAdam;
 pub use layer_norm::{layer_norm, layer_norm_fused_here};
 pub use masked_fill::{masked_fill, masked_fill_fused_here};
 pub use masked_softmax::{masked_softmax, masked_softmax_fused_here};
 pub use matmul::{matmul, matmul_autocast};
-pub use narrow::narrow;
+pub use narrow::{narrow, pad_end};
 pub use pool::max_pool2d;
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
 

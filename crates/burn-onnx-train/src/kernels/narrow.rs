@@ -3,6 +3,10 @@
 //! elsewhere. Burn's slice backward filled a zero tensor of the input's size and then
 //! assigned the piece into it, two launches per piece (a fused QKV projection's Split: six
 //! a layer, before the three gradients are summed). The forward is Burn's slice, a view.
+//!
+//! Its converse, [`pad_end`], widens one axis with zeros (a head's weight padded to an
+//! aligned vocabulary, `model::padded_head`): one launch that keeps the input's layout (a
+//! transposed view stays one), and a backward that is a slice of the gradient, a view.
 
 use crate::value::PhysTensor;
 
@@ -22,6 +26,28 @@ pub fn narrow(x: PhysTensor, dim: usize, start: usize, len: usize) -> PhysTensor
     x.narrow(dim, start, len)
 }
 
+/// `x` with physical axis `dim` widened to `to` (>= its length), zeros in the new places;
+/// the gradient of `x` is the first part of the result's.
+pub fn pad_end(x: PhysTensor, dim: usize, to: usize) -> PhysTensor {
+    let shape = x.dims();
+    if to == shape[dim] {
+        return x;
+    }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if super::runs_cubecl(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
+        use cube::NarrowOps;
+        return PhysTensor::from_dispatch(<burn::backend::Dispatch as NarrowOps>::pad_end(
+            x.into_dispatch(),
+            dim,
+            to,
+        ));
+    }
+    let mut zeros = shape.clone();
+    zeros[dim] = to - shape[dim];
+    let zeros = PhysTensor::zeros(zeros, (&x.device(), x.dtype()));
+    PhysTensor::cat(vec![x, zeros], dim)
+}
+
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube {
     use burn::backend::Cube;
@@ -31,6 +57,7 @@ mod cube {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{AutodiffBackend, Backend, Shape, TensorMetadata, backend_extension};
     use burn::tensor::Slice;
+    use burn_cubecl::kernel::untile;
     use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
     use cubecl::calculate_cube_count_elemwise;
     use cubecl::prelude::*;
@@ -58,6 +85,12 @@ mod cube {
             dim: usize,
             start: usize,
         ) -> FloatTensor<Self>;
+        /// See [`super::pad_end`].
+        fn pad_end(x: FloatTensor<Self>, dim: usize, to: usize) -> FloatTensor<Self>;
+        /// The elements `0..len` along `dim` of `x`, every other axis whole: a view, even
+        /// where the part cut off is not a multiple of the memory alignment (Burn's slice
+        /// copies then).
+        fn first_part(x: FloatTensor<Self>, dim: usize, len: usize) -> FloatTensor<Self>;
     }
 
     /// `out[i] = g[the same place in the piece]` inside the piece (`start..` along `dim`),
@@ -133,6 +166,33 @@ mod cube {
             );
             out
         }
+
+        fn pad_end(x: FloatTensor<Self>, dim: usize, to: usize) -> FloatTensor<Self> {
+            // The axes from the largest stride to the smallest: `x` permuted into that
+            // order is contiguous when it is a permuted view of a contiguous tensor, the
+            // padded copy is written in that order and permuted back.
+            let mut order: Vec<usize> = (0..x.shape().num_dims()).collect();
+            let strides = x.meta.strides().to_vec();
+            order.sort_by_key(|&d| std::cmp::Reverse(strides[d]));
+            let mut back = vec![0; order.len()];
+            for (at, &d) in order.iter().enumerate() {
+                back[d] = at;
+            }
+            let x = Self::float_permute(x, &order);
+            let mut shape = x.shape();
+            shape[back[dim]] = to;
+            let padded = Self::narrow_padded_backward(x, shape, back[dim], 0);
+            Self::float_permute(padded, &back)
+        }
+
+        fn first_part(x: FloatTensor<Self>, dim: usize, len: usize) -> FloatTensor<Self> {
+            // The same buffer and strides, a shorter extent along `dim`.
+            let mut x = untile(x);
+            let mut shape = x.shape();
+            shape[dim] = len;
+            *x.meta.shape_mut() = shape;
+            x
+        }
     }
 
     impl<B: Backend + NarrowOps, C: CheckpointStrategy> NarrowOps for Autodiff<B, C> {
@@ -163,6 +223,20 @@ mod cube {
                 dim,
                 start,
             ))
+        }
+
+        fn pad_end(x: FloatTensor<Self>, dim: usize, to: usize) -> FloatTensor<Self> {
+            unary::<B, C, usize>(
+                x,
+                move |x| B::pad_end(x, dim, to),
+                move |input, _| input.shape()[dim],
+                move |len, g| B::first_part(g, dim, len),
+            )
+        }
+
+        fn first_part(x: FloatTensor<Self>, dim: usize, len: usize) -> FloatTensor<Self> {
+            // Used inside the backward only (first-order autodiff).
+            Self::from_inner(B::first_part(x.into_primitive(), dim, len))
         }
     }
 }

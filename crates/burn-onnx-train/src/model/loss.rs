@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::collective::vocab::ShardedLogits;
 use crate::error::{OnnxError, Result};
-use crate::kernels::cross_entropy_rows;
+use crate::kernels::cross_entropy_rows_within;
 use crate::value::FloatValue;
 
 /// Target value that contributes nothing to cross-entropy (PyTorch's default).
@@ -37,14 +37,18 @@ fn loss_err(m: String) -> OnnxError {
     OnnxError::field("loss", m)
 }
 
-/// The logits a cross-entropy reads: the whole class axis, or a tensor-parallel rank's
-/// slice of the vocabulary (the head split along it).
+/// The logits a cross-entropy reads: the whole class axis, a tensor-parallel rank's
+/// slice of the vocabulary (the head split along it), or rows wider than the classes (a
+/// padded head, `crate::model::padded_head`).
 #[derive(Debug, Clone)]
 pub struct Logits {
     /// The values, class axis last.
     pub value: FloatValue,
     /// Which slice of the classes they hold, with the group holding the rest.
     pub sharded: Option<ShardedLogits>,
+    /// The classes, when fewer than the last axis's columns: the loss reads these first
+    /// columns of each row only.
+    pub classes: Option<usize>,
 }
 
 impl From<FloatValue> for Logits {
@@ -52,6 +56,7 @@ impl From<FloatValue> for Logits {
         Logits {
             value,
             sharded: None,
+            classes: None,
         }
     }
 }
@@ -89,6 +94,7 @@ fn cross_entropy_sum(
     let Logits {
         value: logits,
         sharded,
+        classes,
     } = logits.into();
     let shape = logits.shape();
     let Some((&width, lead)) = shape.split_last() else {
@@ -100,7 +106,13 @@ fn cross_entropy_sum(
             targets.shape()
         )));
     }
-    let classes = sharded.as_ref().map_or(width, |s| s.shard.vocab);
+    let columns = classes.unwrap_or(width);
+    if columns == 0 || columns > width {
+        return Err(loss_err(format!(
+            "{columns} classes in logits {shape:?} (a padded head has at least as many columns as classes)"
+        )));
+    }
+    let classes = sharded.as_ref().map_or(columns, |s| s.shard.vocab);
     let n: usize = lead.iter().product();
     let mut idx = Vec::with_capacity(n);
     let mut weight = Vec::with_capacity(n);
@@ -124,9 +136,10 @@ fn cross_entropy_sum(
         .map_err(|e| loss_err(e.0))?;
     let nll = match sharded {
         Some(s) => s.nll_rows(flat, &idx).map_err(|e| loss_err(e.0))?,
-        None => cross_entropy_rows(
+        None => cross_entropy_rows_within(
             flat,
             Tensor::<1, Int>::from_data(TensorData::new(idx, vec![n]), &device),
+            columns,
         ),
     };
     let nll = if counted == n {

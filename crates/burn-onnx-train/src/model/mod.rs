@@ -32,12 +32,14 @@ use crate::value::host_tensor::{HostTensor, dtype, into_row_major_vec};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 
 use file_tensor::file_tensor;
+pub use padded_head::PaddedHead;
 pub use sharded::{ChunkPlace, ChunkStore, Settled, Sharding};
 pub use tensor_parallel::Probe;
 
 mod file_tensor;
 pub mod loss;
 pub mod named_store;
+pub mod padded_head;
 mod param_file;
 pub mod profile;
 mod sharded;
@@ -121,6 +123,8 @@ struct Spec {
     /// A tensor-parallel rank's slice of the logits, when the head is split along the
     /// vocabulary ([`OnnxModel::with_vocab_shard`]).
     vocab_shard: Option<VocabShard>,
+    /// The head widened to aligned columns ([`OnnxModel::with_padded_head`]).
+    padded_head: Option<PaddedHead>,
     /// ZeRO-3: parameters gathered ahead of their first reader ([`OnnxModel::with_prefetch`]).
     prefetch: usize,
     /// The time its passes' prefetching took ([`OnnxModel::take_prefetch_times`]).
@@ -151,6 +155,9 @@ pub struct ForwardOutput {
     /// The output holding this rank's slice of the logits, when the head is split along
     /// the vocabulary: a loss reads it with [`ShardedLogits`].
     pub sharded_logits: Option<ShardedLogits>,
+    /// The output holding logits wider than their classes (a padded head): a loss reads
+    /// only the first [`PaddedHead::classes`] columns of each row.
+    pub padded_logits: Option<PaddedHead>,
 }
 
 impl ForwardOutput {
@@ -256,6 +263,7 @@ impl OnnxModel {
                 param_file: None,
                 collectives: Collectives::default(),
                 vocab_shard: None,
+                padded_head: None,
                 prefetch: 0,
                 prefetch_times: Arc::default(),
                 profiler: None,
@@ -621,6 +629,7 @@ impl OnnxModel {
             outputs,
             state_updates,
             sharded_logits,
+            padded_logits: self.spec.padded_head.clone(),
         })
     }
 

@@ -153,6 +153,11 @@ impl OnnxModel {
             .vocab_shard
             .clone()
             .filter(|v| graph.outputs.iter().any(|o| o.name == v.output));
+        let padded_head = self
+            .spec
+            .padded_head
+            .clone()
+            .filter(|h| graph.outputs.iter().any(|o| o.name == h.output));
         Ok(OnnxModel {
             params,
             spec: Arc::new(Spec {
@@ -169,6 +174,7 @@ impl OnnxModel {
                     .map(|f| Arc::new(f.select(&kept))),
                 collectives: self.spec.collectives.clone(),
                 vocab_shard,
+                padded_head,
                 prefetch: self.spec.prefetch,
                 prefetch_times: self.spec.prefetch_times.clone(),
                 profiler: self.spec.profiler.clone(),

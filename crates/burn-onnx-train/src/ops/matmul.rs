@@ -5,6 +5,7 @@ use burn::tensor::FloatDType;
 use super::broadcast::{broadcast_shapes, float_binary};
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
+use crate::graph::attributes::PAD_COLUMNS;
 use crate::kernels;
 use crate::op_bail;
 use crate::value::{FloatValue, Value};
@@ -83,8 +84,33 @@ pub(super) fn autocast_product(
 /// `MatMul`
 pub fn matmul(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let a = inputs.float(0, "A", ctx.device)?;
-    let b = inputs.float(1, "B", ctx.device)?;
+    let b = padded_columns(ctx, inputs.float(1, "B", ctx.device)?)?;
     Ok(Value::Float(autocast_product(ctx, a, b)?).into())
+}
+
+/// `v` with its last axis widened with zeros to the node's [`PAD_COLUMNS`], if it has
+/// that mark (a head padded to an aligned vocabulary, `crate::model::padded_head`).
+fn padded_columns(ctx: &OpContext, v: FloatValue) -> OpResult<FloatValue> {
+    let to = ctx.attrs.int(PAD_COLUMNS, 0)?;
+    let Some(&n) = v.shape().last() else {
+        return Ok(v);
+    };
+    if to <= 0 || to as usize == n {
+        return Ok(v);
+    }
+    if (to as usize) < n {
+        op_bail!("cannot pad {n} columns to {to}");
+    }
+    let axis = v.axis(-1)?;
+    Ok(FloatValue::new(
+        kernels::pad_end(v.tensor, axis, to as usize),
+        v.rank,
+    ))
+}
+
+/// The column count of a 2-D operand.
+fn n_of(v: &FloatValue) -> usize {
+    v.shape().last().copied().unwrap_or(1)
 }
 
 fn transpose2(v: FloatValue) -> OpResult<FloatValue> {
@@ -122,6 +148,13 @@ pub fn gemm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         transpose2(b)?
     } else {
         b
+    };
+    let b = padded_columns(ctx, b)?;
+    let c = match c {
+        Some(c) if c.shape().last() == Some(&n_of(&b)) || c.rank == 0 => Some(c),
+        Some(c) if c.shape().last() == Some(&1) => Some(c),
+        Some(c) => Some(padded_columns(ctx, c)?),
+        None => None,
     };
     let mut y = autocast_product(ctx, a, b)?;
     if alpha != 1.0 {

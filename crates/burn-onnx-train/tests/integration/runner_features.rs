@@ -747,3 +747,62 @@ fn collectives_wait_30_minutes_by_default_on_thread_and_mpi_ranks_alike() {
     p.collective_timeout = Some(0.0);
     assert_eq!(p.collective_wait_limit(), None, "0: no limit");
 }
+
+#[test]
+fn a_run_with_its_head_padded_is_the_unpadded_run() {
+    use burn_onnx_train::train::layout::parallel_plan::ParallelPlan;
+    // The plan pads where the config asks (the CPU pads nothing by default).
+    let padded_config = |out: &Path, multiple: Option<usize>| {
+        let mut c = gpt2_config(out);
+        c.model.pad_vocab_to_multiple_of = multiple;
+        c.eval.evaluation_period = 3;
+        c
+    };
+    let head_of = |multiple| {
+        let c = padded_config(&tempdir("padded-head-plan"), multiple);
+        let model = OnnxModel::load(&c.model.model_path, &Device::flex().autodiff()).unwrap();
+        let mut plan = ParallelPlan::new(&c, &LocalCommunicator).unwrap();
+        let parts = plan
+            .parallelize(&c, model, &*gpt2_tokens(), &Device::flex().autodiff())
+            .unwrap();
+        parts.model.padded_head().map(|h| (h.classes, h.padded))
+    };
+    assert_eq!(head_of(Some(96)), Some((1024, 1056)));
+    assert_eq!(head_of(None), None);
+    assert_eq!(head_of(Some(64)), None, "1024 is a multiple of 64 already");
+
+    // Trained with the head padded, the run is the unpadded run: its losses, evaluations
+    // and exported parameters (of the source's shapes).
+    let (a, b) = (tempdir("padded-head-run"), tempdir("unpadded-head-run"));
+    let padded = run_local(padded_config(&a, Some(96)));
+    let plain = run_local(padded_config(&b, Some(1)));
+    assert_eq!(padded.losses.len(), 6);
+    for ((step, p), (_, q)) in padded.losses.iter().zip(&plain.losses) {
+        assert!(
+            (p - q).abs() < 1e-5,
+            "update {step}: loss {p} padded, {q} not"
+        );
+    }
+    assert_eq!(padded.evals.len(), 2);
+    for (p, q) in padded.evals.iter().zip(&plain.evals) {
+        assert!((p.loss - q.loss).abs() < 1e-5, "evaluation at {}", p.step);
+    }
+    let source = onnx_params(refkit("models/gpt2_tiny.onnx"));
+    let (got, want) = (trained(&a), trained(&b));
+    assert_eq!(got.len(), source.len());
+    for (((name, p), (_, q)), (_, s)) in got.iter().zip(&want).zip(&source) {
+        assert_eq!(
+            p.shape(),
+            s.shape(),
+            "{name}: exported in the source's shape"
+        );
+        // AdamW's normalised step carries the products' f32 summation order (1056 columns
+        // against 1024) into the parameters: ~1e-5 after six updates.
+        assert_close(&format!("padded vs unpadded: {name}"), p, q, 1e-4, 0.0);
+    }
+    assert_moved(
+        &refkit("models/gpt2_tiny.onnx"),
+        &a.join("gpt2_tiny_trained.onnx"),
+        1e-3,
+    );
+}

@@ -73,3 +73,36 @@ fn gpt2_tiny_adamw_10_steps_match_pytorch() {
         1e-5,
     );
 }
+
+// Heads padded to aligned columns (`OnnxModel::with_padded_head`): the mlp's Gemm head
+// (transposed weight and a bias) 10 -> 16 columns, GPT-2's MatMul head 1024 -> 1056; the
+// loss and every gradient are still PyTorch's for the unpadded model.
+
+#[test]
+fn padded_heads_give_pytorchs_loss_and_gradients() {
+    check_gradients(
+        Case::new("mlp", "mlp").with_padded_head(8),
+        &eval_device(),
+        1e-5,
+        1e-6,
+    );
+    check_gradients(
+        Case::new("gpt2_tiny", "gpt2_tiny").with_padded_head(96),
+        &eval_device(),
+        1e-5,
+        1e-6,
+    );
+}
+
+#[test]
+fn a_padded_head_trains_as_pytorch_does() {
+    check_trajectory(
+        Case::new("gpt2_tiny", "gpt2_tiny").with_padded_head(96),
+        &eval_device(),
+        adamw(),
+        1e-3,
+        "adamw",
+        1e-5,
+        1e-5,
+    );
+}

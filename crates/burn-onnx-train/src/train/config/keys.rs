@@ -21,6 +21,7 @@ pub(super) const SECTIONS: &[(&str, &[&str])] = &[
             "weights_not_to_train",
             "tie_duplicate_initializers",
             "untie_shared_constants",
+            "pad_vocab_to_multiple_of",
         ],
     ),
     (
@@ -126,6 +127,11 @@ const SYNONYMS: &[(&str, &str, Option<&str>)] = &[
     ("micro_batch_size", "data.batch_size", Some("--batch-size")),
     ("per_device_eval_batch_size", "eval.eval_batch_size", None),
     ("max_steps", "train.num_train_steps", Some("--steps")),
+    (
+        "make_vocab_size_divisible_by",
+        "model.pad_vocab_to_multiple_of",
+        None,
+    ),
     ("train_iters", "train.num_train_steps", Some("--steps")),
     ("num_epochs", "train.num_train_epochs", Some("--epochs")),
     ("epochs", "train.num_train_epochs", Some("--epochs")),

@@ -56,6 +56,15 @@ pub struct ModelConfig {
     /// Give each node that reads a shared constant-filled initializer (exporter-merged norm
     /// weights, biases, batch-norm statistics) its own copy; see `initializer_ties`.
     pub untie_shared_constants: bool,
+    /// Widen the head producing `output_name` (a MatMul or Gemm whose weight is a
+    /// parameter, read by a cross-entropy loss) to a multiple of this many columns inside
+    /// the model, with zero columns the loss never reads: GPT-2's 50257 become 50304, so
+    /// the logits' rows are aligned for vectorized GPU kernels (nanoGPT's padding,
+    /// Megatron's `make_vocab_size_divisible_by`). The parameter, checkpoints, exports and
+    /// the loss are the unpadded model's. Unset: 64 on GPU devices, off on the CPU (whose
+    /// kernels gain nothing from it); 1: off. Not with tensor parallelism, whose vocabulary
+    /// split pads the head its own way.
+    pub pad_vocab_to_multiple_of: Option<usize>,
 }
 
 impl Default for ModelConfig {
@@ -71,6 +80,7 @@ impl Default for ModelConfig {
             weights_not_to_train: Vec::new(),
             tie_duplicate_initializers: true,
             untie_shared_constants: true,
+            pad_vocab_to_multiple_of: None,
         }
     }
 }
@@ -82,6 +92,12 @@ impl ModelConfig {
             return Err(invalid(
                 "model.model_path",
                 "is required: the ONNX model to train (--model FILE.onnx, or model_path in --config)",
+            ));
+        }
+        if self.pad_vocab_to_multiple_of == Some(0) {
+            return Err(invalid(
+                "model.pad_vocab_to_multiple_of",
+                "must be at least 1 (1: no padding)",
             ));
         }
         if self.loss != LossKind::Graph && self.label_name.is_some() {

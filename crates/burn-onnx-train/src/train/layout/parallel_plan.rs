@@ -30,13 +30,15 @@ use burn_ort_dist::{
 
 use crate::collective::{CollectiveGroup, Collectives};
 use crate::error::{OnnxError, Result};
+use crate::kernels;
+use crate::model::loss::LossKind;
 use crate::model::{ChunkStore, OnnxModel};
 use crate::onnx::export::{ExportOptions, export_onnx_gathered, export_onnx_with};
 use crate::parallel::pipeline::Partition;
 use crate::parallel::tensor_parallel::TensorParallel;
 use crate::train::checkpoint::zero3_shards::{shard_file, shard_writer};
 use crate::train::checkpoint::{model_file, model_file_writer, state_dir};
-use crate::train::config::{Overlap, ParallelConfig, ParamOffload, TrainingConfig};
+use crate::train::config::{ModelConfig, Overlap, ParallelConfig, ParamOffload, TrainingConfig};
 use crate::train::data::Dataset;
 use crate::train::evaluate::EvalPlace;
 use crate::train::optimizer::{build_strategy, data_parallel};
@@ -48,6 +50,34 @@ use crate::train::report::summaries::SummaryRole;
 use crate::value::Value;
 
 use super::streamed_export::{ExportLayout, export_streamed};
+
+/// `model` with the head its cross-entropy reads padded to `model.pad_vocab_to_multiple_of`
+/// columns (unset: 64 on CubeCL devices, none on the CPU); see [`OnnxModel::with_padded_head`].
+fn pad_head(settings: &ModelConfig, model: OnnxModel) -> OnnxModel {
+    let cross_entropy = matches!(
+        settings.loss,
+        LossKind::CrossEntropy | LossKind::LmCrossEntropy
+    );
+    let default = match kernels::runs_cubecl(&model.device()) {
+        true => 64,
+        false => 1,
+    };
+    match settings.pad_vocab_to_multiple_of.unwrap_or(default) {
+        multiple if cross_entropy && multiple > 1 => {
+            let model = model.with_padded_head(&settings.output_name, multiple);
+            if let Some(head) = model.padded_head() {
+                tracing::info!(
+                    output = head.output,
+                    classes = head.classes,
+                    columns = head.padded,
+                    "head padded to aligned columns"
+                );
+            }
+            model
+        }
+        _ => model,
+    }
+}
 
 /// What [`ParallelPlan::parallelize`] gives the trainer: this rank's part of the model
 /// (holding the collective groups its ops run on), the passes that train it, and its update
@@ -208,7 +238,8 @@ impl ParallelPlan {
     }
 
     /// This rank's part of `model` (the whole model): its tensor-parallel split (planned
-    /// from a probe pass on two samples of `train`), then its pipeline stage.
+    /// from a probe pass on two samples of `train`) or its head padded to aligned columns,
+    /// then its pipeline stage.
     fn model_part(
         &mut self,
         c: &TrainingConfig,
@@ -238,7 +269,7 @@ impl ParallelPlan {
             self.tensor_parallel = Some(t);
             part
         } else {
-            model
+            pad_head(&c.model, model)
         };
         if !self.pp_enabled() {
             return Ok(model);

@@ -181,9 +181,15 @@ pub fn loss_of_outputs(
             ),
         ));
     }
+    let classes = out
+        .padded_logits
+        .as_ref()
+        .filter(|h| h.output == config.output_name)
+        .map(|h| h.classes);
     let logits = |value| Logits {
         value,
         sharded: sharded.clone(),
+        classes,
     };
     let (loss, correct) = match (config.loss, &batch.target, &batch.input) {
         (LossKind::Graph, _, _) => {
@@ -211,7 +217,7 @@ pub fn loss_of_outputs(
         ) => (token_cross_entropy(logits(pred), labels, *divisor)?, None),
         (LossKind::CrossEntropy, Target::Classes(labels), _) => {
             let correct = if mode == Mode::Eval {
-                Some(count_correct(&pred, labels, sharded.as_ref())?)
+                Some(count_correct(&pred, labels, sharded.as_ref(), classes)?)
             } else {
                 None
             };
@@ -241,10 +247,18 @@ fn count_correct(
     logits: &FloatValue,
     labels: &ndarray::ArrayD<i64>,
     sharded: Option<&ShardedLogits>,
+    padded_to_classes: Option<usize>,
 ) -> Result<usize> {
     let a = logits
         .to_array()
         .map_err(|e| OnnxError::field("logits", e.0))?;
+    let width = *a.shape().last().unwrap_or(&1);
+    let a = match padded_to_classes {
+        Some(c) if c < width => a
+            .slice_axis(ndarray::Axis(a.ndim() - 1), (0..c).into())
+            .to_owned(),
+        _ => a,
+    };
     let classes = *a.shape().last().unwrap_or(&1);
     let rows = a
         .as_standard_layout()

@@ -70,6 +70,7 @@ pub fn logits_and_grads(
         Logits {
             value: logits.clone(),
             sharded,
+            classes: None,
         },
         ids,
     )

@@ -9,11 +9,13 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_onnx_train::OnnxModel;
-use burn_onnx_train::kernels::{FusedAdam, cross_entropy_rows, cross_entropy_rows_reference};
+use burn_onnx_train::kernels::{
+    FusedAdam, cross_entropy_rows, cross_entropy_rows_reference, cross_entropy_rows_within,
+};
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::optimizer::{build_optimizer, flat_rule, weight_decays};
 use burn_ort_dist::ReplicaOptimizer;
-use ndarray::{ArrayD, IxDyn};
+use ndarray::{ArrayD, Axis, IxDyn};
 
 use super::{assert_close, lcg, refkit};
 
@@ -140,6 +142,50 @@ pub fn check_cross_entropy(device: &Device) {
             "the gradient is not trivially zero"
         );
     }
+    // Rows wider than their classes (a padded head): the columns past the classes hold
+    // values that would dominate the softmax if read; the loss is the closed form of the
+    // classes, their gradient zero.
+    for (rows, classes, width) in [(37, 1000, 1024), (3, 50257, 50304), (5, 2, 3)] {
+        let (loss, grad) = wider_loss_and_grad(device, rows, classes, width);
+        let (want_loss, want_grad) = exact(rows, classes);
+        let what = format!("{rows}x{classes} in rows of {width}");
+        assert_close(&format!("{what}: loss"), &loss, &want_loss, 1e-6, 1e-6);
+        let read = grad.slice_axis(Axis(1), (0..classes).into()).to_owned();
+        assert_close(&format!("{what}: gradient"), &read, &want_grad, 1e-7, 1e-6);
+        let rest = grad.slice_axis(Axis(1), (classes..width).into());
+        assert!(
+            rest.iter().all(|&g| g == 0.0),
+            "{what}: the padding's gradient is not zero"
+        );
+    }
+}
+
+/// [`loss_and_grad`]'s problem with each row widened to `width` by columns of 30.0, the
+/// fused loss told to read the first `classes`.
+fn wider_loss_and_grad(
+    device: &Device,
+    rows: usize,
+    classes: usize,
+    width: usize,
+) -> (ArrayD<f32>, ArrayD<f32>) {
+    let (logits, targets, weights) = problem(rows, classes);
+    let wide: Vec<f32> = logits
+        .chunks(classes)
+        .flat_map(|row| {
+            row.iter()
+                .copied()
+                .chain(std::iter::repeat_n(30.0, width - classes))
+        })
+        .collect();
+    let device = device.clone().autodiff();
+    let x =
+        Tensor::<2>::from_data(TensorData::new(wide, vec![rows, width]), &device).require_grad();
+    let t = Tensor::<1, Int>::from_data(TensorData::new(targets, vec![rows]), &device);
+    let w = Tensor::<1>::from_data(TensorData::new(weights, vec![rows]), &device);
+    let loss = cross_entropy_rows_within(x.clone(), t, classes);
+    let grads = (loss.clone() * w).sum().backward();
+    let g = x.grad(&grads).unwrap();
+    (host(loss.inner()), host2(g))
 }
 
 pub fn config(kind: OptimizerKind) -> OptimizerConfig {

@@ -10,7 +10,8 @@ use burn::optim::{
 use burn::tensor::{Device, Tensor};
 use burn_onnx_train::graph::Graph;
 use burn_onnx_train::graph::initializer_ties::TieOptions;
-use burn_onnx_train::model::loss::{cross_entropy, lm_cross_entropy};
+use burn_onnx_train::model::ForwardOutput;
+use burn_onnx_train::model::loss::{Logits, cross_entropy, lm_cross_entropy};
 use burn_onnx_train::value::host_tensor::HostTensor;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use ndarray::ArrayD;
@@ -22,6 +23,8 @@ pub struct Case {
     name: &'static str,
     model: &'static str,
     batch: HashMap<String, HostTensor>,
+    /// Pad the head to a multiple of this many columns ([`OnnxModel::with_padded_head`]).
+    pad_head: Option<usize>,
 }
 
 impl Case {
@@ -30,6 +33,15 @@ impl Case {
             name,
             model,
             batch: npz(refkit(&format!("train/{name}/batch.npz"))),
+            pad_head: None,
+        }
+    }
+
+    /// The case with its head padded to a multiple of `multiple` columns.
+    pub fn with_padded_head(self, multiple: usize) -> Self {
+        Case {
+            pad_head: Some(multiple),
+            ..self
         }
     }
 
@@ -42,7 +54,35 @@ impl Case {
             tie_duplicates: false,
             ..TieOptions::default()
         };
-        OnnxModel::from_graph(Graph::load_with(path, ties).unwrap(), device).unwrap()
+        let model = OnnxModel::from_graph(Graph::load_with(path, ties).unwrap(), device).unwrap();
+        match self.pad_head {
+            Some(multiple) => {
+                let output = model.graph().outputs[0].name.clone();
+                let model = model.with_padded_head(&output, multiple);
+                let head = model.padded_head().expect("the head is padded");
+                assert_eq!(head.padded, head.classes.next_multiple_of(multiple));
+                assert!(head.padded > head.classes, "{}: nothing to pad", self.name);
+                model
+            }
+            None => model,
+        }
+    }
+
+    /// The forward's first output as the logits a loss reads: the classes of a padded
+    /// head, whose logits are checked to be that wide.
+    fn logits(out: ForwardOutput) -> Logits {
+        let classes = out.padded_logits.as_ref().map(|h| h.classes);
+        let Some(Value::Float(value)) = out.outputs.first().map(|(_, v)| v.clone()) else {
+            panic!("the first output is not float logits")
+        };
+        if let Some(head) = &out.padded_logits {
+            assert_eq!(value.shape().last(), Some(&head.padded));
+        }
+        Logits {
+            value,
+            sharded: None,
+            classes,
+        }
     }
 
     /// Forward and the kit's loss (mean cross-entropy; next-token for GPT-2).
@@ -52,10 +92,7 @@ impl Case {
             let out = model
                 .forward(vec![("input".into(), x)], Mode::Train)
                 .unwrap();
-            let Some(Value::Float(logits)) = out.first().cloned() else {
-                panic!()
-            };
-            cross_entropy(logits, int(&self.batch["target"])).unwrap()
+            cross_entropy(Self::logits(out), int(&self.batch["target"])).unwrap()
         } else {
             let ids = int(&self.batch["input_ids"]).clone();
             let out = model
@@ -64,10 +101,7 @@ impl Case {
                     Mode::Train,
                 )
                 .unwrap();
-            let Some(Value::Float(logits)) = out.first().cloned() else {
-                panic!()
-            };
-            lm_cross_entropy(logits, &ids).unwrap()
+            lm_cross_entropy(Self::logits(out), &ids).unwrap()
         }
     }
 
