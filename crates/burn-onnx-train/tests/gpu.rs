@@ -1093,11 +1093,18 @@ fn gpu_fused_lamb_matches_burns_lamb_and_their_records_interchange() {
     check(OptimizerKind::Lamb, gpu().autodiff());
 }
 
-/// NCCL through the real library (CUDA only): a group of one, started without MPI.
+/// NCCL through the real library (CUDA only): a group of one, started without MPI, through
+/// our communicator and through the CUDA runtime's own collectives.
 #[cfg(feature = "cuda")]
 mod nccl {
+    use std::sync::Arc;
+    use std::time::Duration;
+
     use burn::tensor::{Device, Tensor, TensorData};
-    use burn_ort_dist::{Communicator, NcclCommunicator, check_collectives};
+    use burn_ort_dist::{
+        Communicator, DeviceGroup, LocalCommunicator, NcclCommunicator, check_collectives,
+        run_threads,
+    };
 
     fn nccl() -> NcclCommunicator {
         NcclCommunicator::single(0).unwrap_or_else(|e| panic!("NCCL on GPU 0: {e}"))
@@ -1135,6 +1142,68 @@ mod nccl {
             got, values,
             "the mean over a group of one is the bucket itself"
         );
+    }
+
+    /// Thread ranks' path (`DeviceGroup`): the CUDA runtime's own NCCL averages a bucket
+    /// on its communication stream, after the kernel that wrote it and before the kernel
+    /// that reads the mean (events, no device sync): 16M values, so a collective that did
+    /// not wait would read a bucket still being written.
+    #[test]
+    fn the_runtimes_nccl_averages_a_bucket_between_the_kernels_around_it() {
+        let device = Device::cuda(0);
+        let group = DeviceGroup::over(Arc::new(LocalCommunicator), &device).unwrap();
+        let reduce = group
+            .device_reduce()
+            .expect("the CUDA runtime moves data between its devices (NCCL)");
+        assert!(reduce.reduces_on(&device) && !reduce.reduces_on(&Device::flex()));
+        let n = 1 << 24;
+        let values: Vec<f32> = (0..n).map(|i| ((i % 977) as f32 * 0.37).sin()).collect();
+        let bucket = Tensor::<1>::from_data(TensorData::new(values.clone(), [n]), &device);
+        let mean = reduce.all_reduce_mean(bucket.mul_scalar(3.0)).unwrap();
+        let got = mean
+            .add_scalar(1.0)
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
+        for (i, (g, v)) in got.iter().zip(&values).enumerate() {
+            assert!(
+                (g - (v * 3.0 + 1.0)).abs() < 1e-6,
+                "value {i}: {g}, want {}",
+                v * 3.0 + 1.0
+            );
+        }
+    }
+
+    /// Two thread ranks with a GPU each average on the devices, and a group split from
+    /// theirs keeps the path. Needs a machine with two GPUs: the pack's
+    /// `gpu-tests --ignored two_gpus` there.
+    #[test]
+    #[ignore = "needs two GPUs"]
+    fn two_gpus_thread_ranks_average_on_the_devices() {
+        let results = run_threads(2, Duration::from_secs(300), |comm| -> Result<(), String> {
+            let rank = comm.rank();
+            let device = Device::cuda(rank);
+            let group = DeviceGroup::over(comm, &device).map_err(|e| e.to_string())?;
+            let sub = group.split(0, rank).map_err(|e| e.to_string())?;
+            for g in [group.as_ref(), sub.as_ref()] {
+                let reduce = g.device_reduce().ok_or("no device all-reduce")?;
+                let bucket = Tensor::<1>::full([1 << 20], (rank + 1) as f32, &device);
+                let mean = reduce.all_reduce_mean(bucket).map_err(|e| e.to_string())?;
+                let got = mean
+                    .into_data()
+                    .convert::<f32>()
+                    .try_to_vec::<f32>()
+                    .unwrap();
+                if got.iter().any(|&v| v != 1.5) {
+                    return Err(format!("rank {rank}: the mean of 1 and 2 is not 1.5"));
+                }
+            }
+            Ok(())
+        });
+        for r in results {
+            r.unwrap();
+        }
     }
 }
 

@@ -26,6 +26,8 @@ pub use comm::collective_check::check_collectives;
 pub use comm::communicator::{Communicator, DeviceReduce, Forwarding, LocalCommunicator, ReduceOp};
 #[cfg(feature = "cuda")]
 pub use comm::cuda_probe::check_cuda_device;
+#[cfg(feature = "cuda")]
+pub use comm::device_group::DeviceGroup;
 pub use comm::launch::{launched_by_mpi, run_threads};
 #[cfg(feature = "mpi")]
 pub use comm::mpi_comm::MpiCommunicator;

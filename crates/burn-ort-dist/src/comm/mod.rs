@@ -6,6 +6,8 @@ pub mod collective_check;
 pub mod communicator;
 #[cfg(feature = "cuda")]
 pub mod cuda_probe;
+#[cfg(feature = "cuda")]
+pub mod device_group;
 pub mod fp16_wire;
 pub mod launch;
 #[cfg(feature = "mpi")]

@@ -70,7 +70,10 @@ fn run_rank(
         .device
         .device(local_rank(comm.rank()))
         .map_err(OnnxError::before_first_update)
-        .and_then(|device| TrainingRunner::new(config, comm.clone(), device.autodiff()))
+        .and_then(|device| {
+            let group = device_collectives(comm.clone(), &device)?;
+            TrainingRunner::new(config, group, device.autodiff())
+        })
         .and_then(|r| r.run(train, test));
     match &result {
         // Every rank stopped after the same update: nothing to abort (the front end
@@ -93,6 +96,33 @@ fn run_rank(
         _ => {}
     }
     result
+}
+
+/// Thread ranks on GPUs whose runtime moves data between them (CUDA with NCCL): `comm`
+/// with the gradient buckets averaged by the devices themselves (`burn_ort_dist::DeviceGroup`);
+/// every other group as it is (MPI ranks have their communicator's own NCCL already).
+#[cfg(feature = "cuda")]
+fn device_collectives(
+    comm: Arc<dyn Communicator>,
+    device: &burn::tensor::Device,
+) -> Result<Arc<dyn Communicator>> {
+    if comm.world_size() == 1 || burn_ort_dist::launched_by_mpi() {
+        return Ok(comm);
+    }
+    let group = burn_ort_dist::DeviceGroup::over(comm, device)
+        .map_err(|e| OnnxError::from(e).before_first_update())?;
+    if group.rank() == 0 && group.device_reduce().is_some() {
+        tracing::info!("gradients averaged on the GPUs (NCCL through the CUDA runtime)");
+    }
+    Ok(group)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device_collectives(
+    comm: Arc<dyn Communicator>,
+    _device: &burn::tensor::Device,
+) -> Result<Arc<dyn Communicator>> {
+    Ok(comm)
 }
 
 /// `work()` on one thread of a new compute pool (as many threads as the global pool:

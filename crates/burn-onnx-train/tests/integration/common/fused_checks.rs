@@ -62,16 +62,34 @@ pub fn loss_and_grad(
     fused: bool,
 ) -> (ArrayD<f32>, ArrayD<f32>) {
     let (logits, targets, weights) = problem(rows, classes);
+    weighted_loss_and_grad(
+        device,
+        (logits, classes),
+        targets,
+        weights,
+        |x, t| match fused {
+            true => cross_entropy_rows(x, t),
+            false => cross_entropy_rows_reference(x, t),
+        },
+    )
+}
+
+/// `loss(x, targets)` per row of `logits` (`(values, width)`) and the gradient of
+/// `sum(weights * loss)` with respect to them, on `device` with autodiff.
+fn weighted_loss_and_grad(
+    device: &Device,
+    (logits, width): (Vec<f32>, usize),
+    targets: Vec<i64>,
+    weights: Vec<f32>,
+    loss: impl Fn(Tensor<2>, Tensor<1, Int>) -> Tensor<1>,
+) -> (ArrayD<f32>, ArrayD<f32>) {
+    let rows = targets.len();
     let device = device.clone().autodiff();
-    let x = Tensor::<2>::from_data(TensorData::new(logits, vec![rows, classes]), &device)
-        .require_grad();
+    let x =
+        Tensor::<2>::from_data(TensorData::new(logits, vec![rows, width]), &device).require_grad();
     let t = Tensor::<1, Int>::from_data(TensorData::new(targets, vec![rows]), &device);
     let w = Tensor::<1>::from_data(TensorData::new(weights, vec![rows]), &device);
-    let loss = if fused {
-        cross_entropy_rows(x.clone(), t)
-    } else {
-        cross_entropy_rows_reference(x.clone(), t)
-    };
+    let loss = loss(x.clone(), t);
     let grads = (loss.clone() * w).sum().backward();
     let g = x.grad(&grads).unwrap();
     (host(loss.inner()), host2(g))
@@ -169,23 +187,14 @@ fn wider_loss_and_grad(
     width: usize,
 ) -> (ArrayD<f32>, ArrayD<f32>) {
     let (logits, targets, weights) = problem(rows, classes);
+    let pad = std::iter::repeat_n(30.0, width - classes);
     let wide: Vec<f32> = logits
         .chunks(classes)
-        .flat_map(|row| {
-            row.iter()
-                .copied()
-                .chain(std::iter::repeat_n(30.0, width - classes))
-        })
+        .flat_map(|row| row.iter().copied().chain(pad.clone()))
         .collect();
-    let device = device.clone().autodiff();
-    let x =
-        Tensor::<2>::from_data(TensorData::new(wide, vec![rows, width]), &device).require_grad();
-    let t = Tensor::<1, Int>::from_data(TensorData::new(targets, vec![rows]), &device);
-    let w = Tensor::<1>::from_data(TensorData::new(weights, vec![rows]), &device);
-    let loss = cross_entropy_rows_within(x.clone(), t, classes);
-    let grads = (loss.clone() * w).sum().backward();
-    let g = x.grad(&grads).unwrap();
-    (host(loss.inner()), host2(g))
+    weighted_loss_and_grad(device, (wide, width), targets, weights, |x, t| {
+        cross_entropy_rows_within(x, t, classes)
+    })
 }
 
 pub fn config(kind: OptimizerKind) -> OptimizerConfig {
