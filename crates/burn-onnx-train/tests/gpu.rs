@@ -637,7 +637,11 @@ fn check_masked_softmax(cols: usize, keep_dims: [usize; 4], scale: f32, fill: f3
 /// Pieces of `[2, 5, 12]` values along `dim` through `kernels::narrow` on the GPU: each
 /// piece holds its elements, and the gradient of `sum(w * piece)` over the first (read
 /// transposed) and last pieces is `w` where those pieces were and zero elsewhere, exactly.
-fn check_narrow(dim: usize, sizes: [usize; 3]) {
+/// The pieces are cut from a parameter, or from an op's output (whose gradient the later
+/// pieces add into in place), which another term of the loss may read whole too: its
+/// gradient then arrives between the pieces' (an in-place write that overwrote instead of
+/// adding fails here).
+fn check_narrow(dim: usize, sizes: [usize; 3], from_op: bool, read_whole: bool) {
     let dims = [2, 5, 12];
     let device = gpu().autodiff();
     let n: usize = dims.iter().product();
@@ -647,12 +651,18 @@ fn check_narrow(dim: usize, sizes: [usize; 3]) {
         PhysTensor::from_data(TensorData::new(v, padded(d).unwrap().to_vec()), &device)
     };
     let tx = tensor(x.clone(), &dims).require_grad();
+    // `x * 2` when cut from an op's output: the pieces' gradients reach `x` doubled.
+    let (cut, scale) = match from_op {
+        true => (tx.clone().mul_scalar(2.0), 2.0),
+        false => (tx.clone(), 1.0),
+    };
     let coord = |i: usize| [i / 60, i / 12 % 5, i % 12][dim];
-    let mut loss = None;
     let mut want_grad = vec![0.0f32; n];
+    let mut loss = None;
     let mut start = 0;
+    let pieces = std::sync::Arc::new(kernels::SplitPieces::default());
     for (p, &len) in sizes.iter().enumerate() {
-        let piece = kernels::narrow(tx.clone(), phys, start, len);
+        let piece = kernels::narrow(cut.clone(), phys, start, len, &pieces);
         let inside: Vec<usize> = (0..n)
             .filter(|&i| (start..start + len).contains(&coord(i)))
             .collect();
@@ -662,7 +672,7 @@ fn check_narrow(dim: usize, sizes: [usize; 3]) {
             .into_data()
             .try_to_vec::<f32>()
             .unwrap();
-        let want: Vec<f32> = inside.iter().map(|&i| x[i]).collect();
+        let want: Vec<f32> = inside.iter().map(|&i| x[i] * scale).collect();
         assert_eq!(got, want, "piece {p} along {dim}");
         let mut piece_dims = dims;
         piece_dims[dim] = len;
@@ -673,7 +683,7 @@ fn check_narrow(dim: usize, sizes: [usize; 3]) {
                 let w: Vec<f32> = (0..inside.len()).map(|k| k as f32 + 100.0).collect();
                 for (j, &i) in inside.iter().enumerate() {
                     let (o, r, c) = (j / (rows * cols), j / cols % rows, j % cols);
-                    want_grad[i] = w[(o * cols + c) * rows + r];
+                    want_grad[i] += w[(o * cols + c) * rows + r] * scale;
                 }
                 let transposed = piece.swap_dims(MAX_RANK - 2, MAX_RANK - 1);
                 Some((transposed * tensor(w, &[dims[0], cols, rows])).sum())
@@ -683,7 +693,7 @@ fn check_narrow(dim: usize, sizes: [usize; 3]) {
             _ => {
                 let w: Vec<f32> = (0..inside.len()).map(|j| j as f32 + p as f32).collect();
                 for (&i, &wj) in inside.iter().zip(&w) {
-                    want_grad[i] = wj;
+                    want_grad[i] += wj * scale;
                 }
                 Some((piece * tensor(w, &piece_dims)).sum())
             }
@@ -694,6 +704,13 @@ fn check_narrow(dim: usize, sizes: [usize; 3]) {
         };
         start += len;
     }
+    if read_whole {
+        let w: Vec<f32> = (0..n).map(|i| (i % 7) as f32 - 3.0).collect();
+        for (g, v) in want_grad.iter_mut().zip(&w) {
+            *g += v * scale;
+        }
+        loss = loss.map(|l| l + (cut.clone() * tensor(w, &dims)).sum());
+    }
     let grads = loss.unwrap().backward();
     let got = tx
         .grad(&grads)
@@ -701,14 +718,19 @@ fn check_narrow(dim: usize, sizes: [usize; 3]) {
         .into_data()
         .try_to_vec::<f32>()
         .unwrap();
-    assert_eq!(got, want_grad, "gradient along {dim}");
+    assert_eq!(
+        got, want_grad,
+        "gradient along {dim} (from an op: {from_op}, read whole: {read_whole})"
+    );
 }
 
 #[test]
 fn split_pieces_on_gpu_hold_their_elements_and_write_their_gradients_in_place() {
-    check_narrow(2, [4, 4, 4]);
-    check_narrow(2, [3, 4, 5]);
-    check_narrow(1, [1, 3, 1]);
+    for (from_op, read_whole) in [(false, false), (true, false), (true, true), (false, true)] {
+        check_narrow(2, [4, 4, 4], from_op, read_whole);
+        check_narrow(2, [3, 4, 5], from_op, read_whole);
+        check_narrow(1, [1, 3, 1], from_op, read_whole);
+    }
 }
 
 #[test]

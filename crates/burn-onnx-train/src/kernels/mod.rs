@@ -76,7 +76,7 @@ pub use layer_norm::{layer_norm, layer_norm_fused_here};
 pub use masked_fill::{masked_fill, masked_fill_fused_here};
 pub use masked_softmax::{masked_softmax, masked_softmax_fused_here};
 pub use matmul::{matmul, matmul_autocast};
-pub use narrow::{narrow, pad_end};
+pub use narrow::{SplitPieces, narrow, pad_end};
 pub use pool::max_pool2d;
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
 

@@ -1,18 +1,45 @@
-//! A slice along one axis (`Split`'s pieces) whose backward writes the whole input's
-//! gradient in one pass on CubeCL devices: the piece's gradient where the piece was, zeros
-//! elsewhere. Burn's slice backward filled a zero tensor of the input's size and then
-//! assigned the piece into it, two launches per piece (a fused QKV projection's Split: six
-//! a layer, before the three gradients are summed). The forward is Burn's slice, a view.
+//! A slice along one axis (`Split`'s pieces) whose backward writes the input's gradient
+//! once for all the pieces on CubeCL devices: the first piece whose gradient arrives writes
+//! the whole input's gradient (its part, zeros elsewhere: one launch), each later piece adds
+//! its part into that gradient in place (one launch over the piece). Burn's slice backward
+//! filled a zero tensor of the input's size and assigned the piece into it, two launches a
+//! piece, and autodiff then summed the whole-size gradients (a fused QKV projection's
+//! Split: eight launches a layer and ten passes over `[batch, seq, 3 x width]`; now three
+//! launches and under two passes). The forward is Burn's slice, a view.
 //!
 //! Its converse, [`pad_end`], widens one axis with zeros (a head's weight padded to an
 //! aligned vocabulary, `model::padded_head`): one launch that keeps the input's layout (a
 //! transposed view stays one), and a backward that is a slice of the gradient, a view.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::value::PhysTensor;
 
-/// Elements `start..start + len` (`len` > 0) along physical axis `dim` of `x`: on CubeCL
-/// devices with the one-pass backward, elsewhere Burn's `narrow`.
-pub fn narrow(x: PhysTensor, dim: usize, start: usize, len: usize) -> PhysTensor {
+/// The pieces cut from one input ([`narrow`]): whether one of them has written the input's
+/// gradient yet, so the others add theirs into it.
+#[derive(Debug, Default)]
+pub struct SplitPieces {
+    written: AtomicBool,
+}
+
+impl SplitPieces {
+    /// Whether a piece wrote the input's gradient before; marks it written.
+    fn written_before(&self) -> bool {
+        self.written.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// Elements `start..start + len` (`len` > 0) along physical axis `dim` of `x`, one of the
+/// `pieces` cut from it: on CubeCL devices with the shared backward, elsewhere Burn's
+/// `narrow`.
+pub fn narrow(
+    x: PhysTensor,
+    dim: usize,
+    start: usize,
+    len: usize,
+    pieces: &Arc<SplitPieces>,
+) -> PhysTensor {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if super::runs_cubecl(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
         use cube::NarrowOps;
@@ -21,8 +48,10 @@ pub fn narrow(x: PhysTensor, dim: usize, start: usize, len: usize) -> PhysTensor
             dim,
             start,
             len,
+            pieces.clone(),
         ));
     }
+    let _ = pieces;
     x.narrow(dim, start, len)
 }
 
@@ -52,16 +81,22 @@ pub fn pad_end(x: PhysTensor, dim: usize, to: usize) -> PhysTensor {
 mod cube {
     use burn::backend::Cube;
     use burn::backend::autodiff::Autodiff;
+    use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops};
     use burn::backend::ops::FloatTensorOps;
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{AutodiffBackend, Backend, Shape, TensorMetadata, backend_extension};
     use burn::tensor::Slice;
+    use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::kernel::untile;
     use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
     use cubecl::calculate_cube_count_elemwise;
     use cubecl::prelude::*;
+    use std::sync::Arc;
 
+    use super::SplitPieces;
     use crate::value::unary_op::unary;
 
     /// Threads per cube.
@@ -76,6 +111,7 @@ mod cube {
             dim: usize,
             start: usize,
             len: usize,
+            pieces: Arc<SplitPieces>,
         ) -> FloatTensor<Self>;
         /// The gradient of `x` from its piece's: `g` at `start..start + len` along `dim`
         /// of a `shape` tensor, zeros elsewhere.
@@ -87,6 +123,14 @@ mod cube {
         ) -> FloatTensor<Self>;
         /// See [`super::pad_end`].
         fn pad_end(x: FloatTensor<Self>, dim: usize, to: usize) -> FloatTensor<Self>;
+        /// `whole` with `g` added to its elements at `start..` along `dim` (in place when
+        /// `whole` is the only holder of its buffer).
+        fn add_into_part(
+            whole: FloatTensor<Self>,
+            g: FloatTensor<Self>,
+            dim: usize,
+            start: usize,
+        ) -> FloatTensor<Self>;
         /// The elements `0..len` along `dim` of `x`, every other axis whole: a view, even
         /// where the part cut off is not a multiple of the memory alignment (Burn's slice
         /// copies then).
@@ -127,12 +171,45 @@ mod cube {
         }
     }
 
+    /// `whole[the place of g's element i, shifted by start along dim] += g[i]`, both read
+    /// and written through their strides; `n` is `g`'s element count.
+    #[cube(launch)]
+    fn add_part_kernel(
+        g: &Tensor<f32>,
+        whole: &mut Tensor<f32>,
+        n: usize,
+        dim: usize,
+        start: usize,
+    ) {
+        let i = ABSOLUTE_POS;
+        if i < n {
+            let mut rest = i;
+            let mut at_g = 0usize;
+            let mut at_whole = 0usize;
+            let mut d = g.rank();
+            while d > 0 {
+                d -= 1;
+                let extent = g.shape(d);
+                let c = rest % extent;
+                rest /= extent;
+                at_g += c * g.stride(d);
+                let mut cw = c;
+                if d == dim {
+                    cw += start;
+                }
+                at_whole += cw * whole.stride(d);
+            }
+            whole[at_whole] += g[at_g];
+        }
+    }
+
     impl NarrowOps for Cube {
         fn narrow_padded(
             x: FloatTensor<Self>,
             dim: usize,
             start: usize,
             len: usize,
+            _pieces: Arc<SplitPieces>,
         ) -> FloatTensor<Self> {
             let slices: Vec<Slice> = (0..x.shape().num_dims())
                 .map(|d| match d == dim {
@@ -185,6 +262,36 @@ mod cube {
             Self::float_permute(padded, &back)
         }
 
+        fn add_into_part(
+            whole: FloatTensor<Self>,
+            g: FloatTensor<Self>,
+            dim: usize,
+            start: usize,
+        ) -> FloatTensor<Self> {
+            // In place only into a buffer nothing else holds, each element stored once (a
+            // broadcast view's stride 0 would add twice into one place).
+            let unique = whole.can_mut() && whole.meta.strides().iter().all(|&s| s > 0);
+            let whole = match unique {
+                true => whole,
+                false => into_contiguous(whole).copy(),
+            };
+            let client = whole.client.clone();
+            let n = g.shape().num_elements();
+            let cube_dim = CubeDim::new_1d(THREADS);
+            let count = calculate_cube_count_elemwise(&client, n, cube_dim);
+            add_part_kernel::launch(
+                &client,
+                count,
+                cube_dim,
+                g.into_tensor_arg(),
+                whole.clone().into_tensor_arg(),
+                n,
+                dim,
+                start,
+            );
+            whole
+        }
+
         fn first_part(x: FloatTensor<Self>, dim: usize, len: usize) -> FloatTensor<Self> {
             // The same buffer and strides, a shorter extent along `dim`.
             let mut x = untile(x);
@@ -195,19 +302,70 @@ mod cube {
         }
     }
 
+    /// The backward of one piece of a split input of `shape`: the input's whole gradient
+    /// from the first piece to arrive, an in-place addition into it from the others.
+    #[derive(Debug)]
+    struct PieceBackward {
+        shape: Shape,
+        dim: usize,
+        start: usize,
+        pieces: Arc<SplitPieces>,
+    }
+
+    impl<B: Backend + NarrowOps> Backward<B, 1> for PieceBackward {
+        type State = ();
+
+        fn backward(self, ops: Ops<(), 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let [parent] = ops.parents;
+            let g = grads.consume::<B>(&ops.node);
+            let Some(node) = parent else {
+                return;
+            };
+            // A leaf's gradient stays where it is consumed (a later register adds to it), so
+            // only an op's output (a node with parents) has its gradient taken and added into.
+            let taken = !node.parents.is_empty();
+            let whole = match taken && self.pieces.written_before() {
+                true => B::add_into_part(grads.consume::<B>(&node), g, self.dim, self.start),
+                false => B::narrow_padded_backward(g, self.shape, self.dim, self.start),
+            };
+            grads.register::<B>(node.id, whole);
+        }
+    }
+
     impl<B: Backend + NarrowOps, C: CheckpointStrategy> NarrowOps for Autodiff<B, C> {
         fn narrow_padded(
             x: FloatTensor<Self>,
             dim: usize,
             start: usize,
             len: usize,
+            pieces: Arc<SplitPieces>,
         ) -> FloatTensor<Self> {
-            unary::<B, C, Shape>(
-                x,
-                move |x| B::narrow_padded(x, dim, start, len),
-                |input, _| input.shape(),
-                move |shape, g| B::narrow_padded_backward(g, shape, dim, start),
-            )
+            let backward = PieceBackward {
+                shape: x.primitive().shape(),
+                dim,
+                start,
+                pieces: pieces.clone(),
+            };
+            let out = B::narrow_padded(x.primitive().clone(), dim, start, len, pieces);
+            backward
+                .prepare::<C>([x.node()])
+                .compute_bound()
+                .stateless(out)
+        }
+
+        fn add_into_part(
+            whole: FloatTensor<Self>,
+            g: FloatTensor<Self>,
+            dim: usize,
+            start: usize,
+        ) -> FloatTensor<Self> {
+            // Used inside the backward only (first-order autodiff).
+            Self::from_inner(B::add_into_part(
+                whole.into_primitive(),
+                g.into_primitive(),
+                dim,
+                start,
+            ))
         }
 
         fn narrow_padded_backward(

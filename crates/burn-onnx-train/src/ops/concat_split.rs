@@ -1,11 +1,13 @@
 //! `Concat` and `Split` (sizes from the input, the `split` attribute, or `num_outputs`).
 
+use std::sync::Arc;
+
 use burn::tensor::Tensor;
 use ndarray::{ArrayD, Axis};
 
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
-use crate::kernels;
+use crate::kernels::{self, SplitPieces};
 use crate::op_bail;
 use crate::value::{FloatValue, Value, norm_axis};
 
@@ -128,10 +130,14 @@ pub(super) fn split_value(x: Value, axis: usize, sizes: &[usize]) -> OpResult<Ve
         Value::Sequence(_) => op_bail!("expected a tensor, got a sequence"),
         Value::Float(f) => {
             let phys = f.axis(axis as i64)?;
+            let pieces = Arc::new(SplitPieces::default());
             for s in sizes {
                 let piece = match s {
                     0 => f.clone().narrow(phys, start, 0),
-                    s => FloatValue::new(kernels::narrow(f.tensor.clone(), phys, start, s), f.rank),
+                    s => FloatValue::new(
+                        kernels::narrow(f.tensor.clone(), phys, start, s, &pieces),
+                        f.rank,
+                    ),
                 };
                 out.push(Value::Float(piece));
                 start += s;
