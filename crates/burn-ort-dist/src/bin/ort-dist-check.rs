@@ -8,6 +8,17 @@
 //! the MPI communicator; rank 0 prints one line per rank, and any mismatch or failure exits
 //! non-zero on every rank.
 //!
+//! With `--bandwidth`, the ranks then time every collective at sizes doubling from
+//! `--min-bytes` (default 8) to `--max-bytes` (default 64M; K, M and G suffixes), `--iters`
+//! times each (default 20), and rank 0 prints nccl-tests' table: time, algorithm and bus
+//! bandwidth. With `--device cuda` (a build with the `cuda` feature) the group is NCCL's
+//! over the MPI world, each rank on its node-local GPU, and the table adds the all-reduce
+//! of GPU buffers (the gradient path); the other rows are NCCL's with host copies.
+//!
+//! ```text
+//! mpirun -np 8 target/release/ort-dist-check --bandwidth --device cuda
+//! ```
+//!
 //! With `--stall-rank R`, rank R then hangs instead of joining the last all-reduce (or
 //! waits to receive from rank 0 instead, with `--stall-in receive`): with `--timeout S` (seconds per
 //! operation, as the trainer's `collective_timeout`) the other ranks must end the job with
@@ -17,12 +28,31 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use burn_ort_dist::{Communicator, MpiCommunicator, ReduceOp, check_collectives};
+use burn_ort_dist::comm::bandwidth;
+use burn_ort_dist::{Communicator, DistError, MpiCommunicator, ReduceOp, check_collectives};
 
 struct Args {
     timeout: Option<Duration>,
     stall_rank: Option<usize>,
     stall_in_receive: bool,
+    /// Byte range and repetitions of the bandwidth table, when asked for.
+    bandwidth: Option<(usize, usize, usize)>,
+    /// `--device cuda`: NCCL on the node-local GPUs.
+    cuda: bool,
+}
+
+/// `N`, `NK`, `NM` or `NG` bytes.
+fn bytes(text: &str) -> Result<usize, String> {
+    let (digits, unit) = match text.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&text[..i], 1 << 10),
+        Some((i, 'M' | 'm')) => (&text[..i], 1 << 20),
+        Some((i, 'G' | 'g')) => (&text[..i], 1 << 30),
+        _ => (text, 1),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|e| format!("{text}: {e} (a byte count, with K, M or G)"))?;
+    Ok(n * unit)
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -30,7 +60,10 @@ fn parse_args() -> Result<Args, String> {
         timeout: None,
         stall_rank: None,
         stall_in_receive: false,
+        bandwidth: None,
+        cuda: false,
     };
+    let (mut min, mut max, mut iters, mut bandwidth) = (8, 64 << 20, 20, false);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -47,9 +80,22 @@ fn parse_args() -> Result<Args, String> {
                 "nothing" => args.stall_in_receive = false,
                 other => return Err(format!("--stall-in: {other} (receive or nothing)")),
             },
+            "--bandwidth" => bandwidth = true,
+            "--min-bytes" => min = bytes(&value()?).map_err(|e| format!("--min-bytes: {e}"))?,
+            "--max-bytes" => max = bytes(&value()?).map_err(|e| format!("--max-bytes: {e}"))?,
+            "--iters" => iters = value()?.parse().map_err(|e| format!("--iters: {e}"))?,
+            "--device" => match value()?.as_str() {
+                "cpu" => args.cuda = false,
+                "cuda" => args.cuda = true,
+                other => return Err(format!("--device: {other} (cpu or cuda)")),
+            },
             other => return Err(format!("unknown argument {other}")),
         }
     }
+    if min > max {
+        return Err(format!("--min-bytes {min} is above --max-bytes {max}"));
+    }
+    args.bandwidth = bandwidth.then_some((min, max, iters));
     Ok(args)
 }
 
@@ -96,5 +142,60 @@ fn main() -> ExitCode {
             comm.world_size()
         );
     }
+    let Some(range) = args.bandwidth else {
+        return ExitCode::SUCCESS;
+    };
+    let rank = comm.rank();
+    match bandwidth_table(comm, args.cuda, range) {
+        Ok(table) if rank == 0 => print!("{table}"),
+        Ok(_) => {}
+        Err(_) => return ExitCode::FAILURE,
+    }
     ExitCode::SUCCESS
+}
+
+/// The bandwidth table of `mpi`'s group over `(min bytes, max bytes, repetitions)`, or of
+/// NCCL's group over it (each rank on its node-local GPU) with `cuda`.
+fn bandwidth_table(
+    mpi: MpiCommunicator,
+    cuda: bool,
+    (min, max, iters): (usize, usize, usize),
+) -> Result<String, DistError> {
+    let sizes = bandwidth::sizes(min, max, mpi.world_size());
+    // A rank that fails ends the job, so no other waits in a collective for it.
+    let ended = |comm: &dyn Communicator, e: DistError| {
+        eprintln!("{e}");
+        comm.abort(4);
+        e
+    };
+    if !cuda {
+        let rows = bandwidth::measure(&mpi, &sizes, iters).map_err(|e| ended(&mpi, e))?;
+        return Ok(bandwidth::table(&rows));
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let gpu = [
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "MPI_LOCALRANKID",
+            "SLURM_LOCALID",
+            "LOCAL_RANK",
+        ]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or(0);
+        let nccl = burn_ort_dist::NcclCommunicator::init(mpi, gpu)?;
+        let device = burn::tensor::Device::cuda(gpu);
+        let rows = bandwidth::measure(&nccl, &sizes, iters)
+            .and_then(|mut rows| {
+                rows.extend(bandwidth::measure_device(&nccl, &device, &sizes, iters)?);
+                Ok(rows)
+            })
+            .map_err(|e| ended(&nccl, e))?;
+        Ok(bandwidth::table(&rows))
+    }
+    #[cfg(not(feature = "cuda"))]
+    Err(DistError::Invalid {
+        rank: mpi.rank(),
+        message: "--device cuda needs a build with the `cuda` feature".into(),
+    })
 }

@@ -1,7 +1,8 @@
 //! Communicators and the world they span: the [`communicator::Communicator`] trait, threads,
-//! MPI and NCCL implementations, the topology of groups, launching ranks, stall detection
-//! and the fp16 wire format.
+//! MPI and NCCL implementations, the topology of groups, launching ranks, stall detection,
+//! the fp16 wire format and the collectives' bandwidth.
 
+pub mod bandwidth;
 pub mod collective_check;
 pub mod communicator;
 #[cfg(feature = "cuda")]

@@ -99,3 +99,57 @@ fn a_rank_waiting_in_another_operation_is_named_with_it() {
     );
     assert!(!stderr.contains("never arrived"), "{stderr}");
 }
+
+/// `ort-dist-check --bandwidth` on 2 ranks: rank 0 prints nccl-tests' table, a row per
+/// collective and size, whose bus bandwidth is the algorithm bandwidth times nccl-tests'
+/// factor for 2 ranks (1 for an all-reduce and a broadcast, 1/2 for the gathers).
+#[test]
+fn the_bandwidth_table_has_a_row_per_collective_and_size() {
+    let out = Command::new("timeout")
+        .args(["-k", "10", "120", "mpirun", "--oversubscribe", "-np", "2"])
+        .arg(env!("CARGO_BIN_EXE_ort-dist-check"))
+        .args([
+            "--bandwidth",
+            "--min-bytes",
+            "1K",
+            "--max-bytes",
+            "64K",
+            "--iters",
+            "3",
+        ])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.len() == 6 && w[0].parse::<usize>().is_ok())
+        .collect();
+    let sizes = [1024, 2048, 4096, 8192, 16384, 32768, 65536];
+    let collectives = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"];
+    assert_eq!(rows.len(), sizes.len() * collectives.len(), "{stdout}");
+    for (i, w) in rows.iter().enumerate() {
+        let (name, bytes) = (collectives[i / sizes.len()], sizes[i % sizes.len()]);
+        assert_eq!(
+            (w[2], w[0], w[1]),
+            (name, &*bytes.to_string(), &*(bytes / 4).to_string())
+        );
+        let num = |k: usize| w[k].parse::<f64>().unwrap();
+        let (us, alg, bus) = (num(3), num(4), num(5));
+        assert!(us > 0.0 && alg > 0.0, "{w:?}");
+        let factor = if matches!(name, "all_gather" | "reduce_scatter") {
+            0.5
+        } else {
+            1.0
+        };
+        // The table rounds to 0.01 GB/s.
+        assert!((bus - alg * factor).abs() <= 0.011, "{w:?}");
+    }
+}

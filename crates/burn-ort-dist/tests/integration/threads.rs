@@ -294,3 +294,25 @@ fn a_finished_rank_fails_only_what_needs_it() {
         assert!(result.is_ok(), "rank {r}: {result:?}");
     }
 }
+
+#[test]
+fn bandwidth_rows_cover_every_collective_and_size_with_nccl_tests_factors() {
+    use burn_ort_dist::comm::bandwidth::{Collective, measure, sizes};
+    // Sizes divide among 3 ranks (multiples of 12 bytes), doubling from 8 to 4 KiB.
+    let wanted = sizes(8, 4096, 3);
+    assert_eq!(wanted[..3], [12, 24, 36]);
+    assert!(wanted.iter().all(|b| b % 12 == 0) && *wanted.last().unwrap() == 4104);
+    let results = on_threads(3, |comm| {
+        measure(comm.as_ref(), &wanted, 3).map_err(|e| e.to_string())
+    });
+    let rows = results[0].as_ref().unwrap();
+    assert_eq!(rows.len(), 4 * wanted.len());
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r.collective, Collective::HOST[i / wanted.len()]);
+        assert_eq!((r.bytes, r.ranks), (wanted[i % wanted.len()], 3));
+        assert!(r.seconds > 0.0 && r.alg_bw() > 0.0);
+        // nccl-tests' bus factors over 3 ranks: 4/3 all-reduce, 2/3 gathers, 1 broadcast.
+        let factor = [4.0 / 3.0, 2.0 / 3.0, 2.0 / 3.0, 1.0][i / wanted.len()];
+        assert!((r.bus_bw() / r.alg_bw() - factor).abs() < 1e-12);
+    }
+}
