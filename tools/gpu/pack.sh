@@ -2,6 +2,8 @@
 # Build the GPU verification binaries and pack what travels to a GPU machine into DIR.
 #
 #   tools/gpu/pack.sh DIR           # CUDA (NVRTC) + wgpu build: DIR/cuda/
+#   tools/gpu/pack.sh --cuda-only DIR   # CUDA (NVRTC) without wgpu: DIR/cuda/ (smaller;
+#                                       # check.sh --backends cuda)
 #   tools/gpu/pack.sh --wgpu DIR    # the README's wgpu build only: DIR/wgpu/
 #   tools/gpu/pack.sh --check-cuda  # only type-check the CUDA build (cargo check), no pack
 #   PACK_OLD_ONNX_TRAIN=OLD tools/gpu/pack.sh DIR   # OLD as onnx-train.old instead of
@@ -32,7 +34,11 @@ if [ "${1:-}" = "--check-cuda" ]; then
     check --release --workspace --tests --features mpi,wgpu,cuda-nvrtc
   exit 0
 fi
+# The CUDA build's features: wgpu too, unless --cuda-only (the speed check and the CUDA
+# tests need no wgpu, and without it each binary is smaller: the device tool's 64 MiB).
+cuda_features=mpi,wgpu,cuda-nvrtc
 if [ "${1:-}" = "--wgpu" ]; then flavour=wgpu; shift; fi
+if [ "${1:-}" = "--cuda-only" ]; then cuda_features=mpi,cuda-nvrtc; shift; fi
 dir="${1:?usage: tools/gpu/pack.sh [--wgpu] DIR}"
 mkdir -p "$dir/$flavour"
 dir="$(cd "$dir" && pwd)"
@@ -44,7 +50,7 @@ if [ "$flavour" = cuda ]; then
   cp Cargo.lock "$dir/Cargo.lock.orig"
   trap 'cp "$dir/Cargo.lock.orig" "$root/Cargo.lock"' EXIT
   cargo --config "patch.crates-io.cubecl-llvm.path=\"$root/tools/gpu/cubecl-llvm-stub\"" \
-    "${cargo_args[@]}" --features mpi,wgpu,cuda-nvrtc > "$dir/build.json"
+    "${cargo_args[@]}" --features "$cuda_features" > "$dir/build.json"
 else
   # CI's test features, so CI's wgpu pack reuses its test build.
   cargo "${cargo_args[@]}" --features mpi,wgpu,learner > "$dir/build.json"
