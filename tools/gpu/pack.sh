@@ -5,6 +5,8 @@
 #   tools/gpu/pack.sh --cuda-only DIR   # CUDA (NVRTC) without wgpu: DIR/cuda/ (smaller;
 #                                       # check.sh --backends cuda)
 #   tools/gpu/pack.sh --wgpu DIR    # the README's wgpu build only: DIR/wgpu/
+#   tools/gpu/pack.sh --cuda-only --no-tests DIR    # onnx-train alone: for --only speed
+#   tools/gpu/pack.sh --cuda-only --tests-only DIR  # gpu-tests alone: for --only NAME
 #   tools/gpu/pack.sh --check-cuda  # only type-check the CUDA build (cargo check), no pack
 #   PACK_OLD_ONNX_TRAIN=OLD tools/gpu/pack.sh DIR   # OLD as onnx-train.old instead of
 #                                                   # gpu-tests (an A/B for --only speed)
@@ -36,9 +38,19 @@ if [ "${1:-}" = "--check-cuda" ]; then
 fi
 # The CUDA build's features: wgpu too, unless --cuda-only (the speed check and the CUDA
 # tests need no wgpu, and without it each binary is smaller: the device tool's 64 MiB).
-cuda_features=mpi,wgpu,cuda-nvrtc
-if [ "${1:-}" = "--wgpu" ]; then flavour=wgpu; shift; fi
-if [ "${1:-}" = "--cuda-only" ]; then cuda_features=mpi,cuda-nvrtc; shift; fi
+# --no-tests / --tests-only pack one of the two binaries: with the 42.2 MiB working tree,
+# a CUDA pack holds ~21.8 MiB, and onnx-train alone is ~17.5 (session 34).
+cuda_features=mpi,wgpu,cuda-nvrtc tests=1 cli=1
+while [ $# -gt 1 ]; do
+  case "$1" in
+    --wgpu) flavour=wgpu ;;
+    --cuda-only) cuda_features=mpi,cuda-nvrtc ;;
+    --no-tests) tests=0 ;;
+    --tests-only) cli=0 ;;
+    *) break ;;
+  esac
+  shift
+done
 dir="${1:?usage: tools/gpu/pack.sh [--wgpu] DIR}"
 mkdir -p "$dir/$flavour"
 dir="$(cd "$dir" && pwd)"
@@ -64,9 +76,9 @@ for line in open(sys.argv[1]):
 [ -x "$tests_exe" ] || { echo "pack: no gpu test executable in the build output" >&2; exit 1; }
 
 rm -rf "$out/stage" && mkdir -p "$out/stage/lib"
-strip -o "$out/stage/onnx-train" target/release/onnx-train
+[ $cli -eq 0 ] || strip -o "$out/stage/onnx-train" target/release/onnx-train
 if [ -z "${PACK_OLD_ONNX_TRAIN:-}" ]; then
-  strip -o "$out/stage/gpu-tests" "$tests_exe"
+  [ $tests -eq 0 ] || strip -o "$out/stage/gpu-tests" "$tests_exe"
 else
   # An A/B's older binary (check.sh --only speed runs both), built beforehand from the
   # commit to compare against, in the place of the test binary: with both onnx-train
@@ -81,7 +93,8 @@ ldd target/release/onnx-train "$tests_exe" | awk '$3 ~ /^\// {print $3}' | sort 
   | while read -r lib; do cp -L "$lib" "$out/stage/lib/"; done
 # The tests read their fixtures through the source path they were built at.
 echo "$root" > "$out/stage/built_root"
-cp -L "$(ldconfig -p | awk '/libvulkan\.so\.1 / {print $NF; exit}')" "$out/stage/lib/libvulkan.so.1"
+[[ "$flavour" = wgpu || "$cuda_features" = *wgpu* ]] &&
+  cp -L "$(ldconfig -p | awk '/libvulkan\.so\.1 / {print $NF; exit}')" "$out/stage/lib/libvulkan.so.1"
 # A dictionary larger than one binary: the two share most of their code.
 tar -C "$out/stage" -cf - . | xz --lzma2=preset=9,dict=256MiB -T1 > "$out/pack.tar.xz"
 rm -rf "$out/stage"
