@@ -16,6 +16,7 @@ use crate::graph::initializer_ties::TieDecision;
 use crate::value::host_tensor::HostTensor;
 
 pub mod attributes;
+pub mod head;
 pub mod initializer;
 pub mod initializer_ties;
 pub mod op_api;

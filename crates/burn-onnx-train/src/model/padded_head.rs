@@ -17,6 +17,7 @@ use std::sync::Arc;
 use super::{OnnxModel, Spec};
 use crate::graph::Graph;
 use crate::graph::attributes::{Attr, PAD_COLUMNS};
+use crate::graph::head::head_of;
 
 /// The logits output of a model whose head is padded, and how many of its columns are
 /// classes.
@@ -70,51 +71,13 @@ impl OnnxModel {
     }
 }
 
-/// The node producing graph output `output` and its column count, when it is a head that
-/// can be padded: a MatMul, or a Gemm without `transA`, that no node reads, whose right-hand
-/// side is a 2-D parameter (`shape_of` gives its shape) read directly or through a
-/// two-axis Transpose that nothing else reads.
+/// The node producing graph output `output` and its column count, when it is a head
+/// ([`head_of`]) whose table is a 2-D parameter (`shape_of` gives its shape).
 pub fn head_columns(
     graph: &Graph,
     output: &str,
     shape_of: impl Fn(&str) -> Option<[usize; 2]>,
 ) -> Option<(usize, usize)> {
-    let read = |v: &str| {
-        graph
-            .nodes
-            .iter()
-            .filter(|n| n.inputs.iter().any(|i| i == v))
-            .count()
-    };
-    if !graph.outputs.iter().any(|o| o.name == output) || read(output) > 0 {
-        return None;
-    }
-    let i = graph
-        .nodes
-        .iter()
-        .position(|n| n.outputs.first().map(String::as_str) == Some(output))?;
-    let node = &graph.nodes[i];
-    let trans_b = match node.op_type.as_str() {
-        "MatMul" => false,
-        "Gemm" if node.attrs.int("transA", 0).ok()? == 0 => node.attrs.int("transB", 0).ok()? != 0,
-        _ => return None,
-    };
-    let b = node.inputs.get(1)?;
-    let (weight, transposed) = match shape_of(b) {
-        Some(_) => (b.as_str(), false),
-        None => {
-            let t = graph
-                .nodes
-                .iter()
-                .find(|n| n.outputs.first() == Some(b) && n.op_type == "Transpose")?;
-            let swaps = match t.attrs.get("perm") {
-                Some(Attr::Ints(p)) => p == &[1, 0],
-                None => true,
-                _ => false,
-            };
-            (swaps && read(b) == 1).then_some((t.inputs[0].as_str(), true))?
-        }
-    };
-    let [rows, cols] = shape_of(weight)?;
-    Some((i, if transposed != trans_b { rows } else { cols }))
+    let head = head_of(graph, output, |name| shape_of(name).is_some())?;
+    Some((head.node, shape_of(&head.table)?[head.vocab_axis]))
 }

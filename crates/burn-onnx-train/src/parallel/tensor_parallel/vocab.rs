@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::collective::axis_split::AxisSplit;
 pub use crate::collective::vocab::VocabShard;
+use crate::graph::head::head_of;
 use crate::graph::{Graph, Node};
 use crate::model::{OnnxModel, ParamRole};
 
@@ -71,34 +72,10 @@ pub fn plan(model: &OnnxModel, tp: usize, blocks: &Blocks, head_output: Option<&
     let free = |name: &str| table(model, name).is_some() && !blocks.params.contains_key(name);
     let mut plan = VocabPlan::default();
     // The head: (node, transpose node, table, its vocabulary axis).
-    let head = head_output.and_then(|out| {
-        let i = head_node(graph, blocks, &readers, out)?;
-        let node = &graph.nodes[i];
-        let w = &node.inputs[1];
-        let trans_b = node.op_type == "Gemm" && node.attrs.int("transB", 0).ok()? != 0;
-        if free(w) {
-            return Some((i, None, w.clone(), if trans_b { 0 } else { 1 }));
-        }
-        let t = graph
-            .nodes
-            .iter()
-            .position(|n| n.outputs.first() == Some(w))?;
-        let tn = &graph.nodes[t];
-        let swaps = match tn.attrs.get("perm") {
-            Some(crate::graph::attributes::Attr::Ints(p)) => p == &[1, 0],
-            None => true,
-            _ => false,
-        };
-        (tn.op_type == "Transpose" && swaps && free(&tn.inputs[0]) && readers[w.as_str()] == [i])
-            .then(|| {
-                (
-                    i,
-                    Some(t),
-                    tn.inputs[0].clone(),
-                    if trans_b { 1 } else { 0 },
-                )
-            })
-    });
+    let head = head_output
+        .and_then(|out| head_of(graph, out, free))
+        .filter(|h| !(blocks.contains)(h.node))
+        .map(|h| (h.node, h.transpose, h.table, h.vocab_axis));
     let mut head_table = None;
     if let Some((i, t, w, axis)) = head {
         let vocab = model.param_infos()[model.param_index(&w).expect("a table")].shape[axis];
@@ -157,30 +134,6 @@ fn padded(size: usize, tp: usize, axis: usize) -> Option<AxisSplit> {
         period: local * tp,
         pad: local * tp - size,
     })
-}
-
-/// The node producing graph output `out`, when it is a head: a MatMul or Gemm outside the
-/// Megatron blocks whose output nothing else reads.
-fn head_node(
-    graph: &Graph,
-    blocks: &Blocks,
-    readers: &HashMap<&str, Vec<usize>>,
-    out: &str,
-) -> Option<usize> {
-    if !graph.outputs.iter().any(|o| o.name == out) || readers.contains_key(out) {
-        return None;
-    }
-    let i = graph
-        .nodes
-        .iter()
-        .position(|n| n.outputs.first().map(String::as_str) == Some(out))?;
-    let node = &graph.nodes[i];
-    let plain = match node.op_type.as_str() {
-        "MatMul" => true,
-        "Gemm" => node.attrs.int("transA", 0).ok()? == 0,
-        _ => false,
-    };
-    (plain && !(blocks.contains)(i)).then_some(i)
 }
 
 /// The split of a Gemm head's bias: none needed (absent, or one value broadcast), a
