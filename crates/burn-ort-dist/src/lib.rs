@@ -28,7 +28,7 @@ pub use comm::communicator::{Communicator, DeviceReduce, Forwarding, LocalCommun
 pub use comm::cuda_probe::check_cuda_device;
 #[cfg(feature = "cuda")]
 pub use comm::device_group::DeviceGroup;
-pub use comm::launch::{launched_by_mpi, run_threads};
+pub use comm::launch::{launched_by_mpi, local_rank, run_threads};
 #[cfg(feature = "mpi")]
 pub use comm::mpi_comm::MpiCommunicator;
 #[cfg(feature = "cuda")]

@@ -174,15 +174,7 @@ fn bandwidth_table(
     }
     #[cfg(feature = "cuda")]
     {
-        let gpu = [
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-            "MPI_LOCALRANKID",
-            "SLURM_LOCALID",
-            "LOCAL_RANK",
-        ]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.parse().ok())
-        .unwrap_or(0);
+        let gpu = burn_ort_dist::local_rank(mpi.rank());
         let nccl = burn_ort_dist::NcclCommunicator::init(mpi, gpu)?;
         let device = burn::tensor::Device::cuda(gpu);
         let rows = bandwidth::measure(&nccl, &sizes, iters)

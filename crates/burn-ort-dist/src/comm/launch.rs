@@ -1,7 +1,7 @@
 //! Local launch: run `N` data-parallel workers as threads of this process, each with its
 //! rank of a [`ThreadCommunicator`] group (what `--dp N` does without `mpirun`); and whether
-//! an MPI launcher started this process (read from its environment, with or without the
-//! `mpi` feature).
+//! an MPI launcher started this process and its rank among those of its node (read from
+//! its environment, with or without the `mpi` feature).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +14,21 @@ pub fn launched_by_mpi() -> bool {
     ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
         .iter()
         .any(|v| std::env::var_os(v).is_some())
+}
+
+/// This process's index among the ranks of its node: the launcher's local rank
+/// (OpenMPI, MPICH/Intel MPI, Slurm, or `LOCAL_RANK` as torchrun-style launchers set it),
+/// else `rank` (thread ranks share one process).
+pub fn local_rank(rank: usize) -> usize {
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+        "LOCAL_RANK",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    .unwrap_or(rank)
 }
 
 /// Run `worker` on `world` threads, one rank each. Returns every rank's result in rank order.

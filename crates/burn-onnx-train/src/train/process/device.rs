@@ -72,20 +72,7 @@ fn cuda_device(_: usize) -> Result<Device> {
     ))
 }
 
-/// This process's index among the ranks of its node: the launcher's local rank
-/// (OpenMPI, MPICH/Intel MPI, Slurm, or `LOCAL_RANK` as torchrun-style launchers set it),
-/// else `rank` (thread ranks share one process).
-pub fn local_rank(rank: usize) -> usize {
-    [
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "MPI_LOCALRANKID",
-        "SLURM_LOCALID",
-        "LOCAL_RANK",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.parse().ok())
-    .unwrap_or(rank)
-}
+pub use burn_ort_dist::local_rank;
 
 impl FromStr for DeviceSpec {
     type Err = String;
