@@ -4,24 +4,31 @@
 
 use std::process::Command;
 
+/// `ort-dist-check ARGS` on `np` ranks under mpirun (as root, oversubscribed), with an
+/// outer limit of 120 s.
+fn ort_dist_check(np: usize, args: &[&str]) -> std::process::Output {
+    Command::new("timeout")
+        .args([
+            "-k",
+            "10",
+            "120",
+            "mpirun",
+            "--oversubscribe",
+            "-np",
+            &np.to_string(),
+        ])
+        .arg(env!("CARGO_BIN_EXE_ort-dist-check"))
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn every_operation_checks_out_under_mpirun() {
     for np in [2, 3, 4] {
-        let out = Command::new("timeout")
-            .args([
-                "-k",
-                "10",
-                "120",
-                "mpirun",
-                "--oversubscribe",
-                "-np",
-                &np.to_string(),
-                env!("CARGO_BIN_EXE_ort-dist-check"),
-            ])
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .output()
-            .unwrap();
+        let out = ort_dist_check(np, &[]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
@@ -41,21 +48,15 @@ fn every_operation_checks_out_under_mpirun() {
 /// outer limit.
 fn stalled_job(stall_in: &str) -> String {
     let start = std::time::Instant::now();
-    let out = Command::new("timeout")
-        .args(["-k", "10", "120", "mpirun", "--oversubscribe", "-np", "3"])
-        .arg(env!("CARGO_BIN_EXE_ort-dist-check"))
-        .args([
-            "--timeout",
-            "2",
-            "--stall-rank",
-            "2",
-            "--stall-in",
-            stall_in,
-        ])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
-        .unwrap();
+    let args = [
+        "--timeout",
+        "2",
+        "--stall-rank",
+        "2",
+        "--stall-in",
+        stall_in,
+    ];
+    let out = ort_dist_check(3, &args);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         !out.status.success(),
@@ -105,22 +106,16 @@ fn a_rank_waiting_in_another_operation_is_named_with_it() {
 /// factor for 2 ranks (1 for an all-reduce and a broadcast, 1/2 for the gathers).
 #[test]
 fn the_bandwidth_table_has_a_row_per_collective_and_size() {
-    let out = Command::new("timeout")
-        .args(["-k", "10", "120", "mpirun", "--oversubscribe", "-np", "2"])
-        .arg(env!("CARGO_BIN_EXE_ort-dist-check"))
-        .args([
-            "--bandwidth",
-            "--min-bytes",
-            "1K",
-            "--max-bytes",
-            "64K",
-            "--iters",
-            "3",
-        ])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
-        .unwrap();
+    let args = [
+        "--bandwidth",
+        "--min-bytes",
+        "1K",
+        "--max-bytes",
+        "64K",
+        "--iters",
+        "3",
+    ];
+    let out = ort_dist_check(2, &args);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
