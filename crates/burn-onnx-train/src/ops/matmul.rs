@@ -108,11 +108,6 @@ fn padded_columns(ctx: &OpContext, v: FloatValue) -> OpResult<FloatValue> {
     ))
 }
 
-/// The column count of a 2-D operand.
-fn n_of(v: &FloatValue) -> usize {
-    v.shape().last().copied().unwrap_or(1)
-}
-
 fn transpose2(v: FloatValue) -> OpResult<FloatValue> {
     let [r, c] = v.shape()[..] else {
         op_bail!("Gemm operands must be 2-D, got {:?}", v.shape())
@@ -150,11 +145,11 @@ pub fn gemm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         b
     };
     let b = padded_columns(ctx, b)?;
+    // A bias as wide as the product is widened with it; one broadcast (a scalar or a single
+    // column) stays as it is.
     let c = match c {
-        Some(c) if c.shape().last() == Some(&n_of(&b)) || c.rank == 0 => Some(c),
-        Some(c) if c.shape().last() == Some(&1) => Some(c),
-        Some(c) => Some(padded_columns(ctx, c)?),
-        None => None,
+        Some(c) if c.shape().last().is_some_and(|&w| w > 1) => Some(padded_columns(ctx, c)?),
+        c => c,
     };
     let mut y = autocast_product(ctx, a, b)?;
     if alpha != 1.0 {
