@@ -114,6 +114,56 @@ fn padded_heads_on_gpu_give_pytorchs_loss_and_gradients() {
 }
 
 #[test]
+fn where_masked_attention_on_gpu_gives_pytorchs_loss_and_gradients() {
+    // Dynamo's GPT-2 selects its scores with `Where(mask, scores, fill)`, each layer with a
+    // mask of its own (`bitwise_not`, `bitwise_not_1`) holding the same values: on the GPU
+    // each layer's attention is one fused node reading the mask's device form, made by the
+    // first layer and shared by the second (`PassMemo`).
+    let path = |f: &str| data(&format!("dynamo_gpt2/{f}"));
+    let model = OnnxModel::load(path("gpt2_tied.onnx"), &gpu().autodiff()).unwrap();
+    let masks = model
+        .graph()
+        .nodes
+        .iter()
+        .filter(|n| n.attrs.get("__attention_core").is_some())
+        .map(|n| n.inputs[3].clone())
+        .collect::<Vec<_>>();
+    assert!(
+        masks.len() == 2 && masks.iter().all(|m| !m.is_empty()),
+        "{masks:?}"
+    );
+    let ids = int(&npz(path("batch.npz"))["input_ids"]).clone();
+    let refs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path("losses.json")).unwrap()).unwrap();
+    let out = model
+        .forward(
+            vec![("input_ids".into(), Value::Int(ids.clone()))],
+            Mode::Train,
+        )
+        .unwrap();
+    let Some(Value::Float(logits)) = out.get("logits").cloned() else {
+        panic!("no logits")
+    };
+    let loss = burn_onnx_train::model::loss::lm_cross_entropy(logits, &ids).unwrap();
+    let got = loss.clone().into_scalar::<f32>() as f64;
+    let want = refs["adamw_losses"][0].as_f64().unwrap();
+    assert!((got - want).abs() < 1e-4, "loss {got} vs PyTorch {want}");
+    let grads0 = npz(path("grads.npz"));
+    let tol = on_tf32(1e-5, 1e-4);
+    let grads = loss.backward();
+    for (name, g) in model.param_grads(&grads) {
+        let w = float(&grads0[&name]);
+        assert_close(
+            &format!("grad {name}"),
+            &g.to_array().unwrap(),
+            w,
+            tol,
+            1e-3,
+        );
+    }
+}
+
+#[test]
 fn gpt2_tiny_adamw_10_steps_match_pytorch_on_gpu() {
     check_trajectory_within(
         Case::new("gpt2_tiny", "gpt2_tiny"),

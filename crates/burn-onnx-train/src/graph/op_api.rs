@@ -1,16 +1,20 @@
 //! The calling convention every op implements: what it is given ([`OpContext`], its
-//! [`Inputs`]), what it returns ([`OpOutput`]), and the function type [`OpFn`] a [`Node`]
-//! holds. The implementations live in `crate::ops`.
+//! [`Inputs`], the [`PassMemo`] of device forms of masks made during the pass), what it returns
+//! ([`OpOutput`]), and the function type [`OpFn`] a [`Node`] holds. The implementations
+//! live in `crate::ops`.
 //!
 //! [`Node`]: super::Node
 
+use std::cell::RefCell;
+
 use burn::tensor::{Device, FloatDType, Tensor};
+use ndarray::ArrayD;
 
 use super::attributes::Attributes;
 use crate::collective::Collectives;
 use crate::error::OpResult;
 use crate::op_bail;
-use crate::value::{FloatValue, Value};
+use crate::value::{FloatValue, PhysTensor, Value};
 
 /// What an op sees besides its inputs.
 pub struct OpContext<'a> {
@@ -31,6 +35,57 @@ pub struct OpContext<'a> {
     pub autocast: Option<FloatDType>,
     /// The groups the model's collective ops run on (none outside a parallel run).
     pub collectives: &'a Collectives,
+    /// Device forms of host masks already made during this pass over the graph.
+    pub memo: &'a PassMemo,
+}
+
+/// Device tensors made from boolean host values during one pass over a graph, by the
+/// value's content and what was made of it. A mask every layer reads (computed once, or
+/// again by each layer as exporters do: dynamo's per-layer `Not` of the causal mask) is
+/// converted and uploaded by its first reader and shared by the rest; each later reader
+/// pays a comparison of the bytes (a `memcmp`), not a conversion and an upload. The memo
+/// lives for one pass: a new forward, a recomputation or a control-flow body's iteration
+/// starts an empty one.
+#[derive(Default)]
+pub struct PassMemo {
+    made: RefCell<Vec<(&'static str, ArrayD<bool>, PhysTensor)>>,
+}
+
+impl PassMemo {
+    /// The `form` made of `mask`: `make` runs unless an equal mask already had its `form`
+    /// made during this pass, whose tensor is shared then.
+    pub fn device_form(
+        &self,
+        mask: &ArrayD<bool>,
+        form: &'static str,
+        make: impl FnOnce() -> OpResult<PhysTensor>,
+    ) -> OpResult<PhysTensor> {
+        let found = self
+            .made
+            .borrow()
+            .iter()
+            .find_map(|(f, m, t)| (*f == form && same_values(m, mask)).then(|| t.clone()));
+        if let Some(made) = found {
+            return Ok(made);
+        }
+        let made = make()?;
+        self.made
+            .borrow_mut()
+            .push((form, mask.clone(), made.clone()));
+        Ok(made)
+    }
+}
+
+/// Whether two masks hold the same values at the same shape (a `memcmp` when both are
+/// contiguous in the same order).
+fn same_values(a: &ArrayD<bool>, b: &ArrayD<bool>) -> bool {
+    if a.shape() != b.shape() {
+        return false;
+    }
+    match (a.as_slice(), b.as_slice()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
 }
 
 impl OpContext<'_> {
@@ -112,3 +167,50 @@ impl Inputs {
 
 /// Signature shared by every op.
 pub type OpFn = fn(&OpContext, Inputs) -> OpResult<OpOutput>;
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use burn::tensor::{Device, TensorData};
+    use ndarray::{ArrayD, IxDyn};
+
+    use super::*;
+
+    #[test]
+    fn a_pass_makes_each_form_of_equal_masks_once() {
+        let (memo, made) = (PassMemo::default(), Cell::new(0));
+        let device = Device::flex();
+        let make = |v: f32| {
+            made.set(made.get() + 1);
+            Ok(PhysTensor::from_data(
+                TensorData::new(vec![v], [1; 8]),
+                &device,
+            ))
+        };
+        let read = |t: PhysTensor| t.into_data().try_to_vec::<f32>().unwrap()[0];
+        let mask = |values: &[bool], shape: &[usize]| {
+            ArrayD::from_shape_vec(IxDyn(shape), values.to_vec()).unwrap()
+        };
+        let causal = mask(&[true, false, true, true], &[2, 2]);
+        let first = memo.device_form(&causal, "keep", || make(1.0)).unwrap();
+        // An equal mask computed again (another layer's), and one in another memory order.
+        let again = memo
+            .device_form(&causal.clone(), "keep", || make(2.0))
+            .unwrap();
+        let transposed = mask(&[true, true, false, true], &[2, 2]).reversed_axes();
+        let reordered = memo.device_form(&transposed, "keep", || make(3.0)).unwrap();
+        assert_eq!(
+            (read(first), read(again), read(reordered), made.get()),
+            (1.0, 1.0, 1.0, 1)
+        );
+        // Another form, other values, another shape of the same values: made anew.
+        let other_form = memo.device_form(&causal, "drop", || make(4.0)).unwrap();
+        let other = mask(&[true, true, true, true], &[2, 2]);
+        let other_values = memo.device_form(&other, "keep", || make(5.0)).unwrap();
+        let flat = mask(&[true, false, true, true], &[4]);
+        let other_shape = memo.device_form(&flat, "keep", || make(6.0)).unwrap();
+        let got = (read(other_form), read(other_values), read(other_shape));
+        assert_eq!((got, made.get()), ((4.0, 5.0, 6.0), 4));
+    }
+}

@@ -26,7 +26,7 @@ use crate::graph::initializer::Initializer;
 use crate::graph::{Dim, Graph, TensorInfo, ValueKind};
 use crate::model::profile::NodeProfiler;
 use crate::model::trainability::{DefaultRole, Usage};
-use crate::ops::{Inputs, OpContext};
+use crate::ops::{Inputs, OpContext, PassMemo};
 use crate::util::seeds::mix_seed;
 use crate::value::host_tensor::{HostTensor, dtype, into_row_major_vec};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
@@ -650,6 +650,7 @@ impl OnnxModel {
         let train = mode == Mode::Train;
         let profiler = self.spec.profiler.as_deref().filter(|_| train);
         let grad_sink = self.spec.grad_sink.as_ref().filter(|_| train);
+        let memo = PassMemo::default();
         for (i, node) in graph.nodes.iter().enumerate() {
             let err = |m: String| OnnxError::Node {
                 node: node.name.clone(),
@@ -695,6 +696,7 @@ impl OnnxModel {
                 seed: mix_seed(seed, (graph.node_offset + i) as u64),
                 autocast,
                 collectives,
+                memo: &memo,
             };
             let started = profiler.map(|p| (p, std::time::Instant::now()));
             let result = catch_unwind(AssertUnwindSafe(|| (node.op)(&ctx, Inputs(args))))

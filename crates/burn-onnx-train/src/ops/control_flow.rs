@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use burn::tensor::Tensor;
 use ndarray::{ArrayD, Axis, IxDyn};
 
-use super::{Inputs, OpContext, OpOutput};
+use super::{Inputs, OpContext, OpOutput, PassMemo};
 use crate::error::{OpError, OpResult};
 use crate::graph::{Body, Dim, TensorInfo};
 use crate::op_bail;
@@ -104,6 +104,7 @@ impl<'a> Runner<'a> {
             .zip(formal)
             .collect();
         let seed = mix_seed(self.ctx.seed, iteration);
+        let memo = PassMemo::default();
         for (i, node) in body.nodes.iter().enumerate() {
             let err = |e: OpError| {
                 OpError(format!(
@@ -133,6 +134,7 @@ impl<'a> Runner<'a> {
                 seed: mix_seed(seed, i as u64),
                 autocast: self.ctx.autocast,
                 collectives: self.ctx.collectives,
+                memo: &memo,
             };
             let out = (node.op)(&ctx, Inputs(args)).map_err(err)?;
             for (slot, v) in out.state_updates {

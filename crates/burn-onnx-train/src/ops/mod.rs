@@ -3,7 +3,7 @@
 //! Each op is a plain function from its inputs to its outputs. [`lookup`] maps an op type to
 //! its function; the interpreter calls it and attaches the node's name to any error.
 
-pub use crate::graph::op_api::{Inputs, OpContext, OpFn, OpOutput};
+pub use crate::graph::op_api::{Inputs, OpContext, OpFn, OpOutput, PassMemo};
 
 use crate::error::OpResult;
 use crate::op_bail;

@@ -104,8 +104,10 @@ impl Mark {
 }
 
 /// The mask and the bias as the fused kernels read them, when they fit `scores` and the
-/// bias needs no gradient.
+/// bias needs no gradient. The mask's device form ([`keep_values`]) is made once a pass
+/// and shared by every node reading an equal mask.
 fn fused_masking(
+    ctx: &OpContext,
     cond: Option<&ArrayD<bool>>,
     bias: Option<FloatValue>,
     scores: &[usize],
@@ -120,7 +122,18 @@ fn fused_masking(
     if !fits {
         return Ok(None);
     }
-    let keep = keep_values(cond, mark.keep_when, like)?;
+    let keep = match cond {
+        Some(cond) => {
+            let form = if mark.keep_when {
+                "keep where true"
+            } else {
+                "keep where false"
+            };
+            ctx.memo
+                .device_form(cond, form, || keep_values(cond, mark.keep_when, like))?
+        }
+        None => constant_like(1.0, like),
+    };
     let bias = match bias {
         Some(b) => b.tensor,
         None => constant_like(0.0, like),
@@ -142,7 +155,7 @@ fn masked_softmax(
     let (shape, rank) = (x.shape(), x.rank);
     let axis = norm_axis(ctx.attrs.int("axis", -1)?, rank)?;
     if axis + 1 == rank && masked_softmax_fused_here(&x.tensor) {
-        let fused = fused_masking(cond.as_ref(), bias.clone(), &shape, mark, &x.tensor)?;
+        let fused = fused_masking(ctx, cond.as_ref(), bias.clone(), &shape, mark, &x.tensor)?;
         if let Some((keep, bias)) = fused {
             let y = kernels::masked_softmax(x.tensor, keep, bias, mark.scale(), mark.fill);
             return Ok(FloatValue::new(y, rank));
@@ -204,7 +217,7 @@ fn attention_core(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     {
         let mut scores = sq.clone();
         scores[r - 1] = sk[r - 1];
-        let fused = fused_masking(cond.as_ref(), bias.clone(), &scores, mark, &q.tensor)?;
+        let fused = fused_masking(ctx, cond.as_ref(), bias.clone(), &scores, mark, &q.tensor)?;
         if let Some((keep, bias)) = fused {
             let compute = ctx.autocast.unwrap_or(FloatDType::F32);
             let (q, kt, v) = (q.tensor, kt.tensor, v.tensor);
@@ -224,15 +237,8 @@ fn constant_like(v: f32, like: &PhysTensor) -> PhysTensor {
 }
 
 /// The mask as the fused kernel reads it: 1 where the score is kept, 0 where filled, at
-/// the condition's own (padded) shape; all ones without a condition.
-fn keep_values(
-    cond: Option<&ArrayD<bool>>,
-    keep_when: bool,
-    like: &PhysTensor,
-) -> OpResult<PhysTensor> {
-    let Some(cond) = cond else {
-        return Ok(constant_like(1.0, like));
-    };
+/// the condition's own (padded) shape.
+fn keep_values(cond: &ArrayD<bool>, keep_when: bool, like: &PhysTensor) -> OpResult<PhysTensor> {
     let values: Vec<f32> = cond
         .iter()
         .map(|&c| if c == keep_when { 1.0 } else { 0.0 })
