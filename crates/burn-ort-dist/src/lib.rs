@@ -44,6 +44,7 @@ pub use grads::grad_sync::{
 pub use grads::overlap::{OverlappedSync, SyncTimes};
 #[cfg(feature = "mpi")]
 pub use mpi;
+pub use storage::host_values::host_values;
 pub use storage::record::{
     MomentSlices, MomentState, RecordTensor, decode_moments, encode_moments, regroup_records,
     write_moments,

@@ -129,15 +129,10 @@ pub fn prefetched<R>(
 
 /// A chunk's values on the host.
 fn host_values(chunk: PhysTensor) -> DistResult<Vec<f32>> {
-    chunk
-        .into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .map_err(|e| format!("{e:?}"))
-        .map_err(|e| DistError::Invalid {
-            rank: 0,
-            message: format!("ZeRO-3 prefetch: reading a parameter chunk: {e}"),
-        })
+    burn_ort_dist::host_values(chunk).map_err(|e| DistError::Invalid {
+        rank: 0,
+        message: format!("ZeRO-3 prefetch: reading a parameter chunk: {e}"),
+    })
 }
 
 impl Forwarding for Prefetching {

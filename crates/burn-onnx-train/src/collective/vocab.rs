@@ -100,11 +100,8 @@ impl ShardedLogits {
     /// The maximum over the group of each entry of `x` (`[n, 1]`, no gradient).
     fn group_max(&self, x: Tensor<2>) -> OpResult<Tensor<2>> {
         let (dims, device) = (x.dims(), x.device());
-        let mine: Vec<f32> = x
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec::<f32>()
-            .map_err(|e| OpError(format!("vocabulary-parallel loss: {e:?}")))?;
+        let mine = burn_ort_dist::host_values(x)
+            .map_err(|e| OpError(format!("vocabulary-parallel loss: {e}")))?;
         let all = self.gather(&mine)?;
         let max: Vec<f32> = (0..mine.len())
             .map(|i| {

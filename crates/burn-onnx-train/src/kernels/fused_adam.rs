@@ -126,11 +126,9 @@ impl FusedAdam {
             return Ok(None);
         };
         let host = |t: &Tensor<1>| {
-            t.clone()
-                .into_data()
-                .try_to_vec::<f32>()
+            burn_ort_dist::host_values(t.clone())
                 .map(Cow::Owned)
-                .map_err(|e| invalid(format!("cannot read the optimizer state: {e:?}")))
+                .map_err(|e| invalid(format!("cannot read the optimizer state: {e}")))
         };
         Ok(Some(match &flat.moments {
             Moments::Device(a, b) => (host(a)?, host(b)?),

@@ -59,10 +59,8 @@ fn not_in_model(id: ParamId) -> DistError {
 
 /// A device tensor's values as f32 on the host.
 fn read(t: Tensor<1>, what: &str) -> DistResult<Vec<f32>> {
-    t.into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .map_err(|e| invalid(format!("offloaded update: reading {what}: {e:?}")))
+    burn_ort_dist::host_values(t)
+        .map_err(|e| invalid(format!("offloaded update: reading {what}: {e}")))
 }
 
 /// The master copy of `module`'s parameters at `slots`, read from the device (zeros in

@@ -26,13 +26,14 @@ impl NonFiniteFlag {
         }
     }
 
-    /// Whether a non-finite value was seen (one read-back on CubeCL devices).
-    pub fn raised(self) -> bool {
+    /// Whether a non-finite value was seen (one read-back on CubeCL devices; the error is
+    /// the report of a device that could not compute the flag).
+    pub fn raised(self) -> Result<bool, String> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if let Some(flag) = self.device_flag {
-            return flag.into_scalar::<f32>() != 0.0;
+            return Ok(burn_ort_dist::host_values(flag)?[0] != 0.0);
         }
-        self.host_flag
+        Ok(self.host_flag)
     }
 }
 

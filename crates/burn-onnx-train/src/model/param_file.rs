@@ -202,12 +202,7 @@ impl ParamFile {
         if alive {
             return Ok((t, Kept::InMemory));
         }
-        let values = t
-            .clone()
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec::<f32>()
-            .map_err(|e| format!("{e:?}"))?;
+        let values = burn_ort_dist::host_values(t.clone())?;
         let require = t.is_require_grad();
         let autodiff = t.device().is_autodiff();
         drop(t);

@@ -95,10 +95,7 @@ impl Sharding {
 }
 
 fn host(t: PhysTensor, what: &str) -> Result<Vec<f32>> {
-    t.into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .map_err(|e| OnnxError::field(what, format!("{e:?}")))
+    burn_ort_dist::host_values(t).map_err(|e| OnnxError::field(what, e))
 }
 
 fn vector(values: Vec<f32>, device: &Device) -> PhysTensor {

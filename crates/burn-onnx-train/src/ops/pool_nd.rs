@@ -185,8 +185,11 @@ pub fn max_pool_nd(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let y = FloatValue::from_rank(w.clone().max_dim(2))?.reshape(&out_shape)?;
     let mut values = vec![Value::Float(y)];
     if ctx.num_outputs > 1 {
-        let best = w.argmax(2).into_data().convert::<i64>();
-        let best: Vec<i64> = best.try_to_vec::<i64>().map_err(|e| format!("{e:?}"))?;
+        let best = w.argmax(2).try_into_data().map_err(|e| format!("{e:?}"))?;
+        let best: Vec<i64> = best
+            .convert::<i64>()
+            .try_to_vec::<i64>()
+            .map_err(|e| format!("{e:?}"))?;
         let column_major = ctx.attrs.int("storage_order", 0)? != 0;
         let spatial: usize = shape[2..].iter().product();
         let p: usize = g.out.iter().product();

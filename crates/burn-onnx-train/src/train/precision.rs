@@ -189,7 +189,10 @@ impl LossScaler {
             flag: NonFiniteFlag::new(&model.device()),
         };
         model.visit(&mut unscale);
-        let mut flag = [if unscale.flag.raised() { 1.0f32 } else { 0.0 }];
+        let raised = unscale.flag.raised().map_err(|e| {
+            OnnxError::field("precision", format!("reading the overflow flag: {e}"))
+        })?;
+        let mut flag = [if raised { 1.0f32 } else { 0.0 }];
         world.all_reduce(&mut flag, ReduceOp::Sum)?;
         Ok(flag[0] > 0.0)
     }

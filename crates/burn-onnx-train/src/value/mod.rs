@@ -136,8 +136,7 @@ impl FloatValue {
 
     /// Download to the host.
     pub fn to_array(&self) -> OpResult<ArrayD<f32>> {
-        let data = self.tensor.to_data().convert::<f32>();
-        let values: Vec<f32> = data.try_to_vec::<f32>().map_err(|e| format!("{e:?}"))?;
+        let values = burn_ort_dist::host_values(self.tensor.clone())?;
         Ok(ArrayD::from_shape_vec(IxDyn(&self.shape()), values)?)
     }
 

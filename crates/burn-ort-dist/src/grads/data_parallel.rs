@@ -160,12 +160,12 @@ impl ModuleMapper for Broadcast<'_> {
             let require = t.is_require_grad();
             let device = t.device();
             let shape = t.dims().to_vec();
-            let mut values = match t.clone().into_data().convert::<f32>().try_to_vec::<f32>() {
+            let mut values = match crate::host_values(t.clone()) {
                 Ok(v) => v,
                 Err(e) => {
                     failed = Some(DistError::Invalid {
                         rank: comm.rank(),
-                        message: format!("cannot read a parameter: {e:?}"),
+                        message: format!("cannot read a parameter: {e}"),
                     });
                     return t;
                 }

@@ -61,14 +61,14 @@ impl<F: Fn(ParamId) -> bool> ModuleVisitor for Collect<'_, F> {
         };
         let shape = g.dims().to_vec();
         // A gradient taken out owns its buffer: its values move out without a copy.
-        match g.into_data().convert::<f32>().try_into_vec::<f32>() {
+        match crate::host_values(g) {
             Ok(values) => self.slots.push(FlatGrad {
                 id: param.id,
                 shape,
                 rank: D,
                 values,
             }),
-            Err(e) => self.error = Some(format!("{e:?}")),
+            Err(e) => self.error = Some(e),
         }
     }
 }

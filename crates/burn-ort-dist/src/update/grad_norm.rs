@@ -152,11 +152,8 @@ pub(crate) fn grad_squares<M: Module>(
         return Ok(n.host);
     }
     let (ids, sums): (Vec<ParamId>, Vec<Tensor<1>>) = n.device.into_iter().unzip();
-    let values = Tensor::cat(sums, 0)
-        .into_data()
-        .convert::<f32>()
-        .try_to_vec::<f32>()
-        .map_err(|e| state_error(format!("cannot read the gradient norms: {e:?}")))?;
+    let values = crate::host_values(Tensor::cat(sums, 0))
+        .map_err(|e| state_error(format!("cannot read the gradient norms: {e}")))?;
     Ok(ids
         .into_iter()
         .zip(values.into_iter().map(f64::from))

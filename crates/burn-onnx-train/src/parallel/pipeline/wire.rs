@@ -102,12 +102,8 @@ pub fn send_values(
             }
             Value::Float(f) => (
                 FLOAT,
-                f.tensor
-                    .clone()
-                    .into_data()
-                    .convert::<f32>()
-                    .try_into_vec::<f32>()
-                    .map_err(|e| wire_err("reading an activation", format!("{e:?}")))?,
+                burn_ort_dist::host_values(f.tensor.clone())
+                    .map_err(|e| wire_err("reading an activation", e))?,
             ),
             Value::Int(a) => (
                 INT,

@@ -70,12 +70,8 @@ pub fn shard_writer<'a>(
     Ok(StateFile::stream(name, move |w| {
         write_safetensors_with(w, &heads, &metadata, |k, w| {
             let (i, name) = (kept[k], &heads[k].name);
-            let chunk: Vec<f32> = params[i]
-                .val()
-                .into_data()
-                .convert::<f32>()
-                .try_into_vec::<f32>()
-                .map_err(|e| state_error(format!("{name}: {e:?}")))?;
+            let chunk = burn_ort_dist::host_values(params[i].val())
+                .map_err(|e| state_error(format!("{name}: {e}")))?;
             model.release_chunk(i);
             write_le_f32s(w, &chunk).map_err(|e| state_error(format!("{name}: {e}")))
         })

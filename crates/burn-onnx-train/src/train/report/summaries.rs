@@ -10,7 +10,6 @@ use crate::model::{OnnxModel, ParamRole};
 use crate::train::config::{CheckpointConfig, LoggingConfig};
 use crate::train::evaluate::EvalMetrics;
 use crate::train::report::tensorboard::EventWriter;
-use crate::value::MAX_RANK;
 
 /// What a rank writes to TensorBoard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,13 +107,9 @@ impl Summaries {
             if !selected {
                 continue;
             }
-            let norm =
-                |t: burn::tensor::Tensor<MAX_RANK>| t.square().sum().sqrt().into_scalar::<f32>();
-            w.add_scalar(
-                &format!("norms/weight/{}", info.name),
-                norm(p.val()),
-                step as i64,
-            )?;
+            let norm = burn_ort_dist::host_values(p.val().square().sum().sqrt())
+                .map_err(|e| OnnxError::field("tensorboard", format!("{}: {e}", info.name)))?;
+            w.add_scalar(&format!("norms/weight/{}", info.name), norm[0], step as i64)?;
             if let Some((_, g)) = grad_norms.iter().find(|(id, _)| *id == p.id) {
                 w.add_scalar(&format!("norms/gradient/{}", info.name), *g, step as i64)?;
             }

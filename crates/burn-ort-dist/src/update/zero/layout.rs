@@ -315,10 +315,7 @@ fn finish(mut out: Vec<f32>, error: Option<String>, padded: usize) -> DistResult
 
 /// A tensor's values as f32 on the host.
 pub(crate) fn host<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, String> {
-    t.into_data()
-        .convert::<f32>()
-        .try_to_vec::<f32>()
-        .map_err(|e| format!("{e:?}"))
+    crate::host_values(t)
 }
 
 struct ShardOf {

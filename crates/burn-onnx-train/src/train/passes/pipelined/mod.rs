@@ -88,13 +88,9 @@ impl Pipelined {
                 .param_index(name)
                 .and_then(|i| grads.get::<MAX_RANK>(model.params()[i].id))
             {
-                let v = g
-                    .into_data()
-                    .convert::<f32>()
-                    .try_into_vec::<f32>()
-                    .map_err(|e| {
-                        OnnxError::field("pipeline", format!("gradient of '{name}': {e:?}"))
-                    })?;
+                let v = burn_ort_dist::host_values(g).map_err(|e| {
+                    OnnxError::field("pipeline", format!("gradient of '{name}': {e}"))
+                })?;
                 flat[start..].copy_from_slice(&v);
             }
             spans.push(start..start + n);
