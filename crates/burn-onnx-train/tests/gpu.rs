@@ -135,16 +135,7 @@ fn where_masked_attention_on_gpu_gives_pytorchs_loss_and_gradients() {
     let ids = int(&npz(path("batch.npz"))["input_ids"]).clone();
     let refs: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path("losses.json")).unwrap()).unwrap();
-    let out = model
-        .forward(
-            vec![("input_ids".into(), Value::Int(ids.clone()))],
-            Mode::Train,
-        )
-        .unwrap();
-    let Some(Value::Float(logits)) = out.get("logits").cloned() else {
-        panic!("no logits")
-    };
-    let loss = burn_onnx_train::model::loss::lm_cross_entropy(logits, &ids).unwrap();
+    let loss = lm_loss(&model, &ids);
     let got = loss.clone().into_scalar::<f32>() as f64;
     let want = refs["adamw_losses"][0].as_f64().unwrap();
     assert!((got - want).abs() < 1e-4, "loss {got} vs PyTorch {want}");

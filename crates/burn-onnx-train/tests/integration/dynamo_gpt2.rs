@@ -10,10 +10,9 @@ use super::common;
 use std::collections::HashSet;
 
 use burn::optim::GradientsParams;
-use burn_onnx_train::model::loss::lm_cross_entropy;
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::optimizer::build_optimizer;
-use burn_onnx_train::{Mode, OnnxModel, ParamRole, Value};
+use burn_onnx_train::{OnnxModel, ParamRole};
 use common::*;
 
 fn path(file: &str) -> std::path::PathBuf {
@@ -22,19 +21,6 @@ fn path(file: &str) -> std::path::PathBuf {
 
 fn mapping() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path("mapping.json")).unwrap()).unwrap()
-}
-
-fn loss(model: &OnnxModel, ids: &ndarray::ArrayD<i64>) -> burn::tensor::Tensor<1> {
-    let out = model
-        .forward(
-            vec![("input_ids".into(), Value::Int(ids.clone()))],
-            Mode::Train,
-        )
-        .unwrap();
-    let Some(Value::Float(logits)) = out.get("logits").cloned() else {
-        panic!("no logits")
-    };
-    lm_cross_entropy(logits, ids).unwrap()
 }
 
 #[test]
@@ -130,7 +116,7 @@ fn ten_adamw_steps_match_pytorch() {
         .collect();
     assert_eq!(want_losses.len(), 10);
     for (step, want) in want_losses.iter().enumerate() {
-        let l = loss(&model, &ids);
+        let l = lm_loss(&model, &ids);
         let got = l.clone().into_scalar::<f32>() as f64;
         assert!(
             (got - want).abs() < 1e-5,

@@ -402,16 +402,7 @@ fn a_fresh_hf_gpt2_torchscript_export_has_pytorchs_parameters_and_gradients() {
     );
 
     let ids = int(&npz(hf("batch.npz"))["input_ids"]).clone();
-    let out = model
-        .forward(
-            vec![("input_ids".into(), Value::Int(ids.clone()))],
-            Mode::Train,
-        )
-        .unwrap();
-    let Some(Value::Float(logits)) = out.get("logits").cloned() else {
-        panic!("no logits")
-    };
-    let loss = burn_onnx_train::model::loss::lm_cross_entropy(logits, &ids).unwrap();
+    let loss = lm_loss(&model, &ids);
     let want = hf_json("losses.json")["loss"][0].as_f64().unwrap();
     let got = f64::from(loss.clone().into_scalar::<f32>());
     assert!((got - want).abs() < 1e-5, "loss {got} vs PyTorch {want}");

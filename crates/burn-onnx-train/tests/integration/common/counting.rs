@@ -3,8 +3,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use burn_onnx_train::model::loss::{Logits, lm_cross_entropy};
-use burn_onnx_train::{Mode, OnnxModel, Value};
+use burn_onnx_train::OnnxModel;
+use burn_onnx_train::model::loss::lm_cross_entropy;
 use burn_ort_dist::{Communicator, DistResult, Forwarding, ReduceOp};
 use ndarray::ArrayD;
 
@@ -56,30 +56,14 @@ pub fn logits_and_grads(
     model: &OnnxModel,
     ids: &ArrayD<i64>,
 ) -> (ArrayD<f32>, Vec<(String, ArrayD<f32>)>) {
-    let out = model
-        .forward(
-            vec![("input_ids".into(), Value::Int(ids.clone()))],
-            Mode::Train,
-        )
-        .unwrap();
-    let Some(Value::Float(logits)) = out.get("logits").cloned() else {
-        panic!("no logits")
-    };
-    let sharded = out.sharded_logits.clone();
-    let loss = lm_cross_entropy(
-        Logits {
-            value: logits.clone(),
-            sharded,
-            classes: None,
-        },
-        ids,
-    )
-    .unwrap();
+    let logits = super::lm_logits(model, ids);
+    let value = logits.value.clone();
+    let loss = lm_cross_entropy(logits, ids).unwrap();
     let grads = loss.backward();
     let named = model
         .param_grads(&grads)
         .into_iter()
         .map(|(n, g)| (n, g.to_array().unwrap()))
         .collect();
-    (logits.to_array().unwrap(), named)
+    (value.to_array().unwrap(), named)
 }

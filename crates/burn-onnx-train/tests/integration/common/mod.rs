@@ -488,3 +488,31 @@ pub fn auto_choice_ran(
     );
     value
 }
+
+/// The logits of a training-mode forward pass on token `ids` (input `input_ids`, output
+/// `logits`; a tensor-parallel rank's slice when its head is split along the vocabulary).
+pub fn lm_logits(
+    model: &burn_onnx_train::OnnxModel,
+    ids: &ArrayD<i64>,
+) -> burn_onnx_train::model::loss::Logits {
+    use burn_onnx_train::{Mode, Value};
+    let out = model
+        .forward(
+            vec![("input_ids".into(), Value::Int(ids.clone()))],
+            Mode::Train,
+        )
+        .unwrap();
+    let Some(Value::Float(logits)) = out.get("logits").cloned() else {
+        panic!("no logits")
+    };
+    burn_onnx_train::model::loss::Logits {
+        value: logits,
+        sharded: out.sharded_logits.clone(),
+        classes: None,
+    }
+}
+
+/// The LM cross-entropy of a training-mode forward pass on token `ids` ([`lm_logits`]).
+pub fn lm_loss(model: &burn_onnx_train::OnnxModel, ids: &ArrayD<i64>) -> burn::tensor::Tensor<1> {
+    burn_onnx_train::model::loss::lm_cross_entropy(lm_logits(model, ids), ids).unwrap()
+}
