@@ -4,14 +4,17 @@
 //! `scaled_dot_product_attention` gives its users too. The graph's two products and the
 //! Softmax between them are one node (`onnx::fusion::fuse_attention_core`).
 //!
-//! Forward: the scores `q kt`, the masked softmax of `masked_softmax.rs`, the product
-//! with `v` (`cube_matmul.rs`: operands in the compute precision, results in f32), the
-//! same launches as the three ops. Kept for the backward: the prepared `q`, `kt` and `v`
-//! (the inputs' size) and the mask and bias (their own, broadcast, size); the scores and
-//! the probabilities are dropped, where the composition kept the probabilities (f32) and
-//! their low-precision copy for `dv`. Backward: the scores and the probabilities again
-//! (two launches), then `dv = p^T g`, `dp = g v^T`, the softmax's backward, `dq = ds k`,
-//! `dkt = q^T ds`. The scores of one layer exist only while its backward runs.
+//! Forward: the scores `q kt` (f32), the masked softmax writing the probabilities in the
+//! products' precision and each row's log-sum-exp (`attention_rows.rs`), the product with
+//! `v` (`cube_matmul.rs`: operands in the compute precision, results in f32). Kept for the
+//! backward: the prepared `q`, `kt` and `v` (the inputs' size), the mask and bias (their
+//! own, broadcast, size) and the log-sum-exps (one f32 a row); the scores and the
+//! probabilities are dropped, where the composition kept the probabilities (f32) and their
+//! low-precision copy for `dv`. Backward: the scores again, the probabilities again from
+//! them and the log-sum-exps (one element-wise pass) for `dv = p^T g`, `dp = g v^T`, the
+//! scores' gradient from the scores, the log-sum-exps and `dp` in the products'
+//! precision, `dq = ds k`, `dkt = q^T ds`. The scores of one layer exist only while its
+//! backward runs.
 
 use burn::tensor::FloatDType;
 
@@ -75,8 +78,8 @@ mod cube {
     use burn::backend::{Backend, TensorMetadata, backend_extension};
     use burn::tensor::FloatDType;
 
+    use crate::kernels::attention_rows::AttentionRowsOps;
     use crate::kernels::cube_matmul::CubeMatmulOps;
-    use crate::kernels::masked_softmax::cube::MaskedSoftmaxOps;
 
     /// The op as a backend extension (CubeCL, and Autodiff over it).
     #[backend_extension(Cube, Autodiff)]
@@ -94,29 +97,20 @@ mod cube {
         ) -> FloatTensor<Self>;
     }
 
-    /// The probabilities of prepared `q` and `kt` (f32).
-    fn probabilities<B: CubeMatmulOps + MaskedSoftmaxOps>(
-        q: FloatTensor<B>,
-        kt: FloatTensor<B>,
-        m: &Masking<B>,
-    ) -> FloatTensor<B> {
-        let scores = B::matmul_prepared(q, kt);
-        B::masked_softmax_rows(scores, m.keep.clone(), m.bias.clone(), m.scale, m.fill)
-    }
-
-    /// The operands `[q, kt, v]` prepared for the products (`cube_matmul.rs`) and the
-    /// output.
-    fn forward<B: CubeMatmulOps + MaskedSoftmaxOps>(
+    /// The operands `[q, kt, v]` prepared for the products (`cube_matmul.rs`), the
+    /// log-sum-exps of the scores' rows and the output.
+    fn forward<B: CubeMatmulOps + AttentionRowsOps>(
         [q, kt, v]: [FloatTensor<B>; 3],
         m: &Masking<B>,
         compute: FloatDType,
-    ) -> ([FloatTensor<B>; 3], FloatTensor<B>) {
+    ) -> ([FloatTensor<B>; 3], FloatTensor<B>, FloatTensor<B>) {
         let q = B::matmul_operand(q, compute);
         let kt = B::matmul_operand(kt, compute);
         let v = B::matmul_operand(v, compute);
-        let p = probabilities::<B>(q.clone(), kt.clone(), m);
-        let out = B::matmul_prepared(B::matmul_operand(p, compute), v.clone());
-        ([q, kt, v], out)
+        let scores = B::matmul_prepared(q.clone(), kt.clone());
+        let (p, lse) = B::attention_probabilities(scores, m.keep(), m.bias(), m.at(), compute);
+        let out = B::matmul_prepared(p, v.clone());
+        ([q, kt, v], lse, out)
     }
 
     /// The mask, bias, scale and fill of the scores.
@@ -126,6 +120,21 @@ mod cube {
         bias: FloatTensor<B>,
         scale: f32,
         fill: f32,
+    }
+
+    impl<B: Backend> Masking<B> {
+        fn keep(&self) -> FloatTensor<B> {
+            self.keep.clone()
+        }
+
+        fn bias(&self) -> FloatTensor<B> {
+            self.bias.clone()
+        }
+
+        /// `(scale, fill)`.
+        fn at(&self) -> (f32, f32) {
+            (self.scale, self.fill)
+        }
     }
 
     impl AttentionCoreOps for Cube {
@@ -144,7 +153,7 @@ mod cube {
                 scale,
                 fill,
             };
-            forward::<Self>([q, kt, v], &m, compute).1
+            forward::<Self>([q, kt, v], &m, compute).2
         }
     }
 
@@ -153,31 +162,41 @@ mod cube {
         B::float_swap_dims(x, r - 2, r - 1)
     }
 
-    /// The backward from the prepared operands, the probabilities made again.
+    /// The backward from the prepared operands and the log-sum-exps, the scores and the
+    /// probabilities made again.
     #[derive(Debug)]
     struct AttentionCoreBackward {
         compute: FloatDType,
     }
 
-    impl<B: Backend + CubeMatmulOps + MaskedSoftmaxOps> Backward<B, 3> for AttentionCoreBackward {
-        /// The prepared `q`, `kt`, `v` and the masking.
-        type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, Masking<B>);
+    impl<B: Backend + CubeMatmulOps + AttentionRowsOps> Backward<B, 3> for AttentionCoreBackward {
+        /// The prepared `q`, `kt`, `v`, the masking and the log-sum-exps.
+        type State = ([FloatTensor<B>; 3], Masking<B>, FloatTensor<B>);
 
         fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
             let [q_node, kt_node, v_node] = ops.parents;
-            let (q, kt, v, m) = ops.state;
-            let g = B::matmul_operand(grads.consume::<B>(&ops.node), self.compute);
-            let p = probabilities::<B>(q.clone(), kt.clone(), &m);
+            let ([q, kt, v], m, lse) = ops.state;
+            let compute = self.compute;
+            let g = B::matmul_operand(grads.consume::<B>(&ops.node), compute);
+            let scores = B::matmul_prepared(q.clone(), kt.clone());
             if let Some(node) = v_node {
-                let p_t = B::matmul_operand(transpose_last::<B>(p.clone()), self.compute);
+                let p = B::attention_probabilities_again(
+                    scores.clone(),
+                    m.keep(),
+                    m.bias(),
+                    lse.clone(),
+                    m.at(),
+                    compute,
+                );
+                let p_t = B::matmul_operand(transpose_last::<B>(p), compute);
                 grads.register::<B>(node.id, B::matmul_prepared(p_t, g.clone()));
             }
             if q_node.is_none() && kt_node.is_none() {
                 return;
             }
             let dp = B::matmul_prepared(g, transpose_last::<B>(v));
-            let ds = B::masked_softmax_rows_backward(p, dp, m.keep, m.scale);
-            let ds = B::matmul_operand(ds, self.compute);
+            let ds =
+                B::attention_scores_backward(scores, m.keep(), m.bias(), lse, dp, m.at(), compute);
             if let Some(node) = q_node {
                 let dq = B::matmul_prepared(ds.clone(), transpose_last::<B>(kt));
                 grads.register::<B>(node.id, dq);
@@ -189,7 +208,7 @@ mod cube {
         }
     }
 
-    impl<B: Backend + CubeMatmulOps + MaskedSoftmaxOps + AttentionCoreOps, C: CheckpointStrategy>
+    impl<B: Backend + CubeMatmulOps + AttentionRowsOps + AttentionCoreOps, C: CheckpointStrategy>
         AttentionCoreOps for Autodiff<B, C>
     {
         fn attention_core(
@@ -215,8 +234,8 @@ mod cube {
                         fill,
                     };
                     let operands = [q, kt, v].map(|x| x.into_primitive());
-                    let ([q, kt, v], out) = forward::<B>(operands, &m, compute);
-                    prep.finish((q, kt, v, m), out)
+                    let (prepared, lse, out) = forward::<B>(operands, &m, compute);
+                    prep.finish((prepared, m, lse), out)
                 }
                 OpsKind::UnTracked(prep) => prep.finish(B::attention_core(
                     q.into_primitive(),

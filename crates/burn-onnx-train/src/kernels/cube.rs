@@ -255,6 +255,13 @@ pub fn cross_entropy_backward(
     dx
 }
 
+/// The grid of an element-wise kernel over `n` elements: one unit each, in cubes of
+/// `ELEMWISE_THREADS` units.
+pub(super) fn elementwise_grid(client: &cubecl::client::Client, n: usize) -> (CubeCount, CubeDim) {
+    let dim = CubeDim::new_1d(ELEMWISE_THREADS);
+    (calculate_cube_count_elemwise(client, n, dim), dim)
+}
+
 /// `input` cast to `dtype` into a fresh contiguous tensor, read through its strides (one
 /// pass, where a copy and a cast would be two).
 pub fn cast_contiguous(input: CubeTensor, dtype: DType) -> CubeTensor {
@@ -262,8 +269,7 @@ pub fn cast_contiguous(input: CubeTensor, dtype: DType) -> CubeTensor {
     let n = input.shape().num_elements();
     let output =
         empty_device_contiguous_dtype(client.clone(), input.device.clone(), input.shape(), dtype);
-    let dim = CubeDim::new_1d(ELEMWISE_THREADS);
-    let count = calculate_cube_count_elemwise(&client, n, dim);
+    let (count, dim) = elementwise_grid(&client, n);
     let dtypes = [
         dtype_to_storage_type(input.dtype),
         dtype_to_storage_type(dtype),
@@ -290,8 +296,7 @@ pub fn unscale(grad: CubeTensor, flag: CubeTensor, factor: f32) -> CubeTensor {
         grad.shape(),
         grad.dtype,
     );
-    let dim = CubeDim::new_1d(ELEMWISE_THREADS);
-    let count = calculate_cube_count_elemwise(&client, n, dim);
+    let (count, dim) = elementwise_grid(&client, n);
     assert!(
         grad.dtype == DType::F32 && flag.dtype == DType::F32,
         "unscale: gradients are f32 (got {:?})",

@@ -9,10 +9,9 @@ use burn::backend::{Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
 
-use super::cube::reduce_shared;
+use super::cube::{elementwise_grid, reduce_shared};
 
 /// Threads per cube of the row kernels (a power of two: the tree reductions halve it).
 const ROW_THREADS: u32 = 256;
@@ -325,8 +324,7 @@ pub fn pointwise(a: CubeTensor, g: Option<CubeTensor>, f: Pointwise) -> CubeTens
     let g = g.map(into_contiguous).unwrap_or_else(|| a.clone());
     let client = a.client.clone();
     let out = empty_like(&a, a.shape());
-    let dim = CubeDim::new_1d(ELEMWISE_THREADS);
-    let count = calculate_cube_count_elemwise(&client, a.shape().num_elements(), dim);
+    let (count, dim) = elementwise_grid(&client, a.shape().num_elements());
     pointwise_kernel::launch(
         &client,
         count,

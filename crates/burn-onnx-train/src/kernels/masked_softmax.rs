@@ -60,8 +60,11 @@ pub(super) mod cube {
     use burn::backend::Cube;
     use burn::backend::autodiff::Autodiff;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+    use burn::backend::cubecl::dtype_to_storage_type;
     use burn::backend::tensor::FloatTensor;
-    use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
+    use burn::backend::{
+        AutodiffBackend, Backend, DType, Shape, TensorMetadata, backend_extension,
+    };
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
     use burn_cubecl::tensor::CubeTensor;
@@ -98,7 +101,7 @@ pub(super) mod cube {
     /// The offset in `of` (`x`'s shape, its own strides) of the first column of row `row`
     /// of the contiguous `x`.
     #[cube]
-    fn row_offset(of: &Tensor<f32>, x: &Tensor<f32>, row: usize) -> usize {
+    pub(crate) fn row_offset(of: &Tensor<f32>, x: &Tensor<f32>, row: usize) -> usize {
         let mut rest = row;
         let mut at = 0usize;
         let mut d = x.rank() - 1;
@@ -113,7 +116,7 @@ pub(super) mod cube {
 
     /// The score softmax reads: `x * scale` where kept, `fill` elsewhere, plus the bias.
     #[cube]
-    fn masked_score(x: f32, keep: f32, bias: f32, scale: f32, fill: f32) -> f32 {
+    pub(crate) fn masked_score(x: f32, keep: f32, bias: f32, scale: f32, fill: f32) -> f32 {
         let mut z = fill;
         if keep != 0.0 {
             z = x * scale;
@@ -145,17 +148,22 @@ pub(super) mod cube {
     }
 
     /// One cube per row of the contiguous `x`: `y = softmax(masked_score(x))` (of `x`
-    /// when not `masked`).
+    /// when not `masked`) in `y`'s precision, computed in f32; with `with_lse`, the row's
+    /// `max + ln(sum(exp(z - max)))` in `lse[row]`.
     #[cube(launch)]
-    fn masked_softmax_forward_kernel(
+    #[allow(clippy::too_many_arguments)]
+    fn masked_softmax_forward_kernel<O: Float>(
         x: &Tensor<f32>,
         keep: &Tensor<f32>,
         bias: &Tensor<f32>,
-        y: &mut Tensor<f32>,
+        y: &mut Tensor<O>,
+        lse: &mut Tensor<f32>,
         scale: f32,
         fill: f32,
         #[comptime] masked: bool,
+        #[comptime] with_lse: bool,
         #[comptime] threads: u32,
+        #[define(O)] _dtype: ElemType,
     ) {
         let cols = x.shape(x.rank() - 1);
         let rows = x.len() / cols;
@@ -193,11 +201,16 @@ pub(super) mod cube {
                 j += step;
             }
             let total = cube_sum(&mut shared, sum);
+            if comptime![with_lse] {
+                if unit == 0 {
+                    lse[row] = row_max + f32::ln(total);
+                }
+            }
             j = unit;
             while j < cols {
                 let (i, k, b) = (base + j, kbase + j * kstep, bbase + j * bstep);
                 let z = score(x, keep, bias, i, k, b, scale, fill, masked);
-                y[i] = f32::exp(z - row_max) / total;
+                y[i] = O::cast_from(f32::exp(z - row_max) / total);
                 j += step;
             }
         }
@@ -245,7 +258,7 @@ pub(super) mod cube {
         }
     }
 
-    fn rows(x: &CubeTensor) -> usize {
+    pub(crate) fn rows(x: &CubeTensor) -> usize {
         let shape = x.shape();
         let cols = shape.as_slice().last().copied().unwrap_or(1).max(1);
         shape.num_elements() / cols
@@ -271,8 +284,24 @@ pub(super) mod cube {
 
     /// Softmax over the last axis of `x`, of its masked scores when `masking` is given.
     pub(crate) fn softmax_forward(x: CubeTensor, masking: Option<Masking>) -> CubeTensor {
+        let dtype = x.dtype;
+        softmax_forward_in(x, masking, dtype, false).0
+    }
+
+    /// [`softmax_forward`] written in `dtype` (computed in f32), and with `with_lse` each
+    /// row's log-sum-exp (`[rows]`, f32).
+    pub(crate) fn softmax_forward_in(
+        x: CubeTensor,
+        masking: Option<Masking>,
+        dtype: DType,
+        with_lse: bool,
+    ) -> (CubeTensor, Option<CubeTensor>) {
         let x = into_contiguous(x);
-        let y = empty_like(&x);
+        let y = empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), x.shape(), dtype);
+        let lse = with_lse.then(|| {
+            let rows = Shape::new([rows(&x)]);
+            empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), rows, x.dtype)
+        });
         let masked = masking.is_some();
         // Unmasked, the kernel reads no mask or bias: `x` stands in for both.
         let m = masking.unwrap_or_else(|| Masking {
@@ -281,6 +310,8 @@ pub(super) mod cube {
             scale: 1.0,
             fill: 0.0,
         });
+        // Without `with_lse`, `x` stands in for the log-sum-exps: never written.
+        let lse_arg = lse.clone().unwrap_or_else(|| x.clone());
         masked_softmax_forward_kernel::launch(
             &x.client.clone(),
             row_cubes(rows(&x)),
@@ -289,12 +320,15 @@ pub(super) mod cube {
             m.keep.into_tensor_arg(),
             m.bias.into_tensor_arg(),
             y.clone().into_tensor_arg(),
+            lse_arg.into_tensor_arg(),
             m.scale,
             m.fill,
             masked,
+            with_lse,
             ROW_THREADS,
+            dtype_to_storage_type(dtype),
         );
-        y
+        (y, lse)
     }
 
     /// The backward of [`softmax_forward`] from its output `y`; `keep` and `scale` those

@@ -36,6 +36,8 @@
 
 mod activation;
 mod attention_core;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod attention_rows;
 mod conv;
 mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

@@ -92,15 +92,12 @@ mod cube {
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::kernel::untile;
     use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
-    use cubecl::calculate_cube_count_elemwise;
     use cubecl::prelude::*;
     use std::sync::Arc;
 
     use super::SplitPieces;
+    use crate::kernels::cube::elementwise_grid;
     use crate::value::unary_op::unary;
-
-    /// Threads per cube.
-    const THREADS: u32 = 256;
 
     /// The op as a backend extension (CubeCL, and Autodiff over it).
     #[backend_extension(Cube, Autodiff)]
@@ -230,8 +227,7 @@ mod cube {
             let out =
                 empty_device_contiguous_dtype(client.clone(), g.device.clone(), shape, g.dtype);
             let n = out.shape().num_elements();
-            let cube_dim = CubeDim::new_1d(THREADS);
-            let count = calculate_cube_count_elemwise(&client, n, cube_dim);
+            let (count, cube_dim) = elementwise_grid(&client, n);
             pad_kernel::launch(
                 &client,
                 count,
@@ -277,8 +273,7 @@ mod cube {
             };
             let client = whole.client.clone();
             let n = g.shape().num_elements();
-            let cube_dim = CubeDim::new_1d(THREADS);
-            let count = calculate_cube_count_elemwise(&client, n, cube_dim);
+            let (count, cube_dim) = elementwise_grid(&client, n);
             add_part_kernel::launch(
                 &client,
                 count,
