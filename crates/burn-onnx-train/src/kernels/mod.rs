@@ -16,7 +16,9 @@
 //! - [`masked_softmax`]: the attention softmax with its scaling and masking folded in,
 //!   one kernel each way over the scores (CubeCL);
 //! - [`attention_core`]: `softmax(masked(q kt)) v` keeping no scores or probabilities for
-//!   its backward, which makes them again (CubeCL);
+//!   its backward, which makes them again from each row's log-sum-exp, every `[.., t, s]`
+//!   tensor written once in the precision of the product reading it (`attention_rows`)
+//!   (CubeCL);
 //! - [`matmul`]: the matrix product written by the GEMM into an uninitialised buffer, its
 //!   backward the same kernel on transposed views (Flex);
 //! - [`matmul_autocast`] (and [`matmul`] of f32 on CubeCL): the product writing f32 from
