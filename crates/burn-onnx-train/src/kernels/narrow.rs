@@ -12,7 +12,7 @@
 //! transposed view stays one), and a backward that is a slice of the gradient, a view.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use crate::value::PhysTensor;
 
@@ -20,13 +20,15 @@ use crate::value::PhysTensor;
 /// gradient yet, so the others add theirs into it.
 #[derive(Debug, Default)]
 pub struct SplitPieces {
+    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
     written: AtomicBool,
 }
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 impl SplitPieces {
     /// Whether a piece wrote the input's gradient before; marks it written.
     fn written_before(&self) -> bool {
-        self.written.swap(true, Ordering::AcqRel)
+        self.written.swap(true, std::sync::atomic::Ordering::AcqRel)
     }
 }
 
