@@ -33,6 +33,7 @@ use crate::value::{FloatValue, PhysTensor, Value, padded};
 
 use file_tensor::file_tensor;
 pub use padded_head::PaddedHead;
+use shape_folds::{FoldKey, FoldPass, ShapeFolds};
 pub use sharded::{ChunkPlace, ChunkStore, Settled, Sharding};
 pub use tensor_parallel::Probe;
 
@@ -42,6 +43,7 @@ pub mod named_store;
 pub mod padded_head;
 mod param_file;
 pub mod profile;
+mod shape_folds;
 mod sharded;
 pub mod stage;
 mod tensor_parallel;
@@ -134,6 +136,9 @@ struct Spec {
     /// Where its training-mode passes hand each parameter's final gradient
     /// ([`OnnxModel::with_grad_sink`]).
     grad_sink: Option<SinkRef>,
+    /// Values that depend only on the inputs' shapes, made once per shape
+    /// ([`shape_folds`]).
+    folds: ShapeFolds,
 }
 
 /// Forward mode.
@@ -268,6 +273,7 @@ impl OnnxModel {
                 prefetch_times: Arc::default(),
                 profiler: None,
                 grad_sink: None,
+                folds: ShapeFolds::default(),
             }),
         })
     }
@@ -651,7 +657,17 @@ impl OnnxModel {
         let profiler = self.spec.profiler.as_deref().filter(|_| train);
         let grad_sink = self.spec.grad_sink.as_ref().filter(|_| train);
         let memo = PassMemo::default();
+        let mut folds = self.fold_pass(env, absent, autocast);
         for (i, node) in graph.nodes.iter().enumerate() {
+            if folds.skips(i, &node.outputs, env) {
+                // Made by an earlier pass of these shapes: it costs this pass nothing.
+                if let Some(profiler) = profiler {
+                    let (at, zero) = (graph.node_offset + i, std::time::Duration::ZERO);
+                    profiler.record(at, &node.name, &node.op_type, zero);
+                }
+                self.forget_last_reads(env, i, &node.inputs);
+                continue;
+            }
             let err = |m: String| OnnxError::Node {
                 node: node.name.clone(),
                 op_type: node.op_type.clone(),
@@ -715,13 +731,7 @@ impl OnnxModel {
                 );
             }
             let out = result.map_err(|e| err(e.0))?;
-            for name in &node.inputs {
-                if graph.last_use.get(name) == Some(&i)
-                    && !graph.outputs.iter().any(|o| &o.name == name)
-                {
-                    env.remove(name);
-                }
-            }
+            self.forget_last_reads(env, i, &node.inputs);
             if mode == Mode::Train {
                 for (slot, v) in out.state_updates {
                     if let Some(Source::Param(p)) =
@@ -736,8 +746,59 @@ impl OnnxModel {
                     env.insert(name.clone(), v);
                 }
             }
+            folds.note(i, &node.outputs, env);
         }
+        self.spec.folds.keep(folds);
         Ok(state_updates)
+    }
+
+    /// How many nodes compute values that depend only on the inputs' shapes, made once per
+    /// shape and reused by later passes ([`shape_folds`]).
+    pub fn shape_folded_nodes(&self) -> usize {
+        let graph = &self.spec.graph;
+        let constants = |name: &str| self.is_constant(name);
+        self.spec.folds.plan(graph, &constants).count()
+    }
+
+    /// The values a pass with these inputs folds ([`shape_folds`]).
+    fn fold_pass(
+        &self,
+        env: &HashMap<String, Value>,
+        absent: &std::collections::HashSet<&str>,
+        autocast: Option<FloatDType>,
+    ) -> FoldPass<'_> {
+        let graph = &self.spec.graph;
+        let shapes = graph
+            .inputs
+            .iter()
+            .map(|i| match absent.contains(i.name.as_str()) {
+                true => None,
+                false => env.get(&i.name).map(Value::shape),
+            })
+            .collect();
+        let constants = |name: &str| self.is_constant(name);
+        self.spec
+            .folds
+            .pass(graph, &constants, FoldKey { shapes, autocast })
+    }
+
+    /// Whether the value named `name` is a constant of the graph (a `Constant` node's
+    /// output, an initializer that is not a parameter).
+    fn is_constant(&self, name: &str) -> bool {
+        self.spec.graph.constants.contains_key(name)
+            || matches!(self.spec.sources.get(name), Some(Source::Constant(_)))
+    }
+
+    /// Drop from `env` the inputs node `i` reads last (graph outputs stay).
+    fn forget_last_reads(&self, env: &mut HashMap<String, Value>, i: usize, inputs: &[String]) {
+        let graph = &self.spec.graph;
+        for name in inputs {
+            if graph.last_use.get(name) == Some(&i)
+                && !graph.outputs.iter().any(|o| &o.name == name)
+            {
+                env.remove(name);
+            }
+        }
     }
 
     fn fetch(

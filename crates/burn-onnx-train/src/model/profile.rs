@@ -2,8 +2,10 @@
 //! pass of a model given a [`NodeProfiler`] (`OnnxModel::with_profiler`) records the wall
 //! time of each node's op, and the profiler sums them by node and by op type. On the CPU the
 //! ops run eagerly, so a node's time is its compute; on a GPU backend it is the time to
-//! enqueue it. Backward runs inside Burn's autodiff and is not split by node: the runner's
-//! `perf.json` has the update's total and its synchronisation and optimizer time.
+//! enqueue it. A node whose values depend only on the inputs' shapes (`shape_folds`) runs
+//! in the first pass of a shape and records 0 after. Backward runs inside Burn's autodiff
+//! and is not split by node: the runner's `perf.json` has the update's total and its
+//! synchronisation and optimizer time.
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -179,6 +179,7 @@ impl OnnxModel {
                 prefetch_times: self.spec.prefetch_times.clone(),
                 profiler: self.spec.profiler.clone(),
                 grad_sink: self.spec.grad_sink.clone(),
+                folds: Default::default(),
             }),
         })
     }

@@ -174,3 +174,28 @@ fn ten_adamw_steps_match_pytorch() {
         );
     }
 }
+
+#[test]
+fn masks_cut_by_the_sequence_length_are_made_once_per_shape() {
+    // Each layer cuts its causal mask from its own constant buffer by the input's length
+    // (Shape, Slice, Slice, Not): those nodes fold, made by the first pass of a shape and
+    // reused after. A pass of another length must make its own (a stale mask would be the
+    // wrong size or the wrong values); each pass is checked against a fresh model's.
+    let model = OnnxModel::load(path("gpt2_tied.onnx"), &train_device()).unwrap();
+    assert!(
+        model.shape_folded_nodes() >= 2 * 3,
+        "{} nodes fold",
+        model.shape_folded_nodes()
+    );
+    let ids = int(&npz(path("batch.npz"))["input_ids"]).clone();
+    let cut = |t: usize| ids.slice(ndarray::s![.., ..t]).to_owned().into_dyn();
+    let full = ids.shape()[1];
+    for t in [full, full / 2, full, full / 2] {
+        let ids = cut(t);
+        let got = lm_logits(&model, &ids).value.to_array().unwrap();
+        let fresh = OnnxModel::load(path("gpt2_tied.onnx"), &train_device()).unwrap();
+        let want = lm_logits(&fresh, &ids).value.to_array().unwrap();
+        assert_eq!(got.shape(), want.shape());
+        assert_eq!(max_abs_diff(&got, &want), 0.0, "{t} tokens");
+    }
+}
