@@ -777,9 +777,15 @@ impl OnnxModel {
             })
             .collect();
         let constants = |name: &str| self.is_constant(name);
-        self.spec
-            .folds
-            .pass(graph, &constants, FoldKey { shapes, autocast })
+        self.spec.folds.pass(
+            graph,
+            &constants,
+            FoldKey {
+                shapes,
+                autocast,
+                device: self.device(),
+            },
+        )
     }
 
     /// Whether the value named `name` is a constant of the graph (a `Constant` node's

@@ -17,7 +17,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use burn::tensor::FloatDType;
+use burn::tensor::{Device, FloatDType};
 
 use crate::graph::Graph;
 use crate::value::Value;
@@ -42,12 +42,14 @@ const NEVER_FOLDED: &[&str] = &[
 const KEPT_SHAPES: usize = 4;
 
 /// What the folded values of a pass depend on: the shapes of the graph's inputs (`None`:
-/// an optional one left out) and the autocast precision (a product of constants is
-/// computed in it).
+/// an optional one left out), the autocast precision (a product of constants is computed
+/// in it) and the device its float values live on (a model forked to another device keeps
+/// its spec).
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct FoldKey {
     pub shapes: Vec<Option<Vec<usize>>>,
     pub autocast: Option<FloatDType>,
+    pub device: Device,
 }
 
 /// A model's folded values (see the module): the plan worked out once, the values per
