@@ -37,7 +37,7 @@ use common::activation_checks::{
     activation_problem, check_gelu_tanh, check_layer_norm, check_softmax, check_tanh,
 };
 use common::fused_checks::{
-    check, check_clipped_with_a_replaced_value, check_cross_entropy,
+    check, check_clipped_with_a_replaced_value, check_cross_entropy, check_f16_cross_entropy,
     check_scaled_update_skips_on_overflow, host, host2,
 };
 use common::refkit_train::*;
@@ -111,6 +111,118 @@ fn padded_heads_on_gpu_give_pytorchs_loss_and_gradients() {
     );
     let gpt2 = Case::new("gpt2_tiny", "gpt2_tiny").with_padded_head(96);
     check_gradients(gpt2, &gpu(), tol, tol);
+}
+
+/// gpt2_tiny's kit loss and gradients under f16 autocast on the GPU, its head writing the
+/// logits in `logits_in` (marked by [`OnnxModel::with_low_precision_logits`] for f16): the
+/// loss's error against PyTorch's f32 loss, and each gradient's largest error against
+/// PyTorch's as a fraction of that gradient's largest value.
+fn f16_head_errors(logits_in: DType) -> (f32, Vec<(String, f32)>) {
+    use burn_onnx_train::graph::Graph;
+    use burn_onnx_train::graph::initializer_ties::TieOptions;
+    use burn_onnx_train::model::loss::{Logits, lm_cross_entropy};
+    // Every initializer its own parameter, as the kit's references train them.
+    let ties = TieOptions {
+        tie_duplicates: false,
+        ..TieOptions::default()
+    };
+    let graph = Graph::load_with(refkit("models/gpt2_tiny.onnx"), ties).unwrap();
+    let model = OnnxModel::from_graph(graph, &gpu().autodiff()).unwrap();
+    let model = match logits_in {
+        DType::F32 => model,
+        _ => {
+            let (model, marked) = model.with_low_precision_logits("logits");
+            assert!(marked, "gpt2_tiny's head is a MatMul only the loss reads");
+            model
+        }
+    };
+    let ids = int(&npz(refkit("train/gpt2_tiny/batch.npz"))["input_ids"]).clone();
+    let inputs = vec![("input_ids".into(), Value::Int(ids.clone()))];
+    let out = model
+        .forward_with(inputs, Mode::Train, 0, Some(FloatDType::F16))
+        .unwrap();
+    let Some(Value::Float(value)) = out.get("logits").cloned() else {
+        panic!("no logits")
+    };
+    assert_eq!(value.tensor.dtype(), logits_in, "the logits' precision");
+    let logits = Logits {
+        value,
+        sharded: None,
+        classes: None,
+    };
+    let loss = lm_cross_entropy(logits, &ids).unwrap();
+    assert_eq!(loss.dtype(), DType::F32, "the loss's precision");
+    let got = loss.clone().into_scalar::<f32>();
+    let want = losses("gpt2_tiny")["loss0"].as_f64().unwrap() as f32;
+    let want_grads = npz(refkit("train/gpt2_tiny/grads.npz"));
+    let grads = loss.backward();
+    let errors = model
+        .param_grads(&grads)
+        .into_iter()
+        .map(|(name, g)| {
+            assert_eq!(g.tensor.dtype(), DType::F32, "{name}'s gradient");
+            let (g, w) = (g.to_array().unwrap(), float(&want_grads[&name]).clone());
+            let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+            (name, max_abs_diff(&g, &w) / scale)
+        })
+        .collect();
+    ((got - want).abs(), errors)
+}
+
+#[test]
+fn f16_logits_from_the_head_give_pytorchs_loss_and_gradients_to_f16s_precision() {
+    // The head writes its logits in f16, the loss reads them so and writes their gradient
+    // so, which the head's backward products read with no cast: PyTorch's f32 loss and
+    // gradients are met as closely as with the head's f32 logits (f16 operands already
+    // bound both to ~1e-3).
+    // Measured on lavapipe: loss errors 1.0e-5 and 1.3e-5, gradients' worst 1.0e-3 of
+    // their scale both ways.
+    for logits_in in [DType::F32, DType::F16] {
+        let (loss_error, grad_errors) = f16_head_errors(logits_in);
+        assert!(
+            loss_error < 1e-4,
+            "{logits_in:?} logits: loss off by {loss_error}"
+        );
+        for (name, error) in grad_errors {
+            assert!(
+                error < 2e-3,
+                "{logits_in:?} logits: {name}'s gradient off by {error} of its scale"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_plan_marks_a_matmul_head_read_by_the_loss_only_on_gpu() {
+    use burn_onnx_train::graph::attributes::LOW_PRECISION_RESULT;
+    let marked = |device: &Device| {
+        let c = gpt2_config(&tempdir("head-precision-plan"));
+        let model = OnnxModel::load(&c.model.model_path, device).unwrap();
+        let mut plan = ParallelPlan::new(&c, &burn_ort_dist::LocalCommunicator).unwrap();
+        let parts = plan
+            .parallelize(&c, model, &*gpt2_tokens(), device)
+            .unwrap();
+        let graph = parts.model.graph();
+        graph
+            .nodes
+            .iter()
+            .filter(|n| n.attrs.get(LOW_PRECISION_RESULT).is_some())
+            .map(|n| (n.op_type.clone(), n.outputs[0].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        marked(&gpu().autodiff()),
+        [("MatMul".to_string(), "logits".to_string())]
+    );
+    assert_eq!(
+        marked(&Device::flex().autodiff()),
+        [],
+        "the CPU keeps f32 logits"
+    );
+    // The mlp's head is a Gemm (its bias added in f32 after the product): not marked.
+    let mlp = OnnxModel::load(refkit("models/mlp.onnx"), &gpu().autodiff()).unwrap();
+    let output = mlp.graph().outputs[0].name.clone();
+    assert!(!mlp.with_low_precision_logits(&output).1);
 }
 
 #[test]
@@ -577,6 +689,11 @@ fn the_fused_paths_are_taken_on_gpu_only() {
 #[test]
 fn fused_cross_entropy_on_gpu_matches_the_closed_form_and_the_plain_composition() {
     check_cross_entropy(&gpu());
+}
+
+#[test]
+fn fused_cross_entropy_of_f16_logits_on_gpu_computes_in_f32_and_writes_f16() {
+    check_f16_cross_entropy(&gpu());
 }
 
 /// The CubeCL kernels' tolerances against f64, as multiples of the CPU kernels' (GPU `exp`
@@ -1054,7 +1171,7 @@ fn check_gpu_matmul(compute: FloatDType, dims: (usize, usize, usize, usize), sto
     let tw = PhysTensor::from_data(TensorData::new(w.clone(), w_shape), &device);
     let y = match compute {
         FloatDType::F32 => kernels::matmul(ta_view, tb_view),
-        low => matmul_autocast(ta_view, tb_view, low),
+        low => matmul_autocast(ta_view, tb_view, low, FloatDType::F32),
     };
     assert_eq!(y.dtype(), DType::F32, "the result is f32");
     let grads = (y.clone() * tw).sum().backward();

@@ -220,3 +220,8 @@ pub const ATTENTION_CORE: &str = "__attention_core";
 /// are aligned for vectorized kernels; the loss reading it knows how many columns are
 /// classes (set by `crate::model::padded_head`).
 pub const PAD_COLUMNS: &str = "__pad_columns";
+
+/// The attribute marking a MatMul whose product, under autocast on a CubeCL device, is
+/// written in the autocast precision instead of f32: the head whose logits only the loss
+/// reads (set by `crate::model::head_precision`).
+pub const LOW_PRECISION_RESULT: &str = "__low_precision_result";

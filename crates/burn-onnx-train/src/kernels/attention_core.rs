@@ -77,6 +77,7 @@ mod cube {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Backend, TensorMetadata, backend_extension};
     use burn::tensor::FloatDType;
+    use burn::tensor::FloatDType::F32;
 
     use crate::kernels::attention_rows::AttentionRowsOps;
     use crate::kernels::cube_matmul::CubeMatmulOps;
@@ -107,9 +108,9 @@ mod cube {
         let q = B::matmul_operand(q, compute);
         let kt = B::matmul_operand(kt, compute);
         let v = B::matmul_operand(v, compute);
-        let scores = B::matmul_prepared(q.clone(), kt.clone());
+        let scores = B::matmul_prepared(q.clone(), kt.clone(), F32);
         let (p, lse) = B::attention_probabilities(scores, m.keep(), m.bias(), m.at(), compute);
-        let out = B::matmul_prepared(p, v.clone());
+        let out = B::matmul_prepared(p, v.clone(), F32);
         ([q, kt, v], lse, out)
     }
 
@@ -178,7 +179,7 @@ mod cube {
             let ([q, kt, v], m, lse) = ops.state;
             let compute = self.compute;
             let g = B::matmul_operand(grads.consume::<B>(&ops.node), compute);
-            let scores = B::matmul_prepared(q.clone(), kt.clone());
+            let scores = B::matmul_prepared(q.clone(), kt.clone(), F32);
             if let Some(node) = v_node {
                 let p = B::attention_probabilities_again(
                     scores.clone(),
@@ -189,20 +190,20 @@ mod cube {
                     compute,
                 );
                 let p_t = B::matmul_operand(transpose_last::<B>(p), compute);
-                grads.register::<B>(node.id, B::matmul_prepared(p_t, g.clone()));
+                grads.register::<B>(node.id, B::matmul_prepared(p_t, g.clone(), F32));
             }
             if q_node.is_none() && kt_node.is_none() {
                 return;
             }
-            let dp = B::matmul_prepared(g, transpose_last::<B>(v));
+            let dp = B::matmul_prepared(g, transpose_last::<B>(v), F32);
             let ds =
                 B::attention_scores_backward(scores, m.keep(), m.bias(), lse, dp, m.at(), compute);
             if let Some(node) = q_node {
-                let dq = B::matmul_prepared(ds.clone(), transpose_last::<B>(kt));
+                let dq = B::matmul_prepared(ds.clone(), transpose_last::<B>(kt), F32);
                 grads.register::<B>(node.id, dq);
             }
             if let Some(node) = kt_node {
-                let dkt = B::matmul_prepared(transpose_last::<B>(q), ds);
+                let dkt = B::matmul_prepared(transpose_last::<B>(q), ds, F32);
                 grads.register::<B>(node.id, dkt);
             }
         }

@@ -5,12 +5,20 @@
 //! on the CPU (Flex); `log_softmax` + `gather` for other dtypes, and as the reference the
 //! kernels are tested against.
 //!
+//! Logits in a low precision (the head's product under autocast on a CubeCL device,
+//! `crate::model::head_precision`) take the same kernels: they read the logits in their
+//! precision, compute in f32, give the loss in f32 and write the logits' gradient in the
+//! logits' precision, which is what the head's backward products read (llm.c's classifier
+//! does the same in bf16), so no f32 copy of a `[rows, vocabulary]` tensor exists.
+//!
 //! A row may be wider than its classes ([`cross_entropy_rows_within`]): a head padded to an
 //! aligned width (`model::padded_head`) writes logits for columns no class owns, which the
 //! loss never reads and whose gradient is zero.
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Int, Tensor};
+
+use crate::kernels::runs_cubecl;
 
 /// `-log_softmax(logits)[i, targets[i]]` for every row `i` of `logits` `[rows, classes]`;
 /// `targets` `[rows]` must be in `0..classes`.
@@ -31,7 +39,8 @@ pub fn cross_entropy_rows_within(
         classes > 0 && classes <= width,
         "{classes} classes in rows of {width}"
     );
-    if logits.dtype() == DType::F32 {
+    let low = matches!(logits.dtype(), DType::F16 | DType::BF16);
+    if logits.dtype() == DType::F32 || (low && runs_cubecl(&logits.device())) {
         return fused::cross_entropy_rows(logits, targets, classes);
     }
     match classes == width {

@@ -39,53 +39,53 @@ pub(super) fn reduce_shared<F: Float>(shared: &mut Shared<[F]>, #[comptime] max:
 }
 
 /// Softmax statistics of the row starting at `base` of the contiguous `[rows, classes]`
-/// `logits`: leaves the row's max in `shared[threads]` and the sum of `exp(x - max)` in
-/// `shared[0]` (`shared` holds `threads + 1` values).
+/// `logits`, in f32 whatever their precision: leaves the row's max in `shared[threads]` and
+/// the sum of `exp(x - max)` in `shared[0]` (`shared` holds `threads + 1` values).
 #[cube]
 pub(super) fn row_softmax_stats<F: Float>(
     logits: &Tensor<F>,
     base: usize,
     classes: usize,
-    shared: &mut Shared<[F]>,
+    shared: &mut Shared<[f32]>,
     #[comptime] threads: u32,
 ) {
     let unit = UNIT_POS_X as usize;
     let step = CUBE_DIM_X as usize;
     // Each thread starts from an element of the row (WGSL has no -inf literal).
-    let mut local = logits[base];
+    let mut local = f32::cast_from(logits[base]);
     let mut j = unit;
     while j < classes {
-        let x = logits[base + j];
-        local = F::max(local, x);
+        let x = f32::cast_from(logits[base + j]);
+        local = f32::max(local, x);
         j += step;
     }
     shared[unit] = local;
     sync_cube();
-    reduce_shared::<F>(shared, true);
+    reduce_shared::<f32>(shared, true);
     if unit == 0 {
         let m = shared[0];
         shared[threads as usize] = m;
     }
     sync_cube();
     let row_max = shared[threads as usize];
-    let mut sum = F::new(0.0);
+    let mut sum = 0.0f32;
     let mut j = unit;
     while j < classes {
-        sum += F::exp(logits[base + j] - row_max);
+        sum += f32::exp(f32::cast_from(logits[base + j]) - row_max);
         j += step;
     }
     shared[unit] = sum;
     sync_cube();
-    reduce_shared::<F>(shared, false);
+    reduce_shared::<f32>(shared, false);
 }
 
 /// One cube per row: `loss[row] = max + ln(sum exp(x - max)) - x[target]` over the row's
-/// first `classes` columns.
+/// first `classes` columns, in f32 whatever the logits' precision.
 #[cube(launch)]
 fn cross_entropy_forward_kernel<F: Float, I: Numeric>(
     logits: &Tensor<F>,
     targets: &Tensor<I>,
-    loss: &mut Tensor<F>,
+    loss: &mut Tensor<f32>,
     classes: usize,
     #[comptime] threads: u32,
     #[define(F, I)] _dtypes: [ElemType; 2],
@@ -98,17 +98,18 @@ fn cross_entropy_forward_kernel<F: Float, I: Numeric>(
     let total = shared[0];
     if UNIT_POS_X == 0 {
         let t = u32::cast_from(targets[row]) as usize;
-        loss[row] = row_max + F::ln(total) - logits[base + t];
+        loss[row] = row_max + f32::ln(total) - f32::cast_from(logits[base + t]);
     }
 }
 
 /// One cube per row: `dx[row, j] = (exp(x - max) / sum - [j == target]) * grad[row]` for
-/// the first `classes` columns, 0 for the rest of the row.
+/// the first `classes` columns, 0 for the rest of the row; computed in f32 and written in
+/// the logits' precision.
 #[cube(launch)]
 fn cross_entropy_backward_kernel<F: Float, I: Numeric>(
     logits: &Tensor<F>,
     targets: &Tensor<I>,
-    grad: &Tensor<F>,
+    grad: &Tensor<f32>,
     dx: &mut Tensor<F>,
     classes: usize,
     #[comptime] threads: u32,
@@ -125,16 +126,16 @@ fn cross_entropy_backward_kernel<F: Float, I: Numeric>(
     let g = grad[row];
     let mut j = UNIT_POS_X as usize;
     while j < width {
-        let mut d = F::new(0.0);
+        let mut d = 0.0f32;
         if j < classes {
-            let p = F::exp(logits[base + j] - row_max) / total;
-            let mut hot = F::new(0.0);
+            let p = f32::exp(f32::cast_from(logits[base + j]) - row_max) / total;
+            let mut hot = 0.0f32;
             if j == t {
-                hot = F::new(1.0);
+                hot = 1.0;
             }
             d = (p - hot) * g;
         }
-        dx[base + j] = d;
+        dx[base + j] = F::cast_from(d);
         j += CUBE_DIM_X as usize;
     }
 }
@@ -182,8 +183,8 @@ fn rows_and_classes(logits: &CubeTensor) -> (usize, usize) {
     (dims[0], dims[1])
 }
 
-/// Per-row softmax cross-entropy of `[rows, width]` logits over their first `classes`
-/// columns (see the kernel).
+/// Per-row softmax cross-entropy of `[rows, width]` logits (f32, or a low precision) over
+/// their first `classes` columns, in f32 (see the kernel).
 pub fn cross_entropy_forward(
     logits: CubeTensor,
     targets: CubeTensor,
@@ -196,7 +197,7 @@ pub fn cross_entropy_forward(
         client.clone(),
         logits.device.clone(),
         Shape::new([rows]),
-        logits.dtype,
+        DType::F32,
     );
     let dtypes = [
         dtype_to_storage_type(logits.dtype),
@@ -216,18 +217,19 @@ pub fn cross_entropy_forward(
     loss
 }
 
-/// Gradient of [`cross_entropy_forward`] with respect to the logits.
+/// Gradient of [`cross_entropy_forward`] with respect to the logits, in their precision,
+/// from the loss's f32 gradient `grad`.
 pub fn cross_entropy_backward(
     logits: CubeTensor,
     targets: CubeTensor,
     grad: CubeTensor,
     classes: usize,
 ) -> CubeTensor {
-    let (logits, targets, grad) = (
-        into_contiguous(logits),
-        into_contiguous(targets),
-        into_contiguous(grad),
-    );
+    let grad = match grad.dtype {
+        DType::F32 => into_contiguous(grad),
+        _ => cast_contiguous(grad, DType::F32),
+    };
+    let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
     let (rows, width) = rows_and_classes(&logits);
     let client = logits.client.clone();
     let dx = empty_device_contiguous_dtype(

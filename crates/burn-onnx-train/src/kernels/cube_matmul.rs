@@ -11,8 +11,10 @@
 //! products, and writes the result and both gradients in f32 from the products' f32
 //! accumulators: no cast of a result or gradient back to f32, as the plain autocast
 //! composition (the CPU's) has. The result is not rounded to the low precision on its way
-//! out (PyTorch's autocast rounds it); the f32 parameters, optimizer and other ops are
-//! unchanged.
+//! out (PyTorch's autocast rounds it), except where the caller asks for it in the low
+//! precision (the loss's logits, `crate::model::head_precision`: their one reader takes
+//! them so, and their gradient comes back so); the f32 parameters, optimizer and other ops
+//! are unchanged.
 
 use burn::backend::Cube;
 use burn::backend::autodiff::Autodiff;
@@ -34,17 +36,23 @@ use super::cube::cast_contiguous;
 #[backend_extension(Cube, Autodiff)]
 pub trait CubeMatmulOps: Backend {
     /// `a [.., m, k] x b [.., k, n]` (f32, equal batch dimensions) with both operands read
-    /// in `compute` (f32 or a low precision); the result in f32.
+    /// in `compute` (f32 or a low precision); the result written in `out` from the f32
+    /// accumulators (the gradients of `a` and `b` are f32 either way).
     fn matmul_in(
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         compute: FloatDType,
+        out: FloatDType,
     ) -> FloatTensor<Self>;
     /// `x` as a product reads it: in `compute`, and contiguous when its batch and matrix
     /// strides interleave; `x` itself (no launch) when it already is both.
     fn matmul_operand(x: FloatTensor<Self>, compute: FloatDType) -> FloatTensor<Self>;
-    /// `a x b` of two prepared operands, the result in f32.
-    fn matmul_prepared(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `a x b` of two prepared operands, the result in `out`.
+    fn matmul_prepared(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        out: FloatDType,
+    ) -> FloatTensor<Self>;
 }
 
 /// Whether the product would copy `x` before reading it: batch strides below a matrix
@@ -61,10 +69,12 @@ impl CubeMatmulOps for Cube {
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         compute: FloatDType,
+        out: FloatDType,
     ) -> FloatTensor<Self> {
         Self::matmul_prepared(
             Self::matmul_operand(a, compute),
             Self::matmul_operand(b, compute),
+            out,
         )
     }
 
@@ -79,15 +89,21 @@ impl CubeMatmulOps for Cube {
         }
     }
 
-    fn matmul_prepared(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn matmul_prepared(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        out: FloatDType,
+    ) -> FloatTensor<Self> {
         let (sa, sb) = (a.shape(), b.shape());
-        matmul(a, b, None, MatmulStrategy::default(), DType::F32)
-            .unwrap_or_else(|e| panic!("matmul of {sa:?} x {sb:?} to f32 could not launch: {e:?}"))
+        matmul(a, b, None, MatmulStrategy::default(), out.into()).unwrap_or_else(|e| {
+            panic!("matmul of {sa:?} x {sb:?} to {out:?} could not launch: {e:?}")
+        })
     }
 }
 
 /// `dA = g B^T`, `dB = A^T g` from the prepared operands the forward kept, with `g`
-/// prepared once; both gradients come out in f32.
+/// prepared once (no launch when it arrives in the compute precision); both gradients come
+/// out in f32.
 #[derive(Debug)]
 struct CubeMatmulBackward {
     compute: FloatDType,
@@ -106,11 +122,12 @@ impl<B: Backend + CubeMatmulOps> Backward<B, 2> for CubeMatmulBackward {
         let grad = B::matmul_operand(grads.consume::<B>(&ops.node), self.compute);
         let (a_kept, b_kept) = ops.state;
         if let (Some(node), Some(b)) = (a_node, b_kept) {
-            let da = B::matmul_prepared(grad.clone(), transpose_last::<B>(b));
+            let da = B::matmul_prepared(grad.clone(), transpose_last::<B>(b), FloatDType::F32);
             grads.register::<B>(node.id, da);
         }
         if let (Some(node), Some(a)) = (b_node, a_kept) {
-            grads.register::<B>(node.id, B::matmul_prepared(transpose_last::<B>(a), grad));
+            let db = B::matmul_prepared(transpose_last::<B>(a), grad, FloatDType::F32);
+            grads.register::<B>(node.id, db);
         }
     }
 }
@@ -120,6 +137,7 @@ impl<B: Backend + CubeMatmulOps, C: CheckpointStrategy> CubeMatmulOps for Autodi
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         compute: FloatDType,
+        out: FloatDType,
     ) -> FloatTensor<Self> {
         let (a_tracked, b_tracked) = (a.is_tracked(), b.is_tracked());
         match (CubeMatmulBackward { compute })
@@ -130,14 +148,15 @@ impl<B: Backend + CubeMatmulOps, C: CheckpointStrategy> CubeMatmulOps for Autodi
             OpsKind::Tracked(prep) => {
                 let a = B::matmul_operand(a.into_primitive(), compute);
                 let b = B::matmul_operand(b.into_primitive(), compute);
-                let out = B::matmul_prepared(a.clone(), b.clone());
+                let product = B::matmul_prepared(a.clone(), b.clone(), out);
                 // Each side's gradient needs the other side's operand.
-                prep.finish((b_tracked.then_some(a), a_tracked.then_some(b)), out)
+                prep.finish((b_tracked.then_some(a), a_tracked.then_some(b)), product)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::matmul_in(
                 a.into_primitive(),
                 b.into_primitive(),
                 compute,
+                out,
             )),
         }
     }
@@ -147,7 +166,15 @@ impl<B: Backend + CubeMatmulOps, C: CheckpointStrategy> CubeMatmulOps for Autodi
         Self::from_inner(B::matmul_operand(x.into_primitive(), compute))
     }
 
-    fn matmul_prepared(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        Self::from_inner(B::matmul_prepared(a.into_primitive(), b.into_primitive()))
+    fn matmul_prepared(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        out: FloatDType,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::matmul_prepared(
+            a.into_primitive(),
+            b.into_primitive(),
+            out,
+        ))
     }
 }

@@ -34,7 +34,7 @@ pub fn matmul(a: PhysTensor, b: PhysTensor) -> PhysTensor {
         return a.matmul(b);
     }
     if runs_cubecl(&a.device()) {
-        return cube_matmul(a, b, FloatDType::F32);
+        return cube_matmul(a, b, FloatDType::F32, FloatDType::F32);
     }
     PhysTensor::from_dispatch(<burn::backend::Dispatch as MatmulOps>::matmul_fused(
         a.into_dispatch(),
@@ -42,19 +42,26 @@ pub fn matmul(a: PhysTensor, b: PhysTensor) -> PhysTensor {
     ))
 }
 
-/// `a x b` computed in the low precision `low` with an f32 result (autocast): on CubeCL
-/// devices one product reading the operands' low-precision casts and writing f32, its
-/// backward likewise (`cube_matmul.rs`); elsewhere the operands cast down, [`matmul`],
-/// and the result cast back to f32, each cast differentiable.
-pub fn matmul_autocast(a: PhysTensor, b: PhysTensor, low: FloatDType) -> PhysTensor {
+/// `a x b` computed in the low precision `low` with its result in `result` (autocast: f32,
+/// or `low` itself for a result whose readers take it so): on CubeCL devices one product
+/// reading the operands' low-precision casts and writing `result`, its backward likewise
+/// (`cube_matmul.rs`); elsewhere the operands cast down, [`matmul`], and the result cast to
+/// `result`, each cast differentiable.
+pub fn matmul_autocast(
+    a: PhysTensor,
+    b: PhysTensor,
+    low: FloatDType,
+    result: FloatDType,
+) -> PhysTensor {
     if a.dtype() == DType::F32 && b.dtype() == DType::F32 && runs_cubecl(&a.device()) {
-        return cube_matmul(a, b, low);
+        return cube_matmul(a, b, low, result);
     }
-    matmul(a.cast(low), b.cast(low)).cast(FloatDType::F32)
+    matmul(a.cast(low), b.cast(low)).cast(result)
 }
 
-/// The CubeCL product of f32 operands read in `compute` (`cube_matmul.rs`).
-fn cube_matmul(a: PhysTensor, b: PhysTensor, compute: FloatDType) -> PhysTensor {
+/// The CubeCL product of f32 operands read in `compute`, written in `out`
+/// (`cube_matmul.rs`).
+fn cube_matmul(a: PhysTensor, b: PhysTensor, compute: FloatDType, out: FloatDType) -> PhysTensor {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
         use super::cube_matmul::CubeMatmulOps;
@@ -62,11 +69,12 @@ fn cube_matmul(a: PhysTensor, b: PhysTensor, compute: FloatDType) -> PhysTensor 
             a.into_dispatch(),
             b.into_dispatch(),
             compute,
+            out,
         ))
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     unreachable!(
-        "no CubeCL device in this build ({:?} x {:?} in {compute:?})",
+        "no CubeCL device in this build ({:?} x {:?} in {compute:?} to {out:?})",
         a.dims(),
         b.dims()
     )

@@ -38,6 +38,7 @@ pub use sharded::{ChunkPlace, ChunkStore, Settled, Sharding};
 pub use tensor_parallel::Probe;
 
 mod file_tensor;
+mod head_precision;
 pub mod loss;
 pub mod named_store;
 pub mod padded_head;

@@ -5,7 +5,7 @@ use burn::tensor::FloatDType;
 use super::broadcast::{broadcast_shapes, float_binary};
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
-use crate::graph::attributes::PAD_COLUMNS;
+use crate::graph::attributes::{LOW_PRECISION_RESULT, PAD_COLUMNS};
 use crate::kernels;
 use crate::op_bail;
 use crate::value::{FloatValue, Value};
@@ -15,11 +15,15 @@ pub fn matmul_values(a: FloatValue, b: FloatValue) -> OpResult<FloatValue> {
     matmul_values_in(a, b, None)
 }
 
-/// [`matmul_values`], the products computed in `low` with f32 results when it is given
-/// ([`kernels::matmul_autocast`]).
-fn matmul_values_in(a: FloatValue, b: FloatValue, low: Option<FloatDType>) -> OpResult<FloatValue> {
+/// [`matmul_values`], the products computed in `low` when it is given, their results in
+/// the paired precision ([`kernels::matmul_autocast`]).
+fn matmul_values_in(
+    a: FloatValue,
+    b: FloatValue,
+    low: Option<(FloatDType, FloatDType)>,
+) -> OpResult<FloatValue> {
     let product = |x, y| match low {
-        Some(low) => kernels::matmul_autocast(x, y, low),
+        Some((low, result)) => kernels::matmul_autocast(x, y, low, result),
         None => kernels::matmul(x, y),
     };
     let (sa, sb) = (a.shape(), b.shape());
@@ -75,8 +79,22 @@ pub(super) fn autocast_product(
     a: FloatValue,
     b: FloatValue,
 ) -> OpResult<FloatValue> {
+    autocast_product_to(ctx, a, b, false)
+}
+
+/// [`autocast_product`], its result left in the autocast precision on CubeCL devices when
+/// `keep_low` (the loss's logits, marked [`LOW_PRECISION_RESULT`]).
+fn autocast_product_to(
+    ctx: &OpContext,
+    a: FloatValue,
+    b: FloatValue,
+    keep_low: bool,
+) -> OpResult<FloatValue> {
     match ctx.autocast {
-        Some(low) if kernels::runs_cubecl(ctx.device) => matmul_values_in(a, b, Some(low)),
+        Some(low) if kernels::runs_cubecl(ctx.device) => {
+            let result = if keep_low { low } else { FloatDType::F32 };
+            matmul_values_in(a, b, Some((low, result)))
+        }
         _ => ctx.autocast([a, b], |[a, b]| matmul_values(a, b)),
     }
 }
@@ -85,7 +103,8 @@ pub(super) fn autocast_product(
 pub fn matmul(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let a = inputs.float(0, "A", ctx.device)?;
     let b = padded_columns(ctx, inputs.float(1, "B", ctx.device)?)?;
-    Ok(Value::Float(autocast_product(ctx, a, b)?).into())
+    let keep_low = ctx.attrs.int(LOW_PRECISION_RESULT, 0)? != 0;
+    Ok(Value::Float(autocast_product_to(ctx, a, b, keep_low)?).into())
 }
 
 /// `v` with its last axis widened with zeros to the node's [`PAD_COLUMNS`], if it has

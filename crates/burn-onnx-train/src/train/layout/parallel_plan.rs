@@ -51,18 +51,18 @@ use crate::value::Value;
 
 use super::streamed_export::{ExportLayout, export_streamed};
 
-/// `model` with the head its cross-entropy reads padded to `model.pad_vocab_to_multiple_of`
-/// columns (unset: 64 on CubeCL devices, none on the CPU); see [`OnnxModel::with_padded_head`].
-fn pad_head(settings: &ModelConfig, model: OnnxModel) -> OnnxModel {
+/// `model` with the head its cross-entropy reads prepared for the device: padded to
+/// `model.pad_vocab_to_multiple_of` columns (unset: 64 on CubeCL devices, none on the CPU;
+/// see [`OnnxModel::with_padded_head`]) and, on CubeCL devices, writing its logits in the
+/// autocast precision when there is one ([`OnnxModel::with_low_precision_logits`]).
+fn prepare_head(settings: &ModelConfig, model: OnnxModel) -> OnnxModel {
     let cross_entropy = matches!(
         settings.loss,
         LossKind::CrossEntropy | LossKind::LmCrossEntropy
     );
-    let default = match kernels::runs_cubecl(&model.device()) {
-        true => 64,
-        false => 1,
-    };
-    match settings.pad_vocab_to_multiple_of.unwrap_or(default) {
+    let cubecl = kernels::runs_cubecl(&model.device());
+    let default = if cubecl { 64 } else { 1 };
+    let model = match settings.pad_vocab_to_multiple_of.unwrap_or(default) {
         multiple if cross_entropy && multiple > 1 => {
             let model = model.with_padded_head(&settings.output_name, multiple);
             if let Some(head) = model.padded_head() {
@@ -76,7 +76,18 @@ fn pad_head(settings: &ModelConfig, model: OnnxModel) -> OnnxModel {
             model
         }
         _ => model,
+    };
+    if !(cross_entropy && cubecl) {
+        return model;
     }
+    let (model, marked) = model.with_low_precision_logits(&settings.output_name);
+    if marked {
+        tracing::debug!(
+            output = settings.output_name,
+            "the head writes its logits in the autocast precision"
+        );
+    }
+    model
 }
 
 /// What [`ParallelPlan::parallelize`] gives the trainer: this rank's part of the model
@@ -269,7 +280,7 @@ impl ParallelPlan {
             self.tensor_parallel = Some(t);
             part
         } else {
-            pad_head(&c.model, model)
+            prepare_head(&c.model, model)
         };
         if !self.pp_enabled() {
             return Ok(model);

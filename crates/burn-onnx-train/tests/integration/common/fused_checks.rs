@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 use burn_onnx_train::OnnxModel;
 use burn_onnx_train::kernels::{
     FusedAdam, cross_entropy_rows, cross_entropy_rows_reference, cross_entropy_rows_within,
@@ -67,6 +67,7 @@ pub fn loss_and_grad(
         (logits, classes),
         targets,
         weights,
+        DType::F32,
         |x, t| match fused {
             true => cross_entropy_rows(x, t),
             false => cross_entropy_rows_reference(x, t),
@@ -74,30 +75,44 @@ pub fn loss_and_grad(
     )
 }
 
-/// `loss(x, targets)` per row of `logits` (`(values, width)`) and the gradient of
-/// `sum(weights * loss)` with respect to them, on `device` with autodiff.
+/// `loss(x, targets)` per row of `logits` (`(values, width)`, stored in `dtype`) and the
+/// gradient of `sum(weights * loss)` with respect to them, on `device` with autodiff.
 fn weighted_loss_and_grad(
     device: &Device,
     (logits, width): (Vec<f32>, usize),
     targets: Vec<i64>,
     weights: Vec<f32>,
+    dtype: DType,
     loss: impl Fn(Tensor<2>, Tensor<1, Int>) -> Tensor<1>,
 ) -> (ArrayD<f32>, ArrayD<f32>) {
     let rows = targets.len();
     let device = device.clone().autodiff();
-    let x =
-        Tensor::<2>::from_data(TensorData::new(logits, vec![rows, width]), &device).require_grad();
+    let x = Tensor::<2>::from_data(TensorData::new(logits, vec![rows, width]), &device)
+        .cast(FloatDType::try_from(dtype).unwrap())
+        .detach()
+        .require_grad();
+    assert_eq!(x.dtype(), dtype);
     let t = Tensor::<1, Int>::from_data(TensorData::new(targets, vec![rows]), &device);
     let w = Tensor::<1>::from_data(TensorData::new(weights, vec![rows]), &device);
     let loss = loss(x.clone(), t);
+    assert_eq!(loss.dtype(), DType::F32, "the loss's precision");
     let grads = (loss.clone() * w).sum().backward();
     let g = x.grad(&grads).unwrap();
+    assert_eq!(g.dtype(), dtype, "the logits' gradient's precision");
     (host(loss.inner()), host2(g))
 }
 
 /// The closed form in f64 on the host: per-row loss and the gradient of `sum(w * loss)`.
 pub fn exact(rows: usize, classes: usize) -> (ArrayD<f32>, ArrayD<f32>) {
-    let (logits, targets, weights) = problem(rows, classes);
+    exact_of(problem(rows, classes), rows, classes)
+}
+
+/// [`exact`] for the problem's logits as given (rounded to a low precision, say).
+fn exact_of(
+    (logits, targets, weights): (Vec<f32>, Vec<i64>, Vec<f32>),
+    rows: usize,
+    classes: usize,
+) -> (ArrayD<f32>, ArrayD<f32>) {
     let (mut loss, mut grad) = (Vec::new(), Vec::new());
     for r in 0..rows {
         let x = &logits[r * classes..(r + 1) * classes];
@@ -192,9 +207,62 @@ fn wider_loss_and_grad(
         .chunks(classes)
         .flat_map(|row| row.iter().copied().chain(pad.clone()))
         .collect();
-    weighted_loss_and_grad(device, (wide, width), targets, weights, |x, t| {
-        cross_entropy_rows_within(x, t, classes)
-    })
+    weighted_loss_and_grad(
+        device,
+        (wide, width),
+        targets,
+        weights,
+        DType::F32,
+        |x, t| cross_entropy_rows_within(x, t, classes),
+    )
+}
+
+/// The fused op on f16 logits (the head's under autocast on a CubeCL device): the loss in
+/// f32 within f32 summation noise of the f64 closed form of the f16-rounded logits, their
+/// gradient in f16 within f16's rounding of it (half a unit in the last place: 2^-11 of a
+/// normal value, 2^-25 absolute below them), the rows wider than their classes too.
+pub fn check_f16_cross_entropy(device: &Device) {
+    for (rows, classes, width) in [(37, 1000, 1000), (3, 50257, 50304), (5, 2, 3)] {
+        let (logits, targets, weights) = problem(rows, classes);
+        let rounded: Vec<f32> = TensorData::new(logits, vec![rows * classes])
+            .convert_dtype(DType::F16)
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .unwrap();
+        let (want_loss, want_grad) = exact_of(
+            (rounded.clone(), targets.clone(), weights.clone()),
+            rows,
+            classes,
+        );
+        let pad = std::iter::repeat_n(30.0, width - classes);
+        let wide: Vec<f32> = rounded
+            .chunks(classes)
+            .flat_map(|row| row.iter().copied().chain(pad.clone()))
+            .collect();
+        let (loss, grad) = weighted_loss_and_grad(
+            device,
+            (wide, width),
+            targets,
+            weights,
+            DType::F16,
+            |x, t| cross_entropy_rows_within(x, t, classes),
+        );
+        let what = format!("f16 {rows}x{classes} in rows of {width}");
+        assert_close(&format!("{what}: loss"), &loss, &want_loss, 1e-6, 1e-6);
+        let read = grad.slice_axis(Axis(1), (0..classes).into()).to_owned();
+        assert_close(
+            &format!("{what}: gradient"),
+            &read,
+            &want_grad,
+            3.5e-8,
+            4.9e-4,
+        );
+        let rest = grad.slice_axis(Axis(1), (classes..width).into());
+        assert!(
+            rest.iter().all(|&g| g == 0.0),
+            "{what}: the padding's gradient is not zero"
+        );
+    }
 }
 
 pub fn config(kind: OptimizerKind) -> OptimizerConfig {
