@@ -19,6 +19,7 @@ mod common;
 use std::path::Path;
 
 use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
+use burn_onnx_train::collective::CollectiveGroup;
 use burn_onnx_train::kernels::{
     self, NonFiniteFlag, matmul_autocast, runs_cubecl, unscale_and_check,
     unscale_and_check_reference,
@@ -223,6 +224,153 @@ fn the_plan_marks_a_matmul_head_read_by_the_loss_only_on_gpu() {
     let mlp = OnnxModel::load(refkit("models/mlp.onnx"), &gpu().autodiff()).unwrap();
     let output = mlp.graph().outputs[0].name.clone();
     assert!(!mlp.with_low_precision_logits(&output).1);
+}
+
+/// Megatron's `g` and `f`'s backward, ZeRO-3's parameter gather and its backward's
+/// gradient scatter, and the vocabulary-parallel loss on 2 thread ranks over
+/// `group_of(comm)`: each rank's values after them (`g`'s sum, `f`'s input gradient, the
+/// gathered parameter, the chunk's gradient, the loss's rows and its logits' gradient).
+fn model_collectives_on_gpu(
+    group_of: impl Fn(std::sync::Arc<dyn burn_ort_dist::Communicator>) -> CollectiveGroup + Send + Sync,
+) -> Vec<[Vec<f32>; 6]> {
+    use burn_onnx_train::collective::megatron::{tp_copy, tp_reduce};
+    use burn_onnx_train::collective::param_gather::gather_param;
+    let timeout = std::time::Duration::from_secs(120);
+    let results = burn_ort_dist::run_threads(2, timeout, |comm| -> Result<_, String> {
+        let r = comm.rank() as f32;
+        let group = group_of(comm);
+        let device = gpu().autodiff();
+        let tensor = |values: Vec<f32>, shape: &[usize]| {
+            let data = TensorData::new(values, padded(shape).unwrap());
+            PhysTensor::from_data(data, &device)
+        };
+        let read = |t: PhysTensor| {
+            host(t.flatten(0, MAX_RANK - 1))
+                .iter()
+                .copied()
+                .collect::<Vec<f32>>()
+        };
+        // g: the sum over the ranks of i * (r + 1).
+        let x = tensor((0..6).map(|i| i as f32 * (r + 1.0)).collect(), &[2, 3]);
+        let summed = read(tp_reduce(x, &group));
+        // f: identity forward; its input's gradient is the sum of the ranks' (r + 1).
+        let x = tensor(vec![1.0; 6], &[2, 3]).require_grad();
+        let y = tp_copy(x.clone(), &group).mul_scalar(r + 1.0).sum();
+        let f_grad = read(x.grad(&y.backward()).unwrap());
+        // ZeRO-3: a parameter of 5 values in chunks of 3 (rank 1's padded with a zero);
+        // the loss weighs it by (r + 1) * [1..5], whose mean over the ranks is scattered.
+        let mine: Vec<f32> = (0..3).map(|i| (3.0 * r + i as f32).min(4.0)).collect();
+        let mine = match r == 1.0 {
+            true => vec![mine[0], mine[1], 0.0],
+            false => mine,
+        };
+        let chunk = tensor(mine, &[3]).require_grad();
+        let whole = gather_param(chunk.clone(), padded(&[5]).unwrap(), &group);
+        let gathered = read(whole.clone());
+        let weights = tensor((1..=5).map(|i| i as f32 * (r + 1.0)).collect(), &[5]);
+        let loss = (whole * weights).sum();
+        let chunk_grad = read(chunk.grad(&loss.backward()).unwrap());
+        // The vocabulary-parallel loss: 6 classes, 3 a rank, targets 1 and 4.
+        let sharded = burn_onnx_train::collective::vocab::ShardedLogits {
+            shard: burn_onnx_train::collective::vocab::VocabShard {
+                output: "logits".into(),
+                vocab: 6,
+                start: 3 * r as usize,
+                valid: 3,
+            },
+            group: group.clone(),
+        };
+        let logits: Tensor<2> =
+            Tensor::from_data(TensorData::new(vocab_logits(r as usize), [2, 3]), &device)
+                .require_grad();
+        let nll = sharded.nll_rows(logits.clone(), &[1, 4]).unwrap();
+        let rows = host(nll.clone().inner()).iter().copied().collect();
+        let logits_grad = host2(logits.grad(&nll.sum().backward()).unwrap());
+        let logits_grad = logits_grad.iter().copied().collect();
+        Ok([summed, f_grad, gathered, chunk_grad, rows, logits_grad])
+    });
+    results.into_iter().map(Result::unwrap).collect()
+}
+
+/// Rank `r`'s slice of 2 rows of 6 classes' logits, 3 a rank.
+fn vocab_logits(r: usize) -> Vec<f32> {
+    (0..2)
+        .flat_map(|row| (0..3).map(move |j| 0.5 * (row + 1) as f32 * (j + 3 * r) as f32 - r as f32))
+        .collect()
+}
+
+/// The f64 closed form of [`vocab_logits`]' loss at targets 1 and 4: each row's `nll`, and
+/// rank `r`'s slice of `softmax - one_hot`.
+fn vocab_loss_closed_form(r: usize) -> (Vec<f32>, Vec<f32>) {
+    let whole: Vec<Vec<f64>> = (0..2)
+        .map(|row| {
+            (0..2)
+                .flat_map(|rank| vocab_logits(rank)[3 * row..3 * row + 3].to_vec())
+                .map(f64::from)
+                .collect()
+        })
+        .collect();
+    let (mut nll, mut grad) = (Vec::new(), Vec::new());
+    for (z, target) in whole.iter().zip([1, 4]) {
+        let lse = z.iter().map(|v| v.exp()).sum::<f64>().ln();
+        nll.push((lse - z[target]) as f32);
+        for j in 3 * r..3 * r + 3 {
+            let hot = if j == target { 1.0 } else { 0.0 };
+            grad.push(((z[j] - lse).exp() - hot) as f32);
+        }
+    }
+    (nll, grad)
+}
+
+#[test]
+fn tensor_parallel_and_zero_3_collectives_take_the_groups_device_path() {
+    // A group that moves device tensors itself (`ThroughHost` here: through the host, as
+    // NCCL moves them on CUDA) carries each of the four collectives once, with the values
+    // of the host path.
+    use burn_ort_dist::ThroughHost;
+    let counters = std::sync::Mutex::new(Vec::new());
+    let on_device = model_collectives_on_gpu(|comm| {
+        let through = std::sync::Arc::new(ThroughHost::over(comm));
+        counters.lock().unwrap().push(through.clone());
+        CollectiveGroup(through)
+    });
+    let on_host = model_collectives_on_gpu(CollectiveGroup);
+    let want = |r: usize| {
+        let chunk_grad = match r {
+            0 => vec![1.5, 3.0, 4.5],
+            _ => vec![6.0, 7.5, 0.0],
+        };
+        [
+            (0..6).map(|i| 3.0 * i as f32).collect::<Vec<_>>(),
+            vec![3.0; 6],
+            vec![0.0, 1.0, 2.0, 3.0, 4.0],
+            chunk_grad,
+        ]
+    };
+    let close = |what: &str, got: &[f32], want: &[f32]| {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                "{what}: {got:?} vs {want:?}"
+            );
+        }
+    };
+    for r in 0..2 {
+        let (nll, grad) = vocab_loss_closed_form(r);
+        for (path, got) in [("device", &on_device[r]), ("host", &on_host[r])] {
+            assert_eq!(got[..4], want(r), "rank {r} on the {path} path");
+            close(&format!("rank {r}'s loss rows, {path} path"), &got[4], &nll);
+            close(
+                &format!("rank {r}'s logits' gradient, {path} path"),
+                &got[5],
+                &grad,
+            );
+        }
+    }
+    // g, f's backward, the gather, its scatter; the loss's row maxima and its two sums.
+    let calls: Vec<usize> = counters.lock().unwrap().iter().map(|t| t.calls()).collect();
+    assert_eq!(calls, [7, 7], "one device collective each");
 }
 
 #[test]
@@ -1320,26 +1468,49 @@ mod nccl {
         check_collectives(sub.as_ref()).unwrap();
     }
 
-    /// The gradient-bucket path: NCCL averages a Burn CUDA tensor where it lives.
+    /// The device path: NCCL reduces, gathers and scatters Burn CUDA tensors where they
+    /// live (a group of one: each is the tensor itself, through the real library, its
+    /// output buffers allocated beside the input).
     #[test]
-    fn a_cuda_gradient_bucket_is_averaged_in_place() {
+    fn nccl_moves_cuda_tensors_where_they_live() {
         let comm = nccl();
         let device = Device::cuda(0);
-        let reduce = comm.device_reduce().expect("NCCL reduces device buffers");
-        assert!(reduce.reduces_on(&device) && !reduce.reduces_on(&Device::flex()));
+        let on_device = comm
+            .device_collectives()
+            .expect("NCCL moves device tensors");
+        assert!(on_device.works_on(&device) && !on_device.works_on(&Device::flex()));
+        check_device_collectives_of_one(on_device, &device);
+    }
+
+    /// Each device collective of a group of one gives its input back, read after a kernel
+    /// that follows it.
+    fn check_device_collectives_of_one(
+        on_device: &dyn burn_ort_dist::DeviceCollectives,
+        device: &Device,
+    ) {
+        use burn_ort_dist::ReduceOp;
         let values: Vec<f32> = (0..10_000).map(|i| (i as f32 * 0.37).sin()).collect();
-        let bucket =
-            Tensor::<1>::from_data(TensorData::new(values.clone(), [values.len()]), &device);
-        let mean = reduce.all_reduce_mean(bucket).unwrap();
-        let got = mean
-            .into_data()
-            .convert::<f32>()
-            .try_to_vec::<f32>()
-            .unwrap();
-        assert_eq!(
-            got, values,
-            "the mean over a group of one is the bucket itself"
-        );
+        let t = || Tensor::<1>::from_data(TensorData::new(values.clone(), [values.len()]), device);
+        let results = [
+            ("all-reduce mean", on_device.all_reduce(t(), ReduceOp::Mean)),
+            ("all-reduce sum", on_device.all_reduce(t(), ReduceOp::Sum)),
+            ("all-gather", on_device.all_gather(t())),
+            (
+                "reduce-scatter",
+                on_device.reduce_scatter(t(), ReduceOp::Sum),
+            ),
+        ];
+        for (what, result) in results {
+            let got = result
+                .unwrap()
+                .add_scalar(1.0)
+                .into_data()
+                .convert::<f32>()
+                .try_to_vec::<f32>()
+                .unwrap();
+            let want: Vec<f32> = values.iter().map(|v| v + 1.0).collect();
+            assert_eq!(got, want, "{what} over a group of one is the tensor itself");
+        }
     }
 
     /// Thread ranks' path (`DeviceGroup`): the CUDA runtime's own NCCL averages a bucket
@@ -1351,13 +1522,16 @@ mod nccl {
         let device = Device::cuda(0);
         let group = DeviceGroup::over(Arc::new(LocalCommunicator), &device).unwrap();
         let reduce = group
-            .device_reduce()
+            .device_collectives()
             .expect("the CUDA runtime moves data between its devices (NCCL)");
-        assert!(reduce.reduces_on(&device) && !reduce.reduces_on(&Device::flex()));
+        assert!(reduce.works_on(&device) && !reduce.works_on(&Device::flex()));
+        check_device_collectives_of_one(reduce, &device);
         let n = 1 << 24;
         let values: Vec<f32> = (0..n).map(|i| ((i % 977) as f32 * 0.37).sin()).collect();
         let bucket = Tensor::<1>::from_data(TensorData::new(values.clone(), [n]), &device);
-        let mean = reduce.all_reduce_mean(bucket.mul_scalar(3.0)).unwrap();
+        let mean = reduce
+            .all_reduce(bucket.mul_scalar(3.0), burn_ort_dist::ReduceOp::Mean)
+            .unwrap();
         let got = mean
             .add_scalar(1.0)
             .into_data()
@@ -1385,9 +1559,11 @@ mod nccl {
             let group = DeviceGroup::over(comm, &device).map_err(|e| e.to_string())?;
             let sub = group.split(0, rank).map_err(|e| e.to_string())?;
             for g in [group.as_ref(), sub.as_ref()] {
-                let reduce = g.device_reduce().ok_or("no device all-reduce")?;
+                let reduce = g.device_collectives().ok_or("no device all-reduce")?;
                 let bucket = Tensor::<1>::full([1 << 20], (rank + 1) as f32, &device);
-                let mean = reduce.all_reduce_mean(bucket).map_err(|e| e.to_string())?;
+                let mean = reduce
+                    .all_reduce(bucket, burn_ort_dist::ReduceOp::Mean)
+                    .map_err(|e| e.to_string())?;
                 let got = mean
                     .into_data()
                     .convert::<f32>()

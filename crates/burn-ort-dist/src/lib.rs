@@ -23,7 +23,9 @@ pub mod storage;
 pub mod update;
 
 pub use comm::collective_check::check_collectives;
-pub use comm::communicator::{Communicator, DeviceReduce, Forwarding, LocalCommunicator, ReduceOp};
+pub use comm::communicator::{
+    Communicator, DeviceCollectives, Forwarding, LocalCommunicator, ReduceOp,
+};
 #[cfg(feature = "cuda")]
 pub use comm::cuda_probe::check_cuda_device;
 #[cfg(feature = "cuda")]
@@ -34,6 +36,7 @@ pub use comm::mpi_comm::MpiCommunicator;
 #[cfg(feature = "cuda")]
 pub use comm::nccl_comm::NcclCommunicator;
 pub use comm::threads::ThreadCommunicator;
+pub use comm::through_host::ThroughHost;
 pub use comm::topology::{Groups, Topology};
 pub use error::{DistError, DistResult};
 pub use grads::data_parallel::{DataParallel, DistributedOptimizer};
@@ -68,7 +71,9 @@ pub use comm::mpi_comm;
 #[doc(hidden)]
 pub use comm::nccl_comm;
 #[doc(hidden)]
-pub use comm::{collective_check, communicator, fp16_wire, launch, stall, threads, topology};
+pub use comm::{
+    collective_check, communicator, fp16_wire, launch, stall, threads, through_host, topology,
+};
 #[doc(hidden)]
 pub use grads::{buckets, data_parallel, device_buckets, grad_sync, overlap};
 #[doc(hidden)]

@@ -5,20 +5,25 @@
 //! - [`tp_reduce`] (`g`): all-reduce forward, identity backward (after a row-parallel
 //!   projection: the ranks' partial products are summed).
 
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-use burn::backend::Cube;
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::flex::Flex;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, backend_extension};
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use burn::backend::{Cube, TensorMetadata};
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use burn_ort_dist::DeviceCollectives;
 use burn_ort_dist::ReduceOp;
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use super::on_device::on_device;
 use super::{CollectiveGroup, HostCopy};
 use crate::value::PhysTensor;
 use crate::value::unary_op::unary;
 
-/// Sum `x` over the tensor-parallel `group`, through host memory.
+/// Sum `x` over the tensor-parallel `group`, through host memory (where the group has no
+/// device transport for it).
 fn host_all_reduce<B: Backend>(x: FloatTensor<B>, group: &CollectiveGroup) -> FloatTensor<B> {
     let mut host = HostCopy::<B>::of(x, "tensor-parallel all-reduce");
     group
@@ -55,7 +60,11 @@ impl TensorParallelOps for Cube {
     }
 
     fn tp_reduce(x: FloatTensor<Self>, group: CollectiveGroup) -> FloatTensor<Self> {
-        host_all_reduce::<Self>(x, &group)
+        let shape = x.shape().to_vec();
+        let what = "tensor-parallel all-reduce";
+        let sum = |d: &dyn DeviceCollectives, t| d.all_reduce(t, ReduceOp::Sum);
+        on_device(x, &group, what, sum, |_| shape)
+            .unwrap_or_else(|x| host_all_reduce::<Self>(x, &group))
     }
 }
 
@@ -66,7 +75,7 @@ impl<B: Backend + TensorParallelOps, C: CheckpointStrategy> TensorParallelOps fo
             x,
             |x| B::tp_copy(x, group),
             |_, _| kept,
-            |group, g| host_all_reduce::<B>(g, &group),
+            |group, g| B::tp_reduce(g, group),
         )
     }
 

@@ -8,9 +8,11 @@
 //!
 //! [`axis_split`] says how an axis is divided among a group's ranks.
 //!
-//! The ops are Burn backend extensions (Flex, Cube, Autodiff) with their own backward. They
-//! move data through the group's [`Communicator`] on host buffers, so they run on every
-//! device and communicator (threads, MPI, NCCL). The groups are values: the parallel plan
+//! The ops are Burn backend extensions (Flex, Cube, Autodiff) with their own backward. On a
+//! GPU whose group moves device tensors itself (NCCL) the all-reduces, parameter gathers
+//! and gradient scatters stay on the device ([`on_device`]); otherwise the values go
+//! through the group's [`Communicator`] on host buffers, so the ops run on every device and
+//! communicator (threads, MPI, NCCL). The groups are values: the parallel plan
 //! gives a model its [`Collectives`] (`OnnxModel::with_collectives`), the interpreter hands
 //! them to the ops, and an op's backward keeps the group it ran on. Every rank of a group
 //! runs the same graph, so the collectives meet in the same order. A failed collective
@@ -20,6 +22,8 @@
 pub mod axis_split;
 pub mod grad_hooks;
 pub mod megatron;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod on_device;
 pub mod param_gather;
 pub mod prefetch;
 pub mod sequence_parallel;

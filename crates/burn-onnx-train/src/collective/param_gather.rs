@@ -4,6 +4,9 @@
 //! whole gradient (mean over the ranks, as data parallelism averages), so each rank's chunk
 //! receives the reduced gradient of its part and no rank keeps a whole gradient.
 //!
+//! On a GPU whose group moves device tensors (NCCL) both stay on the device
+//! ([`super::on_device`]); elsewhere they go through host memory.
+//!
 //! Nothing holds a gathered parameter but the ops reading it: without an autodiff tape it
 //! is freed after its last reader; with one, until the backward of its readers (activation
 //! recomputation re-gathers a segment's parameters for its re-forward instead).
@@ -14,9 +17,15 @@ use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::flex::Flex;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, TensorMetadata, backend_extension};
+use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use burn::tensor::Tensor;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use burn_ort_dist::DeviceCollectives;
 use burn_ort_dist::ReduceOp;
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use super::on_device::on_device;
 use super::{CollectiveGroup, HostCopy};
 use crate::value::unary_op::unary;
 use crate::value::{MAX_RANK, PhysTensor};
@@ -62,6 +71,13 @@ pub trait ParamGatherOps: Backend {
         shape: Vec<usize>,
         group: CollectiveGroup,
     ) -> FloatTensor<Self>;
+    /// This rank's chunk (of `chunk_shape`) of the whole gradient `grad` averaged over
+    /// `group`: the gather's backward.
+    fn scatter_param_grad(
+        grad: FloatTensor<Self>,
+        chunk_shape: Vec<usize>,
+        group: CollectiveGroup,
+    ) -> FloatTensor<Self>;
 }
 
 impl ParamGatherOps for Flex {
@@ -72,6 +88,14 @@ impl ParamGatherOps for Flex {
     ) -> FloatTensor<Self> {
         host_gather::<Self>(chunk, shape, &group)
     }
+
+    fn scatter_param_grad(
+        grad: FloatTensor<Self>,
+        chunk_shape: Vec<usize>,
+        group: CollectiveGroup,
+    ) -> FloatTensor<Self> {
+        host_reduce_scatter::<Self>(grad, chunk_shape, &group)
+    }
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -81,7 +105,34 @@ impl ParamGatherOps for Cube {
         shape: Vec<usize>,
         group: CollectiveGroup,
     ) -> FloatTensor<Self> {
-        host_gather::<Self>(chunk, shape, &group)
+        let numel = shape.iter().product::<usize>();
+        let what = "ZeRO-3 parameter gather";
+        // The chunks are padded to equal lengths: the whole is the first `numel` values.
+        let gather = |d: &dyn DeviceCollectives, t| Ok(d.all_gather(t)?.slice(0..numel));
+        let whole = shape.clone();
+        on_device(chunk, &group, what, gather, |_| whole)
+            .unwrap_or_else(|chunk| host_gather::<Self>(chunk, shape, &group))
+    }
+
+    fn scatter_param_grad(
+        grad: FloatTensor<Self>,
+        chunk_shape: Vec<usize>,
+        group: CollectiveGroup,
+    ) -> FloatTensor<Self> {
+        let chunk = chunk_shape.iter().product::<usize>();
+        let world = group.0.world_size();
+        let what = "ZeRO-3 gradient reduce-scatter";
+        let scatter = |d: &dyn DeviceCollectives, t: Tensor<1>| {
+            // The whole gradient padded with zeros to `world` equal chunks.
+            let pad = chunk * world - t.dims()[0];
+            let t = match pad {
+                0 => t,
+                _ => Tensor::cat(vec![t.clone(), Tensor::zeros([pad], &t.device())], 0),
+            };
+            d.reduce_scatter(t, ReduceOp::Mean)
+        };
+        on_device(grad, &group, what, scatter, |_| chunk_shape.clone())
+            .unwrap_or_else(|g| host_reduce_scatter::<Self>(g, chunk_shape.clone(), &group))
     }
 }
 
@@ -97,8 +148,21 @@ impl<B: Backend + ParamGatherOps, C: CheckpointStrategy> ParamGatherOps for Auto
             chunk,
             move |x| B::gather_param(x, shape, group),
             |_, _| kept,
-            move |group, g| host_reduce_scatter::<B>(g, chunk_shape, &group),
+            move |group, g| B::scatter_param_grad(g, chunk_shape, group),
         )
+    }
+
+    fn scatter_param_grad(
+        grad: FloatTensor<Self>,
+        chunk_shape: Vec<usize>,
+        group: CollectiveGroup,
+    ) -> FloatTensor<Self> {
+        // Only reached through the backward above (first-order autodiff).
+        Self::from_inner(B::scatter_param_grad(
+            grad.into_primitive(),
+            chunk_shape,
+            group,
+        ))
     }
 }
 

@@ -7,6 +7,7 @@
 //! (all-reduce forward, gradient passed through), so rank `r`'s logits get
 //! `softmax - one_hot` on its own slice, as the whole model's would; `m` is a constant
 //! shift (no gradient). Per row, forward moves three floats per rank; backward nothing.
+//! On a GPU whose group moves device tensors (NCCL) they stay on the device.
 
 use burn::tensor::{Int, Tensor, TensorData};
 
@@ -100,6 +101,18 @@ impl ShardedLogits {
     /// The maximum over the group of each entry of `x` (`[n, 1]`, no gradient).
     fn group_max(&self, x: Tensor<2>) -> OpResult<Tensor<2>> {
         let (dims, device) = (x.dims(), x.device());
+        let on_device = self.group.0.device_collectives();
+        if let Some(moves) = on_device.filter(|d| d.works_on(&device)) {
+            // The ranks' maxima side by side on the device, and their maximum.
+            let n = dims[0] * dims[1];
+            let all = moves
+                .all_gather(x.without_autodiff().reshape([n]))
+                .map_err(|e| OpError(format!("vocabulary-parallel loss: {e}")))?;
+            return Ok(all
+                .reshape([moves.world_size(), n])
+                .max_dim(0)
+                .reshape(dims));
+        }
         let mine = burn_ort_dist::host_values(x)
             .map_err(|e| OpError(format!("vocabulary-parallel loss: {e}")))?;
         let all = self.gather(&mine)?;

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use burn::tensor::{Device, Tensor, TensorData};
 
-use crate::comm::communicator::{Communicator, DeviceReduce, ReduceOp};
+use crate::comm::communicator::{Communicator, DeviceCollectives, ReduceOp};
 use crate::error::{DistError, DistResult};
 
 /// A collective whose bandwidth is measured.
@@ -25,7 +25,7 @@ pub enum Collective {
     ReduceScatter,
     /// `broadcast` from rank 0.
     Broadcast,
-    /// The mean of a buffer on the device ([`DeviceReduce`]: NCCL on a GPU's memory).
+    /// The mean of a buffer on the device ([`DeviceCollectives`]: NCCL on a GPU's memory).
     DeviceAllReduce,
 }
 
@@ -134,7 +134,7 @@ pub fn measure(
     Ok(rows)
 }
 
-/// Time the group's device all-reduce ([`Communicator::device_reduce`]) of f32 buffers on
+/// Time the group's device all-reduce ([`Communicator::device_collectives`]) of f32 buffers on
 /// `device` at every size in `sizes`, `iters` times after two untimed rounds, waiting for
 /// the device at the end of each round. Collective.
 pub fn measure_device(
@@ -143,20 +143,22 @@ pub fn measure_device(
     sizes: &[usize],
     iters: usize,
 ) -> DistResult<Vec<BandwidthRow>> {
-    let reduce: &dyn DeviceReduce = comm
-        .device_reduce()
-        .filter(|r| r.reduces_on(device))
+    let reduce: &dyn DeviceCollectives = comm
+        .device_collectives()
+        .filter(|r| r.works_on(device))
         .ok_or_else(|| DistError::Invalid {
-            rank: comm.rank(),
-            message: format!(
-                "this group has no all-reduce on {device:?} (NCCL needs a CUDA device)"
-            ),
-        })?;
+        rank: comm.rank(),
+        message: format!("this group has no all-reduce on {device:?} (NCCL needs a CUDA device)"),
+    })?;
     let mut rows = Vec::new();
     for &bytes in sizes {
         let count = bytes / 4;
         let buffer = Tensor::<1>::from_data(TensorData::new(vec![1.0f32; count], [count]), device);
-        let mut once = || reduce.all_reduce_mean(buffer.clone()).map(|_| ());
+        let mut once = || {
+            reduce
+                .all_reduce(buffer.clone(), ReduceOp::Mean)
+                .map(|_| ())
+        };
         let wait = || {
             device.sync().map_err(|e| DistError::Invalid {
                 rank: comm.rank(),

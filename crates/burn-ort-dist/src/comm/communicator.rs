@@ -13,17 +13,54 @@ pub enum ReduceOp {
     Mean,
 }
 
-/// Averaging of gradient buckets that stay on the GPU (NCCL on CUDA devices): no host
-/// copies on the way.
-pub trait DeviceReduce: Send + Sync {
-    /// Whether buffers on `device` can be reduced here.
-    fn reduces_on(&self, device: &burn::tensor::Device) -> bool;
-    /// The mean over the group of `bucket`, a flat f32 tensor on this rank's device (each
-    /// rank passes its own, of the same length).
-    fn all_reduce_mean(
+/// Collectives on flat f32 tensors that stay on the GPU (NCCL on CUDA devices): no host
+/// copy on the way. Each rank passes its own tensor; the ranks of a group call the same
+/// collectives in the same order, as with the host ones. A runtime whose devices only
+/// all-reduce gets the gathers and scatters from its all-reduce (the provided methods).
+pub trait DeviceCollectives: Send + Sync {
+    /// Whether tensors on `device` can be moved here.
+    fn works_on(&self, device: &burn::tensor::Device) -> bool;
+    /// This rank in the group.
+    fn rank(&self) -> usize;
+    /// Ranks in the group.
+    fn world_size(&self) -> usize;
+    /// `t` reduced element-wise over the group by `op` (every rank's of the same length).
+    fn all_reduce(
         &self,
-        bucket: burn::tensor::Tensor<1>,
+        t: burn::tensor::Tensor<1>,
+        op: ReduceOp,
     ) -> DistResult<burn::tensor::Tensor<1>>;
+    /// Every rank's `t` (all of the same length) end to end, in rank order. Provided: one
+    /// all-reduce of `t` at this rank's offset among zeros (the ranks' sum is each value
+    /// exactly once, at the cost of `world` times a gather's traffic).
+    fn all_gather(&self, t: burn::tensor::Tensor<1>) -> DistResult<burn::tensor::Tensor<1>> {
+        let (rank, world, n) = (self.rank(), self.world_size(), t.dims()[0]);
+        let device = t.device();
+        let zeros = |len: usize| burn::tensor::Tensor::<1>::zeros([len], &device);
+        let mut parts = Vec::with_capacity(3);
+        if rank > 0 {
+            parts.push(zeros(rank * n));
+        }
+        parts.push(t);
+        if rank + 1 < world {
+            parts.push(zeros((world - rank - 1) * n));
+        }
+        self.all_reduce(burn::tensor::Tensor::cat(parts, 0), ReduceOp::Sum)
+    }
+    /// Chunk `rank` of `t` reduced over the group by `op` (`t`'s length a multiple of the
+    /// group's size): ZeRO's gradient sharding. Provided: the whole all-reduce, sliced.
+    fn reduce_scatter(
+        &self,
+        t: burn::tensor::Tensor<1>,
+        op: ReduceOp,
+    ) -> DistResult<burn::tensor::Tensor<1>> {
+        let (rank, world, n) = (self.rank(), self.world_size(), t.dims()[0]);
+        check_reduce_scatter(rank, world, n, n / world)?;
+        let chunk = n / world;
+        Ok(self
+            .all_reduce(t, op)?
+            .slice(rank * chunk..(rank + 1) * chunk))
+    }
 }
 
 /// Collective operations among the ranks of one group.
@@ -57,8 +94,8 @@ pub trait Communicator: Send + Sync {
     fn abort(&self, code: i32) {
         let _ = code;
     }
-    /// The group's reduction of device buffers, when it has one (NCCL).
-    fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
+    /// The group's collectives on device tensors, when it has them (NCCL).
+    fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
         None
     }
 }
@@ -66,8 +103,8 @@ pub trait Communicator: Send + Sync {
 /// A group that wraps another and changes some of its collectives (counts them, carries
 /// them in f16, serves gathers prefetched ahead): implement [`Forwarding::inner`] and the
 /// methods that differ; every other one goes to the wrapped group, and the wrapper is a
-/// [`Communicator`]. A wrapper reduces device buffers on the host
-/// ([`Forwarding::device_reduce`] is `None`) unless it says otherwise.
+/// [`Communicator`]. A wrapper moves device tensors through the host
+/// ([`Forwarding::device_collectives`] is `None`) unless it says otherwise.
 pub trait Forwarding: Send + Sync {
     /// The wrapped group.
     fn inner(&self) -> &dyn Communicator;
@@ -115,8 +152,8 @@ pub trait Forwarding: Send + Sync {
     fn abort(&self, code: i32) {
         self.inner().abort(code)
     }
-    /// See [`Communicator::device_reduce`].
-    fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
+    /// See [`Communicator::device_collectives`].
+    fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
         None
     }
 }
@@ -155,8 +192,8 @@ impl<T: Forwarding> Communicator for T {
     fn abort(&self, code: i32) {
         Forwarding::abort(self, code)
     }
-    fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
-        Forwarding::device_reduce(self)
+    fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
+        Forwarding::device_collectives(self)
     }
 }
 

@@ -1,6 +1,6 @@
-//! Thread ranks that average gradients on their GPUs: the runtime's own collectives, for
-//! ranks that are threads of one process with a GPU each (`--dp 8 --device cuda` without
-//! mpirun), where the thread communicator would carry every bucket through host memory.
+//! Thread ranks whose collectives run on their GPUs: the runtime's own, for ranks that are
+//! threads of one process with a GPU each (`--dp 8 --device cuda` without mpirun), where
+//! the thread communicator would carry every tensor through host memory.
 //!
 //! cubecl-cuda runs NCCL itself (`ComputeClient::all_reduce`, Burn's `DistributedOps`):
 //! one communicator per device of a group, made from a unique id shared inside the
@@ -13,9 +13,12 @@
 //! use it: cubecl mints the NCCL id inside the process and never hands it out, and an id
 //! has to travel between processes; they keep [`super::nccl_comm::NcclCommunicator`].
 //!
-//! Only the data-parallel gradient buckets go this way (the group's
-//! [`Communicator::device_reduce`]); every other collective (ZeRO's, tensor and pipeline
-//! parallelism's) goes to the thread communicator it wraps.
+//! The group's [`Communicator::device_collectives`] take device tensors: the data-parallel
+//! gradient buckets, and the collectives inside the model's passes (tensor parallelism's
+//! all-reduces, ZeRO-3's parameter gathers and gradient scatters). The runtime only
+//! all-reduces, so its gathers and scatters are all-reduces ([`DeviceCollectives`]'
+//! provided methods). Collectives on host buffers (ZeRO's flat update, pipeline sends)
+//! go to the thread communicator it wraps.
 
 use std::sync::Arc;
 
@@ -24,7 +27,7 @@ use burn::backend::{BackendTensor, DeviceId, DispatchDevice, DispatchTensor, Dis
 use burn::tensor::{Device, Tensor};
 use burn_cubecl::CubeBackend;
 
-use crate::comm::communicator::{Communicator, DeviceReduce, Forwarding};
+use crate::comm::communicator::{Communicator, DeviceCollectives, Forwarding, ReduceOp};
 use crate::error::{DistError, DistResult};
 
 /// A group of thread ranks whose devices average gradient buckets among themselves.
@@ -103,7 +106,7 @@ impl Forwarding for DeviceGroup {
         Ok(Box::new(Shared(sub)))
     }
 
-    fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
+    fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
         Some(&self.reduce)
     }
 }
@@ -116,32 +119,41 @@ impl Forwarding for Shared {
         self.0.as_ref()
     }
 
-    fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
-        self.0.device_reduce()
+    fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
+        self.0.device_collectives()
     }
 }
 
-impl DeviceReduce for RuntimeReduce {
-    fn reduces_on(&self, device: &Device) -> bool {
+impl DeviceCollectives for RuntimeReduce {
+    fn works_on(&self, device: &Device) -> bool {
         transport_device(device).is_some_and(|id| self.members.get(self.rank) == Some(&id))
     }
 
-    fn all_reduce_mean(&self, bucket: Tensor<1>) -> DistResult<Tensor<1>> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.members.len()
+    }
+
+    fn all_reduce(&self, bucket: Tensor<1>, op: ReduceOp) -> DistResult<Tensor<1>> {
+        let op = match op {
+            ReduceOp::Sum => ReduceOperation::Sum,
+            ReduceOp::Mean => ReduceOperation::Mean,
+        };
         let DispatchTensor { kind, autodiff } = bucket.into_dispatch();
         let DispatchTensorKind::Cube(BackendTensor::Float(t)) = kind else {
             return Err(DistError::Invalid {
                 rank: self.rank,
-                message: "the devices' all-reduce takes gradients of a CubeCL device".into(),
+                message: "the devices' all-reduce takes tensors of a CubeCL device".into(),
             });
         };
         // Queued on the communication stream behind the kernels that wrote `t`; the
         // compute stream waits for it before the next kernel (no host wait either way).
-        let reduced = <CubeBackend as DistributedOps<CubeBackend>>::all_reduce(
-            t,
-            ReduceOperation::Mean,
-            self.members.clone(),
-        )
-        .resolve();
+        let reduced =
+            <CubeBackend as DistributedOps<CubeBackend>>::all_reduce(t, op, self.members.clone())
+                .resolve();
         Ok(Tensor::from_dispatch(DispatchTensor {
             kind: DispatchTensorKind::Cube(BackendTensor::Float(reduced)),
             autodiff,

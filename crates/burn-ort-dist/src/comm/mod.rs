@@ -1,6 +1,7 @@
 //! Communicators and the world they span: the [`communicator::Communicator`] trait, threads,
 //! MPI and NCCL implementations, the topology of groups, launching ranks, stall detection,
-//! the fp16 wire format and the collectives' bandwidth.
+//! the fp16 wire format, the collectives' bandwidth, and device collectives carried through
+//! the host where no device transport exists.
 
 pub mod bandwidth;
 pub mod collective_check;
@@ -21,4 +22,5 @@ pub(crate) mod mpi_watch;
 pub mod nccl_comm;
 pub mod stall;
 pub mod threads;
+pub mod through_host;
 pub mod topology;

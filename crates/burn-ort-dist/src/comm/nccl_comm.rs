@@ -7,9 +7,10 @@
 //! libraries are present before touching them. Rank 0 creates the NCCL unique id and
 //! broadcasts it over MPI, which is what makes the group span nodes. The [`Communicator`]
 //! collectives copy the host buffer to the rank's GPU, run the NCCL collective on the
-//! rank's stream, and copy the result back; gradient buckets that live on the GPU (Burn's
-//! CUDA backend) are averaged where they are ([`DeviceReduce`]): NCCL reads and writes
-//! the CubeCL buffer through its device address, after the kernels that wrote it finish.
+//! rank's stream, and copy the result back; tensors that live on the GPU (Burn's CUDA
+//! backend: gradient buckets, the model's tensor-parallel and ZeRO-3 collectives) are
+//! moved where they are ([`DeviceCollectives`]): NCCL reads and writes the CubeCL buffers
+//! through their device addresses, after the kernels that wrote them finish.
 //! Both sides retain the device's primary CUDA context, so the address is valid for both.
 //! A group of one ([`NcclCommunicator::single`]) needs no MPI: its id never travels.
 //! With the MPI group's `collective_timeout`, a rank waits for an NCCL operation by polling
@@ -20,15 +21,21 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burn::backend::{BackendTensor, DispatchDevice, DispatchTensor, DispatchTensorKind};
+use burn::backend::{
+    BackendTensor, DispatchAutodiffContext, DispatchDevice, DispatchTensor, DispatchTensorKind,
+};
 use burn::tensor::{Device, Tensor};
+use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::CudaRuntime;
 use cubecl_runtime::runtime::Runtime;
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
+};
+use cudarc::nccl::result::{NcclError, NcclStatus};
 use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
 
-use crate::comm::communicator::{Communicator, DeviceReduce, ReduceOp, check_reduce_scatter};
+use crate::comm::communicator::{Communicator, DeviceCollectives, ReduceOp, check_reduce_scatter};
 use crate::comm::mpi_comm::MpiCommunicator;
 use crate::comm::stall::{OpInfo, Stall};
 use crate::error::{DistError, DistResult};
@@ -250,7 +257,7 @@ impl Communicator for NcclCommunicator {
 
     fn barrier(&self) -> DistResult<()> {
         let mut one = [0.0f32];
-        self.all_reduce(&mut one, ReduceOp::Sum)
+        Communicator::all_reduce(self, &mut one, ReduceOp::Sum)
     }
 
     fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
@@ -281,7 +288,7 @@ impl Communicator for NcclCommunicator {
         }
     }
 
-    fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
+    fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
         Some(self)
     }
 }
@@ -302,6 +309,13 @@ impl DeviceSlice<f32> for Borrowed {
     }
 }
 
+impl DevicePtr<f32> for Borrowed {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        // See `device_ptr_mut`.
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
 impl DevicePtrMut<f32> for Borrowed {
     fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
         // The caller finished every write before (a device sync) and synchronises NCCL's
@@ -310,48 +324,130 @@ impl DevicePtrMut<f32> for Borrowed {
     }
 }
 
-impl DeviceReduce for NcclCommunicator {
-    fn reduces_on(&self, device: &Device) -> bool {
+impl NcclCommunicator {
+    /// `t`'s CubeCL tensor, contiguous, with whether it was tracked by autodiff and its
+    /// device.
+    fn cube_tensor(
+        &self,
+        t: Tensor<1>,
+    ) -> DistResult<(CubeTensor, DispatchAutodiffContext, Device)> {
+        let device = t.device();
+        let DispatchTensor { kind, autodiff } = t.into_dispatch();
+        let DispatchTensorKind::Cube(BackendTensor::Float(t)) = kind else {
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: "NCCL moves tensors of Burn's CUDA backend only".into(),
+            });
+        };
+        Ok((burn_cubecl::kernel::into_contiguous(t), autodiff, device))
+    }
+
+    /// An uninitialised f32 tensor of `len` values beside `like`, NCCL's output.
+    fn empty_like(like: &CubeTensor, len: usize) -> CubeTensor {
+        burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
+            like.client.clone(),
+            like.device.clone(),
+            burn::backend::Shape::new([len]),
+            burn::backend::DType::F32,
+        )
+    }
+
+    /// `f` given `t`'s buffer as NCCL reads and writes it, once the kernels that wrote
+    /// it are done (NCCL runs on its own stream).
+    fn with_buffer<R>(
+        &self,
+        t: &CubeTensor,
+        f: impl FnOnce(Borrowed) -> DistResult<R>,
+    ) -> DistResult<R> {
+        let len = burn::backend::TensorMetadata::shape(t).num_elements();
+        let resource = t
+            .client
+            .get_resource::<<CudaRuntime as Runtime>::Server>(t.handle.clone())
+            .map_err(|e| self.err("a tensor's device address", e))?;
+        let out = f(Borrowed {
+            ptr: resource.resource().ptr,
+            len,
+            stream: self.stream.clone(),
+        });
+        drop(resource);
+        out
+    }
+
+    /// One NCCL collective `what` from `src` into `dst` (the same tensor: in place), on
+    /// this group's stream after the device's kernels, waited for with the timeout.
+    fn device_collective(
+        &self,
+        what: &str,
+        device: &Device,
+        (src, dst): (&CubeTensor, &CubeTensor),
+        call: impl FnOnce(&Comm, &Borrowed, &mut Borrowed) -> Result<NcclStatus, NcclError>,
+    ) -> DistResult<()> {
+        device
+            .sync()
+            .map_err(|e| self.err("finishing the kernels before a collective", e))?;
+        self.with_buffer(src, |send| {
+            self.with_buffer(dst, |mut recv| {
+                self.nccl(what, |c| call(c, &send, &mut recv))?;
+                self.finish(what, 4 * recv.len)
+            })
+        })
+    }
+
+    fn back(t: CubeTensor, autodiff: DispatchAutodiffContext) -> Tensor<1> {
+        Tensor::from_dispatch(DispatchTensor {
+            kind: DispatchTensorKind::Cube(BackendTensor::Float(t)),
+            autodiff,
+        })
+    }
+}
+
+impl DeviceCollectives for NcclCommunicator {
+    fn works_on(&self, device: &Device) -> bool {
         matches!(
             device.clone().inner().as_dispatch(),
             DispatchDevice::Cube(_)
         )
     }
 
-    fn all_reduce_mean(&self, bucket: Tensor<1>) -> DistResult<Tensor<1>> {
-        let device = bucket.device();
-        let DispatchTensor { kind, autodiff } = bucket.into_dispatch();
-        let DispatchTensorKind::Cube(BackendTensor::Float(t)) = kind else {
-            return Err(DistError::Invalid {
-                rank: self.rank,
-                message: "NCCL reduces gradients of Burn's CUDA backend only".into(),
-            });
-        };
-        // NCCL writes in place: a contiguous buffer no other tensor shares.
-        let t = burn_cubecl::kernel::into_contiguous(t);
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce(&self, t: Tensor<1>, op: ReduceOp) -> DistResult<Tensor<1>> {
+        let (t, autodiff, device) = self.cube_tensor(t)?;
+        // In place: into a buffer no other tensor shares.
         let t = if t.can_mut() { t } else { t.copy() };
-        let len = burn::backend::TensorMetadata::shape(&t).num_elements();
-        // NCCL runs on its own stream: the kernels that wrote the bucket must be done.
-        device
-            .sync()
-            .map_err(|e| self.err("finishing the gradient kernels", e))?;
-        let resource = t
-            .client
-            .get_resource::<<CudaRuntime as Runtime>::Server>(t.handle.clone())
-            .map_err(|e| self.err("the gradient bucket's device address", e))?;
-        let mut buffer = Borrowed {
-            ptr: resource.resource().ptr,
-            len,
-            stream: self.stream.clone(),
-        };
-        self.nccl("ncclAllReduce", |c| {
-            c.all_reduce_in_place(&mut buffer, &NcclOp::Avg)
+        let on = "ncclAllReduce on the device";
+        self.device_collective(on, &device, (&t, &t), |c, _, buf| {
+            c.all_reduce_in_place(buf, &nccl_op(op))
         })?;
-        self.finish("ncclAllReduce of a gradient bucket", 4 * len)?;
-        drop(resource);
-        Ok(Tensor::from_dispatch(DispatchTensor {
-            kind: DispatchTensorKind::Cube(BackendTensor::Float(t)),
-            autodiff,
-        }))
+        Ok(Self::back(t, autodiff))
+    }
+
+    fn all_gather(&self, t: Tensor<1>) -> DistResult<Tensor<1>> {
+        let (t, autodiff, device) = self.cube_tensor(t)?;
+        let n = burn::backend::TensorMetadata::shape(&t).num_elements();
+        let all = Self::empty_like(&t, n * self.size);
+        let on = "ncclAllGather on the device";
+        self.device_collective(on, &device, (&t, &all), |c, src, dst| {
+            c.all_gather(src, dst)
+        })?;
+        Ok(Self::back(all, autodiff))
+    }
+
+    fn reduce_scatter(&self, t: Tensor<1>, op: ReduceOp) -> DistResult<Tensor<1>> {
+        let (t, autodiff, device) = self.cube_tensor(t)?;
+        let n = burn::backend::TensorMetadata::shape(&t).num_elements();
+        check_reduce_scatter(self.rank, self.size, n, n / self.size)?;
+        let mine = Self::empty_like(&t, n / self.size);
+        let on = "ncclReduceScatter on the device";
+        self.device_collective(on, &device, (&t, &mine), |c, src, dst| {
+            c.reduce_scatter(src, dst, &nccl_op(op))
+        })?;
+        Ok(Self::back(mine, autodiff))
     }
 }

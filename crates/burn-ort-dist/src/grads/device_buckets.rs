@@ -1,5 +1,5 @@
 //! Gradient averaging with the buckets on the GPU: each bucket is its gradients laid end
-//! to end on the device, averaged in place by the group's [`DeviceReduce`] (NCCL), and cut
+//! to end on the device, averaged by the group's [`DeviceCollectives`] (NCCL), and cut
 //! back into the gradients, with no host copy. Same bucket sizes and order as the host
 //! path of [`crate::grads::grad_sync`].
 
@@ -9,7 +9,7 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 
-use crate::comm::communicator::DeviceReduce;
+use crate::comm::communicator::{DeviceCollectives, ReduceOp};
 use crate::error::DistResult;
 use crate::grads::buckets::bucket_ranges;
 
@@ -49,7 +49,7 @@ impl ModuleVisitor for Put<'_> {
 /// Average the gradients of `module` over the group of `device`, bucket by bucket, on the
 /// device, leaving out the parameters in `skip` (averaged already).
 pub fn reduce_on_device<M: Module>(
-    device: &dyn DeviceReduce,
+    device: &dyn DeviceCollectives,
     module: &M,
     grads: &mut GradientsParams,
     bucket_bytes: usize,
@@ -69,7 +69,7 @@ pub fn reduce_on_device<M: Module>(
             .iter()
             .map(|(_, g)| g.clone())
             .collect();
-        let bucket = device.all_reduce_mean(Tensor::cat(parts, 0))?;
+        let bucket = device.all_reduce(Tensor::cat(parts, 0), ReduceOp::Mean)?;
         let mut offset = 0;
         for (id, g) in &taken[range] {
             let n = g.dims()[0];

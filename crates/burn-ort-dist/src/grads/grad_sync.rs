@@ -213,8 +213,8 @@ pub(crate) fn reduce_gradients_except<M: Module>(
     }
     let device = module.devices().into_iter().next().unwrap_or_default();
     if reduction == Reduction::Mean
-        && let Some(on_device) = comm.device_reduce()
-        && on_device.reduces_on(&device)
+        && let Some(on_device) = comm.device_collectives()
+        && on_device.works_on(&device)
     {
         return crate::grads::device_buckets::reduce_on_device(
             on_device,

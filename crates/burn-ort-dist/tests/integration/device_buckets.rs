@@ -1,5 +1,5 @@
 //! The device-bucket path of gradient averaging (taken when the group reduces device
-//! buffers, as NCCL does on CUDA) on 3 thread ranks, with a stand-in `DeviceReduce` that
+//! buffers, as NCCL does on CUDA) on 3 thread ranks, with a stand-in `DeviceCollectives` that
 //! averages through the host: the gradients come back averaged, in their shapes, from
 //! buckets of the host path's sizes. NCCL itself never ran here (no GPU).
 
@@ -10,17 +10,23 @@ use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_ort_dist::{
-    Communicator, DataParallel, DeviceReduce, DistResult, Forwarding, ReduceOp, run_threads,
+    Communicator, DataParallel, DeviceCollectives, DistResult, Forwarding, ReduceOp, run_threads,
 };
 
 /// A thread rank that also "reduces on the device", recording each bucket's length.
 struct StandIn(Arc<dyn Communicator>, Mutex<Vec<usize>>);
 
-impl DeviceReduce for StandIn {
-    fn reduces_on(&self, _device: &Device) -> bool {
+impl DeviceCollectives for StandIn {
+    fn works_on(&self, _device: &Device) -> bool {
         true
     }
-    fn all_reduce_mean(&self, bucket: Tensor<1>) -> DistResult<Tensor<1>> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    fn all_reduce(&self, bucket: Tensor<1>, op: ReduceOp) -> DistResult<Tensor<1>> {
         let device = bucket.device();
         let mut v = bucket
             .into_data()
@@ -28,7 +34,7 @@ impl DeviceReduce for StandIn {
             .try_to_vec::<f32>()
             .unwrap();
         self.1.lock().unwrap().push(v.len());
-        self.0.all_reduce(&mut v, ReduceOp::Mean)?;
+        self.0.all_reduce(&mut v, op)?;
         let n = v.len();
         Ok(Tensor::from_data(TensorData::new(v, [n]), &device))
     }
@@ -39,7 +45,7 @@ impl Forwarding for StandIn {
         self.0.as_ref()
     }
 
-    fn device_reduce(&self) -> Option<&dyn DeviceReduce> {
+    fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
         Some(self)
     }
 }
@@ -98,5 +104,40 @@ fn device_buckets_average_gradients_in_their_shapes() {
         assert_eq!(gb, vec![1.0, 1.0], "mean of 0, 1, 2");
         assert_eq!(gc, vec![2.0, 2.0], "mean of 0, 2, 4");
         assert_eq!(buckets, vec![6, 4]);
+    }
+}
+
+#[test]
+fn gathers_and_scatters_made_of_all_reduces_match_the_host_collectives() {
+    // A runtime whose devices only all-reduce (the CUDA runtime's for thread ranks) gets
+    // `all_gather` and `reduce_scatter` from `DeviceCollectives`' provided methods.
+    let device = Device::flex();
+    let results = run_threads(3, Duration::from_secs(20), |comm| {
+        let r = comm.rank() as f32;
+        let stand_in = StandIn(comm.clone(), Mutex::new(Vec::new()));
+        let on_device: &dyn DeviceCollectives = &stand_in;
+        let values: Vec<f32> = (0..6).map(|i| 10.0 * r + i as f32 + 0.25).collect();
+        let tensor = || Tensor::<1>::from_data(TensorData::new(values.clone(), [6]), &device);
+        let host = |v: Tensor<1>| v.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        let gathered = host(on_device.all_gather(tensor()).map_err(|e| e.to_string())?);
+        let mut want_gathered = vec![0.0; 18];
+        comm.all_gather(&values, &mut want_gathered)
+            .map_err(|e| e.to_string())?;
+        let scattered = host(
+            on_device
+                .reduce_scatter(tensor(), ReduceOp::Mean)
+                .map_err(|e| e.to_string())?,
+        );
+        let mut want_scattered = vec![0.0; 2];
+        comm.reduce_scatter(&values, &mut want_scattered, ReduceOp::Mean)
+            .map_err(|e| e.to_string())?;
+        let calls = stand_in.1.lock().unwrap().clone();
+        Ok::<_, String>((gathered, want_gathered, scattered, want_scattered, calls))
+    });
+    for r in results {
+        let (gathered, want_gathered, scattered, want_scattered, calls) = r.unwrap();
+        assert_eq!(gathered, want_gathered);
+        assert_eq!(scattered, want_scattered);
+        assert_eq!(calls, [18, 6], "one all-reduce each");
     }
 }

@@ -111,8 +111,8 @@ fn device_collectives(
     }
     let group = burn_ort_dist::DeviceGroup::over(comm, device)
         .map_err(|e| OnnxError::from(e).before_first_update())?;
-    if group.rank() == 0 && group.device_reduce().is_some() {
-        tracing::info!("gradients averaged on the GPUs (NCCL through the CUDA runtime)");
+    if group.rank() == 0 && group.device_collectives().is_some() {
+        tracing::info!("collectives on the GPUs (NCCL through the CUDA runtime)");
     }
     Ok(group)
 }

@@ -1,0 +1,96 @@
+//! [`ThroughHost`]: a group's [`DeviceCollectives`] carried through host memory by its own
+//! host collectives, counting the calls. It is what code written against device tensors
+//! runs on where no device transport exists (the CPU, wgpu): the tests of that code check
+//! its results and that it took the device path, without a GPU; NCCL and the CUDA runtime
+//! are the real implementations.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+use crate::comm::communicator::{Communicator, DeviceCollectives, Forwarding, ReduceOp};
+use crate::error::{DistError, DistResult};
+use crate::storage::host_values::host_values;
+
+/// A group whose device collectives go through its host ones.
+pub struct ThroughHost {
+    inner: Arc<dyn Communicator>,
+    calls: AtomicUsize,
+}
+
+impl ThroughHost {
+    /// `inner` with device collectives through the host.
+    pub fn over(inner: Arc<dyn Communicator>) -> Self {
+        ThroughHost {
+            inner,
+            calls: AtomicUsize::new(0),
+        }
+    }
+
+    /// Device collectives served so far.
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// `t`'s values on the host, one call counted.
+    fn values(&self, t: Tensor<1>) -> DistResult<Vec<f32>> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        host_values(t).map_err(|message| DistError::Invalid {
+            rank: self.inner.rank(),
+            message,
+        })
+    }
+}
+
+fn upload(values: Vec<f32>, device: &Device) -> Tensor<1> {
+    let n = values.len();
+    Tensor::from_data(TensorData::new(values, [n]), device)
+}
+
+impl DeviceCollectives for ThroughHost {
+    fn works_on(&self, _device: &Device) -> bool {
+        true
+    }
+
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+
+    fn all_reduce(&self, t: Tensor<1>, op: ReduceOp) -> DistResult<Tensor<1>> {
+        let device = t.device();
+        let mut values = self.values(t)?;
+        self.inner.all_reduce(&mut values, op)?;
+        Ok(upload(values, &device))
+    }
+
+    fn all_gather(&self, t: Tensor<1>) -> DistResult<Tensor<1>> {
+        let device = t.device();
+        let values = self.values(t)?;
+        let mut all = vec![0.0; values.len() * self.inner.world_size()];
+        self.inner.all_gather(&values, &mut all)?;
+        Ok(upload(all, &device))
+    }
+
+    fn reduce_scatter(&self, t: Tensor<1>, op: ReduceOp) -> DistResult<Tensor<1>> {
+        let device = t.device();
+        let values = self.values(t)?;
+        let mut mine = vec![0.0; values.len() / self.inner.world_size().max(1)];
+        self.inner.reduce_scatter(&values, &mut mine, op)?;
+        Ok(upload(mine, &device))
+    }
+}
+
+impl Forwarding for ThroughHost {
+    fn inner(&self) -> &dyn Communicator {
+        self.inner.as_ref()
+    }
+
+    fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
+        Some(self)
+    }
+}
