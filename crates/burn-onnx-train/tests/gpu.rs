@@ -373,6 +373,80 @@ fn tensor_parallel_and_zero_3_collectives_take_the_groups_device_path() {
     assert_eq!(calls, [7, 7], "one device collective each");
 }
 
+/// Sequence parallelism's three moves on 2 thread ranks over `group_of(comm)`, each as a
+/// forward with its backward (gather/scatter, scatter/gather, slice/gather) on a
+/// `[2, 4, 3]` tensor whose token axis is split in blocks of 2 (rank `r` holds token `r`
+/// of each block): each rank's outputs and input gradients.
+fn sequence_moves_on_gpu(
+    group_of: impl Fn(std::sync::Arc<dyn burn_ort_dist::Communicator>) -> CollectiveGroup + Send + Sync,
+) -> Vec<Vec<Vec<f32>>> {
+    use burn_onnx_train::collective::axis_split::AxisSplit;
+    use burn_onnx_train::collective::sequence_parallel::{Move, SequenceStep, sequence_transfer};
+    let timeout = std::time::Duration::from_secs(120);
+    let results = burn_ort_dist::run_threads(2, timeout, |comm| -> Result<_, String> {
+        let r = comm.rank() as f32;
+        let group = group_of(comm);
+        let device = gpu().autodiff();
+        let read = |t: PhysTensor| host(t.flatten(0, MAX_RANK - 1)).iter().copied().collect();
+        let axis = MAX_RANK - 2;
+        let mut out = Vec::new();
+        for (forward, backward, local) in [
+            (Move::AllGather, Move::ReduceScatter, true),
+            (Move::ReduceScatter, Move::AllGather, false),
+            (Move::Slice, Move::AllGather, false),
+        ] {
+            let step = SequenceStep {
+                split: AxisSplit::new(axis, 2),
+                parts: 2,
+                forward,
+                backward,
+                group: group.clone(),
+            };
+            let shape = if local { [2, 2, 3] } else { [2, 4, 3] };
+            let n = shape.iter().product::<usize>();
+            let values = (0..n).map(|i| i as f32 + 100.0 * r).collect();
+            let x =
+                PhysTensor::from_data(TensorData::new(values, padded(&shape).unwrap()), &device)
+                    .require_grad();
+            let y = sequence_transfer(x.clone(), step);
+            let m = y.dims().iter().product::<usize>();
+            let weights: Vec<f32> = (0..m).map(|i| (i % 7) as f32 + r).collect();
+            let weights = PhysTensor::from_data(TensorData::new(weights, y.dims()), &device);
+            let loss = (y.clone() * weights).sum();
+            let grad = x.grad(&loss.backward()).unwrap();
+            out.push(read(y));
+            out.push(read(grad));
+        }
+        Ok(out)
+    });
+    results.into_iter().map(Result::unwrap).collect()
+}
+
+#[test]
+fn sequence_parallel_moves_take_the_groups_device_path() {
+    use burn_ort_dist::ThroughHost;
+    let counters = std::sync::Mutex::new(Vec::new());
+    let on_device = sequence_moves_on_gpu(|comm| {
+        let through = std::sync::Arc::new(ThroughHost::over(comm));
+        counters.lock().unwrap().push(through.clone());
+        CollectiveGroup(through)
+    });
+    let on_host = sequence_moves_on_gpu(CollectiveGroup);
+    assert_eq!(
+        on_device, on_host,
+        "the device path's values are the host path's"
+    );
+    // The whole sequence interleaves the ranks' tokens: token 0 is rank 0's first, token 1
+    // rank 1's first, token 2 rank 0's second.
+    assert_eq!(
+        &on_host[1][0][..9],
+        &[0.0, 1.0, 2.0, 100.0, 101.0, 102.0, 3.0, 4.0, 5.0]
+    );
+    // Gathers and scatters, forward and backward: five; a slice moves nothing.
+    let calls: Vec<usize> = counters.lock().unwrap().iter().map(|t| t.calls()).collect();
+    assert_eq!(calls, [5, 5]);
+}
+
 #[test]
 fn where_masked_attention_on_gpu_gives_pytorchs_loss_and_gradients() {
     // Dynamo's GPT-2 selects its scores with `Where(mask, scores, fill)`, each layer with a
@@ -533,6 +607,11 @@ fn the_runner_on_gpu_matches_the_cpu_run_and_its_checkpoint_resumes_on_the_cpu()
     let (gpu_out, cpu_out) = (tempdir("gpu-run"), tempdir("gpu-cpu-run"));
     let gpu = run_on(gpu_spec(), &gpu_out);
     let cpu = run_on(DeviceSpec::Cpu, &cpu_out);
+    // The collectives' host round trips are counted on a GPU only (for the process: the
+    // tests running beside this one count into it too).
+    let perf = |s: &RunSummary| s.perf.clone().expect("perf.json's report");
+    let trips = |s: &RunSummary| perf(s).collective_host_round_trips_per_update;
+    assert!(trips(&gpu).is_some() && trips(&cpu).is_none());
     assert_eq!(gpu.losses.len(), 10);
     for ((step, g), (_, c)) in gpu.losses.iter().zip(&cpu.losses) {
         assert!(
@@ -606,9 +685,10 @@ fn assert_same_params(what: &str, got: &Path, want: &Path, atol: f32) {
 }
 
 #[test]
-fn zero_3_on_gpu_matches_the_replicated_cpu_run() {
-    // The parameter gather and its reduce-scatter as CubeCL-backend ops, 2 thread ranks
-    // on the GPU.
+fn data_parallel_and_zero_3_on_gpu_match_the_replicated_cpu_run() {
+    // 2 thread ranks on the GPU: plain data parallelism (gradients averaged through the
+    // host, then the fused, clipped AdamW on the GPU), and ZeRO-3's parameter gather and its
+    // reduce-scatter as CubeCL-backend ops.
     // Both thread ranks on the one GPU (a CUDA rank otherwise takes GPU `rank`).
     let spec = match gpu_spec() {
         DeviceSpec::Cuda(None) => DeviceSpec::Cuda(Some(0)),
@@ -622,14 +702,25 @@ fn zero_3_on_gpu_matches_the_replicated_cpu_run() {
             c.data.batch_size = 2;
             c.parallel.zero_stage = zero_stage;
             c.train.num_train_steps = 10;
+            // Clipped: the fused update measures the gradients on the device first.
+            c.train.max_grad_norm = 1.0;
             c
         };
         launch(c, gpt2_tokens(), None).unwrap()
     };
-    let (gpu_out, cpu_out) = (tempdir("gpu-zero3"), tempdir("gpu-zero3-cpu"));
-    let gpu = run(spec, 3, &gpu_out);
+    let cpu_out = tempdir("gpu-zero3-cpu");
     let cpu = run(DeviceSpec::Cpu, 0, &cpu_out);
-    ended_where_the_cpu_did("ZeRO-3", (&gpu, &gpu_out), (&cpu, &cpu_out));
+    for (stage, what) in [(0, "data parallelism"), (3, "ZeRO-3")] {
+        let gpu_out = tempdir(&format!("gpu-zero{stage}"));
+        let gpu = run(spec.clone(), stage, &gpu_out);
+        ended_where_the_cpu_did(what, (&gpu, &gpu_out), (&cpu, &cpu_out));
+        // Two ranks on one GPU keep the host path (NCCL takes one rank a device), and its
+        // round trips are counted.
+        let trips = gpu
+            .perf
+            .and_then(|p| p.collective_host_round_trips_per_update);
+        assert!(trips.is_some_and(|t| t > 0.0), "{what}: {trips:?}");
+    }
 }
 
 /// ZeRO-3 with its chunks in host memory (`offload_params = "cpu"`, ZeRO-Infinity's

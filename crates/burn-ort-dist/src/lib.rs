@@ -47,7 +47,10 @@ pub use grads::grad_sync::{
 pub use grads::overlap::{OverlappedSync, SyncTimes};
 #[cfg(feature = "mpi")]
 pub use mpi;
-pub use storage::host_values::host_values;
+pub use storage::host_values::{
+    collective_host_values, count_host_round_trip, count_host_round_trip_from,
+    host_round_trips_so_far, host_values,
+};
 pub use storage::record::{
     MomentSlices, MomentState, RecordTensor, decode_moments, encode_moments, regroup_records,
     write_moments,

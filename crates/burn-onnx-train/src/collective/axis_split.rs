@@ -155,7 +155,9 @@ impl AxisSplit {
     /// The runs of one rank's part in the whole row-major tensor of `shape` (no padding):
     /// `(count, run length, stride between runs, offset of rank r's first run per rank)`.
     /// Rank `r`'s part is runs `k` at `k * stride + r * step`, each `len` values long.
-    fn runs(self, shape: &[usize], tp: usize) -> (usize, usize, usize, usize) {
+    /// How rank parts lie in a row-major tensor of `shape`: `(count, len, stride, step)`,
+    /// rank `r`'s part the `count` runs of `len` values at `k * stride + r * step`.
+    pub(crate) fn runs(self, shape: &[usize], tp: usize) -> (usize, usize, usize, usize) {
         let inner: usize = shape[self.axis + 1..].iter().product();
         let outer: usize = shape[..self.axis].iter().product();
         let blocks = shape[self.axis] / self.period;

@@ -65,7 +65,8 @@ pub struct Collectives {
     pub sharding: Option<CollectiveGroup>,
 }
 
-/// A tensor's values on the host as f32, with what it takes to make it again.
+/// A tensor's values on the host as f32, with what it takes to make it again: a counted
+/// host round trip (`burn_ort_dist::host_round_trips_so_far`) off the CPU.
 struct HostCopy<B: Backend> {
     values: Vec<f32>,
     shape: Vec<usize>,
@@ -75,6 +76,10 @@ struct HostCopy<B: Backend> {
 
 impl<B: Backend> HostCopy<B> {
     fn of(x: FloatTensor<B>, what: &str) -> Self {
+        // Every backend but the CPU's keeps its values on a device.
+        if std::any::TypeId::of::<B>() != std::any::TypeId::of::<burn::backend::flex::Flex>() {
+            burn_ort_dist::count_host_round_trip();
+        }
         let (device, dtype) = (x.device(), x.dtype());
         let data = read_sync(B::float_into_data(x))
             .unwrap_or_else(|e| panic!("{what}: reading the tensor: {e:?}"));

@@ -129,7 +129,7 @@ pub fn prefetched<R>(
 
 /// A chunk's values on the host.
 fn host_values(chunk: PhysTensor) -> DistResult<Vec<f32>> {
-    burn_ort_dist::host_values(chunk).map_err(|e| DistError::Invalid {
+    burn_ort_dist::collective_host_values(chunk).map_err(|e| DistError::Invalid {
         rank: 0,
         message: format!("ZeRO-3 prefetch: reading a parameter chunk: {e}"),
     })

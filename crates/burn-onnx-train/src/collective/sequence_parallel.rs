@@ -9,8 +9,9 @@
 //! - a slice of a replicated value a sliced op reads whole (a position table's rows;
 //!   backward: all-gather, so the replicated side gets the whole gradient again).
 //!
-//! Each is one [`Move`] forward and another backward; the data goes through host memory as
-//! the other collectives do. A block's projection of the gathered sequence is one op
+//! Each is one [`Move`] forward and another backward; the data stays on a GPU whose group
+//! moves device tensors (NCCL) and goes through host memory elsewhere, as the other
+//! collectives do. A block's projection of the gathered sequence is one op
 //! ([`sequence_matmul`], Megatron's way): the gathered input is not kept for the weight's
 //! gradient but gathered again in backward, so no rank holds a whole sequence's activation
 //! between the passes. A group of one with a split planned for more ranks (the
@@ -26,11 +27,13 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::Flex;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, TensorMetadata, backend_extension};
+use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
 use burn::tensor::Shape;
 use burn_ort_dist::ReduceOp;
 
 use super::axis_split::AxisSplit;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use super::on_device::on_device;
 use super::{CollectiveGroup, HostCopy};
 use crate::value::PhysTensor;
 use crate::value::unary_op::unary;
@@ -156,7 +159,7 @@ impl<B: Backend + SequenceParallelOps> Backward<B, 2> for GatheredProductBackwar
         let rows = gd[..gd.len() - 1].iter().product::<usize>();
         let g2 = B::float_reshape(g, Shape::from(vec![rows, n]));
         if let Some(node) = w_node {
-            let gathered = step.host::<B>(x, Move::AllGather);
+            let gathered = B::sequence_move(x, step.clone(), Move::AllGather);
             let x2 = B::float_reshape(gathered, Shape::from(vec![rows, k]));
             let dw = B::float_matmul(B::float_transpose(x2), g2.clone());
             grads.register::<B>(node.id, B::float_reshape(dw, Shape::from(wd.clone())));
@@ -168,7 +171,7 @@ impl<B: Backend + SequenceParallelOps> Backward<B, 2> for GatheredProductBackwar
             let last = whole.len() - 1;
             whole[last] = k;
             let dx = B::float_reshape(dx, Shape::from(whole));
-            grads.register::<B>(node.id, step.host::<B>(dx, Move::ReduceScatter));
+            grads.register::<B>(node.id, B::sequence_move(dx, step, Move::ReduceScatter));
         }
     }
 }
@@ -178,6 +181,8 @@ impl<B: Backend + SequenceParallelOps> Backward<B, 2> for GatheredProductBackwar
 pub trait SequenceParallelOps: Backend {
     /// `step.forward` on `x` (its gradient: `step.backward` on the output's).
     fn sequence_transfer(x: FloatTensor<Self>, step: SequenceStep) -> FloatTensor<Self>;
+    /// `m` on `x` over `step`'s group and split (no gradient: the backward's moves).
+    fn sequence_move(x: FloatTensor<Self>, step: SequenceStep, m: Move) -> FloatTensor<Self>;
     /// The all-gather of `x` (slices, split by `step`) times `w` (`[K, N]` padded with
     /// leading ones); the gathered input is not kept for backward.
     fn sequence_matmul(
@@ -187,12 +192,13 @@ pub trait SequenceParallelOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// The inner backends' ops: every move goes through the host.
-macro_rules! through_the_host {
-    ($backend:ty) => {
+/// The inner backends' ops, made of their moves (`$moving`).
+macro_rules! made_of_moves {
+    ($backend:ty, $moving:expr) => {
         impl SequenceParallelOps for $backend {
             fn sequence_transfer(x: FloatTensor<Self>, step: SequenceStep) -> FloatTensor<Self> {
-                step.host::<Self>(x, step.forward)
+                let m = step.forward;
+                Self::sequence_move(x, step, m)
             }
 
             fn sequence_matmul(
@@ -200,15 +206,78 @@ macro_rules! through_the_host {
                 w: FloatTensor<Self>,
                 step: SequenceStep,
             ) -> FloatTensor<Self> {
-                product::<Self>(step.host::<Self>(x, Move::AllGather), w)
+                product::<Self>(Self::sequence_move(x, step, Move::AllGather), w)
+            }
+
+            fn sequence_move(
+                x: FloatTensor<Self>,
+                step: SequenceStep,
+                m: Move,
+            ) -> FloatTensor<Self> {
+                $moving(&step, x, m)
             }
         }
     };
 }
 
-through_the_host!(Flex);
+// The CPU's moves go through the host; a GPU's stay on the device where its group moves
+// device tensors (NCCL).
+made_of_moves!(Flex, SequenceStep::host::<Flex>);
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-through_the_host!(Cube);
+made_of_moves!(Cube, |step: &SequenceStep, x, m| {
+    step.on_device(x, m)
+        .unwrap_or_else(|x| step.host::<Cube>(x, m))
+});
+
+impl SequenceStep {
+    /// `x` moved by `m` through the group's device collectives, as [`Self::moved`] lays
+    /// the values out: a rank's part of a whole tensor is the `count` runs of `len` values
+    /// at rank offset `step` in each run of `stride = tp * len` ([`AxisSplit`]), so the
+    /// parts are the whole seen as `[count, tp, len]`, sliced at the rank; the gather
+    /// swaps the ranks' `[tp, count, len]` into it, the reduce-scatter sends it swapped.
+    /// `Err(x)` where the group has no device collectives for `x`, or the step does not
+    /// fit the group (the host path reports it).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn on_device(
+        &self,
+        x: FloatTensor<Cube>,
+        m: Move,
+    ) -> Result<FloatTensor<Cube>, FloatTensor<Cube>> {
+        use burn_ort_dist::DeviceCollectives;
+        let (tp, s) = (self.parts, self.split);
+        let mut shape = x.shape().to_vec();
+        let whole = match m {
+            Move::AllGather => shape[s.axis] * tp,
+            Move::ReduceScatter | Move::Slice => shape[s.axis],
+        };
+        let fits = self.group.0.world_size() == tp && s.pad == 0;
+        if !fits || whole % s.period != 0 || s.period % tp != 0 {
+            return Err(x);
+        }
+        let mut full = shape.clone();
+        full[s.axis] = whole;
+        let (count, len, _, _) = s.runs(&full, tp);
+        let rank = self.group.0.rank();
+        match m {
+            Move::AllGather => shape[s.axis] *= tp,
+            Move::ReduceScatter | Move::Slice => shape[s.axis] /= tp,
+        }
+        let what = format!("sequence-parallel {m:?}");
+        let parts = |t: burn::tensor::Tensor<1>| t.reshape([count, tp, len]);
+        let moving = |d: &dyn DeviceCollectives, t: burn::tensor::Tensor<1>| match m {
+            Move::Slice => Ok(parts(t).narrow(1, rank, 1).reshape([count * len])),
+            Move::AllGather => {
+                let all = d.all_gather(t)?.reshape([tp, count, len]);
+                Ok(all.swap_dims(0, 1).reshape([count * tp * len]))
+            }
+            Move::ReduceScatter => {
+                let send = parts(t).swap_dims(0, 1).reshape([tp * count * len]);
+                d.reduce_scatter(send, ReduceOp::Sum)
+            }
+        };
+        on_device(x, &self.group, &what, moving, |_| shape)
+    }
+}
 
 impl<B: Backend + SequenceParallelOps, C: CheckpointStrategy> SequenceParallelOps
     for Autodiff<B, C>
@@ -219,7 +288,10 @@ impl<B: Backend + SequenceParallelOps, C: CheckpointStrategy> SequenceParallelOp
             x,
             |x| B::sequence_transfer(x, step),
             |_, _| kept,
-            |step, g| step.host::<B>(g, step.backward),
+            |step, g| {
+                let m = step.backward;
+                B::sequence_move(g, step, m)
+            },
         )
     }
 
@@ -244,6 +316,11 @@ impl<B: Backend + SequenceParallelOps, C: CheckpointStrategy> SequenceParallelOp
                 step,
             )),
         }
+    }
+
+    fn sequence_move(x: FloatTensor<Self>, step: SequenceStep, m: Move) -> FloatTensor<Self> {
+        // Only reached through the backwards above (first-order autodiff).
+        Self::from_inner(B::sequence_move(x.into_primitive(), step, m))
     }
 }
 

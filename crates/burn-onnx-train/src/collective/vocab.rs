@@ -113,7 +113,7 @@ impl ShardedLogits {
                 .max_dim(0)
                 .reshape(dims));
         }
-        let mine = burn_ort_dist::host_values(x)
+        let mine = burn_ort_dist::collective_host_values(x)
             .map_err(|e| OpError(format!("vocabulary-parallel loss: {e}")))?;
         let all = self.gather(&mine)?;
         let max: Vec<f32> = (0..mine.len())

@@ -389,6 +389,8 @@ impl Trainer {
                     kernel_launches_per_update = launches,
                     device_memory_reserved_mib =
                         report.device_memory_reserved_bytes.map(|b| b >> 20),
+                    collective_host_round_trips_per_update =
+                        report.collective_host_round_trips_per_update,
                     "device work (perf.json lists the launches by kernel)"
                 );
             }

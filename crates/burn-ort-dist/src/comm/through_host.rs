@@ -11,7 +11,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::comm::communicator::{Communicator, DeviceCollectives, Forwarding, ReduceOp};
 use crate::error::{DistError, DistResult};
-use crate::storage::host_values::host_values;
+use crate::storage::host_values::collective_host_values;
 
 /// A group whose device collectives go through its host ones.
 pub struct ThroughHost {
@@ -36,7 +36,7 @@ impl ThroughHost {
     /// `t`'s values on the host, one call counted.
     fn values(&self, t: Tensor<1>) -> DistResult<Vec<f32>> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        host_values(t).map_err(|message| DistError::Invalid {
+        collective_host_values(t).map_err(|message| DistError::Invalid {
             rank: self.inner.rank(),
             message,
         })

@@ -160,7 +160,7 @@ impl ModuleMapper for Broadcast<'_> {
             let require = t.is_require_grad();
             let device = t.device();
             let shape = t.dims().to_vec();
-            let mut values = match crate::host_values(t.clone()) {
+            let mut values = match crate::collective_host_values(t.clone()) {
                 Ok(v) => v,
                 Err(e) => {
                     failed = Some(DistError::Invalid {

@@ -61,7 +61,7 @@ impl<F: Fn(ParamId) -> bool> ModuleVisitor for Collect<'_, F> {
         };
         let shape = g.dims().to_vec();
         // A gradient taken out owns its buffer: its values move out without a copy.
-        match crate::host_values(g) {
+        match crate::collective_host_values(g) {
             Ok(values) => self.slots.push(FlatGrad {
                 id: param.id,
                 shape,
@@ -124,7 +124,15 @@ pub fn put_flat<M: Module>(
     let mut restore = Restore {
         grads,
         slots: flat.into_iter().map(|f| (f.id, f)).collect(),
-        device: module.devices().into_iter().next().unwrap_or_default(),
+        // Gradients live on the module's inner device, as backward's do: a tensor made on
+        // the autodiff device would reach the optimizer as an autodiff tensor, which the
+        // GPU's fused update does not take.
+        device: module
+            .devices()
+            .into_iter()
+            .next()
+            .unwrap_or_default()
+            .inner(),
     };
     module.visit(&mut restore);
 }

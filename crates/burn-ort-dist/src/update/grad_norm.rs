@@ -152,7 +152,7 @@ pub(crate) fn grad_squares<M: Module>(
         return Ok(n.host);
     }
     let (ids, sums): (Vec<ParamId>, Vec<Tensor<1>>) = n.device.into_iter().unzip();
-    let values = crate::host_values(Tensor::cat(sums, 0))
+    let values = crate::collective_host_values(Tensor::cat(sums, 0))
         .map_err(|e| state_error(format!("cannot read the gradient norms: {e}")))?;
     Ok(ids
         .into_iter()

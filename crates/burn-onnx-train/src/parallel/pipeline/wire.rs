@@ -102,7 +102,7 @@ pub fn send_values(
             }
             Value::Float(f) => (
                 FLOAT,
-                burn_ort_dist::host_values(f.tensor.clone())
+                burn_ort_dist::collective_host_values(f.tensor.clone())
                     .map_err(|e| wire_err("reading an activation", e))?,
             ),
             Value::Int(a) => (

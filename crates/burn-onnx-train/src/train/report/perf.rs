@@ -36,6 +36,9 @@ pub struct DeviceWork {
     /// Bytes in use in them at the end of the update (parameters, optimizer state,
     /// anything kept across updates).
     pub in_use_bytes: Option<u64>,
+    /// Collectives that carried the device's values through host memory during the
+    /// update (`burn_ort_dist::host_round_trips_so_far`).
+    pub host_round_trips: Option<u64>,
 }
 
 /// Measures one update's [`DeviceWork`] on `device`: [`DeviceMeter::start`] before it,
@@ -43,6 +46,7 @@ pub struct DeviceWork {
 pub struct DeviceMeter {
     device: Device,
     launches_before: Option<LaunchCounts>,
+    round_trips_before: u64,
 }
 
 impl DeviceMeter {
@@ -51,22 +55,24 @@ impl DeviceMeter {
         DeviceMeter {
             device: device.clone(),
             launches_before: launches_so_far(device),
+            round_trips_before: burn_ort_dist::host_round_trips_so_far(),
         }
     }
 
-    /// The update's launches and the device's memory now.
+    /// The update's launches, its collectives' host round trips and the device's memory
+    /// now.
     pub fn finish(self) -> DeviceWork {
         let launches = launches_so_far(&self.device)
             .zip(self.launches_before)
             .map(|(now, before)| now.since(&before));
-        let usage = launches
-            .is_some()
-            .then(|| self.device.memory_pool_usage())
-            .flatten();
+        let on_device = launches.is_some();
+        let usage = on_device.then(|| self.device.memory_pool_usage()).flatten();
         DeviceWork {
             launches,
             reserved_bytes: usage.as_ref().map(|u| u.bytes_reserved),
             in_use_bytes: usage.as_ref().map(|u| u.bytes_in_use),
+            host_round_trips: on_device
+                .then(|| burn_ort_dist::host_round_trips_so_far() - self.round_trips_before),
         }
     }
 }
@@ -149,6 +155,10 @@ pub struct PerfReport {
     /// On a GPU: the most bytes in use at the end of an update (what the run keeps
     /// across updates: parameters, optimizer state, gradients held).
     pub device_memory_in_use_bytes: Option<u64>,
+    /// On a GPU: collectives per measured update that carried the device's values through
+    /// host memory (all this process's thread ranks together; 0 where every collective
+    /// stays on the device, as NCCL's groups keep them).
+    pub collective_host_round_trips_per_update: Option<f64>,
 }
 
 /// Bytes each rank holds, one value per rank in rank order.
@@ -333,6 +343,12 @@ impl PerfMeter {
                 .unwrap_or_default(),
             device_memory_reserved_bytes: device.iter().filter_map(|d| d.reserved_bytes).max(),
             device_memory_in_use_bytes: device.iter().filter_map(|d| d.in_use_bytes).max(),
+            collective_host_round_trips_per_update: device
+                .iter()
+                .map(|d| d.host_round_trips)
+                .sum::<Option<u64>>()
+                .filter(|_| !device.is_empty())
+                .map(|n| n as f64 / measured.len().max(1) as f64),
         }
     }
 }

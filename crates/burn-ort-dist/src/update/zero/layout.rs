@@ -313,9 +313,9 @@ fn finish(mut out: Vec<f32>, error: Option<String>, padded: usize) -> DistResult
     Ok(out)
 }
 
-/// A tensor's values as f32 on the host.
+/// A tensor's values as f32 on the host, for a collective (a counted round trip on a GPU).
 pub(crate) fn host<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, String> {
-    crate::host_values(t)
+    crate::collective_host_values(t)
 }
 
 struct ShardOf {

@@ -88,7 +88,7 @@ impl Pipelined {
                 .param_index(name)
                 .and_then(|i| grads.get::<MAX_RANK>(model.params()[i].id))
             {
-                let v = burn_ort_dist::host_values(g).map_err(|e| {
+                let v = burn_ort_dist::collective_host_values(g).map_err(|e| {
                     OnnxError::field("pipeline", format!("gradient of '{name}': {e}"))
                 })?;
                 flat[start..].copy_from_slice(&v);
