@@ -226,13 +226,31 @@ fn the_plan_marks_a_matmul_head_read_by_the_loss_only_on_gpu() {
     assert!(!mlp.with_low_precision_logits(&output).1);
 }
 
+/// How a test's thread ranks make their collective group from their communicator.
+type GroupOf<'a> =
+    &'a (dyn Fn(std::sync::Arc<dyn burn_ort_dist::Communicator>) -> CollectiveGroup + Send + Sync);
+
+/// `run` over groups that move device tensors themselves (`ThroughHost`: through the host
+/// here, as NCCL moves them on CUDA) and over plain ones: both results, and how many device
+/// collectives each rank's group made.
+fn on_both_paths<T>(run: impl Fn(GroupOf) -> T) -> (T, T, Vec<usize>) {
+    use burn_ort_dist::ThroughHost;
+    let counters = std::sync::Mutex::new(Vec::new());
+    let on_device = run(&|comm| {
+        let through = std::sync::Arc::new(ThroughHost::over(comm));
+        counters.lock().unwrap().push(through.clone());
+        CollectiveGroup(through)
+    });
+    let on_host = run(&CollectiveGroup);
+    let calls = counters.lock().unwrap().iter().map(|t| t.calls()).collect();
+    (on_device, on_host, calls)
+}
+
 /// Megatron's `g` and `f`'s backward, ZeRO-3's parameter gather and its backward's
 /// gradient scatter, and the vocabulary-parallel loss on 2 thread ranks over
 /// `group_of(comm)`: each rank's values after them (`g`'s sum, `f`'s input gradient, the
 /// gathered parameter, the chunk's gradient, the loss's rows and its logits' gradient).
-fn model_collectives_on_gpu(
-    group_of: impl Fn(std::sync::Arc<dyn burn_ort_dist::Communicator>) -> CollectiveGroup + Send + Sync,
-) -> Vec<[Vec<f32>; 6]> {
+fn model_collectives_on_gpu(group_of: GroupOf) -> Vec<[Vec<f32>; 6]> {
     use burn_onnx_train::collective::megatron::{tp_copy, tp_reduce};
     use burn_onnx_train::collective::param_gather::gather_param;
     let timeout = std::time::Duration::from_secs(120);
@@ -324,17 +342,9 @@ fn vocab_loss_closed_form(r: usize) -> (Vec<f32>, Vec<f32>) {
 
 #[test]
 fn tensor_parallel_and_zero_3_collectives_take_the_groups_device_path() {
-    // A group that moves device tensors itself (`ThroughHost` here: through the host, as
-    // NCCL moves them on CUDA) carries each of the four collectives once, with the values
-    // of the host path.
-    use burn_ort_dist::ThroughHost;
-    let counters = std::sync::Mutex::new(Vec::new());
-    let on_device = model_collectives_on_gpu(|comm| {
-        let through = std::sync::Arc::new(ThroughHost::over(comm));
-        counters.lock().unwrap().push(through.clone());
-        CollectiveGroup(through)
-    });
-    let on_host = model_collectives_on_gpu(CollectiveGroup);
+    // A group that moves device tensors itself carries each collective once, with the
+    // values of the host path.
+    let (on_device, on_host, calls) = on_both_paths(model_collectives_on_gpu);
     let want = |r: usize| {
         let chunk_grad = match r {
             0 => vec![1.5, 3.0, 4.5],
@@ -369,7 +379,6 @@ fn tensor_parallel_and_zero_3_collectives_take_the_groups_device_path() {
         }
     }
     // g, f's backward, the gather, its scatter; the loss's row maxima and its two sums.
-    let calls: Vec<usize> = counters.lock().unwrap().iter().map(|t| t.calls()).collect();
     assert_eq!(calls, [7, 7], "one device collective each");
 }
 
@@ -377,9 +386,7 @@ fn tensor_parallel_and_zero_3_collectives_take_the_groups_device_path() {
 /// forward with its backward (gather/scatter, scatter/gather, slice/gather) on a
 /// `[2, 4, 3]` tensor whose token axis is split in blocks of 2 (rank `r` holds token `r`
 /// of each block): each rank's outputs and input gradients.
-fn sequence_moves_on_gpu(
-    group_of: impl Fn(std::sync::Arc<dyn burn_ort_dist::Communicator>) -> CollectiveGroup + Send + Sync,
-) -> Vec<Vec<Vec<f32>>> {
+fn sequence_moves_on_gpu(group_of: GroupOf) -> Vec<Vec<Vec<f32>>> {
     use burn_onnx_train::collective::axis_split::AxisSplit;
     use burn_onnx_train::collective::sequence_parallel::{Move, SequenceStep, sequence_transfer};
     let timeout = std::time::Duration::from_secs(120);
@@ -424,14 +431,7 @@ fn sequence_moves_on_gpu(
 
 #[test]
 fn sequence_parallel_moves_take_the_groups_device_path() {
-    use burn_ort_dist::ThroughHost;
-    let counters = std::sync::Mutex::new(Vec::new());
-    let on_device = sequence_moves_on_gpu(|comm| {
-        let through = std::sync::Arc::new(ThroughHost::over(comm));
-        counters.lock().unwrap().push(through.clone());
-        CollectiveGroup(through)
-    });
-    let on_host = sequence_moves_on_gpu(CollectiveGroup);
+    let (on_device, on_host, calls) = on_both_paths(sequence_moves_on_gpu);
     assert_eq!(
         on_device, on_host,
         "the device path's values are the host path's"
@@ -443,7 +443,6 @@ fn sequence_parallel_moves_take_the_groups_device_path() {
         &[0.0, 1.0, 2.0, 100.0, 101.0, 102.0, 3.0, 4.0, 5.0]
     );
     // Gathers and scatters, forward and backward: five; a slice moves nothing.
-    let calls: Vec<usize> = counters.lock().unwrap().iter().map(|t| t.calls()).collect();
     assert_eq!(calls, [5, 5]);
 }
 
