@@ -8,7 +8,7 @@ use burn::backend::Cube;
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{
-    BackendTensor, DispatchAutodiffContext, DispatchTensor, DispatchTensorKind, Shape,
+    BackendTensor, DType, DispatchAutodiffContext, DispatchTensor, DispatchTensorKind, Shape,
     TensorMetadata,
 };
 use burn::tensor::Tensor;
@@ -18,7 +18,8 @@ use super::CollectiveGroup;
 
 /// `x` moved by `collective` through `group`'s device collectives, the result given the
 /// shape `shape_of` makes from the result's length; `Err(x)` when the group has none for
-/// `x`'s device. A failed collective panics (`what` names it), as on the host path.
+/// `x`'s device, or `x` is not f32. A failed collective panics (`what` names it), as on
+/// the host path.
 pub(super) fn on_device(
     x: FloatTensor<Cube>,
     group: &CollectiveGroup,
@@ -26,7 +27,13 @@ pub(super) fn on_device(
     collective: impl FnOnce(&dyn DeviceCollectives, Tensor<1>) -> DistResult<Tensor<1>>,
     shape_of: impl FnOnce(usize) -> Vec<usize>,
 ) -> Result<FloatTensor<Cube>, FloatTensor<Cube>> {
-    let Some(moves) = group.0.device_collectives() else {
+    // The device collectives move f32 values (gradients, activations: the products write
+    // f32 even under autocast).
+    let Some(moves) = group
+        .0
+        .device_collectives()
+        .filter(|_| x.dtype == DType::F32)
+    else {
         return Err(x);
     };
     let n = x.shape().num_elements();

@@ -102,7 +102,8 @@ impl ShardedLogits {
     fn group_max(&self, x: Tensor<2>) -> OpResult<Tensor<2>> {
         let (dims, device) = (x.dims(), x.device());
         let on_device = self.group.0.device_collectives();
-        if let Some(moves) = on_device.filter(|d| d.works_on(&device)) {
+        let f32_here = x.dtype() == burn::tensor::DType::F32;
+        if let Some(moves) = on_device.filter(|d| f32_here && d.works_on(&device)) {
             // The ranks' maxima side by side on the device, and their maximum.
             let n = dims[0] * dims[1];
             let all = moves

@@ -339,6 +339,12 @@ impl NcclCommunicator {
                 message: "NCCL moves tensors of Burn's CUDA backend only".into(),
             });
         };
+        if t.dtype != burn::backend::DType::F32 {
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!("NCCL moves f32 tensors here, not {:?}", t.dtype),
+            });
+        }
         Ok((burn_cubecl::kernel::into_contiguous(t), autodiff, device))
     }
 
