@@ -35,7 +35,8 @@ use burn_onnx_train::train::{DeviceSpec, RunSummary};
 use burn_onnx_train::value::{MAX_RANK, PhysTensor, padded};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use common::activation_checks::{
-    activation_problem, check_gelu_tanh, check_layer_norm, check_softmax, check_tanh,
+    activation_problem, check_gelu_tanh, check_gelu_tanh_biased, check_layer_norm, check_softmax,
+    check_tanh,
 };
 use common::fused_checks::{
     check, check_clipped_with_a_replaced_value, check_cross_entropy, check_f16_cross_entropy,
@@ -942,6 +943,7 @@ const GPU_SLACK: f64 = 10.0;
 fn fused_tanh_and_gelu_on_gpu_match_the_f64_closed_form() {
     check_tanh(&gpu().autodiff(), GPU_SLACK);
     check_gelu_tanh(&gpu().autodiff(), GPU_SLACK);
+    check_gelu_tanh_biased(&gpu().autodiff(), GPU_SLACK);
 }
 
 #[test]

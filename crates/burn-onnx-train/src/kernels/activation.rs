@@ -55,6 +55,27 @@ pub fn gelu_tanh(x: PhysTensor) -> PhysTensor {
     ))
 }
 
+/// `gelu_tanh(x + bias)`, `bias` broadcast to `x`; one op each way on CubeCL devices when
+/// `bias` is as long as `x`'s rows (`gelu_bias.rs`), the composition elsewhere.
+pub fn gelu_tanh_biased(x: PhysTensor, bias: PhysTensor) -> PhysTensor {
+    let (xd, bd) = (x.dims(), bias.dims());
+    let row_bias =
+        bd[..MAX_RANK - 1].iter().all(|&d| d == 1) && bd[MAX_RANK - 1] == xd[MAX_RANK - 1];
+    let fused = row_bias && fused_here(&x) && fused_here(&bias) && super::runs_cubecl(&x.device());
+    if !fused {
+        return gelu_tanh(x + bias);
+    }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    return PhysTensor::from_dispatch(
+        <burn::backend::Dispatch as super::gelu_bias::GeluBiasOps>::gelu_tanh_biased(
+            x.into_dispatch(),
+            bias.into_dispatch(),
+        ),
+    );
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    unreachable!("no CubeCL device in this build")
+}
+
 /// `softmax(x)` along physical axis `dim`.
 pub fn softmax(x: PhysTensor, dim: usize) -> PhysTensor {
     if !fused_here(&x) || dim != MAX_RANK - 1 {

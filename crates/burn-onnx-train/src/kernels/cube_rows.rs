@@ -200,17 +200,23 @@ pub enum Pointwise {
     GeluTanhBackward,
 }
 
-/// `out[i] = f(a[i], g[i])` for the comptime-chosen `f` (`g` unread by the forward ones).
+/// `out[i] = f(a[i] (+ bias[i % cols]), g[i])` for the comptime-chosen `f` (`g` unread by
+/// the forward ones; `bias`, of the rows' length, read when `with_bias`).
 #[cube(launch)]
 fn pointwise_kernel(
     a: &Tensor<f32>,
     g: &Tensor<f32>,
+    bias: &Tensor<f32>,
     out: &mut Tensor<f32>,
     #[comptime] f: Pointwise,
+    #[comptime] with_bias: bool,
 ) {
     let i = ABSOLUTE_POS;
     if i < a.len() {
-        let v = a[i];
+        let mut v = a[i];
+        if comptime![with_bias] {
+            v += bias[i % bias.len()];
+        }
         match comptime![f] {
             Pointwise::Tanh => out[i] = tanh_of(v),
             Pointwise::TanhBackward => out[i] = g[i] * (1.0 - v * v),
@@ -320,8 +326,20 @@ pub fn layer_norm_backward(
 
 /// `f` over every element of `a` (and `g`, for a backward).
 pub fn pointwise(a: CubeTensor, g: Option<CubeTensor>, f: Pointwise) -> CubeTensor {
+    pointwise_biased(a, None, g, f)
+}
+
+/// [`pointwise`] of `a` plus `bias` (as long as `a`'s rows, added to each) when given.
+pub fn pointwise_biased(
+    a: CubeTensor,
+    bias: Option<CubeTensor>,
+    g: Option<CubeTensor>,
+    f: Pointwise,
+) -> CubeTensor {
     let a = into_contiguous(a);
     let g = g.map(into_contiguous).unwrap_or_else(|| a.clone());
+    let with_bias = bias.is_some();
+    let bias = bias.map(into_contiguous).unwrap_or_else(|| a.clone());
     let client = a.client.clone();
     let out = empty_like(&a, a.shape());
     let (count, dim) = elementwise_grid(&client, a.shape().num_elements());
@@ -331,8 +349,10 @@ pub fn pointwise(a: CubeTensor, g: Option<CubeTensor>, f: Pointwise) -> CubeTens
         dim,
         a.into_tensor_arg(),
         g.into_tensor_arg(),
+        bias.into_tensor_arg(),
         out.clone().into_tensor_arg(),
         f,
+        with_bias,
     );
     out
 }

@@ -9,6 +9,8 @@
 //!   same pass, with one read-back for all gradients (CubeCL);
 //! - [`tanh`], [`gelu_tanh`] and [`softmax`]: one pass each way with vectorizable
 //!   `exp`/`tanh` (Flex), compiled for AVX-512 or AVX2 when the CPU has them (`simd`);
+//!   [`gelu_tanh_biased`]: the bias of the product before it added inside the GELU's
+//!   kernels (CubeCL);
 //! - [`layer_norm`]: layer normalisation of rows, forward and backward each one pass,
 //!   saving only the input and each row's mean and inverse deviation (Flex);
 //! - [`masked_fill`]: `Where` with a constant scalar branch (attention masks), the mask
@@ -52,6 +54,8 @@ mod cube_optim;
 mod cube_rows;
 mod fast_math;
 mod fused_adam;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod gelu_bias;
 mod host;
 mod host_optim;
 pub mod launch_tally;
@@ -69,7 +73,7 @@ mod simd;
 mod transpose;
 mod unscale;
 
-pub use activation::{gelu_tanh, softmax, tanh};
+pub use activation::{gelu_tanh, gelu_tanh_biased, softmax, tanh};
 pub use attention_core::attention_core;
 pub use conv::conv2d;
 pub use cross_entropy::{

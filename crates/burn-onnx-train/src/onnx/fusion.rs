@@ -6,7 +6,9 @@
 //!
 //! - GELU, tanh form (`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`: HF's `gelu_new`,
 //!   as PyTorch's TorchScript and dynamo exporters and our builder write it, 8 nodes) ->
-//!   `Gelu(approximate = "tanh")`.
+//!   `Gelu(approximate = "tanh")`; then the `Add` of a 1-D initializer before it (the bias
+//!   of the product feeding it, the sum read by the `Gelu` alone) -> that `Gelu` with
+//!   inputs `[x, bias]`: on CubeCL devices the bias is added inside the GELU's kernels.
 //! - Conv followed by Relu (the Conv's output read by the Relu alone) -> the Conv marked
 //!   with [`FUSED_ACTIVATION`] = `"Relu"`: `kernels::conv2d` applies the ReLU to each image's
 //!   output while it is in cache and masks the gradient in its backward, instead of a pass
@@ -28,7 +30,7 @@
 //!   tensor for its backward (`kernels::attention_core`). Runs after the masked softmax's
 //!   fusion.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::graph::attributes::{
     ATTENTION_CORE, Attr, Attributes, FUSED_ACTIVATION, MASKED_SOFTMAX,
@@ -288,6 +290,47 @@ pub fn fuse_gelu(graph: &mut Graph) -> usize {
             attrs,
             op: ops::lookup("Gelu").expect("Gelu is an op"),
         };
+    }
+    remove_nodes(graph, &drop);
+    found.len()
+}
+
+/// Fold into every tanh-form `Gelu` the `Add` before it of a 1-D initializer (the bias of
+/// the product feeding it) when the `Gelu` alone reads the sum: the `Gelu` takes
+/// `[x, bias]` (`kernels::gelu_tanh_biased`). Returns how many.
+pub fn fuse_gelu_bias(graph: &mut Graph) -> usize {
+    let one_d: HashSet<&str> = graph
+        .initializers
+        .iter()
+        .filter(|(_, init)| init.shape().len() == 1)
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let found: Vec<(usize, usize, [String; 2])> = {
+        let view = View::new(graph);
+        graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.op_type == "Gelu" && n.inputs.len() == 1)
+            .filter(|(_, n)| n.attrs.string("approximate", "none").ok().as_deref() == Some("tanh"))
+            .filter_map(|(g, n)| {
+                let add = view.sole(&n.inputs[0], "Add")?;
+                let [a, b] = &graph.nodes[add].inputs[..] else {
+                    return None;
+                };
+                let inputs = match (one_d.contains(a.as_str()), one_d.contains(b.as_str())) {
+                    (false, true) => [a.clone(), b.clone()],
+                    (true, false) => [b.clone(), a.clone()],
+                    _ => return None,
+                };
+                Some((g, add, inputs))
+            })
+            .collect()
+    };
+    let mut drop = vec![false; graph.nodes.len()];
+    for (gelu, add, inputs) in &found {
+        drop[*add] = true;
+        graph.nodes[*gelu].inputs = inputs.to_vec();
     }
     remove_nodes(graph, &drop);
     found.len()

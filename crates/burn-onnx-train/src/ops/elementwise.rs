@@ -193,9 +193,18 @@ pub fn tanh(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
     unary(ctx, inputs, crate::kernels::tanh)
 }
 
-/// `Gelu` (opset 20; `approximate` = "none" or "tanh")
-pub fn gelu(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
-    match ctx.attrs.string("approximate", "none")?.as_str() {
+/// `Gelu` (opset 20; `approximate` = "none" or "tanh"). A second input is the bias of the
+/// product before it, folded in on load (`onnx::fusion::fuse_gelu_bias`, tanh form only).
+pub fn gelu(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    let approximate = ctx.attrs.string("approximate", "none")?;
+    if inputs.0.len() == 2 && approximate == "tanh" {
+        let x = inputs.float(0, "X", ctx.device)?;
+        let bias = inputs.float(1, "bias", ctx.device)?;
+        let rank = x.rank.max(bias.rank);
+        let y = crate::kernels::gelu_tanh_biased(x.tensor, bias.tensor);
+        return Ok(Value::Float(FloatValue::new(y, rank)).into());
+    }
+    match approximate.as_str() {
         "none" => unary(ctx, inputs, activation::gelu),
         "tanh" => unary(ctx, inputs, crate::kernels::gelu_tanh),
         other => op_bail!("attribute `approximate` must be \"none\" or \"tanh\", got {other:?}"),

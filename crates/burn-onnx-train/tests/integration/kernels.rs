@@ -25,6 +25,8 @@ fn tanh_forward_and_backward_match_the_f64_closed_form() {
 #[test]
 fn gelu_tanh_forward_and_backward_match_the_f64_closed_form() {
     check_gelu_tanh(&Device::flex().autodiff(), 1.0);
+    // The bias's composition on the CPU (the fused op is the GPU's).
+    check_gelu_tanh_biased(&Device::flex().autodiff(), 1.0);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! fused kernels, `gpu.rs` on the CubeCL ones.
 
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_onnx_train::kernels::{gelu_tanh, layer_norm, softmax, tanh};
+use burn_onnx_train::kernels::{gelu_tanh, gelu_tanh_biased, layer_norm, softmax, tanh};
 use burn_onnx_train::value::{MAX_RANK, PhysTensor, padded};
 
 use super::lcg;
@@ -98,6 +98,64 @@ pub fn check_gelu_tanh(device: &Device, slack: f64) {
     }
     assert_close_rel("gelu", &y, &want_y, 1e-6 * slack, 1e-7 * slack);
     assert_close_rel("gelu gradient", &g, &want_g, 1e-5 * slack, 1e-6 * slack);
+}
+
+/// GELU (tanh form) of `x + bias` on `device` against f64: the output, and the gradients of
+/// `sum(w * y)` for `x` and for `bias` (its sum over the rows); tolerances times `slack`.
+pub fn check_gelu_tanh_biased(device: &Device, slack: f64) {
+    let (rows, cols) = (37, 1000);
+    let (x, w) = activation_problem(rows, cols);
+    let bias: Vec<f32> = (0..cols).map(|j| 2.0 * (j as f32 * 0.37).sin()).collect();
+    let tensor = |values: Vec<f32>, shape: &[usize]| {
+        PhysTensor::from_data(
+            TensorData::new(values, padded(shape).unwrap().to_vec()),
+            device,
+        )
+        .require_grad()
+    };
+    let (xt, bt) = (
+        tensor(x.clone(), &[rows, cols]),
+        tensor(bias.clone(), &[cols]),
+    );
+    let y = gelu_tanh_biased(xt.clone(), bt.clone());
+    let weights = PhysTensor::from_data(
+        TensorData::new(w.clone(), padded(&[rows, cols]).unwrap().to_vec()),
+        device,
+    );
+    let grads = (y.clone() * weights).sum().backward();
+    let read = |t: PhysTensor| t.into_data().try_to_vec::<f32>().unwrap();
+    let (got_y, got_dx, got_db) = (
+        read(y.inner()),
+        read(xt.grad(&grads).unwrap()),
+        read(bt.grad(&grads).unwrap()),
+    );
+    let (k, c) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+    let (mut want_y, mut want_dx, mut want_db) = (Vec::new(), Vec::new(), vec![0.0; cols]);
+    for (i, (&x, &w)) in x.iter().zip(&w).enumerate() {
+        let v = f64::from(x) + f64::from(bias[i % cols]);
+        let t = (k * (v + c * v * v * v)).tanh();
+        want_y.push(0.5 * v * (1.0 + t));
+        let dx = f64::from(w)
+            * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3.0 * c * v * v));
+        want_dx.push(dx);
+        want_db[i % cols] += dx;
+    }
+    assert_close_rel("biased gelu", &got_y, &want_y, 1e-6 * slack, 1e-6 * slack);
+    assert_close_rel(
+        "biased gelu, x's gradient",
+        &got_dx,
+        &want_dx,
+        1e-5 * slack,
+        1e-6 * slack,
+    );
+    // The bias's gradient sums 37 rows: f32's summation noise.
+    assert_close_rel(
+        "biased gelu, bias's gradient",
+        &got_db,
+        &want_db,
+        1e-5 * slack,
+        1e-5 * slack,
+    );
 }
 
 /// Softmax over the last axis on `device` against f64, for each `(rows, cols)` of `shapes`;

@@ -1,0 +1,102 @@
+//! GELU (tanh form) of `x + bias` as one op on CubeCL devices: the bias of the product
+//! before it (GPT-2's `c_fc`) added inside the activation's kernel, forward and backward,
+//! instead of by an `Add` writing and reading the `[rows, 4 x width]` sum in between
+//! (`onnx::fusion::fuse_gelu_bias`). Backward: the input's gradient `g gelu'(x + bias)` in
+//! one launch, the bias's its sum over the rows (what the `Add`'s backward reduced too).
+
+use burn::backend::Cube;
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{AutodiffBackend, Backend, Shape, TensorMetadata, backend_extension};
+
+use super::cube_rows::{self, Pointwise};
+
+/// The op as a backend extension (CubeCL, and Autodiff over it).
+#[backend_extension(Cube, Autodiff)]
+pub trait GeluBiasOps: Backend {
+    /// GELU (tanh form) of `x + bias`, `bias` as long as `x`'s rows (f32).
+    fn gelu_tanh_biased(x: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `g gelu'(x + bias)`.
+    fn gelu_tanh_biased_backward(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+}
+
+impl GeluBiasOps for Cube {
+    fn gelu_tanh_biased(x: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        cube_rows::pointwise_biased(x, Some(bias), None, Pointwise::GeluTanh)
+    }
+
+    fn gelu_tanh_biased_backward(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        cube_rows::pointwise_biased(x, Some(bias), Some(g), Pointwise::GeluTanhBackward)
+    }
+}
+
+/// The input's gradient in one launch, the bias's its sum over the rows.
+#[derive(Debug)]
+struct GeluBiasBackward;
+
+impl<B: Backend + GeluBiasOps> Backward<B, 2> for GeluBiasBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [x_node, bias_node] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        let (x, bias) = ops.state;
+        let bias_shape = bias.shape();
+        let dx = B::gelu_tanh_biased_backward(x, bias, g);
+        if let Some(node) = bias_node {
+            let cols = bias_shape.num_elements();
+            let rows = dx.shape().num_elements() / cols;
+            let flat = B::float_reshape(dx.clone(), Shape::new([rows, cols]));
+            let db = B::float_reshape(B::float_sum_dim(flat, 0), bias_shape);
+            grads.register::<B>(node.id, db);
+        }
+        if let Some(node) = x_node {
+            grads.register::<B>(node.id, dx);
+        }
+    }
+}
+
+impl<B: Backend + GeluBiasOps, C: CheckpointStrategy> GeluBiasOps for Autodiff<B, C> {
+    fn gelu_tanh_biased(x: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        match GeluBiasBackward
+            .prepare::<C>([x.node(), bias.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (x, bias) = (x.into_primitive(), bias.into_primitive());
+                let out = B::gelu_tanh_biased(x.clone(), bias.clone());
+                prep.finish((x, bias), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::gelu_tanh_biased(
+                x.into_primitive(),
+                bias.into_primitive(),
+            )),
+        }
+    }
+
+    fn gelu_tanh_biased_backward(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        // Only reached through the backward above (first-order autodiff).
+        Self::from_inner(B::gelu_tanh_biased_backward(
+            x.into_primitive(),
+            bias.into_primitive(),
+            g.into_primitive(),
+        ))
+    }
+}
