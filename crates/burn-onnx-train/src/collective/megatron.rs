@@ -63,7 +63,7 @@ impl TensorParallelOps for Cube {
         let shape = x.shape().to_vec();
         let what = "tensor-parallel all-reduce";
         let sum = |d: &dyn DeviceCollectives, t| d.all_reduce(t, ReduceOp::Sum);
-        on_device(x, &group, what, sum, |_| shape)
+        on_device(x, &group, what, sum, shape)
             .unwrap_or_else(|x| host_all_reduce::<Self>(x, &group))
     }
 }

@@ -16,16 +16,15 @@ use burn_ort_dist::{DeviceCollectives, DistResult};
 
 use super::CollectiveGroup;
 
-/// `x` moved by `collective` through `group`'s device collectives, the result given the
-/// shape `shape_of` makes from the result's length; `Err(x)` when the group has none for
-/// `x`'s device, or `x` is not f32. A failed collective panics (`what` names it), as on
-/// the host path.
+/// `x` moved by `collective` through `group`'s device collectives, the result of `shape`;
+/// `Err(x)` when the group has none for `x`'s device, or `x` is not f32. A failed
+/// collective panics (`what` names it), as on the host path.
 pub(super) fn on_device(
     x: FloatTensor<Cube>,
     group: &CollectiveGroup,
     what: &str,
     collective: impl FnOnce(&dyn DeviceCollectives, Tensor<1>) -> DistResult<Tensor<1>>,
-    shape_of: impl FnOnce(usize) -> Vec<usize>,
+    shape: Vec<usize>,
 ) -> Result<FloatTensor<Cube>, FloatTensor<Cube>> {
     // The device collectives move f32 values (gradients, activations: the products write
     // f32 even under autocast).
@@ -51,9 +50,8 @@ pub(super) fn on_device(
         return Err(x);
     }
     let moved = collective(moves, flat).unwrap_or_else(|e| panic!("{what} failed: {e}"));
-    let len = moved.dims()[0];
     let DispatchTensorKind::Cube(BackendTensor::Float(y)) = moved.into_dispatch().kind else {
         panic!("{what}: the group's device collective returned a tensor of another backend")
     };
-    Ok(Cube::float_reshape(y, Shape::from(shape_of(len))))
+    Ok(Cube::float_reshape(y, Shape::from(shape)))
 }

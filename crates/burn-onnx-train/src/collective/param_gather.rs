@@ -109,8 +109,7 @@ impl ParamGatherOps for Cube {
         let what = "ZeRO-3 parameter gather";
         // The chunks are padded to equal lengths: the whole is the first `numel` values.
         let gather = |d: &dyn DeviceCollectives, t| Ok(d.all_gather(t)?.slice(0..numel));
-        let whole = shape.clone();
-        on_device(chunk, &group, what, gather, |_| whole)
+        on_device(chunk, &group, what, gather, shape.clone())
             .unwrap_or_else(|chunk| host_gather::<Self>(chunk, shape, &group))
     }
 
@@ -131,7 +130,7 @@ impl ParamGatherOps for Cube {
             };
             d.reduce_scatter(t, ReduceOp::Mean)
         };
-        on_device(grad, &group, what, scatter, |_| chunk_shape.clone())
+        on_device(grad, &group, what, scatter, chunk_shape.clone())
             .unwrap_or_else(|g| host_reduce_scatter::<Self>(g, chunk_shape.clone(), &group))
     }
 }

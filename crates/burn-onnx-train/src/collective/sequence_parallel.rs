@@ -275,7 +275,7 @@ impl SequenceStep {
                 d.reduce_scatter(send, ReduceOp::Sum)
             }
         };
-        on_device(x, &self.group, &what, moving, |_| shape)
+        on_device(x, &self.group, &what, moving, shape)
     }
 }
 
