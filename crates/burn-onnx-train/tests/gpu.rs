@@ -120,16 +120,8 @@ fn padded_heads_on_gpu_give_pytorchs_loss_and_gradients() {
 /// loss's error against PyTorch's f32 loss, and each gradient's largest error against
 /// PyTorch's as a fraction of that gradient's largest value.
 fn f16_head_errors(logits_in: DType) -> (f32, Vec<(String, f32)>) {
-    use burn_onnx_train::graph::Graph;
-    use burn_onnx_train::graph::initializer_ties::TieOptions;
     use burn_onnx_train::model::loss::{Logits, lm_cross_entropy};
-    // Every initializer its own parameter, as the kit's references train them.
-    let ties = TieOptions {
-        tie_duplicates: false,
-        ..TieOptions::default()
-    };
-    let graph = Graph::load_with(refkit("models/gpt2_tiny.onnx"), ties).unwrap();
-    let model = OnnxModel::from_graph(graph, &gpu().autodiff()).unwrap();
+    let model = Case::new("gpt2_tiny", "gpt2_tiny").load(&gpu().autodiff());
     let model = match logits_in {
         DType::F32 => model,
         _ => {

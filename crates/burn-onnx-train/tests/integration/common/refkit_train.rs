@@ -48,7 +48,7 @@ impl Case {
     /// The kit's model with every initializer a parameter of its own: its references train
     /// GPT-2's folded `lm_head` copy apart from the embedding (refkit README, as
     /// onnxruntime-training does), so duplicates are reported, not tied.
-    fn load(&self, device: &Device) -> OnnxModel {
+    pub fn load(&self, device: &Device) -> OnnxModel {
         let path = refkit(&format!("models/{}.onnx", self.model));
         let ties = TieOptions {
             tie_duplicates: false,
