@@ -39,8 +39,8 @@ use common::activation_checks::{
     check_tanh,
 };
 use common::fused_checks::{
-    check, check_clipped_with_a_replaced_value, check_cross_entropy, check_f16_cross_entropy,
-    check_scaled_update_skips_on_overflow, host, host2,
+    Groups, check, check_clipped_with_a_replaced_value, check_cross_entropy,
+    check_f16_cross_entropy, check_scaled_update_skips_on_overflow, host, host2,
 };
 use common::refkit_train::*;
 use common::*;
@@ -1497,30 +1497,44 @@ fn fused_unscale_matches_and_flags_inf_and_nan_across_gradients() {
 
 #[test]
 fn gpu_fused_adamw_matches_burns_adamw_and_their_records_interchange() {
-    check(OptimizerKind::Adamw, gpu().autodiff());
+    check(OptimizerKind::Adamw, gpu().autodiff(), Groups::Default);
 }
 
 #[test]
 fn gpu_fused_adam_matches_burns_adam_and_their_records_interchange() {
-    check(OptimizerKind::Adam, gpu().autodiff());
+    check(OptimizerKind::Adam, gpu().autodiff(), Groups::Default);
 }
 
 #[test]
 fn gpu_fused_clipped_step_matches_burns_and_notices_a_replaced_value() {
-    check_clipped_with_a_replaced_value(OptimizerKind::Adamw, gpu().autodiff());
-    check_clipped_with_a_replaced_value(OptimizerKind::Lamb, gpu().autodiff());
+    check_clipped_with_a_replaced_value(OptimizerKind::Adamw, gpu().autodiff(), Groups::Default);
+    check_clipped_with_a_replaced_value(OptimizerKind::Lamb, gpu().autodiff(), Groups::Default);
 }
 
 #[test]
 fn gpu_fused_update_divides_loss_scaled_gradients_and_skips_itself_on_overflow() {
-    check_scaled_update_skips_on_overflow(OptimizerKind::Adamw, gpu().autodiff());
-    check_scaled_update_skips_on_overflow(OptimizerKind::Adam, gpu().autodiff());
-    check_scaled_update_skips_on_overflow(OptimizerKind::Lamb, gpu().autodiff());
+    check_scaled_update_skips_on_overflow(OptimizerKind::Adamw, gpu().autodiff(), Groups::Default);
+    check_scaled_update_skips_on_overflow(OptimizerKind::Adam, gpu().autodiff(), Groups::Default);
+    check_scaled_update_skips_on_overflow(OptimizerKind::Lamb, gpu().autodiff(), Groups::Default);
 }
 
 #[test]
 fn gpu_fused_lamb_matches_burns_lamb_and_their_records_interchange() {
-    check(OptimizerKind::Lamb, gpu().autodiff());
+    check(OptimizerKind::Lamb, gpu().autodiff(), Groups::Default);
+}
+
+/// The fused update with its flat buffers cut into many groups, as on a device that
+/// allocates less at once than a model's parameters take (64 KiB: gpt2_tiny's larger
+/// tensors each alone, its small ones together): Burn's optimizer's results, plain,
+/// clipped (the norm summed over every group) and loss-scaled, and records that
+/// interchange with Burn's.
+#[test]
+fn gpu_fused_update_in_groups_matches_burns() {
+    let groups = Groups::Bytes(64 << 10);
+    check(OptimizerKind::Adamw, gpu().autodiff(), groups);
+    check(OptimizerKind::Lamb, gpu().autodiff(), groups);
+    check_clipped_with_a_replaced_value(OptimizerKind::Adamw, gpu().autodiff(), groups);
+    check_scaled_update_skips_on_overflow(OptimizerKind::Lamb, gpu().autodiff(), groups);
 }
 
 /// NCCL through the real library (CUDA only): a group of one, started without MPI, through

@@ -1,6 +1,7 @@
-//! The `#[cube]` kernels of the multi-tensor optimizer (see `fused_adam.rs`) and their
-//! launches. All parameters of a model lie end to end in one flat f32 buffer, each padded
-//! to a whole number of chunks of `chunk` values, so a chunk belongs to one parameter:
+//! The `#[cube]` kernels of the multi-tensor optimizer (see `fused_adam/`) and their
+//! launches. The parameters of a model lie end to end in flat f32 buffers (one, or one per
+//! group where a device caps an allocation's size), each padded to a whole number of
+//! chunks of `chunk` values, so a chunk belongs to one parameter:
 //! `chunk_starts[t]` is the first chunk of parameter `t` (the last entry is the chunk
 //! count; f32 holds chunk indices exactly up to 2^24 chunks). `factors[t]` is parameter
 //! `t`'s weight-decay term for this step. One cube updates one chunk.
@@ -14,8 +15,9 @@
 //!
 //! The gradients reach the flat layout four parameters a launch ([`lay_out_four`]), each
 //! written at its offset with zeros to its padded end. A clipped update measures the flat
-//! gradient in two launches ([`clip_factor`]: partial sums of squares per chunk, then one
-//! cube for the sum and `clip_grad_norm_`'s factor) and the update kernels multiply each
+//! gradient ([`chunk_squares`]: partial sums of squares per chunk, one launch per flat
+//! buffer, all into one vector; [`clip_factor`]: one cube for the sum and
+//! `clip_grad_norm_`'s factor) and the update kernels multiply each
 //! gradient by that factor as they read it: the norm and the factor stay on the device, so
 //! the update never waits for a read-back, and the gradient is not rewritten scaled.
 
@@ -389,11 +391,12 @@ fn clip_arg(clip: Option<(CubeTensor, ClipMode)>, hyper: &CubeTensor) -> (CubeTe
     }
 }
 
-/// One cube per chunk: the chunk's sum of squares of `grads` into `partials[c]`.
+/// One cube per chunk: the chunk's sum of squares of `grads` into `partials[first + c]`.
 #[cube(launch)]
 fn chunk_squares_kernel(
     grads: &Tensor<f32>,
     partials: &mut Tensor<f32>,
+    first: u32,
     #[comptime] chunk: u32,
     #[comptime] threads: u32,
 ) {
@@ -409,7 +412,7 @@ fn chunk_squares_kernel(
         }
         let total = cube_sum(sum, threads);
         if UNIT_POS_X == 0 {
-            partials[c] = total;
+            partials[first as usize + c] = total;
         }
     }
 }
@@ -460,17 +463,19 @@ fn clip_factor_kernel(
     }
 }
 
-/// `[sum of squares, factor, finite]` of the flat gradient `grads` (a whole number of
-/// chunks) divided by a loss scale (`unscale` = 1 / scale; 1 without one), for the limit
-/// `max_norm` (0: no clipping), on the device ([`clip_factor_kernel`]): two launches.
-pub fn clip_factor(grads: CubeTensor, max_norm: f32, unscale: f32) -> CubeTensor {
+/// The sums of squares of `grads` (flat, a whole number of chunks) chunk by chunk, into
+/// `partials` from its entry `first` on: one launch. Returns `partials`.
+pub fn chunk_squares(grads: CubeTensor, partials: CubeTensor, first: usize) -> CubeTensor {
     let grads = readable(grads, "gradients");
-    let (client, device) = (grads.client.clone(), grads.device.clone());
+    let partials = writable(partials, "partial sums");
+    let client = grads.client.clone();
     let chunks = grads.shape().num_elements() / CHUNK;
-    let empty = |len: usize| {
-        empty_device_contiguous_dtype(client.clone(), device.clone(), [len].into(), DType::F32)
-    };
-    let (partials, out) = (empty(chunks), empty(3));
+    assert!(
+        first + chunks <= partials.shape().num_elements(),
+        "multi-tensor update: chunks {first}..{} past the {} partial sums",
+        first + chunks,
+        partials.shape().num_elements()
+    );
     let dim = CubeDim::new_1d(THREADS);
     chunk_squares_kernel::launch(
         &client,
@@ -478,13 +483,30 @@ pub fn clip_factor(grads: CubeTensor, max_norm: f32, unscale: f32) -> CubeTensor
         dim,
         grads.into_tensor_arg(),
         partials.clone().into_tensor_arg(),
+        first as u32,
         CHUNK as u32,
         THREADS,
+    );
+    partials
+}
+
+/// `[sum of squares, factor, finite]` of a gradient whose sums of squares per chunk are
+/// `partials` ([`chunk_squares`]), divided by a loss scale (`unscale` = 1 / scale; 1
+/// without one), for the limit `max_norm` (0: no clipping), on the device
+/// ([`clip_factor_kernel`]): one launch.
+pub fn clip_factor(partials: CubeTensor, max_norm: f32, unscale: f32) -> CubeTensor {
+    let partials = readable(partials, "partial sums");
+    let client = partials.client.clone();
+    let out = empty_device_contiguous_dtype(
+        client.clone(),
+        partials.device.clone(),
+        [3].into(),
+        DType::F32,
     );
     clip_factor_kernel::launch(
         &client,
         CubeCount::Static(1, 1, 1),
-        dim,
+        CubeDim::new_1d(THREADS),
         partials.into_tensor_arg(),
         out.clone().into_tensor_arg(),
         max_norm,

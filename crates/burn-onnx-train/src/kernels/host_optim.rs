@@ -1,4 +1,4 @@
-//! The fused Adam / AdamW / LAMB update (see `fused_adam.rs`) on the CPU's Flex backend:
+//! The fused Adam / AdamW / LAMB update (see `fused_adam/`) on the CPU's Flex backend:
 //! each parameter updated in place in its own buffer, one pass over parameter, gradient and
 //! moments, chunks in parallel, each chunk's loop compiled for the widest vector unit
 //! ([`simd::vectorized`]). No flat copy of parameters or gradients is made (on a device the

@@ -35,7 +35,8 @@
 //! - [`max_pool2d`]: max pooling with window bounds worked out once per call and a
 //!   backward that finds each maximum again instead of keeping indices (Flex);
 //! - [`FusedAdam`]: Adam, AdamW and LAMB over all parameters in one pass (three for LAMB)
-//!   on flat buffers, one launch on CubeCL devices, one parallel loop on the CPU: the
+//!   on flat buffers, one launch per group of up to 128 MiB on CubeCL devices, one
+//!   parallel loop on the CPU: the
 //!   optimizer of replicated runs.
 
 mod activation;
@@ -92,7 +93,7 @@ use burn::tensor::Device;
 
 use crate::value::{MAX_RANK, PhysTensor};
 
-/// Values per chunk of the fused optimizers' flat buffers (`fused_adam.rs`, and the
+/// Values per chunk of the fused optimizers' flat buffers (`fused_adam/`, and the
 /// CubeCL kernel in `cube_optim.rs`): a chunk belongs to one parameter, a multiple of the
 /// kernel's cube size.
 pub(crate) const FLAT_CHUNK: usize = 2048;
@@ -111,6 +112,18 @@ pub fn reshape(x: PhysTensor, dims: [usize; MAX_RANK]) -> PhysTensor {
         );
     }
     x.reshape(dims)
+}
+
+/// The largest allocation `device` makes at once, in bytes, where it runs CubeCL kernels
+/// (cubecl's page limit: wgpu without 64-bit indexing caps it at 128 MiB); `None`
+/// elsewhere.
+pub fn largest_allocation(device: &Device) -> Option<u64> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let burn::backend::DispatchDevice::Cube(cube) = device.clone().inner().as_dispatch() {
+        return Some(cube.client().properties().memory.max_page_size);
+    }
+    let _ = device;
+    None
 }
 
 /// Whether `device` (or the device an autodiff device wraps) runs CubeCL kernels.

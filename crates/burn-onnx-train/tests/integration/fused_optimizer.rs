@@ -14,7 +14,7 @@ use burn_onnx_train::kernels::FusedAdam;
 use burn_onnx_train::train::DeviceSpec;
 use burn_onnx_train::train::config::OptimizerKind;
 use burn_onnx_train::train::optimizer::flat_rule;
-use common::fused_checks::{check, check_clipped_with_a_replaced_value, config};
+use common::fused_checks::{Groups, check, check_clipped_with_a_replaced_value, config};
 
 fn cpu() -> Device {
     DeviceSpec::Cpu.device(0).unwrap().autodiff()
@@ -22,22 +22,22 @@ fn cpu() -> Device {
 
 #[test]
 fn cpu_fused_adamw_matches_burns_adamw_and_their_records_interchange() {
-    check(OptimizerKind::Adamw, cpu());
+    check(OptimizerKind::Adamw, cpu(), Groups::Default);
 }
 
 #[test]
 fn cpu_fused_adam_matches_burns_adam_and_their_records_interchange() {
-    check(OptimizerKind::Adam, cpu());
+    check(OptimizerKind::Adam, cpu(), Groups::Default);
 }
 
 #[test]
 fn cpu_fused_lamb_matches_burns_lamb_and_their_records_interchange() {
-    check(OptimizerKind::Lamb, cpu());
+    check(OptimizerKind::Lamb, cpu(), Groups::Default);
 }
 
 #[test]
 fn cpu_fused_clipped_step_matches_burns_and_takes_a_replaced_value() {
-    check_clipped_with_a_replaced_value(OptimizerKind::Adamw, cpu());
+    check_clipped_with_a_replaced_value(OptimizerKind::Adamw, cpu(), Groups::Default);
 }
 
 #[test]

@@ -365,10 +365,28 @@ fn assert_within(what: &str, got: &OnnxModel, want: &OnnxModel, initial: &OnnxMo
     );
 }
 
-pub fn check(kind: OptimizerKind, device: Device) {
+/// How the fused optimizer of a check cuts its flat buffers on a CubeCL device.
+#[derive(Clone, Copy, Debug)]
+pub enum Groups {
+    /// Its default (gpt2_tiny's parameters in one group).
+    Default,
+    /// Groups of at most this many bytes (gpt2_tiny's in many).
+    Bytes(usize),
+}
+
+/// The fused form of `c`'s optimizer for `initial`, its buffers cut as `groups` says.
+fn fused_optimizer(c: &OptimizerConfig, initial: &OnnxModel, groups: Groups) -> FusedAdam {
+    let fused = FusedAdam::new(flat_rule(c), weight_decays(c, initial)).unwrap();
+    match groups {
+        Groups::Default => fused,
+        Groups::Bytes(bytes) => fused.with_group_bytes(bytes),
+    }
+}
+
+pub fn check(kind: OptimizerKind, device: Device, groups: Groups) {
     let c = config(kind);
     let initial = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
-    let fused_new = || FusedAdam::new(flat_rule(&c), weight_decays(&c, &initial)).unwrap();
+    let fused_new = || fused_optimizer(&c, &initial, groups);
     let (mut fused, mut burn) = (fused_new(), build_optimizer(&c, &initial));
     let (mut a, mut b) = (initial.clone(), initial.clone());
     let lrs = [1e-2, 5e-3, 2e-3, 1e-3];
@@ -426,10 +444,10 @@ impl burn::module::ModuleMapper for Halve {
 /// after the per-parameter clip, with gradients whose norm exceeds the limit; then one
 /// parameter replaced by a new value between steps (the laid-out buffer is stale, and the
 /// fused step must notice), and two more steps.
-pub fn check_clipped_with_a_replaced_value(kind: OptimizerKind, device: Device) {
+pub fn check_clipped_with_a_replaced_value(kind: OptimizerKind, device: Device, groups: Groups) {
     let c = config(kind);
     let initial = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
-    let mut fused = FusedAdam::new(flat_rule(&c), weight_decays(&c, &initial)).unwrap();
+    let mut fused = fused_optimizer(&c, &initial, groups);
     let mut burn = build_optimizer(&c, &initial);
     let (mut a, mut b) = (initial.clone(), initial.clone());
     let max_norm = 0.5;
@@ -467,10 +485,10 @@ pub fn check_clipped_with_a_replaced_value(kind: OptimizerKind, device: Device) 
 /// overflow and an infinite norm and leaves every parameter as it was, and the next ones
 /// match Burn's optimizer that never saw it (the skipped step is not counted in Adam's
 /// bias correction).
-pub fn check_scaled_update_skips_on_overflow(kind: OptimizerKind, device: Device) {
+pub fn check_scaled_update_skips_on_overflow(kind: OptimizerKind, device: Device, groups: Groups) {
     let c = config(kind);
     let initial = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
-    let mut fused = FusedAdam::new(flat_rule(&c), weight_decays(&c, &initial)).unwrap();
+    let mut fused = fused_optimizer(&c, &initial, groups);
     let mut burn = build_optimizer(&c, &initial);
     assert!(
         fused.steps_scaled(&initial),

@@ -1,10 +1,11 @@
 //! Adam, AdamW and LAMB over every parameter at once: the "multi-tensor apply" of NVIDIA
 //! Apex's FusedAdam/FusedLAMB and DeepSpeed. The parameters and gradients of a step are
-//! laid end to end in one flat buffer (each padded to whole chunks); the moments live in
-//! two flat buffers across steps; one pass updates it all (three for LAMB: direction,
-//! per-parameter trust ratio, update), where Burn's optimizer runs ~15 tensor ops per
-//! parameter. On CubeCL devices the pass is one kernel launch (`cube_optim.rs`); on the
-//! CPU each parameter is updated in place in its own buffer, the moments flat on the host
+//! laid end to end in flat buffers (each padded to whole chunks; cut into groups of at
+//! most 128 MiB on CubeCL devices, `layout.rs`); the moments live in flat buffers across
+//! steps; one pass updates it all (three for LAMB: direction, per-parameter trust ratio,
+//! update), where Burn's optimizer runs ~15 tensor ops per parameter. On CubeCL devices
+//! the pass is one kernel launch per group (`on_device.rs`, `cube_optim.rs`); on the CPU
+//! each parameter is updated in place in its own buffer, the moments flat on the host
 //! (`host_optim.rs`). The state is written and
 //! read as Burn's optimizer record, so a checkpoint resumes under either optimizer, on any
 //! device.
@@ -20,14 +21,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::PathBuf;
 
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-use super::cube_optim::ClipMode;
 use super::host_optim::{HostRule, HostSlot, InPlace};
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use super::offload_step;
 use burn::backend::flex::Flex;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-use burn::module::ModuleMapper;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Bytes, Device, Tensor, TensorData};
@@ -40,32 +37,17 @@ use burn_ort_dist::{
     encode_moments, write_moments,
 };
 
+mod layout;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod on_device;
+
 use super::FLAT_CHUNK as CHUNK;
-
-/// One parameter in the flat buffers.
-#[derive(Debug, Clone)]
-struct Slot {
-    id: ParamId,
-    shape: Vec<usize>,
-    len: usize,
-    /// First chunk.
-    chunk: usize,
-    decay: f32,
-}
-
-impl Slot {
-    fn offset(&self) -> usize {
-        self.chunk * CHUNK
-    }
-    fn padded(&self) -> usize {
-        self.len.div_ceil(CHUNK).max(1) * CHUNK
-    }
-}
+use layout::{GROUP_BYTES, Group, Slot};
 
 /// Where the two flat moment buffers live.
 enum Moments {
-    /// Tensors on the training device.
-    Device(Tensor<1>, Tensor<1>),
+    /// Tensors on the training device, a pair per group of the layout.
+    Device(Vec<(Tensor<1>, Tensor<1>)>),
     /// A memory-mapped file (the CPU update only).
     Disk(DiskVectors),
 }
@@ -73,6 +55,9 @@ enum Moments {
 /// The flat layout and the device state of a run's optimizer.
 struct Flat {
     slots: Vec<Slot>,
+    /// The slots' groups: one on the CPU and wherever the whole layout fits one buffer.
+    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+    groups: Vec<Group>,
     len: usize,
     device: Device,
     moments: Moments,
@@ -81,11 +66,11 @@ struct Flat {
     /// update of a model on a GPU; read from the device at its first step).
     #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
     master: Option<Vec<f32>>,
-    /// The flat parameters the last update on a CubeCL device wrote, whose views the
-    /// module's parameters became: laid out already for the next update while they still
-    /// are (nothing replaced a value in between).
+    /// Each group's flat parameters the last update on a CubeCL device wrote, whose views
+    /// the module's parameters became: laid out already for the next update while they
+    /// still are (nothing replaced a value in between).
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    laid_params: Option<Tensor<1>>,
+    laid_params: Vec<Option<Tensor<1>>>,
 }
 
 /// Adam, AdamW or LAMB over flat device buffers; Burn's optimizer record as its state.
@@ -101,10 +86,22 @@ pub struct FusedAdam {
     /// (without a GPU backend built in, the update is on the CPU already).
     #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
     host_update: bool,
+    /// The most bytes one group's flat buffers hold on a CubeCL device.
+    group_bytes: usize,
 }
 
 fn invalid(message: String) -> DistError {
     DistError::Invalid { rank: 0, message }
+}
+
+/// The most values one group's buffers hold on `device`: `group_bytes` or the largest
+/// allocation a CubeCL device makes, whichever is less; no limit on the CPU (one group).
+fn group_values(device: &Device, group_bytes: usize) -> usize {
+    if !super::runs_cubecl(device) {
+        return usize::MAX;
+    }
+    let largest = super::largest_allocation(device).map_or(usize::MAX, |b| b as usize);
+    group_bytes.min(largest) / 4
 }
 
 impl FusedAdam {
@@ -127,11 +124,17 @@ impl FusedAdam {
         };
         let host = |t: &Tensor<1>| {
             burn_ort_dist::host_values(t.clone())
-                .map(Cow::Owned)
                 .map_err(|e| invalid(format!("cannot read the optimizer state: {e}")))
         };
         Ok(Some(match &flat.moments {
-            Moments::Device(a, b) => (host(a)?, host(b)?),
+            Moments::Device(pairs) => {
+                let (mut m1, mut m2) = (Vec::with_capacity(flat.len), Vec::with_capacity(flat.len));
+                for (a, b) in pairs {
+                    m1.extend_from_slice(&host(a)?);
+                    m2.extend_from_slice(&host(b)?);
+                }
+                (Cow::Owned(m1), Cow::Owned(m2))
+            }
             Moments::Disk(d) => {
                 let v = d.vectors();
                 (Cow::Borrowed(v[0]), Cow::Borrowed(v[1]))
@@ -169,7 +172,19 @@ impl FusedAdam {
             loaded: None,
             offload_dir: None,
             host_update: false,
+            group_bytes: GROUP_BYTES,
         })
+    }
+
+    /// The same optimizer with its flat buffers cut into groups of at most `bytes` on
+    /// CubeCL devices (default 128 MiB, and never more than the device allocates at
+    /// once): an update holds one group's copy of the gradients beside them, and runs one
+    /// launch per group. A parameter larger than `bytes` is a group of its own.
+    pub fn with_group_bytes(self, bytes: usize) -> Self {
+        FusedAdam {
+            group_bytes: bytes.max(1),
+            ..self
+        }
     }
 
     /// The same optimizer with its moments in host memory: on a GPU device the update runs
@@ -223,6 +238,7 @@ impl FusedAdam {
             slots.push(slot);
         }
         let len = chunk * CHUNK;
+        let groups = layout::groups(&slots, group_values(&device, self.group_bytes));
         let mut moments = match &self.offload_dir {
             Some(dir) => Moments::Disk(DiskVectors::create(dir, 2, len).map_err(|e| {
                 invalid(format!(
@@ -230,7 +246,7 @@ impl FusedAdam {
                     dir.display()
                 ))
             })?),
-            None => Moments::Device(Tensor::empty([0], &device), Tensor::empty([0], &device)),
+            None => Moments::Device(Vec::new()),
         };
         let (mut host_m1, mut host_m2) = (Vec::new(), Vec::new());
         let (m1, m2): (&mut [f32], &mut [f32]) = match &mut moments {
@@ -273,21 +289,24 @@ impl FusedAdam {
             }
         }
         if let Moments::Device(..) = moments {
-            let upload = |v: Vec<f32>| {
-                let n = v.len();
-                Tensor::<1>::from_data(TensorData::new(v, [n]), &device)
-            };
-            moments = Moments::Device(upload(host_m1), upload(host_m2));
+            let upload =
+                |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
+            let pairs = groups
+                .iter()
+                .map(|g| (upload(&host_m1[g.range()]), upload(&host_m2[g.range()])))
+                .collect();
+            moments = Moments::Device(pairs);
         }
         Ok(Flat {
             moments,
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            laid_params: vec![None; groups.len()],
+            groups,
             slots,
             len,
             device,
             time,
             master: None,
-            #[cfg(any(feature = "wgpu", feature = "cuda"))]
-            laid_params: None,
         })
     }
 }
@@ -319,93 +338,6 @@ impl ModuleVisitor for Collect<'_> {
             self.taken.push((param.id, g.reshape([n]), shape));
         }
     }
-}
-
-/// The values of the parameters in `ids`, flattened, in visiting order.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-struct Values<'a>(&'a [ParamId], Vec<Tensor<1>>);
-
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-impl ModuleVisitor for Values<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        if self.0.contains(&param.id) {
-            let n: usize = param.val().dims().iter().product();
-            self.1.push(param.val().inner().reshape([n]));
-        }
-    }
-}
-
-/// Whether each of `parts` (the parameters, flattened, in slot order) is a contiguous view
-/// of `laid` at its slot: the same device allocation at the slot's byte offset.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-fn views_of(laid: &Tensor<1>, parts: &[Tensor<1>], slots: &[Slot]) -> bool {
-    use burn::backend::{Cube, TensorMetadata};
-    let cube = |t: &Tensor<1>| t.clone().inner().try_into_primitive::<Cube>().ok();
-    let Some(laid) = cube(laid) else {
-        return false;
-    };
-    let memory = |t: &burn_cubecl::tensor::CubeTensor| t.handle.memory.clone().binding().id();
-    let start = |t: &burn_cubecl::tensor::CubeTensor| t.handle.offset_start.unwrap_or(0);
-    let bytes = laid.dtype.size() as u64;
-    parts.len() == slots.len()
-        && parts.iter().zip(slots).all(|(part, slot)| {
-            cube(part).is_some_and(|p| {
-                memory(&p) == memory(&laid)
-                    && start(&p) == start(&laid) + slot.offset() as u64 * bytes
-                    && p.shape().num_elements() == slot.len
-                    && p.is_contiguous()
-            })
-        })
-}
-
-/// Puts the updated values back, as views of the flat buffer.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-struct Scatter<'a> {
-    flat: &'a Tensor<1>,
-    slots: HashMap<ParamId, &'a Slot>,
-}
-
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-impl ModuleMapper for Scatter<'_> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let Some(slot) = self.slots.get(&param.id).copied() else {
-            return param;
-        };
-        let flat = self.flat;
-        param.map(|t| {
-            let require = t.is_require_grad();
-            let shape: [usize; D] = slot.shape.clone().try_into().expect("rank D");
-            let part = flat
-                .clone()
-                .slice(slot.offset()..slot.offset() + slot.len)
-                .reshape(shape);
-            Tensor::from_inner(part).set_require_grad(require)
-        })
-    }
-}
-
-/// `parts` laid end to end at their slots' offsets, each followed by zeros to its padded
-/// end, in a buffer of `len` values: one launch per four parts (a `cat` with the padding
-/// as parts of its own fills and copies each part and each padding in a launch of its
-/// own).
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-fn laid_end_to_end(
-    parts: Vec<Tensor<1>>,
-    slots: &[Slot],
-    len: usize,
-    device: &Device,
-) -> Tensor<1> {
-    let mut flat = Tensor::<1>::empty([len], device);
-    let mut parts = parts.into_iter();
-    for group in slots.chunks(4) {
-        let (mut starts, mut ends) = ([0; 4], [0; 4]);
-        for (k, s) in group.iter().enumerate() {
-            (starts[k], ends[k]) = (s.offset(), s.offset() + s.padded());
-        }
-        let four = parts.by_ref().take(group.len()).collect();
-        flat = ops::lay_out_four(flat, four, starts, ends);
-    }
-    flat
 }
 
 /// The update on the CPU: every parameter in place, the moments in the flat host buffers.
@@ -477,7 +409,13 @@ fn with_host_moments<R>(
             let release = move |r| releaser.release(r);
             Ok(f(moment_1, moment_2, Some(&release)))
         }
-        Moments::Device(t1, t2) => {
+        Moments::Device(pairs) => {
+            let [(t1, t2)] = &mut pairs[..] else {
+                return Err(invalid(format!(
+                    "fused optimizer: the moments lie in {} device buffers; the CPU update takes one",
+                    pairs.len()
+                )));
+            };
             let host = |t: Tensor<1>| {
                 t.inner()
                     .try_into_primitive::<Flex>()
@@ -500,83 +438,6 @@ fn update_in_place<M: Module>(module: M, mut update: InPlace) -> DistResult<M> {
     match update.error.take() {
         Some(e) => Err(invalid(format!("fused optimizer: {e}"))),
         None => Ok(module),
-    }
-}
-
-/// The update on a CubeCL device: parameters laid end to end beside the gradients `grads`
-/// (laid out already, [`laid_end_to_end`]; with the clip buffer of [`ops::clip_factor`]
-/// when clipped), one launch (three for LAMB), the parameters put back as views of the
-/// flat result.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-fn on_device<M: Module>(
-    flat: &mut Flat,
-    module: M,
-    (grads, clip): (Tensor<1>, Option<(Tensor<1>, ClipMode)>),
-    step: AdamStep,
-    factors: &[f32],
-    rule: Rule,
-) -> M {
-    let device = flat.device.clone();
-    let ids: Vec<ParamId> = flat.slots.iter().map(|s| s.id).collect();
-    let mut values = Values(&ids, Vec::new());
-    module.visit(&mut values);
-    let params = match flat.laid_params.take() {
-        Some(laid) if views_of(&laid, &values.1, &flat.slots) => laid,
-        _ => laid_end_to_end(values.1, &flat.slots, flat.len, &device),
-    };
-    let hyper = [
-        step.lr,
-        step.beta[0],
-        step.beta[1],
-        step.one_minus_beta[0],
-        step.one_minus_beta[1],
-        step.correction[0],
-        step.correction[1],
-        step.epsilon,
-    ];
-    let upload =
-        |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
-    // First chunk of every parameter, then the chunk count.
-    let starts: Vec<f32> = flat
-        .slots
-        .iter()
-        .map(|s| s.chunk as f32)
-        .chain([(flat.len / CHUNK) as f32])
-        .collect();
-    // The moments move into the update, which writes them in place.
-    let Moments::Device(moment_1, moment_2) = &mut flat.moments else {
-        unreachable!("FusedAdam::step keeps moments on disk to the CPU update")
-    };
-    let buffers = ops::Buffers {
-        params,
-        grads,
-        moment_1: std::mem::replace(moment_1, Tensor::empty([0], &device)),
-        moment_2: std::mem::replace(moment_2, Tensor::empty([0], &device)),
-        chunk_starts: upload(&starts),
-        factors: upload(factors),
-        hyper: upload(&hyper),
-        clip,
-    };
-    let (params, m1, m2) = ops::update(buffers, rule);
-    flat.moments = Moments::Device(m1, m2);
-    flat.laid_params = Some(params.clone());
-    let slots = flat.slots.iter().map(|s| (s.id, s)).collect();
-    module.map(&mut Scatter {
-        flat: &params,
-        slots,
-    })
-}
-
-/// The device of `module`'s first float parameter.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-struct FirstDevice(Option<Device>);
-
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-impl ModuleVisitor for FirstDevice {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        if self.0.is_none() {
-            self.0 = Some(param.val().device());
-        }
     }
 }
 
@@ -708,88 +569,18 @@ impl FusedAdam {
         if super::runs_cubecl(&flat.device) {
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             {
-                let grads = laid_end_to_end(grads, &flat.slots, flat.len, &flat.device);
-                return Ok(on_device(flat, module, (grads, None), step, &factors, rule));
+                let grads = on_device::laid_in_groups(grads, flat);
+                return Ok(on_device::update(
+                    flat,
+                    module,
+                    (grads, None),
+                    step,
+                    &factors,
+                    rule,
+                ));
             }
         }
         on_host(flat, module, grads, step, &factors, rule)
-    }
-
-    /// The update on a CubeCL device with the gradients measured first: laid end to end,
-    /// their sum of squares and clip factor (divided by a loss scale too: `unscale` = 1 /
-    /// scale) on the device (two launches), then the update, which reads the factor as
-    /// `mode` says. Returns the module and the clip buffer `[sum of squares, factor,
-    /// finite]`; nothing is read back.
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    fn measured_update_on_device<M: Module>(
-        &mut self,
-        lr: f64,
-        module: M,
-        mut grads: GradientsParams,
-        max_norm: f32,
-        (unscale, mode): (f32, ClipMode),
-    ) -> DistResult<(M, Tensor<1>)> {
-        let (grads, step, factors) = self.begin_step(lr, &module, &mut grads, None)?;
-        let rule = self.rule;
-        let flat = self.flat.as_mut().expect("laid out by begin_step");
-        let grads = laid_end_to_end(grads, &flat.slots, flat.len, &flat.device);
-        let clip = ops::clip_factor(grads.clone(), max_norm, unscale);
-        let grads_and_clip = (grads, Some((clip.clone(), mode)));
-        let module = on_device(flat, module, grads_and_clip, step, &factors, rule);
-        Ok((module, clip))
-    }
-
-    /// [`ReplicaOptimizer::step_clipped`] on a CubeCL device: the norm stays on the device
-    /// until a report reads it.
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    fn step_clipped_on_device<M: Module>(
-        &mut self,
-        lr: f64,
-        module: M,
-        grads: GradientsParams,
-        max_norm: f32,
-    ) -> DistResult<(M, GradNorm)> {
-        let measured = (1.0, ClipMode::Scale);
-        let (module, clip) =
-            self.measured_update_on_device(lr, module, grads, max_norm, measured)?;
-        Ok((module, GradNorm::OnDevice(clip)))
-    }
-
-    /// [`ReplicaOptimizer::step_scaled`] on a CubeCL device: the gradients divided by
-    /// `scale` by the factor that clips them, and the update writing nothing when their sum
-    /// of squares is not finite. The clip buffer is read once the update is launched (the
-    /// next forward's loss scale depends on it); on overflow the step is not counted.
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    fn step_scaled_on_device<M: Module>(
-        &mut self,
-        lr: f64,
-        module: M,
-        grads: GradientsParams,
-        max_norm: f32,
-        scale: f32,
-    ) -> DistResult<(M, GradNorm, bool)> {
-        let measured = (1.0 / scale, ClipMode::ScaleOrSkip);
-        let (module, clip) =
-            self.measured_update_on_device(lr, module, grads, max_norm, measured)?;
-        let [squares, _, finite] = GradNorm::read(&clip)?[..] else {
-            unreachable!("the clip buffer holds three values")
-        };
-        if finite != 1.0 {
-            if let Some(flat) = self.flat.as_mut() {
-                flat.time -= 1;
-            }
-            return Ok((module, GradNorm::Read(f32::INFINITY), true));
-        }
-        Ok((module, GradNorm::Read(GradNorm::of_squares(squares)), false))
-    }
-
-    /// Whether this step runs on the CubeCL device `module` is on (not offloaded to the
-    /// CPU).
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    fn updates_on_device<M: Module>(&self, module: &M) -> bool {
-        let mut first = FirstDevice(None);
-        module.visit(&mut first);
-        first.0.as_ref().is_some_and(super::runs_cubecl)
     }
 }
 
@@ -897,164 +688,5 @@ impl ReplicaOptimizer for FusedAdam {
 
     fn state_bytes(&self) -> usize {
         self.flat.as_ref().map_or(0, |f| 2 * f.len * 4)
-    }
-}
-
-/// The update as a backend extension on CubeCL tensors.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-mod ops {
-    use burn::backend::tensor::FloatTensor;
-    use burn::backend::{Backend, Cube, backend_extension};
-    use burn::tensor::Tensor;
-    use burn_ort_dist::update::zero::flat_optim::Rule;
-
-    use crate::kernels::cube_optim::{self, ClipMode, FlatBuffers};
-
-    pub struct Buffers {
-        pub params: Tensor<1>,
-        pub grads: Tensor<1>,
-        pub moment_1: Tensor<1>,
-        pub moment_2: Tensor<1>,
-        pub chunk_starts: Tensor<1>,
-        pub factors: Tensor<1>,
-        pub hyper: Tensor<1>,
-        pub clip: Option<(Tensor<1>, ClipMode)>,
-    }
-
-    #[backend_extension(Cube)]
-    pub trait MultiTensorOps: Backend {
-        /// One Adam/AdamW (`lamb` false; `decoupled` for AdamW) or LAMB step over flat
-        /// buffers: `(params, moment_1, moment_2)`.
-        #[allow(clippy::too_many_arguments)]
-        fn multi_tensor_update(
-            params: FloatTensor<Self>,
-            grads: FloatTensor<Self>,
-            moment_1: FloatTensor<Self>,
-            moment_2: FloatTensor<Self>,
-            chunk_starts: FloatTensor<Self>,
-            factors: FloatTensor<Self>,
-            hyper: FloatTensor<Self>,
-            clip: FloatTensor<Self>,
-            mode: ClipMode,
-            lamb: bool,
-            decoupled: bool,
-        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-        /// `[sum of squares, factor, finite]` of the flat gradient `grads` divided by a
-        /// loss scale (`unscale` = 1 / scale) for the limit `max_norm` (see
-        /// `cube_optim::clip_factor`).
-        fn clip_factor(grads: FloatTensor<Self>, max_norm: f32, unscale: f32) -> FloatTensor<Self>;
-        /// Parts `a`, `b`, `c`, `d` written into `flat` at `starts`, zeros after each up
-        /// to its `ends` entry (a part whose entries are equal writes nothing); returns
-        /// `flat`.
-        #[allow(clippy::too_many_arguments)]
-        fn lay_out_four(
-            flat: FloatTensor<Self>,
-            a: FloatTensor<Self>,
-            b: FloatTensor<Self>,
-            c: FloatTensor<Self>,
-            d: FloatTensor<Self>,
-            starts: [usize; 4],
-            ends: [usize; 4],
-        ) -> FloatTensor<Self>;
-    }
-
-    impl MultiTensorOps for Cube {
-        fn multi_tensor_update(
-            params: FloatTensor<Self>,
-            grads: FloatTensor<Self>,
-            moment_1: FloatTensor<Self>,
-            moment_2: FloatTensor<Self>,
-            chunk_starts: FloatTensor<Self>,
-            factors: FloatTensor<Self>,
-            hyper: FloatTensor<Self>,
-            clip: FloatTensor<Self>,
-            mode: ClipMode,
-            lamb: bool,
-            decoupled: bool,
-        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-            let b = FlatBuffers {
-                params,
-                grads,
-                moment_1,
-                moment_2,
-                chunk_starts,
-                factors,
-                hyper,
-                clip: mode.scales().then_some((clip, mode)),
-            };
-            if lamb {
-                cube_optim::lamb(b)
-            } else {
-                cube_optim::adam(b, decoupled)
-            }
-        }
-
-        fn lay_out_four(
-            flat: FloatTensor<Self>,
-            a: FloatTensor<Self>,
-            b: FloatTensor<Self>,
-            c: FloatTensor<Self>,
-            d: FloatTensor<Self>,
-            starts: [usize; 4],
-            ends: [usize; 4],
-        ) -> FloatTensor<Self> {
-            cube_optim::lay_out_four(flat, [a, b, c, d], starts, ends)
-        }
-
-        fn clip_factor(grads: FloatTensor<Self>, max_norm: f32, unscale: f32) -> FloatTensor<Self> {
-            cube_optim::clip_factor(grads, max_norm, unscale)
-        }
-    }
-
-    /// See [`MultiTensorOps::clip_factor`].
-    pub fn clip_factor(grads: Tensor<1>, max_norm: f32, unscale: f32) -> Tensor<1> {
-        Tensor::from_dispatch(<burn::backend::Dispatch as MultiTensorOps>::clip_factor(
-            grads.into_dispatch(),
-            max_norm,
-            unscale,
-        ))
-    }
-
-    /// See [`MultiTensorOps::lay_out_four`].
-    pub fn lay_out_four(
-        flat: Tensor<1>,
-        parts: Vec<Tensor<1>>,
-        starts: [usize; 4],
-        ends: [usize; 4],
-    ) -> Tensor<1> {
-        // A missing part is bound as the first again and writes nothing (start = end).
-        let part = |k: usize| parts.get(k).unwrap_or(&parts[0]).clone().into_dispatch();
-        Tensor::from_dispatch(<burn::backend::Dispatch as MultiTensorOps>::lay_out_four(
-            flat.into_dispatch(),
-            part(0),
-            part(1),
-            part(2),
-            part(3),
-            starts,
-            ends,
-        ))
-    }
-
-    pub fn update(b: Buffers, rule: Rule) -> (Tensor<1>, Tensor<1>, Tensor<1>) {
-        // Without a clip buffer the hyper-parameters are bound in its place, never read.
-        let (clip, mode) = b.clip.unwrap_or_else(|| (b.hyper.clone(), ClipMode::None));
-        let (p, m1, m2) = <burn::backend::Dispatch as MultiTensorOps>::multi_tensor_update(
-            b.params.into_dispatch(),
-            b.grads.into_dispatch(),
-            b.moment_1.into_dispatch(),
-            b.moment_2.into_dispatch(),
-            b.chunk_starts.into_dispatch(),
-            b.factors.into_dispatch(),
-            b.hyper.into_dispatch(),
-            clip.into_dispatch(),
-            mode,
-            matches!(rule, Rule::Lamb { .. }),
-            matches!(rule, Rule::AdamW { .. }),
-        );
-        (
-            Tensor::from_dispatch(p),
-            Tensor::from_dispatch(m1),
-            Tensor::from_dispatch(m2),
-        )
     }
 }
