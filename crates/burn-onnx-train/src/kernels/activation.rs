@@ -56,12 +56,14 @@ pub fn gelu_tanh(x: PhysTensor) -> PhysTensor {
 }
 
 /// `gelu_tanh(x + bias)`, `bias` broadcast to `x`; one op each way on CubeCL devices when
-/// `bias` is as long as `x`'s rows (`gelu_bias.rs`), the composition elsewhere.
+/// `bias` is as long as `x`'s rows (`gelu_bias.rs`; `x` in f32 or a low precision, the
+/// result in `x`'s, `bias` f32), the composition elsewhere.
 pub fn gelu_tanh_biased(x: PhysTensor, bias: PhysTensor) -> PhysTensor {
     let (xd, bd) = (x.dims(), bias.dims());
     let row_bias =
         bd[..MAX_RANK - 1].iter().all(|&d| d == 1) && bd[MAX_RANK - 1] == xd[MAX_RANK - 1];
-    let fused = row_bias && fused_here(&x) && fused_here(&bias) && super::runs_cubecl(&x.device());
+    let any_float = matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16);
+    let fused = row_bias && any_float && fused_here(&bias) && super::runs_cubecl(&x.device());
     if !fused {
         return gelu_tanh(x + bias);
     }

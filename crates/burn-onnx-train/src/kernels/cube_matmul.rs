@@ -8,13 +8,15 @@
 //! kept the unprepared view, so every backward product copied it again. Here the forward
 //! prepares each operand in one launch (cast and copy in one pass when both are needed),
 //! keeps the prepared operands, prepares the incoming gradient once for both backward
-//! products, and writes the result and both gradients in f32 from the products' f32
-//! accumulators: no cast of a result or gradient back to f32, as the plain autocast
-//! composition (the CPU's) has. The result is not rounded to the low precision on its way
-//! out (PyTorch's autocast rounds it), except where the caller asks for it in the low
-//! precision (the loss's logits, `crate::model::head_precision`: their one reader takes
-//! them so, and their gradient comes back so); the f32 parameters, optimizer and other ops
-//! are unchanged.
+//! products, and writes the result in f32 and each gradient in its operand's precision
+//! from the products' f32 accumulators: no cast of a result or gradient back to f32, as
+//! the plain autocast composition (the CPU's) has. The result is not rounded to the low
+//! precision on its way out (PyTorch's autocast rounds it), except where the caller asks
+//! for it in the low precision (the loss's logits, `crate::model::head_precision`, and the
+//! MLP's hidden activation, `crate::model::mlp_precision`: their readers take them so, and
+//! their gradients come back so); an operand that arrives in the low precision is read as
+//! it is and gets its gradient in it. The f32 parameters, optimizer and other ops are
+//! unchanged.
 
 use burn::backend::Cube;
 use burn::backend::autodiff::Autodiff;
@@ -35,9 +37,9 @@ use super::cube::cast_contiguous;
 /// The product as a backend extension (CubeCL, and Autodiff over it).
 #[backend_extension(Cube, Autodiff)]
 pub trait CubeMatmulOps: Backend {
-    /// `a [.., m, k] x b [.., k, n]` (f32, equal batch dimensions) with both operands read
-    /// in `compute` (f32 or a low precision); the result written in `out` from the f32
-    /// accumulators (the gradients of `a` and `b` are f32 either way).
+    /// `a [.., m, k] x b [.., k, n]` (f32 or `compute`, equal batch dimensions) with both
+    /// operands read in `compute` (f32 or a low precision); the result written in `out`
+    /// from the f32 accumulators (the gradients of `a` and `b` in their own precisions).
     fn matmul_in(
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
@@ -53,6 +55,15 @@ pub trait CubeMatmulOps: Backend {
         b: FloatTensor<Self>,
         out: FloatDType,
     ) -> FloatTensor<Self>;
+}
+
+/// `dtype` as a float precision (f32 for any that is not f16 or bf16).
+fn float_dtype(dtype: DType) -> FloatDType {
+    match dtype {
+        DType::F16 => FloatDType::F16,
+        DType::BF16 => FloatDType::BF16,
+        _ => FloatDType::F32,
+    }
 }
 
 /// Whether the product would copy `x` before reading it: batch strides below a matrix
@@ -102,11 +113,14 @@ impl CubeMatmulOps for Cube {
 }
 
 /// `dA = g B^T`, `dB = A^T g` from the prepared operands the forward kept, with `g`
-/// prepared once (no launch when it arrives in the compute precision); both gradients come
-/// out in f32.
+/// prepared once (no launch when it arrives in the compute precision); each gradient comes
+/// out in its operand's own precision (f32, or the low one of an operand that arrived in
+/// it).
 #[derive(Debug)]
 struct CubeMatmulBackward {
     compute: FloatDType,
+    /// The precisions `a` and `b` arrived in.
+    operands: [FloatDType; 2],
 }
 
 fn transpose_last<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
@@ -122,11 +136,11 @@ impl<B: Backend + CubeMatmulOps> Backward<B, 2> for CubeMatmulBackward {
         let grad = B::matmul_operand(grads.consume::<B>(&ops.node), self.compute);
         let (a_kept, b_kept) = ops.state;
         if let (Some(node), Some(b)) = (a_node, b_kept) {
-            let da = B::matmul_prepared(grad.clone(), transpose_last::<B>(b), FloatDType::F32);
+            let da = B::matmul_prepared(grad.clone(), transpose_last::<B>(b), self.operands[0]);
             grads.register::<B>(node.id, da);
         }
         if let (Some(node), Some(a)) = (b_node, a_kept) {
-            let db = B::matmul_prepared(transpose_last::<B>(a), grad, FloatDType::F32);
+            let db = B::matmul_prepared(transpose_last::<B>(a), grad, self.operands[1]);
             grads.register::<B>(node.id, db);
         }
     }
@@ -140,7 +154,8 @@ impl<B: Backend + CubeMatmulOps, C: CheckpointStrategy> CubeMatmulOps for Autodi
         out: FloatDType,
     ) -> FloatTensor<Self> {
         let (a_tracked, b_tracked) = (a.is_tracked(), b.is_tracked());
-        match (CubeMatmulBackward { compute })
+        let operands = [float_dtype(a.dtype()), float_dtype(b.dtype())];
+        match (CubeMatmulBackward { compute, operands })
             .prepare::<C>([a.node(), b.node()])
             .compute_bound()
             .stateful()

@@ -1,10 +1,12 @@
 //! The `#[cube]` kernels behind [`super::layer_norm`], [`super::tanh`] and
-//! [`super::gelu_tanh`] on CubeCL devices, f32: each op one launch forward and one
+//! [`super::gelu_tanh`] on CubeCL devices, f32 (the element-wise ones also f16 and bf16,
+//! computing in f32): each op one launch forward and one
 //! back (layer norm's backward two, plus one sum of the parameter gradients' partial rows),
 //! where Burn's composition launched ~10 kernels forward and ~20 back per layer norm and
 //! ~12 each way per GELU (the softmax's are `masked_softmax.rs`'s). A row op runs one cube per row (rows past 65535 spill into the
 //! grid's second dimension); an element-wise op one unit per element.
 
+use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::{Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
@@ -201,33 +203,38 @@ pub enum Pointwise {
 }
 
 /// `out[i] = f(a[i] (+ bias[i % cols]), g[i])` for the comptime-chosen `f` (`g` unread by
-/// the forward ones; `bias`, of the rows' length, read when `with_bias`).
+/// the forward ones; `bias`, of the rows' length, read when `with_bias`), computed in f32
+/// whatever the precision `F` of `a`, `g` and `out` (and `B` of `bias`).
 #[cube(launch)]
-fn pointwise_kernel(
-    a: &Tensor<f32>,
-    g: &Tensor<f32>,
-    bias: &Tensor<f32>,
-    out: &mut Tensor<f32>,
+fn pointwise_kernel<F: Float, B: Float>(
+    a: &Tensor<F>,
+    g: &Tensor<F>,
+    bias: &Tensor<B>,
+    out: &mut Tensor<F>,
     #[comptime] f: Pointwise,
     #[comptime] with_bias: bool,
+    #[define(F, B)] _dtypes: [ElemType; 2],
 ) {
     let i = ABSOLUTE_POS;
     if i < a.len() {
-        let mut v = a[i];
+        let mut v = f32::cast_from(a[i]);
         if comptime![with_bias] {
-            v += bias[i % bias.len()];
+            v += f32::cast_from(bias[i % bias.len()]);
         }
         match comptime![f] {
-            Pointwise::Tanh => out[i] = tanh_of(v),
-            Pointwise::TanhBackward => out[i] = g[i] * (1.0 - v * v),
+            Pointwise::Tanh => out[i] = F::cast_from(tanh_of(v)),
+            Pointwise::TanhBackward => {
+                out[i] = F::cast_from(f32::cast_from(g[i]) * (1.0 - v * v));
+            }
             Pointwise::GeluTanh => {
                 let t = tanh_of(SQRT_2_OVER_PI * (v + CUBIC * v * v * v));
-                out[i] = 0.5 * v * (1.0 + t);
+                out[i] = F::cast_from(0.5 * v * (1.0 + t));
             }
             Pointwise::GeluTanhBackward => {
                 let t = tanh_of(SQRT_2_OVER_PI * (v + CUBIC * v * v * v));
                 let slope = SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * v * v);
-                out[i] = g[i] * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * slope);
+                let d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * slope;
+                out[i] = F::cast_from(f32::cast_from(g[i]) * d);
             }
         }
     }
@@ -329,7 +336,8 @@ pub fn pointwise(a: CubeTensor, g: Option<CubeTensor>, f: Pointwise) -> CubeTens
     pointwise_biased(a, None, g, f)
 }
 
-/// [`pointwise`] of `a` plus `bias` (as long as `a`'s rows, added to each) when given.
+/// [`pointwise`] of `a` plus `bias` (as long as `a`'s rows, added to each) when given; the
+/// result (and `g`) in `a`'s precision, `bias` in any.
 pub fn pointwise_biased(
     a: CubeTensor,
     bias: Option<CubeTensor>,
@@ -338,11 +346,19 @@ pub fn pointwise_biased(
 ) -> CubeTensor {
     let a = into_contiguous(a);
     let g = g.map(into_contiguous).unwrap_or_else(|| a.clone());
+    assert_eq!(
+        g.dtype, a.dtype,
+        "a pointwise backward takes its gradient in its input's precision"
+    );
     let with_bias = bias.is_some();
     let bias = bias.map(into_contiguous).unwrap_or_else(|| a.clone());
     let client = a.client.clone();
     let out = empty_like(&a, a.shape());
     let (count, dim) = elementwise_grid(&client, a.shape().num_elements());
+    let dtypes = [
+        dtype_to_storage_type(a.dtype),
+        dtype_to_storage_type(bias.dtype),
+    ];
     pointwise_kernel::launch(
         &client,
         count,
@@ -353,6 +369,7 @@ pub fn pointwise_biased(
         out.clone().into_tensor_arg(),
         f,
         with_bias,
+        dtypes,
     );
     out
 }

@@ -3,6 +3,9 @@
 //! instead of by an `Add` writing and reading the `[rows, 4 x width]` sum in between
 //! (`onnx::fusion::fuse_gelu_bias`). Backward: the input's gradient `g gelu'(x + bias)` in
 //! one launch, the bias's its sum over the rows (what the `Add`'s backward reduced too).
+//! `x` may arrive in the autocast precision (the product before it writes it so,
+//! `crate::model::mlp_precision`): the kernels compute in f32 and write the result and the
+//! input's gradient in `x`'s precision, the bias's gradient in the bias's.
 
 use burn::backend::Cube;
 use burn::backend::autodiff::Autodiff;
@@ -12,13 +15,15 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, Shape, TensorMetadata, backend_extension};
+use burn::tensor::{DType, FloatDType};
 
 use super::cube_rows::{self, Pointwise};
 
 /// The op as a backend extension (CubeCL, and Autodiff over it).
 #[backend_extension(Cube, Autodiff)]
 pub trait GeluBiasOps: Backend {
-    /// GELU (tanh form) of `x + bias`, `bias` as long as `x`'s rows (f32).
+    /// GELU (tanh form) of `x + bias`, `bias` as long as `x`'s rows; `x` and the result in
+    /// f32 or a low precision, `bias` in any.
     fn gelu_tanh_biased(x: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self>;
     /// `g gelu'(x + bias)`.
     fn gelu_tanh_biased_backward(
@@ -53,13 +58,20 @@ impl<B: Backend + GeluBiasOps> Backward<B, 2> for GeluBiasBackward {
         let [x_node, bias_node] = ops.parents;
         let g = grads.consume::<B>(&ops.node);
         let (x, bias) = ops.state;
-        let bias_shape = bias.shape();
+        let (bias_shape, bias_dtype) = (bias.shape(), bias.dtype());
         let dx = B::gelu_tanh_biased_backward(x, bias, g);
         if let Some(node) = bias_node {
             let cols = bias_shape.num_elements();
             let rows = dx.shape().num_elements() / cols;
             let flat = B::float_reshape(dx.clone(), Shape::new([rows, cols]));
+            // Summed with f32 accumulators in `dx`'s precision (a low one rounds the sum
+            // as PyTorch's autocast bias gradient is rounded), then in the bias's own.
             let db = B::float_reshape(B::float_sum_dim(flat, 0), bias_shape);
+            let db = match bias_dtype {
+                DType::F16 => B::float_cast(db, FloatDType::F16),
+                DType::BF16 => B::float_cast(db, FloatDType::BF16),
+                _ => B::float_cast(db, FloatDType::F32),
+            };
             grads.register::<B>(node.id, db);
         }
         if let Some(node) = x_node {

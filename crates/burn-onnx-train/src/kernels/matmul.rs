@@ -53,7 +53,9 @@ pub fn matmul_autocast(
     low: FloatDType,
     result: FloatDType,
 ) -> PhysTensor {
-    if a.dtype() == DType::F32 && b.dtype() == DType::F32 && runs_cubecl(&a.device()) {
+    // An operand in f32 or already in the low precision (an activation written so).
+    let readable = |t: &PhysTensor| t.dtype() == DType::F32 || t.dtype() == DType::from(low);
+    if readable(&a) && readable(&b) && runs_cubecl(&a.device()) {
         return cube_matmul(a, b, low, result);
     }
     matmul(a.cast(low), b.cast(low)).cast(result)

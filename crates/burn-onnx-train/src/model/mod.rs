@@ -40,6 +40,7 @@ pub use tensor_parallel::Probe;
 mod file_tensor;
 mod head_precision;
 pub mod loss;
+mod mlp_precision;
 pub mod named_store;
 pub mod padded_head;
 mod param_file;

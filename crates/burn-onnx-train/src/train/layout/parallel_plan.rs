@@ -248,15 +248,35 @@ impl ParallelPlan {
         })
     }
 
-    /// This rank's part of `model` (the whole model): its tensor-parallel split (planned
-    /// from a probe pass on two samples of `train`) or its head padded to aligned columns,
-    /// then its pipeline stage.
+    /// `model` with its MLP products marked to write the autocast precision
+    /// (`crate::model::mlp_precision`) on CubeCL devices, where the mark is read; not under
+    /// pipeline parallelism, whose cut may fall between a product and its GELU and whose
+    /// wire carries f32.
+    fn prepare_mlp(&self, model: OnnxModel) -> OnnxModel {
+        if !kernels::runs_cubecl(&model.device()) || self.pp_enabled() {
+            return model;
+        }
+        let (model, marked) = model.with_low_precision_mlp();
+        if marked > 0 {
+            tracing::debug!(
+                marked,
+                "MLP products write their results in the autocast precision"
+            );
+        }
+        model
+    }
+
+    /// This rank's part of `model` (the whole model): its MLP's hidden activations marked
+    /// for the autocast precision, its tensor-parallel split (planned from a probe pass on
+    /// two samples of `train`) or its head padded to aligned columns, then its pipeline
+    /// stage.
     fn model_part(
         &mut self,
         c: &TrainingConfig,
         model: OnnxModel,
         train: &dyn Dataset,
     ) -> Result<OnnxModel> {
+        let model = self.prepare_mlp(model);
         let model = if self.tp_enabled() {
             let sample = train.batch(&[0, 1.min(train.len().saturating_sub(1))])?;
             let input = Value::from_host(&sample.input, &model.device())

@@ -2,7 +2,7 @@
 //! given device against f64 closed forms: `integration/kernels.rs` runs them on the CPU's
 //! fused kernels, `gpu.rs` on the CubeCL ones.
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
 use burn_onnx_train::kernels::{gelu_tanh, gelu_tanh_biased, layer_norm, softmax, tanh};
 use burn_onnx_train::value::{MAX_RANK, PhysTensor, padded};
 
@@ -100,6 +100,24 @@ pub fn check_gelu_tanh(device: &Device, slack: f64) {
     assert_close_rel("gelu gradient", &g, &want_g, 1e-5 * slack, 1e-6 * slack);
 }
 
+/// `gelu_tanh(x + bias)` in f64 for rows of `x` (the bias as long as a row), with the
+/// gradients of `sum(y * w)`: `(y, dx, dbias)`.
+fn biased_gelu_closed_form(x: &[f32], w: &[f32], bias: &[f32]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let cols = bias.len();
+    let (k, c) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+    let (mut y, mut dx, mut db) = (Vec::new(), Vec::new(), vec![0.0; cols]);
+    for (i, (&x, &w)) in x.iter().zip(w).enumerate() {
+        let v = f64::from(x) + f64::from(bias[i % cols]);
+        let t = (k * (v + c * v * v * v)).tanh();
+        y.push(0.5 * v * (1.0 + t));
+        let d = f64::from(w)
+            * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3.0 * c * v * v));
+        dx.push(d);
+        db[i % cols] += d;
+    }
+    (y, dx, db)
+}
+
 /// GELU (tanh form) of `x + bias` on `device` against f64: the output, and the gradients of
 /// `sum(w * y)` for `x` and for `bias` (its sum over the rows); tolerances times `slack`.
 pub fn check_gelu_tanh_biased(device: &Device, slack: f64) {
@@ -129,17 +147,7 @@ pub fn check_gelu_tanh_biased(device: &Device, slack: f64) {
         read(xt.grad(&grads).unwrap()),
         read(bt.grad(&grads).unwrap()),
     );
-    let (k, c) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
-    let (mut want_y, mut want_dx, mut want_db) = (Vec::new(), Vec::new(), vec![0.0; cols]);
-    for (i, (&x, &w)) in x.iter().zip(&w).enumerate() {
-        let v = f64::from(x) + f64::from(bias[i % cols]);
-        let t = (k * (v + c * v * v * v)).tanh();
-        want_y.push(0.5 * v * (1.0 + t));
-        let dx = f64::from(w)
-            * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3.0 * c * v * v));
-        want_dx.push(dx);
-        want_db[i % cols] += dx;
-    }
+    let (want_y, want_dx, want_db) = biased_gelu_closed_form(&x, &w, &bias);
     assert_close_rel("biased gelu", &got_y, &want_y, 1e-6 * slack, 1e-6 * slack);
     assert_close_rel(
         "biased gelu, x's gradient",
@@ -155,6 +163,70 @@ pub fn check_gelu_tanh_biased(device: &Device, slack: f64) {
         &want_db,
         1e-5 * slack,
         1e-5 * slack,
+    );
+}
+
+/// The biased tanh GELU of an f16 input on a CubeCL `device` (the MLP's hidden activation
+/// written in the autocast precision): the output and the input's gradient in f16, each
+/// within an f16 rounding of the f64 closed form of the rounded input and output gradient,
+/// the bias's gradient in f32 within an f16 rounding of its sum (summed with f32
+/// accumulators, rounded to f16 once).
+pub fn check_gelu_tanh_biased_f16(device: &Device) {
+    let (rows, cols) = (37, 1000);
+    let (x, w) = activation_problem(rows, cols);
+    let bias: Vec<f32> = (0..cols).map(|j| 2.0 * (j as f32 * 0.37).sin()).collect();
+    let f32_tensor = |values: Vec<f32>, shape: &[usize]| {
+        PhysTensor::from_data(
+            TensorData::new(values, padded(shape).unwrap().to_vec()),
+            device,
+        )
+    };
+    let read = |t: PhysTensor| {
+        t.cast(FloatDType::F32)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap()
+    };
+    let xt = f32_tensor(x, &[rows, cols])
+        .cast(FloatDType::F16)
+        .require_grad();
+    let bt = f32_tensor(bias.clone(), &[cols]).require_grad();
+    let wt = f32_tensor(w, &[rows, cols]).cast(FloatDType::F16);
+    let (x16, w16) = (read(xt.clone().inner()), read(wt.clone()));
+    let y = gelu_tanh_biased(xt.clone(), bt.clone());
+    assert_eq!(y.dtype(), DType::F16, "the output in the input's precision");
+    let grads = (y.clone() * wt).sum().backward();
+    let (dx, db) = (xt.grad(&grads).unwrap(), bt.grad(&grads).unwrap());
+    assert_eq!(
+        dx.dtype(),
+        DType::F16,
+        "the input's gradient in its precision"
+    );
+    assert_eq!(
+        db.dtype(),
+        DType::F32,
+        "the bias's gradient in its precision"
+    );
+    let (got_y, got_dx, got_db) = (read(y.inner()), read(dx), read(db));
+    let (want_y, want_dx, want_db) = biased_gelu_closed_form(&x16, &w16, &bias);
+    // Half an f16 unit (2^-11 relative) for the one rounding, with room for f32's own
+    // error below it; f16's smallest normal as the absolute floor.
+    let (rtol, atol) = (5.0e-4, 6.2e-5);
+    assert_close_rel("f16 biased gelu", &got_y, &want_y, rtol, atol);
+    assert_close_rel(
+        "f16 biased gelu, x's gradient",
+        &got_dx,
+        &want_dx,
+        rtol,
+        atol,
+    );
+    // 37 rounded terms summed in f32, the sum rounded to f16 once.
+    assert_close_rel(
+        "f16 biased gelu, bias's gradient",
+        &got_db,
+        &want_db,
+        rtol,
+        37.0 * atol,
     );
 }
 
