@@ -13,7 +13,7 @@
 //! the plain autocast composition (the CPU's) has. The result is not rounded to the low
 //! precision on its way out (PyTorch's autocast rounds it), except where the caller asks
 //! for it in the low precision (the loss's logits, `crate::model::head_precision`, and the
-//! MLP's hidden activation, `crate::model::mlp_precision`: their readers take them so, and
+//! MLP's hidden activation, `crate::model::activation_precision`: their readers take them so, and
 //! their gradients come back so); an operand that arrives in the low precision is read as
 //! it is and gets its gradient in it. The f32 parameters, optimizer and other ops are
 //! unchanged.

@@ -7,7 +7,7 @@
 //! grid's second dimension); an element-wise op one unit per element.
 
 use burn::backend::cubecl::dtype_to_storage_type;
-use burn::backend::{Shape, TensorMetadata};
+use burn::backend::{DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
@@ -65,16 +65,19 @@ pub(super) fn cube_sum(shared: &mut Shared<[f32]>, value: f32) -> f32 {
     total
 }
 
-/// One cube per row: `y = (x - mean) * rstd * scale + bias`, `stats[row] = [mean, rstd]`.
+/// One cube per row: `y = (x - mean) * rstd * scale + bias` (computed in f32, written in
+/// `y`'s precision `O`), `stats[row] = [mean, rstd]`.
 #[cube(launch)]
-fn layer_norm_forward_kernel(
+#[allow(clippy::too_many_arguments)]
+fn layer_norm_forward_kernel<O: Float>(
     x: &Tensor<f32>,
     scale: &Tensor<f32>,
     bias: &Tensor<f32>,
-    y: &mut Tensor<f32>,
+    y: &mut Tensor<O>,
     stats: &mut Tensor<f32>,
     eps: f32,
     #[comptime] threads: u32,
+    #[define(O)] _dtype: ElemType,
 ) {
     let rows = x.shape(0);
     let cols = x.shape(1);
@@ -102,7 +105,7 @@ fn layer_norm_forward_kernel(
         let rstd = 1.0 / f32::sqrt(cube_sum(&mut shared, squares) / n + eps);
         j = unit;
         while j < cols {
-            y[base + j] = (x[base + j] - mean) * rstd * scale[j] + bias[j];
+            y[base + j] = O::cast_from((x[base + j] - mean) * rstd * scale[j] + bias[j]);
             j += step;
         }
         if unit == 0 {
@@ -112,15 +115,17 @@ fn layer_norm_forward_kernel(
     }
 }
 
-/// One cube per row: `dx = rstd (h - mean(h) - xhat mean(h xhat))` with `h = g * scale`.
+/// One cube per row: `dx = rstd (h - mean(h) - xhat mean(h xhat))` with `h = g * scale`
+/// (`g` in any precision `G`, read as f32).
 #[cube(launch)]
-fn layer_norm_backward_kernel(
+fn layer_norm_backward_kernel<G: Float>(
     x: &Tensor<f32>,
     scale: &Tensor<f32>,
     stats: &Tensor<f32>,
-    g: &Tensor<f32>,
+    g: &Tensor<G>,
     dx: &mut Tensor<f32>,
     #[comptime] threads: u32,
+    #[define(G)] _dtype: ElemType,
 ) {
     let rows = x.shape(0);
     let cols = x.shape(1);
@@ -137,7 +142,7 @@ fn layer_norm_backward_kernel(
         let mut sum_hx = f32::new(0.0);
         let mut j = unit;
         while j < cols {
-            let h = g[base + j] * scale[j];
+            let h = f32::cast_from(g[base + j]) * scale[j];
             sum_h += h;
             sum_hx += h * (x[base + j] - mean) * rstd;
             j += step;
@@ -147,7 +152,7 @@ fn layer_norm_backward_kernel(
         j = unit;
         while j < cols {
             let xhat = (x[base + j] - mean) * rstd;
-            dx[base + j] = rstd * (g[base + j] * scale[j] - a - xhat * b);
+            dx[base + j] = rstd * (f32::cast_from(g[base + j]) * scale[j] - a - xhat * b);
             j += step;
         }
     }
@@ -157,12 +162,13 @@ fn layer_norm_backward_kernel(
 /// and of `g`, into row `b` of `partials` (`[blocks, 2 * cols]`: `dscale`'s, then
 /// `dbias`'s).
 #[cube(launch)]
-fn layer_norm_param_grads_kernel(
+fn layer_norm_param_grads_kernel<G: Float>(
     x: &Tensor<f32>,
     stats: &Tensor<f32>,
-    g: &Tensor<f32>,
+    g: &Tensor<G>,
     partials: &mut Tensor<f32>,
     #[comptime] block_rows: usize,
+    #[define(G)] _dtype: ElemType,
 ) {
     let rows = x.shape(0);
     let cols = x.shape(1);
@@ -179,8 +185,9 @@ fn layer_norm_param_grads_kernel(
         while row < end {
             let i = row * cols + col;
             let xhat = (x[i] - stats[2 * row]) * stats[2 * row + 1];
-            ds += g[i] * xhat;
-            db += g[i];
+            let gi = f32::cast_from(g[i]);
+            ds += gi * xhat;
+            db += gi;
             row += 1;
         }
         partials[2 * block * cols + col] = ds;
@@ -256,12 +263,14 @@ fn rows_cols(x: &CubeTensor) -> (usize, usize) {
     (dims[0], dims[1])
 }
 
-/// Layer norm of the rows of `[rows, cols]` `x`: the output and `[rows, 2]` statistics.
+/// Layer norm of the rows of `[rows, cols]` `x` (f32): the output in `out` (f32 or a low
+/// precision) and `[rows, 2]` f32 statistics.
 pub fn layer_norm_forward(
     x: CubeTensor,
     scale: CubeTensor,
     bias: CubeTensor,
     eps: f32,
+    out: DType,
 ) -> (CubeTensor, CubeTensor) {
     let (x, scale, bias) = (
         into_contiguous(x),
@@ -269,7 +278,7 @@ pub fn layer_norm_forward(
         into_contiguous(bias),
     );
     let (rows, _) = rows_cols(&x);
-    let y = empty_like(&x, x.shape());
+    let y = empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), x.shape(), out);
     let stats = empty_like(&x, Shape::new([rows, 2]));
     layer_norm_forward_kernel::launch(
         &x.client.clone(),
@@ -282,13 +291,15 @@ pub fn layer_norm_forward(
         stats.clone().into_tensor_arg(),
         eps,
         ROW_THREADS,
+        dtype_to_storage_type(out),
     );
     (y, stats)
 }
 
 /// The backward of [`layer_norm_forward`]: `dx`, and `[blocks, 2 * cols]` partial sums
 /// over blocks of rows of `dscale` (the first `cols` of a row) and `dbias` (the rest), for
-/// the caller to sum over the blocks in one reduction.
+/// the caller to sum over the blocks in one reduction; `g` in the output's precision, the
+/// rest f32.
 pub fn layer_norm_backward(
     x: CubeTensor,
     scale: CubeTensor,
@@ -304,6 +315,7 @@ pub fn layer_norm_backward(
     let (rows, cols) = rows_cols(&x);
     let client = x.client.clone();
     let dx = empty_like(&x, x.shape());
+    let g_dtype = dtype_to_storage_type(g.dtype);
     layer_norm_backward_kernel::launch(
         &client,
         row_cubes(rows),
@@ -314,6 +326,7 @@ pub fn layer_norm_backward(
         g.clone().into_tensor_arg(),
         dx.clone().into_tensor_arg(),
         ROW_THREADS,
+        g_dtype,
     );
     let blocks = rows.div_ceil(PARTIAL_ROWS).max(1);
     let partials = empty_like(&x, Shape::new([blocks, 2 * cols]));
@@ -327,6 +340,7 @@ pub fn layer_norm_backward(
         g.into_tensor_arg(),
         partials.clone().into_tensor_arg(),
         PARTIAL_ROWS,
+        g_dtype,
     );
     (dx, partials)
 }

@@ -4,7 +4,7 @@
 //! (`onnx::fusion::fuse_gelu_bias`). Backward: the input's gradient `g gelu'(x + bias)` in
 //! one launch, the bias's its sum over the rows (what the `Add`'s backward reduced too).
 //! `x` may arrive in the autocast precision (the product before it writes it so,
-//! `crate::model::mlp_precision`): the kernels compute in f32 and write the result and the
+//! `crate::model::activation_precision`): the kernels compute in f32 and write the result and the
 //! input's gradient in `x`'s precision, the bias's gradient in the bias's.
 
 use burn::backend::Cube;

@@ -18,9 +18,10 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::{Flex, FlexTensor};
+use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, FloatDType, Tensor, TensorData};
 use rayon::prelude::*;
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -38,32 +39,48 @@ pub fn layer_norm_fused_here(x: &Tensor<2>) -> bool {
 /// `(x - mean) / sqrt(var + eps) * scale + bias` over each row of `x` (`scale` and `bias`
 /// of the row length).
 pub fn layer_norm(x: Tensor<2>, scale: Tensor<1>, bias: Tensor<1>, eps: f32) -> Tensor<2> {
+    layer_norm_in(x, scale, bias, eps, FloatDType::F32)
+}
+
+/// [`layer_norm`] with the output written in `out` (f32, or a low precision whose readers
+/// take it so: the products after a norm, `crate::model::activation_precision`); the
+/// statistics and the gradients of `x`, `scale` and `bias` stay f32.
+pub fn layer_norm_in(
+    x: Tensor<2>,
+    scale: Tensor<1>,
+    bias: Tensor<1>,
+    eps: f32,
+    out: FloatDType,
+) -> Tensor<2> {
     Tensor::from_dispatch(<burn::backend::Dispatch as LayerNormOps>::layer_norm_rows(
         x.into_dispatch(),
         scale.into_dispatch(),
         bias.into_dispatch(),
         eps,
+        out,
     ))
 }
 
 /// The op as a backend extension (CubeCL, Flex, and Autodiff over them).
 #[backend_extension(Cube: cfg(any(feature = "wgpu", feature = "cuda")), Flex, Autodiff)]
 pub trait LayerNormOps: Backend {
-    /// The normalised rows.
+    /// The normalised rows, in `out`.
     fn layer_norm_rows(
         x: FloatTensor<Self>,
         scale: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         eps: f32,
+        out: FloatDType,
     ) -> FloatTensor<Self>;
-    /// The normalised rows and each row's `[mean, rstd]` (`[rows, 2]`).
+    /// The normalised rows (in `out`) and each row's `[mean, rstd]` (`[rows, 2]`, f32).
     fn layer_norm_rows_with_stats(
         x: FloatTensor<Self>,
         scale: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         eps: f32,
+        out: FloatDType,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
-    /// `(dx, dscale, dbias)` for output gradient `g`.
+    /// `(dx, dscale, dbias)` (f32) for output gradient `g` (in the output's precision).
     fn layer_norm_rows_backward(
         x: FloatTensor<Self>,
         scale: FloatTensor<Self>,
@@ -174,8 +191,9 @@ impl LayerNormOps for Flex {
         scale: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         eps: f32,
+        out: FloatDType,
     ) -> FloatTensor<Self> {
-        Self::layer_norm_rows_with_stats(x, scale, bias, eps).0
+        Self::layer_norm_rows_with_stats(x, scale, bias, eps, out).0
     }
 
     fn layer_norm_rows_with_stats(
@@ -183,6 +201,7 @@ impl LayerNormOps for Flex {
         scale: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         eps: f32,
+        out: FloatDType,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let shape = x.shape().to_vec();
         let (x, scale, bias) = (host(&x), host(&scale), host(&bias));
@@ -203,7 +222,11 @@ impl LayerNormOps for Flex {
                 });
                 st.copy_from_slice(&[mean, rstd]);
             });
-        (output(y, shape.clone()), output(stats, vec![shape[0], 2]))
+        let mut y = output(y, shape.clone());
+        if out != FloatDType::F32 {
+            y = Flex::float_cast(y, out);
+        }
+        (y, output(stats, vec![shape[0], 2]))
     }
 
     fn layer_norm_rows_backward(
@@ -213,6 +236,10 @@ impl LayerNormOps for Flex {
         g: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let shape = x.shape().to_vec();
+        let g = match g.dtype() {
+            DType::F32 => g,
+            _ => Flex::float_cast(g, FloatDType::F32),
+        };
         let (x, scale, stats, g) = (host(&x), host(&scale), host(&stats), host(&g));
         let (xs, s, st, gs) = (values(&x), values(&scale), values(&stats), values(&g));
         let cols = shape[1].max(1);
@@ -266,8 +293,9 @@ impl LayerNormOps for Cube {
         scale: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         eps: f32,
+        out: FloatDType,
     ) -> FloatTensor<Self> {
-        cube_rows::layer_norm_forward(x, scale, bias, eps).0
+        cube_rows::layer_norm_forward(x, scale, bias, eps, out.into()).0
     }
 
     fn layer_norm_rows_with_stats(
@@ -275,8 +303,9 @@ impl LayerNormOps for Cube {
         scale: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         eps: f32,
+        out: FloatDType,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        cube_rows::layer_norm_forward(x, scale, bias, eps)
+        cube_rows::layer_norm_forward(x, scale, bias, eps, out.into())
     }
 
     fn layer_norm_rows_backward(
@@ -325,6 +354,7 @@ impl<B: Backend + LayerNormOps, C: CheckpointStrategy> LayerNormOps for Autodiff
         scale: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         eps: f32,
+        out: FloatDType,
     ) -> FloatTensor<Self> {
         match LayerNormBackward
             .prepare::<C>([x.node(), scale.node(), bias.node()])
@@ -337,7 +367,8 @@ impl<B: Backend + LayerNormOps, C: CheckpointStrategy> LayerNormOps for Autodiff
                     scale.into_primitive(),
                     bias.into_primitive(),
                 );
-                let (y, stats) = B::layer_norm_rows_with_stats(x.clone(), scale.clone(), bias, eps);
+                let (y, stats) =
+                    B::layer_norm_rows_with_stats(x.clone(), scale.clone(), bias, eps, out);
                 prep.finish((x, scale, stats), y)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::layer_norm_rows(
@@ -345,6 +376,7 @@ impl<B: Backend + LayerNormOps, C: CheckpointStrategy> LayerNormOps for Autodiff
                 scale.into_primitive(),
                 bias.into_primitive(),
                 eps,
+                out,
             )),
         }
     }
@@ -354,12 +386,14 @@ impl<B: Backend + LayerNormOps, C: CheckpointStrategy> LayerNormOps for Autodiff
         scale: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         eps: f32,
+        out: FloatDType,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (y, stats) = B::layer_norm_rows_with_stats(
             x.into_primitive(),
             scale.into_primitive(),
             bias.into_primitive(),
             eps,
+            out,
         );
         (Self::from_inner(y), Self::from_inner(stats))
     }

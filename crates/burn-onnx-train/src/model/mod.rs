@@ -37,10 +37,10 @@ use shape_folds::{FoldKey, FoldPass, ShapeFolds};
 pub use sharded::{ChunkPlace, ChunkStore, Settled, Sharding};
 pub use tensor_parallel::Probe;
 
+mod activation_precision;
 mod file_tensor;
 mod head_precision;
 pub mod loss;
-mod mlp_precision;
 pub mod named_store;
 pub mod padded_head;
 mod param_file;

@@ -7,11 +7,12 @@
 //! state written back into the model follows `torch.nn.BatchNorm` in `train()` (unbiased
 //! variance), since that is how the weights were trained in the first place.
 
-use burn::tensor::DType;
+use burn::tensor::{DType, FloatDType};
 
 use super::broadcast::float_binary;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
+use crate::graph::attributes::LOW_PRECISION_RESULT;
 use crate::op_bail;
 use crate::value::{FloatValue, Value, norm_axis};
 
@@ -45,7 +46,18 @@ pub fn layer_norm(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             Some(b) => flat(b),
             None => burn::tensor::Tensor::zeros([inner], &x2.device()),
         };
-        let y = crate::kernels::layer_norm(x2, flat(scale), bias, eps as f32);
+        // Marked for the autocast precision (its readers are products, which read it so):
+        // written in it on CubeCL devices, `crate::model::activation_precision`.
+        let out = match ctx.autocast {
+            Some(low)
+                if ctx.attrs.int(LOW_PRECISION_RESULT, 0)? != 0
+                    && crate::kernels::runs_cubecl(ctx.device) =>
+            {
+                low
+            }
+            _ => FloatDType::F32,
+        };
+        let y = crate::kernels::layer_norm_in(x2, flat(scale), bias, eps as f32, out);
         return Ok(Value::Float(FloatValue::from_rank(y)?.reshape(&shape)?).into());
     }
     let mean = x2.clone().mean_dim(1);

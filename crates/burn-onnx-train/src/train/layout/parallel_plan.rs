@@ -248,26 +248,34 @@ impl ParallelPlan {
         })
     }
 
-    /// `model` with its MLP products marked to write the autocast precision
-    /// (`crate::model::mlp_precision`) on CubeCL devices, where the mark is read; not under
-    /// pipeline parallelism, whose cut may fall between a product and its GELU and whose
-    /// wire carries f32.
-    fn prepare_mlp(&self, model: OnnxModel) -> OnnxModel {
+    /// `model` with the activations only products read marked to be written in the
+    /// autocast precision (`crate::model::activation_precision`) on CubeCL devices, where
+    /// the marks are read: the MLP's hidden activation, and the layer norms' outputs
+    /// unless tensor parallelism puts a collective between a norm and its products. Not
+    /// under pipeline parallelism, whose cut may fall between marked nodes and whose wire
+    /// carries f32.
+    fn prepare_activations(&self, model: OnnxModel) -> OnnxModel {
         if !kernels::runs_cubecl(&model.device()) || self.pp_enabled() {
             return model;
         }
-        let (model, marked) = model.with_low_precision_mlp();
-        if marked > 0 {
+        let (model, mlp) = model.with_low_precision_mlp();
+        let (model, norms) = if self.tp_enabled() {
+            (model, 0)
+        } else {
+            model.with_low_precision_norms()
+        };
+        if mlp + norms > 0 {
             tracing::debug!(
-                marked,
-                "MLP products write their results in the autocast precision"
+                mlp,
+                norms,
+                "activations only products read are written in the autocast precision"
             );
         }
         model
     }
 
-    /// This rank's part of `model` (the whole model): its MLP's hidden activations marked
-    /// for the autocast precision, its tensor-parallel split (planned from a probe pass on
+    /// This rank's part of `model` (the whole model): the activations only products read
+    /// marked for the autocast precision, its tensor-parallel split (planned from a probe pass on
     /// two samples of `train`) or its head padded to aligned columns, then its pipeline
     /// stage.
     fn model_part(
@@ -276,7 +284,7 @@ impl ParallelPlan {
         model: OnnxModel,
         train: &dyn Dataset,
     ) -> Result<OnnxModel> {
-        let model = self.prepare_mlp(model);
+        let model = self.prepare_activations(model);
         let model = if self.tp_enabled() {
             let sample = train.batch(&[0, 1.min(train.len().saturating_sub(1))])?;
             let input = Value::from_host(&sample.input, &model.device())

@@ -3,7 +3,9 @@
 //! fused kernels, `gpu.rs` on the CubeCL ones.
 
 use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
-use burn_onnx_train::kernels::{gelu_tanh, gelu_tanh_biased, layer_norm, softmax, tanh};
+use burn_onnx_train::kernels::{
+    gelu_tanh, gelu_tanh_biased, layer_norm, layer_norm_in, softmax, tanh,
+};
 use burn_onnx_train::value::{MAX_RANK, PhysTensor, padded};
 
 use super::lcg;
@@ -308,27 +310,51 @@ fn layer_norm_f64(
     (y, dx, ds, db)
 }
 
+/// A layer norm's `(x, w, scale, bias)` of `rows x cols`: rows offset from zero, the first
+/// one nearly constant (a variance far below `eps`).
+fn layer_norm_problem(rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (mut x, w) = activation_problem(rows, cols);
+    x.iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = *v * 0.1 + 3.0 + (i / cols) as f32 * 0.01);
+    x[..cols]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = 1e-3 * (i % 3) as f32);
+    let scale: Vec<f32> = (0..cols).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+    let bias: Vec<f32> = (0..cols).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
+    (x, w, scale, bias)
+}
+
+/// `x` (`[rows, scale.len()]`), `scale` and `bias` as tensors on `device` that take
+/// gradients.
+fn layer_norm_leaves(
+    device: &Device,
+    x: &[f32],
+    scale: &[f32],
+    bias: &[f32],
+) -> (Tensor<2>, Tensor<1>, Tensor<1>) {
+    let cols = scale.len();
+    let t = |v: &[f32], shape: Vec<usize>| {
+        Tensor::<2>::from_data(TensorData::new(v.to_vec(), shape), device)
+    };
+    (
+        t(x, vec![x.len() / cols, cols]).require_grad(),
+        t(scale, vec![1, cols]).reshape([cols]).require_grad(),
+        t(bias, vec![1, cols]).reshape([cols]).require_grad(),
+    )
+}
+
 /// Layer norm on `device` against f64 for each `(rows, cols)` of `shapes`; tolerances
 /// times `slack`.
 pub fn check_layer_norm(device: &Device, slack: f64, shapes: &[(usize, usize)]) {
     for &(rows, cols) in shapes {
-        let (mut x, w) = activation_problem(rows, cols);
-        x.iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = *v * 0.1 + 3.0 + (i / cols) as f32 * 0.01);
-        x[..cols]
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = 1e-3 * (i % 3) as f32);
-        let scale: Vec<f32> = (0..cols).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
-        let bias: Vec<f32> = (0..cols).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
+        let (x, w, scale, bias) = layer_norm_problem(rows, cols);
         let eps = 1e-5;
         let t = |v: &[f32], shape: Vec<usize>| {
             Tensor::<2>::from_data(TensorData::new(v.to_vec(), shape), device)
         };
-        let xt = t(&x, vec![rows, cols]).require_grad();
-        let st = t(&scale, vec![1, cols]).reshape([cols]).require_grad();
-        let bt = t(&bias, vec![1, cols]).reshape([cols]).require_grad();
+        let (xt, st, bt) = layer_norm_leaves(device, &x, &scale, &bias);
         let y = layer_norm(xt.clone(), st.clone(), bt.clone(), eps as f32);
         let grads = (y.clone() * t(&w, vec![rows, cols])).sum().backward();
         let (want_y, want_dx, want_ds, want_db) = layer_norm_f64(&x, &scale, &bias, &w, eps);
@@ -358,4 +384,55 @@ pub fn check_layer_norm(device: &Device, slack: f64, shapes: &[(usize, usize)]) 
             1e-4 * slack,
         );
     }
+}
+
+/// The layer norm writing its output in f16 on a CubeCL `device` (a norm read by products
+/// only): the output within half an f16 unit of the f64 closed form, its gradient
+/// arriving in f16, and `x`'s, `scale`'s and `bias`'s gradients in f32 to f32's precision
+/// against the closed form of that rounded gradient.
+pub fn check_layer_norm_f16_out(device: &Device, slack: f64) {
+    let (rows, cols) = (37, 1000);
+    let (x, w, scale, bias) = layer_norm_problem(rows, cols);
+    let eps = 1e-5;
+    let (xt, st, bt) = layer_norm_leaves(device, &x, &scale, &bias);
+    let wt = Tensor::<2>::from_data(TensorData::new(w, vec![rows, cols]), device);
+    let y = layer_norm_in(
+        xt.clone(),
+        st.clone(),
+        bt.clone(),
+        eps as f32,
+        FloatDType::F16,
+    );
+    assert_eq!(y.dtype(), DType::F16, "the output in the asked precision");
+    let wt = wt.cast(FloatDType::F16);
+    let w16 = wt
+        .clone()
+        .cast(FloatDType::F32)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    let grads = (y.clone() * wt).sum().backward();
+    let (dx, ds, db) = (
+        xt.grad(&grads).unwrap(),
+        st.grad(&grads).unwrap(),
+        bt.grad(&grads).unwrap(),
+    );
+    assert_eq!(
+        [dx.dtype(), ds.dtype(), db.dtype()],
+        [DType::F32; 3],
+        "the gradients in f32"
+    );
+    let (want_y, want_dx, want_ds, want_db) = layer_norm_f64(&x, &scale, &bias, &w16, eps);
+    let v2 = |t: Tensor<2>| {
+        t.cast(FloatDType::F32)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap()
+    };
+    let v1 = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().unwrap();
+    assert_close_rel("f16 layer norm", &v2(y.inner()), &want_y, 5e-4, 6.2e-5);
+    let (rtol, atol) = (1e-4 * slack, 1e-4 * slack);
+    assert_close_rel("f16 layer norm dx", &v2(dx), &want_dx, rtol, atol);
+    assert_close_rel("f16 layer norm dscale", &v1(ds), &want_ds, rtol, atol);
+    assert_close_rel("f16 layer norm dbias", &v1(db), &want_db, rtol, atol);
 }
