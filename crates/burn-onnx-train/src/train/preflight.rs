@@ -53,6 +53,80 @@ pub fn check_model_and_data(
     check_data(c, model, train, test)
 }
 
+/// That `model`'s parameters and one micro-batch's logits fit the largest buffer `device`
+/// allocates at once ([`check_fits_allocation`]); nothing to check where the
+/// device has no such cap (the CPU).
+pub fn check_fits_device(c: &TrainingConfig, model: &OnnxModel, device: &Device) -> Result<()> {
+    match crate::kernels::largest_allocation(device) {
+        Some(largest) => check_fits_allocation(c, model, largest, &c.parallel.device.to_string()),
+        None => Ok(()),
+    }
+}
+
+/// That `model`'s parameters (f32 on the device) and one micro-batch's logits fit in
+/// `largest` bytes,
+/// the largest buffer `device` allocates at once. CubeCL devices cap it (wgpu without
+/// 64-bit indexing, lavapipe included: 128 MiB), and a tensor past it fails at its first
+/// use with the device's I/O error, far from its cause; here the error names the tensor,
+/// its bytes, the device's limit and what to change. Layouts that split the tensors
+/// (tensor parallelism, ZeRO-3; pipelines' micro-batches for the logits) are left to the
+/// run.
+pub fn check_fits_allocation(
+    c: &TrainingConfig,
+    model: &OnnxModel,
+    largest: u64,
+    device: &str,
+) -> Result<()> {
+    let p = &c.parallel;
+    let mb = |bytes: u64| bytes as f64 / 1e6;
+    if p.horizontal_parallel_size <= 1 && p.zero_stage < 3 {
+        for param in model.param_infos() {
+            let bytes = param.shape.iter().product::<usize>() as u64 * 4;
+            if bytes > largest {
+                return Err(OnnxError::field(
+                    "model.model_path",
+                    format!(
+                        "parameter `{}` ({:?}, {:.1} MB in f32) is larger than the largest buffer the device {device} allocates at once ({:.1} MB): train on a device without that cap (CUDA, or a Vulkan driver with 64-bit indexing), or split the parameter (parallel.horizontal_parallel_size, or ZeRO stage 3)",
+                        param.name,
+                        param.shape,
+                        mb(bytes),
+                        mb(largest)
+                    ),
+                ));
+            }
+        }
+    }
+    let lm = c.model.loss == LossKind::LmCrossEntropy;
+    if !lm || p.horizontal_parallel_size > 1 || p.pipeline_parallel_size > 1 {
+        return Ok(());
+    }
+    let Some(classes) = classes(&c.model.output_name, model) else {
+        return Ok(());
+    };
+    let multiple = c.model.pad_vocab_to_multiple_of.unwrap_or(64).max(1);
+    let columns = classes.next_multiple_of(multiple);
+    let element = if c.precision.dtype.autocast().is_some() {
+        2
+    } else {
+        4
+    };
+    let rows = c.data.batch_size * c.data.seq_len;
+    let bytes = (rows * columns * element) as u64;
+    if bytes > largest {
+        return Err(OnnxError::field(
+            "data.batch_size",
+            format!(
+                "one micro-batch's logits ({} x {} tokens x {columns} columns, {element} bytes each: {:.1} MB) are larger than the largest buffer the device {device} allocates at once ({:.1} MB): lower data.batch_size or data.seq_len (train.gradient_accumulation_steps keeps the update's batch), or train on a device without that cap (CUDA)",
+                c.data.batch_size,
+                c.data.seq_len,
+                mb(bytes),
+                mb(largest)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The graph inputs and output the config names exist: `model.input_name` (and the mask
 /// and label inputs when set) among the inputs, `model.output_name` among the outputs. The
 /// error lists what the graph has and the flag that sets the field.

@@ -20,7 +20,7 @@ use super::layout::memory_counts::counted_memory;
 use super::layout::parallel_plan::{ParallelPlan, Parallelized};
 use super::passes::{Passes, UpdateLoss};
 use super::precision::LossScaler;
-use super::preflight::check_model_and_data;
+use super::preflight::{check_fits_device, check_model_and_data};
 use super::process::preemption::{agreed_stop, install};
 use super::report::overview::RunOverview;
 use super::report::perf::{DeviceMeter, MemoryReport};
@@ -96,6 +96,7 @@ impl Trainer {
         }
         let model = c.model.load_for_training(device)?;
         check_model_and_data(&c, &model, train.as_ref(), test)?;
+        check_fits_device(&c, &model, device)?;
         if comm.rank() == 0 {
             tracing::info!("training\n{}", RunOverview::new(&c, &model, train.as_ref()));
         }

@@ -402,6 +402,44 @@ fn evaluation_split_across_thread_ranks_equals_the_single_process_one() {
 }
 
 #[test]
+fn tensors_past_the_devices_largest_buffer_are_named_before_the_first_step() {
+    use burn_onnx_train::train::precision::Precision;
+    use burn_onnx_train::train::preflight::check_fits_allocation;
+    let mut c = gpt2_config(&tempdir("feat-fits"));
+    let model = OnnxModel::load(&c.model.model_path, &Device::flex()).unwrap();
+    // gpt2_tiny's largest parameter, its 1024 x 128 token table: 524,288 bytes in f32; the
+    // logits of a 4 x 16-token micro-batch over 1024 columns: 262,144.
+    check_fits_allocation(&c, &model, 524_288, "dev").unwrap();
+    let err = check_fits_allocation(&c, &model, 524_287, "dev")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("model.model_path: parameter `")
+            && err.contains(WTE)
+            && err.contains("[1024, 128], 0.5 MB in f32")
+            && err.contains("the device dev allocates at once (0.5 MB)"),
+        "{err}"
+    );
+    // ZeRO-3 and tensor parallelism split the parameters: left to the run.
+    c.parallel.zero_stage = 3;
+    check_fits_allocation(&c, &model, 524_287, "dev").unwrap();
+    c.parallel.zero_stage = 0;
+    // 16 x 16 tokens: 1,048,576 bytes of f32 logits, past a 600,000-byte buffer.
+    c.data.batch_size = 16;
+    let err = check_fits_allocation(&c, &model, 600_000, "dev")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("data.batch_size: one micro-batch's logits (16 x 16 tokens x 1024 columns, 4 bytes each: 1.0 MB)")
+            && err.contains("lower data.batch_size or data.seq_len"),
+        "{err}"
+    );
+    // Under f16 autocast the head writes them in f16: 524,288 bytes fit.
+    c.precision.dtype = Precision::F16;
+    check_fits_allocation(&c, &model, 600_000, "dev").unwrap();
+}
+
+#[test]
 fn bad_data_and_configs_fail_before_the_first_step() {
     let out = tempdir("feat-preflight");
     let c = gpt2_config(&out);
