@@ -16,7 +16,7 @@ use burn::backend::flex::{Flex, FlexTensor};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
 use burn::tensor::activation;
-use burn::tensor::{DType, TensorData};
+use burn::tensor::{DType, FloatDType, TensorData};
 use rayon::prelude::*;
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -65,6 +65,13 @@ pub fn gelu_tanh_biased(x: PhysTensor, bias: PhysTensor) -> PhysTensor {
     let any_float = matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16);
     let fused = row_bias && any_float && fused_here(&bias) && super::runs_cubecl(&x.device());
     if !fused {
+        // The composition adds in the bias's precision (an `x` written in a low one by a
+        // marked product is cast up; its readers, products, take either).
+        let x = if x.dtype() != DType::F32 && bias.dtype() == DType::F32 {
+            x.cast(FloatDType::F32)
+        } else {
+            x
+        };
         return gelu_tanh(x + bias);
     }
     #[cfg(any(feature = "wgpu", feature = "cuda"))]

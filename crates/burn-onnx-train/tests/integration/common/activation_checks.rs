@@ -230,6 +230,17 @@ pub fn check_gelu_tanh_biased_f16(device: &Device) {
         rtol,
         37.0 * atol,
     );
+    // A bias the fused kernels do not take (one value for every column): the composition,
+    // the f16 input cast up to the bias's f32 first.
+    let scalar = f32_tensor(vec![0.25], &[1]);
+    let y = gelu_tanh_biased(xt.clone(), scalar);
+    assert_eq!(
+        y.dtype(),
+        DType::F32,
+        "the composition runs in the bias's precision"
+    );
+    let shifted = biased_gelu_closed_form(&x16, &w16, &vec![0.25; cols]).0;
+    assert_close_rel("f16 gelu, scalar bias", &read(y), &shifted, 1e-5, 1e-5);
 }
 
 /// Softmax over the last axis on `device` against f64, for each `(rows, cols)` of `shapes`;
