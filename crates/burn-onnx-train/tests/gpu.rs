@@ -197,9 +197,11 @@ fn f16_logits_from_the_head_give_pytorchs_loss_and_gradients_to_f16s_precision()
 }
 
 /// Dynamo's GPT-2 (each MLP a MatMul, an `Add` of its bias and a tanh `Gelu`, fused on
-/// load into a biased `Gelu`; layer norms read by products) under f16 autocast on the GPU,
-/// with `low` its MLP products and its norms marked by [`OnnxModel::with_low_precision_mlp`]
-/// and [`OnnxModel::with_low_precision_norms`]: the loss, and the loss's and each
+/// load into a biased `Gelu`; layer norms read by products; attention cores whose heads a
+/// transpose and a reshape merge for a product) under f16 autocast on the GPU, with `low`
+/// its MLP products, attention cores and norms marked by
+/// [`OnnxModel::with_low_precision_mlp`], [`OnnxModel::with_low_precision_attention`] and
+/// [`OnnxModel::with_low_precision_norms`]: the loss, and the loss's and each
 /// gradient's largest error against PyTorch's f32 ones as a fraction of that gradient's
 /// largest value.
 fn f16_activation_errors(low: bool) -> (f32, f32, Vec<(String, f32)>) {
@@ -207,11 +209,12 @@ fn f16_activation_errors(low: bool) -> (f32, f32, Vec<(String, f32)>) {
     let model = OnnxModel::load(path("gpt2_tied.onnx"), &gpu().autodiff()).unwrap();
     let model = if low {
         let (model, mlp) = model.with_low_precision_mlp();
+        let (model, attention) = model.with_low_precision_attention();
         let (model, norms) = model.with_low_precision_norms();
         assert_eq!(
-            (mlp, norms),
-            (2, 5),
-            "an MLP product a layer; ln_1, ln_2, ln_f"
+            (mlp, attention, norms),
+            (2, 2, 5),
+            "an MLP product and an attention core a layer; ln_1, ln_2, ln_f"
         );
         model
     } else {
@@ -304,10 +307,11 @@ fn the_plan_marks_a_matmul_head_and_values_only_products_read_only_on_gpu() {
         let readers = readers.iter().map(|r| r.to_string()).collect::<Vec<_>>();
         (op.to_string(), readers)
     };
-    let (head, mlp, norm) = (
+    let (head, mlp, norm, attention) = (
         mark("MatMul", &[]),
         mark("MatMul", &["Gelu"]),
         mark("LayerNormalization", &["MatMul"]),
+        mark("Softmax", &["Transpose"]),
     );
     assert_eq!(plan_marks(None, &gpu().autodiff()), [head.clone()]);
     assert_eq!(
@@ -315,10 +319,11 @@ fn the_plan_marks_a_matmul_head_and_values_only_products_read_only_on_gpu() {
         [],
         "the CPU keeps f32 logits"
     );
-    // Dynamo's GPT-2: each layer's MLP product (its bias and GELU fused on load) and the
-    // layer norms (each read by a product) too; gpt2_tiny's norms feed Gemms (left).
+    // Dynamo's GPT-2: each layer's MLP product (its bias and GELU fused on load), attention
+    // core (merged by a transpose and a reshape for its product) and layer norms (each read
+    // by a product) too; gpt2_tiny's feed Gemms (left).
     let dynamo = data("dynamo_gpt2/gpt2_tied.onnx");
-    let layer = [norm.clone(), norm.clone(), mlp];
+    let layer = [norm.clone(), attention, norm.clone(), mlp];
     assert_eq!(
         plan_marks(Some(&dynamo), &gpu().autodiff()),
         [&layer[..], &layer[..], &[norm, head]].concat()
@@ -1273,16 +1278,19 @@ fn fused_masked_softmax_on_gpu_matches_the_f64_closed_form() {
 }
 
 /// The attention core's output and the gradients of Q, K and V against the f64 closed form,
-/// in f32 and (its products) in f16: `q [2, 3, 5, 4]`, K stored `[2, 3, 7, 4]` and read
-/// transposed as `kt`, `v [2, 3, 7, 6]`, a causal-style mask shared by batch and heads, a
-/// bias per key, scale 1/2; the loss `sum(out * w)`.
+/// in f32, (its products) in f16, and in f16 with the output written in f16 (its gradient
+/// arriving so): `q [2, 3, 5, 4]`, K stored `[2, 3, 7, 4]` and read transposed as `kt`,
+/// `v [2, 3, 7, 6]`, a causal-style mask shared by batch and heads, a bias per key, scale
+/// 1/2; the loss `sum(out * w)`.
 #[test]
 fn attention_core_on_gpu_matches_the_f64_closed_form() {
-    check_attention_core(FloatDType::F32, on_tf32(1e-5, 2e-3).into());
-    check_attention_core(FloatDType::F16, 2e-3);
+    let f32_tol = on_tf32(1e-5, 2e-3).into();
+    check_attention_core((FloatDType::F32, FloatDType::F32), f32_tol);
+    check_attention_core((FloatDType::F16, FloatDType::F32), 2e-3);
+    check_attention_core((FloatDType::F16, FloatDType::F16), 2e-3);
 }
 
-fn check_attention_core(compute: FloatDType, tol: f64) {
+fn check_attention_core((compute, out_dtype): (FloatDType, FloatDType), tol: f64) {
     let (bh, t, s, d, e) = (6, 5, 7, 4, 6);
     let device = gpu().autodiff();
     let mut next = lcg(97);
@@ -1320,10 +1328,26 @@ fn check_attention_core(compute: FloatDType, tol: f64) {
         tensor(&bias, &[1, 1, 1, s]),
         scale,
         fill,
-        compute,
+        (compute, out_dtype),
     );
-    let grads = (out.clone() * tensor(&w, &[2, 3, t, e])).sum().backward();
-    let got = |x: Tensor<MAX_RANK>| x.into_data().try_to_vec::<f32>().unwrap();
+    assert_eq!(
+        out.dtype(),
+        DType::from(out_dtype),
+        "the output's precision"
+    );
+    // The output's gradient arrives in the output's precision.
+    let w = rounded_to(&w, out_dtype)
+        .iter()
+        .map(|&x| x as f32)
+        .collect::<Vec<_>>();
+    let wt = tensor(&w, &[2, 3, t, e]).cast(out_dtype);
+    let grads = (out.clone() * wt).sum().backward();
+    let got = |x: Tensor<MAX_RANK>| {
+        x.cast(FloatDType::F32)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap()
+    };
     let out = got(out.inner());
     let (gq, gk, gv) = (
         got(tq.grad(&grads).unwrap()),
@@ -1336,7 +1360,7 @@ fn check_attention_core(compute: FloatDType, tol: f64) {
         rounded_to(&k, compute),
         rounded_to(&v, compute),
     );
-    let what = format!("attention core in {compute:?}");
+    let what = format!("attention core in {compute:?} to {out_dtype:?}");
     let close = |name: &str, got: f32, want: f64, size: f64| {
         assert!(
             (f64::from(got) - want).abs() <= tol * size.max(1.0),

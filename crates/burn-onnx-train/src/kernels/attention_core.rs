@@ -21,10 +21,11 @@ use burn::tensor::FloatDType;
 use crate::value::PhysTensor;
 
 /// `softmax(where(keep != 0, (q kt) * scale, fill) + bias) v` over the last axis, the
-/// products in `compute` with f32 results: `q [.., t, d]`, `kt [.., d, s]`, `v [.., s, e]`
-/// (f32, equal batch dimensions), `keep` and `bias` broadcastable to the scores
-/// `[.., t, s]`, `bias` not tracked. CubeCL devices only ([`super::masked_softmax_fused_here`]
-/// of `q`).
+/// products in `compute`, the result written in `out` (f32, or `compute` itself where
+/// only products read it: `crate::model::activation_precision`; its gradient comes back
+/// so): `q [.., t, d]`, `kt [.., d, s]`, `v [.., s, e]` (f32, equal batch dimensions),
+/// `keep` and `bias` broadcastable to the scores `[.., t, s]`, `bias` not tracked. CubeCL
+/// devices only ([`super::masked_softmax_fused_here`] of `q`).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_core(
     q: PhysTensor,
@@ -34,7 +35,7 @@ pub fn attention_core(
     bias: PhysTensor,
     scale: f32,
     fill: f32,
-    compute: FloatDType,
+    (compute, out): (FloatDType, FloatDType),
 ) -> PhysTensor {
     let mut scores = q.dims();
     let r = scores.len();
@@ -51,13 +52,13 @@ pub fn attention_core(
                 keep.into_dispatch(),
                 bias.into_dispatch(),
                 (scale, fill),
-                compute,
+                (compute, out),
             ),
         )
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     unreachable!(
-        "no CubeCL device in this build ({:?} {:?} {:?} {:?} {:?} {scale} {fill} {compute:?})",
+        "no CubeCL device in this build ({:?} {:?} {:?} {:?} {:?} {scale} {fill} {compute:?} {out:?})",
         q.dims(),
         kt.dims(),
         v.dims(),
@@ -86,7 +87,7 @@ mod cube {
     #[backend_extension(Cube, Autodiff)]
     pub trait AttentionCoreOps: Backend {
         /// See [`super::attention_core`]; `keep` and `bias` have the scores' shape
-        /// (broadcast strides), `masking` is `(scale, fill)`.
+        /// (broadcast strides), `masking` is `(scale, fill)`, `precision` `(compute, out)`.
         fn attention_core(
             q: FloatTensor<Self>,
             kt: FloatTensor<Self>,
@@ -94,24 +95,24 @@ mod cube {
             keep: FloatTensor<Self>,
             bias: FloatTensor<Self>,
             masking: (f32, f32),
-            compute: FloatDType,
+            precision: (FloatDType, FloatDType),
         ) -> FloatTensor<Self>;
     }
 
     /// The operands `[q, kt, v]` prepared for the products (`cube_matmul.rs`), the
-    /// log-sum-exps of the scores' rows and the output.
+    /// log-sum-exps of the scores' rows and the output (in `out`).
     fn forward<B: CubeMatmulOps + AttentionRowsOps>(
         [q, kt, v]: [FloatTensor<B>; 3],
         m: &Masking<B>,
-        compute: FloatDType,
+        (compute, out): (FloatDType, FloatDType),
     ) -> ([FloatTensor<B>; 3], FloatTensor<B>, FloatTensor<B>) {
         let q = B::matmul_operand(q, compute);
         let kt = B::matmul_operand(kt, compute);
         let v = B::matmul_operand(v, compute);
         let scores = B::matmul_prepared(q.clone(), kt.clone(), F32);
         let (p, lse) = B::attention_probabilities(scores, m.keep(), m.bias(), m.at(), compute);
-        let out = B::matmul_prepared(p, v.clone(), F32);
-        ([q, kt, v], lse, out)
+        let y = B::matmul_prepared(p, v.clone(), out);
+        ([q, kt, v], lse, y)
     }
 
     /// The mask, bias, scale and fill of the scores.
@@ -146,7 +147,7 @@ mod cube {
             keep: FloatTensor<Self>,
             bias: FloatTensor<Self>,
             (scale, fill): (f32, f32),
-            compute: FloatDType,
+            precision: (FloatDType, FloatDType),
         ) -> FloatTensor<Self> {
             let m = Masking {
                 keep,
@@ -154,7 +155,7 @@ mod cube {
                 scale,
                 fill,
             };
-            forward::<Self>([q, kt, v], &m, compute).2
+            forward::<Self>([q, kt, v], &m, precision).2
         }
     }
 
@@ -164,7 +165,8 @@ mod cube {
     }
 
     /// The backward from the prepared operands and the log-sum-exps, the scores and the
-    /// probabilities made again.
+    /// probabilities made again; the output's gradient read in whichever precision it
+    /// arrives (the output's).
     #[derive(Debug)]
     struct AttentionCoreBackward {
         compute: FloatDType,
@@ -219,13 +221,15 @@ mod cube {
             keep: FloatTensor<Self>,
             bias: FloatTensor<Self>,
             (scale, fill): (f32, f32),
-            compute: FloatDType,
+            precision: (FloatDType, FloatDType),
         ) -> FloatTensor<Self> {
             let (keep, bias) = (keep.into_primitive(), bias.into_primitive());
-            match (AttentionCoreBackward { compute })
-                .prepare::<C>([q.node(), kt.node(), v.node()])
-                .compute_bound()
-                .stateful()
+            match (AttentionCoreBackward {
+                compute: precision.0,
+            })
+            .prepare::<C>([q.node(), kt.node(), v.node()])
+            .compute_bound()
+            .stateful()
             {
                 OpsKind::Tracked(prep) => {
                     let m = Masking {
@@ -235,7 +239,7 @@ mod cube {
                         fill,
                     };
                     let operands = [q, kt, v].map(|x| x.into_primitive());
-                    let (prepared, lse, out) = forward::<B>(operands, &m, compute);
+                    let (prepared, lse, out) = forward::<B>(operands, &m, precision);
                     prep.finish((prepared, m, lse), out)
                 }
                 OpsKind::UnTracked(prep) => prep.finish(B::attention_core(
@@ -245,7 +249,7 @@ mod cube {
                     keep,
                     bias,
                     (scale, fill),
-                    compute,
+                    precision,
                 )),
             }
         }

@@ -7,14 +7,19 @@
 //!   f32 for the GELU's backward, the GELU's output written in f32 and cast for the second
 //!   product, 16 bytes an element where PyTorch's autocast keeps 2;
 //! - a layer norm's output read by products only (GPT-2's `ln_1`, `ln_2`, `ln_f`): written
-//!   in f32 and cast for each product (PyTorch's autocast does the same).
+//!   in f32 and cast for each product (PyTorch's autocast does the same);
+//! - the attention core's output (`onnx::fusion::fuse_attention_core`), its heads merged
+//!   by a transpose and a reshape for the output projection: written in f32, cast while
+//!   merged, its gradient cast down again for the core's backward.
 //!
 //! Nodes whose output may be written in the autocast precision are marked
 //! [`LOW_PRECISION_RESULT`]: a MatMul whose one reader is a biased tanh `Gelu`
-//! (`onnx::fusion::fuse_gelu_bias`) whose every reader is a MatMul ([`mlp_products`]), and
-//! a `LayerNormalization` whose every reader is a MatMul ([`product_norms`]). On a CubeCL
-//! device under autocast the product then writes its result in that precision, the GELU
-//! kernels read and write it computing in f32, the norm's kernel writes it from its f32
+//! (`onnx::fusion::fuse_gelu_bias`) whose every reader is a MatMul ([`mlp_products`]), a
+//! `LayerNormalization` whose every reader is a MatMul ([`product_norms`]), and an
+//! attention core whose output only MatMuls read, through `Transpose` and `Reshape`
+//! ([`product_attention`]). On a CubeCL device under autocast the product then writes its
+//! result in that precision, the GELU kernels read and write it computing in f32, the
+//! norm's kernel and the attention core's last product write it from their f32
 //! arithmetic, and the next product reads it with no cast. Backward, each gradient comes
 //! back in its value's precision (the product's backward writes each operand's gradient in
 //! the operand's own, `kernels::cube_matmul`); the GELU's bias gradient is summed with f32
@@ -30,7 +35,7 @@ use std::sync::Arc;
 
 use super::{OnnxModel, Spec};
 use crate::graph::Graph;
-use crate::graph::attributes::{Attr, LOW_PRECISION_RESULT};
+use crate::graph::attributes::{ATTENTION_CORE, Attr, LOW_PRECISION_RESULT};
 
 impl OnnxModel {
     /// This model with every MatMul that feeds a biased tanh `Gelu` alone, whose output
@@ -45,6 +50,14 @@ impl OnnxModel {
     /// write it in the autocast precision (see the module doc), and how many were marked.
     pub fn with_low_precision_norms(self) -> (OnnxModel, usize) {
         let marked = product_norms(self.graph());
+        self.marked(&marked)
+    }
+
+    /// This model with every attention core whose output only MatMuls read (through
+    /// `Transpose` and `Reshape`) marked to write it in the autocast precision (see the
+    /// module doc), and how many were marked.
+    pub fn with_low_precision_attention(self) -> (OnnxModel, usize) {
+        let marked = product_attention(self.graph());
         self.marked(&marked)
     }
 
@@ -105,6 +118,27 @@ impl<'g> Readers<'g> {
             })
     }
 
+    /// Whether `v` is read, by MatMul nodes only or by `Transpose` and `Reshape` nodes whose
+    /// outputs are so read, and is no graph output.
+    fn only_products_through_views(&self, v: &str) -> bool {
+        !self.is_output(v)
+            && self.readers.get(v).is_some_and(|r| {
+                !r.is_empty()
+                    && r.iter().all(|&k| {
+                        let n = &self.graph.nodes[k];
+                        match n.op_type.as_str() {
+                            "MatMul" => true,
+                            "Transpose" | "Reshape" => {
+                                n.inputs[0] == v
+                                    && n.outputs.len() == 1
+                                    && self.only_products_through_views(&n.outputs[0])
+                            }
+                            _ => false,
+                        }
+                    })
+            })
+    }
+
     /// Whether node `node` alone reads `v`, and `v` is no graph output.
     fn read_only_by(&self, v: &str, node: usize) -> bool {
         !self.is_output(v) && self.readers.get(v).is_some_and(|r| r == &[node])
@@ -127,6 +161,20 @@ fn mlp_products(graph: &Graph) -> Vec<usize> {
             let p = *view.producer.get(x)?;
             (graph.nodes[p].op_type == "MatMul" && view.read_only_by(x, g)).then_some(p)
         })
+        .collect()
+}
+
+/// The attention cores of `graph` whose output MatMul nodes only read, through `Transpose`
+/// and `Reshape`.
+fn product_attention(graph: &Graph) -> Vec<usize> {
+    let view = Readers::of(graph);
+    graph
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.attrs.has(ATTENTION_CORE) && n.outputs.len() == 1)
+        .filter(|(_, n)| view.only_products_through_views(&n.outputs[0]))
+        .map(|(i, _)| i)
         .collect()
 }
 

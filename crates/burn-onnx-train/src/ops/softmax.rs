@@ -9,7 +9,7 @@ use super::compare::where_floats;
 use super::matmul::autocast_product;
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
-use crate::graph::attributes::{ATTENTION_CORE, MASKED_SOFTMAX};
+use crate::graph::attributes::{ATTENTION_CORE, LOW_PRECISION_RESULT, MASKED_SOFTMAX};
 use crate::kernels::{self, masked_softmax_fused_here};
 use crate::op_bail;
 use crate::value::{FloatValue, MAX_RANK, PhysTensor, Value, norm_axis, padded};
@@ -220,9 +220,15 @@ fn attention_core(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         let fused = fused_masking(ctx, cond.as_ref(), bias.clone(), &scores, mark, &q.tensor)?;
         if let Some((keep, bias)) = fused {
             let compute = ctx.autocast.unwrap_or(FloatDType::F32);
+            // Marked where only products read the output (through views): written in the
+            // products' precision, `crate::model::activation_precision`.
+            let out = match ctx.attrs.int(LOW_PRECISION_RESULT, 0)? {
+                0 => FloatDType::F32,
+                _ => compute,
+            };
             let (q, kt, v) = (q.tensor, kt.tensor, v.tensor);
             let (scale, fill) = (mark.scale(), mark.fill);
-            let y = kernels::attention_core(q, kt, v, keep, bias, scale, fill, compute);
+            let y = kernels::attention_core(q, kt, v, keep, bias, scale, fill, (compute, out));
             return Ok(Value::Float(FloatValue::new(y, r)).into());
         }
     }

@@ -250,8 +250,9 @@ impl ParallelPlan {
 
     /// `model` with the activations only products read marked to be written in the
     /// autocast precision (`crate::model::activation_precision`) on CubeCL devices, where
-    /// the marks are read: the MLP's hidden activation, and the layer norms' outputs
-    /// unless tensor parallelism puts a collective between a norm and its products. Not
+    /// the marks are read: the MLP's hidden activation, the attention cores' outputs, and
+    /// the layer norms' outputs unless tensor parallelism puts a collective between a norm
+    /// and its products. Not
     /// under pipeline parallelism, whose cut may fall between marked nodes and whose wire
     /// carries f32.
     fn prepare_activations(&self, model: OnnxModel) -> OnnxModel {
@@ -259,14 +260,16 @@ impl ParallelPlan {
             return model;
         }
         let (model, mlp) = model.with_low_precision_mlp();
+        let (model, attention) = model.with_low_precision_attention();
         let (model, norms) = if self.tp_enabled() {
             (model, 0)
         } else {
             model.with_low_precision_norms()
         };
-        if mlp + norms > 0 {
+        if mlp + attention + norms > 0 {
             tracing::debug!(
                 mlp,
+                attention,
                 norms,
                 "activations only products read are written in the autocast precision"
             );
