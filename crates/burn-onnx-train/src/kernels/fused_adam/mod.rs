@@ -44,7 +44,7 @@ mod on_device;
 use super::FLAT_CHUNK as CHUNK;
 use layout::{GROUP_BYTES, Group, Slot};
 
-/// Where the two flat moment buffers live.
+/// Where the flat moment buffers live.
 enum Moments {
     /// Tensors on the training device, a pair per group of the layout.
     Device(Vec<(Tensor<1>, Tensor<1>)>),

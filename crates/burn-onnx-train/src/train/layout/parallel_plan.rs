@@ -252,9 +252,8 @@ impl ParallelPlan {
     /// autocast precision (`crate::model::activation_precision`) on CubeCL devices, where
     /// the marks are read: the MLP's hidden activation, the attention cores' outputs, and
     /// the layer norms' outputs unless tensor parallelism puts a collective between a norm
-    /// and its products. Not
-    /// under pipeline parallelism, whose cut may fall between marked nodes and whose wire
-    /// carries f32.
+    /// and its products. Not under pipeline parallelism, whose cut may fall between marked
+    /// nodes and whose wire carries f32.
     fn prepare_activations(&self, model: OnnxModel) -> OnnxModel {
         if !kernels::runs_cubecl(&model.device()) || self.pp_enabled() {
             return model;
@@ -278,9 +277,9 @@ impl ParallelPlan {
     }
 
     /// This rank's part of `model` (the whole model): the activations only products read
-    /// marked for the autocast precision, its tensor-parallel split (planned from a probe pass on
-    /// two samples of `train`) or its head padded to aligned columns, then its pipeline
-    /// stage.
+    /// marked for the autocast precision, its tensor-parallel split (planned from a probe
+    /// pass on two samples of `train`) or its head padded to aligned columns, then its
+    /// pipeline stage.
     fn model_part(
         &mut self,
         c: &TrainingConfig,
