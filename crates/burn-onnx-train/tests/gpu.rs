@@ -35,8 +35,9 @@ use burn_onnx_train::train::{DeviceSpec, RunSummary};
 use burn_onnx_train::value::{MAX_RANK, PhysTensor, padded};
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use common::activation_checks::{
-    activation_problem, check_gelu_tanh, check_gelu_tanh_biased, check_gelu_tanh_biased_f16,
-    check_layer_norm, check_layer_norm_f16_out, check_softmax, check_tanh,
+    activation_problem, check_add_bias_residual, check_gelu_tanh, check_gelu_tanh_biased,
+    check_gelu_tanh_biased_f16, check_layer_norm, check_layer_norm_f16_out, check_softmax,
+    check_tanh,
 };
 use common::fused_checks::{
     Groups, check, check_clipped_with_a_replaced_value, check_cross_entropy,
@@ -1052,6 +1053,11 @@ fn fused_tanh_and_gelu_on_gpu_match_the_f64_closed_form() {
     check_tanh(&gpu().autodiff(), GPU_SLACK);
     check_gelu_tanh(&gpu().autodiff(), GPU_SLACK);
     check_gelu_tanh_biased(&gpu().autodiff(), GPU_SLACK);
+}
+
+#[test]
+fn bias_and_residual_added_in_one_op_on_gpu_match_the_f64_sums() {
+    check_add_bias_residual(&gpu().autodiff());
 }
 
 #[test]

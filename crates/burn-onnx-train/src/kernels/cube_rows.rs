@@ -207,6 +207,8 @@ pub enum Pointwise {
     GeluTanh,
     /// `g gelu'(x)`.
     GeluTanhBackward,
+    /// `x + g`: with a bias, a product's biased output added to the residual `g` it feeds.
+    AddResidual,
 }
 
 /// `out[i] = f(a[i] (+ bias[i % cols]), g[i])` for the comptime-chosen `f` (`g` unread by
@@ -243,6 +245,7 @@ fn pointwise_kernel<F: Float, B: Float>(
                 let d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * slope;
                 out[i] = F::cast_from(f32::cast_from(g[i]) * d);
             }
+            Pointwise::AddResidual => out[i] = F::cast_from(v + f32::cast_from(g[i])),
         }
     }
 }

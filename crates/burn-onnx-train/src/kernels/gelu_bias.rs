@@ -14,9 +14,10 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{AutodiffBackend, Backend, Shape, TensorMetadata, backend_extension};
+use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
 use burn::tensor::{DType, FloatDType};
 
+use super::bias_residual::bias_gradient;
 use super::cube_rows::{self, Pointwise};
 
 /// The op as a backend extension (CubeCL, and Autodiff over it).
@@ -61,12 +62,9 @@ impl<B: Backend + GeluBiasOps> Backward<B, 2> for GeluBiasBackward {
         let (bias_shape, bias_dtype) = (bias.shape(), bias.dtype());
         let dx = B::gelu_tanh_biased_backward(x, bias, g);
         if let Some(node) = bias_node {
-            let cols = bias_shape.num_elements();
-            let rows = dx.shape().num_elements() / cols;
-            let flat = B::float_reshape(dx.clone(), Shape::new([rows, cols]));
             // Summed with f32 accumulators in `dx`'s precision (a low one rounds the sum
             // as PyTorch's autocast bias gradient is rounded), then in the bias's own.
-            let db = B::float_reshape(B::float_sum_dim(flat, 0), bias_shape);
+            let db = bias_gradient::<B>(dx.clone(), bias_shape);
             let db = match bias_dtype {
                 DType::F16 => B::float_cast(db, FloatDType::F16),
                 DType::BF16 => B::float_cast(db, FloatDType::BF16),

@@ -43,6 +43,8 @@ mod activation;
 mod attention_core;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod attention_rows;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod bias_residual;
 mod conv;
 mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -124,6 +126,32 @@ pub fn largest_allocation(device: &Device) -> Option<u64> {
     }
     let _ = device;
     None
+}
+
+/// `x + bias + residual` (`bias` broadcast to `x`): one op each way on CubeCL devices when
+/// `bias` is as long as `x`'s rows and `residual` is shaped and typed as `x`
+/// (`bias_residual.rs`), the two additions elsewhere.
+pub fn add_bias_residual(x: PhysTensor, bias: PhysTensor, residual: PhysTensor) -> PhysTensor {
+    let (xd, bd) = (x.dims(), bias.dims());
+    let row_bias =
+        bd[..MAX_RANK - 1].iter().all(|&d| d == 1) && bd[MAX_RANK - 1] == xd[MAX_RANK - 1];
+    let f32_all = [&x, &bias, &residual]
+        .iter()
+        .all(|t| t.dtype() == burn::tensor::DType::F32);
+    let fused = row_bias && f32_all && residual.dims() == xd && runs_cubecl(&x.device());
+    if !fused {
+        return x + bias + residual;
+    }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    return PhysTensor::from_dispatch(
+        <burn::backend::Dispatch as bias_residual::BiasResidualOps>::add_bias_residual(
+            x.into_dispatch(),
+            bias.into_dispatch(),
+            residual.into_dispatch(),
+        ),
+    );
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    unreachable!("no CubeCL device in this build")
 }
 
 /// Whether `device` (or the device an autodiff device wraps) runs CubeCL kernels.

@@ -295,16 +295,33 @@ pub fn fuse_gelu(graph: &mut Graph) -> usize {
     found.len()
 }
 
-/// Fold into every tanh-form `Gelu` the `Add` before it of a 1-D initializer (the bias of
-/// the product feeding it) when the `Gelu` alone reads the sum: the `Gelu` takes
-/// `[x, bias]` (`kernels::gelu_tanh_biased`). Returns how many.
-pub fn fuse_gelu_bias(graph: &mut Graph) -> usize {
-    let one_d: HashSet<&str> = graph
+/// The names of `graph`'s one-dimensional initializers (biases, norms' parameters).
+fn one_d_initializers(graph: &Graph) -> HashSet<&str> {
+    graph
         .initializers
         .iter()
         .filter(|(_, init)| init.shape().len() == 1)
         .map(|(name, _)| name.as_str())
-        .collect();
+        .collect()
+}
+
+/// `(x, bias)` of a two-input `add` node whose one input is in `one_d` and the other not.
+fn biased(add: &Node, one_d: &HashSet<&str>) -> Option<(String, String)> {
+    let [a, b] = &add.inputs[..] else {
+        return None;
+    };
+    match (one_d.contains(a.as_str()), one_d.contains(b.as_str())) {
+        (false, true) => Some((a.clone(), b.clone())),
+        (true, false) => Some((b.clone(), a.clone())),
+        _ => None,
+    }
+}
+
+/// Fold into every tanh-form `Gelu` the `Add` before it of a 1-D initializer (the bias of
+/// the product feeding it) when the `Gelu` alone reads the sum: the `Gelu` takes
+/// `[x, bias]` (`kernels::gelu_tanh_biased`). Returns how many.
+pub fn fuse_gelu_bias(graph: &mut Graph) -> usize {
+    let one_d = one_d_initializers(graph);
     let found: Vec<(usize, usize, [String; 2])> = {
         let view = View::new(graph);
         graph
@@ -315,15 +332,8 @@ pub fn fuse_gelu_bias(graph: &mut Graph) -> usize {
             .filter(|(_, n)| n.attrs.string("approximate", "none").ok().as_deref() == Some("tanh"))
             .filter_map(|(g, n)| {
                 let add = view.sole(&n.inputs[0], "Add")?;
-                let [a, b] = &graph.nodes[add].inputs[..] else {
-                    return None;
-                };
-                let inputs = match (one_d.contains(a.as_str()), one_d.contains(b.as_str())) {
-                    (false, true) => [a.clone(), b.clone()],
-                    (true, false) => [b.clone(), a.clone()],
-                    _ => return None,
-                };
-                Some((g, add, inputs))
+                let (x, bias) = biased(&graph.nodes[add], &one_d)?;
+                Some((g, add, [x, bias]))
             })
             .collect()
     };
@@ -331,6 +341,41 @@ pub fn fuse_gelu_bias(graph: &mut Graph) -> usize {
     for (gelu, add, inputs) in &found {
         drop[*add] = true;
         graph.nodes[*gelu].inputs = inputs.to_vec();
+    }
+    remove_nodes(graph, &drop);
+    found.len()
+}
+
+/// Fold into every `Add` of a residual the `Add` before it of a 1-D initializer (the bias
+/// of the product feeding it) when that `Add` alone reads the sum: the `Add` takes `[x,
+/// bias, residual]` (`kernels::add_bias_residual`). Returns how many.
+pub fn fuse_bias_residual(graph: &mut Graph) -> usize {
+    let one_d = one_d_initializers(graph);
+    let found: Vec<(usize, usize, [String; 3])> = {
+        let view = View::new(graph);
+        let mut taken = HashSet::new();
+        graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.op_type == "Add" && n.inputs.len() == 2)
+            .filter_map(|(r, n)| {
+                let of_input = |k: usize| {
+                    let add = view.sole(&n.inputs[k], "Add")?;
+                    let (x, bias) = biased(&graph.nodes[add], &one_d)?;
+                    Some((add, [x, bias, n.inputs[1 - k].clone()]))
+                };
+                let (add, inputs) = of_input(0).or_else(|| of_input(1))?;
+                // The other input must not be a one-dimensional bias itself.
+                (!one_d.contains(inputs[2].as_str()) && taken.insert(add))
+                    .then_some((r, add, inputs))
+            })
+            .collect()
+    };
+    let mut drop = vec![false; graph.nodes.len()];
+    for (residual, add, inputs) in &found {
+        drop[*add] = true;
+        graph.nodes[*residual].inputs = inputs.to_vec();
     }
     remove_nodes(graph, &drop);
     found.len()

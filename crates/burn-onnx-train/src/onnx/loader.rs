@@ -456,6 +456,7 @@ impl Graph {
         ops::annotate_zero_point_types(&mut graph);
         crate::onnx::fusion::fuse_gelu(&mut graph);
         crate::onnx::fusion::fuse_gelu_bias(&mut graph);
+        crate::onnx::fusion::fuse_bias_residual(&mut graph);
         crate::onnx::fusion::fuse_conv_relu(&mut graph);
         crate::onnx::fusion::fuse_masked_softmax(&mut graph);
         crate::onnx::fusion::fuse_attention_core(&mut graph);

@@ -32,8 +32,17 @@ fn binary(
     }
 }
 
-/// `Add`
-pub fn add(ctx: &OpContext, inputs: Inputs) -> OpResult<OpOutput> {
+/// `Add`. Three inputs `[x, bias, residual]` are a product's bias and the residual it
+/// feeds, folded in on load (`onnx::fusion::fuse_bias_residual`).
+pub fn add(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
+    if inputs.0.len() == 3 {
+        let x = inputs.float(0, "A", ctx.device)?;
+        let bias = inputs.float(1, "bias", ctx.device)?;
+        let residual = inputs.float(2, "residual", ctx.device)?;
+        let rank = x.rank.max(bias.rank).max(residual.rank);
+        let y = crate::kernels::add_bias_residual(x.tensor, bias.tensor, residual.tensor);
+        return Ok(Value::Float(FloatValue::new(y, rank)).into());
+    }
     binary(ctx, inputs, |a, b| Ok(a.wrapping_add(b)), |a, b| a + b)
 }
 

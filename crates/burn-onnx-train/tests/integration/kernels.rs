@@ -30,6 +30,12 @@ fn gelu_tanh_forward_and_backward_match_the_f64_closed_form() {
 }
 
 #[test]
+fn bias_and_residual_composition_matches_the_f64_sums() {
+    // The two additions on the CPU (the fused op is the GPU's).
+    check_add_bias_residual(&Device::flex().autodiff());
+}
+
+#[test]
 fn softmax_forward_and_backward_match_the_f64_closed_form() {
     check_softmax(
         &Device::flex().autodiff(),

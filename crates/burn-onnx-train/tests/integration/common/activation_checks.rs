@@ -4,7 +4,7 @@
 
 use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
 use burn_onnx_train::kernels::{
-    gelu_tanh, gelu_tanh_biased, layer_norm, layer_norm_in, softmax, tanh,
+    add_bias_residual, gelu_tanh, gelu_tanh_biased, layer_norm, layer_norm_in, softmax, tanh,
 };
 use burn_onnx_train::value::{MAX_RANK, PhysTensor, padded};
 
@@ -319,6 +319,59 @@ fn layer_norm_f64(
         }
     }
     (y, dx, ds, db)
+}
+
+/// A product's output, its bias and the residual added in one op on `device`
+/// (`kernels::add_bias_residual`) against the f64 sums, with the gradients of `sum(y * w)`:
+/// `w` to `x` and to the residual, its column sums to the bias.
+pub fn check_add_bias_residual(device: &Device) {
+    let (rows, cols) = (37, 1000);
+    let (x, w) = activation_problem(rows, cols);
+    let r: Vec<f32> = x.iter().rev().map(|v| v * 0.5).collect();
+    let bias: Vec<f32> = (0..cols).map(|j| (j as f32 * 0.37).cos()).collect();
+    let tensor = |values: Vec<f32>, shape: &[usize]| {
+        PhysTensor::from_data(
+            TensorData::new(values, padded(shape).unwrap().to_vec()),
+            device,
+        )
+    };
+    let (xt, bt, rt) = (
+        tensor(x.clone(), &[rows, cols]).require_grad(),
+        tensor(bias.clone(), &[cols]).require_grad(),
+        tensor(r.clone(), &[rows, cols]).require_grad(),
+    );
+    let y = add_bias_residual(xt.clone(), bt.clone(), rt.clone());
+    let grads = (y.clone() * tensor(w.clone(), &[rows, cols]))
+        .sum()
+        .backward();
+    let read = |t: PhysTensor| t.into_data().try_to_vec::<f32>().unwrap();
+    let want_y: Vec<f64> = (0..rows * cols)
+        .map(|i| f64::from(x[i]) + f64::from(bias[i % cols]) + f64::from(r[i]))
+        .collect();
+    let want_g: Vec<f64> = w.iter().map(|&v| f64::from(v)).collect();
+    let mut want_db = vec![0.0; cols];
+    for (i, &v) in w.iter().enumerate() {
+        want_db[i % cols] += f64::from(v);
+    }
+    assert_close_rel("bias and residual", &read(y.inner()), &want_y, 1e-6, 1e-6);
+    let dx = read(xt.grad(&grads).unwrap());
+    assert_close_rel("bias and residual, x's gradient", &dx, &want_g, 0.0, 0.0);
+    let dr = read(rt.grad(&grads).unwrap());
+    assert_close_rel(
+        "bias and residual, the residual's gradient",
+        &dr,
+        &want_g,
+        0.0,
+        0.0,
+    );
+    let db = read(bt.grad(&grads).unwrap());
+    assert_close_rel(
+        "bias and residual, bias's gradient",
+        &db,
+        &want_db,
+        1e-5,
+        1e-5,
+    );
 }
 
 /// A layer norm's `(x, w, scale, bias)` of `rows x cols`: rows offset from zero, the first
