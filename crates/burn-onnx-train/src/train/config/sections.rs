@@ -86,6 +86,13 @@ impl Default for ModelConfig {
 }
 
 impl ModelConfig {
+    /// The multiple the head's columns are padded to ([`Self::pad_vocab_to_multiple_of`];
+    /// unset: 64 on CubeCL devices, 1 on the CPU).
+    pub fn vocab_multiple(&self, cubecl: bool) -> usize {
+        let default = if cubecl { 64 } else { 1 };
+        self.pad_vocab_to_multiple_of.unwrap_or(default)
+    }
+
     /// A model named; `label_name` only with the graph's own loss.
     pub fn validate(&self) -> Result<()> {
         if self.model_path.as_os_str().is_empty() {

@@ -61,8 +61,7 @@ fn prepare_head(settings: &ModelConfig, model: OnnxModel) -> OnnxModel {
         LossKind::CrossEntropy | LossKind::LmCrossEntropy
     );
     let cubecl = kernels::runs_cubecl(&model.device());
-    let default = if cubecl { 64 } else { 1 };
-    let model = match settings.pad_vocab_to_multiple_of.unwrap_or(default) {
+    let model = match settings.vocab_multiple(cubecl) {
         multiple if cross_entropy && multiple > 1 => {
             let model = model.with_padded_head(&settings.output_name, multiple);
             if let Some(head) = model.padded_head() {

@@ -38,15 +38,8 @@ fn activation_and_grad(
     f: fn(PhysTensor) -> PhysTensor,
 ) -> (Vec<f32>, Vec<f32>) {
     let (x, w) = activation_problem(rows, cols);
-    let x = PhysTensor::from_data(
-        TensorData::new(x, padded(&[rows, cols]).unwrap().to_vec()),
-        device,
-    )
-    .require_grad();
-    let w = PhysTensor::from_data(
-        TensorData::new(w, padded(&[rows, cols]).unwrap().to_vec()),
-        device,
-    );
+    let x = physical(x, &[rows, cols], device).require_grad();
+    let w = physical(w, &[rows, cols], device);
     let y = f(x.clone());
     let grads = (y.clone() * w).sum().backward();
     let g = x.grad(&grads).unwrap();
@@ -64,6 +57,14 @@ fn assert_close_rel(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64)
             "{what}[{i}]: {g} vs {w}"
         );
     }
+}
+
+/// `values` as an f32 tensor of logical `shape` on `device`, padded to the physical rank.
+fn physical(values: Vec<f32>, shape: &[usize], device: &Device) -> PhysTensor {
+    PhysTensor::from_data(
+        TensorData::new(values, padded(shape).unwrap().to_vec()),
+        device,
+    )
 }
 
 /// Tanh on `device` against f64; tolerances times `slack` (1 on the CPU).
@@ -126,22 +127,12 @@ pub fn check_gelu_tanh_biased(device: &Device, slack: f64) {
     let (rows, cols) = (37, 1000);
     let (x, w) = activation_problem(rows, cols);
     let bias: Vec<f32> = (0..cols).map(|j| 2.0 * (j as f32 * 0.37).sin()).collect();
-    let tensor = |values: Vec<f32>, shape: &[usize]| {
-        PhysTensor::from_data(
-            TensorData::new(values, padded(shape).unwrap().to_vec()),
-            device,
-        )
-        .require_grad()
-    };
     let (xt, bt) = (
-        tensor(x.clone(), &[rows, cols]),
-        tensor(bias.clone(), &[cols]),
+        physical(x.clone(), &[rows, cols], device).require_grad(),
+        physical(bias.clone(), &[cols], device).require_grad(),
     );
     let y = gelu_tanh_biased(xt.clone(), bt.clone());
-    let weights = PhysTensor::from_data(
-        TensorData::new(w.clone(), padded(&[rows, cols]).unwrap().to_vec()),
-        device,
-    );
+    let weights = physical(w.clone(), &[rows, cols], device);
     let grads = (y.clone() * weights).sum().backward();
     let read = |t: PhysTensor| t.into_data().try_to_vec::<f32>().unwrap();
     let (got_y, got_dx, got_db) = (
@@ -177,12 +168,7 @@ pub fn check_gelu_tanh_biased_f16(device: &Device) {
     let (rows, cols) = (37, 1000);
     let (x, w) = activation_problem(rows, cols);
     let bias: Vec<f32> = (0..cols).map(|j| 2.0 * (j as f32 * 0.37).sin()).collect();
-    let f32_tensor = |values: Vec<f32>, shape: &[usize]| {
-        PhysTensor::from_data(
-            TensorData::new(values, padded(shape).unwrap().to_vec()),
-            device,
-        )
-    };
+    let f32_tensor = |values: Vec<f32>, shape: &[usize]| physical(values, shape, device);
     let read = |t: PhysTensor| {
         t.cast(FloatDType::F32)
             .into_data()
@@ -329,12 +315,7 @@ pub fn check_add_bias_residual(device: &Device) {
     let (x, w) = activation_problem(rows, cols);
     let r: Vec<f32> = x.iter().rev().map(|v| v * 0.5).collect();
     let bias: Vec<f32> = (0..cols).map(|j| (j as f32 * 0.37).cos()).collect();
-    let tensor = |values: Vec<f32>, shape: &[usize]| {
-        PhysTensor::from_data(
-            TensorData::new(values, padded(shape).unwrap().to_vec()),
-            device,
-        )
-    };
+    let tensor = |values: Vec<f32>, shape: &[usize]| physical(values, shape, device);
     let (xt, bt, rt) = (
         tensor(x.clone(), &[rows, cols]).require_grad(),
         tensor(bias.clone(), &[cols]).require_grad(),
