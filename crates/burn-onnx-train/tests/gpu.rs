@@ -8,7 +8,8 @@
 //! in it: CUDA) against the same precision on the CPU; the fused CubeCL kernels (softmax
 //! cross-entropy, unscale with the inf/NaN flag, multi-tensor Adam/AdamW/LAMB) against
 //! their plain references; tensor parallelism with sequence parallelism, and ZeRO-3 with
-//! its parameter chunks in host memory, on 2 thread ranks against one CPU process; with CUDA, NCCL through the real library. Without the GPU's driver these tests fail; they never pass silently.
+//! its parameter chunks in host memory, on 2 thread ranks against one CPU process; ZeRO's
+//! update on the device (burn-ort-dist's `zero_on_device` checks, run here on the GPU); with CUDA, NCCL through the real library. Without the GPU's driver these tests fail; they never pass silently.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 // Its own test binary, apart from `tests/integration`: `tools/gpu/pack.sh` ships it alone
@@ -2100,4 +2101,14 @@ fn moments_offloaded_from_the_gpu_update_on_the_host_and_the_model_stays_on_the_
         &host,
         same_arithmetic,
     );
+}
+
+/// ZeRO's update on the device: burn-ort-dist's checks (stages 1-3, SGD/Adam/AdamW/LAMB
+/// against Burn's optimizers, a checkpoint of the device state resuming), on the GPU.
+#[path = "../../burn-ort-dist/tests/integration/zero_on_device.rs"]
+mod zero_on_device;
+
+/// The device `zero_on_device` runs on.
+fn zero_device() -> Device {
+    gpu()
 }

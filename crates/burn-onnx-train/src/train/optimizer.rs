@@ -164,8 +164,9 @@ pub fn data_parallel(p: &ParallelConfig, comm: Arc<dyn Communicator>) -> DataPar
 
 /// The update strategy of a run: ZeRO stage 0 (replicated: Adam/AdamW/LAMB fused over
 /// flat buffers ([`crate::kernels::FusedAdam`]), SGD with Burn's optimizer from
-/// [`build_optimizer`]) or stages 1-3 (sharded flat buffers, their state in host memory
-/// or with `moments` on disk in a mapped file), over
+/// [`build_optimizer`]) or stages 1-3 (sharded flat buffers, their state on the device
+/// where the group moves device tensors (NCCL), else, or with `moments` on the host, in
+/// host memory, or with `moments` on disk in a mapped file), over
 /// `ddp`'s group; `model` is this rank's whole part of the model (before stage 3 shards it).
 pub fn build_strategy(
     optimizer: &OptimizerConfig,
@@ -202,6 +203,7 @@ pub fn build_strategy(
     )?;
     Ok(Box::new(match moments {
         MomentPlace::Disk(dir) => zero.with_state_on_disk(dir)?,
-        MomentPlace::Device | MomentPlace::Host => zero,
+        MomentPlace::Host => zero.on_host(),
+        MomentPlace::Device => zero,
     }))
 }

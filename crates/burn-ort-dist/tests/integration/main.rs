@@ -7,3 +7,10 @@ mod fp16_wire;
 mod layout;
 mod mpi;
 mod threads;
+mod zero_on_device;
+
+/// The device `zero_on_device` runs on (the GPU where `tests/gpu.rs` of burn-onnx-train
+/// includes it).
+fn zero_device() -> burn::tensor::Device {
+    burn::tensor::Device::flex()
+}

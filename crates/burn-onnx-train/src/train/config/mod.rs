@@ -361,10 +361,6 @@ impl TrainingConfig {
                 Some(
                     "moves the state off a GPU; on the CPU device it is in host memory already (use \"none\")",
                 )
-            } else if p.zero_stage > 0 && offload == OffloadTarget::Cpu {
-                Some(
-                    "is what ZeRO does already: its shards of the optimizer state live in host memory and are updated on the CPU on every device (use \"none\")",
-                )
             } else if self.optimizer.kind == OptimizerKind::Sgd {
                 Some("offloads Adam, AdamW and LAMB moments; SGD's momentum stays in memory")
             } else {

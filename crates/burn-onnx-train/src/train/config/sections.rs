@@ -458,7 +458,9 @@ pub enum OffloadTarget {
     None,
     /// In host memory while the model computes on a GPU (ZeRO-Offload): each update
     /// moves the parameters and gradients to the CPU, updates them there with the fused
-    /// CPU update, and moves the parameters back. Adam, AdamW and LAMB on a GPU device.
+    /// CPU update, and moves the parameters back. Adam, AdamW and LAMB on a GPU device;
+    /// with ZeRO each rank's shard, which otherwise stays on the GPU where the group moves
+    /// device tensors (NCCL).
     Cpu,
     /// In a memory-mapped file under `offload_dir` (ZeRO-Infinity's NVMe offload): each
     /// parameter's moments are paged in for its update and released after it, so memory

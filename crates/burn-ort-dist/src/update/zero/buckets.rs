@@ -21,7 +21,7 @@ use crate::storage::param_swap::{Place, Release};
 pub const BUCKET: usize = DEFAULT_BUCKET_BYTES / std::mem::size_of::<f32>();
 
 /// The windows `[a, b)` of `bucket` values of a shard of `len` values.
-fn windows(len: usize, bucket: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(super) fn windows(len: usize, bucket: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..len)
         .step_by(bucket.max(1))
         .map(move |a| (a, (a + bucket.max(1)).min(len)))

@@ -23,9 +23,12 @@
 //! reassembles the full state from all shards and takes its own slice.
 
 mod buckets;
+mod device_flat;
+mod device_step;
 pub mod flat_optim;
 mod host_chunks;
 pub mod layout;
+mod on_device;
 pub mod state_files;
 pub mod state_vectors;
 
@@ -35,11 +38,12 @@ use std::sync::Arc;
 use burn::module::Module;
 use burn::optim::GradientsParams;
 
-use crate::comm::communicator::Communicator;
+use crate::comm::communicator::{Communicator, DeviceCollectives};
 use crate::error::{DistError, DistResult};
 use crate::grads::grad_sync::{DEFAULT_BUCKET_BYTES, Reduction, reduce_gradients};
 use crate::update::grad_norm::{clip_scale, sum_squares};
 use crate::update::strategy::{MemoryUse, ModelParallel, StateFile, UpdateReport, UpdateStrategy};
+use device_step::DeviceState;
 use flat_optim::{Rule, ShardState, apply, piece_values};
 use host_chunks::HostChunks;
 use layout::{FlatLayout, Partitioning, Piece};
@@ -57,7 +61,12 @@ pub struct Zero {
     pieces: Vec<Piece>,
     /// Each slot's weight decay.
     decay: Vec<f32>,
+    /// The state in host memory (the updates counted here on either path).
     state: ShardState,
+    /// The state on the device, once an update ran there ([`on_device`]).
+    device_state: Option<DeviceState>,
+    /// Update on the host even where the group moves device tensors.
+    on_host: bool,
     /// Where the state vectors live on disk (`None`: in memory).
     state_dir: Option<PathBuf>,
     memory: MemoryUse,
@@ -112,6 +121,8 @@ impl Zero {
             pieces,
             decay,
             state,
+            device_state: None,
+            on_host: false,
             state_dir: None,
             memory: MemoryUse::default(),
             model_parallel: None,
@@ -131,6 +142,27 @@ impl Zero {
             })?;
         self.state_dir = Some(dir);
         Ok(self)
+    }
+
+    /// The same, updating on the host even where the group moves device tensors
+    /// (`offload_optimizer = "cpu"`, ZeRO-Offload): the shard's state stays in host memory.
+    pub fn on_host(mut self) -> Self {
+        self.on_host = true;
+        self
+    }
+
+    /// The group's device collectives when this update runs on the device: the module's
+    /// parameters are on a device they move, the state is not kept on the host or on disk,
+    /// and the gradient is averaged in f32 (Adasum and f16 on the wire take the host path).
+    fn device_group<M: Module>(&self, module: &M) -> Option<Arc<dyn Communicator>> {
+        if self.on_host || self.state_dir.is_some() || self.reduction != Reduction::Mean {
+            return None;
+        }
+        let device = module.devices().into_iter().next()?;
+        self.comm
+            .device_collectives()
+            .is_some_and(|d| d.works_on(&device))
+            .then(|| self.comm.clone())
     }
 
     /// The update of this rank's shard applied to `module`: at stage 3 with the chunks on
@@ -237,6 +269,15 @@ impl<M: Module> UpdateStrategy<M> for Zero {
         max_norm: f32,
         tensor_norms: bool,
     ) -> DistResult<(M, UpdateReport)> {
+        if let Some(comm) = self.device_group(&module) {
+            let group: &dyn DeviceCollectives =
+                comm.device_collectives().expect("checked by device_group");
+            return self.update_on_device(group, (lr, module, grads), (max_norm, tensor_norms));
+        }
+        if let Some(device) = self.device_state.take() {
+            // Back from the device (the module moved to the host): its state comes along.
+            self.state = device.download(self.state.step)?;
+        }
         // At stage 3 the module's parameters are this rank's chunks: its local flat buffer
         // is the shard.
         let local = (self.stage == 3).then(|| FlatLayout::of(&module, 1));
@@ -288,7 +329,14 @@ impl<M: Module> UpdateStrategy<M> for Zero {
     }
 
     fn state_files(&self) -> DistResult<Vec<StateFile<'_>>> {
-        state_files::write(self.comm.rank(), self.stage, &self.layout, &self.state)
+        let rank = self.comm.rank();
+        match &self.device_state {
+            Some(device) => {
+                let state = device.download(self.state.step)?;
+                state_files::write(rank, self.stage, &self.layout, state)
+            }
+            None => state_files::write(rank, self.stage, &self.layout, &self.state),
+        }
     }
 
     fn load_state(&mut self, _module: &M, dirs: &[PathBuf]) -> DistResult<()> {
@@ -300,6 +348,8 @@ impl<M: Module> UpdateStrategy<M> for Zero {
             self.rule.state_slots(),
             self.state_dir.as_deref(),
         )?;
+        // The next update on the device starts from the state read.
+        self.device_state = None;
         Ok(())
     }
 
@@ -321,6 +371,15 @@ fn slot_squares(
     for p in pieces.iter().filter(|p| layout.slots[p.slot].trainable) {
         mine[p.slot] = sum_squares(&g[p.local.clone()]);
     }
+    combine_slot_squares(comm, layout, &mine)
+}
+
+/// Per-slot sums of squares over all ranks from this rank's partial sums `mine`.
+fn combine_slot_squares(
+    comm: &dyn Communicator,
+    layout: &FlatLayout,
+    mine: &[f64],
+) -> DistResult<Vec<f64>> {
     let send: Vec<f32> = mine
         .iter()
         .flat_map(|x| {

@@ -119,18 +119,19 @@ pub fn write<'a>(
     rank: usize,
     stage: usize,
     layout: &FlatLayout,
-    state: &'a ShardState,
+    state: impl std::borrow::Borrow<ShardState> + 'a,
 ) -> DistResult<Vec<StateFile<'a>>> {
     let world = layout.world;
+    let (step, count) = (state.borrow().step, state.borrow().slots.count());
     let mut files = vec![StateFile::stream(shard_file(rank), move |w| {
-        write_shard(w, rank, stage, world, state)
+        write_shard(w, rank, stage, world, state.borrow())
     })];
     if rank == 0 {
         let manifest = Manifest {
             stage,
             world_size: layout.world,
-            step: state.step,
-            state_vectors: state.slots.count(),
+            step,
+            state_vectors: count,
             elements: layout.len,
             parameter_elements: layout.slots.iter().map(|s| s.len).collect(),
             parameter_ids: layout.slots.iter().map(|s| s.id.val()).collect(),
