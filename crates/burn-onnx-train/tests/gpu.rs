@@ -2103,6 +2103,13 @@ fn moments_offloaded_from_the_gpu_update_on_the_host_and_the_model_stays_on_the_
     );
 }
 
+/// The pipeline's wire on the GPU: values cross in their shapes through host memory and
+/// device to device (`common::wire_checks`).
+#[test]
+fn gpu_values_cross_the_pipeline_wire_through_the_host_and_device_to_device() {
+    common::wire_checks::values_cross_the_pipeline_wire_on_both_paths(&gpu().autodiff());
+}
+
 /// ZeRO's update on the device: burn-ort-dist's checks (stages 1-3, SGD/Adam/AdamW/LAMB
 /// against Burn's optimizers, a checkpoint of the device state resuming), on the GPU.
 #[path = "../../burn-ort-dist/tests/integration/zero_on_device.rs"]

@@ -24,7 +24,7 @@ pub mod update;
 
 pub use comm::collective_check::check_collectives;
 pub use comm::communicator::{
-    Communicator, DeviceCollectives, Forwarding, LocalCommunicator, ReduceOp,
+    Communicator, DeviceCollectives, DeviceSends, Forwarding, LocalCommunicator, ReduceOp,
 };
 #[cfg(feature = "cuda")]
 pub use comm::cuda_probe::check_cuda_device;

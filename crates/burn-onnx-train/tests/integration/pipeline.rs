@@ -709,3 +709,10 @@ fn zero_runs_inside_each_stage_data_parallel_group() {
         );
     }
 }
+
+/// The wire between stages: values cross in their shapes, out of order by tag, through
+/// host memory and device to device (`common::wire_checks`; on the GPU in `tests/gpu.rs`).
+#[test]
+fn values_cross_the_pipeline_wire_through_the_host_and_device_to_device() {
+    common::wire_checks::values_cross_the_pipeline_wire_on_both_paths(&Device::flex());
+}

@@ -63,6 +63,23 @@ pub trait DeviceCollectives: Send + Sync {
     }
 }
 
+/// Point-to-point messages of flat f32 tensors that stay on the GPU (NCCL's send and
+/// receive on CUDA devices): pipeline parallelism's activations and their gradients. Each
+/// send is matched, in order, by the peer's receive of the same length.
+pub trait DeviceSends: Send + Sync {
+    /// Whether tensors on `device` can be sent here.
+    fn works_on(&self, device: &burn::tensor::Device) -> bool;
+    /// Send `t` to rank `dest` of the group.
+    fn send(&self, t: burn::tensor::Tensor<1>, dest: usize) -> DistResult<()>;
+    /// The `len` values rank `src` sends, on `device`.
+    fn recv(
+        &self,
+        len: usize,
+        src: usize,
+        device: &burn::tensor::Device,
+    ) -> DistResult<burn::tensor::Tensor<1>>;
+}
+
 /// Collective operations among the ranks of one group.
 pub trait Communicator: Send + Sync {
     /// This process's rank in the group.
@@ -96,6 +113,10 @@ pub trait Communicator: Send + Sync {
     }
     /// The group's collectives on device tensors, when it has them (NCCL).
     fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
+        None
+    }
+    /// The group's point-to-point messages of device tensors, when it has them (NCCL).
+    fn device_sends(&self) -> Option<&dyn DeviceSends> {
         None
     }
 }
@@ -156,6 +177,10 @@ pub trait Forwarding: Send + Sync {
     fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
         None
     }
+    /// See [`Communicator::device_sends`].
+    fn device_sends(&self) -> Option<&dyn DeviceSends> {
+        None
+    }
 }
 
 impl<T: Forwarding> Communicator for T {
@@ -194,6 +219,9 @@ impl<T: Forwarding> Communicator for T {
     }
     fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
         Forwarding::device_collectives(self)
+    }
+    fn device_sends(&self) -> Option<&dyn DeviceSends> {
+        Forwarding::device_sends(self)
     }
 }
 

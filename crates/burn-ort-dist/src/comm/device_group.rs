@@ -27,7 +27,9 @@ use burn::backend::{BackendTensor, DeviceId, DispatchDevice, DispatchTensor, Dis
 use burn::tensor::{Device, Tensor};
 use burn_cubecl::CubeBackend;
 
-use crate::comm::communicator::{Communicator, DeviceCollectives, Forwarding, ReduceOp};
+use crate::comm::communicator::{
+    Communicator, DeviceCollectives, DeviceSends, Forwarding, ReduceOp,
+};
 use crate::error::{DistError, DistResult};
 
 /// A group of thread ranks whose devices average gradient buckets among themselves.
@@ -121,6 +123,10 @@ impl Forwarding for Shared {
 
     fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
         self.0.device_collectives()
+    }
+
+    fn device_sends(&self) -> Option<&dyn DeviceSends> {
+        self.0.device_sends()
     }
 }
 

@@ -35,7 +35,9 @@ use cudarc::driver::{
 use cudarc::nccl::result::{NcclError, NcclStatus};
 use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
 
-use crate::comm::communicator::{Communicator, DeviceCollectives, ReduceOp, check_reduce_scatter};
+use crate::comm::communicator::{
+    Communicator, DeviceCollectives, DeviceSends, ReduceOp, check_reduce_scatter,
+};
 use crate::comm::mpi_comm::MpiCommunicator;
 use crate::comm::stall::{OpInfo, Stall};
 use crate::error::{DistError, DistResult};
@@ -291,6 +293,10 @@ impl Communicator for NcclCommunicator {
     fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
         Some(self)
     }
+
+    fn device_sends(&self) -> Option<&dyn DeviceSends> {
+        Some(self)
+    }
 }
 
 /// A buffer of Burn's CUDA backend, as cudarc's NCCL calls take it.
@@ -455,5 +461,27 @@ impl DeviceCollectives for NcclCommunicator {
             c.reduce_scatter(src, dst, &nccl_op(op))
         })?;
         Ok(Self::back(mine, autodiff))
+    }
+}
+
+impl DeviceSends for NcclCommunicator {
+    fn works_on(&self, device: &Device) -> bool {
+        DeviceCollectives::works_on(self, device)
+    }
+
+    fn send(&self, t: Tensor<1>, dest: usize) -> DistResult<()> {
+        let (t, _, device) = self.cube_tensor(t)?;
+        let on = format!("ncclSend to rank {dest} on the device");
+        self.device_collective(&on, &device, (&t, &t), |c, src, _| {
+            c.send(src, dest as i32).map(|()| NcclStatus::Success)
+        })
+    }
+
+    fn recv(&self, len: usize, src: usize, device: &Device) -> DistResult<Tensor<1>> {
+        // A fresh buffer no other tensor shares, which NCCL fills.
+        let (t, autodiff, device) = self.cube_tensor(Tensor::<1>::empty([len], device))?;
+        let on = format!("ncclRecv from rank {src} on the device");
+        self.device_collective(&on, &device, (&t, &t), |c, _, dst| c.recv(dst, src as i32))?;
+        Ok(Self::back(t, autodiff))
     }
 }

@@ -1,5 +1,5 @@
-//! [`ThroughHost`]: a group's [`DeviceCollectives`] carried through host memory by its own
-//! host collectives, counting the calls. It is what code written against device tensors
+//! [`ThroughHost`]: a group's [`DeviceCollectives`] and [`DeviceSends`] carried through host
+//! memory by its own host collectives and messages, counting the calls. It is what code written against device tensors
 //! runs on where no device transport exists (the CPU, wgpu): the tests of that code check
 //! its results and that it took the device path, without a GPU; NCCL and the CUDA runtime
 //! are the real implementations.
@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use burn::tensor::{Device, Tensor, TensorData};
 
-use crate::comm::communicator::{Communicator, DeviceCollectives, Forwarding, ReduceOp};
+use crate::comm::communicator::{
+    Communicator, DeviceCollectives, DeviceSends, Forwarding, ReduceOp,
+};
 use crate::error::{DistError, DistResult};
 use crate::storage::host_values::collective_host_values;
 
@@ -85,12 +87,34 @@ impl DeviceCollectives for ThroughHost {
     }
 }
 
+impl DeviceSends for ThroughHost {
+    fn works_on(&self, _device: &Device) -> bool {
+        true
+    }
+
+    fn send(&self, t: Tensor<1>, dest: usize) -> DistResult<()> {
+        let values = self.values(t)?;
+        self.inner.send(&values, dest)
+    }
+
+    fn recv(&self, len: usize, src: usize, device: &Device) -> DistResult<Tensor<1>> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let mut values = vec![0.0; len];
+        self.inner.recv(&mut values, src)?;
+        Ok(upload(values, device))
+    }
+}
+
 impl Forwarding for ThroughHost {
     fn inner(&self) -> &dyn Communicator {
         self.inner.as_ref()
     }
 
     fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
+        Some(self)
+    }
+
+    fn device_sends(&self) -> Option<&dyn DeviceSends> {
         Some(self)
     }
 }

@@ -2,7 +2,10 @@
 //!
 //! Each value goes as two messages: a fixed header (kind, rank, [`Tag`], dims) and its
 //! payload. Words are carried bit for bit (`f32::from_bits`), so integer values (token
-//! ids, masks computed from the input) cross exactly: an `i64` takes two words.
+//! ids, masks computed from the input) cross exactly: an `i64` takes two words. A float
+//! value on a device the group sends from itself (NCCL's send and receive on CUDA devices:
+//! `burn_ort_dist::DeviceSends`) goes from device to device, its header saying so; other
+//! values go through host memory.
 //!
 //! Between two ranks the messages arrive in the order they were sent, but with virtual
 //! stages one channel carries activations and gradients of several stages, in an order
@@ -12,17 +15,19 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 
-use burn::tensor::Device;
-use burn_ort_dist::Communicator;
+use burn::tensor::{Device, FloatDType, Tensor};
+use burn_ort_dist::{Communicator, DeviceSends};
 use ndarray::{ArrayD, IxDyn};
 
 use crate::error::{OnnxError, Result};
-use crate::value::{FloatValue, MAX_RANK, Value};
+use crate::value::{FloatValue, MAX_RANK, Value, padded};
 
 const HEADER: usize = 5 + MAX_RANK;
 const FLOAT: u32 = 1;
 const INT: u32 = 2;
 const BOOL: u32 = 3;
+/// A float value whose payload goes device to device ([`DeviceSends`]).
+const FLOAT_ON_DEVICE: u32 = 4;
 
 /// What a group of values is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,6 +89,17 @@ fn wire_err(what: &str, e: impl std::fmt::Display) -> OnnxError {
     OnnxError::field("pipeline", format!("{what}: {e}"))
 }
 
+/// A value's payload: words through host memory, or a flat f32 tensor device to device.
+enum Payload {
+    Host(Vec<f32>),
+    Device(Tensor<1>),
+}
+
+/// The group's device-to-device messages when they work on `device`.
+fn device_sends<'c>(comm: &'c dyn Communicator, device: &Device) -> Option<&'c dyn DeviceSends> {
+    comm.device_sends().filter(|s| s.works_on(device))
+}
+
 /// Send `values` to rank `dest`, in order, tagged `tag`.
 pub fn send_values(
     comm: &dyn Communicator,
@@ -93,33 +109,51 @@ pub fn send_values(
 ) -> Result<()> {
     for v in values {
         let shape = v.shape();
-        let (kind, payload): (u32, Vec<f32>) = match v {
+        let (kind, payload) = match v {
             Value::Sequence(_) | Value::Str(_) => {
                 return Err(wire_err(
                     "sending an activation",
                     format!("a {} value crosses no pipeline stage", v.kind()),
                 ));
             }
+            Value::Float(f) if device_sends(comm, &f.tensor.device()).is_some() => {
+                let t = f.tensor.clone().inner().cast(FloatDType::F32);
+                let n = t.dims().iter().product::<usize>();
+                (FLOAT_ON_DEVICE, Payload::Device(t.reshape([n])))
+            }
             Value::Float(f) => (
                 FLOAT,
-                burn_ort_dist::collective_host_values(f.tensor.clone())
-                    .map_err(|e| wire_err("reading an activation", e))?,
+                Payload::Host(
+                    burn_ort_dist::collective_host_values(f.tensor.clone())
+                        .map_err(|e| wire_err("reading an activation", e))?,
+                ),
             ),
             Value::Int(a) => (
                 INT,
-                a.iter()
-                    .flat_map(|&x| [word(x as u64 as u32), word((x as u64 >> 32) as u32)])
-                    .collect(),
+                Payload::Host(
+                    a.iter()
+                        .flat_map(|&x| [word(x as u64 as u32), word((x as u64 >> 32) as u32)])
+                        .collect(),
+                ),
             ),
-            Value::Bool(a) => (BOOL, a.iter().map(|&b| word(u32::from(b))).collect()),
+            Value::Bool(a) => (
+                BOOL,
+                Payload::Host(a.iter().map(|&b| word(u32::from(b))).collect()),
+            ),
         };
         let mut header = vec![word(kind), word(shape.len() as u32)];
         header.extend(tag.words());
         header.extend((0..MAX_RANK).map(|i| word(shape.get(i).copied().unwrap_or(0) as u32)));
         comm.send(&header, dest)
             .map_err(|e| wire_err("sending a header", e))?;
-        comm.send(&payload, dest)
-            .map_err(|e| wire_err("sending a value", e))?;
+        match payload {
+            Payload::Host(words) => comm.send(&words, dest),
+            Payload::Device(t) => {
+                let sends = device_sends(comm, &t.device()).expect("checked above");
+                sends.send(t, dest)
+            }
+        }
+        .map_err(|e| wire_err("sending a value", e))?;
     }
     Ok(())
 }
@@ -210,6 +244,19 @@ fn recv_one(comm: &dyn Communicator, src: usize, device: &Device) -> Result<(Tag
                 FloatValue::from_array(&a, device)
                     .map_err(|e| wire_err("uploading a value", e.0))?,
             )
+        }
+        FLOAT_ON_DEVICE => {
+            let sends = device_sends(comm, device).ok_or_else(|| {
+                wire_err(
+                    "receiving a value",
+                    "the peer sends device to device, this rank's group cannot receive so",
+                )
+            })?;
+            let flat = sends
+                .recv(n, src, device)
+                .map_err(|e| wire_err("receiving a value", e))?;
+            let physical = padded(&shape).map_err(|e| wire_err("shaping a value", e.0))?;
+            Value::Float(FloatValue::new(flat.reshape(physical), shape.len()))
         }
         INT => {
             let mut buf = vec![0.0f32; 2 * n];

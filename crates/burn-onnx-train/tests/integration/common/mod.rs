@@ -9,6 +9,8 @@ pub mod counting;
 
 pub mod fused_checks;
 
+pub mod wire_checks;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
