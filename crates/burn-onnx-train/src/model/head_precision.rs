@@ -25,9 +25,7 @@ impl OnnxModel {
     /// This model with the MatMul head producing graph output `output` marked to write its
     /// logits in the autocast precision (see the module doc), and whether it was one.
     pub fn with_low_precision_logits(mut self, output: &str) -> (OnnxModel, bool) {
-        let head = head_of(self.graph(), output, |_| true)
-            .filter(|h| self.graph().nodes[h.node].op_type == "MatMul");
-        let Some(head) = head else {
+        let Some(head) = self.low_precision_head(output) else {
             return (self, false);
         };
         let mut graph = self.graph().clone();
@@ -39,5 +37,17 @@ impl OnnxModel {
             ..(*self.spec).clone()
         });
         (self, true)
+    }
+
+    /// Whether graph output `output` comes from a head whose logits autocast writes in
+    /// the low precision once marked (a MatMul; a Gemm adds its bias in f32).
+    pub fn has_low_precision_head(&self, output: &str) -> bool {
+        self.low_precision_head(output).is_some()
+    }
+
+    /// The node index of `output`'s MatMul head, if it has one.
+    fn low_precision_head(&self, output: &str) -> Option<crate::graph::head::Head> {
+        head_of(self.graph(), output, |_| true)
+            .filter(|h| self.graph().nodes[h.node].op_type == "MatMul")
     }
 }

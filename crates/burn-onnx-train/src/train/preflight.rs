@@ -106,11 +106,10 @@ pub fn check_fits_allocation(
     // The check runs for CubeCL devices (the only ones with a largest buffer).
     let multiple = c.model.vocab_multiple(true).max(1);
     let columns = classes.next_multiple_of(multiple);
-    let element = if c.precision.dtype.autocast().is_some() {
-        2
-    } else {
-        4
-    };
+    // Under autocast a MatMul head writes the logits in f16/bf16; a Gemm head in f32.
+    let low = c.precision.dtype.autocast().is_some()
+        && model.has_low_precision_head(&c.model.output_name);
+    let element = if low { 2 } else { 4 };
     let rows = c.data.batch_size * c.data.seq_len;
     let bytes = (rows * columns * element) as u64;
     if bytes > largest {

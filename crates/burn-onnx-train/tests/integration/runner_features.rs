@@ -437,6 +437,19 @@ fn tensors_past_the_devices_largest_buffer_are_named_before_the_first_step() {
     // Under f16 autocast the head writes them in f16: 524,288 bytes fit.
     c.precision.dtype = Precision::F16;
     check_fits_allocation(&c, &model, 600_000, "dev").unwrap();
+    // A Gemm head (the mlp's 10 classes, padded to 64 columns, read as a language model's
+    // here) adds its bias in f32 and writes f32 logits under autocast too: 16 x 16 x 64 x 4
+    // = 65,536 bytes (half that if counted as f16).
+    c.model.model_path = refkit("models/mlp.onnx");
+    c.model.output_name = "logits".into();
+    let mlp = OnnxModel::load(&c.model.model_path, &Device::flex()).unwrap();
+    // (its 784 x 256 weight is past these buffers: ZeRO-3 leaves the parameters to the run)
+    c.parallel.zero_stage = 3;
+    check_fits_allocation(&c, &mlp, 65_536, "dev").unwrap();
+    let err = check_fits_allocation(&c, &mlp, 65_535, "dev")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("x 64 columns, 4 bytes each"), "{err}");
 }
 
 #[test]
