@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, FloatDType, Tensor};
 
 use super::buckets::{BUCKET, windows};
 use super::layout::FlatLayout;
@@ -58,12 +58,12 @@ pub fn flat_range(
     }
 }
 
-/// The module's parameters, flat and without autodiff, in layout order.
+/// The module's parameters, flat, f32 and without autodiff, in layout order.
 pub fn param_tensors<M: Module>(module: &M) -> Vec<Option<Tensor<1>>> {
     struct Params(Vec<Option<Tensor<1>>>);
     impl ModuleVisitor for Params {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let t = param.val().inner();
+            let t = param.val().inner().cast(FloatDType::F32);
             let n: usize = t.dims().iter().product();
             self.0.push(Some(t.reshape([n])));
         }
@@ -73,8 +73,8 @@ pub fn param_tensors<M: Module>(module: &M) -> Vec<Option<Tensor<1>>> {
     p.0
 }
 
-/// The gradients of `layout`'s trainable slots taken out of `grads`, flat (`None`: a
-/// frozen slot, or no gradient).
+/// The gradients of `layout`'s trainable slots taken out of `grads`, flat and f32 (`None`:
+/// a frozen slot, or no gradient).
 pub fn grad_tensors<M: Module>(
     layout: &FlatLayout,
     module: &M,
@@ -85,7 +85,7 @@ pub fn grad_tensors<M: Module>(
         .slots
         .iter()
         .zip(taken)
-        .map(|(s, g)| g.filter(|_| s.trainable))
+        .map(|(s, g)| g.filter(|_| s.trainable).map(|g| g.cast(FloatDType::F32)))
         .collect()
 }
 

@@ -18,6 +18,11 @@
 //! state vectors may live in a memory-mapped file ([`Zero::with_state_on_disk`],
 //! ZeRO-Infinity's optimizer offload), updated with the same arithmetic.
 //!
+//! Where the group moves device tensors itself (NCCL), all of it stays on the device
+//! (`on_device`: the flat shard as device tensors in `device_flat`, the rules as tensor
+//! operations in `device_step`); elsewhere, or with [`Zero::on_host`], the shard lives and
+//! is updated in host memory (`flat_optim`, `host_chunks`).
+//!
 //! Checkpoints: every rank writes `zero-<rank>.safetensors` (its state vectors) and rank 0 writes
 //! `zero.json` (world size, stage, layout, step): a run on any world size and either stage
 //! reassembles the full state from all shards and takes its own slice.

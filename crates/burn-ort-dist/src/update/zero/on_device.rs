@@ -51,6 +51,13 @@ impl Zero {
             );
             // The host copy is not kept up to date: a checkpoint reads the device's.
             self.state.slots = super::state_vectors::StateVectors::in_memory(0, 0);
+            if self.comm.rank() == 0 {
+                tracing::info!(
+                    stage = self.stage,
+                    shard_values = self.layout.shard_len(),
+                    "ZeRO: shards updated on the device"
+                );
+            }
             self.device_state = Some(state);
         }
         self.state.step += 1;
