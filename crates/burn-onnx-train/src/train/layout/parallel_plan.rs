@@ -331,6 +331,7 @@ impl ParallelPlan {
         device: &Device,
         ddp: &DataParallel,
     ) -> Result<Box<dyn Passes>> {
+        warn_if_overlap_leaves_the_device(self.overlap(), ddp, device);
         let (recompute, overlap) = (self.recompute_enabled(), self.overlap().segments());
         Ok(match self.partition() {
             None if recompute || overlap.is_some() => {
@@ -558,5 +559,20 @@ impl ParallelPlan {
         }
         world.barrier()?;
         Ok(root)
+    }
+}
+
+/// Averaging during backward (`parallel.overlap`) packs its buckets in host memory; where
+/// the group averages device tensors itself (NCCL) the update's device buckets after
+/// backward move no value through the host and are faster: say so once, on rank 0.
+fn warn_if_overlap_leaves_the_device(overlap: Overlap, ddp: &DataParallel, device: &Device) {
+    let comm = ddp.comm();
+    let on_device = comm
+        .device_collectives()
+        .is_some_and(|d| d.works_on(device));
+    if overlap != Overlap::Off && on_device && comm.rank() == 0 {
+        tracing::warn!(
+            "parallel.overlap averages gradients through host memory: this group averages them on the GPUs after backward (NCCL), which copies nothing to the host; set parallel.overlap = \"off\" for that"
+        );
     }
 }
