@@ -833,6 +833,47 @@ fn data_parallel_and_zero_3_on_gpu_match_the_replicated_cpu_run() {
     }
 }
 
+/// ZeRO updating on the GPU, as NCCL groups do on CUDA (`ThroughHost` carries the device
+/// collectives through host memory here): stages 1-3 on 2 thread ranks on the one GPU,
+/// clipped AdamW, end where the replicated CPU run does, their groups having carried device
+/// tensors.
+#[test]
+fn zero_updating_on_the_gpu_matches_the_replicated_cpu_run() {
+    use burn_onnx_train::train::process::launch::launch_threads_over;
+    use burn_ort_dist::{Communicator, ThroughHost};
+    let spec = match gpu_spec() {
+        DeviceSpec::Cuda(None) => DeviceSpec::Cuda(Some(0)),
+        spec => spec,
+    };
+    let config = |device: DeviceSpec, zero_stage: usize, out: &Path| {
+        let mut c = gpt2_config(out);
+        c.parallel.device = device;
+        c.parallel.data_parallel_size = 2;
+        c.data.batch_size = 2;
+        c.parallel.zero_stage = zero_stage;
+        c.train.num_train_steps = 10;
+        c.train.max_grad_norm = 1.0;
+        c
+    };
+    let cpu_out = tempdir("gpu-zero-device-cpu");
+    let cpu = launch(config(DeviceSpec::Cpu, 0, &cpu_out), gpt2_tokens(), None).unwrap();
+    for stage in [1, 2, 3] {
+        let gpu_out = tempdir(&format!("gpu-zero-device-{stage}"));
+        let groups = std::sync::Mutex::new(Vec::new());
+        let c = config(spec.clone(), stage, &gpu_out);
+        let gpu = launch_threads_over(c, gpt2_tokens(), None, &|comm| {
+            let group = std::sync::Arc::new(ThroughHost::over(comm));
+            groups.lock().unwrap().push(group.clone());
+            group as std::sync::Arc<dyn Communicator>
+        })
+        .unwrap();
+        let what = format!("ZeRO-{stage} updating on the device");
+        ended_where_the_cpu_did(&what, (&gpu, &gpu_out), (&cpu, &cpu_out));
+        let calls: Vec<usize> = groups.lock().unwrap().iter().map(|g| g.calls()).collect();
+        assert!(calls.iter().all(|&c| c > 0), "{what}: {calls:?}");
+    }
+}
+
 /// ZeRO-3 with its chunks in host memory (`offload_params = "cpu"`, ZeRO-Infinity's
 /// parameter offload): the chunks live on the CPU device while the nodes compute on the
 /// GPU (the logits come out there, the chunks' gradients come back to the host, equal to

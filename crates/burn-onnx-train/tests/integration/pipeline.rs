@@ -18,7 +18,7 @@ use burn_onnx_train::parallel::pipeline::{Partition, PipelineSchedule};
 use burn_onnx_train::train::checkpoint::list_checkpoints;
 use burn_onnx_train::train::config::{LrConfig, OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::data::{Dataset, ImageDataset, Target, TokenDataset};
-use burn_onnx_train::train::process::launch::launch;
+use burn_onnx_train::train::process::launch::{launch, launch_threads_over};
 use burn_onnx_train::train::report::tensorboard::{EventKind, ValueKind, read_events, scalars};
 use burn_onnx_train::train::{RunSummary, TrainingConfig};
 use common::*;
@@ -667,45 +667,93 @@ fn every_stage_writes_the_summaries_of_its_own_weights() {
     );
 }
 
+/// 2 replicas x 2 stages of gpt2_tiny, AdamW with clipping that binds, ZeRO stage `zero`.
+fn adamw_grid(out: &Path, zero: usize) -> TrainingConfig {
+    let mut c = gpt2_tiny(out);
+    c.optimizer = OptimizerConfig {
+        kind: OptimizerKind::Adamw,
+        ..Default::default()
+    };
+    c.lr = LrConfig {
+        initial_lr: 1e-3,
+        ..Default::default()
+    };
+    c.train.max_grad_norm = 1.0;
+    c.data.batch_size = 2;
+    c.eval.eval_batch_size = 2;
+    c.parallel.data_parallel_size = 2;
+    c.parallel.pipeline_parallel_size = 2;
+    c.parallel.zero_stage = zero;
+    c
+}
+
+/// The tolerance of a grid at ZeRO stage `zero` against the replicated one. Stage 3
+/// averages each read's gradient of the tied embedding over the replicas before the stages
+/// add theirs, the others after: last-bit differences, which AdamW turns into up to 3e-6
+/// on rare embedding rows (a wrong chunk or scale moves weights by whole steps, lr 1e-3).
+fn grid_atol(zero: usize) -> f32 {
+    if zero == 3 { 1e-5 } else { 1e-6 }
+}
+
 #[test]
 fn zero_runs_inside_each_stage_data_parallel_group() {
-    // 2 replicas x 2 stages, AdamW with clipping that binds: ZeRO-1, 2 and 3 shard each
-    // stage's optimizer state (3: and parameters) over its two replicas and end where the
-    // replicated update does.
+    // ZeRO-1, 2 and 3 shard each stage's optimizer state (3: and parameters) over its two
+    // replicas and end where the replicated update does.
     let data = tokens(1024);
-    let base = |out: &Path, zero: usize| {
-        let mut c = gpt2_tiny(out);
-        c.optimizer = OptimizerConfig {
-            kind: OptimizerKind::Adamw,
-            ..Default::default()
-        };
-        c.lr = LrConfig {
-            initial_lr: 1e-3,
-            ..Default::default()
-        };
-        c.train.max_grad_norm = 1.0;
-        c.data.batch_size = 2;
-        c.eval.eval_batch_size = 2;
-        c.parallel.data_parallel_size = 2;
-        c.parallel.pipeline_parallel_size = 2;
-        c.parallel.zero_stage = zero;
-        c
-    };
     let replicated = tempdir("pp-zero0");
-    run(base(&replicated, 0), &data);
+    run(adamw_grid(&replicated, 0), &data);
     for zero in [1, 2, 3] {
         let out = tempdir(&format!("pp-zero{zero}"));
-        let summary = run(base(&out, zero), &data);
+        let summary = run(adamw_grid(&out, zero), &data);
         assert_eq!(summary.perf.unwrap().memory.optimizer_state_bytes.len(), 4);
         compare(
             &refkit("models/gpt2_tiny.onnx"),
             &replicated.join("gpt2_tiny_trained.onnx"),
             &out.join("gpt2_tiny_trained.onnx"),
-            // Stage 3 averages each read's gradient of the tied embedding over the replicas
-            // before the stages add theirs, the others after: last-bit differences, which
-            // AdamW turns into up to 3e-6 on rare embedding rows (a wrong chunk or scale
-            // moves weights by whole steps, lr 1e-3).
-            if zero == 3 { 1e-5 } else { 1e-6 },
+            grid_atol(zero),
+        );
+    }
+}
+
+/// The same grid with every group moving device tensors itself (`ThroughHost`: through host
+/// memory here, as NCCL moves them between GPUs), so the run takes NCCL's code paths: the
+/// activations and their gradients cross the stages on the device path, stage 0 averages
+/// the gradients in device buckets, ZeRO 1-3 update their shards on the device (the norm
+/// summed over the stages). Each ends where the plain replicated grid does (within 1e-5:
+/// the device sums squares in f32 where the host sums in f64, last-bit changes of the clip
+/// factor that AdamW turns into a few 1e-6 on weights with near-zero gradients; a wrong
+/// shard or scale moves weights by whole steps of lr 1e-3), and every rank's groups
+/// carried device tensors.
+#[test]
+fn a_grid_whose_groups_move_device_tensors_ends_where_the_plain_grid_does() {
+    use burn_ort_dist::{Communicator, ThroughHost};
+    let data = tokens(1024);
+    let replicated = tempdir("pp-device-plain");
+    run(adamw_grid(&replicated, 0), &data);
+    for zero in [0, 1, 2, 3] {
+        let out = tempdir(&format!("pp-device-zero{zero}"));
+        let groups = std::sync::Mutex::new(Vec::new());
+        launch_threads_over(
+            adamw_grid(&out, zero),
+            data.clone(),
+            Some(data.clone()),
+            &|comm| {
+                let group = Arc::new(ThroughHost::over(comm));
+                groups.lock().unwrap().push(group.clone());
+                group as Arc<dyn Communicator>
+            },
+        )
+        .unwrap_or_else(|e| panic!("ZeRO-{zero}: {e}"));
+        let calls: Vec<usize> = groups.lock().unwrap().iter().map(|g| g.calls()).collect();
+        assert!(
+            calls.len() == 4 && calls.iter().all(|&c| c > 0),
+            "ZeRO-{zero}: every rank's groups carried device tensors ({calls:?})"
+        );
+        compare(
+            &refkit("models/gpt2_tiny.onnx"),
+            &replicated.join("gpt2_tiny_trained.onnx"),
+            &out.join("gpt2_tiny_trained.onnx"),
+            1e-5,
         );
     }
 }

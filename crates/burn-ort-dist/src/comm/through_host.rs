@@ -18,7 +18,8 @@ use crate::storage::host_values::collective_host_values;
 /// A group whose device collectives go through its host ones.
 pub struct ThroughHost {
     inner: Arc<dyn Communicator>,
-    calls: AtomicUsize,
+    /// Device collectives and messages served, by this group and the groups split from it.
+    calls: Arc<AtomicUsize>,
 }
 
 impl ThroughHost {
@@ -26,11 +27,12 @@ impl ThroughHost {
     pub fn over(inner: Arc<dyn Communicator>) -> Self {
         ThroughHost {
             inner,
-            calls: AtomicUsize::new(0),
+            calls: Arc::new(AtomicUsize::new(0)),
         }
     }
 
-    /// Device collectives served so far.
+    /// Device collectives and messages served so far, by this group and every group split
+    /// from it.
     pub fn calls(&self) -> usize {
         self.calls.load(Ordering::Relaxed)
     }
@@ -108,6 +110,14 @@ impl DeviceSends for ThroughHost {
 impl Forwarding for ThroughHost {
     fn inner(&self) -> &dyn Communicator {
         self.inner.as_ref()
+    }
+
+    fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
+        // The sub-group moves device tensors the same way, counted with this one.
+        Ok(Box::new(ThroughHost {
+            inner: Arc::from(self.inner.split(color, key)?),
+            calls: self.calls.clone(),
+        }))
     }
 
     fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {

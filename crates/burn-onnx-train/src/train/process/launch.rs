@@ -257,7 +257,7 @@ fn launch_laid_out(
     };
     let mut attempt = 0;
     loop {
-        match launch_threads(config.clone(), train.clone(), test.clone()) {
+        match launch_threads(config.clone(), train.clone(), test.clone(), &|comm| comm) {
             Err(e) if attempt < max_restarts && e.is_before_first_update() => {
                 tracing::warn!(
                     "the run failed before its first update: not restarted (it would fail the same way)"
@@ -331,12 +331,32 @@ fn agreed_layout(
     configure(&config, world, layout).map_err(OnnxError::before_first_update)
 }
 
+/// Makes a thread rank's group from its plain in-process communicator.
+pub type GroupOf<'a> = &'a (dyn Fn(Arc<dyn Communicator>) -> Arc<dyn Communicator> + Sync);
+
+/// [`launch`] on thread ranks (no elastic restart) whose groups `group_of` makes from the
+/// plain in-process ones, as PyTorch takes a process group of the caller's: a wrapper that
+/// counts, delays or carries collectives another way (the tests carry the device
+/// collectives through host memory with `burn_ort_dist::ThroughHost`, so a run on the CPU
+/// or wgpu takes the code paths NCCL takes on CUDA). Sub-groups are what the wrapper's
+/// `split` makes. A one-rank topology runs plain.
+pub fn launch_threads_over(
+    config: TrainingConfig,
+    train: Arc<dyn Dataset>,
+    test: Option<Arc<dyn Dataset>>,
+    group_of: GroupOf,
+) -> Result<RunSummary> {
+    config.check().map_err(OnnxError::before_first_update)?;
+    launch_threads(config, train, test, group_of)
+}
+
 /// One attempt on this process: a thread per rank of the topology (data x tensor x
-/// pipeline parallel sizes), or one plain run.
+/// pipeline parallel sizes) over the groups `group_of` makes, or one plain run.
 fn launch_threads(
     config: TrainingConfig,
     train: Arc<dyn Dataset>,
     test: Option<Arc<dyn Dataset>>,
+    group_of: GroupOf,
 ) -> Result<RunSummary> {
     let world = config.parallel.topology().world_size();
     if world <= 1 {
@@ -349,7 +369,7 @@ fn launch_threads(
         .collective_wait_limit()
         .unwrap_or(Duration::MAX);
     let results = run_threads(world, timeout, |comm| {
-        run_rank(config.clone(), comm, train.clone(), test.clone())
+        run_rank(config.clone(), group_of(comm), train.clone(), test.clone())
     });
     first_failure(results)
 }
