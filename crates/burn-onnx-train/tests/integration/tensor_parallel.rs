@@ -768,6 +768,47 @@ fn sequence_parallel_runs_end_where_one_process_does() {
     same_run(&example, (&one, &base), (&dir, &s), 5e-5, true);
 }
 
+/// Sequence parallelism's layouts over groups that move device tensors themselves
+/// (`ThroughHost`, NCCL's code paths on the CPU): the pipeline's sends device to device,
+/// ZeRO-3's update of its chunks on the device beside tensor parallelism and
+/// recomputation; each ends where one process does, and every rank's groups carried
+/// device tensors.
+#[test]
+fn sequence_parallel_layouts_over_device_moving_groups_end_where_one_process_does() {
+    use burn_onnx_train::train::process::launch::launch_threads_over;
+    use burn_ort_dist::{Communicator, ThroughHost};
+    let model = refkit("models/gpt2_tiny.onnx");
+    let data = tokens(1024);
+    let one = tempdir("tp-seq-device-one");
+    let base = run(config(&model, &one, OptimizerKind::Sgd), &data);
+    for (tag, dp, pp, zero) in [("tp2pp2", 1, 2, 0), ("dp2tp2-zero3-recompute", 2, 1, 3)] {
+        let dir = tempdir(&format!("tp-seq-device-{tag}"));
+        let mut c = config(&model, &dir, OptimizerKind::Sgd);
+        c.parallel.tensor_parallel_sequence = true;
+        c.parallel.data_parallel_size = dp;
+        c.parallel.horizontal_parallel_size = 2;
+        c.parallel.pipeline_parallel_size = pp;
+        if zero > 0 {
+            c.parallel.zero_stage = zero;
+            c.parallel.recompute_segments = 3;
+        }
+        c.data.batch_size = 4 / dp;
+        let groups = std::sync::Mutex::new(Vec::new());
+        let s = launch_threads_over(c, data.clone(), Some(data.clone()), &|comm| {
+            let group = Arc::new(ThroughHost::over(comm));
+            groups.lock().unwrap().push(group.clone());
+            group as Arc<dyn Communicator>
+        })
+        .unwrap_or_else(|e| panic!("{tag}: {e}"));
+        let calls: Vec<usize> = groups.lock().unwrap().iter().map(|g| g.calls()).collect();
+        assert!(
+            calls.len() == 4 && calls.iter().all(|&c| c > 0),
+            "{tag}: {calls:?} device collectives"
+        );
+        same_run(&model, (&one, &base), (&dir, &s), 1e-5, dp == 1);
+    }
+}
+
 #[test]
 fn zero_and_mixed_precision_compose_with_tensor_parallel() {
     let model = refkit("models/gpt2_tiny.onnx");
