@@ -17,8 +17,10 @@
 //! gradient buckets, and the collectives inside the model's passes (tensor parallelism's
 //! all-reduces, ZeRO-3's parameter gathers and gradient scatters). The runtime only
 //! all-reduces, so its gathers and scatters are all-reduces ([`DeviceCollectives`]'
-//! provided methods). Collectives on host buffers (ZeRO's flat update, pipeline sends)
-//! go to the thread communicator it wraps.
+//! provided methods; ZeRO's update on the device takes them too). Point-to-point messages
+//! (pipeline sends) are the thread communicator's: the tensor handed over and copied to
+//! the receiver's GPU. Collectives on host buffers go to the thread communicator it
+//! wraps.
 
 use std::sync::Arc;
 
@@ -110,6 +112,10 @@ impl Forwarding for DeviceGroup {
 
     fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
         Some(&self.reduce)
+    }
+
+    fn device_sends(&self) -> Option<&dyn DeviceSends> {
+        self.inner.device_sends()
     }
 }
 

@@ -9,13 +9,23 @@
 //! stops answering makes the others fail after `timeout`
 //! (`Duration::MAX`: never, for launchers where a live rank is a working rank), with an
 //! error naming the operation, its bytes, the group and the ranks that never arrived.
+//!
+//! Tensors on a GPU ([`DeviceCollectives`], [`DeviceSends`]) are exchanged as handles: the
+//! last rank to arrive adds (or concatenates) the deposited tensors in rank order on its
+//! device and every rank takes the result, moved to its own device if it has another; a
+//! message is the tensor itself. Nothing passes through host memory, and ranks that share
+//! a GPU copy nothing. CPU tensors keep the host collectives.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::comm::communicator::{Communicator, ReduceOp, check_reduce_scatter, scale_mean};
+use burn::tensor::{Device, Tensor};
+
+use crate::comm::communicator::{
+    Communicator, DeviceCollectives, DeviceSends, ReduceOp, check_reduce_scatter, scale_mean,
+};
 use crate::comm::stall::{OpInfo, Stall, trace_done};
 use crate::error::{DistError, DistResult};
 
@@ -34,6 +44,12 @@ struct State {
     inside: Vec<bool>,
     /// Point-to-point messages in flight, by (source, destination).
     mail: HashMap<(usize, usize), VecDeque<Vec<f32>>>,
+    /// Device tensors deposited for the current device collective, in rank order.
+    tensors: Vec<Tensor<1>>,
+    /// The finished result of the previous device collective.
+    tensor_result: Option<Tensor<1>>,
+    /// Device tensors sent and not yet received, by (source, destination).
+    tensor_mail: HashMap<(usize, usize), VecDeque<Tensor<1>>>,
     /// Sub-groups made by `split`, by (split number, colour), created by their first member.
     splits: HashMap<(usize, usize), Arc<Shared>>,
 }
@@ -226,6 +242,227 @@ impl ThreadCommunicator {
     }
 }
 
+impl ThreadCommunicator {
+    /// [`Self::rendezvous`] of device tensors: every rank deposits `t` (all of one length),
+    /// the last to arrive makes the result from the deposits in rank order with `finish`,
+    /// and every rank leaves with it on its own device.
+    fn device_rendezvous(
+        &self,
+        op: &str,
+        t: Tensor<1>,
+        finish: impl FnOnce(Vec<Tensor<1>>) -> Tensor<1>,
+    ) -> DistResult<Tensor<1>> {
+        let start = Instant::now();
+        let (len, device) = (t.dims()[0], t.device());
+        let info = self.info(op, len * std::mem::size_of::<f32>());
+        // Another rank's thread reads `t` on its own stream: the kernels that wrote it
+        // finish first.
+        self.finished(&device)?;
+        let mut st = self.lock()?;
+        if let Some(b) = &st.broken {
+            return Err(self.peer(b.clone()));
+        }
+        let rank = self.rank;
+        st.inside[rank] = true;
+        let mut st = self.wait_until(st, info, None, |st| st.arrived == rank)?;
+        if let Some(other) = st
+            .tensors
+            .first()
+            .map(|d| d.dims()[0])
+            .filter(|&n| n != len)
+        {
+            let msg = format!("tensor of {len} elements, but another rank passed {other}");
+            st.broken = Some(format!("rank {}: {msg}", self.rank));
+            self.shared.cv.notify_all();
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: msg,
+            });
+        }
+        st.tensors.push(t);
+        st.arrived += 1;
+        self.shared.cv.notify_all();
+        let generation = st.generation;
+        let made_here = st.arrived == self.shared.world;
+        let result = if made_here {
+            let result = finish(std::mem::take(&mut st.tensors));
+            // The other ranks read it on their streams.
+            if let Err(e) = self.finished(&device) {
+                st.broken = Some(e.to_string());
+                self.shared.cv.notify_all();
+                return Err(e);
+            }
+            st.tensor_result = Some(result.clone());
+            st.arrived = 0;
+            st.generation += 1;
+            st.inside.fill(false);
+            self.shared.cv.notify_all();
+            result
+        } else {
+            let st = self.wait_until(st, info, None, |st| st.generation != generation)?;
+            st.tensor_result.clone().expect("set by the last rank")
+        };
+        trace_done(info, start.elapsed());
+        match made_here {
+            true => Ok(result),
+            false => self.taken(result, &device),
+        }
+    }
+
+    /// `t`, which another rank's stream wrote, as a copy this rank's stream made on
+    /// `device` and finished: the original may go back to a memory pool another stream
+    /// allocates from once this rank drops it, so no kernel of this rank may still read
+    /// it then.
+    fn taken(&self, t: Tensor<1>, device: &Device) -> DistResult<Tensor<1>> {
+        let mine = match &t.device() == device {
+            true => t.clone().add_scalar(0.0),
+            false => t.clone().to_device(device),
+        };
+        self.finished(device)?;
+        drop(t);
+        Ok(mine)
+    }
+
+    /// Wait for the kernels this rank queued on `device` (its thread's stream), so that a
+    /// tensor they wrote can be read from another rank's.
+    fn finished(&self, device: &Device) -> DistResult<()> {
+        device.sync().map_err(|e| DistError::Invalid {
+            rank: self.rank,
+            message: format!("the device failed before a collective: {e:?}"),
+        })
+    }
+
+    /// An error unless `peer` is another rank of this group.
+    fn check_peer(&self, peer: usize, what: &str) -> DistResult<()> {
+        if peer >= self.shared.world || peer == self.rank {
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!("{what} rank {peer} in a group of {}", self.shared.world),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `t` on `device` (no copy when it is there already).
+fn on(t: Tensor<1>, device: &Device) -> Tensor<1> {
+    if &t.device() == device {
+        t
+    } else {
+        t.to_device(device)
+    }
+}
+
+/// `parts` added in order, on the first one's device.
+fn summed(parts: Vec<Tensor<1>>) -> Tensor<1> {
+    let mut parts = parts.into_iter();
+    let first = parts.next().expect("a group has a rank");
+    let device = first.device();
+    parts.fold(first, |acc, t| acc.add(on(t, &device)))
+}
+
+/// `t` divided by the group's size for a mean.
+fn scaled(t: Tensor<1>, op: ReduceOp, world: usize) -> Tensor<1> {
+    match op {
+        ReduceOp::Mean => t.div_scalar(world as f32),
+        ReduceOp::Sum => t,
+    }
+}
+
+impl DeviceCollectives for ThreadCommunicator {
+    /// Tensors of a GPU backend (the CPU's keep the host collectives).
+    fn works_on(&self, device: &Device) -> bool {
+        !matches!(
+            device.clone().inner().as_dispatch(),
+            burn::backend::DispatchDevice::Flex(_)
+        )
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.shared.world
+    }
+
+    fn all_reduce(&self, t: Tensor<1>, op: ReduceOp) -> DistResult<Tensor<1>> {
+        let world = self.shared.world;
+        self.device_rendezvous("all_reduce on the device", t, |parts| {
+            scaled(summed(parts), op, world)
+        })
+    }
+
+    fn all_gather(&self, t: Tensor<1>) -> DistResult<Tensor<1>> {
+        self.device_rendezvous("all_gather on the device", t, |parts| {
+            let device = parts[0].device();
+            Tensor::cat(parts.into_iter().map(|p| on(p, &device)).collect(), 0)
+        })
+    }
+
+    fn reduce_scatter(&self, t: Tensor<1>, op: ReduceOp) -> DistResult<Tensor<1>> {
+        let (rank, world, n) = (self.rank, self.shared.world, t.dims()[0]);
+        check_reduce_scatter(rank, world, n, n / world)?;
+        let sum = self.device_rendezvous("reduce_scatter on the device", t, |parts| {
+            scaled(summed(parts), op, world)
+        })?;
+        let chunk = n / world;
+        Ok(sum.slice(rank * chunk..(rank + 1) * chunk))
+    }
+}
+
+impl DeviceSends for ThreadCommunicator {
+    fn works_on(&self, device: &Device) -> bool {
+        DeviceCollectives::works_on(self, device)
+    }
+
+    fn send(&self, t: Tensor<1>, dest: usize) -> DistResult<()> {
+        self.check_peer(dest, "send to")?;
+        self.finished(&t.device())?;
+        let mut st = self.lock()?;
+        if let Some(b) = &st.broken {
+            return Err(self.peer(b.clone()));
+        }
+        self.check_present(&st, Some(dest))?;
+        st.tensor_mail
+            .entry((self.rank, dest))
+            .or_default()
+            .push_back(t);
+        self.shared.cv.notify_all();
+        Ok(())
+    }
+
+    fn recv(&self, len: usize, src: usize, device: &Device) -> DistResult<Tensor<1>> {
+        self.check_peer(src, "receive from")?;
+        let key = (src, self.rank);
+        let op = format!(
+            "receive on the device from world rank {}",
+            self.shared.world_ranks[src]
+        );
+        let info = self.info(&op, len * std::mem::size_of::<f32>());
+        let st = self.lock()?;
+        let mut st = self.wait_until(st, info, Some(src), |st| {
+            st.tensor_mail.get(&key).is_some_and(|q| !q.is_empty())
+        })?;
+        let t = st
+            .tensor_mail
+            .get_mut(&key)
+            .and_then(VecDeque::pop_front)
+            .expect("waited for");
+        drop(st);
+        if t.dims()[0] != len {
+            return Err(DistError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "received a tensor of {} values from rank {src}, expected {len}",
+                    t.dims()[0]
+                ),
+            });
+        }
+        self.taken(t, device)
+    }
+}
+
 impl Shared {
     fn new(world_ranks: Vec<usize>, timeout: Duration) -> Arc<Shared> {
         let world = world_ranks.len();
@@ -242,6 +479,9 @@ impl Shared {
                 left: vec![false; world],
                 inside: vec![false; world],
                 mail: HashMap::new(),
+                tensors: Vec::new(),
+                tensor_result: None,
+                tensor_mail: HashMap::new(),
                 splits: HashMap::new(),
             }),
             cv: Condvar::new(),
@@ -379,7 +619,7 @@ impl Communicator for ThreadCommunicator {
     fn split(&self, color: usize, key: usize) -> DistResult<Box<dyn Communicator>> {
         let world = self.shared.world;
         let mut all = vec![0.0f32; 2 * world];
-        self.all_gather(&[color as f32, key as f32], &mut all)?;
+        Communicator::all_gather(self, &[color as f32, key as f32], &mut all)?;
         let mut members: Vec<(usize, usize)> = (0..world)
             .filter(|&r| all[2 * r] as usize == color)
             .map(|r| (all[2 * r + 1] as usize, r))
@@ -404,6 +644,14 @@ impl Communicator for ThreadCommunicator {
                 .clone()
         };
         Ok(Box::new(ThreadCommunicator::member(new_rank, shared)))
+    }
+
+    fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
+        Some(self)
+    }
+
+    fn device_sends(&self) -> Option<&dyn DeviceSends> {
+        Some(self)
     }
 
     fn abort(&self, code: i32) {
