@@ -888,7 +888,6 @@ fn thread_ranks_exchange_gpu_tensors_with_the_host_collectives_values() {
 #[test]
 fn zero_updating_on_the_gpu_matches_the_replicated_cpu_run() {
     use burn_onnx_train::train::process::launch::launch_threads_over;
-    use burn_ort_dist::{Communicator, ThroughHost};
     let spec = match gpu_spec() {
         DeviceSpec::Cuda(None) => DeviceSpec::Cuda(Some(0)),
         spec => spec,
@@ -907,17 +906,12 @@ fn zero_updating_on_the_gpu_matches_the_replicated_cpu_run() {
     let cpu = launch(config(DeviceSpec::Cpu, 0, &cpu_out), gpt2_tokens(), None).unwrap();
     for stage in [1, 2, 3] {
         let gpu_out = tempdir(&format!("gpu-zero-device-{stage}"));
-        let groups = std::sync::Mutex::new(Vec::new());
+        let groups = ThroughHostGroups::default();
         let c = config(spec.clone(), stage, &gpu_out);
-        let gpu = launch_threads_over(c, gpt2_tokens(), None, &|comm| {
-            let group = std::sync::Arc::new(ThroughHost::over(comm));
-            groups.lock().unwrap().push(group.clone());
-            group as std::sync::Arc<dyn Communicator>
-        })
-        .unwrap();
+        let gpu = launch_threads_over(c, gpt2_tokens(), None, &|comm| groups.wrap(comm)).unwrap();
         let what = format!("ZeRO-{stage} updating on the device");
         ended_where_the_cpu_did(&what, (&gpu, &gpu_out), (&cpu, &cpu_out));
-        let calls: Vec<usize> = groups.lock().unwrap().iter().map(|g| g.calls()).collect();
+        let calls = groups.calls();
         assert!(calls.iter().all(|&c| c > 0), "{what}: {calls:?}");
     }
 }

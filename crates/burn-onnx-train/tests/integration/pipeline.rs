@@ -726,25 +726,20 @@ fn zero_runs_inside_each_stage_data_parallel_group() {
 /// carried device tensors.
 #[test]
 fn a_grid_whose_groups_move_device_tensors_ends_where_the_plain_grid_does() {
-    use burn_ort_dist::{Communicator, ThroughHost};
     let data = tokens(1024);
     let replicated = tempdir("pp-device-plain");
     run(adamw_grid(&replicated, 0), &data);
     for zero in [0, 1, 2, 3] {
         let out = tempdir(&format!("pp-device-zero{zero}"));
-        let groups = std::sync::Mutex::new(Vec::new());
+        let groups = ThroughHostGroups::default();
         launch_threads_over(
             adamw_grid(&out, zero),
             data.clone(),
             Some(data.clone()),
-            &|comm| {
-                let group = Arc::new(ThroughHost::over(comm));
-                groups.lock().unwrap().push(group.clone());
-                group as Arc<dyn Communicator>
-            },
+            &|comm| groups.wrap(comm),
         )
         .unwrap_or_else(|e| panic!("ZeRO-{zero}: {e}"));
-        let calls: Vec<usize> = groups.lock().unwrap().iter().map(|g| g.calls()).collect();
+        let calls = groups.calls();
         assert!(
             calls.len() == 4 && calls.iter().all(|&c| c > 0),
             "ZeRO-{zero}: every rank's groups carried device tensors ({calls:?})"

@@ -776,7 +776,6 @@ fn sequence_parallel_runs_end_where_one_process_does() {
 #[test]
 fn sequence_parallel_layouts_over_device_moving_groups_end_where_one_process_does() {
     use burn_onnx_train::train::process::launch::launch_threads_over;
-    use burn_ort_dist::{Communicator, ThroughHost};
     let model = refkit("models/gpt2_tiny.onnx");
     let data = tokens(1024);
     let one = tempdir("tp-seq-device-one");
@@ -793,14 +792,12 @@ fn sequence_parallel_layouts_over_device_moving_groups_end_where_one_process_doe
             c.parallel.recompute_segments = 3;
         }
         c.data.batch_size = 4 / dp;
-        let groups = std::sync::Mutex::new(Vec::new());
+        let groups = ThroughHostGroups::default();
         let s = launch_threads_over(c, data.clone(), Some(data.clone()), &|comm| {
-            let group = Arc::new(ThroughHost::over(comm));
-            groups.lock().unwrap().push(group.clone());
-            group as Arc<dyn Communicator>
+            groups.wrap(comm)
         })
         .unwrap_or_else(|e| panic!("{tag}: {e}"));
-        let calls: Vec<usize> = groups.lock().unwrap().iter().map(|g| g.calls()).collect();
+        let calls = groups.calls();
         assert!(
             calls.len() == 4 && calls.iter().all(|&c| c > 0),
             "{tag}: {calls:?} device collectives"

@@ -149,20 +149,17 @@ fn gpt2_case(ranks: usize) {
 #[test]
 fn stages_1_to_3_updating_on_the_device_match_replicated_adamw_on_gpt2_tiny() {
     use burn_onnx_train::train::process::launch::launch_threads_over;
-    use burn_ort_dist::{Communicator, ThroughHost};
     let base = tempdir("zero-device-0");
     launch(gpt2(&base, 2, 0), gpt2_tokens(), None).unwrap();
     let elements = perf(&base)["parameter_bytes"][0].as_u64().unwrap() / 4;
     for stage in [1, 2, 3] {
         let out = tempdir(&format!("zero-device-{stage}"));
-        let groups = std::sync::Mutex::new(Vec::new());
+        let groups = ThroughHostGroups::default();
         launch_threads_over(gpt2(&out, 2, stage), gpt2_tokens(), None, &|comm| {
-            let group = Arc::new(ThroughHost::over(comm));
-            groups.lock().unwrap().push(group.clone());
-            group as Arc<dyn Communicator>
+            groups.wrap(comm)
         })
         .unwrap_or_else(|e| panic!("ZeRO-{stage}: {e}"));
-        let calls: Vec<usize> = groups.lock().unwrap().iter().map(|g| g.calls()).collect();
+        let calls = groups.calls();
         assert!(
             calls.len() == 2 && calls.iter().all(|&c| c > 0),
             "ZeRO-{stage}: {calls:?} device collectives"

@@ -332,6 +332,20 @@ impl ThreadCommunicator {
         })
     }
 
+    /// Leave a message for rank `dest` with `deliver` (into the host or the device mailbox)
+    /// and wake the receivers.
+    fn post(&self, dest: usize, deliver: impl FnOnce(&mut State)) -> DistResult<()> {
+        self.check_peer(dest, "send to")?;
+        let mut st = self.lock()?;
+        if let Some(b) = &st.broken {
+            return Err(self.peer(b.clone()));
+        }
+        self.check_present(&st, Some(dest))?;
+        deliver(&mut st);
+        self.shared.cv.notify_all();
+        Ok(())
+    }
+
     /// An error unless `peer` is another rank of this group.
     fn check_peer(&self, peer: usize, what: &str) -> DistResult<()> {
         if peer >= self.shared.world || peer == self.rank {
@@ -419,17 +433,10 @@ impl DeviceSends for ThreadCommunicator {
     fn send(&self, t: Tensor<1>, dest: usize) -> DistResult<()> {
         self.check_peer(dest, "send to")?;
         self.finished(&t.device())?;
-        let mut st = self.lock()?;
-        if let Some(b) = &st.broken {
-            return Err(self.peer(b.clone()));
-        }
-        self.check_present(&st, Some(dest))?;
-        st.tensor_mail
-            .entry((self.rank, dest))
-            .or_default()
-            .push_back(t);
-        self.shared.cv.notify_all();
-        Ok(())
+        let key = (self.rank, dest);
+        self.post(dest, |st| {
+            st.tensor_mail.entry(key).or_default().push_back(t)
+        })
     }
 
     fn recv(&self, len: usize, src: usize, device: &Device) -> DistResult<Tensor<1>> {
@@ -561,35 +568,14 @@ impl Communicator for ThreadCommunicator {
     }
 
     fn send(&self, buf: &[f32], dest: usize) -> DistResult<()> {
-        if dest >= self.shared.world || dest == self.rank {
-            return Err(DistError::Invalid {
-                rank: self.rank,
-                message: format!("send to rank {dest} in a group of {}", self.shared.world),
-            });
-        }
-        let mut st = self.lock()?;
-        if let Some(b) = &st.broken {
-            return Err(self.peer(b.clone()));
-        }
-        self.check_present(&st, Some(dest))?;
-        st.mail
-            .entry((self.rank, dest))
-            .or_default()
-            .push_back(buf.to_vec());
-        self.shared.cv.notify_all();
-        Ok(())
+        let key = (self.rank, dest);
+        self.post(dest, |st| {
+            st.mail.entry(key).or_default().push_back(buf.to_vec())
+        })
     }
 
     fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
-        if src >= self.shared.world || src == self.rank {
-            return Err(DistError::Invalid {
-                rank: self.rank,
-                message: format!(
-                    "receive from rank {src} in a group of {}",
-                    self.shared.world
-                ),
-            });
-        }
+        self.check_peer(src, "receive from")?;
         let key = (src, self.rank);
         let op = format!("receive from world rank {}", self.shared.world_ranks[src]);
         let info = self.info(&op, std::mem::size_of_val(buf));

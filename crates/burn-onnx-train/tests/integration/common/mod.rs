@@ -518,3 +518,27 @@ pub fn lm_logits(
 pub fn lm_loss(model: &burn_onnx_train::OnnxModel, ids: &ArrayD<i64>) -> burn::tensor::Tensor<1> {
     burn_onnx_train::model::loss::lm_cross_entropy(lm_logits(model, ids), ids).unwrap()
 }
+
+/// Thread groups that move device tensors themselves, through host memory
+/// (`burn_ort_dist::ThroughHost`: the code paths NCCL's groups take on CUDA), each
+/// remembered to count its device collectives and messages.
+#[derive(Default)]
+pub struct ThroughHostGroups(std::sync::Mutex<Vec<std::sync::Arc<burn_ort_dist::ThroughHost>>>);
+
+impl ThroughHostGroups {
+    /// `comm` wrapped (what `launch_threads_over` asks for).
+    pub fn wrap(
+        &self,
+        comm: std::sync::Arc<dyn burn_ort_dist::Communicator>,
+    ) -> std::sync::Arc<dyn burn_ort_dist::Communicator> {
+        let group = std::sync::Arc::new(burn_ort_dist::ThroughHost::over(comm));
+        self.0.lock().unwrap().push(group.clone());
+        group
+    }
+
+    /// Each wrapped group's device collectives and messages so far (its sub-groups'
+    /// included), in the order the ranks wrapped them.
+    pub fn calls(&self) -> Vec<usize> {
+        self.0.lock().unwrap().iter().map(|g| g.calls()).collect()
+    }
+}
