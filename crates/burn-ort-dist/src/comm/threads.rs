@@ -346,6 +346,27 @@ impl ThreadCommunicator {
         Ok(())
     }
 
+    /// The next message from rank `src` in the mailbox `of` picks, waited for (`op` and
+    /// `bytes` name the wait in a timeout's report).
+    fn take_message<T>(
+        &self,
+        src: usize,
+        op: &str,
+        bytes: usize,
+        of: impl Fn(&mut State) -> &mut HashMap<(usize, usize), VecDeque<T>>,
+    ) -> DistResult<T> {
+        self.check_peer(src, "receive from")?;
+        let key = (src, self.rank);
+        let st = self.lock()?;
+        let mut st = self.wait_until(st, self.info(op, bytes), Some(src), |st| {
+            of(st).get(&key).is_some_and(|q| !q.is_empty())
+        })?;
+        Ok(of(&mut st)
+            .get_mut(&key)
+            .and_then(VecDeque::pop_front)
+            .expect("waited for"))
+    }
+
     /// An error unless `peer` is another rank of this group.
     fn check_peer(&self, peer: usize, what: &str) -> DistResult<()> {
         if peer >= self.shared.world || peer == self.rank {
@@ -440,23 +461,13 @@ impl DeviceSends for ThreadCommunicator {
     }
 
     fn recv(&self, len: usize, src: usize, device: &Device) -> DistResult<Tensor<1>> {
-        self.check_peer(src, "receive from")?;
-        let key = (src, self.rank);
         let op = format!(
             "receive on the device from world rank {}",
-            self.shared.world_ranks[src]
+            self.shared.world_ranks.get(src).copied().unwrap_or(src)
         );
-        let info = self.info(&op, len * std::mem::size_of::<f32>());
-        let st = self.lock()?;
-        let mut st = self.wait_until(st, info, Some(src), |st| {
-            st.tensor_mail.get(&key).is_some_and(|q| !q.is_empty())
+        let t = self.take_message(src, &op, len * std::mem::size_of::<f32>(), |st| {
+            &mut st.tensor_mail
         })?;
-        let t = st
-            .tensor_mail
-            .get_mut(&key)
-            .and_then(VecDeque::pop_front)
-            .expect("waited for");
-        drop(st);
         if t.dims()[0] != len {
             return Err(DistError::Invalid {
                 rank: self.rank,
@@ -575,19 +586,11 @@ impl Communicator for ThreadCommunicator {
     }
 
     fn recv(&self, buf: &mut [f32], src: usize) -> DistResult<()> {
-        self.check_peer(src, "receive from")?;
-        let key = (src, self.rank);
-        let op = format!("receive from world rank {}", self.shared.world_ranks[src]);
-        let info = self.info(&op, std::mem::size_of_val(buf));
-        let st = self.lock()?;
-        let mut st = self.wait_until(st, info, Some(src), |st| {
-            st.mail.get(&key).is_some_and(|q| !q.is_empty())
-        })?;
-        let msg = st
-            .mail
-            .get_mut(&key)
-            .and_then(VecDeque::pop_front)
-            .unwrap_or_default();
+        let op = format!(
+            "receive from world rank {}",
+            self.shared.world_ranks.get(src).copied().unwrap_or(src)
+        );
+        let msg = self.take_message(src, &op, std::mem::size_of_val(buf), |st| &mut st.mail)?;
         if msg.len() != buf.len() {
             return Err(DistError::Invalid {
                 rank: self.rank,
