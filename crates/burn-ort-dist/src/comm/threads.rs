@@ -12,9 +12,11 @@
 //!
 //! Tensors on a GPU ([`DeviceCollectives`], [`DeviceSends`]) are exchanged as handles: the
 //! last rank to arrive adds (or concatenates) the deposited tensors in rank order on its
-//! device and every rank takes the result, moved to its own device if it has another; a
-//! message is the tensor itself. Nothing passes through host memory, and ranks that share
-//! a GPU copy nothing. CPU tensors keep the host collectives.
+//! device, and every other rank copies the result on its own stream (to its own device if
+//! it has another); a message is the tensor itself, copied by the receiver. Each rank
+//! waits for its stream before it hands a tensor over and after it copies one: cubecl's
+//! streams share one memory pool, so a buffer another stream may still read must not go
+//! back to it. Nothing passes through host memory. CPU tensors keep the host collectives.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -198,8 +200,41 @@ impl ThreadCommunicator {
         len: usize,
         deposit: impl FnOnce(&mut Vec<f32>),
     ) -> DistResult<Arc<Vec<f32>>> {
+        let met = self.meet(
+            self.info(op, len * std::mem::size_of::<f32>()),
+            |st| {
+                if st.arrived == 0 {
+                    st.acc.clear();
+                    st.acc.resize(len, 0.0);
+                } else if st.acc.len() != len {
+                    return Err(format!(
+                        "buffer of {len} elements, but another rank passed {}",
+                        st.acc.len()
+                    ));
+                }
+                deposit(&mut st.acc);
+                Ok(())
+            },
+            |st| {
+                st.result = Arc::new(std::mem::take(&mut st.acc));
+                Ok(())
+            },
+            |st| st.result.clone(),
+        )?;
+        Ok(met.0)
+    }
+
+    /// One collective's meeting: in rank order each rank `deposit`s its share (a refusal
+    /// breaks the group), the last to arrive `complete`s the collective, and every rank
+    /// leaves with what `result` reads, and whether it completed it.
+    fn meet<T>(
+        &self,
+        info: OpInfo<'_>,
+        deposit: impl FnOnce(&mut State) -> Result<(), String>,
+        complete: impl FnOnce(&mut State) -> DistResult<()>,
+        result: impl FnOnce(&State) -> T,
+    ) -> DistResult<(T, bool)> {
         let start = Instant::now();
-        let info = self.info(op, len * std::mem::size_of::<f32>());
         let mut st = self.lock()?;
         if let Some(b) = &st.broken {
             return Err(self.peer(b.clone()));
@@ -207,14 +242,7 @@ impl ThreadCommunicator {
         let rank = self.rank;
         st.inside[rank] = true;
         let mut st = self.wait_until(st, info, None, |st| st.arrived == rank)?;
-        if st.arrived == 0 {
-            st.acc.clear();
-            st.acc.resize(len, 0.0);
-        } else if st.acc.len() != len {
-            let msg = format!(
-                "buffer of {len} elements, but another rank passed {}",
-                st.acc.len()
-            );
+        if let Err(msg) = deposit(&mut st) {
             st.broken = Some(format!("rank {}: {msg}", self.rank));
             self.shared.cv.notify_all();
             return Err(DistError::Invalid {
@@ -222,27 +250,28 @@ impl ThreadCommunicator {
                 message: msg,
             });
         }
-        deposit(&mut st.acc);
         st.arrived += 1;
         // Wake the next rank in deposit order.
         self.shared.cv.notify_all();
         let generation = st.generation;
         if st.arrived == self.shared.world {
-            st.result = Arc::new(std::mem::take(&mut st.acc));
+            if let Err(e) = complete(&mut st) {
+                st.broken = Some(e.to_string());
+                self.shared.cv.notify_all();
+                return Err(e);
+            }
             st.arrived = 0;
             st.generation += 1;
             st.inside.fill(false);
             self.shared.cv.notify_all();
             trace_done(info, start.elapsed());
-            return Ok(st.result.clone());
+            return Ok((result(&st), true));
         }
         let st = self.wait_until(st, info, None, |st| st.generation != generation)?;
         trace_done(info, start.elapsed());
-        Ok(st.result.clone())
+        Ok((result(&st), false))
     }
-}
 
-impl ThreadCommunicator {
     /// [`Self::rendezvous`] of device tensors: every rank deposits `t` (all of one length),
     /// the last to arrive makes the result from the deposits in rank order with `finish`,
     /// and every rank leaves with it on its own device.
@@ -252,57 +281,32 @@ impl ThreadCommunicator {
         t: Tensor<1>,
         finish: impl FnOnce(Vec<Tensor<1>>) -> Tensor<1>,
     ) -> DistResult<Tensor<1>> {
-        let start = Instant::now();
         let (len, device) = (t.dims()[0], t.device());
-        let info = self.info(op, len * std::mem::size_of::<f32>());
         // Another rank's thread reads `t` on its own stream: the kernels that wrote it
         // finish first.
         self.finished(&device)?;
-        let mut st = self.lock()?;
-        if let Some(b) = &st.broken {
-            return Err(self.peer(b.clone()));
-        }
-        let rank = self.rank;
-        st.inside[rank] = true;
-        let mut st = self.wait_until(st, info, None, |st| st.arrived == rank)?;
-        if let Some(other) = st
-            .tensors
-            .first()
-            .map(|d| d.dims()[0])
-            .filter(|&n| n != len)
-        {
-            let msg = format!("tensor of {len} elements, but another rank passed {other}");
-            st.broken = Some(format!("rank {}: {msg}", self.rank));
-            self.shared.cv.notify_all();
-            return Err(DistError::Invalid {
-                rank: self.rank,
-                message: msg,
-            });
-        }
-        st.tensors.push(t);
-        st.arrived += 1;
-        self.shared.cv.notify_all();
-        let generation = st.generation;
-        let made_here = st.arrived == self.shared.world;
-        let result = if made_here {
-            let result = finish(std::mem::take(&mut st.tensors));
-            // The other ranks read it on their streams.
-            if let Err(e) = self.finished(&device) {
-                st.broken = Some(e.to_string());
-                self.shared.cv.notify_all();
-                return Err(e);
-            }
-            st.tensor_result = Some(result.clone());
-            st.arrived = 0;
-            st.generation += 1;
-            st.inside.fill(false);
-            self.shared.cv.notify_all();
-            result
-        } else {
-            let st = self.wait_until(st, info, None, |st| st.generation != generation)?;
-            st.tensor_result.clone().expect("set by the last rank")
-        };
-        trace_done(info, start.elapsed());
+        let (result, made_here) = self.meet(
+            self.info(op, len * std::mem::size_of::<f32>()),
+            |st| {
+                match st.tensors.first().map(|d| d.dims()[0]) {
+                    Some(other) if other != len => {
+                        return Err(format!(
+                            "tensor of {len} elements, but another rank passed {other}"
+                        ));
+                    }
+                    _ => st.tensors.push(t),
+                }
+                Ok(())
+            },
+            |st| {
+                let result = finish(std::mem::take(&mut st.tensors));
+                // The other ranks read it on their streams.
+                self.finished(&device)?;
+                st.tensor_result = Some(result);
+                Ok(())
+            },
+            |st| st.tensor_result.clone().expect("set by the last rank"),
+        )?;
         match made_here {
             true => Ok(result),
             false => self.taken(result, &device),
