@@ -2158,10 +2158,11 @@ fn moments_offloaded_from_the_gpu_update_on_the_host_and_the_model_stays_on_the_
     );
 }
 
-/// The pipeline's wire on the GPU: values cross in their shapes through host memory and
-/// device to device (`common::wire_checks`).
+/// The pipeline's wire on the GPU: values cross in their shapes over the thread group
+/// (which hands GPU tensors over itself) and over `ThroughHost`'s device channel
+/// (`common::wire_checks`).
 #[test]
-fn gpu_values_cross_the_pipeline_wire_through_the_host_and_device_to_device() {
+fn gpu_values_cross_the_pipeline_wire_over_both_groups() {
     common::wire_checks::values_cross_the_pipeline_wire_on_both_paths(&gpu().autodiff());
 }
 

@@ -1,7 +1,8 @@
 //! The pipeline's wire between two thread ranks, shared by the CPU tests (`pipeline.rs`)
 //! and the GPU tests (`gpu.rs`): float, integer and boolean values cross in their shapes,
-//! out of order by tag, through host memory over a plain group and device to device over
-//! one that sends device tensors itself (`ThroughHost` here, as NCCL does on CUDA).
+//! out of order by tag, over the plain thread group (through host memory on the CPU; on a
+//! GPU the thread group hands the tensors over itself) and over a group that sends device
+//! tensors through its own channel (`ThroughHost` here, as NCCL does on CUDA).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,8 +103,8 @@ fn exchange(
     results.into_iter().map(Result::unwrap).nth(1).unwrap()
 }
 
-/// Both paths deliver rank 0's values, in their shapes, to rank 1 on `device`, and the
-/// device path carries the float values device to device (one send and one receive
+/// Both groups deliver rank 0's values, in their shapes, to rank 1 on `device`, and
+/// `ThroughHost`'s device channel carries the float values (one send and one receive
 /// each).
 pub fn values_cross_the_pipeline_wire_on_both_paths(device: &Device) {
     let (activations, gradients) = sent(device);
@@ -113,7 +114,7 @@ pub fn values_cross_the_pipeline_wire_on_both_paths(device: &Device) {
         .map(described)
         .collect();
     let on_host = exchange(device, &|comm| comm);
-    assert_eq!(on_host, want, "through host memory");
+    assert_eq!(on_host, want, "over the plain thread group");
     let counters = std::sync::Mutex::new(Vec::new());
     let on_device = exchange(device, &|comm| {
         let through = Arc::new(ThroughHost::over(comm));
