@@ -90,9 +90,9 @@ fn wire_err(what: &str, e: impl std::fmt::Display) -> OnnxError {
 }
 
 /// A value's payload: words through host memory, or a flat f32 tensor device to device.
-enum Payload {
+enum Payload<'c> {
     Host(Vec<f32>),
-    Device(Tensor<1>),
+    Device(Tensor<1>, &'c dyn DeviceSends),
 }
 
 /// The group's device-to-device messages when they work on `device`.
@@ -116,10 +116,10 @@ pub fn send_values(
                     format!("a {} value crosses no pipeline stage", v.kind()),
                 ));
             }
-            Value::Float(f) if device_sends(comm, &f.tensor.device()).is_some() => {
+            Value::Float(f) if let Some(sends) = device_sends(comm, &f.tensor.device()) => {
                 let t = f.tensor.clone().inner().cast(FloatDType::F32);
                 let n = t.dims().iter().product::<usize>();
-                (FLOAT_ON_DEVICE, Payload::Device(t.reshape([n])))
+                (FLOAT_ON_DEVICE, Payload::Device(t.reshape([n]), sends))
             }
             Value::Float(f) => (
                 FLOAT,
@@ -148,10 +148,7 @@ pub fn send_values(
             .map_err(|e| wire_err("sending a header", e))?;
         match payload {
             Payload::Host(words) => comm.send(&words, dest),
-            Payload::Device(t) => {
-                let sends = device_sends(comm, &t.device()).expect("checked above");
-                sends.send(t, dest)
-            }
+            Payload::Device(t, sends) => sends.send(t, dest),
         }
         .map_err(|e| wire_err("sending a value", e))?;
     }

@@ -52,10 +52,7 @@ pub fn flat_range(
     if range.end > at {
         parts.push(zeros(range.end - at));
     }
-    match parts.len() {
-        1 => parts.pop().expect("one part"),
-        _ => Tensor::cat(parts, 0),
-    }
+    joined(parts, device)
 }
 
 /// The module's parameters, flat, f32 and without autodiff, in layout order.
