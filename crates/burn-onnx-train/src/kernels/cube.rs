@@ -1,5 +1,6 @@
 //! The `#[cube]` kernels and their launches on CubeCL tensors (wgpu, CUDA, HIP from one
-//! source). Every input is made contiguous first; outputs are fresh contiguous tensors:
+//! source). Every input is made contiguous first; outputs are fresh contiguous tensors
+//! (the cross-entropy's gradient may take its logits' buffer instead):
 //! `empty_device_contiguous_dtype`, not `empty_device_dtype`, whose CUDA allocation pads
 //! rows to an aligned pitch that flat indexing would write across (on wgpu it does not,
 //! which hid the difference until the kernels first ran on CUDA).
@@ -102,6 +103,23 @@ fn cross_entropy_forward_kernel<F: Float, I: Numeric>(
     }
 }
 
+/// `(exp(x - max) / sum - [j == target]) * g` for column `j < classes` of a row whose
+/// softmax statistics are `row_max` and `total`, 0 past the classes.
+#[cube]
+fn row_gradient(x: f32, j: usize, target: usize, stats: (f32, f32), g: f32, classes: usize) -> f32 {
+    let (row_max, total) = stats;
+    let mut d = 0.0f32;
+    if j < classes {
+        let p = f32::exp(x - row_max) / total;
+        let mut hot = 0.0f32;
+        if j == target {
+            hot = 1.0;
+        }
+        d = (p - hot) * g;
+    }
+    d
+}
+
 /// One cube per row: `dx[row, j] = (exp(x - max) / sum - [j == target]) * grad[row]` for
 /// the first `classes` columns, 0 for the rest of the row; computed in f32 and written in
 /// the logits' precision.
@@ -120,22 +138,41 @@ fn cross_entropy_backward_kernel<F: Float, I: Numeric>(
     let base = row * width;
     let mut shared = Shared::new_slice(threads as usize + 1);
     row_softmax_stats::<F>(logits, base, classes, &mut shared, threads);
-    let row_max = shared[threads as usize];
-    let total = shared[0];
+    let stats = (shared[threads as usize], shared[0]);
     let t = u32::cast_from(targets[row]) as usize;
     let g = grad[row];
     let mut j = UNIT_POS_X as usize;
     while j < width {
-        let mut d = 0.0f32;
-        if j < classes {
-            let p = f32::exp(f32::cast_from(logits[base + j]) - row_max) / total;
-            let mut hot = 0.0f32;
-            if j == t {
-                hot = 1.0;
-            }
-            d = (p - hot) * g;
-        }
-        dx[base + j] = F::cast_from(d);
+        let x = f32::cast_from(logits[base + j]);
+        dx[base + j] = F::cast_from(row_gradient(x, j, t, stats, g, classes));
+        j += CUBE_DIM_X as usize;
+    }
+}
+
+/// [`cross_entropy_backward_kernel`] writing the gradient over the logits it reads: the
+/// row's statistics are complete (every unit past the reductions' last `sync_cube`)
+/// before any unit writes, and each unit then reads and writes only its own columns.
+#[cube(launch)]
+fn cross_entropy_backward_in_place_kernel<F: Float, I: Numeric>(
+    logits: &mut Tensor<F>,
+    targets: &Tensor<I>,
+    grad: &Tensor<f32>,
+    classes: usize,
+    #[comptime] threads: u32,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let row = CUBE_POS_X as usize;
+    let width = logits.shape(1);
+    let base = row * width;
+    let mut shared = Shared::new_slice(threads as usize + 1);
+    row_softmax_stats::<F>(&*logits, base, classes, &mut shared, threads);
+    let stats = (shared[threads as usize], shared[0]);
+    let t = u32::cast_from(targets[row]) as usize;
+    let g = grad[row];
+    let mut j = UNIT_POS_X as usize;
+    while j < width {
+        let x = f32::cast_from(logits[base + j]);
+        logits[base + j] = F::cast_from(row_gradient(x, j, t, stats, g, classes));
         j += CUBE_DIM_X as usize;
     }
 }
@@ -218,7 +255,10 @@ pub fn cross_entropy_forward(
 }
 
 /// Gradient of [`cross_entropy_forward`] with respect to the logits, in their precision,
-/// from the loss's f32 gradient `grad`.
+/// from the loss's f32 gradient `grad`. Written over the logits when nothing else holds
+/// them (the loss's backward is their last reader): the backward's peak then holds one
+/// `[rows, vocabulary]` tensor, not two (1.65 GB less for GPT-2 at 16 x 1024 tokens in
+/// bf16).
 pub fn cross_entropy_backward(
     logits: CubeTensor,
     targets: CubeTensor,
@@ -232,19 +272,34 @@ pub fn cross_entropy_backward(
     let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
     let (rows, width) = rows_and_classes(&logits);
     let client = logits.client.clone();
+    let count = CubeCount::Static(rows as u32, 1, 1);
+    let dtypes = [
+        dtype_to_storage_type(logits.dtype),
+        dtype_to_storage_type(targets.dtype),
+    ];
+    if logits.can_mut() {
+        cross_entropy_backward_in_place_kernel::launch(
+            &client,
+            count,
+            CubeDim::new_1d(ROW_THREADS),
+            logits.clone().into_tensor_arg(),
+            targets.into_tensor_arg(),
+            grad.into_tensor_arg(),
+            classes,
+            ROW_THREADS,
+            dtypes,
+        );
+        return logits;
+    }
     let dx = empty_device_contiguous_dtype(
         client.clone(),
         logits.device.clone(),
         Shape::new([rows, width]),
         logits.dtype,
     );
-    let dtypes = [
-        dtype_to_storage_type(logits.dtype),
-        dtype_to_storage_type(targets.dtype),
-    ];
     cross_entropy_backward_kernel::launch(
         &client,
-        CubeCount::Static(rows as u32, 1, 1),
+        count,
         CubeDim::new_1d(ROW_THREADS),
         logits.into_tensor_arg(),
         targets.into_tensor_arg(),

@@ -177,29 +177,43 @@ pub fn check_cross_entropy(device: &Device) {
     }
     // Rows wider than their classes (a padded head): the columns past the classes hold
     // values that would dominate the softmax if read; the loss is the closed form of the
-    // classes, their gradient zero.
+    // classes, their gradient zero. Logits only the loss holds get their gradient written
+    // over them on CubeCL devices: the same values.
     for (rows, classes, width) in [(37, 1000, 1024), (3, 50257, 50304), (5, 2, 3)] {
-        let (loss, grad) = wider_loss_and_grad(device, rows, classes, width);
-        let (want_loss, want_grad) = exact(rows, classes);
-        let what = format!("{rows}x{classes} in rows of {width}");
-        assert_close(&format!("{what}: loss"), &loss, &want_loss, 1e-6, 1e-6);
-        let read = grad.slice_axis(Axis(1), (0..classes).into()).to_owned();
-        assert_close(&format!("{what}: gradient"), &read, &want_grad, 1e-7, 1e-6);
-        let rest = grad.slice_axis(Axis(1), (classes..width).into());
-        assert!(
-            rest.iter().all(|&g| g == 0.0),
-            "{what}: the padding's gradient is not zero"
-        );
+        for owned in [false, true] {
+            let (loss, grad) = wider_loss_and_grad(device, rows, classes, width, owned);
+            let (want_loss, want_grad) = exact(rows, classes);
+            let what = format!("{rows}x{classes} in rows of {width} (owned {owned})");
+            assert_close(&format!("{what}: loss"), &loss, &want_loss, 1e-6, 1e-6);
+            let read = grad.slice_axis(Axis(1), (0..classes).into()).to_owned();
+            assert_close(&format!("{what}: gradient"), &read, &want_grad, 1e-7, 1e-6);
+            let rest = grad.slice_axis(Axis(1), (classes..width).into());
+            assert!(
+                rest.iter().all(|&g| g == 0.0),
+                "{what}: the padding's gradient is not zero"
+            );
+        }
+    }
+}
+
+/// The logits a loss reads: `x` itself, which the caller holds too, or (`owned`) the
+/// result of an op on it, which only the loss holds by its backward, as the head's
+/// product in training: the gradient may then be written over the logits.
+fn logits_as(x: Tensor<2>, owned: bool) -> Tensor<2> {
+    match owned {
+        true => x.mul_scalar(1.0),
+        false => x,
     }
 }
 
 /// [`loss_and_grad`]'s problem with each row widened to `width` by columns of 30.0, the
-/// fused loss told to read the first `classes`.
+/// fused loss told to read the first `classes` of the logits [`logits_as`] gives.
 fn wider_loss_and_grad(
     device: &Device,
     rows: usize,
     classes: usize,
     width: usize,
+    owned: bool,
 ) -> (ArrayD<f32>, ArrayD<f32>) {
     let (logits, targets, weights) = problem(rows, classes);
     let pad = std::iter::repeat_n(30.0, width - classes);
@@ -213,7 +227,7 @@ fn wider_loss_and_grad(
         targets,
         weights,
         DType::F32,
-        |x, t| cross_entropy_rows_within(x, t, classes),
+        |x, t| cross_entropy_rows_within(logits_as(x, owned), t, classes),
     )
 }
 
@@ -239,29 +253,31 @@ pub fn check_f16_cross_entropy(device: &Device) {
             .chunks(classes)
             .flat_map(|row| row.iter().copied().chain(pad.clone()))
             .collect();
-        let (loss, grad) = weighted_loss_and_grad(
-            device,
-            (wide, width),
-            targets,
-            weights,
-            DType::F16,
-            |x, t| cross_entropy_rows_within(x, t, classes),
-        );
-        let what = format!("f16 {rows}x{classes} in rows of {width}");
-        assert_close(&format!("{what}: loss"), &loss, &want_loss, 1e-6, 1e-6);
-        let read = grad.slice_axis(Axis(1), (0..classes).into()).to_owned();
-        assert_close(
-            &format!("{what}: gradient"),
-            &read,
-            &want_grad,
-            3.5e-8,
-            4.9e-4,
-        );
-        let rest = grad.slice_axis(Axis(1), (classes..width).into());
-        assert!(
-            rest.iter().all(|&g| g == 0.0),
-            "{what}: the padding's gradient is not zero"
-        );
+        for owned in [false, true] {
+            let (loss, grad) = weighted_loss_and_grad(
+                device,
+                (wide.clone(), width),
+                targets.clone(),
+                weights.clone(),
+                DType::F16,
+                |x, t| cross_entropy_rows_within(logits_as(x, owned), t, classes),
+            );
+            let what = format!("f16 {rows}x{classes} in rows of {width} (owned {owned})");
+            assert_close(&format!("{what}: loss"), &loss, &want_loss, 1e-6, 1e-6);
+            let read = grad.slice_axis(Axis(1), (0..classes).into()).to_owned();
+            assert_close(
+                &format!("{what}: gradient"),
+                &read,
+                &want_grad,
+                3.5e-8,
+                4.9e-4,
+            );
+            let rest = grad.slice_axis(Axis(1), (classes..width).into());
+            assert!(
+                rest.iter().all(|&g| g == 0.0),
+                "{what}: the padding's gradient is not zero"
+            );
+        }
     }
 }
 
