@@ -103,11 +103,36 @@ fn cross_entropy_forward_kernel<F: Float, I: Numeric>(
     }
 }
 
-/// `(exp(x - max) / sum - [j == target]) * g` for column `j < classes` of a row whose
-/// softmax statistics are `row_max` and `total`, 0 past the classes.
+/// What the gradient of a row's loss needs: the row's softmax statistics (max, sum of
+/// exponentials), its target and the loss's gradient.
+type RowLoss = ((f32, f32), usize, f32);
+
+/// The row this cube differentiates: its first index, its width and its [`RowLoss`]. Every
+/// unit has passed the statistics' last `sync_cube` when it returns, so none reads the row
+/// again for them.
 #[cube]
-fn row_gradient(x: f32, j: usize, target: usize, stats: (f32, f32), g: f32, classes: usize) -> f32 {
-    let (row_max, total) = stats;
+fn row_loss<F: Float, I: Numeric>(
+    logits: &Tensor<F>,
+    targets: &Tensor<I>,
+    grad: &Tensor<f32>,
+    classes: usize,
+    #[comptime] threads: u32,
+) -> (usize, usize, RowLoss) {
+    let row = CUBE_POS_X as usize;
+    let width = logits.shape(1);
+    let base = row * width;
+    let mut shared = Shared::new_slice(threads as usize + 1);
+    row_softmax_stats::<F>(logits, base, classes, &mut shared, threads);
+    let stats = (shared[threads as usize], shared[0]);
+    let target = u32::cast_from(targets[row]) as usize;
+    (base, width, (stats, target, grad[row]))
+}
+
+/// `(exp(x - max) / sum - [j == target]) * g` for column `j < classes` of a row, 0 past
+/// its classes.
+#[cube]
+fn row_gradient(x: f32, j: usize, row: RowLoss, classes: usize) -> f32 {
+    let ((row_max, total), target, g) = row;
     let mut d = 0.0f32;
     if j < classes {
         let p = f32::exp(x - row_max) / total;
@@ -133,25 +158,18 @@ fn cross_entropy_backward_kernel<F: Float, I: Numeric>(
     #[comptime] threads: u32,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
-    let row = CUBE_POS_X as usize;
-    let width = logits.shape(1);
-    let base = row * width;
-    let mut shared = Shared::new_slice(threads as usize + 1);
-    row_softmax_stats::<F>(logits, base, classes, &mut shared, threads);
-    let stats = (shared[threads as usize], shared[0]);
-    let t = u32::cast_from(targets[row]) as usize;
-    let g = grad[row];
+    let (base, width, row) = row_loss::<F, I>(logits, targets, grad, classes, threads);
     let mut j = UNIT_POS_X as usize;
     while j < width {
         let x = f32::cast_from(logits[base + j]);
-        dx[base + j] = F::cast_from(row_gradient(x, j, t, stats, g, classes));
+        dx[base + j] = F::cast_from(row_gradient(x, j, row, classes));
         j += CUBE_DIM_X as usize;
     }
 }
 
 /// [`cross_entropy_backward_kernel`] writing the gradient over the logits it reads: the
-/// row's statistics are complete (every unit past the reductions' last `sync_cube`)
-/// before any unit writes, and each unit then reads and writes only its own columns.
+/// row's statistics are complete before any unit writes ([`row_loss`]), and each unit
+/// then reads and writes only its own columns.
 #[cube(launch)]
 fn cross_entropy_backward_in_place_kernel<F: Float, I: Numeric>(
     logits: &mut Tensor<F>,
@@ -161,18 +179,11 @@ fn cross_entropy_backward_in_place_kernel<F: Float, I: Numeric>(
     #[comptime] threads: u32,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
-    let row = CUBE_POS_X as usize;
-    let width = logits.shape(1);
-    let base = row * width;
-    let mut shared = Shared::new_slice(threads as usize + 1);
-    row_softmax_stats::<F>(&*logits, base, classes, &mut shared, threads);
-    let stats = (shared[threads as usize], shared[0]);
-    let t = u32::cast_from(targets[row]) as usize;
-    let g = grad[row];
+    let (base, width, row) = row_loss::<F, I>(&*logits, targets, grad, classes, threads);
     let mut j = UNIT_POS_X as usize;
     while j < width {
         let x = f32::cast_from(logits[base + j]);
-        logits[base + j] = F::cast_from(row_gradient(x, j, t, stats, g, classes));
+        logits[base + j] = F::cast_from(row_gradient(x, j, row, classes));
         j += CUBE_DIM_X as usize;
     }
 }
