@@ -1,5 +1,6 @@
 //! The calling convention every op implements: what it is given ([`OpContext`], its
-//! [`Inputs`], the [`PassMemo`] of device forms of masks made during the pass), what it returns
+//! [`Inputs`], the [`PassMemo`] of device forms of masks and constants made during the
+//! pass), what it returns
 //! ([`OpOutput`]), and the function type [`OpFn`] a [`Node`] holds. The implementations
 //! live in `crate::ops`.
 //!
@@ -7,14 +8,14 @@
 
 use std::cell::RefCell;
 
-use burn::tensor::{Device, FloatDType, Tensor};
+use burn::tensor::{Device, FloatDType, Tensor, TensorData};
 use ndarray::ArrayD;
 
 use super::attributes::Attributes;
 use crate::collective::Collectives;
 use crate::error::OpResult;
 use crate::op_bail;
-use crate::value::{FloatValue, PhysTensor, Value};
+use crate::value::{FloatValue, MAX_RANK, PhysTensor, Value};
 
 /// What an op sees besides its inputs.
 pub struct OpContext<'a> {
@@ -35,7 +36,8 @@ pub struct OpContext<'a> {
     pub autocast: Option<FloatDType>,
     /// The groups the model's collective ops run on (none outside a parallel run).
     pub collectives: &'a Collectives,
-    /// Device forms of host masks already made during this pass over the graph.
+    /// Device forms of host masks, and constants, already made during this pass over the
+    /// graph.
     pub memo: &'a PassMemo,
 }
 
@@ -49,6 +51,8 @@ pub struct OpContext<'a> {
 #[derive(Default)]
 pub struct PassMemo {
     made: RefCell<Vec<(&'static str, ArrayD<bool>, PhysTensor)>>,
+    /// One-element tensors by their value's bits ([`PassMemo::constant`]).
+    constants: RefCell<Vec<(u32, PhysTensor)>>,
 }
 
 impl PassMemo {
@@ -73,6 +77,21 @@ impl PassMemo {
             .borrow_mut()
             .push((form, mask.clone(), made.clone()));
         Ok(made)
+    }
+}
+
+impl PassMemo {
+    /// A one-element tensor holding `value` on `device` (broadcast to any rank), uploaded
+    /// by the pass's first reader and shared by the rest: the absent bias or mask of each
+    /// layer's fused attention softmax, say, which were an upload per layer.
+    pub fn constant(&self, value: f32, device: &Device) -> PhysTensor {
+        let bits = value.to_bits();
+        if let Some((_, made)) = self.constants.borrow().iter().find(|(b, _)| *b == bits) {
+            return made.clone();
+        }
+        let made = PhysTensor::from_data(TensorData::new(vec![value], [1; MAX_RANK]), device);
+        self.constants.borrow_mut().push((bits, made.clone()));
+        made
     }
 }
 
@@ -212,5 +231,31 @@ mod tests {
         let other_shape = memo.device_form(&flat, "keep", || make(6.0)).unwrap();
         let got = (read(other_form), read(other_values), read(other_shape));
         assert_eq!((got, made.get()), ((4.0, 5.0, 6.0), 4));
+    }
+
+    #[test]
+    fn a_pass_uploads_each_constant_once() {
+        let memo = PassMemo::default();
+        let device = Device::flex();
+        let read = |t: PhysTensor| {
+            assert_eq!(t.dims(), [1; 8]);
+            t.into_data().try_to_vec::<f32>().unwrap()[0]
+        };
+        let held = || memo.constants.borrow().len();
+        // Each layer's absent bias: one tensor for the pass.
+        let zeros: Vec<f32> = (0..12).map(|_| read(memo.constant(0.0, &device))).collect();
+        assert_eq!((zeros, held()), (vec![0.0; 12], 1));
+        // Another value is another tensor, by its bits (-0.0 is not 0.0's; a NaN fill is
+        // found again).
+        let others = [1.0, -0.0, f32::NEG_INFINITY, f32::NAN, f32::NAN, 1.0];
+        let got: Vec<f32> = others
+            .iter()
+            .map(|&v| read(memo.constant(v, &device)))
+            .collect();
+        assert_eq!(got[0], 1.0);
+        assert!(got[1] == 0.0 && got[1].is_sign_negative());
+        assert_eq!(got[2], f32::NEG_INFINITY);
+        assert!(got[3].is_nan() && got[4].is_nan());
+        assert_eq!((got[5], held()), (1.0, 5));
     }
 }

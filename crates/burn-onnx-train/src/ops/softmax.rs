@@ -12,7 +12,7 @@ use crate::error::OpResult;
 use crate::graph::attributes::{ATTENTION_CORE, LOW_PRECISION_RESULT, MASKED_SOFTMAX};
 use crate::kernels::{self, masked_softmax_fused_here};
 use crate::op_bail;
-use crate::value::{FloatValue, MAX_RANK, PhysTensor, Value, norm_axis, padded};
+use crate::value::{FloatValue, PhysTensor, Value, norm_axis, padded};
 
 fn along_axis(
     ctx: &OpContext,
@@ -132,11 +132,11 @@ fn fused_masking(
             ctx.memo
                 .device_form(cond, form, || keep_values(cond, mark.keep_when, like))?
         }
-        None => constant_like(1.0, like),
+        None => ctx.memo.constant(1.0, &like.device()),
     };
     let bias = match bias {
         Some(b) => b.tensor,
-        None => constant_like(0.0, like),
+        None => ctx.memo.constant(0.0, &like.device()),
     };
     Ok(Some((keep, bias)))
 }
@@ -168,7 +168,7 @@ fn masked_softmax(
     };
     let masked = match cond {
         Some(cond) => {
-            let fill = FloatValue::new(constant_like(mark.fill, &scaled.tensor), 0);
+            let fill = FloatValue::new(ctx.memo.constant(mark.fill, &scaled.tensor.device()), 0);
             if mark.keep_when {
                 where_floats(ctx, &cond, scaled, fill)?
             } else {
@@ -235,11 +235,6 @@ fn attention_core(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
     let scores = autocast_product(ctx, q, kt)?;
     let p = masked_softmax(ctx, scores, cond, bias, mark)?;
     Ok(Value::Float(autocast_product(ctx, p, v)?).into())
-}
-
-/// A one-element tensor holding `v` on `like`'s device.
-fn constant_like(v: f32, like: &PhysTensor) -> PhysTensor {
-    PhysTensor::from_data(TensorData::new(vec![v], [1; MAX_RANK]), &like.device())
 }
 
 /// The mask as the fused kernel reads it: 1 where the score is kept, 0 where filled, at
