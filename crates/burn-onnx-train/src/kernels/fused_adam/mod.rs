@@ -71,6 +71,9 @@ struct Flat {
     /// still are (nothing replaced a value in between).
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     laid_params: Vec<Option<Tensor<1>>>,
+    /// The update's small tables on the device, uploaded when they change.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    tables: on_device::UpdateTables,
 }
 
 /// Adam, AdamW or LAMB over flat device buffers; Burn's optimizer record as its state.
@@ -301,6 +304,8 @@ impl FusedAdam {
             moments,
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             laid_params: vec![None; groups.len()],
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            tables: Default::default(),
             groups,
             slots,
             len,

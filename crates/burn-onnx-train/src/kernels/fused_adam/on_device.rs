@@ -19,6 +19,34 @@ use super::{Flat, FusedAdam, Moments};
 use crate::kernels::FLAT_CHUNK as CHUNK;
 use crate::kernels::cube_optim::ClipMode;
 
+/// A small f32 table the update reads, on the device: uploaded again only when its values
+/// change, so a layout's constant tables cross to the device once, not every update.
+#[derive(Default)]
+struct DeviceTable(Option<(Vec<f32>, Tensor<1>)>);
+
+impl DeviceTable {
+    /// The table holding `values`.
+    fn holding(&mut self, values: &[f32], device: &Device) -> Tensor<1> {
+        if let Some((held, table)) = &self.0
+            && held.as_slice() == values
+        {
+            return table.clone();
+        }
+        let table = Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), device);
+        self.0 = Some((values.to_vec(), table.clone()));
+        table
+    }
+}
+
+/// The tables of an update: the step's hyperparameters, and each group's chunk starts and
+/// per-parameter factors (constant for a layout, but AdamW's factors follow the learning
+/// rate).
+#[derive(Default)]
+pub(super) struct UpdateTables {
+    hyper: DeviceTable,
+    groups: Vec<[DeviceTable; 2]>,
+}
+
 /// The values of the parameters in `ids`, flattened, in visiting order.
 struct Values<'a>(&'a [ParamId], Vec<Tensor<1>>);
 
@@ -140,22 +168,33 @@ pub(super) fn update<M: Module>(
     let mut values = Values(&ids, Vec::new());
     module.visit(&mut values);
     let mut values = values.1.into_iter();
-    let upload =
-        |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
-    let hyper = upload(&[
-        step.lr,
-        step.beta[0],
-        step.beta[1],
-        step.one_minus_beta[0],
-        step.one_minus_beta[1],
-        step.correction[0],
-        step.correction[1],
-        step.epsilon,
-    ]);
+    let tables = &mut flat.tables;
+    tables
+        .groups
+        .resize_with(flat.groups.len(), Default::default);
+    let hyper = tables.hyper.holding(
+        &[
+            step.lr,
+            step.beta[0],
+            step.beta[1],
+            step.one_minus_beta[0],
+            step.one_minus_beta[1],
+            step.correction[0],
+            step.correction[1],
+            step.epsilon,
+        ],
+        &device,
+    );
     let Moments::Device(moments) = &mut flat.moments else {
         unreachable!("FusedAdam::step keeps moments on disk to the CPU update")
     };
-    for (k, (group, grads)) in flat.groups.iter().zip(grads).enumerate() {
+    for (k, ((group, grads), [starts_table, factors_table])) in flat
+        .groups
+        .iter()
+        .zip(grads)
+        .zip(&mut tables.groups)
+        .enumerate()
+    {
         let slots = &flat.slots[group.slots.clone()];
         let parts: Vec<Tensor<1>> = values.by_ref().take(slots.len()).collect();
         let params = match flat.laid_params[k].take() {
@@ -178,8 +217,8 @@ pub(super) fn update<M: Module>(
             grads,
             moment_1,
             moment_2,
-            chunk_starts: upload(&starts),
-            factors: upload(&factors[group.slots.clone()]),
+            chunk_starts: starts_table.holding(&starts, &device),
+            factors: factors_table.holding(&factors[group.slots.clone()], &device),
             hyper: hyper.clone(),
             clip: clip.clone(),
         };
