@@ -2,6 +2,9 @@
 # $pack (from tools/gpu/pack.sh) set: unpacks the binaries into a fresh $work (= $bin) and
 # sets up the libraries, the Vulkan driver and the paths they need on the GPU machine.
 work="$(mktemp -d /tmp/gpu-tools.XXXX)"
+# Scratch only (every result goes to $out): removed on exit, so repeated checks do not fill
+# the disk (36 left-behind unpacks, 160 MB each, once filled this machine's).
+trap 'rm -rf "$work"' EXIT
 tar -C "$work" -xJf "$pack"
 bin="$work"
 
