@@ -3,32 +3,62 @@
 # its device memory sits, with no GPU and no kernel run: cubecl's dry run on wgpu
 # (lavapipe included) compiles every launch and plans every allocation, then drops them.
 #
-# Applies tools/gpu/dry_run.patch to a clean tree, builds the GPT-2 example with wgpu into
-# OUT/gpt2-dry, puts the tree back, and runs it with every update dry (XDRY=0) and the
-# memory probes on (XMEM=1): per update the host's milliseconds, and cubecl's pools after
-# the forward, after the backward and at the end of the update (bytes in use, reserved,
-# pages and their peak, the largest allocation). The values a dry run reads are
-# meaningless: its losses are not the model's. Lavapipe caps one buffer at 128 MiB, so a
-# shape whose largest tensor is bigger cannot be planned here. Example (BENCHMARKS.md,
-# Sessions 35 and 39):
+# Builds the GPT-2 example with wgpu from the committed HEAD, in a worktree at OUT/tree
+# with tools/gpu/dry_run.patch applied (the working tree is not touched), into OUT/target
+# (kept: later builds are incremental; the first takes ~15 minutes on 2 cores). It runs
+# with every update dry (XDRY=0) and the memory probes on (XMEM=1): per update the host's
+# milliseconds, and cubecl's pools after the forward, after the backward and at the end of
+# the update (bytes in use, reserved, pages and their peak, the largest allocation). The
+# values a dry run reads are meaningless: its losses are not the model's.
+#
+# Lavapipe caps a buffer at 128 MiB, which would cap the pools' pages and refuse GPT-2
+# 124M's embedding (154 MB). The build therefore takes cubecl-wgpu from OUT/cubecl-wgpu, a
+# copy of the registry's with one change: XMAXPAGE (bytes) replaces the device's largest
+# buffer as the pools' largest page. A dry run backs no allocation made in it, so planning
+# with GPU-sized pages costs no memory; set XMAXPAGE above the shape's largest tensor.
+# Examples (BENCHMARKS.md, Sessions 35, 39 and 40):
 #   tools/gpu/dry_run.sh /tmp/dry --layers 12 --heads 6 --width 384 --seq-len 256 \
 #     --batch-size 4 --steps 4 --precision f16
+#   XMAXPAGE=17179869184 tools/gpu/dry_run.sh /tmp/dry --layers 12 --heads 12 --width 768 \
+#     --seq-len 1024 --batch-size 16 --steps 3 --precision f16 --text BIG.txt
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${1:?usage: tools/gpu/dry_run.sh OUT [gpt2 example flags]}"
 shift
-cd "$root"
-if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
-  echo "dry_run.sh patches the source tree: commit or stash your changes first" >&2
-  exit 1
-fi
 mkdir -p "$out"
-git apply tools/gpu/dry_run.patch
-trap 'git apply -R tools/gpu/dry_run.patch' EXIT
-cargo build --release --example gpt2 --features wgpu
-cp target/release/examples/gpt2 "$out/gpt2-dry"
-git apply -R tools/gpu/dry_run.patch
-trap - EXIT
+out="$(cd "$out" && pwd)"
+
+# The worktree: HEAD with the probes.
+rm -rf "$out/tree"
+git -C "$root" worktree prune
+git -C "$root" worktree add --detach -q "$out/tree" HEAD
+trap 'git -C "$root" worktree remove --force "$out/tree"' EXIT
+git -C "$out/tree" apply tools/gpu/dry_run.patch
+
+# cubecl-wgpu with the page cap taken from XMAXPAGE.
+version="$(cargo metadata --format-version 1 --manifest-path "$root/Cargo.toml" |
+  python3 -c 'import json, sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "cubecl-wgpu"))')"
+src="$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cubecl-wgpu-"$version" | head -1)"
+rm -rf "$out/cubecl-wgpu"
+cp -r "$src" "$out/cubecl-wgpu"
+python3 - "$out/cubecl-wgpu/src/runtime.rs" <<'EOF'
+import sys
+path = sys.argv[1]
+text = open(path).read()
+cap = """        limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size),"""
+if text.count(cap) != 1:
+    sys.exit(f"dry_run.sh: {path} no longer sizes its pages as expected; update the patch")
+text = text.replace(cap, """        std::env::var("XMAXPAGE").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(
+            limits.max_storage_buffer_binding_size.min(limits.max_buffer_size)),""")
+open(path, "w").write(text)
+EOF
+
+(cd "$out/tree" && CARGO_TARGET_DIR="$out/target" cargo build --release --example gpt2 \
+  --features wgpu --config "patch.crates-io.cubecl-wgpu.path=\"$out/cubecl-wgpu\"")
+cp "$out/target/release/examples/gpt2" "$out/gpt2-dry"
+
 # A fresh output directory: the run would resume from a checkpoint left there.
 rm -rf "$out/run"
 if ! XDRY=0 XMEM=1 "$out/gpt2-dry" --device wgpu --output-dir "$out/run" "$@" \
