@@ -42,7 +42,8 @@ use common::activation_checks::{
 };
 use common::fused_checks::{
     Groups, check, check_clipped_with_a_replaced_value, check_cross_entropy,
-    check_f16_cross_entropy, check_scaled_update_skips_on_overflow, host, host2,
+    check_f16_cross_entropy, check_head_cross_entropy, check_scaled_update_skips_on_overflow, host,
+    host2,
 };
 use common::refkit_train::*;
 use common::*;
@@ -117,6 +118,17 @@ fn padded_heads_on_gpu_give_pytorchs_loss_and_gradients() {
     check_gradients(gpt2, &gpu(), tol, tol);
 }
 
+#[test]
+fn a_head_left_to_the_loss_on_gpu_gives_pytorchs_loss_and_gradients() {
+    // The head's product and the cross-entropy a block of rows at a time, the padded
+    // columns never read, both gradients given to the autodiff by the loss.
+    let tol = on_tf32(1e-4, 1e-3);
+    let gpt2 = Case::new("gpt2_tiny", "gpt2_tiny")
+        .with_padded_head(96)
+        .with_fused_head_loss();
+    check_gradients(gpt2, &gpu(), tol, tol);
+}
+
 /// Each f32 gradient of `loss` against PyTorch's `want` (by name): its largest error as a
 /// fraction of the reference gradient's largest value.
 fn gradient_errors(
@@ -162,7 +174,7 @@ fn f16_head_errors(logits_in: DType) -> (f32, Vec<(String, f32)>) {
     };
     assert_eq!(value.tensor.dtype(), logits_in, "the logits' precision");
     let logits = Logits {
-        value,
+        value: value.into(),
         sharded: None,
         classes: None,
     };
@@ -232,7 +244,7 @@ fn f16_activation_errors(low: bool) -> (f32, f32, Vec<(String, f32)>) {
         panic!("no logits")
     };
     let logits = burn_onnx_train::model::loss::Logits {
-        value,
+        value: value.into(),
         sharded: None,
         classes: None,
     };
@@ -1098,6 +1110,12 @@ fn fused_cross_entropy_on_gpu_matches_the_closed_form_and_the_plain_composition(
 #[test]
 fn fused_cross_entropy_of_f16_logits_on_gpu_computes_in_f32_and_writes_f16() {
     check_f16_cross_entropy(&gpu());
+}
+
+#[test]
+fn head_product_and_cross_entropy_by_blocks_on_gpu_match_the_closed_form() {
+    check_head_cross_entropy(&gpu(), FloatDType::F32, on_tf32(1e-5, 2e-3) as f64);
+    check_head_cross_entropy(&gpu(), FloatDType::F16, 3e-3);
 }
 
 /// The CubeCL kernels' tolerances against f64, as multiples of the CPU kernels' (GPU `exp`

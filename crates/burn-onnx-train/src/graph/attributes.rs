@@ -225,3 +225,9 @@ pub const PAD_COLUMNS: &str = "__pad_columns";
 /// written in the autocast precision instead of f32: the head whose logits only the loss
 /// reads (set by `crate::model::head_precision`).
 pub const LOW_PRECISION_RESULT: &str = "__low_precision_result";
+
+/// The attribute marking a MatMul head whose product a training pass leaves to the loss:
+/// the pass skips the node, and the cross-entropy computes the product with itself a block
+/// of rows at a time, so the logits never exist whole (set by
+/// `crate::model::fused_head_loss`). Evaluation runs the node as it is.
+pub const FUSED_HEAD_LOSS: &str = "__fused_head_loss";

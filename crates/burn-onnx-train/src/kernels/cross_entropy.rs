@@ -39,14 +39,41 @@ pub fn cross_entropy_rows_within(
         classes > 0 && classes <= width,
         "{classes} classes in rows of {width}"
     );
-    let low = matches!(logits.dtype(), DType::F16 | DType::BF16);
-    if logits.dtype() == DType::F32 || (low && runs_cubecl(&logits.device())) {
+    if cross_entropy_fused_for(&logits) {
         return fused::cross_entropy_rows(logits, targets, classes);
     }
     match classes == width {
         true => cross_entropy_rows_reference(logits, targets),
         false => cross_entropy_rows_reference(logits.narrow(1, 0, classes), targets),
     }
+}
+
+/// Whether [`cross_entropy_rows_within`] runs the fused kernels on logits of this dtype
+/// and device (f32 anywhere, f16 and bf16 on CubeCL devices), which
+/// [`cross_entropy_rows_gradient`] needs.
+pub fn cross_entropy_fused_for(logits: &Tensor<2>) -> bool {
+    let low = matches!(logits.dtype(), DType::F16 | DType::BF16);
+    logits.dtype() == DType::F32 || (low && runs_cubecl(&logits.device()))
+}
+
+/// The gradient over `logits` of the rows' loss ([`cross_entropy_rows_within`]) given its
+/// gradient `grad` `[rows]`: `(softmax(x_i) - onehot(t_i)) * g_i` over the first `classes`
+/// columns, zero past them, in the logits' precision; written over the logits when nothing
+/// else holds them. Not differentiable itself; logits the fused kernels take only
+/// ([`cross_entropy_fused_for`]).
+pub fn cross_entropy_rows_gradient(
+    logits: Tensor<2>,
+    targets: Tensor<1, Int>,
+    grad: Tensor<1>,
+    classes: usize,
+) -> Tensor<2> {
+    assert!(
+        cross_entropy_fused_for(&logits),
+        "no fused cross-entropy for {:?} logits on {:?}",
+        logits.dtype(),
+        logits.device()
+    );
+    fused::cross_entropy_rows_gradient(logits, targets, grad, classes)
 }
 
 /// The plain Burn composition of [`cross_entropy_rows`].
@@ -213,6 +240,21 @@ mod fused {
         let out = <burn::backend::Dispatch as CrossEntropyOps>::cross_entropy_rows(
             logits.into_dispatch(),
             targets.into_dispatch(),
+            classes,
+        );
+        Tensor::from_dispatch(out)
+    }
+
+    pub fn cross_entropy_rows_gradient(
+        logits: Tensor<2>,
+        targets: Tensor<1, Int>,
+        grad: Tensor<1>,
+        classes: usize,
+    ) -> Tensor<2> {
+        let out = <burn::backend::Dispatch as CrossEntropyOps>::cross_entropy_rows_backward(
+            logits.into_dispatch(),
+            targets.into_dispatch(),
+            grad.into_dispatch(),
             classes,
         );
         Tensor::from_dispatch(out)

@@ -33,6 +33,7 @@ use burn_cubecl::kernel::{into_contiguous, untile};
 use cubecl::std::tensor::{MatrixBatchLayout, matrix_batch_layout};
 
 use super::cube::cast_contiguous;
+use super::float_dtype;
 
 /// The product as a backend extension (CubeCL, and Autodiff over it).
 #[backend_extension(Cube, Autodiff)]
@@ -55,15 +56,6 @@ pub trait CubeMatmulOps: Backend {
         b: FloatTensor<Self>,
         out: FloatDType,
     ) -> FloatTensor<Self>;
-}
-
-/// `dtype` as a float precision (f32 for any that is not f16 or bf16).
-fn float_dtype(dtype: DType) -> FloatDType {
-    match dtype {
-        DType::F16 => FloatDType::F16,
-        DType::BF16 => FloatDType::BF16,
-        _ => FloatDType::F32,
-    }
 }
 
 /// Whether the product would copy `x` before reading it: batch strides below a matrix

@@ -59,6 +59,8 @@ mod fast_math;
 mod fused_adam;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gelu_bias;
+mod given_gradients;
+mod head_cross_entropy;
 mod host;
 mod host_optim;
 pub mod launch_tally;
@@ -80,9 +82,11 @@ pub use activation::{gelu_tanh, gelu_tanh_biased, softmax, tanh};
 pub use attention_core::attention_core;
 pub use conv::conv2d;
 pub use cross_entropy::{
-    cross_entropy_rows, cross_entropy_rows_reference, cross_entropy_rows_within,
+    cross_entropy_fused_for, cross_entropy_rows, cross_entropy_rows_gradient,
+    cross_entropy_rows_reference, cross_entropy_rows_within,
 };
 pub use fused_adam::FusedAdam;
+pub use head_cross_entropy::{block_rows, head_cross_entropy_sum};
 pub use layer_norm::{layer_norm, layer_norm_fused_here, layer_norm_in};
 pub use masked_fill::{masked_fill, masked_fill_fused_here};
 pub use masked_softmax::{masked_softmax, masked_softmax_fused_here};
@@ -91,9 +95,18 @@ pub use narrow::{SplitPieces, narrow, pad_end};
 pub use pool::max_pool2d;
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
 
-use burn::tensor::Device;
+use burn::tensor::{DType, Device, FloatDType};
 
 use crate::value::{MAX_RANK, PhysTensor};
+
+/// `dtype` as a float precision (f32 for any that is not f16 or bf16).
+pub(crate) fn float_dtype(dtype: DType) -> FloatDType {
+    match dtype {
+        DType::F16 => FloatDType::F16,
+        DType::BF16 => FloatDType::BF16,
+        _ => FloatDType::F32,
+    }
+}
 
 /// Values per chunk of the fused optimizers' flat buffers (`fused_adam/`, and the
 /// CubeCL kernel in `cube_optim.rs`): a chunk belongs to one parameter, a multiple of the

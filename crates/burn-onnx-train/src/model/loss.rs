@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::collective::vocab::ShardedLogits;
 use crate::error::{OnnxError, Result};
-use crate::kernels::cross_entropy_rows_within;
+use crate::kernels::{block_rows, cross_entropy_rows_within, head_cross_entropy_sum};
+use crate::model::HeadOperands;
 use crate::value::FloatValue;
 
 /// Target value that contributes nothing to cross-entropy (PyTorch's default).
@@ -43,7 +44,7 @@ fn loss_err(m: String) -> OnnxError {
 #[derive(Debug, Clone)]
 pub struct Logits {
     /// The values, class axis last.
-    pub value: FloatValue,
+    pub value: LogitValues,
     /// Which slice of the classes they hold, with the group holding the rest.
     pub sharded: Option<ShardedLogits>,
     /// The classes, when fewer than the last axis's columns: the loss reads these first
@@ -51,10 +52,52 @@ pub struct Logits {
     pub classes: Option<usize>,
 }
 
+/// Where a cross-entropy's logits come from.
+#[derive(Debug, Clone)]
+pub enum LogitValues {
+    /// Written by the model.
+    Written(FloatValue),
+    /// Computed with the loss from the head's operands, a block of rows at a time, never
+    /// whole (`crate::model::fused_head_loss`).
+    Fused(HeadOperands),
+}
+
+impl LogitValues {
+    /// The logits' shape, class axis last.
+    pub fn shape(&self) -> Vec<usize> {
+        match self {
+            LogitValues::Written(v) => v.shape(),
+            LogitValues::Fused(h) => {
+                let mut shape = h.hidden.shape();
+                if let (Some(last), Some(&columns)) = (shape.last_mut(), h.table.shape().last()) {
+                    *last = columns;
+                }
+                shape
+            }
+        }
+    }
+}
+
+impl From<FloatValue> for LogitValues {
+    fn from(value: FloatValue) -> Self {
+        LogitValues::Written(value)
+    }
+}
+
+impl LogitValues {
+    /// The logits the model wrote; `None` for a head left to the loss.
+    pub fn written(&self) -> Option<&FloatValue> {
+        match self {
+            LogitValues::Written(v) => Some(v),
+            LogitValues::Fused(_) => None,
+        }
+    }
+}
+
 impl From<FloatValue> for Logits {
     fn from(value: FloatValue) -> Self {
         Logits {
-            value,
+            value: LogitValues::Written(value),
             sharded: None,
             classes: None,
         }
@@ -128,6 +171,17 @@ fn cross_entropy_sum(
         }
     }
     let counted = weight.iter().filter(|w| **w > 0.0).count();
+    let logits = match logits {
+        LogitValues::Written(v) => v,
+        LogitValues::Fused(head) if sharded.is_none() => {
+            return Ok((fused_sum(head, idx, weight, columns)?, counted));
+        }
+        LogitValues::Fused(_) => {
+            return Err(loss_err(
+                "a head left to the loss cannot also be split across ranks".into(),
+            ));
+        }
+    };
     let device = logits.tensor.device();
     let flat = logits
         .reshape(&[n, width])
@@ -148,6 +202,33 @@ fn cross_entropy_sum(
         nll * Tensor::<1>::from_data(TensorData::new(weight, vec![n]), &device)
     };
     Ok((nll.sum(), counted))
+}
+
+/// The weighted sum of the rows' cross-entropy over the product of a head's operands
+/// (`kernels::head_cross_entropy_sum`): `idx` and `weight` per row, `classes` columns read.
+fn fused_sum(
+    head: HeadOperands,
+    idx: Vec<i64>,
+    weight: Vec<f32>,
+    classes: usize,
+) -> Result<Tensor<1>> {
+    let n = idx.len();
+    let width = head.table.shape()[0];
+    let hidden = head
+        .hidden
+        .reshape(&[n, width])
+        .map_err(|e| loss_err(e.0))?;
+    let device = hidden.tensor.device();
+    let columns = head.table.shape()[1];
+    Ok(head_cross_entropy_sum(
+        hidden.tensor,
+        head.table.tensor,
+        Tensor::<1, Int>::from_data(TensorData::new(idx, vec![n]), &device),
+        Tensor::<1>::from_data(TensorData::new(weight, vec![n]), &device),
+        classes,
+        head.compute,
+        block_rows(columns, head.compute, &device),
+    ))
 }
 
 /// Next-token cross-entropy: `cross_entropy(logits[:, :-1], ids[:, 1:])`, computed on the

@@ -32,6 +32,7 @@ use crate::value::host_tensor::{HostTensor, dtype, into_row_major_vec};
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 
 use file_tensor::file_tensor;
+pub use fused_head_loss::HeadOperands;
 pub use padded_head::PaddedHead;
 use shape_folds::{FoldKey, FoldPass, ShapeFolds};
 pub use sharded::{ChunkPlace, ChunkStore, Settled, Sharding};
@@ -39,6 +40,7 @@ pub use tensor_parallel::Probe;
 
 mod activation_precision;
 mod file_tensor;
+mod fused_head_loss;
 mod head_precision;
 pub mod loss;
 pub mod named_store;
@@ -165,6 +167,9 @@ pub struct ForwardOutput {
     /// The output holding logits wider than their classes (a padded head): a loss reads
     /// only the first [`PaddedHead::classes`] columns of each row.
     pub padded_logits: Option<PaddedHead>,
+    /// In a training pass, the operands of a head left to the loss (its output is not
+    /// among [`Self::outputs`]; `model::fused_head_loss`).
+    pub fused_head: Option<HeadOperands>,
 }
 
 impl ForwardOutput {
@@ -610,8 +615,15 @@ impl OnnxModel {
             ),
             None => run(&self.spec.collectives),
         }?;
+        let fused_head = match mode {
+            Mode::Train => self.head_operands(&env, &device, autocast)?,
+            Mode::Eval => None,
+        };
         let mut outputs = Vec::with_capacity(graph.outputs.len());
         for o in &graph.outputs {
+            if fused_head.as_ref().is_some_and(|h| h.output == o.name) {
+                continue;
+            }
             let v = self
                 .fetch(&env, &o.name, &device)
                 .map_err(|e| OnnxError::field(format!("graph output '{}'", o.name), e.0))?;
@@ -638,6 +650,7 @@ impl OnnxModel {
             state_updates,
             sharded_logits,
             padded_logits: self.spec.padded_head.clone(),
+            fused_head,
         })
     }
 
@@ -661,6 +674,10 @@ impl OnnxModel {
         let memo = PassMemo::default();
         let mut folds = self.fold_pass(env, absent, autocast);
         for (i, node) in graph.nodes.iter().enumerate() {
+            if train && self.leaves_to_loss(i) {
+                // The loss computes this product itself; its inputs stay in `env`.
+                continue;
+            }
             if folds.skips(i, &node.outputs, env) {
                 // Made by an earlier pass of these shapes: it costs this pass nothing.
                 if let Some(profiler) = profiler {

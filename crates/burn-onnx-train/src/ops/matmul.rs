@@ -5,7 +5,7 @@ use burn::tensor::FloatDType;
 use super::broadcast::{broadcast_shapes, float_binary};
 use super::{Inputs, OpContext, OpOutput};
 use crate::error::OpResult;
-use crate::graph::attributes::{LOW_PRECISION_RESULT, PAD_COLUMNS};
+use crate::graph::attributes::{Attributes, LOW_PRECISION_RESULT, PAD_COLUMNS};
 use crate::kernels;
 use crate::op_bail;
 use crate::value::{FloatValue, Value};
@@ -110,7 +110,13 @@ pub fn matmul(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
 /// `v` with its last axis widened with zeros to the node's [`PAD_COLUMNS`], if it has
 /// that mark (a head padded to an aligned vocabulary, `crate::model::padded_head`).
 fn padded_columns(ctx: &OpContext, v: FloatValue) -> OpResult<FloatValue> {
-    let to = ctx.attrs.int(PAD_COLUMNS, 0)?;
+    pad_columns(ctx.attrs, v)
+}
+
+/// [`padded_columns`] of a node with attributes `attrs` (also the fused head loss's
+/// table, `crate::model::fused_head_loss`).
+pub fn pad_columns(attrs: &Attributes, v: FloatValue) -> OpResult<FloatValue> {
+    let to = attrs.int(PAD_COLUMNS, 0)?;
     let Some(&n) = v.shape().last() else {
         return Ok(v);
     };

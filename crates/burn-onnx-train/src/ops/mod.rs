@@ -65,6 +65,7 @@ mod window;
 mod windows_signal;
 
 pub use broadcast::broadcast_shapes;
+pub use matmul::pad_columns;
 pub use quant::{ZERO_POINT_TYPE, annotate_zero_point_types};
 
 /// Find the implementation of an op type of the default (`ai.onnx`) domain.

@@ -5,16 +5,21 @@
 
 use super::common;
 
-use burn::tensor::{Device, TensorData};
+use burn::tensor::{Device, FloatDType, TensorData};
 use burn_onnx_train::kernels::{masked_fill, softmax};
 use burn_onnx_train::value::{MAX_RANK, PhysTensor, padded};
 use common::activation_checks::*;
-use common::fused_checks::check_cross_entropy;
+use common::fused_checks::{check_cross_entropy, check_head_cross_entropy};
 use common::*;
 
 #[test]
 fn fused_cross_entropy_on_the_cpu_matches_the_closed_form_and_the_plain_composition() {
     check_cross_entropy(&Device::flex());
+}
+
+#[test]
+fn head_product_and_cross_entropy_by_blocks_on_the_cpu_match_the_closed_form() {
+    check_head_cross_entropy(&Device::flex(), FloatDType::F32, 1e-5);
 }
 
 #[test]

@@ -22,6 +22,7 @@ pub(super) const SECTIONS: &[(&str, &[&str])] = &[
             "tie_duplicate_initializers",
             "untie_shared_constants",
             "pad_vocab_to_multiple_of",
+            "fused_head_loss",
         ],
     ),
     (
@@ -132,6 +133,7 @@ const SYNONYMS: &[(&str, &str, Option<&str>)] = &[
         "model.pad_vocab_to_multiple_of",
         None,
     ),
+    ("fused_linear_cross_entropy", "model.fused_head_loss", None),
     ("train_iters", "train.num_train_steps", Some("--steps")),
     ("num_epochs", "train.num_train_epochs", Some("--epochs")),
     ("epochs", "train.num_train_epochs", Some("--epochs")),

@@ -54,8 +54,10 @@ use super::streamed_export::{ExportLayout, export_streamed};
 /// `model` with the head its cross-entropy reads prepared for the device: padded to
 /// `model.pad_vocab_to_multiple_of` columns (unset: 64 on CubeCL devices, none on the CPU;
 /// see [`OnnxModel::with_padded_head`]) and, on CubeCL devices, writing its logits in the
-/// autocast precision when there is one ([`OnnxModel::with_low_precision_logits`]).
-fn prepare_head(settings: &ModelConfig, model: OnnxModel) -> OnnxModel {
+/// autocast precision when there is one ([`OnnxModel::with_low_precision_logits`]) and,
+/// when the forward is one pass (`whole_forward`) and `model.fused_head_loss`, leaving its
+/// product to the loss in training ([`OnnxModel::with_fused_head_loss`]).
+fn prepare_head(settings: &ModelConfig, model: OnnxModel, whole_forward: bool) -> OnnxModel {
     let cross_entropy = matches!(
         settings.loss,
         LossKind::CrossEntropy | LossKind::LmCrossEntropy
@@ -84,6 +86,16 @@ fn prepare_head(settings: &ModelConfig, model: OnnxModel) -> OnnxModel {
         tracing::debug!(
             output = settings.output_name,
             "the head writes its logits in the autocast precision"
+        );
+    }
+    if !(whole_forward && settings.fused_head_loss) {
+        return model;
+    }
+    let (model, fused) = model.with_fused_head_loss(&settings.output_name);
+    if fused {
+        tracing::debug!(
+            output = settings.output_name,
+            "the head's product is left to the loss in training, a block of rows at a time"
         );
     }
     model
@@ -181,6 +193,12 @@ impl ParallelPlan {
     /// backward (`recompute_segments` of 2 or more).
     pub fn recompute_enabled(&self) -> bool {
         self.settings.recompute_segments > 1
+    }
+
+    /// The whole model's forward runs as one pass: no pipeline stages, and no segments
+    /// for recomputation or for averaging during backward.
+    pub fn whole_forward_enabled(&self) -> bool {
+        !self.pp_enabled() && !self.recompute_enabled() && self.overlap().segments().is_none()
     }
 
     /// Gradient averaging during backward (`overlap`): off, from hooks, or by segments.
@@ -309,7 +327,7 @@ impl ParallelPlan {
             self.tensor_parallel = Some(t);
             part
         } else {
-            prepare_head(&c.model, model)
+            prepare_head(&c.model, model, self.whole_forward_enabled())
         };
         if !self.pp_enabled() {
             return Ok(model);

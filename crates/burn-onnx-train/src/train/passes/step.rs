@@ -6,7 +6,8 @@ use burn::tensor::{Device, Tensor};
 use crate::collective::vocab::ShardedLogits;
 use crate::error::{OnnxError, Result};
 use crate::model::loss::{
-    IGNORE_INDEX, Logits, LossKind, cross_entropy, lm_cross_entropy, mse, token_cross_entropy,
+    IGNORE_INDEX, LogitValues, Logits, LossKind, cross_entropy, lm_cross_entropy, mse,
+    token_cross_entropy,
 };
 use crate::model::{ForwardOutput, Mode, OnnxModel};
 use crate::train::config::TrainingConfig;
@@ -80,11 +81,29 @@ pub fn forward_loss(
     mode: Mode,
     seed: u64,
 ) -> Result<StepOutput> {
-    forward_loss_and_output(model, batch, config, device, mode, seed).map(|(step, _)| step)
+    let out = forward_outputs(model, batch, config, device, mode, seed)?;
+    loss_of_outputs(out, batch, config, device, mode)
+}
+
+/// The model's outputs on `batch`'s feeds.
+fn forward_outputs(
+    model: &OnnxModel,
+    batch: &Batch,
+    config: &PassSettings,
+    device: &Device,
+    mode: Mode,
+    seed: u64,
+) -> Result<ForwardOutput> {
+    model.forward_with(
+        feeds(batch, config, device)?,
+        mode,
+        seed,
+        config.precision.autocast(),
+    )
 }
 
 /// [`forward_loss`] with the output the loss reads (the logits), for callers that report
-/// predictions (`learner.rs`).
+/// predictions (`learner.rs`; its models never leave their head to the loss).
 pub fn forward_loss_and_output(
     model: &OnnxModel,
     batch: &Batch,
@@ -93,12 +112,7 @@ pub fn forward_loss_and_output(
     mode: Mode,
     seed: u64,
 ) -> Result<(StepOutput, PhysTensor)> {
-    let out = model.forward_with(
-        feeds(batch, config, device)?,
-        mode,
-        seed,
-        config.precision.autocast(),
-    )?;
+    let out = forward_outputs(model, batch, config, device, mode, seed)?;
     let Some(Value::Float(logits)) = out.get(&config.output_name) else {
         return Err(OnnxError::field(
             "config.model.output_name",
@@ -154,14 +168,31 @@ pub fn loss_of_outputs(
     device: &Device,
     mode: Mode,
 ) -> Result<StepOutput> {
-    let Some(Value::Float(pred)) = out.get(&config.output_name).cloned() else {
-        return Err(OnnxError::field(
-            "config.model.output_name",
+    // The logits: written by the model, or left to the loss with the head's operands.
+    let values = match out.fused_head.clone() {
+        Some(head) if head.output == config.output_name => LogitValues::Fused(head),
+        _ => match out.get(&config.output_name).cloned() {
+            Some(Value::Float(pred)) => LogitValues::Written(pred),
+            _ => {
+                return Err(OnnxError::field(
+                    "config.model.output_name",
+                    format!(
+                        "'{}' is not a float output of the model",
+                        config.output_name
+                    ),
+                ));
+            }
+        },
+    };
+    let pred = || match &values {
+        LogitValues::Written(pred) => Ok(pred.clone()),
+        LogitValues::Fused(_) => Err(OnnxError::field(
+            "config.model.loss",
             format!(
-                "'{}' is not a float output of the model",
-                config.output_name
+                "the head writing '{}' was left to a cross-entropy, not to {:?}",
+                config.output_name, config.loss
             ),
-        ));
+        )),
     };
     let sharded = out
         .sharded_logits
@@ -186,13 +217,14 @@ pub fn loss_of_outputs(
         .as_ref()
         .filter(|h| h.output == config.output_name)
         .map(|h| h.classes);
-    let logits = |value| Logits {
-        value,
+    let logits = || Logits {
+        value: values.clone(),
         sharded: sharded.clone(),
         classes,
     };
     let (loss, correct) = match (config.loss, &batch.target, &batch.input) {
         (LossKind::Graph, _, _) => {
+            let pred = pred()?;
             if pred.numel() != 1 {
                 return Err(OnnxError::field(
                     "config.model.output_name",
@@ -206,7 +238,7 @@ pub fn loss_of_outputs(
             (pred.tensor.reshape([1]), None)
         }
         (LossKind::LmCrossEntropy, Target::NextToken, HostTensor::Int(ids)) => {
-            (lm_cross_entropy(logits(pred), ids)?, None)
+            (lm_cross_entropy(logits(), ids)?, None)
         }
         (
             LossKind::LmCrossEntropy,
@@ -214,19 +246,19 @@ pub fn loss_of_outputs(
                 labels, divisor, ..
             },
             _,
-        ) => (token_cross_entropy(logits(pred), labels, *divisor)?, None),
+        ) => (token_cross_entropy(logits(), labels, *divisor)?, None),
         (LossKind::CrossEntropy, Target::Classes(labels), _) => {
             let correct = if mode == Mode::Eval {
-                Some(count_correct(&pred, labels, sharded.as_ref(), classes)?)
+                Some(count_correct(&pred()?, labels, sharded.as_ref(), classes)?)
             } else {
                 None
             };
-            (cross_entropy(logits(pred), labels)?, correct)
+            (cross_entropy(logits(), labels)?, correct)
         }
         (LossKind::Mse, Target::Values(t), _) => {
             let t = FloatValue::from_array(t, device)
                 .map_err(|e| OnnxError::field("batch targets", e.0))?;
-            (mse(pred, t)?, None)
+            (mse(pred()?, t)?, None)
         }
         (kind, _, _) => {
             return Err(OnnxError::field(

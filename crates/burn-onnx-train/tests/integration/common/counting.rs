@@ -57,7 +57,7 @@ pub fn logits_and_grads(
     ids: &ArrayD<i64>,
 ) -> (ArrayD<f32>, Vec<(String, ArrayD<f32>)>) {
     let logits = super::lm_logits(model, ids);
-    let value = logits.value.clone();
+    let value = logits.value.written().expect("written logits").clone();
     let loss = lm_cross_entropy(logits, ids).unwrap();
     let grads = loss.backward();
     let named = model

@@ -11,9 +11,11 @@ use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 use burn_onnx_train::OnnxModel;
 use burn_onnx_train::kernels::{
     FusedAdam, cross_entropy_rows, cross_entropy_rows_reference, cross_entropy_rows_within,
+    head_cross_entropy_sum,
 };
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::optimizer::{build_optimizer, flat_rule, weight_decays};
+use burn_onnx_train::value::MAX_RANK;
 use burn_ort_dist::ReplicaOptimizer;
 use ndarray::{ArrayD, Axis, IxDyn};
 
@@ -549,6 +551,154 @@ pub fn check_scaled_update_skips_on_overflow(kind: OptimizerKind, device: Device
             &b,
             &initial,
             1e-5,
+        );
+    }
+}
+
+/// The head's product and the cross-entropy a block of rows at a time
+/// (`head_cross_entropy_sum`) on `device`, products in `compute`, against the f64 closed
+/// form of `3 * sum_i w_i ce(h_i W, t_i)` over the first `classes` of the table's columns:
+/// the value, `h`'s gradient `3 G W^T` and the table's `3 h^T G` (`G` the weighted
+/// `softmax - onehot` rows, zero past the classes), for blocks of one row, a ragged
+/// count, all rows, and more than all. Rows weighted 0 are ignored tokens. The closed form
+/// reads the operands rounded to `compute`, and the logits rounded to it too when it is a
+/// low precision (the products write them so); `rtol` is the products' rounding (relative
+/// to each gradient's largest element). The gradients come out in the operands' precisions.
+pub fn check_head_cross_entropy(device: &Device, compute: FloatDType, rtol: f64) {
+    let (rows, width, classes, columns) = (37, 24, 67, 72);
+    let mut next = lcg(11);
+    let mut uniform = |n: usize, scale: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| ((next() % 20001) as f32 / 10000.0 - 1.0) * scale)
+            .collect()
+    };
+    let h = uniform(rows * width, 1.0);
+    let mut w = uniform(width * columns, 1.0);
+    // The padding columns hold values that would dominate the softmax if read.
+    for r in 0..width {
+        for c in classes..columns {
+            w[r * columns + c] = 3.0;
+        }
+    }
+    let targets: Vec<i64> = (0..rows).map(|i| ((i * 29 + 5) % classes) as i64).collect();
+    let weights: Vec<f32> = (0..rows)
+        .map(|i| if i % 7 == 3 { 0.0 } else { 1.0 })
+        .collect();
+    let round = |v: &[f32], dtype: FloatDType| -> Vec<f64> {
+        TensorData::new(v.to_vec(), vec![v.len()])
+            .convert_dtype(DType::from(dtype))
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect()
+    };
+    let (hr, wr) = (round(&h, compute), round(&w, compute));
+    // The closed form in f64.
+    let mut want_loss = 0.0;
+    let mut g = vec![0.0f64; rows * columns];
+    for i in 0..rows {
+        let logits: Vec<f64> = (0..classes)
+            .map(|c| {
+                (0..width)
+                    .map(|k| hr[i * width + k] * wr[k * columns + c])
+                    .sum()
+            })
+            .collect();
+        let logits = match compute {
+            FloatDType::F32 => logits,
+            low => round(&logits.iter().map(|&v| v as f32).collect::<Vec<_>>(), low),
+        };
+        let max = logits.iter().cloned().fold(f64::MIN, f64::max);
+        let sum: f64 = logits.iter().map(|v| (v - max).exp()).sum();
+        let t = targets[i] as usize;
+        want_loss += weights[i] as f64 * (max + sum.ln() - logits[t]);
+        for c in 0..classes {
+            let p = (logits[c] - max).exp() / sum;
+            g[i * columns + c] = weights[i] as f64 * (p - if c == t { 1.0 } else { 0.0 });
+        }
+    }
+    let want_dh: Vec<f32> = (0..rows * width)
+        .map(|x| {
+            let (i, k) = (x / width, x % width);
+            3.0 * (0..columns)
+                .map(|c| g[i * columns + c] * wr[k * columns + c])
+                .sum::<f64>() as f32
+        })
+        .collect();
+    let want_dw: Vec<f32> = (0..width * columns)
+        .map(|x| {
+            let (k, c) = (x / columns, x % columns);
+            3.0 * (0..rows)
+                .map(|i| hr[i * width + k] * g[i * columns + c])
+                .sum::<f64>() as f32
+        })
+        .collect();
+    let want_dh = ArrayD::from_shape_vec(IxDyn(&[rows, width]), want_dh).unwrap();
+    let want_dw = ArrayD::from_shape_vec(IxDyn(&[width, columns]), want_dw).unwrap();
+    let largest = |a: &ArrayD<f32>| a.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    assert!(largest(&want_dh) > 0.1 && largest(&want_dw) > 0.1);
+    let device = device.clone().autodiff();
+    for block in [1, 8, rows, 64] {
+        let what = format!("{compute:?} blocks of {block} rows");
+        let phys = |v: Vec<f32>, r: usize, c: usize| {
+            let mut shape = [1; MAX_RANK];
+            shape[MAX_RANK - 2] = r;
+            shape[MAX_RANK - 1] = c;
+            Tensor::<2>::from_data(TensorData::new(v, vec![r, c]), &device)
+                .reshape(shape)
+                .detach()
+                .require_grad()
+        };
+        let (ht, wt) = (
+            phys(h.clone(), rows, width),
+            phys(w.clone(), width, columns),
+        );
+        // An operand already in the low precision keeps its gradient in it.
+        let hin = match compute {
+            FloatDType::F32 => ht.clone(),
+            low => ht.clone().cast(low),
+        };
+        let loss = head_cross_entropy_sum(
+            hin.clone(),
+            wt.clone(),
+            Tensor::<1, Int>::from_data(TensorData::new(targets.clone(), vec![rows]), &device),
+            Tensor::<1>::from_data(TensorData::new(weights.clone(), vec![rows]), &device),
+            classes,
+            compute,
+            block,
+        );
+        assert_eq!(loss.dtype(), DType::F32, "{what}: the loss's precision");
+        let grads = loss.clone().mul_scalar(3.0).backward();
+        let got_loss = host(loss.inner())[[0]] as f64;
+        assert!(
+            (got_loss - want_loss).abs() <= 1e-5 * want_loss.abs() + rtol * rows as f64,
+            "{what}: loss {got_loss}, want {want_loss}"
+        );
+        let dh = ht.grad(&grads).unwrap();
+        let dw = wt.grad(&grads).unwrap();
+        assert_eq!(
+            dw.dtype(),
+            DType::F32,
+            "{what}: the table's gradient's precision"
+        );
+        let flat = |t: Tensor<MAX_RANK>, r: usize, c: usize| host2(t.reshape([r, c]));
+        let (dh, dw) = (flat(dh, rows, width), flat(dw, width, columns));
+        let tol = |a: &ArrayD<f32>| (rtol as f32 * largest(a)).max(1e-6);
+        assert_close(
+            &format!("{what}: hidden gradient"),
+            &dh,
+            &want_dh,
+            tol(&want_dh),
+            0.0,
+        );
+        assert_close(
+            &format!("{what}: table gradient"),
+            &dw,
+            &want_dw,
+            tol(&want_dw),
+            0.0,
         );
     }
 }

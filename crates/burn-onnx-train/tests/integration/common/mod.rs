@@ -508,7 +508,7 @@ pub fn lm_logits(
         panic!("no logits")
     };
     burn_onnx_train::model::loss::Logits {
-        value: logits,
+        value: logits.into(),
         sharded: out.sharded_logits.clone(),
         classes: None,
     }

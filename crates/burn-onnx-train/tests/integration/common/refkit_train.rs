@@ -11,7 +11,7 @@ use burn::tensor::{Device, Tensor};
 use burn_onnx_train::graph::Graph;
 use burn_onnx_train::graph::initializer_ties::TieOptions;
 use burn_onnx_train::model::ForwardOutput;
-use burn_onnx_train::model::loss::{Logits, cross_entropy, lm_cross_entropy};
+use burn_onnx_train::model::loss::{LogitValues, Logits, cross_entropy, lm_cross_entropy};
 use burn_onnx_train::value::host_tensor::HostTensor;
 use burn_onnx_train::{Mode, OnnxModel, Value};
 use ndarray::ArrayD;
@@ -25,6 +25,8 @@ pub struct Case {
     batch: HashMap<String, HostTensor>,
     /// Pad the head to a multiple of this many columns ([`OnnxModel::with_padded_head`]).
     pad_head: Option<usize>,
+    /// Leave the head's product to the loss ([`OnnxModel::with_fused_head_loss`]).
+    fused_head: bool,
 }
 
 impl Case {
@@ -34,6 +36,15 @@ impl Case {
             model,
             batch: npz(refkit(&format!("train/{name}/batch.npz"))),
             pad_head: None,
+            fused_head: false,
+        }
+    }
+
+    /// The case with its head's product left to the loss, a block of rows at a time.
+    pub fn with_fused_head_loss(self) -> Self {
+        Case {
+            fused_head: true,
+            ..self
         }
     }
 
@@ -55,9 +66,9 @@ impl Case {
             ..TieOptions::default()
         };
         let model = OnnxModel::from_graph(Graph::load_with(path, ties).unwrap(), device).unwrap();
-        match self.pad_head {
+        let output = model.graph().outputs[0].name.clone();
+        let model = match self.pad_head {
             Some(multiple) => {
-                let output = model.graph().outputs[0].name.clone();
                 let model = model.with_padded_head(&output, multiple);
                 let head = model.padded_head().expect("the head is padded");
                 assert_eq!(head.padded, head.classes.next_multiple_of(multiple));
@@ -65,15 +76,35 @@ impl Case {
                 model
             }
             None => model,
+        };
+        if !self.fused_head {
+            return model;
         }
+        let (model, fused) = model.with_fused_head_loss(&output);
+        assert!(
+            fused,
+            "{}: the head is a MatMul only the loss reads",
+            self.name
+        );
+        model
     }
 
     /// The forward's first output as the logits a loss reads: the classes of a padded
     /// head, whose logits are checked to be that wide.
+    /// A head left to the loss gives its operands instead, its output left out.
     fn logits(out: ForwardOutput) -> Logits {
         let classes = out.padded_logits.as_ref().map(|h| h.classes);
-        let Some(Value::Float(value)) = out.outputs.first().map(|(_, v)| v.clone()) else {
-            panic!("the first output is not float logits")
+        let value = match out.fused_head {
+            Some(head) => {
+                assert!(out.outputs.iter().all(|(name, _)| *name != head.output));
+                LogitValues::Fused(head)
+            }
+            None => {
+                let Some(Value::Float(value)) = out.outputs.first().map(|(_, v)| v.clone()) else {
+                    panic!("the first output is not float logits")
+                };
+                LogitValues::Written(value)
+            }
         };
         if let Some(head) = &out.padded_logits {
             assert_eq!(value.shape().last(), Some(&head.padded));

@@ -1,0 +1,145 @@
+//! The head's product and the softmax cross-entropy over it, a block of rows at a time, so
+//! the `[rows, vocabulary]` logits never exist whole (Liger-Kernel's fused linear
+//! cross-entropy). For GPT-2 124M at 16 x 1024 tokens the logits are 1.65 GB in bf16,
+//! kept from the head's product until the loss's backward: the largest tensor of the
+//! update, at its peak, and on a GPU the size every page of CubeCL's pool takes.
+//!
+//! Per block of rows, with nothing recorded for autodiff: the logits (the product in the
+//! compute precision, written so from its f32 accumulators), the rows' loss and its
+//! gradient over the logits (written over them, `cross_entropy_rows_gradient`), then the
+//! two products of the head's backward with that gradient: the hidden rows' gradient
+//! (`g W^T`) and the block's part of the table's (`h^T g`, summed over blocks), both
+//! written in f32. The block's logits are dropped there. The value is tied to both
+//! gradients (`given_gradients.rs`), which the backward scales by the loss's own gradient
+//! (the loss scale, the accumulation's and the mean's divisors) and writes in each
+//! tensor's precision. The products are the ones the head and its backward ran before;
+//! what is added is one sum of the table's gradient per block after the first, one copy of
+//! the hidden rows' gradient into place, and its cast when the hidden rows are in a low
+//! precision.
+//!
+//! In a low precision the logits' gradient is computed [`LOW_PRECISION_SCALE`] times too
+//! large and the backward divides it out in f32: the loss's gradient is not known yet, and
+//! the softmax's small probabilities (~2e-5 over GPT-2's vocabulary) would otherwise be
+//! written as f16 subnormals, the precision that the loss scale upstream exists to keep.
+
+use burn::tensor::{Device, FloatDType, Int, Tensor};
+
+use super::cross_entropy::{cross_entropy_rows_gradient, cross_entropy_rows_within};
+use super::given_gradients::with_gradients;
+use super::largest_allocation;
+use super::matmul::matmul_autocast;
+use crate::value::{MAX_RANK, PhysTensor};
+
+/// The bytes of logits one block may hold: GPT-2's 50304 columns in bf16 give blocks of
+/// 2668 rows, so 8 x 256 tokens are one block and 16 x 1024 seven. Below what the other
+/// tensors of a GPT-2 124M update at 16 x 1024 take (the MLP's hidden activation is 201
+/// MB in f32), so the logits no longer set the pool's page size.
+pub const BLOCK_BYTES: usize = 256 << 20;
+
+/// The factor the logits' gradient is computed at in a low precision: `|softmax - onehot|
+/// <= 1`, so at most 2^14 (f16 holds 65504), and ~2e-5 becomes ~0.3, a normal f16 value.
+pub const LOW_PRECISION_SCALE: f32 = 16384.0;
+
+/// Rows per block for logits `columns` wide in `dtype` on `device`: within [`BLOCK_BYTES`]
+/// and the largest buffer the device allocates at once (lavapipe's 128 MiB); at least 1.
+pub fn block_rows(columns: usize, dtype: FloatDType, device: &Device) -> usize {
+    let bytes = match dtype {
+        FloatDType::F32 => 4,
+        FloatDType::F64 => 8,
+        _ => 2,
+    };
+    let budget =
+        largest_allocation(device).map_or(BLOCK_BYTES, |cap| BLOCK_BYTES.min(cap as usize));
+    (budget / (columns.max(1) * bytes)).max(1)
+}
+
+/// The summed cross-entropy `sum_i weights[i] * ce(hidden[i] x table, targets[i])` over the
+/// first `classes` columns of each row of the product, computed `block` rows at a time
+/// (see the module doc), as a `[1]` tensor whose gradients reach `hidden` and `table`.
+/// `hidden` is `[.., rows, width]` and `table` `[.., width, columns]` at the physical rank
+/// (leading axes 1); the products read both in `compute` and write the logits in it; the
+/// gradients come out in each tensor's precision. Targets must be in `0..classes`.
+pub fn head_cross_entropy_sum(
+    hidden: PhysTensor,
+    table: PhysTensor,
+    targets: Tensor<1, Int>,
+    weights: Tensor<1>,
+    classes: usize,
+    compute: FloatDType,
+    block: usize,
+) -> Tensor<1> {
+    let [rows, width] = last2(&hidden);
+    let [width2, columns] = last2(&table);
+    assert_eq!(
+        width,
+        width2,
+        "hidden {:?} x table {:?}",
+        hidden.dims(),
+        table.dims()
+    );
+    assert!(
+        classes > 0 && classes <= columns,
+        "{classes} classes of {columns} columns"
+    );
+    let (h, w) = (hidden.clone().detach(), table.clone().detach());
+    let (scale, scaled_weights) = match compute {
+        FloatDType::F32 => (1.0, weights.clone()),
+        _ => (
+            LOW_PRECISION_SCALE,
+            weights.clone().mul_scalar(LOW_PRECISION_SCALE),
+        ),
+    };
+    // The table as the products read it, cast once for every block.
+    let w_in = w.cast(compute);
+    let w_t = w_in.clone().swap_dims(MAX_RANK - 2, MAX_RANK - 1);
+    let mut loss: Option<Tensor<1>> = None;
+    let mut d_hidden = Vec::new();
+    let mut d_table: Option<PhysTensor> = None;
+    for start in (0..rows).step_by(block.max(1)) {
+        let n = block.max(1).min(rows - start);
+        // Cast once for both of the block's products (no launch when it is in `compute`).
+        let h_block = h.clone().narrow(MAX_RANK - 2, start, n).cast(compute);
+        let logits = matmul_autocast(h_block.clone(), w_in.clone(), compute, compute);
+        let logits = logits.reshape([n, columns]);
+        let t = targets.clone().narrow(0, start, n);
+        let nll = cross_entropy_rows_within(logits.clone(), t.clone(), classes);
+        let part = (nll * weights.clone().narrow(0, start, n)).sum();
+        loss = Some(match loss {
+            None => part,
+            Some(l) => l + part,
+        });
+        let g = scaled_weights.clone().narrow(0, start, n);
+        let grad = physical(cross_entropy_rows_gradient(logits, t, g, classes));
+        let f32 = FloatDType::F32;
+        d_hidden.push(matmul_autocast(grad.clone(), w_t.clone(), compute, f32));
+        let h_t = h_block.swap_dims(MAX_RANK - 2, MAX_RANK - 1);
+        let part = matmul_autocast(h_t, grad, compute, f32);
+        d_table = Some(match d_table {
+            None => part,
+            Some(d) => d + part,
+        });
+    }
+    let d_hidden = match d_hidden.len() {
+        1 => d_hidden.remove(0),
+        _ => Tensor::cat(d_hidden, MAX_RANK - 2),
+    };
+    let (Some(loss), Some(d_table)) = (loss, d_table) else {
+        panic!("a cross-entropy over no rows");
+    };
+    with_gradients(loss, (hidden, d_hidden), (table, d_table), 1.0 / scale)
+}
+
+/// A 2-D tensor at the physical rank (leading axes 1).
+fn physical(t: Tensor<2>) -> PhysTensor {
+    let [r, c] = t.dims();
+    let mut shape = [1; MAX_RANK];
+    shape[MAX_RANK - 2] = r;
+    shape[MAX_RANK - 1] = c;
+    t.reshape(shape)
+}
+
+/// The last two axes of a tensor at the physical rank.
+fn last2(t: &PhysTensor) -> [usize; 2] {
+    let d = t.dims();
+    [d[MAX_RANK - 2], d[MAX_RANK - 1]]
+}

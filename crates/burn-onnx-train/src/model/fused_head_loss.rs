@@ -1,0 +1,104 @@
+//! The head's product left to the loss in training, so the `[tokens, vocabulary]` logits
+//! never exist whole (`kernels::head_cross_entropy_sum`, Liger-Kernel's fused linear
+//! cross-entropy). A MatMul head whose output only the loss reads ([`head_of`]) is marked
+//! [`FUSED_HEAD_LOSS`]; a training pass skips the node and hands the loss its operands
+//! ([`HeadOperands`], in `ForwardOutput::fused_head`): the hidden rows and the table as
+//! the product would read it (padded to the head's aligned columns,
+//! `crate::model::padded_head`). Evaluation runs the node and gives the logits as before.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use burn::tensor::{Device, FloatDType};
+
+use super::{OnnxModel, Spec};
+use crate::error::{OnnxError, Result};
+use crate::graph::attributes::{Attr, FUSED_HEAD_LOSS};
+use crate::graph::head::head_of;
+use crate::ops::pad_columns;
+use crate::value::{FloatValue, Value};
+
+/// What a fused head loss reads in place of the logits of graph output `output`.
+#[derive(Debug, Clone)]
+pub struct HeadOperands {
+    /// The graph output the head would have written.
+    pub output: String,
+    /// The head's left operand, `[.., width]`: one row per row of the logits.
+    pub hidden: FloatValue,
+    /// The head's right operand, `[width, columns]`, padded to the head's columns.
+    pub table: FloatValue,
+    /// The precision the products read their operands in and write the logits in (the
+    /// autocast precision, or f32).
+    pub compute: FloatDType,
+}
+
+impl OnnxModel {
+    /// This model with the MatMul head producing graph output `output` marked to leave its
+    /// product to the loss in training (see the module doc), and whether it was one.
+    pub fn with_fused_head_loss(mut self, output: &str) -> (OnnxModel, bool) {
+        let Some(head) = head_of(self.graph(), output, |_| true)
+            .filter(|h| self.graph().nodes[h.node].op_type == "MatMul")
+        else {
+            return (self, false);
+        };
+        let mut graph = self.graph().clone();
+        graph.nodes[head.node]
+            .attrs
+            .set(FUSED_HEAD_LOSS, Attr::Int(1));
+        self.spec = Arc::new(Spec {
+            graph: Arc::new(graph),
+            ..(*self.spec).clone()
+        });
+        (self, true)
+    }
+
+    /// Whether a training pass skips node `node` (the fused head).
+    pub(super) fn leaves_to_loss(&self, node: usize) -> bool {
+        self.graph().nodes[node]
+            .attrs
+            .int(FUSED_HEAD_LOSS, 0)
+            .is_ok_and(|v| v != 0)
+    }
+
+    /// The operands of the fused head, read from a training pass's values `env` (its
+    /// inputs stay there: the pass skipped their last reader); `None` without one.
+    pub(super) fn head_operands(
+        &self,
+        env: &HashMap<String, Value>,
+        device: &Device,
+        autocast: Option<FloatDType>,
+    ) -> Result<Option<HeadOperands>> {
+        let graph = self.graph();
+        let Some(i) = (0..graph.nodes.len()).find(|&i| self.leaves_to_loss(i)) else {
+            return Ok(None);
+        };
+        let node = &graph.nodes[i];
+        let err = |m: String| OnnxError::Node {
+            node: node.name.clone(),
+            op_type: node.op_type.clone(),
+            message: m,
+        };
+        let float = |name: &str| match self.fetch(env, name, device).map_err(|e| err(e.0))? {
+            Value::Float(f) => Ok(f),
+            other => Err(err(format!(
+                "'{name}' is {}, not a float tensor",
+                other.kind()
+            ))),
+        };
+        let hidden = float(&node.inputs[0])?;
+        let table = pad_columns(&node.attrs, float(&node.inputs[1])?).map_err(|e| err(e.0))?;
+        if table.rank != 2 || hidden.shape().last() != table.shape().first() {
+            return Err(err(format!(
+                "a fused head loss needs [.., k] x [k, n] operands, got {:?} x {:?}",
+                hidden.shape(),
+                table.shape()
+            )));
+        }
+        Ok(Some(HeadOperands {
+            output: node.outputs[0].clone(),
+            hidden,
+            table,
+            compute: autocast.unwrap_or(FloatDType::F32),
+        }))
+    }
+}
