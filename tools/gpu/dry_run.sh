@@ -35,12 +35,16 @@ git -C "$root" worktree add --detach -q "$out/tree" HEAD
 trap 'git -C "$root" worktree remove --force "$out/tree"' EXIT
 git -C "$out/tree" apply tools/gpu/dry_run.patch
 
-# cubecl-wgpu with the page cap taken from XMAXPAGE.
+# cubecl-wgpu with the page cap taken from XMAXPAGE: copied once with the registry's
+# timestamps and patched in place only when not yet patched, so that later builds into
+# OUT/target do not rebuild cubecl-wgpu and everything above it.
 version="$(cargo metadata --format-version 1 --manifest-path "$root/Cargo.toml" |
   python3 -c 'import json, sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "cubecl-wgpu"))')"
 src="$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cubecl-wgpu-"$version" | head -1)"
-rm -rf "$out/cubecl-wgpu"
-cp -r "$src" "$out/cubecl-wgpu"
+if ! grep -qx "version = \"$version\"" "$out/cubecl-wgpu/Cargo.toml" 2>/dev/null; then
+  rm -rf "$out/cubecl-wgpu"
+  cp -a "$src" "$out/cubecl-wgpu"
+fi
 python3 - "$out/cubecl-wgpu/src/runtime.rs" <<'EOF'
 import sys
 path = sys.argv[1]
@@ -48,11 +52,13 @@ text = open(path).read()
 cap = """        limits
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size),"""
+patched = """        std::env::var("XMAXPAGE").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(
+            limits.max_storage_buffer_binding_size.min(limits.max_buffer_size)),"""
+if patched in text:
+    sys.exit(0)
 if text.count(cap) != 1:
     sys.exit(f"dry_run.sh: {path} no longer sizes its pages as expected; update the patch")
-text = text.replace(cap, """        std::env::var("XMAXPAGE").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(
-            limits.max_storage_buffer_binding_size.min(limits.max_buffer_size)),""")
-open(path, "w").write(text)
+open(path, "w").write(text.replace(cap, patched))
 EOF
 
 (cd "$out/tree" && CARGO_TARGET_DIR="$out/target" cargo build --release --example gpt2 \
