@@ -1365,12 +1365,20 @@ fn fused_masked_softmax_on_gpu_matches_the_f64_closed_form() {
 #[test]
 fn attention_core_on_gpu_matches_the_f64_closed_form() {
     let f32_tol = on_tf32(1e-5, 2e-3).into();
-    check_attention_core((FloatDType::F32, FloatDType::F32), f32_tol);
-    check_attention_core((FloatDType::F16, FloatDType::F32), 2e-3);
-    check_attention_core((FloatDType::F16, FloatDType::F16), 2e-3);
+    // Whole, and a slice of the batch at a time: the scores are 2 x 3 x 5 x 7 f32 (840
+    // bytes), so a budget of 300 bytes cuts them into 2 slices along the first axis.
+    for slice_bytes in [usize::MAX, 300] {
+        check_attention_core((FloatDType::F32, FloatDType::F32), f32_tol, slice_bytes);
+        check_attention_core((FloatDType::F16, FloatDType::F32), 2e-3, slice_bytes);
+        check_attention_core((FloatDType::F16, FloatDType::F16), 2e-3, slice_bytes);
+    }
 }
 
-fn check_attention_core((compute, out_dtype): (FloatDType, FloatDType), tol: f64) {
+fn check_attention_core(
+    (compute, out_dtype): (FloatDType, FloatDType),
+    tol: f64,
+    slice_bytes: usize,
+) {
     let (bh, t, s, d, e) = (6, 5, 7, 4, 6);
     let device = gpu().autodiff();
     let mut next = lcg(97);
@@ -1409,6 +1417,7 @@ fn check_attention_core((compute, out_dtype): (FloatDType, FloatDType), tol: f64
         scale,
         fill,
         (compute, out_dtype),
+        slice_bytes,
     );
     assert_eq!(
         out.dtype(),
@@ -1440,7 +1449,7 @@ fn check_attention_core((compute, out_dtype): (FloatDType, FloatDType), tol: f64
         rounded_to(&k, compute),
         rounded_to(&v, compute),
     );
-    let what = format!("attention core in {compute:?} to {out_dtype:?}");
+    let what = format!("attention core in {compute:?} to {out_dtype:?}, slices of {slice_bytes} B");
     let close = |name: &str, got: f32, want: f64, size: f64| {
         assert!(
             (f64::from(got) - want).abs() <= tol * size.max(1.0),

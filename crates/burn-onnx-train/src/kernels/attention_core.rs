@@ -24,8 +24,10 @@ use crate::value::PhysTensor;
 /// products in `compute`, the result written in `out` (f32, or `compute` itself where
 /// only products read it: `crate::model::activation_precision`; its gradient comes back
 /// so): `q [.., t, d]`, `kt [.., d, s]`, `v [.., s, e]` (f32, equal batch dimensions),
-/// `keep` and `bias` broadcastable to the scores `[.., t, s]`, `bias` not tracked. CubeCL
-/// devices only ([`super::masked_softmax_fused_here`] of `q`).
+/// `keep` and `bias` broadcastable to the scores `[.., t, s]`, `bias` not tracked. Scores
+/// of more than `slice_bytes` in f32 are made a slice of the batch at a time
+/// ([`super::TRANSIENT_BYTES`] in training). CubeCL devices only
+/// ([`super::masked_softmax_fused_here`] of `q`).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_core(
     q: PhysTensor,
@@ -36,6 +38,7 @@ pub fn attention_core(
     scale: f32,
     fill: f32,
     (compute, out): (FloatDType, FloatDType),
+    slice_bytes: usize,
 ) -> PhysTensor {
     let mut scores = q.dims();
     let r = scores.len();
@@ -51,14 +54,14 @@ pub fn attention_core(
                 v.into_dispatch(),
                 keep.into_dispatch(),
                 bias.into_dispatch(),
-                (scale, fill),
+                (scale, fill, slice_bytes),
                 (compute, out),
             ),
         )
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     unreachable!(
-        "no CubeCL device in this build ({:?} {:?} {:?} {:?} {:?} {scale} {fill} {compute:?} {out:?})",
+        "no CubeCL device in this build ({:?} {:?} {:?} {:?} {:?} {scale} {fill} {compute:?} {out:?} {slice_bytes})",
         q.dims(),
         kt.dims(),
         v.dims(),
@@ -76,7 +79,9 @@ mod cube {
     use burn::backend::autodiff::grads::Gradients;
     use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
     use burn::backend::tensor::FloatTensor;
-    use burn::backend::{Backend, TensorMetadata, backend_extension};
+    use std::ops::Range;
+
+    use burn::backend::{Backend, Slice, TensorMetadata, backend_extension};
     use burn::tensor::FloatDType;
     use burn::tensor::FloatDType::F32;
 
@@ -87,20 +92,22 @@ mod cube {
     #[backend_extension(Cube, Autodiff)]
     pub trait AttentionCoreOps: Backend {
         /// See [`super::attention_core`]; `keep` and `bias` have the scores' shape
-        /// (broadcast strides), `masking` is `(scale, fill)`, `precision` `(compute, out)`.
+        /// (broadcast strides), `masking` is `(scale, fill, slice_bytes)`, `precision`
+        /// `(compute, out)`.
         fn attention_core(
             q: FloatTensor<Self>,
             kt: FloatTensor<Self>,
             v: FloatTensor<Self>,
             keep: FloatTensor<Self>,
             bias: FloatTensor<Self>,
-            masking: (f32, f32),
+            masking: (f32, f32, usize),
             precision: (FloatDType, FloatDType),
         ) -> FloatTensor<Self>;
     }
 
     /// The operands `[q, kt, v]` prepared for the products (`cube_matmul.rs`), the
-    /// log-sum-exps of the scores' rows and the output (in `out`).
+    /// log-sum-exps of the scores' rows and the output (in `out`), a slice of the batch
+    /// at a time when the scores pass its budget ([`Slicing`]).
     fn forward<B: CubeMatmulOps + AttentionRowsOps>(
         [q, kt, v]: [FloatTensor<B>; 3],
         m: &Masking<B>,
@@ -109,19 +116,112 @@ mod cube {
         let q = B::matmul_operand(q, compute);
         let kt = B::matmul_operand(kt, compute);
         let v = B::matmul_operand(v, compute);
-        let scores = B::matmul_prepared(q.clone(), kt.clone(), F32);
-        let (p, lse) = B::attention_probabilities(scores, m.keep(), m.bias(), m.at(), compute);
-        let y = B::matmul_prepared(p, v.clone(), out);
-        ([q, kt, v], lse, y)
+        let slice = |[q, kt, v]: [FloatTensor<B>; 3], m: &Masking<B>| {
+            let scores = B::matmul_prepared(q, kt, F32);
+            let (p, lse) = B::attention_probabilities(scores, m.keep(), m.bias(), m.at(), compute);
+            (lse, B::matmul_prepared(p, v, out))
+        };
+        let prepared = [q, kt, v];
+        let Some(slicing) = Slicing::of(&m.keep.shape(), m.slice_bytes) else {
+            let (lse, y) = slice(prepared.clone(), m);
+            return (prepared, lse, y);
+        };
+        let (lses, ys): (Vec<_>, Vec<_>) = slicing
+            .ranges()
+            .map(|range| {
+                slice(
+                    slicing.cut::<B>(&prepared, &range),
+                    &slicing.masking::<B>(m, &range),
+                )
+            })
+            .unzip();
+        let y = B::float_cat(ys, slicing.axis);
+        (prepared, B::float_cat(lses, 0), y)
     }
 
-    /// The mask, bias, scale and fill of the scores.
+    /// One layer's scores cut along their outermost batch axis, so that each slice's
+    /// scores in f32 fit the budget (`crate::kernels::TRANSIENT_BYTES` in training): GPT-2 at 16 x 1024 tokens makes `[16, 12,
+    /// 1024, 1024]` scores (768 MiB in f32) and, in the backward, the probabilities' f32
+    /// gradient beside them: the largest allocations of the update, which CubeCL's pool
+    /// sizes every page after. Each slice runs the same kernels on its part of the
+    /// batch; the log-sum-exps (one per row, rows in order) and the results are joined.
+    struct Slicing {
+        /// The axis cut (the first of the batch axes longer than 1).
+        axis: usize,
+        /// Its length.
+        len: usize,
+        /// Its positions per slice.
+        step: usize,
+        /// Score rows per position along the axis.
+        rows: usize,
+    }
+
+    impl Slicing {
+        /// The slicing of scores shaped `scores` within `budget` bytes, `None` when they
+        /// fit whole.
+        fn of(scores: &[usize], budget: usize) -> Option<Slicing> {
+            let r = scores.len();
+            let bytes = scores.iter().product::<usize>() * 4;
+            let axis = (0..r - 2).find(|&a| scores[a] > 1)?;
+            let len = scores[axis];
+            let count = bytes.div_ceil(budget.max(1)).min(len);
+            (count > 1).then(|| Slicing {
+                axis,
+                len,
+                step: len.div_ceil(count),
+                rows: scores[axis + 1..r - 1].iter().product(),
+            })
+        }
+
+        fn ranges(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+            (0..self.len)
+                .step_by(self.step)
+                .map(|s| s..(s + self.step).min(self.len))
+        }
+
+        /// `x`'s part along the axis.
+        fn narrow<B: Backend>(&self, x: FloatTensor<B>, range: &Range<usize>) -> FloatTensor<B> {
+            let slices: Vec<Slice> = (0..x.shape().num_dims())
+                .map(|d| match d == self.axis {
+                    true => Slice::from(range.clone()),
+                    false => Slice::full(),
+                })
+                .collect();
+            B::float_slice(x, &slices)
+        }
+
+        fn cut<B: Backend>(
+            &self,
+            xs: &[FloatTensor<B>; 3],
+            range: &Range<usize>,
+        ) -> [FloatTensor<B>; 3] {
+            xs.clone().map(|x| self.narrow::<B>(x, range))
+        }
+
+        fn masking<B: Backend>(&self, m: &Masking<B>, range: &Range<usize>) -> Masking<B> {
+            Masking {
+                keep: self.narrow::<B>(m.keep(), range),
+                bias: self.narrow::<B>(m.bias(), range),
+                ..m.clone()
+            }
+        }
+
+        /// The log-sum-exps of the slice's rows.
+        fn rows<B: Backend>(&self, lse: FloatTensor<B>, range: &Range<usize>) -> FloatTensor<B> {
+            let rows = range.start * self.rows..range.end * self.rows;
+            B::float_slice(lse, &[Slice::from(rows)])
+        }
+    }
+
+    /// The mask, bias, scale and fill of the scores, and the bytes of f32 scores above
+    /// which they are made a slice at a time ([`Slicing`]).
     #[derive(Debug, Clone)]
     struct Masking<B: Backend> {
         keep: FloatTensor<B>,
         bias: FloatTensor<B>,
         scale: f32,
         fill: f32,
+        slice_bytes: usize,
     }
 
     impl<B: Backend> Masking<B> {
@@ -146,7 +246,7 @@ mod cube {
             v: FloatTensor<Self>,
             keep: FloatTensor<Self>,
             bias: FloatTensor<Self>,
-            (scale, fill): (f32, f32),
+            (scale, fill, slice_bytes): (f32, f32, usize),
             precision: (FloatDType, FloatDType),
         ) -> FloatTensor<Self> {
             let m = Masking {
@@ -154,6 +254,7 @@ mod cube {
                 bias,
                 scale,
                 fill,
+                slice_bytes,
             };
             forward::<Self>([q, kt, v], &m, precision).2
         }
@@ -172,41 +273,74 @@ mod cube {
         compute: FloatDType,
     }
 
+    /// The gradients `[dq, dkt, dv]` (those `want` asks for) of one slice, from the
+    /// prepared operands, the masking, the log-sum-exps and the prepared output gradient
+    /// `g`, the scores and the probabilities made again.
+    fn gradients<B: CubeMatmulOps + AttentionRowsOps>(
+        [q, kt, v]: [FloatTensor<B>; 3],
+        m: &Masking<B>,
+        lse: FloatTensor<B>,
+        g: FloatTensor<B>,
+        compute: FloatDType,
+        want: [bool; 3],
+    ) -> [Option<FloatTensor<B>>; 3] {
+        let scores = B::matmul_prepared(q.clone(), kt.clone(), F32);
+        let dv = want[2].then(|| {
+            let p = B::attention_probabilities_again(
+                scores.clone(),
+                m.keep(),
+                m.bias(),
+                lse.clone(),
+                m.at(),
+                compute,
+            );
+            let p_t = B::matmul_operand(transpose_last::<B>(p), compute);
+            B::matmul_prepared(p_t, g.clone(), F32)
+        });
+        if !want[0] && !want[1] {
+            return [None, None, dv];
+        }
+        let dp = B::matmul_prepared(g, transpose_last::<B>(v), F32);
+        let ds = B::attention_scores_backward(scores, m.keep(), m.bias(), lse, dp, m.at(), compute);
+        let dq = want[0].then(|| B::matmul_prepared(ds.clone(), transpose_last::<B>(kt), F32));
+        let dkt = want[1].then(|| B::matmul_prepared(transpose_last::<B>(q), ds, F32));
+        [dq, dkt, dv]
+    }
+
     impl<B: Backend + CubeMatmulOps + AttentionRowsOps> Backward<B, 3> for AttentionCoreBackward {
         /// The prepared `q`, `kt`, `v`, the masking and the log-sum-exps.
         type State = ([FloatTensor<B>; 3], Masking<B>, FloatTensor<B>);
 
         fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let [q_node, kt_node, v_node] = ops.parents;
-            let ([q, kt, v], m, lse) = ops.state;
+            let nodes = ops.parents;
+            let (prepared, m, lse) = ops.state;
             let compute = self.compute;
             let g = B::matmul_operand(grads.consume::<B>(&ops.node), compute);
-            let scores = B::matmul_prepared(q.clone(), kt.clone(), F32);
-            if let Some(node) = v_node {
-                let p = B::attention_probabilities_again(
-                    scores.clone(),
-                    m.keep(),
-                    m.bias(),
-                    lse.clone(),
-                    m.at(),
-                    compute,
-                );
-                let p_t = B::matmul_operand(transpose_last::<B>(p), compute);
-                grads.register::<B>(node.id, B::matmul_prepared(p_t, g.clone(), F32));
-            }
-            if q_node.is_none() && kt_node.is_none() {
-                return;
-            }
-            let dp = B::matmul_prepared(g, transpose_last::<B>(v), F32);
-            let ds =
-                B::attention_scores_backward(scores, m.keep(), m.bias(), lse, dp, m.at(), compute);
-            if let Some(node) = q_node {
-                let dq = B::matmul_prepared(ds.clone(), transpose_last::<B>(kt), F32);
-                grads.register::<B>(node.id, dq);
-            }
-            if let Some(node) = kt_node {
-                let dkt = B::matmul_prepared(transpose_last::<B>(q), ds, F32);
-                grads.register::<B>(node.id, dkt);
+            let want = [0, 1, 2].map(|i| nodes[i].is_some());
+            let found = match Slicing::of(&m.keep.shape(), m.slice_bytes) {
+                None => gradients::<B>(prepared, &m, lse, g, compute, want),
+                Some(slicing) => {
+                    let mut parts: [Vec<FloatTensor<B>>; 3] = Default::default();
+                    for range in slicing.ranges() {
+                        let found = gradients::<B>(
+                            slicing.cut::<B>(&prepared, &range),
+                            &slicing.masking::<B>(&m, &range),
+                            slicing.rows::<B>(lse.clone(), &range),
+                            slicing.narrow::<B>(g.clone(), &range),
+                            compute,
+                            want,
+                        );
+                        for (part, d) in parts.iter_mut().zip(found) {
+                            part.extend(d);
+                        }
+                    }
+                    parts.map(|p| (!p.is_empty()).then(|| B::float_cat(p, slicing.axis)))
+                }
+            };
+            for (node, d) in nodes.into_iter().zip(found) {
+                if let (Some(node), Some(d)) = (node, d) {
+                    grads.register::<B>(node.id, d);
+                }
             }
         }
     }
@@ -220,7 +354,7 @@ mod cube {
             v: FloatTensor<Self>,
             keep: FloatTensor<Self>,
             bias: FloatTensor<Self>,
-            (scale, fill): (f32, f32),
+            (scale, fill, slice_bytes): (f32, f32, usize),
             precision: (FloatDType, FloatDType),
         ) -> FloatTensor<Self> {
             let (keep, bias) = (keep.into_primitive(), bias.into_primitive());
@@ -237,6 +371,7 @@ mod cube {
                         bias,
                         scale,
                         fill,
+                        slice_bytes,
                     };
                     let operands = [q, kt, v].map(|x| x.into_primitive());
                     let (prepared, lse, out) = forward::<B>(operands, &m, precision);
@@ -248,7 +383,7 @@ mod cube {
                     v.into_primitive(),
                     keep,
                     bias,
-                    (scale, fill),
+                    (scale, fill, slice_bytes),
                     precision,
                 )),
             }

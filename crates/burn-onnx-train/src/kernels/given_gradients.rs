@@ -64,21 +64,11 @@ impl GivenGradientsOps for Cube {
     }
 }
 
-/// `d * g * unit` for a one-element `g`, computed in `d`'s precision (`g` scaled and cast
-/// to it first: one element) and written in `out`.
-fn scaled<B: Backend>(
-    d: FloatTensor<B>,
-    g: FloatTensor<B>,
-    unit: f32,
-    out: FloatDType,
-) -> FloatTensor<B> {
+/// `d * g` for a one-element `g`, computed in `d`'s precision (`g` cast to it first: one
+/// element) and written in `out`.
+fn scaled<B: Backend>(d: FloatTensor<B>, g: FloatTensor<B>, out: FloatDType) -> FloatTensor<B> {
     let rank = d.shape().num_dims();
     let g = B::float_reshape(g, Shape::from(vec![1; rank]));
-    let g = if unit == 1.0 {
-        g
-    } else {
-        B::float_mul_scalar(g, unit.into())
-    };
     let g = match float_dtype(d.dtype()) {
         FloatDType::F32 => g,
         low => B::float_cast(g, low),
@@ -106,13 +96,17 @@ impl<B: Backend> Backward<B, 2> for GivenGradientsBackward {
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [a_node, b_node] = ops.parents;
         let g = grads.consume::<B>(&ops.node);
+        // One element, scaled once for both.
+        let g = match self.unit {
+            1.0 => g,
+            unit => B::float_mul_scalar(g, unit.into()),
+        };
         let (da, db) = ops.state;
         if let Some(node) = a_node {
-            let da = scaled::<B>(da, g.clone(), self.unit, self.dtypes[0]);
-            grads.register::<B>(node.id, da);
+            grads.register::<B>(node.id, scaled::<B>(da, g.clone(), self.dtypes[0]));
         }
         if let Some(node) = b_node {
-            grads.register::<B>(node.id, scaled::<B>(db, g, self.unit, self.dtypes[1]));
+            grads.register::<B>(node.id, scaled::<B>(db, g, self.dtypes[1]));
         }
     }
 }

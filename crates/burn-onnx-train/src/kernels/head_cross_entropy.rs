@@ -26,22 +26,18 @@ use burn::tensor::{Device, FloatDType, Int, Tensor};
 
 use super::cross_entropy::{cross_entropy_rows_gradient, cross_entropy_rows_within};
 use super::given_gradients::with_gradients;
-use super::largest_allocation;
 use super::matmul::matmul_autocast;
+use super::{TRANSIENT_BYTES, largest_allocation};
 use crate::value::{MAX_RANK, PhysTensor};
-
-/// The bytes of logits one block may hold: GPT-2's 50304 columns in bf16 give blocks of
-/// 2668 rows, so 8 x 256 tokens are one block and 16 x 1024 seven. Below what the other
-/// tensors of a GPT-2 124M update at 16 x 1024 take (the MLP's hidden activation is 201
-/// MB in f32), so the logits no longer set the pool's page size.
-pub const BLOCK_BYTES: usize = 256 << 20;
 
 /// The factor the logits' gradient is computed at in a low precision: `|softmax - onehot|
 /// <= 1`, so at most 2^14 (f16 holds 65504), and ~2e-5 becomes ~0.3, a normal f16 value.
 pub const LOW_PRECISION_SCALE: f32 = 16384.0;
 
-/// Rows per block for logits `columns` wide in `dtype` on `device`: within [`BLOCK_BYTES`]
-/// and the largest buffer the device allocates at once (lavapipe's 128 MiB); at least 1.
+/// Rows per block for logits `columns` wide in `dtype` on `device`: within
+/// [`TRANSIENT_BYTES`] (GPT-2's 50304 columns in bf16 give blocks of 2668 rows: 8 x 256
+/// tokens are one block, 16 x 1024 seven) and the largest buffer the device allocates at
+/// once (lavapipe's 128 MiB); at least 1.
 pub fn block_rows(columns: usize, dtype: FloatDType, device: &Device) -> usize {
     let bytes = match dtype {
         FloatDType::F32 => 4,
@@ -49,7 +45,7 @@ pub fn block_rows(columns: usize, dtype: FloatDType, device: &Device) -> usize {
         _ => 2,
     };
     let budget =
-        largest_allocation(device).map_or(BLOCK_BYTES, |cap| BLOCK_BYTES.min(cap as usize));
+        largest_allocation(device).map_or(TRANSIENT_BYTES, |cap| TRANSIENT_BYTES.min(cap as usize));
     (budget / (columns.max(1) * bytes)).max(1)
 }
 

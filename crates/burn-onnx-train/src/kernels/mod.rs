@@ -99,6 +99,14 @@ use burn::tensor::{DType, Device, FloatDType};
 
 use crate::value::{MAX_RANK, PhysTensor};
 
+/// The bytes one tensor that a fused op makes and drops within itself may take (the
+/// head's logits a block of rows at a time, `head_cross_entropy.rs`; one layer's
+/// attention scores a slice of the batch at a time, `attention_core.rs`): CubeCL's pool
+/// sizes its pages after the largest allocation, so such a tensor would otherwise set the
+/// update's granularity (GPT-2 124M at 16 x 1024 tokens: 1.6 GB of logits, 768 MiB of
+/// scores a layer).
+pub const TRANSIENT_BYTES: usize = 256 << 20;
+
 /// `dtype` as a float precision (f32 for any that is not f16 or bf16).
 pub(crate) fn float_dtype(dtype: DType) -> FloatDType {
     match dtype {

@@ -228,7 +228,17 @@ fn attention_core(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
             };
             let (q, kt, v) = (q.tensor, kt.tensor, v.tensor);
             let (scale, fill) = (mark.scale(), mark.fill);
-            let y = kernels::attention_core(q, kt, v, keep, bias, scale, fill, (compute, out));
+            let y = kernels::attention_core(
+                q,
+                kt,
+                v,
+                keep,
+                bias,
+                scale,
+                fill,
+                (compute, out),
+                kernels::TRANSIENT_BYTES,
+            );
             return Ok(Value::Float(FloatValue::new(y, r)).into());
         }
     }
