@@ -27,7 +27,7 @@ use burn_onnx_train::kernels::{
 };
 use burn_onnx_train::model::ChunkStore;
 use burn_onnx_train::train::config::{
-    LrConfig, OffloadTarget, OptimizerKind, ParamOffload, ScheduleKind,
+    LrConfig, OffloadTarget, OptimizerKind, ParamOffload, ScheduleKind, TrainingConfig,
 };
 use burn_onnx_train::train::layout::parallel_plan::ParallelPlan;
 use burn_onnx_train::train::precision::Precision;
@@ -347,6 +347,40 @@ fn the_plan_marks_a_matmul_head_and_values_only_products_read_only_on_gpu() {
     let mlp = OnnxModel::load(refkit("models/mlp.onnx"), &gpu().autodiff()).unwrap();
     let output = mlp.graph().outputs[0].name.clone();
     assert!(!mlp.with_low_precision_logits(&output).1);
+}
+
+/// The nodes of GPT-2's planned model marked to leave their product to the loss, with `c`
+/// changed by `change` first.
+fn fused_heads(device: &Device, change: impl Fn(&mut TrainingConfig)) -> Vec<String> {
+    use burn_onnx_train::graph::attributes::FUSED_HEAD_LOSS;
+    let mut c = gpt2_config(&tempdir("fused-head-plan"));
+    change(&mut c);
+    let model = OnnxModel::load(&c.model.model_path, device).unwrap();
+    let mut plan = ParallelPlan::new(&c, &burn_ort_dist::LocalCommunicator).unwrap();
+    let parts = plan
+        .parallelize(&c, model, &*gpt2_tokens(), device)
+        .unwrap();
+    let graph = parts.model.graph();
+    graph
+        .nodes
+        .iter()
+        .filter(|n| n.attrs.get(FUSED_HEAD_LOSS).is_some())
+        .map(|n| n.op_type.clone())
+        .collect()
+}
+
+#[test]
+fn the_plan_leaves_the_head_to_the_loss_on_gpu_when_the_forward_is_one_pass() {
+    let device = gpu().autodiff();
+    assert_eq!(fused_heads(&device, |_| {}), ["MatMul"]);
+    assert!(
+        fused_heads(&Device::flex().autodiff(), |_| {}).is_empty(),
+        "not on the CPU"
+    );
+    let off = fused_heads(&device, |c| c.model.fused_head_loss = false);
+    assert!(off.is_empty(), "model.fused_head_loss = false");
+    let segments = fused_heads(&device, |c| c.parallel.recompute_segments = 2);
+    assert!(segments.is_empty(), "not with recomputation segments");
 }
 
 /// How a test's thread ranks make their collective group from their communicator.
