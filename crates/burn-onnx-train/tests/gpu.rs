@@ -289,16 +289,11 @@ fn f16_activations_only_products_read_give_pytorchs_loss_and_gradients_to_f16s_p
 /// otherwise) on `device`: each one's op type and the op types reading its output.
 fn plan_marks(model: Option<&Path>, device: &Device) -> Vec<(String, Vec<String>)> {
     use burn_onnx_train::graph::attributes::LOW_PRECISION_RESULT;
-    let mut c = gpt2_config(&tempdir("precision-plan"));
-    if let Some(path) = model {
-        c.model.model_path = path.to_path_buf();
-    }
-    let model = OnnxModel::load(&c.model.model_path, device).unwrap();
-    let mut plan = ParallelPlan::new(&c, &burn_ort_dist::LocalCommunicator).unwrap();
-    let parts = plan
-        .parallelize(&c, model, &*gpt2_tokens(), device)
-        .unwrap();
-    let graph = parts.model.graph();
+    let graph = planned_graph("precision-plan", device, |c| {
+        if let Some(path) = model {
+            c.model.model_path = path.to_path_buf();
+        }
+    });
     let readers = |v: &str| {
         graph
             .nodes
@@ -349,19 +344,28 @@ fn the_plan_marks_a_matmul_head_and_values_only_products_read_only_on_gpu() {
     assert!(!mlp.with_low_precision_logits(&output).1);
 }
 
-/// The nodes of GPT-2's planned model marked to leave their product to the loss, with `c`
-/// changed by `change` first.
-fn fused_heads(device: &Device, change: impl Fn(&mut TrainingConfig)) -> Vec<String> {
-    use burn_onnx_train::graph::attributes::FUSED_HEAD_LOSS;
-    let mut c = gpt2_config(&tempdir("fused-head-plan"));
+/// The graph of the model the plan makes of GPT-2's test config (in the test directory
+/// `tag`), changed by `change`, on `device`.
+fn planned_graph(
+    tag: &str,
+    device: &Device,
+    change: impl Fn(&mut TrainingConfig),
+) -> burn_onnx_train::graph::Graph {
+    let mut c = gpt2_config(&tempdir(tag));
     change(&mut c);
     let model = OnnxModel::load(&c.model.model_path, device).unwrap();
     let mut plan = ParallelPlan::new(&c, &burn_ort_dist::LocalCommunicator).unwrap();
     let parts = plan
         .parallelize(&c, model, &*gpt2_tokens(), device)
         .unwrap();
-    let graph = parts.model.graph();
-    graph
+    parts.model.graph().clone()
+}
+
+/// The nodes of GPT-2's planned model marked to leave their product to the loss, with the
+/// config changed by `change` first.
+fn fused_heads(device: &Device, change: impl Fn(&mut TrainingConfig)) -> Vec<String> {
+    use burn_onnx_train::graph::attributes::FUSED_HEAD_LOSS;
+    planned_graph("fused-head-plan", device, change)
         .nodes
         .iter()
         .filter(|n| n.attrs.get(FUSED_HEAD_LOSS).is_some())

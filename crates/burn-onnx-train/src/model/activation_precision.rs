@@ -31,11 +31,10 @@
 //! sits between a norm and its products).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use super::{OnnxModel, Spec};
+use super::OnnxModel;
 use crate::graph::Graph;
-use crate::graph::attributes::{ATTENTION_CORE, Attr, LOW_PRECISION_RESULT};
+use crate::graph::attributes::{ATTENTION_CORE, LOW_PRECISION_RESULT};
 
 impl OnnxModel {
     /// This model with every MatMul that feeds a biased tanh `Gelu` alone, whose output
@@ -43,14 +42,14 @@ impl OnnxModel {
     /// module doc), and how many were marked.
     pub fn with_low_precision_mlp(self) -> (OnnxModel, usize) {
         let marked = mlp_products(self.graph());
-        self.marked(&marked)
+        self.with_mark(&marked, LOW_PRECISION_RESULT)
     }
 
     /// This model with every `LayerNormalization` whose output only MatMuls read marked to
     /// write it in the autocast precision (see the module doc), and how many were marked.
     pub fn with_low_precision_norms(self) -> (OnnxModel, usize) {
         let marked = product_norms(self.graph());
-        self.marked(&marked)
+        self.with_mark(&marked, LOW_PRECISION_RESULT)
     }
 
     /// This model with every attention core whose output only MatMuls read (through
@@ -58,25 +57,7 @@ impl OnnxModel {
     /// module doc), and how many were marked.
     pub fn with_low_precision_attention(self) -> (OnnxModel, usize) {
         let marked = product_attention(self.graph());
-        self.marked(&marked)
-    }
-
-    /// This model with `nodes` marked [`LOW_PRECISION_RESULT`], and how many.
-    fn marked(mut self, nodes: &[usize]) -> (OnnxModel, usize) {
-        if nodes.is_empty() {
-            return (self, 0);
-        }
-        let mut graph = self.graph().clone();
-        for &node in nodes {
-            graph.nodes[node]
-                .attrs
-                .set(LOW_PRECISION_RESULT, Attr::Int(1));
-        }
-        self.spec = Arc::new(Spec {
-            graph: Arc::new(graph),
-            ..(*self.spec).clone()
-        });
-        (self, nodes.len())
+        self.with_mark(&marked, LOW_PRECISION_RESULT)
     }
 }
 

@@ -7,13 +7,12 @@
 //! `crate::model::padded_head`). Evaluation runs the node and gives the logits as before.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use burn::tensor::{Device, FloatDType};
 
-use super::{OnnxModel, Spec};
+use super::OnnxModel;
 use crate::error::{OnnxError, Result};
-use crate::graph::attributes::{Attr, FUSED_HEAD_LOSS};
+use crate::graph::attributes::FUSED_HEAD_LOSS;
 use crate::graph::head::head_of;
 use crate::ops::pad_columns;
 use crate::value::{FloatValue, Value};
@@ -35,21 +34,14 @@ pub struct HeadOperands {
 impl OnnxModel {
     /// This model with the MatMul head producing graph output `output` marked to leave its
     /// product to the loss in training (see the module doc), and whether it was one.
-    pub fn with_fused_head_loss(mut self, output: &str) -> (OnnxModel, bool) {
+    pub fn with_fused_head_loss(self, output: &str) -> (OnnxModel, bool) {
         let Some(head) = head_of(self.graph(), output, |_| true)
             .filter(|h| self.graph().nodes[h.node].op_type == "MatMul")
         else {
             return (self, false);
         };
-        let mut graph = self.graph().clone();
-        graph.nodes[head.node]
-            .attrs
-            .set(FUSED_HEAD_LOSS, Attr::Int(1));
-        self.spec = Arc::new(Spec {
-            graph: Arc::new(graph),
-            ..(*self.spec).clone()
-        });
-        (self, true)
+        let (model, marked) = self.with_mark(&[head.node], FUSED_HEAD_LOSS);
+        (model, marked == 1)
     }
 
     /// Whether a training pass skips node `node` (the fused head).

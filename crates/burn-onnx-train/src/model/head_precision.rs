@@ -15,28 +15,19 @@
 //! loss attaches the mark when it is a cross-entropy on the whole vocabulary
 //! (`train::layout::parallel_plan`); the model's outputs keep f32 everywhere else.
 
-use std::sync::Arc;
-
-use super::{OnnxModel, Spec};
-use crate::graph::attributes::{Attr, LOW_PRECISION_RESULT};
+use super::OnnxModel;
+use crate::graph::attributes::LOW_PRECISION_RESULT;
 use crate::graph::head::head_of;
 
 impl OnnxModel {
     /// This model with the MatMul head producing graph output `output` marked to write its
     /// logits in the autocast precision (see the module doc), and whether it was one.
-    pub fn with_low_precision_logits(mut self, output: &str) -> (OnnxModel, bool) {
+    pub fn with_low_precision_logits(self, output: &str) -> (OnnxModel, bool) {
         let Some(head) = self.low_precision_head(output) else {
             return (self, false);
         };
-        let mut graph = self.graph().clone();
-        graph.nodes[head.node]
-            .attrs
-            .set(LOW_PRECISION_RESULT, Attr::Int(1));
-        self.spec = Arc::new(Spec {
-            graph: Arc::new(graph),
-            ..(*self.spec).clone()
-        });
-        (self, true)
+        let (model, marked) = self.with_mark(&[head.node], LOW_PRECISION_RESULT);
+        (model, marked == 1)
     }
 
     /// Whether graph output `output` comes from a head whose logits autocast writes in

@@ -22,6 +22,7 @@ use crate::collective::prefetch::{PrefetchTimes, prefetched};
 use crate::collective::vocab::{ShardedLogits, VocabShard};
 use crate::collective::{Collectives, grad_hooks};
 use crate::error::{OnnxError, OpError, Result};
+use crate::graph::attributes::Attr;
 use crate::graph::initializer::Initializer;
 use crate::graph::{Dim, Graph, TensorInfo, ValueKind};
 use crate::model::profile::NodeProfiler;
@@ -194,6 +195,23 @@ pub struct OnnxModel {
 }
 
 impl OnnxModel {
+    /// This model with `nodes` marked with the flag attribute `attr` (an `Int` 1: how the
+    /// plan tells an op to take a fused path), and how many.
+    pub(crate) fn with_mark(mut self, nodes: &[usize], attr: &str) -> (OnnxModel, usize) {
+        if nodes.is_empty() {
+            return (self, 0);
+        }
+        let mut graph = self.graph().clone();
+        for &node in nodes {
+            graph.nodes[node].attrs.set(attr, Attr::Int(1));
+        }
+        self.spec = Arc::new(Spec {
+            graph: Arc::new(graph),
+            ..(*self.spec).clone()
+        });
+        (self, nodes.len())
+    }
+
     /// Build from a checked graph.
     ///
     /// The initializer data moves into the parameters and constants: the graph the model
