@@ -120,7 +120,8 @@ with_peak_memory() {
 # (SDPA, fused AdamW) and compiled (tools/gpu/torch_gpt2.py --variant) on the same exported
 # model, same batch, AdamW; per run: update time, tokens/s, peak GPU memory (nvidia-smi),
 # MFU against the H100/H200's 989 TFLOP/s dense bf16 (6 N + 12 L d T FLOPs a token, as
-# nanoGPT counts), and for ours the kernel launches per update.
+# nanoGPT counts), and for ours the kernel launches per update and CubeCL's pools' reserved
+# memory.
 bench() {
   local name="$1" layers="$2" heads="$3" width="$4" batch="$5" seq="$6" precision="$7" steps="$8"
   local dir="$work/bench-$name" start status=0 runs="" binary variant
@@ -163,6 +164,10 @@ for run in sys.argv[6:]:
                  "mfu": rate * flops_per_token / 989.4e12 if rate else None}
     if kind == "ours":
         out[name]["kernel_launches_per_update"] = r.get("kernel_launches_per_update")
+        # What the CubeCL pools reserved (end of the last update), to set beside the
+        # dry run plan of the same shape (tools/gpu/dry_run.sh) and the nvidia-smi peak.
+        reserved = r.get("device_memory_reserved_bytes")
+        out[name]["pools_reserved_mib"] = reserved / 2**20 if reserved else None
         out[name]["kernel_launches_top"] = r.get("kernel_launches_by_kernel", [])[:12]
     else:
         out[name]["peak_allocated_mib"] = r.get("peak_allocated_mib")
