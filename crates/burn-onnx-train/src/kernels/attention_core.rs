@@ -14,7 +14,7 @@
 //! them and the log-sum-exps (one element-wise pass) for `dv = p^T g`, `dp = g v^T`, the
 //! scores' gradient from the scores, the log-sum-exps and `dp` in the products'
 //! precision, `dq = ds k`, `dkt = q^T ds`. The scores of one layer exist only while its
-//! backward runs.
+//! backward runs, and past a budget a slice of the batch at a time (`Slicing` below).
 
 use burn::tensor::FloatDType;
 
@@ -72,6 +72,8 @@ pub fn attention_core(
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube {
+    use std::ops::Range;
+
     use burn::backend::Cube;
     use burn::backend::autodiff::Autodiff;
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -79,8 +81,6 @@ mod cube {
     use burn::backend::autodiff::grads::Gradients;
     use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
     use burn::backend::tensor::FloatTensor;
-    use std::ops::Range;
-
     use burn::backend::{Backend, Slice, TensorMetadata, backend_extension};
     use burn::tensor::FloatDType;
     use burn::tensor::FloatDType::F32;

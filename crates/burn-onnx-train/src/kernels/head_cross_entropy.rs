@@ -22,13 +22,13 @@
 //! the softmax's small probabilities (~2e-5 over GPT-2's vocabulary) would otherwise be
 //! written as f16 subnormals, the precision that the loss scale upstream exists to keep.
 
-use burn::tensor::{Device, FloatDType, Int, Tensor};
+use burn::tensor::{DType, Device, FloatDType, Int, Tensor};
 
 use super::cross_entropy::{cross_entropy_rows_gradient, cross_entropy_rows_within};
 use super::given_gradients::with_gradients;
 use super::matmul::matmul_autocast;
 use super::{TRANSIENT_BYTES, largest_allocation};
-use crate::value::{MAX_RANK, PhysTensor};
+use crate::value::{MAX_RANK, PhysTensor, padded};
 
 /// The factor the logits' gradient is computed at in a low precision: `|softmax - onehot|
 /// <= 1`, so at most 2^14 (f16 holds 65504), and ~2e-5 becomes ~0.3, a normal f16 value.
@@ -39,11 +39,7 @@ pub const LOW_PRECISION_SCALE: f32 = 16384.0;
 /// tokens are one block, 16 x 1024 seven) and the largest buffer the device allocates at
 /// once (lavapipe's 128 MiB); at least 1.
 pub fn block_rows(columns: usize, dtype: FloatDType, device: &Device) -> usize {
-    let bytes = match dtype {
-        FloatDType::F32 => 4,
-        FloatDType::F64 => 8,
-        _ => 2,
-    };
+    let bytes = DType::from(dtype).size();
     let budget =
         largest_allocation(device).map_or(TRANSIENT_BYTES, |cap| TRANSIENT_BYTES.min(cap as usize));
     (budget / (columns.max(1) * bytes)).max(1)
@@ -128,10 +124,7 @@ pub fn head_cross_entropy_sum(
 /// A 2-D tensor at the physical rank (leading axes 1).
 fn physical(t: Tensor<2>) -> PhysTensor {
     let [r, c] = t.dims();
-    let mut shape = [1; MAX_RANK];
-    shape[MAX_RANK - 2] = r;
-    shape[MAX_RANK - 1] = c;
-    t.reshape(shape)
+    t.reshape(padded(&[r, c]).expect("a rank of 2 is within the physical rank"))
 }
 
 /// The last two axes of a tensor at the physical rank.

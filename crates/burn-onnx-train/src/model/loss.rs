@@ -76,21 +76,19 @@ impl LogitValues {
             }
         }
     }
-}
 
-impl From<FloatValue> for LogitValues {
-    fn from(value: FloatValue) -> Self {
-        LogitValues::Written(value)
-    }
-}
-
-impl LogitValues {
     /// The logits the model wrote; `None` for a head left to the loss.
     pub fn written(&self) -> Option<&FloatValue> {
         match self {
             LogitValues::Written(v) => Some(v),
             LogitValues::Fused(_) => None,
         }
+    }
+}
+
+impl From<FloatValue> for LogitValues {
+    fn from(value: FloatValue) -> Self {
+        LogitValues::Written(value)
     }
 }
 
