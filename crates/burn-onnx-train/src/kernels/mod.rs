@@ -5,6 +5,9 @@
 //!
 //! - [`cross_entropy_rows`]: softmax cross-entropy per row, forward and backward each one
 //!   kernel, with no probability tensor materialised (CubeCL and Flex);
+//! - [`head_cross_entropy_sum`]: the head's product and that cross-entropy a block of rows
+//!   at a time, their gradients computed with the value, so the `[tokens, vocabulary]`
+//!   logits never exist whole (any backend; in training on CubeCL devices);
 //! - [`unscale_and_check`]: divide a gradient by the loss scale and note inf/NaN in the
 //!   same pass, with one read-back for all gradients (CubeCL);
 //! - [`tanh`], [`gelu_tanh`] and [`softmax`]: one pass each way with vectorizable
@@ -19,8 +22,8 @@
 //!   one kernel each way over the scores (CubeCL);
 //! - [`attention_core`]: `softmax(masked(q kt)) v` keeping no scores or probabilities for
 //!   its backward, which makes them again from each row's log-sum-exp, every `[.., t, s]`
-//!   tensor written once in the precision of the product reading it (`attention_rows`)
-//!   (CubeCL);
+//!   tensor written once in the precision of the product reading it (`attention_rows`), a
+//!   slice of the batch at a time past [`TRANSIENT_BYTES`] (CubeCL);
 //! - [`matmul`]: the matrix product written by the GEMM into an uninitialised buffer, its
 //!   backward the same kernel on transposed views (Flex);
 //! - [`matmul_autocast`] (and [`matmul`] of f32 on CubeCL): the product writing f32 from
