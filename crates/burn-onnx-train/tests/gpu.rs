@@ -119,14 +119,17 @@ fn padded_heads_on_gpu_give_pytorchs_loss_and_gradients() {
 }
 
 #[test]
-fn a_head_left_to_the_loss_on_gpu_gives_pytorchs_loss_and_gradients() {
+fn a_head_left_to_the_loss_on_gpu_gives_pytorchs_loss_gradients_and_eval_loss() {
     // The head's product and the cross-entropy a block of rows at a time, the padded
     // columns never read, both gradients given to the autodiff by the loss.
     let tol = on_tf32(1e-4, 1e-3);
-    let gpt2 = Case::new("gpt2_tiny", "gpt2_tiny")
-        .with_padded_head(96)
-        .with_fused_head_loss();
-    check_gradients(gpt2, &gpu(), tol, tol);
+    let gpt2 = || {
+        Case::new("gpt2_tiny", "gpt2_tiny")
+            .with_padded_head(96)
+            .with_fused_head_loss()
+    };
+    check_gradients(gpt2(), &gpu(), tol, tol);
+    check_eval_loss(gpt2(), &gpu(), tol);
 }
 
 /// Each f32 gradient of `loss` against PyTorch's `want` (by name): its largest error as a

@@ -91,11 +91,16 @@ pub fn head_cross_entropy_sum(
         let n = block.max(1).min(rows - start);
         // Cast once for both of the block's products (no launch when it is in `compute`).
         let h_block = h.clone().narrow(MAX_RANK - 2, start, n).cast(compute);
-        let logits = matmul_autocast(h_block.clone(), w_in.clone(), compute, compute);
-        let logits = logits.reshape([n, columns]);
         let t = targets.clone().narrow(0, start, n);
-        let nll = cross_entropy_rows_within(logits.clone(), t.clone(), classes);
-        let part = (nll * weights.clone().narrow(0, start, n)).sum();
+        let w_rows = weights.clone().narrow(0, start, n);
+        let (logits, part) = block_loss(
+            h_block.clone(),
+            w_in.clone(),
+            t.clone(),
+            w_rows,
+            classes,
+            compute,
+        );
         loss = Some(match loss {
             None => part,
             Some(l) => l + part,
@@ -119,6 +124,49 @@ pub fn head_cross_entropy_sum(
         panic!("a cross-entropy over no rows");
     };
     with_gradients(loss, (hidden, d_hidden), (table, d_table), 1.0 / scale)
+}
+
+/// [`head_cross_entropy_sum`]'s value alone, for a pass that takes no gradient
+/// (evaluation): a block's logits are dropped once its rows' loss is summed.
+pub fn head_cross_entropy_value(
+    hidden: PhysTensor,
+    table: PhysTensor,
+    targets: Tensor<1, Int>,
+    weights: Tensor<1>,
+    classes: usize,
+    compute: FloatDType,
+    block: usize,
+) -> Tensor<1> {
+    let [rows, _] = last2(&hidden);
+    let (h, w_in) = (hidden.detach(), table.detach().cast(compute));
+    (0..rows)
+        .step_by(block.max(1))
+        .map(|start| {
+            let n = block.max(1).min(rows - start);
+            let h_block = h.clone().narrow(MAX_RANK - 2, start, n);
+            let t = targets.clone().narrow(0, start, n);
+            let w_rows = weights.clone().narrow(0, start, n);
+            block_loss(h_block, w_in.clone(), t, w_rows, classes, compute).1
+        })
+        .reduce(|a, b| a + b)
+        .expect("a cross-entropy over no rows")
+}
+
+/// One block's logits `[n, columns]` (the product of `h_block` and `w_in`, written in
+/// `compute`) and its rows' loss summed with `weights`.
+fn block_loss(
+    h_block: PhysTensor,
+    w_in: PhysTensor,
+    targets: Tensor<1, Int>,
+    weights: Tensor<1>,
+    classes: usize,
+    compute: FloatDType,
+) -> (Tensor<2>, Tensor<1>) {
+    let [n, _] = last2(&h_block);
+    let [_, columns] = last2(&w_in);
+    let logits = matmul_autocast(h_block, w_in, compute, compute).reshape([n, columns]);
+    let nll = cross_entropy_rows_within(logits.clone(), targets, classes);
+    (logits, (nll * weights).sum())
 }
 
 /// A 2-D tensor at the physical rank (leading axes 1).

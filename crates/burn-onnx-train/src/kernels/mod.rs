@@ -89,7 +89,7 @@ pub use cross_entropy::{
     cross_entropy_rows_reference, cross_entropy_rows_within,
 };
 pub use fused_adam::FusedAdam;
-pub use head_cross_entropy::{block_rows, head_cross_entropy_sum};
+pub use head_cross_entropy::{block_rows, head_cross_entropy_sum, head_cross_entropy_value};
 pub use layer_norm::{layer_norm, layer_norm_fused_here, layer_norm_in};
 pub use masked_fill::{masked_fill, masked_fill_fused_here};
 pub use masked_softmax::{masked_softmax, masked_softmax_fused_here};

@@ -1,10 +1,12 @@
-//! The head's product left to the loss in training, so the `[tokens, vocabulary]` logits
-//! never exist whole (`kernels::head_cross_entropy_sum`, Liger-Kernel's fused linear
-//! cross-entropy). A MatMul head whose output only the loss reads ([`head_of`]) is marked
-//! [`FUSED_HEAD_LOSS`]; a training pass skips the node and hands the loss its operands
+//! The head's product left to the loss, so the `[tokens, vocabulary]` logits never exist
+//! whole (`kernels::head_cross_entropy_sum`, Liger-Kernel's fused linear cross-entropy). A
+//! MatMul head whose output only the loss reads ([`head_of`]) is marked
+//! [`FUSED_HEAD_LOSS`]; a pass skips the node and hands the loss its operands
 //! ([`HeadOperands`], in `ForwardOutput::fused_head`): the hidden rows and the table as
 //! the product would read it (padded to the head's aligned columns,
-//! `crate::model::padded_head`). Evaluation runs the node and gives the logits as before.
+//! `crate::model::padded_head`). An evaluation pass asks for the loss alone; a training
+//! pass for its gradients too. Evaluating by blocks keeps the logits from setting the
+//! pool's page size between updates as well.
 
 use std::collections::HashMap;
 
@@ -29,11 +31,13 @@ pub struct HeadOperands {
     /// The precision the products read their operands in and write the logits in (the
     /// autocast precision, or f32).
     pub compute: FloatDType,
+    /// Whether the loss computes the gradients too (a training pass).
+    pub gradients: bool,
 }
 
 impl OnnxModel {
     /// This model with the MatMul head producing graph output `output` marked to leave its
-    /// product to the loss in training (see the module doc), and whether it was one.
+    /// product to the loss (see the module doc), and whether it was one.
     pub fn with_fused_head_loss(self, output: &str) -> (OnnxModel, bool) {
         let Some(head) = head_of(self.graph(), output, |_| true)
             .filter(|h| self.graph().nodes[h.node].op_type == "MatMul")
@@ -44,7 +48,7 @@ impl OnnxModel {
         (model, marked == 1)
     }
 
-    /// Whether a training pass skips node `node` (the fused head).
+    /// Whether a pass skips node `node` (the fused head).
     pub(super) fn leaves_to_loss(&self, node: usize) -> bool {
         self.graph().nodes[node]
             .attrs
@@ -52,13 +56,15 @@ impl OnnxModel {
             .is_ok_and(|v| v != 0)
     }
 
-    /// The operands of the fused head, read from a training pass's values `env` (its
-    /// inputs stay there: the pass skipped their last reader); `None` without one.
+    /// The operands of the fused head, read from a pass's values `env` (its inputs stay
+    /// there: the pass skipped their last reader), the loss's gradients wanted when
+    /// `gradients`; `None` without one.
     pub(super) fn head_operands(
         &self,
         env: &HashMap<String, Value>,
         device: &Device,
         autocast: Option<FloatDType>,
+        gradients: bool,
     ) -> Result<Option<HeadOperands>> {
         let graph = self.graph();
         let Some(i) = (0..graph.nodes.len()).find(|&i| self.leaves_to_loss(i)) else {
@@ -91,6 +97,7 @@ impl OnnxModel {
             hidden,
             table,
             compute: autocast.unwrap_or(FloatDType::F32),
+            gradients,
         }))
     }
 }

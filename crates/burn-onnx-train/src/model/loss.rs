@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::collective::vocab::ShardedLogits;
 use crate::error::{OnnxError, Result};
-use crate::kernels::{block_rows, cross_entropy_rows_within, head_cross_entropy_sum};
+use crate::kernels::{
+    block_rows, cross_entropy_rows_within, head_cross_entropy_sum, head_cross_entropy_value,
+};
 use crate::model::HeadOperands;
 use crate::value::FloatValue;
 
@@ -203,7 +205,8 @@ fn cross_entropy_sum(
 }
 
 /// The weighted sum of the rows' cross-entropy over the product of a head's operands
-/// (`kernels::head_cross_entropy_sum`): `idx` and `weight` per row, `classes` columns read.
+/// (`kernels::head_cross_entropy_sum`, or `head_cross_entropy_value` where the pass takes
+/// no gradient): `idx` and `weight` per row, `classes` columns read.
 fn fused_sum(
     head: HeadOperands,
     idx: Vec<i64>,
@@ -218,7 +221,11 @@ fn fused_sum(
         .map_err(|e| loss_err(e.0))?;
     let device = hidden.tensor.device();
     let columns = head.table.shape()[1];
-    Ok(head_cross_entropy_sum(
+    let by_blocks = match head.gradients {
+        true => head_cross_entropy_sum,
+        false => head_cross_entropy_value,
+    };
+    Ok(by_blocks(
         hidden.tensor,
         head.table.tensor,
         Tensor::<1, Int>::from_data(TensorData::new(idx, vec![n]), &device),

@@ -168,8 +168,8 @@ pub struct ForwardOutput {
     /// The output holding logits wider than their classes (a padded head): a loss reads
     /// only the first [`PaddedHead::classes`] columns of each row.
     pub padded_logits: Option<PaddedHead>,
-    /// In a training pass, the operands of a head left to the loss (its output is not
-    /// among [`Self::outputs`]; `model::fused_head_loss`).
+    /// The operands of a head left to the loss (its output is not among
+    /// [`Self::outputs`]; `model::fused_head_loss`).
     pub fused_head: Option<HeadOperands>,
 }
 
@@ -633,10 +633,7 @@ impl OnnxModel {
             ),
             None => run(&self.spec.collectives),
         }?;
-        let fused_head = match mode {
-            Mode::Train => self.head_operands(&env, &device, autocast)?,
-            Mode::Eval => None,
-        };
+        let fused_head = self.head_operands(&env, &device, autocast, mode == Mode::Train)?;
         let mut outputs = Vec::with_capacity(graph.outputs.len());
         for o in &graph.outputs {
             if fused_head.as_ref().is_some_and(|h| h.output == o.name) {
@@ -692,7 +689,7 @@ impl OnnxModel {
         let memo = PassMemo::default();
         let mut folds = self.fold_pass(env, absent, autocast);
         for (i, node) in graph.nodes.iter().enumerate() {
-            if train && self.leaves_to_loss(i) {
+            if self.leaves_to_loss(i) {
                 // The loss computes this product itself; its inputs stay in `env`.
                 continue;
             }

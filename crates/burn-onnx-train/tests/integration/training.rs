@@ -96,16 +96,17 @@ fn padded_heads_give_pytorchs_loss_and_gradients() {
 
 // The head's product left to the loss (`OnnxModel::with_fused_head_loss`): GPT-2's padded
 // MatMul head computed with the cross-entropy a block of rows at a time gives PyTorch's
-// loss and gradients, and trains as PyTorch does.
+// loss and gradients, the same loss in an evaluation pass, and trains as PyTorch does.
 
 #[test]
-fn a_head_left_to_the_loss_gives_pytorchs_loss_and_gradients_and_trains_as_pytorch_does() {
+fn a_head_left_to_the_loss_gives_pytorchs_loss_gradients_and_eval_loss_and_trains_so() {
     let case = || {
         Case::new("gpt2_tiny", "gpt2_tiny")
             .with_padded_head(96)
             .with_fused_head_loss()
     };
     check_gradients(case(), &eval_device(), 1e-5, 1e-6);
+    check_eval_loss(case(), &eval_device(), 1e-5);
     check_trajectory(case(), &eval_device(), adamw(), 1e-3, "adamw", 1e-5, 1e-5);
 }
 

@@ -55,8 +55,9 @@ use super::streamed_export::{ExportLayout, export_streamed};
 /// `model.pad_vocab_to_multiple_of` columns (unset: 64 on CubeCL devices, none on the CPU;
 /// see [`OnnxModel::with_padded_head`]) and, on CubeCL devices, writing its logits in the
 /// autocast precision when there is one ([`OnnxModel::with_low_precision_logits`]) and,
-/// when the forward is one pass (`whole_forward`) and `model.fused_head_loss`, leaving its
-/// product to the loss in training ([`OnnxModel::with_fused_head_loss`]).
+/// when the loss is the LM cross-entropy, the forward is one pass (`whole_forward`) and
+/// `model.fused_head_loss`, leaving its product to the loss ([`OnnxModel::with_fused_head_loss`]:
+/// a classifier's logits are small, and its evaluation counts their top classes).
 fn prepare_head(settings: &ModelConfig, model: OnnxModel, whole_forward: bool) -> OnnxModel {
     let cross_entropy = matches!(
         settings.loss,
@@ -88,14 +89,15 @@ fn prepare_head(settings: &ModelConfig, model: OnnxModel, whole_forward: bool) -
             "the head writes its logits in the autocast precision"
         );
     }
-    if !(whole_forward && settings.fused_head_loss) {
+    let lm = settings.loss == LossKind::LmCrossEntropy;
+    if !(lm && whole_forward && settings.fused_head_loss) {
         return model;
     }
     let (model, fused) = model.with_fused_head_loss(&settings.output_name);
     if fused {
         tracing::debug!(
             output = settings.output_name,
-            "the head's product is left to the loss in training, a block of rows at a time"
+            "the head's product is left to the loss, a block of rows at a time"
         );
     }
     model

@@ -11,7 +11,7 @@ use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 use burn_onnx_train::OnnxModel;
 use burn_onnx_train::kernels::{
     FusedAdam, cross_entropy_rows, cross_entropy_rows_reference, cross_entropy_rows_within,
-    head_cross_entropy_sum,
+    head_cross_entropy_sum, head_cross_entropy_value,
 };
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::optimizer::{build_optimizer, flat_rule, weight_decays};
@@ -563,7 +563,8 @@ pub fn check_scaled_update_skips_on_overflow(kind: OptimizerKind, device: Device
 /// count, all rows, and more than all. Rows weighted 0 are ignored tokens. The closed form
 /// reads the operands rounded to `compute`, and the logits rounded to it too when it is a
 /// low precision (the products write them so); `rtol` is the products' rounding (relative
-/// to each gradient's largest element). The gradients come out in the operands' precisions.
+/// to each gradient's largest element). The gradients come out in the operands' precisions;
+/// the value alone (`head_cross_entropy_value`, evaluation's) meets the same closed form.
 pub fn check_head_cross_entropy(device: &Device, compute: FloatDType, rtol: f64) {
     let (rows, width, classes, columns) = (37, 24, 67, 72);
     let mut next = lcg(11);
@@ -670,6 +671,21 @@ pub fn check_head_cross_entropy(device: &Device, compute: FloatDType, rtol: f64)
             block,
         );
         assert_eq!(loss.dtype(), DType::F32, "{what}: the loss's precision");
+        // The value alone, as an evaluation pass asks for it.
+        let value = head_cross_entropy_value(
+            hin.clone(),
+            wt.clone(),
+            Tensor::<1, Int>::from_data(TensorData::new(targets.clone(), vec![rows]), &device),
+            Tensor::<1>::from_data(TensorData::new(weights.clone(), vec![rows]), &device),
+            classes,
+            compute,
+            block,
+        );
+        let value = host(value)[[0]] as f64;
+        assert!(
+            (value - want_loss).abs() <= 1e-5 * want_loss.abs() + rtol * rows as f64,
+            "{what}: value alone {value}, want {want_loss}"
+        );
         let grads = loss.clone().mul_scalar(3.0).backward();
         let got_loss = host(loss.inner())[[0]] as f64;
         assert!(

@@ -151,6 +151,37 @@ impl Case {
     }
 }
 
+/// An evaluation pass on `device` (no autodiff): the kit's loss within `loss_tol` of
+/// PyTorch's (the kit's models have no dropout), through the head left to the loss when
+/// the case asks for it.
+pub fn check_eval_loss(case: Case, device: &Device, loss_tol: f32) {
+    let model = case.load(device);
+    let ids = int(&case.batch["input_ids"]).clone();
+    let out = model
+        .forward(
+            vec![("input_ids".into(), Value::Int(ids.clone()))],
+            Mode::Eval,
+        )
+        .unwrap();
+    assert_eq!(
+        out.fused_head.is_some(),
+        case.fused_head,
+        "{}: the head",
+        case.name
+    );
+    assert!(
+        out.fused_head.iter().all(|h| !h.gradients),
+        "evaluation wants no gradient"
+    );
+    let got = scalar(lm_cross_entropy(Case::logits(out), &ids).unwrap());
+    let want = losses(case.name)["loss0"].as_f64().unwrap() as f32;
+    assert!(
+        (got - want).abs() < loss_tol,
+        "{}: eval loss {got} vs {want}",
+        case.name
+    );
+}
+
 fn scalar(t: Tensor<1>) -> f32 {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()[0]
 }
