@@ -65,14 +65,13 @@ pub struct ModelConfig {
     /// kernels gain nothing from it); 1: off. Not with tensor parallelism, whose vocabulary
     /// split pads the head its own way.
     pub pad_vocab_to_multiple_of: Option<usize>,
-    /// Leave the head producing `output_name` (a MatMul read only by a cross-entropy loss)
-    /// to the loss in training, which computes the product and the cross-entropy with its
-    /// gradients a block of rows at a time (at most 256 MiB of logits each), so the
+    /// Leave the head producing `output_name` (a MatMul read only by the LM cross-entropy)
+    /// to the loss, which computes the product and the cross-entropy (with their gradients
+    /// in training) a block of rows at a time (at most 256 MiB of logits each), so the
     /// `[tokens, vocabulary]` logits never exist whole: Liger-Kernel's fused linear
     /// cross-entropy (1.65 GB less for GPT-2 124M at 16 x 1024 tokens in bf16). The same
-    /// products run; evaluation computes the logits as before. Applies on GPU devices when
-    /// the forward is one pass (no tensor or pipeline parallelism, no `recompute_segments`
-    /// or overlap segments); false: off.
+    /// products run. Applies on GPU devices when the forward is one pass (no tensor or
+    /// pipeline parallelism, no `recompute_segments` or overlap segments); false: off.
     pub fused_head_loss: bool,
 }
 
