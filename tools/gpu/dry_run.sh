@@ -7,8 +7,9 @@
 # with tools/gpu/dry_run.patch applied (the working tree is not touched), into OUT/target
 # (kept: later builds are incremental; the first takes ~15 minutes on 2 cores). It runs
 # with every update dry (XDRY=0) and the memory probes on (XMEM=1): per update the host's
-# milliseconds, and cubecl's pools after the forward, after the backward and at the end of
-# the update (bytes in use, reserved, pages and their peak, the largest allocation). The
+# milliseconds, and cubecl's pools after the forward, after the backward, at the end of
+# the update and after each evaluation (bytes in use, reserved, pages and their peak, the
+# largest allocation). The
 # values a dry run reads are meaningless: its losses are not the model's.
 #
 # Lavapipe caps a buffer at 128 MiB, which would cap the pools' pages and refuse GPT-2
