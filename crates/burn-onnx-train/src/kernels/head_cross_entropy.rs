@@ -87,8 +87,7 @@ pub fn head_cross_entropy_sum(
     let mut loss: Option<Tensor<1>> = None;
     let mut d_hidden = Vec::new();
     let mut d_table: Option<PhysTensor> = None;
-    for start in (0..rows).step_by(block.max(1)) {
-        let n = block.max(1).min(rows - start);
+    for (start, n) in row_blocks(rows, block) {
         // Cast once for both of the block's products (no launch when it is in `compute`).
         let h_block = h.clone().narrow(MAX_RANK - 2, start, n).cast(compute);
         let t = targets.clone().narrow(0, start, n);
@@ -101,20 +100,14 @@ pub fn head_cross_entropy_sum(
             classes,
             compute,
         );
-        loss = Some(match loss {
-            None => part,
-            Some(l) => l + part,
-        });
+        loss = Some(summed(loss, part));
         let g = scaled_weights.clone().narrow(0, start, n);
         let grad = physical(cross_entropy_rows_gradient(logits, t, g, classes));
         let f32 = FloatDType::F32;
         d_hidden.push(matmul_autocast(grad.clone(), w_t.clone(), compute, f32));
         let h_t = h_block.swap_dims(MAX_RANK - 2, MAX_RANK - 1);
         let part = matmul_autocast(h_t, grad, compute, f32);
-        d_table = Some(match d_table {
-            None => part,
-            Some(d) => d + part,
-        });
+        d_table = Some(summed(d_table, part));
     }
     let d_hidden = match d_hidden.len() {
         1 => d_hidden.remove(0),
@@ -139,10 +132,8 @@ pub fn head_cross_entropy_value(
 ) -> Tensor<1> {
     let [rows, _] = last2(&hidden);
     let (h, w_in) = (hidden.detach(), table.detach().cast(compute));
-    (0..rows)
-        .step_by(block.max(1))
-        .map(|start| {
-            let n = block.max(1).min(rows - start);
+    row_blocks(rows, block)
+        .map(|(start, n)| {
             let h_block = h.clone().narrow(MAX_RANK - 2, start, n);
             let t = targets.clone().narrow(0, start, n);
             let w_rows = weights.clone().narrow(0, start, n);
@@ -150,6 +141,23 @@ pub fn head_cross_entropy_value(
         })
         .reduce(|a, b| a + b)
         .expect("a cross-entropy over no rows")
+}
+
+/// `(start, rows)` of each block of `block` rows (at least 1) among `rows`, the last
+/// ragged.
+fn row_blocks(rows: usize, block: usize) -> impl Iterator<Item = (usize, usize)> {
+    let block = block.max(1);
+    (0..rows)
+        .step_by(block)
+        .map(move |start| (start, block.min(rows - start)))
+}
+
+/// `part` added to the sum so far, if there is one.
+fn summed<const D: usize>(sum: Option<Tensor<D>>, part: Tensor<D>) -> Tensor<D> {
+    match sum {
+        None => part,
+        Some(sum) => sum + part,
+    }
 }
 
 /// One block's logits `[n, columns]` (the product of `h_block` and `w_in`, written in

@@ -1,6 +1,6 @@
 //! The head's product left to the loss, so the `[tokens, vocabulary]` logits never exist
 //! whole (`kernels::head_cross_entropy_sum`, Liger-Kernel's fused linear cross-entropy). A
-//! MatMul head whose output only the loss reads ([`head_of`]) is marked
+//! MatMul head whose output only the loss reads (`OnnxModel::matmul_head`) is marked
 //! [`FUSED_HEAD_LOSS`]; a pass skips the node and hands the loss its operands
 //! ([`HeadOperands`], in `ForwardOutput::fused_head`): the hidden rows and the table as
 //! the product would read it (padded to the head's aligned columns,
@@ -15,7 +15,6 @@ use burn::tensor::{Device, FloatDType};
 use super::OnnxModel;
 use crate::error::{OnnxError, Result};
 use crate::graph::attributes::FUSED_HEAD_LOSS;
-use crate::graph::head::head_of;
 use crate::ops::pad_columns;
 use crate::value::{FloatValue, Value};
 
@@ -39,13 +38,7 @@ impl OnnxModel {
     /// This model with the MatMul head producing graph output `output` marked to leave its
     /// product to the loss (see the module doc), and whether it was one.
     pub fn with_fused_head_loss(self, output: &str) -> (OnnxModel, bool) {
-        let Some(head) = head_of(self.graph(), output, |_| true)
-            .filter(|h| self.graph().nodes[h.node].op_type == "MatMul")
-        else {
-            return (self, false);
-        };
-        let (model, marked) = self.with_mark(&[head.node], FUSED_HEAD_LOSS);
-        (model, marked == 1)
+        self.with_head_mark(output, FUSED_HEAD_LOSS)
     }
 
     /// Whether a pass skips node `node` (the fused head).

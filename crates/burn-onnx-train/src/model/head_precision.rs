@@ -6,8 +6,8 @@
 //! more moved by the cast.
 //!
 //! A head whose output only the loss reads (a MatMul producing a graph output no node
-//! reads, [`head_of`]) is marked [`LOW_PRECISION_RESULT`]: on a CubeCL device under
-//! autocast its product writes the logits in the autocast precision from its f32
+//! reads, `OnnxModel::matmul_head`) is marked [`LOW_PRECISION_RESULT`]: on a CubeCL device
+//! under autocast its product writes the logits in the autocast precision from its f32
 //! accumulators (as PyTorch's autocast rounds every product), the cross-entropy reads them
 //! so and computes in f32 (`kernels::cross_entropy_rows_within`), and writes their gradient
 //! in their precision, which the head's backward products read with no cast. Every dtype
@@ -17,28 +17,17 @@
 
 use super::OnnxModel;
 use crate::graph::attributes::LOW_PRECISION_RESULT;
-use crate::graph::head::head_of;
 
 impl OnnxModel {
     /// This model with the MatMul head producing graph output `output` marked to write its
     /// logits in the autocast precision (see the module doc), and whether it was one.
     pub fn with_low_precision_logits(self, output: &str) -> (OnnxModel, bool) {
-        let Some(head) = self.low_precision_head(output) else {
-            return (self, false);
-        };
-        let (model, marked) = self.with_mark(&[head.node], LOW_PRECISION_RESULT);
-        (model, marked == 1)
+        self.with_head_mark(output, LOW_PRECISION_RESULT)
     }
 
     /// Whether graph output `output` comes from a head whose logits autocast writes in
     /// the low precision once marked (a MatMul; a Gemm adds its bias in f32).
     pub fn has_low_precision_head(&self, output: &str) -> bool {
-        self.low_precision_head(output).is_some()
-    }
-
-    /// The node index of `output`'s MatMul head, if it has one.
-    fn low_precision_head(&self, output: &str) -> Option<crate::graph::head::Head> {
-        head_of(self.graph(), output, |_| true)
-            .filter(|h| self.graph().nodes[h.node].op_type == "MatMul")
+        self.matmul_head(output).is_some()
     }
 }

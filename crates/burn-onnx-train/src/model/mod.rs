@@ -212,6 +212,23 @@ impl OnnxModel {
         (self, nodes.len())
     }
 
+    /// This model with the MatMul head producing graph output `output` ([`Self::matmul_head`])
+    /// marked with the flag attribute `attr`, and whether it has one.
+    pub(crate) fn with_head_mark(self, output: &str, attr: &str) -> (OnnxModel, bool) {
+        let Some(head) = self.matmul_head(output) else {
+            return (self, false);
+        };
+        let (model, marked) = self.with_mark(&[head.node], attr);
+        (model, marked == 1)
+    }
+
+    /// `output`'s head ([`head_of`](crate::graph::head::head_of)) when it is a MatMul (a
+    /// Gemm adds its bias after the product).
+    pub(crate) fn matmul_head(&self, output: &str) -> Option<crate::graph::head::Head> {
+        crate::graph::head::head_of(self.graph(), output, |_| true)
+            .filter(|h| self.graph().nodes[h.node].op_type == "MatMul")
+    }
+
     /// Build from a checked graph.
     ///
     /// The initializer data moves into the parameters and constants: the graph the model
