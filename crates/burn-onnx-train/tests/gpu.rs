@@ -180,6 +180,7 @@ fn f16_head_errors(logits_in: DType) -> (f32, Vec<(String, f32)>) {
         value: value.into(),
         sharded: None,
         classes: None,
+        uploads: out.uploads.clone(),
     };
     let loss = lm_cross_entropy(logits, &ids).unwrap();
     assert_eq!(loss.dtype(), DType::F32, "the loss's precision");
@@ -250,6 +251,7 @@ fn f16_activation_errors(low: bool) -> (f32, f32, Vec<(String, f32)>) {
         value: value.into(),
         sharded: None,
         classes: None,
+        uploads: out.uploads.clone(),
     };
     let loss = burn_onnx_train::model::loss::lm_cross_entropy(logits, &ids).unwrap();
     let got = loss.clone().into_scalar::<f32>();

@@ -6,7 +6,7 @@
 //!
 //! [`Node`]: super::Node
 
-use std::cell::RefCell;
+use std::sync::Arc;
 
 use burn::tensor::{Device, FloatDType, Tensor, TensorData};
 use ndarray::ArrayD;
@@ -15,6 +15,7 @@ use super::attributes::Attributes;
 use crate::collective::Collectives;
 use crate::error::OpResult;
 use crate::op_bail;
+use crate::value::uploads::{DeviceUploads, HostKey, Made};
 use crate::value::{FloatValue, MAX_RANK, PhysTensor, Value};
 
 /// What an op sees besides its inputs.
@@ -41,69 +42,61 @@ pub struct OpContext<'a> {
     pub memo: &'a PassMemo,
 }
 
-/// Device tensors made from boolean host values during one pass over a graph, by the
-/// value's content and what was made of it. A mask every layer reads (computed once, or
-/// again by each layer as exporters do: dynamo's per-layer `Not` of the causal mask) is
-/// converted and uploaded by its first reader and shared by the rest; each later reader
-/// pays a comparison of the bytes (a `memcmp`), not a conversion and an upload. The memo
-/// lives for one pass: a new forward, a recomputation or a control-flow body's iteration
-/// starts an empty one.
-#[derive(Default)]
+/// The device tensors a pass makes from host values: masks' device forms, constants and
+/// gather indices, asked of the model's [`DeviceUploads`] by content, so that a value
+/// equal to one made before (another layer's copy of the causal mask, dynamo's per-layer
+/// `Not` of it; the position ids of every pass) is shared instead of converted and
+/// uploaded again: each later reader pays a comparison of the bytes (a `memcmp`).
+#[derive(Default, Clone)]
 pub struct PassMemo {
-    made: RefCell<Vec<(&'static str, ArrayD<bool>, PhysTensor)>>,
-    /// One-element tensors by their value's bits ([`PassMemo::constant`]).
-    constants: RefCell<Vec<(u32, PhysTensor)>>,
+    uploads: Arc<DeviceUploads>,
 }
 
 impl PassMemo {
-    /// The `form` made of `mask`: `make` runs unless an equal mask already had its `form`
-    /// made during this pass, whose tensor is shared then.
+    /// A pass's memo over `uploads` (the model's).
+    pub fn new(uploads: Arc<DeviceUploads>) -> Self {
+        PassMemo { uploads }
+    }
+
+    /// The device copies this memo asks.
+    pub fn uploads(&self) -> &Arc<DeviceUploads> {
+        &self.uploads
+    }
+
+    /// The `form` made of `mask` on `device`: `make` runs unless an equal mask had its
+    /// `form` made already, whose tensor is shared then.
     pub fn device_form(
         &self,
         mask: &ArrayD<bool>,
         form: &'static str,
+        device: &Device,
         make: impl FnOnce() -> OpResult<PhysTensor>,
     ) -> OpResult<PhysTensor> {
-        let found = self
-            .made
-            .borrow()
-            .iter()
-            .find_map(|(f, m, t)| (*f == form && same_values(m, mask)).then(|| t.clone()));
-        if let Some(made) = found {
-            return Ok(made);
-        }
-        let made = make()?;
-        self.made
-            .borrow_mut()
-            .push((form, mask.clone(), made.clone()));
-        Ok(made)
+        let made = self
+            .uploads
+            .made(HostKey::Mask(mask, form), device, || make().map(Made::Phys))?;
+        Ok(phys(made))
     }
-}
 
-impl PassMemo {
     /// A one-element tensor holding `value` on `device` (broadcast to any rank), uploaded
-    /// by the pass's first reader and shared by the rest: the absent bias or mask of each
+    /// by its first reader and shared by the rest: the absent bias or mask of each
     /// layer's fused attention softmax, say, which were an upload per layer.
     pub fn constant(&self, value: f32, device: &Device) -> PhysTensor {
-        let bits = value.to_bits();
-        if let Some((_, made)) = self.constants.borrow().iter().find(|(b, _)| *b == bits) {
-            return made.clone();
-        }
-        let made = PhysTensor::from_data(TensorData::new(vec![value], [1; MAX_RANK]), device);
-        self.constants.borrow_mut().push((bits, made.clone()));
-        made
+        let upload = || {
+            let data = TensorData::new(vec![value], [1; MAX_RANK]);
+            Ok(Made::Phys(PhysTensor::from_data(data, device)))
+        };
+        let made = self
+            .uploads
+            .made(HostKey::Scalar(value.to_bits()), device, upload);
+        phys(made.expect("an upload does not fail"))
     }
 }
 
-/// Whether two masks hold the same values at the same shape (a `memcmp` when both are
-/// contiguous in the same order).
-fn same_values(a: &ArrayD<bool>, b: &ArrayD<bool>) -> bool {
-    if a.shape() != b.shape() {
-        return false;
-    }
-    match (a.as_slice(), b.as_slice()) {
-        (Some(x), Some(y)) => x == y,
-        _ => a == b,
+fn phys(made: Made) -> PhysTensor {
+    match made {
+        Made::Phys(t) => t,
+        _ => unreachable!("masks' forms and constants are only ever made at the physical rank"),
     }
 }
 
@@ -197,7 +190,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pass_makes_each_form_of_equal_masks_once() {
+    fn each_form_of_equal_masks_is_made_once() {
         let (memo, made) = (PassMemo::default(), Cell::new(0));
         let device = Device::flex();
         let make = |v: f32| {
@@ -212,36 +205,46 @@ mod tests {
             ArrayD::from_shape_vec(IxDyn(shape), values.to_vec()).unwrap()
         };
         let causal = mask(&[true, false, true, true], &[2, 2]);
-        let first = memo.device_form(&causal, "keep", || make(1.0)).unwrap();
+        let first = memo
+            .device_form(&causal, "keep", &device, || make(1.0))
+            .unwrap();
         // An equal mask computed again (another layer's), and one in another memory order.
         let again = memo
-            .device_form(&causal.clone(), "keep", || make(2.0))
+            .device_form(&causal.clone(), "keep", &device, || make(2.0))
             .unwrap();
         let transposed = mask(&[true, true, false, true], &[2, 2]).reversed_axes();
-        let reordered = memo.device_form(&transposed, "keep", || make(3.0)).unwrap();
+        let reordered = memo
+            .device_form(&transposed, "keep", &device, || make(3.0))
+            .unwrap();
         assert_eq!(
             (read(first), read(again), read(reordered), made.get()),
             (1.0, 1.0, 1.0, 1)
         );
         // Another form, other values, another shape of the same values: made anew.
-        let other_form = memo.device_form(&causal, "drop", || make(4.0)).unwrap();
+        let other_form = memo
+            .device_form(&causal, "drop", &device, || make(4.0))
+            .unwrap();
         let other = mask(&[true, true, true, true], &[2, 2]);
-        let other_values = memo.device_form(&other, "keep", || make(5.0)).unwrap();
+        let other_values = memo
+            .device_form(&other, "keep", &device, || make(5.0))
+            .unwrap();
         let flat = mask(&[true, false, true, true], &[4]);
-        let other_shape = memo.device_form(&flat, "keep", || make(6.0)).unwrap();
+        let other_shape = memo
+            .device_form(&flat, "keep", &device, || make(6.0))
+            .unwrap();
         let got = (read(other_form), read(other_values), read(other_shape));
         assert_eq!((got, made.get()), ((4.0, 5.0, 6.0), 4));
     }
 
     #[test]
-    fn a_pass_uploads_each_constant_once() {
+    fn each_constant_is_uploaded_once() {
         let memo = PassMemo::default();
         let device = Device::flex();
         let read = |t: PhysTensor| {
             assert_eq!(t.dims(), [1; 8]);
             t.into_data().try_to_vec::<f32>().unwrap()[0]
         };
-        let held = || memo.constants.borrow().len();
+        let held = || memo.uploads().len();
         // Each layer's absent bias: one tensor for the pass.
         let zeros: Vec<f32> = (0..12).map(|_| read(memo.constant(0.0, &device))).collect();
         assert_eq!((zeros, held()), (vec![0.0; 12], 1));

@@ -2,7 +2,9 @@
 //! cross-entropy and mean squared error. Each returns a scalar (shape `[1]`) tensor to call
 //! `backward()` on, with PyTorch's reduction (`mean`) and `ignore_index` (-100) semantics.
 
-use burn::tensor::{Int, Tensor, TensorData};
+use std::sync::Arc;
+
+use burn::tensor::Tensor;
 use ndarray::ArrayD;
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +15,7 @@ use crate::kernels::{
 };
 use crate::model::HeadOperands;
 use crate::value::FloatValue;
+use crate::value::uploads::DeviceUploads;
 
 /// Target value that contributes nothing to cross-entropy (PyTorch's default).
 pub const IGNORE_INDEX: i64 = -100;
@@ -52,6 +55,10 @@ pub struct Logits {
     /// The classes, when fewer than the last axis's columns: the loss reads these first
     /// columns of each row only.
     pub classes: Option<usize>,
+    /// Where the targets and weights are uploaded: the model's copies
+    /// ([`ForwardOutput::uploads`](crate::model::ForwardOutput::uploads)), so that weights
+    /// equal to the last pass's are not uploaded again.
+    pub uploads: Arc<DeviceUploads>,
 }
 
 /// Where a cross-entropy's logits come from.
@@ -100,6 +107,7 @@ impl From<FloatValue> for Logits {
             value: LogitValues::Written(value),
             sharded: None,
             classes: None,
+            uploads: Arc::default(),
         }
     }
 }
@@ -138,6 +146,7 @@ fn cross_entropy_sum(
         value: logits,
         sharded,
         classes,
+        uploads,
     } = logits.into();
     let shape = logits.shape();
     let Some((&width, lead)) = shape.split_last() else {
@@ -174,7 +183,10 @@ fn cross_entropy_sum(
     let logits = match logits {
         LogitValues::Written(v) => v,
         LogitValues::Fused(head) if sharded.is_none() => {
-            return Ok((fused_sum(head, idx, weight, columns)?, counted));
+            return Ok((
+                fused_sum(head, (&idx, &weight), columns, &uploads)?,
+                counted,
+            ));
         }
         LogitValues::Fused(_) => {
             return Err(loss_err(
@@ -190,16 +202,12 @@ fn cross_entropy_sum(
         .map_err(|e| loss_err(e.0))?;
     let nll = match sharded {
         Some(s) => s.nll_rows(flat, &idx).map_err(|e| loss_err(e.0))?,
-        None => cross_entropy_rows_within(
-            flat,
-            Tensor::<1, Int>::from_data(TensorData::new(idx, vec![n]), &device),
-            columns,
-        ),
+        None => cross_entropy_rows_within(flat, uploads.ints(&idx, &device), columns),
     };
     let nll = if counted == n {
         nll
     } else {
-        nll * Tensor::<1>::from_data(TensorData::new(weight, vec![n]), &device)
+        nll * uploads.floats(&weight, &device)
     };
     Ok((nll.sum(), counted))
 }
@@ -209,9 +217,9 @@ fn cross_entropy_sum(
 /// no gradient): `idx` and `weight` per row, `classes` columns read.
 fn fused_sum(
     head: HeadOperands,
-    idx: Vec<i64>,
-    weight: Vec<f32>,
+    (idx, weight): (&[i64], &[f32]),
     classes: usize,
+    uploads: &DeviceUploads,
 ) -> Result<Tensor<1>> {
     let n = idx.len();
     let width = head.table.shape()[0];
@@ -228,8 +236,8 @@ fn fused_sum(
     Ok(by_blocks(
         hidden.tensor,
         head.table.tensor,
-        Tensor::<1, Int>::from_data(TensorData::new(idx, vec![n]), &device),
-        Tensor::<1>::from_data(TensorData::new(weight, vec![n]), &device),
+        uploads.ints(idx, &device),
+        uploads.floats(weight, &device),
         classes,
         head.compute,
         block_rows(columns, head.compute, &device),

@@ -30,6 +30,7 @@ use crate::model::trainability::{DefaultRole, Usage};
 use crate::ops::{Inputs, OpContext, PassMemo};
 use crate::util::seeds::mix_seed;
 use crate::value::host_tensor::{HostTensor, dtype, into_row_major_vec};
+use crate::value::uploads::DeviceUploads;
 use crate::value::{FloatValue, PhysTensor, Value, padded};
 
 use file_tensor::file_tensor;
@@ -144,6 +145,9 @@ struct Spec {
     /// Values that depend only on the inputs' shapes, made once per shape
     /// ([`shape_folds`]).
     folds: ShapeFolds,
+    /// Device copies of the host values its passes upload, by content
+    /// ([`DeviceUploads`]).
+    uploads: Arc<DeviceUploads>,
 }
 
 /// Forward mode.
@@ -171,6 +175,8 @@ pub struct ForwardOutput {
     /// The operands of a head left to the loss (its output is not among
     /// [`Self::outputs`]; `model::fused_head_loss`).
     pub fused_head: Option<HeadOperands>,
+    /// The model's device copies of host values, for the loss's targets and weights.
+    pub uploads: Arc<DeviceUploads>,
 }
 
 impl ForwardOutput {
@@ -316,6 +322,7 @@ impl OnnxModel {
                 profiler: None,
                 grad_sink: None,
                 folds: ShapeFolds::default(),
+                uploads: Arc::default(),
             }),
         })
     }
@@ -683,6 +690,7 @@ impl OnnxModel {
             sharded_logits,
             padded_logits: self.spec.padded_head.clone(),
             fused_head,
+            uploads: self.spec.uploads.clone(),
         })
     }
 
@@ -703,7 +711,7 @@ impl OnnxModel {
         let train = mode == Mode::Train;
         let profiler = self.spec.profiler.as_deref().filter(|_| train);
         let grad_sink = self.spec.grad_sink.as_ref().filter(|_| train);
-        let memo = PassMemo::default();
+        let memo = PassMemo::new(self.spec.uploads.clone());
         let mut folds = self.fold_pass(env, absent, autocast);
         for (i, node) in graph.nodes.iter().enumerate() {
             if self.leaves_to_loss(i) {

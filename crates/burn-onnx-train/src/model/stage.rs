@@ -180,6 +180,7 @@ impl OnnxModel {
                 profiler: self.spec.profiler.clone(),
                 grad_sink: self.spec.grad_sink.clone(),
                 folds: Default::default(),
+                uploads: Default::default(),
             }),
         })
     }

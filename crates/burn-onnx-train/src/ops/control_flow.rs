@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use burn::tensor::Tensor;
 use ndarray::{ArrayD, Axis, IxDyn};
 
-use super::{Inputs, OpContext, OpOutput, PassMemo};
+use super::{Inputs, OpContext, OpOutput};
 use crate::error::{OpError, OpResult};
 use crate::graph::{Body, Dim, TensorInfo};
 use crate::op_bail;
@@ -104,7 +104,7 @@ impl<'a> Runner<'a> {
             .zip(formal)
             .collect();
         let seed = mix_seed(self.ctx.seed, iteration);
-        let memo = PassMemo::default();
+        let memo = self.ctx.memo.clone();
         for (i, node) in body.nodes.iter().enumerate() {
             let err = |e: OpError| {
                 OpError(format!(

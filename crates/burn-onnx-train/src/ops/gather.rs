@@ -8,7 +8,7 @@ use crate::error::OpResult;
 use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::op_bail;
-use crate::value::{FloatValue, MAX_RANK, Value, int_tensor_1d, norm_axis, padded};
+use crate::value::{FloatValue, MAX_RANK, Value, norm_axis, padded};
 
 /// `Gather`
 pub fn gather(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
@@ -40,13 +40,13 @@ pub fn gather(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         Value::Float(f) if axis == 0 => {
             let rest: usize = shape[1..].iter().product();
             let table = f.reshape(&[shape[0], rest])?.into_rank::<2>()?;
-            let idx = int_tensor_1d(flat.iter().map(|&v| v as i64).collect(), ctx.device);
+            let idx = ctx.memo.uploads().ints(&as_i64(&flat), ctx.device);
             let picked = FloatValue::from_rank(table.select(0, idx))?;
             Value::Float(picked.reshape(&out_shape)?)
         }
         Value::Float(f) => {
             let phys = f.axis(axis as i64)?;
-            let idx = int_tensor_1d(flat.iter().map(|&v| v as i64).collect(), ctx.device);
+            let idx = ctx.memo.uploads().ints(&as_i64(&flat), ctx.device);
             let picked = FloatValue::new(f.tensor.select(phys, idx), f.rank);
             Value::Float(picked.reshape(&out_shape)?)
         }
@@ -60,6 +60,11 @@ pub fn gather(ctx: &OpContext, mut inputs: Inputs) -> OpResult<OpOutput> {
         ),
     };
     Ok(out.into())
+}
+
+/// Indices as the device's integers are made from.
+fn as_i64(flat: &[usize]) -> Vec<i64> {
+    flat.iter().map(|&v| v as i64).collect()
 }
 
 /// `GatherElements`: `out[i][j][k] = data[index[i][j][k]][j][k]` along `axis` (float data is

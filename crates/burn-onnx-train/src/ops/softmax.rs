@@ -129,8 +129,9 @@ fn fused_masking(
             } else {
                 "keep where false"
             };
-            ctx.memo
-                .device_form(cond, form, || keep_values(cond, mark.keep_when, like))?
+            ctx.memo.device_form(cond, form, &like.device(), || {
+                keep_values(cond, mark.keep_when, like)
+            })?
         }
         None => ctx.memo.constant(1.0, &like.device()),
     };

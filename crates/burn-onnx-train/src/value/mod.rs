@@ -9,6 +9,7 @@
 
 pub mod host_tensor;
 pub mod unary_op;
+pub mod uploads;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ndarray::{ArrayD, IxDyn};

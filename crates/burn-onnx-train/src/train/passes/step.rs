@@ -221,6 +221,7 @@ pub fn loss_of_outputs(
         value: values.clone(),
         sharded: sharded.clone(),
         classes,
+        uploads: out.uploads.clone(),
     };
     let (loss, correct) = match (config.loss, &batch.target, &batch.input) {
         (LossKind::Graph, _, _) => {

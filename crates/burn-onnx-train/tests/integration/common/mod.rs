@@ -511,6 +511,7 @@ pub fn lm_logits(
         value: logits.into(),
         sharded: out.sharded_logits.clone(),
         classes: None,
+        uploads: out.uploads.clone(),
     }
 }
 

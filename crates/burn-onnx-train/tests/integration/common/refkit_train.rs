@@ -113,6 +113,7 @@ impl Case {
             value,
             sharded: None,
             classes,
+            uploads: out.uploads,
         }
     }
 
