@@ -42,8 +42,8 @@ use common::activation_checks::{
 };
 use common::fused_checks::{
     Groups, check, check_clipped_with_a_replaced_value, check_cross_entropy,
-    check_f16_cross_entropy, check_head_cross_entropy, check_scaled_update_skips_on_overflow, host,
-    host2,
+    check_f16_cross_entropy, check_head_cross_entropy, check_scaled_update_skips_on_overflow,
+    check_update_writes_in_place, host, host2,
 };
 use common::refkit_train::*;
 use common::*;
@@ -1786,6 +1786,12 @@ fn gpu_fused_adam_matches_burns_adam_and_their_records_interchange() {
 fn gpu_fused_clipped_step_matches_burns_and_notices_a_replaced_value() {
     check_clipped_with_a_replaced_value(OptimizerKind::Adamw, gpu().autodiff(), Groups::Default);
     check_clipped_with_a_replaced_value(OptimizerKind::Lamb, gpu().autodiff(), Groups::Default);
+}
+
+#[test]
+fn gpu_fused_update_writes_the_parameters_in_place_unless_held() {
+    check_update_writes_in_place(OptimizerKind::Adamw, gpu().autodiff());
+    check_update_writes_in_place(OptimizerKind::Lamb, gpu().autodiff());
 }
 
 #[test]

@@ -98,7 +98,7 @@ pub use narrow::{SplitPieces, narrow, pad_end};
 pub use pool::max_pool2d;
 pub use unscale::{NonFiniteFlag, unscale_and_check, unscale_and_check_reference};
 
-use burn::tensor::{DType, Device, FloatDType};
+use burn::tensor::{DType, Device, FloatDType, Tensor};
 
 use crate::value::{MAX_RANK, PhysTensor};
 
@@ -150,6 +150,60 @@ pub fn largest_allocation(device: &Device) -> Option<u64> {
     }
     let _ = device;
     None
+}
+
+/// Where `t`'s values live on a CubeCL device: its allocation (cubecl's id of it) and its
+/// offset there in bytes; `None` elsewhere. Two tensors at one place are views of one
+/// buffer; a tensor at the place it had before an op was written in place by it.
+pub fn device_place<const D: usize>(t: &Tensor<D>) -> Option<(usize, u64)> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        let cube = t
+            .clone()
+            .inner()
+            .try_into_primitive::<burn::backend::Cube>()
+            .ok()?;
+        let id = cube.handle.memory.clone().binding().id().value;
+        Some((id, cube.handle.offset_start.unwrap_or(0)))
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = t;
+        None
+    }
+}
+
+/// Write `values` over the flat f32 tensor `t`'s own buffer on a CubeCL device (after the
+/// work queued before on its stream, so kernels already launched read the old values), so
+/// that `t` keeps its device place; `false` (nothing written) elsewhere, or where `t` is
+/// not a whole contiguous f32 buffer of `values.len()` values.
+pub fn write_floats(t: &Tensor<1>, values: &[f32]) -> bool {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        use burn::backend::TensorMetadata;
+        let Ok(cube) = t
+            .clone()
+            .inner()
+            .try_into_primitive::<burn::backend::Cube>()
+        else {
+            return false;
+        };
+        let whole = cube.handle.offset_start.unwrap_or(0) == 0
+            && cube.handle.offset_end.unwrap_or(0) == 0
+            && cube.is_contiguous()
+            && cube.shape().num_elements() == values.len();
+        if cube.dtype != DType::F32 || !whole {
+            return false;
+        }
+        let bytes = burn::tensor::Bytes::from_elems(values.to_vec());
+        cube.client.write(&cube.handle, bytes);
+        true
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = (t, values);
+        false
+    }
 }
 
 /// `x + bias + residual` (`bias` broadcast to `x`): one op each way on CubeCL devices when

@@ -20,17 +20,23 @@ use crate::kernels::FLAT_CHUNK as CHUNK;
 use crate::kernels::cube_optim::ClipMode;
 
 /// A small f32 table the update reads, on the device: uploaded again only when its values
-/// change, so a layout's constant tables cross to the device once, not every update.
+/// change, so a layout's constant tables cross to the device once, not every update, and
+/// then written over in place, so the table keeps its device buffer (a captured update
+/// reads it there).
 #[derive(Default)]
 struct DeviceTable(Option<(Vec<f32>, Tensor<1>)>);
 
 impl DeviceTable {
     /// The table holding `values`.
     fn holding(&mut self, values: &[f32], device: &Device) -> Tensor<1> {
-        if let Some((held, table)) = &self.0
-            && held.as_slice() == values
-        {
-            return table.clone();
+        if let Some((held, table)) = &mut self.0 {
+            if held.as_slice() == values {
+                return table.clone();
+            }
+            if crate::kernels::write_floats(table, values) {
+                held.copy_from_slice(values);
+                return table.clone();
+            }
         }
         let table = Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), device);
         self.0 = Some((values.to_vec(), table.clone()));
@@ -80,6 +86,28 @@ fn views_of(laid: &Tensor<1>, parts: &[Tensor<1>], slots: &[Slot], group: &Group
                     && p.is_contiguous()
             })
         })
+}
+
+/// Takes the values of the parameters in `ids` out of the module, leaving each a view
+/// of the one-element `spare` (with its `require_grad`), so that the flat buffers they
+/// were views of are the update's alone and it writes them in place: the parameters keep
+/// their device buffers from update to update (a captured update's replays rely on it).
+struct Vacate<'a> {
+    ids: &'a [ParamId],
+    spare: Tensor<1>,
+}
+
+impl ModuleMapper for Vacate<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if !self.ids.contains(&param.id) {
+            return param;
+        }
+        let spare = self.spare.clone();
+        param.map(|t| {
+            let require = t.is_require_grad();
+            Tensor::from_inner(spare.reshape([1; D])).set_require_grad(require)
+        })
+    }
 }
 
 /// Puts the updated values back, as views of their group's flat buffer.
@@ -168,6 +196,8 @@ pub(super) fn update<M: Module>(
     let mut values = Values(&ids, Vec::new());
     module.visit(&mut values);
     let mut values = values.1.into_iter();
+    let spare = Tensor::<1>::empty([1], &device);
+    let module = module.map(&mut Vacate { ids: &ids, spare });
     let tables = &mut flat.tables;
     tables
         .groups
@@ -197,9 +227,16 @@ pub(super) fn update<M: Module>(
     {
         let slots = &flat.slots[group.slots.clone()];
         let parts: Vec<Tensor<1>> = values.by_ref().take(slots.len()).collect();
-        let params = match flat.laid_params[k].take() {
-            Some(laid) if views_of(&laid, &parts, slots, group) => laid,
-            _ => laid_end_to_end(parts, slots, group, &device),
+        let laid = flat.laid_params[k]
+            .take()
+            .filter(|laid| views_of(laid, &parts, slots, group));
+        let params = match laid {
+            Some(laid) => {
+                // Views of it no longer: the update finds it unshared and writes in place.
+                drop(parts);
+                laid
+            }
+            None => laid_end_to_end(parts, slots, group, &device),
         };
         // First chunk of every parameter in the group, then the group's chunk count.
         let starts: Vec<f32> = slots

@@ -11,7 +11,7 @@ use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 use burn_onnx_train::OnnxModel;
 use burn_onnx_train::kernels::{
     FusedAdam, cross_entropy_rows, cross_entropy_rows_reference, cross_entropy_rows_within,
-    head_cross_entropy_sum, head_cross_entropy_value,
+    device_place, head_cross_entropy_sum, head_cross_entropy_value,
 };
 use burn_onnx_train::train::config::{OptimizerConfig, OptimizerKind};
 use burn_onnx_train::train::optimizer::{build_optimizer, flat_rule, weight_decays};
@@ -717,4 +717,68 @@ pub fn check_head_cross_entropy(device: &Device, compute: FloatDType, rtol: f64)
             0.0,
         );
     }
+}
+
+/// Where each parameter of `model` lives on the device (`kernels::device_place`).
+struct Places(HashMap<ParamId, Option<(usize, u64)>>);
+
+impl ModuleVisitor for Places {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        self.0.insert(param.id, device_place(&param.val()));
+    }
+}
+
+fn places(model: &OnnxModel) -> HashMap<ParamId, Option<(usize, u64)>> {
+    let mut p = Places(HashMap::new());
+    model.visit(&mut p);
+    p.0
+}
+
+/// On a CubeCL device the fused update writes the parameters in place from its second
+/// step on (the first lays them out in its flat buffers): each keeps its device place
+/// while its values move, which a captured update's replays rely on. A model that
+/// something else still holds is not written over: the holder's values stay as they were.
+pub fn check_update_writes_in_place(kind: OptimizerKind, device: Device) {
+    let c = config(kind);
+    let initial = OnnxModel::load(refkit("models/gpt2_tiny.onnx"), &device).unwrap();
+    let mut fused = fused_optimizer(&c, &initial, Groups::Default);
+    let step = |fused: &mut FusedAdam, model: OnnxModel, step: u64| {
+        let lr = 1e-2 / (step as f64 + 1.0);
+        fused
+            .step_clipped(lr, model, grads(&initial, step), 1e9)
+            .unwrap()
+            .0
+    };
+    let mut model = step(&mut fused, initial.clone(), 0);
+    let laid = places(&model);
+    assert!(
+        laid.values().all(|p| p.is_some()),
+        "{kind:?}: not on a CubeCL device"
+    );
+    for s in 1..3 {
+        let before = values(&model);
+        model = step(&mut fused, model, s);
+        let (after, now) = (values(&model), places(&model));
+        for (id, place) in &laid {
+            assert_eq!(now[id], *place, "{kind:?} step {s}: a parameter moved");
+            assert_ne!(
+                after[id], before[id],
+                "{kind:?} step {s}: a parameter did not change"
+            );
+        }
+    }
+    // Held elsewhere: the update writes a copy.
+    let held = model.clone();
+    let before = values(&held);
+    let model = step(&mut fused, model, 3);
+    assert_eq!(
+        values(&held),
+        before,
+        "{kind:?}: the held model was written over"
+    );
+    let moved = places(&model);
+    assert!(
+        laid.iter().all(|(id, p)| moved[id] != *p),
+        "{kind:?}: written in place though held"
+    );
 }
