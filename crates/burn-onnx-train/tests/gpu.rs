@@ -767,6 +767,76 @@ fn run_on(device: DeviceSpec, out: &Path) -> RunSummary {
     launch(c, gpt2_tokens(), Some(gpt2_tokens())).unwrap()
 }
 
+/// `run_on`'s run with each update after the second replayed from a recording of the
+/// third (`train.cuda_graph`), `accumulation` micro-steps an update.
+fn recorded_run(recorded: bool, accumulation: usize, out: &Path) -> RunSummary {
+    let mut c = gpt2_config(out);
+    c.parallel.device = gpu_spec();
+    c.train.num_train_steps = 10 * accumulation;
+    c.train.gradient_accumulation_steps = accumulation;
+    c.train.cuda_graph = recorded;
+    c.eval.evaluation_period = 4;
+    c.checkpoint.checkpoint_period = 5;
+    c.lr = LrConfig {
+        warmup_ratio: 0.2,
+        mode: ScheduleKind::Cosine,
+        ..Default::default()
+    };
+    launch(c, gpt2_tokens(), Some(gpt2_tokens())).unwrap()
+}
+
+#[test]
+fn updates_replayed_from_a_recording_on_gpu_train_as_the_launched_ones() {
+    // The replays read each batch's ids and targets and each update's learning rate from
+    // the buffers written before them, and update the parameters in place: the same
+    // losses, norms, evaluations (between replays, as checkpoints) and parameters as the
+    // updates launched kernel by kernel. Their launches are the loss's and norm's copies.
+    for accumulation in [1, 2] {
+        let (plain_out, graph_out) = (
+            tempdir(&format!("gpu-plain-{accumulation}")),
+            tempdir(&format!("gpu-graph-{accumulation}")),
+        );
+        let plain = recorded_run(false, accumulation, &plain_out);
+        let graph = recorded_run(true, accumulation, &graph_out);
+        let launches = |s: &RunSummary| s.perf.clone().unwrap().kernel_launches_per_update;
+        let (plain_launches, graph_launches) =
+            (launches(&plain).unwrap(), launches(&graph).unwrap());
+        assert!(
+            plain_launches > 100.0 && graph_launches <= 2.0 * accumulation as f64,
+            "launches an update: {plain_launches} launched, {graph_launches} replayed"
+        );
+        assert_eq!(graph.losses.len(), 10);
+        for ((step, g), (_, p)) in graph.losses.iter().zip(&plain.losses) {
+            assert!(
+                (g - p).abs() <= 1e-6 * p.abs(),
+                "update {step}: loss {g} replayed, {p} launched"
+            );
+        }
+        assert_eq!(graph.evals.len(), 3);
+        for (g, p) in graph.evals.iter().zip(&plain.evals) {
+            assert!(
+                (g.loss - p.loss).abs() <= 1e-5,
+                "evaluation at {}: {} vs {}",
+                g.step,
+                g.loss,
+                p.loss
+            );
+        }
+        let file = "gpt2_tiny_trained.onnx";
+        assert_moved(
+            &refkit("models/gpt2_tiny.onnx"),
+            &graph_out.join(file),
+            1e-3,
+        );
+        for ((name, g), (_, p)) in onnx_params(graph_out.join(file))
+            .iter()
+            .zip(onnx_params(plain_out.join(file)))
+        {
+            assert_close(&format!("replayed vs launched: {name}"), g, &p, 1e-5, 1e-6);
+        }
+    }
+}
+
 #[test]
 fn the_runner_on_gpu_matches_the_cpu_run_and_its_checkpoint_resumes_on_the_cpu() {
     let (gpu_out, cpu_out) = (tempdir("gpu-run"), tempdir("gpu-cpu-run"));

@@ -58,6 +58,7 @@ mod cube_matmul;
 mod cube_optim;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_rows;
+pub mod device_graph;
 mod fast_math;
 mod fused_adam;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

@@ -166,19 +166,17 @@ fn cross_entropy_sum(
     }
     let classes = sharded.as_ref().map_or(columns, |s| s.shard.vocab);
     let n: usize = lead.iter().product();
-    let mut idx = Vec::with_capacity(n);
     let mut weight = Vec::with_capacity(n);
     for &t in targets.iter() {
         if t == IGNORE_INDEX {
-            idx.push(0i64);
             weight.push(0f32);
         } else if t < 0 || t as usize >= classes {
             return Err(loss_err(format!("target {t} is outside 0..{classes}")));
         } else {
-            idx.push(t);
             weight.push(1.0);
         }
     }
+    let idx = target_rows(targets);
     let counted = weight.iter().filter(|w| **w > 0.0).count();
     let logits = match logits {
         LogitValues::Written(v) => v,
@@ -263,10 +261,27 @@ pub fn lm_cross_entropy(logits: impl Into<Logits>, ids: &ArrayD<i64>) -> Result<
             ids.shape()
         )));
     }
+    cross_entropy(logits, &next_token_targets(ids))
+}
+
+/// The targets of the next-token loss on token `ids` `[batch, seq]`: each position's next
+/// id, [`IGNORE_INDEX`] at the last.
+pub fn next_token_targets(ids: &ArrayD<i64>) -> ArrayD<i64> {
     let mut next = ArrayD::from_elem(ids.raw_dim(), IGNORE_INDEX);
-    next.slice_mut(ndarray::s![.., ..s - 1])
-        .assign(&ids.slice(ndarray::s![.., 1..]));
-    cross_entropy(logits, &next)
+    if let Some(&s) = ids.shape().get(1).filter(|&&s| s > 0) {
+        next.slice_mut(ndarray::s![.., ..s - 1])
+            .assign(&ids.slice(ndarray::s![.., 1..]));
+    }
+    next
+}
+
+/// The row indices a cross-entropy uploads for `targets` (in order; [`IGNORE_INDEX`] reads
+/// row 0, weighted 0).
+pub fn target_rows(targets: &ArrayD<i64>) -> Vec<i64> {
+    targets
+        .iter()
+        .map(|&t| if t == IGNORE_INDEX { 0 } else { t })
+        .collect()
 }
 
 /// Mean squared error.

@@ -228,6 +228,11 @@ impl OnnxModel {
         (model, marked == 1)
     }
 
+    /// The device copies of host values its passes upload ([`DeviceUploads`]).
+    pub fn uploads(&self) -> &Arc<DeviceUploads> {
+        &self.spec.uploads
+    }
+
     /// `output`'s head ([`head_of`](crate::graph::head::head_of)) when it is a MatMul (a
     /// Gemm adds its bias after the product).
     pub(crate) fn matmul_head(&self, output: &str) -> Option<crate::graph::head::Head> {

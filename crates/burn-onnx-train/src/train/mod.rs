@@ -14,6 +14,7 @@ pub mod process;
 pub mod report;
 pub mod schedule;
 mod trainer;
+mod update_graph;
 
 pub use config::TrainingConfig;
 pub use process::device::DeviceSpec;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::tensor::Device;
-use burn_ort_dist::{Communicator, DataParallel, GradNorm, UpdateStrategy};
+use burn_ort_dist::{Communicator, DataParallel, GradNorm, SyncTimes, UpdateStrategy};
 
 use super::checkpoint::resume::resume;
 use super::checkpoint::{CheckpointState, save_checkpoint};
@@ -26,7 +26,9 @@ use super::report::overview::RunOverview;
 use super::report::perf::{DeviceMeter, MemoryReport};
 use super::report::{Reporter, RunSummary, UpdateReport};
 use super::schedule::LrSchedule;
+use super::update_graph::{Next, Recorded, UpdateGraph, seed_batches, snapshot};
 use crate::error::{OnnxError, Result};
+use crate::kernels::device_graph;
 use crate::model::OnnxModel;
 use crate::model::profile::NodeProfiler;
 use crate::util::atomic_file::write_atomic;
@@ -57,6 +59,23 @@ pub(super) struct Trainer {
     /// together at the next displayed update (every `display_loss_steps`), evaluation,
     /// checkpoint or stop, so that the updates between never wait for the device.
     unreported: Vec<Unreported>,
+    /// The recorded update its updates replay (`train.cuda_graph`).
+    graph: Option<UpdateGraph>,
+}
+
+/// What an update's passes and step leave for its report.
+struct Done {
+    loss: UpdateLoss,
+    items: usize,
+    waited: std::time::Duration,
+    /// Gradient averaging during backward, and the prefetching of parameters.
+    overlapped: [SyncTimes; 2],
+    lr: f64,
+    /// The strategy's report of its step.
+    report: burn_ort_dist::UpdateReport,
+    /// The step's time (synchronisation included).
+    sync_time: std::time::Duration,
+    display: bool,
 }
 
 /// An update's figures before they are read from the device.
@@ -145,7 +164,11 @@ impl Trainer {
             train.unit(),
             (update, total),
         )?;
+        let loss_scaled = scaler.state().is_some() || scaler.scale() != 1.0;
+        let world = comm.world_size();
+        let graph = UpdateGraph::for_run(&c, world, device, &model, loss_scaled);
         let trainer = Trainer {
+            graph,
             schedule: LrSchedule::new(&c.lr, total),
             prefetch: Prefetcher::start(
                 train.clone(),
@@ -173,12 +196,33 @@ impl Trainer {
     }
 
     /// One optimizer update: the micro-steps' forward and backward passes, the strategy's
-    /// update at the scheduled learning rate, then the reports (loss, rate, norms).
-    pub fn train_update(&mut self, mut model: OnnxModel) -> Result<OnnxModel> {
+    /// update at the scheduled learning rate, then the reports (loss, rate, norms); or the
+    /// replay of a recorded update (`train.cuda_graph`).
+    pub fn train_update(&mut self, model: OnnxModel) -> Result<OnnxModel> {
+        match self.graph.as_ref().map_or(Next::Plain, UpdateGraph::next) {
+            Next::Plain => self.plain_update(model),
+            Next::Warm => self.warm_update(model),
+            Next::Record => self.recorded_update(model),
+            Next::Replay => self.replayed_update(model),
+        }
+    }
+
+    /// An update as usual, timed and reported.
+    fn plain_update(&mut self, model: OnnxModel) -> Result<OnnxModel> {
         // Gathers prefetched outside the update (an evaluation's) are not its own.
         model.take_prefetch_times();
         let device_meter = DeviceMeter::start(&self.device);
         let started = Instant::now();
+        let (model, done) = self.passes_and_step(model)?;
+        if let Some(graph) = self.graph.as_mut() {
+            graph.ran_plain();
+        }
+        self.finish_update(&model, done, started, device_meter)?;
+        Ok(model)
+    }
+
+    /// The micro-steps' passes and the strategy's step: what the report needs.
+    fn passes_and_step(&mut self, mut model: OnnxModel) -> Result<(OnnxModel, Done)> {
         let acc = self.passes.train(
             &mut model,
             &self.prefetch,
@@ -187,8 +231,7 @@ impl Trainer {
             self.scaler.scale(),
         )?;
         let prefetched = model.take_prefetch_times();
-        let display = (self.update + 1).is_multiple_of(self.c.logging.display_loss_steps.max(1))
-            || self.update + 1 == self.total;
+        let display = self.displays_next();
         let (lr, update_started) = (self.schedule.lr(self.update), Instant::now());
         let (model, report) = self.scaler.step(
             self.strategy.as_mut(),
@@ -203,40 +246,222 @@ impl Trainer {
         if settled.copied_back + settled.in_memory > 0 {
             tracing::debug!(?settled, "parameter chunks on disk after the update");
         }
-        let sync_time = update_started.elapsed();
+        let done = Done {
+            loss: acc.loss,
+            items: acc.items,
+            waited: acc.waited,
+            overlapped: [acc.sync, prefetched],
+            lr,
+            report,
+            sync_time: update_started.elapsed(),
+            display,
+        };
+        Ok((model, done))
+    }
+
+    /// Whether the next update's figures are displayed (read from the device).
+    fn displays_next(&self) -> bool {
+        (self.update + 1).is_multiple_of(self.c.logging.display_loss_steps.max(1))
+            || self.update + 1 == self.total
+    }
+
+    /// Count the update `done` and report it.
+    fn finish_update(
+        &mut self,
+        model: &OnnxModel,
+        done: Done,
+        started: Instant,
+        device_meter: DeviceMeter,
+    ) -> Result<()> {
         self.update += 1;
-        if display && !self.c.logging.norm_weights.is_empty() {
-            let whole = self.plan.readable(&model, true)?;
+        if done.display && !self.c.logging.norm_weights.is_empty() {
+            let whole = self.plan.readable(model, true)?;
             self.out
                 .tb
-                .norms(&whole, &report.tensor_grad_norms, self.update)?;
+                .norms(&whole, &done.report.tensor_grad_norms, self.update)?;
         }
         self.unreported.push(Unreported {
             step: self.update,
-            loss: acc.loss,
-            lr,
-            grad_norm: report.grad_norm,
+            loss: done.loss,
+            lr: done.lr,
+            grad_norm: done.report.grad_norm,
             loss_scale: self.scaler.state().map(|s| s.scale),
-            display,
+            display: done.display,
         });
         // A displayed update waits for the device to read the figures: inside its time.
-        let read = if display {
+        let read = if done.display {
             self.read_unreported()?
         } else {
             Vec::new()
         };
-        let items = acc.items * self.plan.topology.dp;
+        let items = done.items * self.plan.topology.dp;
         self.out.perf.record(
             items,
             started.elapsed(),
-            sync_time,
-            acc.waited,
-            [acc.sync, prefetched],
+            done.sync_time,
+            done.waited,
+            done.overlapped,
             device_meter.finish(),
         );
         for r in &read {
             self.out.update(r)?;
         }
+        Ok(())
+    }
+
+    /// Turn the recorded update off (`why`), for this run.
+    fn graph_off(&mut self, why: &str) {
+        if let Some(graph) = self.graph.as_mut() {
+            graph.turn_off(why);
+        }
+    }
+
+    /// The update before the recording: as usual, its batches seeded and the allocator
+    /// prepared, so that the recorded one finds what it takes; off when its passes
+    /// still upload values of their own.
+    fn warm_update(&mut self, model: OnnxModel) -> Result<OnnxModel> {
+        let batches = self
+            .prefetch
+            .peek(self.c.train.gradient_accumulation_steps)?;
+        let uploads = model.uploads().clone();
+        if let Err(why) = seed_batches(&uploads, &batches, &self.device) {
+            self.graph_off(&why);
+            return self.plain_update(model);
+        }
+        if let Err(why) = device_graph::prepare(&self.device) {
+            self.graph_off(&why);
+            return self.plain_update(model);
+        }
+        let made = uploads.made_so_far();
+        let model = self.plain_update(model)?;
+        let more = uploads.made_so_far() - made;
+        if more > 0 {
+            self.graph_off(&format!(
+                "the passes upload {more} value(s) of their own each update"
+            ));
+        }
+        Ok(model)
+    }
+
+    /// The update recorded: its batches seeded and the optimizer's tables written first
+    /// (nothing may cross from the host inside the recording), its launches recorded,
+    /// then replayed once (a recording runs nothing), and kept for the next updates
+    /// where every parameter kept its device place.
+    fn recorded_update(&mut self, model: OnnxModel) -> Result<OnnxModel> {
+        let k = self.c.train.gradient_accumulation_steps;
+        let batches = self.prefetch.peek(k)?;
+        let uploads = model.uploads().clone();
+        let shape = match seed_batches(&uploads, &batches, &self.device) {
+            Ok(shape) => shape,
+            Err(why) => {
+                self.graph_off(&why);
+                return self.plain_update(model);
+            }
+        };
+        if !uploads.seeds_distinct() {
+            // A batch equal to another copy (a constant): record a later one.
+            return self.plain_update(model);
+        }
+        if !self.strategy.write_next_step(self.schedule.lr(self.update)) {
+            self.graph_off("the update is not the fused optimizer's on this device");
+            return self.plain_update(model);
+        }
+        let places = param_places(&model);
+        model.take_prefetch_times();
+        let device_meter = DeviceMeter::start(&self.device);
+        let started = Instant::now();
+        device_graph::start(&self.device).map_err(recording_failed)?;
+        let computed = self.passes_and_step(model);
+        let graph = device_graph::stop(&self.device).map_err(recording_failed)?;
+        let (model, mut done) = computed?;
+        // Safety: the recording's buffers are the model's, the optimizer's, the uploads'
+        // and the outputs in `done`, all held here; one stream.
+        unsafe { graph.replay() }.map_err(recording_failed)?;
+        let losses = done.loss.on_device();
+        let norm = match &done.report.grad_norm {
+            GradNorm::OnDevice(t) => Some(t.clone()),
+            GradNorm::Read(_) => None,
+        };
+        done.loss = done.loss.snapshot(snapshot);
+        done.report.grad_norm = snapshot_norm(&done.report.grad_norm);
+        match (param_places(&model) == places, losses) {
+            (true, Some(losses)) => {
+                let recorded = Recorded {
+                    graph,
+                    shape,
+                    losses,
+                    norm,
+                    _held: uploads.held(),
+                };
+                if let Some(g) = self.graph.as_mut() {
+                    g.keep(recorded);
+                }
+            }
+            (false, _) => self.graph_off("a parameter left its device buffer in the update"),
+            (_, None) => self.graph_off("a loss was read inside the update"),
+        }
+        self.finish_update(&model, done, started, device_meter)?;
+        Ok(model)
+    }
+
+    /// A replay of the recorded update: the batches' values and the optimizer's tables
+    /// written over the buffers it reads, one replay, the losses and the norm copied out.
+    fn replayed_update(&mut self, model: OnnxModel) -> Result<OnnxModel> {
+        let k = self.c.train.gradient_accumulation_steps;
+        let batches = self.prefetch.peek(k)?;
+        let uploads = model.uploads().clone();
+        let (lr, display) = (self.schedule.lr(self.update), self.displays_next());
+        let recorded = self.graph.as_ref().and_then(UpdateGraph::recorded);
+        let shape = recorded.map(|r| r.shape.clone());
+        match seed_batches(&uploads, &batches, &self.device) {
+            Ok(s) if Some(&s) == shape.as_ref() => {}
+            Ok(s) => {
+                self.graph_off(&format!("a batch of shape {s:?}, not {shape:?}"));
+                return self.plain_update(model);
+            }
+            Err(why) => {
+                self.graph_off(&why);
+                return self.plain_update(model);
+            }
+        }
+        if !self.strategy.write_next_step(lr) {
+            self.graph_off("the optimizer no longer writes its tables");
+            return self.plain_update(model);
+        }
+        let device_meter = DeviceMeter::start(&self.device);
+        let started = Instant::now();
+        for _ in 0..k {
+            self.prefetch.next_batch()?;
+        }
+        self.micro += k;
+        let recorded = self
+            .graph
+            .as_ref()
+            .and_then(UpdateGraph::recorded)
+            .expect("replayed only once recorded");
+        // Safety: the recording's buffers are held by the model, the optimizer, the
+        // uploads and `recorded`; one stream.
+        unsafe { recorded.graph.replay() }.map_err(recording_failed)?;
+        self.strategy.count_replayed_step();
+        let losses = recorded.losses.iter().map(snapshot).collect();
+        let grad_norm = match &recorded.norm {
+            Some(t) => GradNorm::OnDevice(snapshot(t)),
+            None => GradNorm::Read(f32::NAN),
+        };
+        let done = Done {
+            loss: UpdateLoss::on_device_values(losses),
+            items: batches.iter().map(|b| b.items).sum(),
+            waited: std::time::Duration::ZERO,
+            overlapped: Default::default(),
+            lr,
+            report: burn_ort_dist::UpdateReport {
+                grad_norm,
+                tensor_grad_norms: Vec::new(),
+            },
+            sync_time: std::time::Duration::ZERO,
+            display,
+        };
+        self.finish_update(&model, done, started, device_meter)?;
         Ok(model)
     }
 
@@ -402,6 +627,35 @@ impl Trainer {
         }
         Ok(self.out.finish())
     }
+}
+
+/// Where each parameter of `model` lives on the device (`kernels::device_place`), in order.
+fn param_places(model: &OnnxModel) -> Vec<Option<(usize, u64)>> {
+    struct Places(Vec<Option<(usize, u64)>>);
+    impl burn::module::ModuleVisitor for Places {
+        fn visit_float<const D: usize>(&mut self, p: &burn::module::Param<burn::Tensor<D>>) {
+            self.0.push(crate::kernels::device_place(&p.val()));
+        }
+    }
+    let mut places = Places(Vec::new());
+    burn::module::Module::visit(model, &mut places);
+    places.0
+}
+
+/// A copy of `norm` that the next replay does not write over.
+fn snapshot_norm(norm: &GradNorm) -> GradNorm {
+    match norm {
+        GradNorm::OnDevice(t) => GradNorm::OnDevice(snapshot(t)),
+        GradNorm::Read(v) => GradNorm::Read(*v),
+    }
+}
+
+/// The error of a recorded update that could not be recorded or replayed.
+fn recording_failed(e: String) -> OnnxError {
+    OnnxError::field(
+        "train.cuda_graph",
+        format!("the recorded update failed ({e}); train without it (train.cuda_graph = false)"),
+    )
 }
 
 /// The config the run uses (defaults, file and flags resolved) as

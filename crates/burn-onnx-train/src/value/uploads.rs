@@ -7,7 +7,11 @@
 //! and an upload.
 //!
 //! The device copies are never written after they are made (they are shared, so no op
-//! mutates them in place), so equal content is the same value whichever pass asks.
+//! mutates them in place), so equal content is the same value whichever pass asks. The
+//! exception are seeds ([`DeviceUploads::seed_ints`]): the batch's values of a captured
+//! update (`crate::train::update_graph`), written over their own device buffer before each
+//! replay, since the replayed launches read them there; a pass finds them by content
+//! like any copy, before any other.
 
 use std::sync::Mutex;
 
@@ -91,6 +95,8 @@ struct Entry {
     content: Content,
     device: Device,
     made: Made,
+    /// A seed's name and micro-step: written over in place, never forgotten.
+    seed: Option<(&'static str, usize)>,
     used: u64,
 }
 
@@ -98,6 +104,8 @@ struct Entry {
 #[derive(Default)]
 pub struct DeviceUploads {
     entries: Mutex<(Vec<Entry>, u64)>,
+    /// Device copies made so far (not found).
+    made: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for DeviceUploads {
@@ -118,18 +126,20 @@ impl DeviceUploads {
         let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let (entries, clock) = &mut *guard;
         *clock += 1;
-        if let Some(e) = entries
-            .iter_mut()
-            .find(|e| &e.device == device && e.content.matches(key))
-        {
+        // Seeds first: a copy of equal content made before is not the buffer replays write.
+        let found = |e: &&mut Entry| &e.device == device && e.content.matches(key);
+        let (seeds, copies): (Vec<_>, Vec<_>) = entries.iter_mut().partition(|e| e.seed.is_some());
+        if let Some(e) = seeds.into_iter().chain(copies).find(|e| found(e)) {
             e.used = *clock;
             return Ok(e.made.clone());
         }
         let made = make()?;
+        self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         entries.push(Entry {
             content: Content::of(key),
             device: device.clone(),
             made: made.clone(),
+            seed: None,
             used: *clock,
         });
         forget_oldest(entries);
@@ -160,6 +170,65 @@ impl DeviceUploads {
         }
     }
 
+    /// The seed `name` of micro-step `micro` on `device` holding `values`: its device
+    /// buffer written over in place (after the work queued before it) when it exists with
+    /// as many values, else uploaded. A pass finds it by content before any other copy.
+    pub fn seed_ints(&self, (name, micro): (&'static str, usize), values: &[i64], device: &Device) {
+        let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let (entries, clock) = &mut *guard;
+        *clock += 1;
+        let at = entries
+            .iter()
+            .position(|e| e.seed == Some((name, micro)) && &e.device == device);
+        if let Some(e) = at.map(|i| &mut entries[i])
+            && let (Made::Ints(t), Content::Ints(held)) = (&e.made, &mut e.content)
+            && held.len() == values.len()
+            && write_ints(t, values)
+        {
+            held.copy_from_slice(values);
+            e.used = *clock;
+            return;
+        }
+        if let Some(i) = at {
+            entries.swap_remove(i);
+        }
+        let data = TensorData::new(values.to_vec(), [values.len()]);
+        entries.push(Entry {
+            content: Content::Ints(values.to_vec()),
+            device: device.clone(),
+            made: Made::Ints(Tensor::from_data(data, device)),
+            seed: Some((name, micro)),
+            used: *clock,
+        });
+    }
+
+    /// Whether every seed's content differs from every other kept copy's (a pass finding
+    /// a seed where it asks for another value of equal content would read the next
+    /// batch's values there once replayed).
+    pub fn seeds_distinct(&self) -> bool {
+        let guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = &guard.0;
+        entries.iter().enumerate().all(|(i, seed)| {
+            seed.seed.is_none()
+                || entries.iter().enumerate().all(|(j, other)| {
+                    i == j
+                        || other.device != seed.device
+                        || !same_content(&seed.content, &other.content)
+                })
+        })
+    }
+
+    /// Every device copy kept, to hold alive while a captured update may read them.
+    pub fn held(&self) -> Vec<Made> {
+        let guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        guard.0.iter().map(|e| e.made.clone()).collect()
+    }
+
+    /// How many device copies were made so far (asked for and not found).
+    pub fn made_so_far(&self) -> usize {
+        self.made.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// How many device tensors are kept.
     pub fn len(&self) -> usize {
         self.entries
@@ -175,12 +244,63 @@ impl DeviceUploads {
     }
 }
 
-/// Drop the least recently used entries past [`KEPT`].
+/// Whether two kept contents are equal.
+fn same_content(a: &Content, b: &Content) -> bool {
+    let key = match b {
+        Content::Ints(v) => HostKey::Ints(v),
+        Content::Floats(_) => {
+            return matches!((a, b), (Content::Floats(x), Content::Floats(y)) if x == y);
+        }
+        Content::Mask(m, form) => HostKey::Mask(m, form),
+        Content::Scalar(bits) => HostKey::Scalar(*bits),
+    };
+    a.matches(key)
+}
+
+/// Write `values` over the flat integer tensor `t`'s own device buffer (CubeCL devices;
+/// `false`, nothing written, elsewhere or where `t` is not a whole contiguous buffer of
+/// as many values of a 32- or 64-bit integer type).
+fn write_ints(t: &Tensor<1, Int>, values: &[i64]) -> bool {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        use burn::backend::{BackendTensor, DType, DispatchTensorKind, TensorMetadata};
+        use burn::tensor::Bytes;
+        // An autodiff device's integers are its backend's, untracked.
+        let mut kind = t.clone().into_dispatch().kind;
+        while let DispatchTensorKind::Autodiff(inner) = kind {
+            kind = *inner;
+        }
+        let DispatchTensorKind::Cube(BackendTensor::Int(cube)) = kind else {
+            return false;
+        };
+        let whole = cube.handle.offset_start.unwrap_or(0) == 0
+            && cube.handle.offset_end.unwrap_or(0) == 0
+            && cube.is_contiguous()
+            && cube.shape().num_elements() == values.len();
+        let bytes = match cube.dtype {
+            DType::I64 => Bytes::from_elems(values.to_vec()),
+            DType::I32 => Bytes::from_elems(values.iter().map(|&v| v as i32).collect::<Vec<_>>()),
+            _ => return false,
+        };
+        if whole {
+            cube.client.write(&cube.handle, bytes);
+        }
+        whole
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = (t, values);
+        false
+    }
+}
+
+/// Drop the least recently used entries past [`KEPT`] that are not seeds.
 fn forget_oldest(entries: &mut Vec<Entry>) {
-    while entries.len() > KEPT {
+    while entries.iter().filter(|e| e.seed.is_none()).count() > KEPT {
         let oldest = entries
             .iter()
             .enumerate()
+            .filter(|(_, e)| e.seed.is_none())
             .min_by_key(|(_, e)| e.used)
             .map(|(i, _)| i)
             .expect("counted above");

@@ -64,6 +64,17 @@ pub trait ReplicaOptimizer {
     fn load_record_bytes(&mut self, bytes: Bytes) -> DistResult<()>;
     /// Bytes of optimizer state held.
     fn state_bytes(&self) -> usize;
+    /// Write the device tables the next step at rate `lr` reads (learning rate, bias
+    /// corrections, decay factors) where the last step's launches read them, without
+    /// stepping, and say whether this optimizer did: the launches of a captured update read
+    /// them there when it is replayed. False (nothing written) by default.
+    fn write_next_step(&mut self, lr: f64) -> bool {
+        let _ = lr;
+        false
+    }
+    /// Count a step a captured update's replay took (its tables written by
+    /// [`Self::write_next_step`]).
+    fn count_replayed_step(&mut self) {}
 }
 
 /// [`ReplicaOptimizer::step_clipped`]'s default: each gradient's sum of squares and the

@@ -211,6 +211,16 @@ pub trait UpdateStrategy<M: Module> {
     /// The module is one part of a model spread over `group` (pipeline stages): measure
     /// the gradient norm (and clip) over the whole model.
     fn set_model_parallel(&mut self, group: ModelParallel);
+    /// Where this rank's update is its optimizer's alone (one rank, nothing combined),
+    /// [`ReplicaOptimizer::write_next_step`]: whether the next update's device tables are
+    /// written for a captured update's replay. False by default.
+    fn write_next_step(&mut self, lr: f64) -> bool {
+        let _ = lr;
+        false
+    }
+    /// Count an update a captured update's replay made
+    /// ([`ReplicaOptimizer::count_replayed_step`]).
+    fn count_replayed_step(&mut self) {}
 }
 
 /// ZeRO stage 0: gradients all-reduced (or Adasum-combined) in buckets, every rank runs
@@ -334,6 +344,15 @@ impl<M: Module, O: ReplicaOptimizer> UpdateStrategy<M> for Replicated<O> {
 
     fn set_model_parallel(&mut self, group: ModelParallel) {
         self.model_parallel = Some(group);
+    }
+
+    fn write_next_step(&mut self, lr: f64) -> bool {
+        let alone = self.ddp.comm().world_size() == 1 && self.model_parallel.is_none();
+        alone && self.optim.write_next_step(lr)
+    }
+
+    fn count_replayed_step(&mut self) {
+        self.optim.count_replayed_step();
     }
 }
 

@@ -107,6 +107,40 @@ fn group_values(device: &Device, group_bytes: usize) -> usize {
     group_bytes.min(largest) / 4
 }
 
+/// The scalars of step `flat.time` at learning rate `lr` under `rule`: Adam's, and each
+/// parameter's decay factor (AdamW multiplies the parameter by 1 - lr * decay, in f64 as
+/// Burn; Adam and LAMB take the decay itself).
+fn step_scalars(rule: Rule, flat: &Flat, lr: f64) -> (AdamStep, Vec<f32>) {
+    let (beta_1, beta_2, epsilon) = match rule {
+        Rule::Adam {
+            beta1,
+            beta2,
+            epsilon,
+        }
+        | Rule::AdamW {
+            beta1,
+            beta2,
+            epsilon,
+        }
+        | Rule::Lamb {
+            beta1,
+            beta2,
+            epsilon,
+        } => (beta1, beta2, epsilon),
+        Rule::Sgd { .. } => unreachable!("FusedAdam::new refuses SGD"),
+    };
+    let step = AdamStep::new(beta_1, beta_2, epsilon, lr, flat.time as i32);
+    let factors = flat
+        .slots
+        .iter()
+        .map(|s| match rule {
+            Rule::AdamW { .. } => (1.0 - lr * f64::from(s.decay)) as f32,
+            _ => s.decay,
+        })
+        .collect();
+    (step, factors)
+}
+
 impl FusedAdam {
     /// The state loaded from a checkpoint and not laid out yet, as a record.
     fn loaded_record(&self) -> DistResult<Bytes> {
@@ -528,35 +562,7 @@ impl FusedAdam {
             )));
         }
         flat.time += 1;
-        let (beta_1, beta_2, epsilon) = match rule {
-            Rule::Adam {
-                beta1,
-                beta2,
-                epsilon,
-            }
-            | Rule::AdamW {
-                beta1,
-                beta2,
-                epsilon,
-            }
-            | Rule::Lamb {
-                beta1,
-                beta2,
-                epsilon,
-            } => (beta1, beta2, epsilon),
-            Rule::Sgd { .. } => unreachable!("FusedAdam::new refuses SGD"),
-        };
-        let step = AdamStep::new(beta_1, beta_2, epsilon, lr, flat.time as i32);
-        // AdamW multiplies the parameter by 1 - lr * decay (in f64, as Burn); Adam and
-        // LAMB take the decay itself.
-        let factors = flat
-            .slots
-            .iter()
-            .map(|s| match rule {
-                Rule::AdamW { .. } => (1.0 - lr * f64::from(s.decay)) as f32,
-                _ => s.decay,
-            })
-            .collect();
+        let (step, factors) = step_scalars(rule, flat, lr);
         let grads = taken.into_iter().map(|(_, g, _)| g).collect();
         Ok((grads, step, factors))
     }
@@ -693,5 +699,28 @@ impl ReplicaOptimizer for FusedAdam {
 
     fn state_bytes(&self) -> usize {
         self.flat.as_ref().map_or(0, |f| 2 * f.len * 4)
+    }
+
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn write_next_step(&mut self, lr: f64) -> bool {
+        let rule = self.rule;
+        match self.flat.as_mut() {
+            // Laid out, its moments on a CubeCL device, updated there.
+            Some(flat)
+                if !self.host_update
+                    && matches!(flat.moments, Moments::Device(_))
+                    && super::runs_cubecl(&flat.device) =>
+            {
+                on_device::write_next_tables(flat, rule, lr);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn count_replayed_step(&mut self) {
+        if let Some(flat) = self.flat.as_mut() {
+            flat.time += 1;
+        }
     }
 }

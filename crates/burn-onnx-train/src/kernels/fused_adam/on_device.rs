@@ -178,6 +178,61 @@ fn clip_factor(laid: &[Tensor<1>], flat: &Flat, max_norm: f32, unscale: f32) -> 
     ops::clip_factor(partials, max_norm, unscale)
 }
 
+/// The device tables of a step (`step`'s scalars, AdamW's `factors`): the
+/// hyper-parameters, and each group's chunk starts and factors. Each is written where it
+/// was unless its values are unchanged (a captured update reads them there).
+fn tables(
+    flat: &mut Flat,
+    step: &AdamStep,
+    factors: &[f32],
+) -> (Tensor<1>, Vec<(Tensor<1>, Tensor<1>)>) {
+    let device = flat.device.clone();
+    let tables = &mut flat.tables;
+    tables
+        .groups
+        .resize_with(flat.groups.len(), Default::default);
+    let hyper = tables.hyper.holding(
+        &[
+            step.lr,
+            step.beta[0],
+            step.beta[1],
+            step.one_minus_beta[0],
+            step.one_minus_beta[1],
+            step.correction[0],
+            step.correction[1],
+            step.epsilon,
+        ],
+        &device,
+    );
+    let groups = flat
+        .groups
+        .iter()
+        .zip(&mut tables.groups)
+        .map(|(group, [starts_table, factors_table])| {
+            // First chunk of every parameter in the group, then the group's chunk count.
+            let starts: Vec<f32> = flat.slots[group.slots.clone()]
+                .iter()
+                .map(|s| (s.chunk - group.chunk) as f32)
+                .chain([group.chunks as f32])
+                .collect();
+            (
+                starts_table.holding(&starts, &device),
+                factors_table.holding(&factors[group.slots.clone()], &device),
+            )
+        })
+        .collect();
+    (hyper, groups)
+}
+
+/// Write the tables of `flat`'s next step at `lr` ([`tables`]) without taking it: the
+/// launches of a captured update, replayed, read them (see `crate::train::update_graph`).
+pub(super) fn write_next_tables(flat: &mut Flat, rule: Rule, lr: f64) {
+    flat.time += 1;
+    let (step, factors) = super::step_scalars(rule, flat, lr);
+    flat.time -= 1;
+    tables(flat, &step, &factors);
+}
+
 /// The update of every group, its gradients `grads` laid out already
 /// ([`laid_in_groups`]; with the clip buffer of [`clip_factor`] when clipped): per group
 /// one launch (three for LAMB) over its parameters (laid end to end unless they are the
@@ -198,32 +253,12 @@ pub(super) fn update<M: Module>(
     let mut values = values.1.into_iter();
     let spare = Tensor::<1>::empty([1], &device);
     let module = module.map(&mut Vacate { ids: &ids, spare });
-    let tables = &mut flat.tables;
-    tables
-        .groups
-        .resize_with(flat.groups.len(), Default::default);
-    let hyper = tables.hyper.holding(
-        &[
-            step.lr,
-            step.beta[0],
-            step.beta[1],
-            step.one_minus_beta[0],
-            step.one_minus_beta[1],
-            step.correction[0],
-            step.correction[1],
-            step.epsilon,
-        ],
-        &device,
-    );
+    let (hyper, group_tables) = tables(flat, &step, factors);
     let Moments::Device(moments) = &mut flat.moments else {
         unreachable!("FusedAdam::step keeps moments on disk to the CPU update")
     };
-    for (k, ((group, grads), [starts_table, factors_table])) in flat
-        .groups
-        .iter()
-        .zip(grads)
-        .zip(&mut tables.groups)
-        .enumerate()
+    for (k, ((group, grads), (chunk_starts, factors))) in
+        flat.groups.iter().zip(grads).zip(group_tables).enumerate()
     {
         let slots = &flat.slots[group.slots.clone()];
         let parts: Vec<Tensor<1>> = values.by_ref().take(slots.len()).collect();
@@ -238,12 +273,6 @@ pub(super) fn update<M: Module>(
             }
             None => laid_end_to_end(parts, slots, group, &device),
         };
-        // First chunk of every parameter in the group, then the group's chunk count.
-        let starts: Vec<f32> = slots
-            .iter()
-            .map(|s| (s.chunk - group.chunk) as f32)
-            .chain([group.chunks as f32])
-            .collect();
         // The moments move into the update, which writes them in place.
         let (moment_1, moment_2) = std::mem::replace(
             &mut moments[k],
@@ -254,8 +283,8 @@ pub(super) fn update<M: Module>(
             grads,
             moment_1,
             moment_2,
-            chunk_starts: starts_table.holding(&starts, &device),
-            factors: factors_table.holding(&factors[group.slots.clone()], &device),
+            chunk_starts,
+            factors,
             hyper: hyper.clone(),
             clip: clip.clone(),
         };

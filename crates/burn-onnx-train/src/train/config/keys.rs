@@ -45,6 +45,7 @@ pub(super) const SECTIONS: &[(&str, &[&str])] = &[
             "gradient_accumulation_steps",
             "max_grad_norm",
             "seed",
+            "cuda_graph",
         ],
     ),
     (

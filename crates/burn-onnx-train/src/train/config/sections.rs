@@ -243,6 +243,12 @@ pub struct TrainLoopConfig {
     pub max_grad_norm: f32,
     /// Seed for initialisation-independent randomness: data order, dropout.
     pub seed: u64,
+    /// Replay each update as one captured device graph from the third on (a CUDA graph on
+    /// CUDA; cubecl's recorded dispatches on wgpu): the host queues no kernels, so an
+    /// update costs the device's time alone. Where the run cannot be captured (not one
+    /// rank on a GPU, not the LM loss on windows of tokens, random ops, a dynamic f16
+    /// loss scale, an offloaded update) it trains as usual and says why.
+    pub cuda_graph: bool,
 }
 
 impl Default for TrainLoopConfig {
@@ -253,6 +259,7 @@ impl Default for TrainLoopConfig {
             gradient_accumulation_steps: 1,
             max_grad_norm: 1.0,
             seed: 42,
+            cuda_graph: false,
         }
     }
 }

@@ -548,6 +548,8 @@ impl Dataset for ImageDataset {
 pub struct Prefetcher {
     rx: Receiver<Result<Batch>>,
     handle: Option<JoinHandle<()>>,
+    /// Batches taken from the thread by [`Prefetcher::peek`], handed out first.
+    front: std::sync::Mutex<std::collections::VecDeque<Batch>>,
 }
 
 impl Prefetcher {
@@ -587,11 +589,33 @@ impl Prefetcher {
         Prefetcher {
             rx,
             handle: Some(handle),
+            front: Default::default(),
         }
     }
 
     /// The next batch.
     pub fn next_batch(&self) -> Result<Batch> {
+        if let Some(batch) = self.front_queue().pop_front() {
+            return Ok(batch);
+        }
+        self.received()
+    }
+
+    /// The next `n` batches, which [`Self::next_batch`] still hands out after (a captured
+    /// update writes their values before its replay takes them).
+    pub fn peek(&self, n: usize) -> Result<Vec<Batch>> {
+        while self.front_queue().len() < n {
+            let batch = self.received()?;
+            self.front_queue().push_back(batch);
+        }
+        Ok(self.front_queue().iter().take(n).cloned().collect())
+    }
+
+    fn front_queue(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<Batch>> {
+        self.front.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn received(&self) -> Result<Batch> {
         self.rx
             .recv()
             .map_err(|_| OnnxError::field("data", "the prefetch thread stopped"))?

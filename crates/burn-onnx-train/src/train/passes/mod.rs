@@ -69,6 +69,31 @@ impl UpdateLoss {
         UpdateLoss(vec![LossValue::Read(value)])
     }
 
+    /// Micro-steps' losses on the device.
+    pub fn on_device_values(losses: Vec<Tensor<1>>) -> Self {
+        UpdateLoss(losses.into_iter().map(LossValue::OnDevice).collect())
+    }
+
+    /// Each micro-step's loss on the device; `None` when one was read.
+    pub fn on_device(&self) -> Option<Vec<Tensor<1>>> {
+        self.0
+            .iter()
+            .map(|v| match v {
+                LossValue::OnDevice(t) => Some(t.clone()),
+                LossValue::Read(_) => None,
+            })
+            .collect()
+    }
+
+    /// The losses with `copy` of each one on the device.
+    pub fn snapshot(&self, copy: impl Fn(&Tensor<1>) -> Tensor<1>) -> Self {
+        let copied = self.0.iter().map(|v| match v {
+            LossValue::OnDevice(t) => LossValue::OnDevice(copy(t)),
+            LossValue::Read(x) => LossValue::Read(*x),
+        });
+        UpdateLoss(copied.collect())
+    }
+
     /// The mean over the micro-steps (device reads for those on the device).
     pub fn mean(&self) -> Result<f64> {
         let sum = self.0.iter().map(LossValue::read).sum::<Result<f64>>()?;
