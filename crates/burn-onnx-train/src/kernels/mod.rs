@@ -189,10 +189,8 @@ pub fn write_floats(t: &Tensor<1>, values: &[f32]) -> bool {
         else {
             return false;
         };
-        let whole = cube.handle.offset_start.unwrap_or(0) == 0
-            && cube.handle.offset_end.unwrap_or(0) == 0
-            && cube.is_contiguous()
-            && cube.shape().num_elements() == values.len();
+        // The write starts where the handle does: the tensor's first value.
+        let whole = cube.is_contiguous() && cube.shape().num_elements() == values.len();
         if cube.dtype != DType::F32 || !whole {
             return false;
         }

@@ -273,10 +273,8 @@ fn write_ints(t: &Tensor<1, Int>, values: &[i64]) -> bool {
         let DispatchTensorKind::Cube(BackendTensor::Int(cube)) = kind else {
             return false;
         };
-        let whole = cube.handle.offset_start.unwrap_or(0) == 0
-            && cube.handle.offset_end.unwrap_or(0) == 0
-            && cube.is_contiguous()
-            && cube.shape().num_elements() == values.len();
+        // The write starts where the handle does: the tensor's first value.
+        let whole = cube.is_contiguous() && cube.shape().num_elements() == values.len();
         let bytes = match cube.dtype {
             DType::I64 => Bytes::from_elems(values.to_vec()),
             DType::I32 => Bytes::from_elems(values.iter().map(|&v| v as i32).collect::<Vec<_>>()),
