@@ -443,6 +443,7 @@ impl Trainer {
         // uploads and `recorded`; one stream.
         unsafe { recorded.graph.replay() }.map_err(recording_failed)?;
         self.strategy.count_replayed_step();
+        self.out.perf.replayed += 1;
         let losses = recorded.losses.iter().map(snapshot).collect();
         let grad_norm = match &recorded.norm {
             Some(t) => GradNorm::OnDevice(snapshot(t)),

@@ -23,6 +23,8 @@ pub struct PerfMeter {
     overlapped: Vec<SyncTimes>,
     prefetched: Vec<SyncTimes>,
     device: Vec<DeviceWork>,
+    /// Updates replayed from a recorded one.
+    pub replayed: usize,
 }
 
 /// What one update asked of a GPU: the kernels this process launched, and the memory the
@@ -159,6 +161,8 @@ pub struct PerfReport {
     /// host memory (all this process's thread ranks together; 0 where every collective
     /// stays on the device, as NCCL's groups keep them).
     pub collective_host_round_trips_per_update: Option<f64>,
+    /// Updates replayed from a recorded one (`train.cuda_graph`; 0 without it).
+    pub replayed_updates: usize,
 }
 
 /// Bytes each rank holds, one value per rank in rank order.
@@ -234,6 +238,7 @@ impl PerfMeter {
             overlapped: Vec::new(),
             prefetched: Vec::new(),
             device: Vec::new(),
+            replayed: 0,
         }
     }
 
@@ -349,6 +354,7 @@ impl PerfMeter {
                 .sum::<Option<u64>>()
                 .filter(|_| !device.is_empty())
                 .map(|n| n as f64 / measured.len().max(1) as f64),
+            replayed_updates: self.replayed,
         }
     }
 }
