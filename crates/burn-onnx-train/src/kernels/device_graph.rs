@@ -65,6 +65,14 @@ pub fn stop(device: &Device) -> Result<DeviceGraph, String> {
     Err(unsupported(device))
 }
 
+/// Close a recording `device` was prepared for and will not make (the allocator keeps
+/// its pages for a prepared recording until it is closed).
+pub fn abandon(device: &Device) {
+    if let Err(e) = stop(device) {
+        tracing::debug!(error = %e, "closing a device graph never recorded");
+    }
+}
+
 impl DeviceGraph {
     /// Run the recorded launches again, on the buffers they were recorded with.
     ///

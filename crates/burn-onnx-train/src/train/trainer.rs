@@ -311,8 +311,11 @@ impl Trainer {
 
     /// Turn the recorded update off (`why`), for this run.
     fn graph_off(&mut self, why: &str) {
-        if let Some(graph) = self.graph.as_mut() {
-            graph.turn_off(why);
+        if let Some(graph) = self.graph.as_mut()
+            && graph.turn_off(why)
+        {
+            // Prepared for a recording that will not come: give the allocator back.
+            device_graph::abandon(&self.device);
         }
     }
 
@@ -331,6 +334,9 @@ impl Trainer {
         if let Err(why) = device_graph::prepare(&self.device) {
             self.graph_off(&why);
             return self.plain_update(model);
+        }
+        if let Some(graph) = self.graph.as_mut() {
+            graph.set_prepared(true);
         }
         let made = uploads.made_so_far();
         let model = self.plain_update(model)?;
@@ -370,9 +376,15 @@ impl Trainer {
         model.take_prefetch_times();
         let device_meter = DeviceMeter::start(&self.device);
         let started = Instant::now();
-        device_graph::start(&self.device).map_err(recording_failed)?;
+        if let Err(why) = device_graph::start(&self.device) {
+            self.graph_off(&why);
+            return self.plain_update(model);
+        }
         let computed = self.passes_and_step(model);
         let graph = device_graph::stop(&self.device).map_err(recording_failed)?;
+        if let Some(g) = self.graph.as_mut() {
+            g.set_prepared(false);
+        }
         let (model, mut done) = computed?;
         // Safety: the recording's buffers are the model's, the optimizer's, the uploads'
         // and the outputs in `done`, all held here; one stream.

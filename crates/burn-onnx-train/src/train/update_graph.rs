@@ -52,6 +52,8 @@ pub(super) struct UpdateGraph {
     phase: Phase,
     /// Updates run as usual so far.
     plain: usize,
+    /// Whether the allocator was prepared for a recording not made yet.
+    prepared: bool,
 }
 
 enum Phase {
@@ -133,6 +135,7 @@ impl UpdateGraph {
         refused.is_none().then_some(UpdateGraph {
             phase: Phase::Warming,
             plain: 0,
+            prepared: false,
         })
     }
 
@@ -152,6 +155,11 @@ impl UpdateGraph {
         self.plain += 1;
     }
 
+    /// The allocator was prepared for the recording (`true`), or the recording closed.
+    pub fn set_prepared(&mut self, prepared: bool) {
+        self.prepared = prepared;
+    }
+
     /// Keep `recorded` for the next updates.
     pub fn keep(&mut self, recorded: Recorded) {
         tracing::info!(
@@ -169,10 +177,12 @@ impl UpdateGraph {
         }
     }
 
-    /// Stop recording or replaying, saying why; later updates run as usual.
-    pub fn turn_off(&mut self, why: &str) {
+    /// Stop recording or replaying, saying why; later updates run as usual. Whether the
+    /// allocator was prepared for a recording that now will not come (to be closed).
+    pub fn turn_off(&mut self, why: &str) -> bool {
         tracing::warn!(reason = %why, "train.cuda_graph: the updates run as usual from here");
         self.phase = Phase::Off;
+        std::mem::take(&mut self.prepared)
     }
 }
 
