@@ -125,6 +125,10 @@ pub struct ConfigFlags {
     /// Loss scale (`loss_scale`): 0 dynamic (the default under f16), or a static scale.
     #[arg(long, value_name = "S", help_heading = "Device and precision")]
     pub loss_scale: Option<f64>,
+    /// Record the third update as a device graph (a CUDA graph on CUDA) and replay it for
+    /// the rest (`train.cuda_graph`): one GPU, the LM loss; other runs train as usual.
+    #[arg(long, help_heading = "Device and precision")]
+    pub cuda_graph: bool,
     /// Activation recomputation over N segments (`recompute_segments`; 0 off).
     #[arg(long, value_name = "N", help_heading = "Memory")]
     pub recompute: Option<usize>,
@@ -254,6 +258,7 @@ impl ConfigFlags {
         c.logging.profile |= self.profile;
         c.parallel.allreduce_in_fp16 |= self.allreduce_in_fp16;
         c.parallel.tensor_parallel_sequence |= self.sequence_parallel;
+        c.train.cuda_graph |= self.cuda_graph;
         set(&mut c.offload.offload_optimizer, self.offload_optimizer);
         set(&mut c.offload.offload_params, self.offload_params);
         Ok(c)
