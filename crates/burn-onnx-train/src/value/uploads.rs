@@ -127,9 +127,10 @@ impl DeviceUploads {
         let (entries, clock) = &mut *guard;
         *clock += 1;
         // Seeds first: a copy of equal content made before is not the buffer replays write.
-        let found = |e: &&mut Entry| &e.device == device && e.content.matches(key);
-        let (seeds, copies): (Vec<_>, Vec<_>) = entries.iter_mut().partition(|e| e.seed.is_some());
-        if let Some(e) = seeds.into_iter().chain(copies).find(|e| found(e)) {
+        let found = |e: &Entry| &e.device == device && e.content.matches(key);
+        let at = (entries.iter().position(|e| e.seed.is_some() && found(e)))
+            .or_else(|| entries.iter().position(found));
+        if let Some(e) = at.map(|i| &mut entries[i]) {
             e.used = *clock;
             return Ok(e.made.clone());
         }
@@ -347,6 +348,30 @@ mod tests {
             Ok(Made::Floats(Tensor::from_data([7.0f32], &device)))
         });
         assert!(matches!(made, Ok(Made::Floats(t)) if read(t.clone()) == [7.0]));
+    }
+
+    #[test]
+    fn a_seed_is_found_before_a_copy_of_equal_content_and_keeps_its_place() {
+        let (uploads, device) = (DeviceUploads::default(), Device::flex());
+        // A copy of the content made before (as floats, to tell it from the seed).
+        let other = uploads.made(HostKey::Ints(&[5, 6]), &device, || {
+            Ok(Made::Floats(Tensor::from_data([7.0f32], &device)))
+        });
+        assert!(other.is_ok());
+        uploads.seed_ints(("token ids", 0), &[5, 6], &device);
+        assert_eq!(read_ints(uploads.ints(&[5, 6], &device)), [5, 6]);
+        assert!(!uploads.seeds_distinct(), "the seed equals the copy");
+        // Written again with the next batch: found by its new content, the old is gone.
+        uploads.seed_ints(("token ids", 0), &[8, 9], &device);
+        assert!(uploads.seeds_distinct());
+        assert_eq!(read_ints(uploads.ints(&[8, 9], &device)), [8, 9]);
+        let kept = uploads.len();
+        // Seeds are never forgotten, whatever else is asked for.
+        for k in 0..2 * KEPT as i64 {
+            uploads.ints(&[100 + k], &device);
+        }
+        assert_eq!((kept, uploads.len()), (2, KEPT + 1));
+        assert_eq!(read_ints(uploads.ints(&[8, 9], &device)), [8, 9]);
     }
 
     #[test]
